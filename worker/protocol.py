@@ -1,0 +1,246 @@
+"""The wire contract between the Steady server and its workers.
+
+This module is the single source of truth for lease, heartbeat, metric batch and result
+messages. It depends on pydantic only: the server imports it (``app -> worker.protocol``),
+the worker never imports the server.
+
+Floats travel exactly. In JSON a value may be a number, ``NaN``, ``Infinity`` or
+``-Infinity`` (Python's ``json`` writes these), or the strings ``"NaN"``, ``"Infinity"``
+and ``"-Infinity"``. For speed and bit-exactness a series may instead be *packed*:
+``steps_b64`` is base64 of little-endian int64 and ``values_b64`` base64 of little-endian
+float64 (``<i8`` / ``<f8``), which is what the worker sends.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PROTOCOL_VERSION = 1
+
+# Limits shared by both sides; the server may be configured lower, never higher.
+MAX_KEY_LENGTH = 200
+MAX_NAME_LENGTH = 200
+MAX_LABELS = 64
+MAX_SERIES_PER_BATCH = 256
+MAX_ERROR_LENGTH = 65_536
+
+# Name of the series in which workers record the wall time of every training step (s).
+STEP_TIME_KEY = "step_time"
+
+MetricKey = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH, pattern=r"^[A-Za-z0-9_.:/\-]+$")]
+Label = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[A-Za-z0-9_.:/+=\-]+$")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class Framework(str, Enum):
+    torch = "torch"
+    tensorflow = "tensorflow"
+
+
+class Determinism(str, Enum):
+    none = "none"
+    seeded = "seeded"
+    strict = "strict"
+
+
+class RunStatus(str, Enum):
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL_RUN_STATUSES = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.cancelled})
+
+
+class FailureKind(str, Enum):
+    error = "error"  # the training code raised or the process exited non-zero
+    crash = "crash"  # killed by a signal
+    timeout = "timeout"  # ran past its time limit
+    cancelled = "cancelled"  # the study was cancelled
+
+
+# --- registration ---------------------------------------------------------------------------
+
+
+class WorkerRegistration(_Model):
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+    labels: Annotated[list[Label], Field(max_length=MAX_LABELS)] = []
+    fingerprint: dict[str, Any] = {}
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class WorkerRegistered(_Model):
+    worker_id: int
+    name: str
+    labels: list[str]
+    lease_seconds: float
+    heartbeat_seconds: float
+
+
+# --- leasing --------------------------------------------------------------------------------
+
+
+class LeaseRequest(_Model):
+    worker_id: int
+
+
+class RunSpec(_Model):
+    """Everything a worker needs to execute one run."""
+
+    framework: Framework
+    workload: str | None = None  # a built-in workload name
+    entrypoint: str | None = None  # "package.module:function" or "path/to/script.py"
+    params: dict[str, Any] = {}
+    seed: int
+    repeat: int
+    determinism: Determinism
+    threads: int = 2
+    time_limit_s: float = 600.0
+    metrics: list[str] = []
+    stack: str = "default"
+
+
+class Lease(_Model):
+    run_id: int
+    study_id: int
+    attempt: int
+    lease_id: str
+    lease_expires_at: datetime
+    heartbeat_seconds: float
+    spec: RunSpec
+
+
+class Heartbeat(_Model):
+    lease_id: str
+    step: int | None = None  # progress, if known
+
+
+class HeartbeatAck(_Model):
+    lease_expires_at: datetime
+    cancel: bool = False
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+class Series(_Model):
+    """One metric's points in a batch: either lists or packed little-endian arrays."""
+
+    key: MetricKey
+    steps: list[int] | None = None
+    values: list[float] | None = None
+    steps_b64: str | None = None
+    values_b64: str | None = None
+
+    @model_validator(mode="after")
+    def _one_encoding(self) -> "Series":
+        lists = self.steps is not None or self.values is not None
+        packed = self.steps_b64 is not None or self.values_b64 is not None
+        if lists == packed:
+            raise ValueError("give either steps and values, or steps_b64 and values_b64")
+        if lists:
+            if self.steps is None or self.values is None:
+                raise ValueError("steps and values must both be given")
+            if len(self.steps) != len(self.values):
+                raise ValueError(f"steps has {len(self.steps)} items but values has {len(self.values)}")
+        else:
+            if self.steps_b64 is None or self.values_b64 is None:
+                raise ValueError("steps_b64 and values_b64 must both be given")
+            try:
+                steps = base64.b64decode(self.steps_b64, validate=True)
+                values = base64.b64decode(self.values_b64, validate=True)
+            except ValueError as exc:
+                raise ValueError(f"invalid base64: {exc}") from None
+            if len(steps) % 8 or len(values) % 8 or len(steps) != len(values):
+                raise ValueError("packed steps and values must be int64/float64 arrays of equal length")
+        return self
+
+    def __len__(self) -> int:
+        if self.steps is not None:
+            return len(self.steps)
+        return len(self.steps_b64 or "") * 3 // 4 // 8
+
+    @classmethod
+    def packed(cls, key: str, steps: list[int], values: list[float]) -> "Series":
+        """Pack python lists without numpy (the SDK and agent may run without it)."""
+        n = len(steps)
+        return cls(
+            key=key,
+            steps_b64=base64.b64encode(struct.pack(f"<{n}q", *steps)).decode("ascii"),
+            values_b64=base64.b64encode(struct.pack(f"<{n}d", *values)).decode("ascii"),
+        )
+
+    def unpacked(self) -> tuple[list[int], list[float]]:
+        if self.steps is not None and self.values is not None:
+            return list(self.steps), list(self.values)
+        steps = base64.b64decode(self.steps_b64 or "")
+        values = base64.b64decode(self.values_b64 or "")
+        n = len(steps) // 8
+        return list(struct.unpack(f"<{n}q", steps)), list(struct.unpack(f"<{n}d", values))
+
+
+class MetricBatch(_Model):
+    """A batch of points for one run. ``seq`` makes a re-sent batch idempotent."""
+
+    lease_id: str
+    seq: Annotated[int, Field(ge=0)]
+    series: Annotated[list[Series], Field(min_length=1, max_length=MAX_SERIES_PER_BATCH)]
+
+
+class BatchAck(_Model):
+    run_id: int
+    seq: int
+    points: int
+    duplicate: bool = False
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+class Digests(_Model):
+    """SHA-256 hex digests recorded inside the training process."""
+
+    initial_weights: str | None = None
+    data_order: list[str] = []  # one per epoch
+    final_weights: str | None = None
+    optimizer_state: str | None = None
+
+
+class RunResult(_Model):
+    lease_id: str
+    final_metrics: dict[str, float] = {}
+    digests: Digests = Digests()
+    fingerprint: dict[str, Any] = {}
+    determinism_applied: dict[str, Any] = {}
+    timings: dict[str, float] = {}  # wall_s, step_time_mean_s, ...
+
+
+class RunFailure(_Model):
+    lease_id: str
+    kind: FailureKind = FailureKind.error
+    error: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)]
+    stderr_tail: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)] = ""
+    fingerprint: dict[str, Any] = {}
+    determinism_applied: dict[str, Any] = {}
+
+
+class RunRelease(_Model):
+    """Give a leased run back to the queue (agent shutting down); the attempt is not counted."""
+
+    lease_id: str
+
+
+class RunAck(_Model):
+    run_id: int
+    status: RunStatus
