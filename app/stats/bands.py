@@ -1,0 +1,209 @@
+"""Per-step seed bands over a ``runs × steps`` matrix, and out-of-band run detection."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from app.stats.align import check_matrix
+from app.stats.intervals import normal_tolerance_factor
+
+__all__ = ["Band", "compute_band", "OutOfBand", "out_of_band_runs", "tolerance_factors"]
+
+DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+@dataclass(frozen=True)
+class Band:
+    """Per-step statistics over runs. Every array has one entry per step.
+
+    ``n`` counts the finite values used at each step (diverged runs excluded entirely, missing
+    points skipped). Where n < 2, std and the intervals are NaN; where n == 0 everything is NaN.
+    ``quantiles`` has shape (len(quantile_levels), steps) and uses numpy's default (linear,
+    Hyndman & Fan type 7) definition.
+    """
+
+    steps: np.ndarray
+    n: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    quantile_levels: tuple
+    quantiles: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    ti_low: np.ndarray
+    ti_high: np.ndarray
+    coverage: float
+    confidence: float
+    n_runs: int  # rows given
+    excluded_runs: tuple  # row indices excluded as diverged
+
+    @property
+    def n_excluded(self) -> int:
+        return len(self.excluded_runs)
+
+    def take(self, idx) -> "Band":
+        """The band restricted to the step positions ``idx`` (e.g. from downsampling)."""
+        idx = np.asarray(idx)
+        return Band(steps=self.steps[idx], n=self.n[idx], mean=self.mean[idx], std=self.std[idx],
+                    min=self.min[idx], max=self.max[idx], quantile_levels=self.quantile_levels,
+                    quantiles=self.quantiles[:, idx], ci_low=self.ci_low[idx], ci_high=self.ci_high[idx],
+                    ti_low=self.ti_low[idx], ti_high=self.ti_high[idx], coverage=self.coverage,
+                    confidence=self.confidence, n_runs=self.n_runs, excluded_runs=self.excluded_runs)
+
+
+def tolerance_factors(n, *, coverage: float, confidence: float) -> np.ndarray:
+    """Exact tolerance factor for each entry of the integer array ``n`` (NaN where n < 2),
+    computed once per distinct n."""
+    n = np.asarray(n)
+    out = np.full(n.shape, np.nan)
+    for value in np.unique(n):
+        if value >= 2:
+            out[n == value] = normal_tolerance_factor(int(value), coverage=coverage, confidence=confidence)
+    return out
+
+
+def _t_quantiles(n: np.ndarray, confidence: float) -> np.ndarray:
+    out = np.full(n.shape, np.nan)
+    for value in np.unique(n):
+        if value >= 2:
+            out[n == value] = stats.t.ppf(0.5 + confidence / 2.0, value - 1)
+    return out
+
+
+def compute_band(
+    matrix,
+    *,
+    steps=None,
+    coverage: float = 0.9,
+    confidence: float = 0.95,
+    quantiles=DEFAULT_QUANTILES,
+    diverged=None,
+) -> Band:
+    """Pointwise band over runs for each step of a ``runs × steps`` matrix.
+
+    Per step: n, mean, std (ddof=1), min, max, quantiles, the Student-t CI of the mean, and the
+    two-sided normal tolerance interval mean ± k·std with the exact factor k(n, coverage,
+    confidence) (Krishnamoorthy & Mathew 2009, §2.3; see ``normal_tolerance_factor``).
+
+    NaN cells are missing points. Runs flagged in ``diverged`` (bool per row) are excluded from
+    every statistic and listed in ``excluded_runs``; when ``diverged`` is None a row is treated
+    as diverged if it contains ±Inf. Any remaining non-finite cell is skipped.
+    """
+    x = check_matrix(matrix)
+    runs, m = x.shape
+    step_arr = np.arange(m, dtype=np.int64) if steps is None else np.asarray(steps)
+    if step_arr.shape != (m,):
+        raise ValueError(f"steps must have length {m} (matrix columns), got shape {step_arr.shape}")
+    if not (0 < coverage < 1 and 0 < confidence < 1):
+        raise ValueError("coverage and confidence must be strictly between 0 and 1")
+    qs = tuple(float(q) for q in quantiles)
+    if any(not (0.0 <= q <= 1.0) for q in qs):
+        raise ValueError(f"quantiles must lie in [0, 1], got {qs}")
+    if diverged is None:
+        div = np.isinf(x).any(axis=1) if runs else np.zeros(0, bool)
+    else:
+        div = np.asarray(diverged, dtype=bool)
+        if div.shape != (runs,):
+            raise ValueError(f"diverged must have one flag per run ({runs}), got shape {div.shape}")
+    excluded = tuple(int(i) for i in np.flatnonzero(div))
+    if excluded:
+        x = x[~div]
+
+    # Sorting each column puts NaN last, so min/max/quantiles are gathers (one O(R log R) pass).
+    inf = np.isinf(x)
+    if inf.any():
+        x = np.where(inf, np.nan, x)
+    xs = np.sort(x, axis=0)
+    finite = ~np.isnan(xs)
+    n = finite.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        zeroed = np.where(finite, xs, 0.0)
+        mean = zeroed.sum(axis=0) / n
+        dev = np.where(finite, xs - mean, 0.0)
+        std = np.sqrt(np.einsum("ij,ij->j", dev, dev) / (n - 1))
+    mean = np.where(n > 0, mean, np.nan)
+    std = np.where(n > 1, std, np.nan)
+
+    cols = np.arange(m)
+    last = np.maximum(n - 1, 0)
+    has = n > 0
+    if xs.shape[0]:
+        vmin = np.where(has, xs[0], np.nan)
+        vmax = np.where(has, xs[last, cols], np.nan)
+        qarr = np.empty((len(qs), m))
+        for j, q in enumerate(qs):
+            pos = q * last
+            lo = np.floor(pos).astype(np.int64)
+            hi = np.minimum(lo + 1, last)
+            frac = pos - lo
+            a, b = xs[lo, cols], xs[hi, cols]
+            qarr[j] = np.where(has, a + (b - a) * frac, np.nan)
+    else:
+        vmin = vmax = np.full(m, np.nan)
+        qarr = np.full((len(qs), m), np.nan)
+
+    tq = _t_quantiles(n, confidence)
+    k = tolerance_factors(n, coverage=coverage, confidence=confidence)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        half_ci = tq * std / np.sqrt(n)
+        half_ti = k * std
+    return Band(steps=step_arr, n=n.astype(np.int64), mean=mean, std=std, min=vmin, max=vmax,
+                quantile_levels=qs, quantiles=qarr, ci_low=mean - half_ci, ci_high=mean + half_ci,
+                ti_low=mean - half_ti, ti_high=mean + half_ti, coverage=float(coverage),
+                confidence=float(confidence), n_runs=runs, excluded_runs=excluded)
+
+
+@dataclass(frozen=True)
+class OutOfBand:
+    """Per-run exceedance counts against a band and the binomial decision rule."""
+
+    exceedances: np.ndarray  # (runs,) steps where the run is outside [ti_low, ti_high]
+    checkpoints: np.ndarray  # (runs,) steps where both the run and the band are defined
+    threshold: np.ndarray  # (runs,) largest count still compatible with chance
+    p_value: np.ndarray  # (runs,) P(Binomial(K, q) >= count)
+    flagged: np.ndarray  # (runs,) bool
+    q: float
+    level: float  # per-run false-alarm level actually used
+    bonferroni: bool
+
+
+def out_of_band_runs(
+    matrix,
+    band: Band,
+    *,
+    q: float | None = None,
+    false_alarm: float = 0.01,
+    bonferroni: bool = False,
+) -> OutOfBand:
+    """Flag runs that leave the band at more steps than chance allows.
+
+    With K checkpoints and a per-step exceedance probability q (default 1 − coverage: a
+    healthy run falls outside a p-content tolerance band with probability at most 1 − p), a
+    run is flagged when its exceedance count is above the upper ``false_alarm`` quantile of
+    Binomial(K, q) — an exact binomial test per run; with ``bonferroni`` the level is divided
+    by the number of runs. Caveat: the binomial model treats steps as independent. Training
+    curves are autocorrelated, so a run that sits persistently high is exactly what this
+    flags; it is a screening rule, not a test of a curve-level hypothesis.
+    """
+    x = check_matrix(matrix)
+    if x.shape[1] != band.steps.size:
+        raise ValueError(f"matrix has {x.shape[1]} steps but the band has {band.steps.size}")
+    qq = 1.0 - band.coverage if q is None else float(q)
+    if not (0 < qq < 1) or not (0 < false_alarm < 1):
+        raise ValueError("q and false_alarm must be strictly between 0 and 1")
+    runs = x.shape[0]
+    level = false_alarm / max(runs, 1) if bonferroni else float(false_alarm)
+    defined = np.isfinite(x) & np.isfinite(band.ti_low)[None, :] & np.isfinite(band.ti_high)[None, :]
+    with np.errstate(invalid="ignore"):
+        out = defined & ((x < band.ti_low[None, :]) | (x > band.ti_high[None, :]))
+    counts = out.sum(axis=1)
+    k = defined.sum(axis=1)
+    threshold = stats.binom.isf(level, k, qq)  # P(X > threshold) <= level
+    pval = stats.binom.sf(counts - 1, k, qq)
+    return OutOfBand(exceedances=counts, checkpoints=k, threshold=threshold.astype(np.int64),
+                     p_value=pval, flagged=(counts > threshold) & (k > 0), q=qq, level=level,
+                     bonferroni=bool(bonferroni))

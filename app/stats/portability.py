@@ -1,0 +1,227 @@
+"""Stack portability: do two stacks give equivalent final metrics?"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from app.stats.planning import seeds_for_equivalence
+
+__all__ = ["welch", "tost", "brown_forsythe", "hedges_g", "bootstrap_mean_diff", "band_containment",
+           "holm", "benjamini_hochberg", "adjust", "TestResult", "Tost", "BootstrapCI", "Portability",
+           "compare_stacks"]
+
+
+def _two(x, y) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(x, dtype=np.float64)
+    b = np.asarray(y, dtype=np.float64)
+    if a.ndim != 1 or b.ndim != 1:
+        raise ValueError("samples must be 1-D")
+    if a.size < 2 or b.size < 2:
+        raise ValueError(f"need at least 2 values per sample, got {a.size} and {b.size}")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError("samples contain NaN or Inf; exclude diverged runs first")
+    return a, b
+
+
+@dataclass(frozen=True)
+class TestResult:
+    statistic: float
+    p_value: float
+    df: float | None = None
+
+
+def _welch_parts(a, b):
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se = np.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if se > 0 else float(a.size + b.size - 2)
+    return float(b.mean() - a.mean()), float(se), float(df)
+
+
+def welch(reference, candidate) -> TestResult:
+    """Welch's unequal-variance t-test of mean(candidate) − mean(reference) (Welch 1947)."""
+    a, b = _two(reference, candidate)
+    d, se, df = _welch_parts(a, b)
+    t = d / se if se > 0 else (0.0 if d == 0 else np.sign(d) * np.inf)
+    return TestResult(float(t), float(2 * stats.t.sf(abs(t), df)), df)
+
+
+@dataclass(frozen=True)
+class Tost:
+    diff: float  # mean(candidate) − mean(reference)
+    se: float
+    df: float
+    margin: float
+    p_lower: float
+    p_upper: float
+    p_value: float  # max of the two one-sided p-values
+
+
+def tost(reference, candidate, *, margin: float) -> Tost:
+    """Two one-sided Welch t-tests for |μ_cand − μ_ref| < margin (Schuirmann 1987).
+
+    H0: diff ≤ −margin or diff ≥ margin; p = max(p_lower, p_upper). Same as statsmodels'
+    ``ttost_ind(candidate, reference, -margin, margin, usevar='unequal')``.
+    """
+    if not (margin > 0 and np.isfinite(margin)):
+        raise ValueError(f"margin must be finite and > 0, got {margin!r}")
+    a, b = _two(reference, candidate)
+    d, se, df = _welch_parts(a, b)
+    if se == 0:
+        p1 = p2 = 0.0 if abs(d) < margin else 1.0
+    else:
+        p1 = float(stats.t.sf((d + margin) / se, df))
+        p2 = float(stats.t.cdf((d - margin) / se, df))
+    return Tost(d, se, df, float(margin), p1, p2, max(p1, p2))
+
+
+def brown_forsythe(reference, candidate) -> TestResult:
+    """Brown–Forsythe test of equal variances: one-way ANOVA on |x − median| (Brown & Forsythe 1974)."""
+    groups = [np.abs(g - np.median(g)) for g in _two(reference, candidate)]
+    k, n = len(groups), sum(g.size for g in groups)
+    grand = np.concatenate(groups).mean()
+    ssb = sum(g.size * (g.mean() - grand) ** 2 for g in groups)
+    ssw = sum(((g - g.mean()) ** 2).sum() for g in groups)
+    if ssw == 0:
+        return TestResult(float("inf") if ssb > 0 else float("nan"), 0.0 if ssb > 0 else 1.0, float(n - k))
+    f = (ssb / (k - 1)) / (ssw / (n - k))
+    return TestResult(float(f), float(stats.f.sf(f, k - 1, n - k)), float(n - k))
+
+
+def hedges_g(reference, candidate) -> float:
+    """Hedges' g: (mean_c − mean_r)/s_pooled × (1 − 3/(4(n₁+n₂) − 9)) (Hedges 1981)."""
+    a, b = _two(reference, candidate)
+    n1, n2 = a.size, b.size
+    sp = np.sqrt(((n1 - 1) * a.var(ddof=1) + (n2 - 1) * b.var(ddof=1)) / (n1 + n2 - 2))
+    if sp == 0:
+        return 0.0 if b.mean() == a.mean() else float(np.sign(b.mean() - a.mean()) * np.inf)
+    return float((b.mean() - a.mean()) / sp * (1 - 3 / (4 * (n1 + n2) - 9)))
+
+
+@dataclass(frozen=True)
+class BootstrapCI:
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+    n_resamples: int
+    method: str = "percentile"
+
+
+def bootstrap_mean_diff(reference, candidate, *, rng: np.random.Generator, confidence: float = 0.95,
+                        n_resamples: int = 5000) -> BootstrapCI:
+    """Percentile bootstrap CI of mean(candidate) − mean(reference), resampling each sample
+    independently (Efron & Tibshirani 1993, ch. 13). ``rng`` is the only source of randomness."""
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError("rng must be a numpy.random.Generator")
+    if not (0 < confidence < 1) or n_resamples < 100:
+        raise ValueError("confidence must be in (0, 1) and n_resamples >= 100")
+    a, b = _two(reference, candidate)
+    ra = a[rng.integers(0, a.size, (n_resamples, a.size))].mean(axis=1)
+    rb = b[rng.integers(0, b.size, (n_resamples, b.size))].mean(axis=1)
+    alpha = 1 - confidence
+    lo, hi = np.quantile(rb - ra, [alpha / 2, 1 - alpha / 2])
+    return BootstrapCI(float(b.mean() - a.mean()), float(lo), float(hi), float(confidence), int(n_resamples))
+
+
+def band_containment(curve, low, high) -> tuple[float, int]:
+    """Share of steps where ``curve`` lies inside [low, high], over steps where all three are
+    finite; returns (share, number of steps compared). Share is NaN when nothing is compared."""
+    c, lo, hi = (np.asarray(v, dtype=np.float64) for v in (curve, low, high))
+    if not (c.shape == lo.shape == hi.shape) or c.ndim != 1:
+        raise ValueError("curve, low and high must be 1-D of equal length")
+    ok = np.isfinite(c) & np.isfinite(lo) & np.isfinite(hi)
+    k = int(ok.sum())
+    if k == 0:
+        return float("nan"), 0
+    inside = (c[ok] >= lo[ok]) & (c[ok] <= hi[ok])
+    return float(inside.mean()), k
+
+
+def _pvals(p) -> np.ndarray:
+    arr = np.asarray(p, dtype=np.float64)
+    if arr.ndim != 1 or np.any(~np.isfinite(arr)) or np.any((arr < 0) | (arr > 1)):
+        raise ValueError("p-values must be a 1-D array of numbers in [0, 1]")
+    return arr
+
+
+def holm(p) -> np.ndarray:
+    """Holm (1979) step-down adjusted p-values (family-wise error control)."""
+    arr = _pvals(p)
+    m = arr.size
+    order = np.argsort(arr, kind="stable")
+    adj = np.maximum.accumulate((m - np.arange(m)) * arr[order])
+    out = np.empty(m)
+    out[order] = np.minimum(adj, 1.0)
+    return out
+
+
+def benjamini_hochberg(p) -> np.ndarray:
+    """Benjamini–Hochberg (1995) step-up adjusted p-values (false-discovery-rate control)."""
+    arr = _pvals(p)
+    m = arr.size
+    order = np.argsort(arr, kind="stable")
+    scaled = arr[order] * m / np.arange(1, m + 1)
+    adj = np.minimum.accumulate(scaled[::-1])[::-1]
+    out = np.empty(m)
+    out[order] = np.minimum(adj, 1.0)
+    return out
+
+
+def adjust(p, *, method: str = "holm") -> np.ndarray:
+    """Adjusted p-values by ``method``: "holm", "bh" (Benjamini–Hochberg) or "none"."""
+    if method == "holm":
+        return holm(p)
+    if method in ("bh", "fdr_bh", "benjamini_hochberg"):
+        return benjamini_hochberg(p)
+    if method == "none":
+        return _pvals(p).copy()
+    raise ValueError(f"unknown adjustment method {method!r} (use 'holm', 'bh' or 'none')")
+
+
+@dataclass(frozen=True)
+class Portability:
+    n_reference: int
+    n_candidate: int
+    mean_reference: float
+    mean_candidate: float
+    diff: float
+    diff_ci_low: float  # (1 − α) Welch CI of the difference
+    diff_ci_high: float
+    margin: float | None
+    welch: TestResult
+    tost: Tost | None
+    brown_forsythe: TestResult
+    mann_whitney: TestResult
+    ks: TestResult
+    bootstrap: BootstrapCI
+    hedges_g: float
+    n_needed: int | None  # seeds per stack for TOST power 0.8 at the observed difference
+
+
+def compare_stacks(reference, candidate, *, margin: float | None, rng: np.random.Generator,
+                   alpha: float = 0.05, n_resamples: int = 5000) -> Portability:
+    """All two-sample statistics of a final metric on two stacks (unadjusted p-values).
+
+    Welch t, TOST within ±margin, Brown–Forsythe, Mann–Whitney U (two-sided, scipy's default
+    exact/asymptotic choice), two-sample Kolmogorov–Smirnov, percentile bootstrap CI of the
+    mean difference, Hedges' g. The verdict (after multiple-comparison adjustment) is made by
+    the caller, see ``app.stats.report``.
+    """
+    a, b = _two(reference, candidate)
+    if not (0 < alpha < 1):
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    d, se, df = _welch_parts(a, b)
+    h = float(stats.t.ppf(1 - alpha / 2, df)) * se
+    t = tost(a, b, margin=margin) if margin is not None else None
+    mw = stats.mannwhitneyu(b, a, alternative="two-sided")
+    ks = stats.ks_2samp(a, b)
+    sp = float(np.sqrt(((a.size - 1) * a.var(ddof=1) + (b.size - 1) * b.var(ddof=1)) / (a.size + b.size - 2)))
+    needed = seeds_for_equivalence(d, sp, margin, alpha=alpha) if (margin is not None and sp > 0) else None
+    return Portability(int(a.size), int(b.size), float(a.mean()), float(b.mean()), d, d - h, d + h,
+                       None if margin is None else float(margin), welch(a, b), t, brown_forsythe(a, b),
+                       TestResult(float(mw.statistic), float(mw.pvalue)),
+                       TestResult(float(ks.statistic), float(ks.pvalue)),
+                       bootstrap_mean_diff(a, b, rng=rng, confidence=1 - alpha, n_resamples=n_resamples),
+                       hedges_g(a, b), needed)

@@ -1,0 +1,154 @@
+"""Repeatability: are runs with the same seed, stack and determinism level identical?"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.stats.align import align_series
+
+__all__ = ["RepeatRun", "Repeatability", "repeatability", "ulp_distance", "VERDICT_ORDER"]
+
+IDENTICAL, WITHIN, OUT, INCONCLUSIVE = "identical", "within_tolerance", "out_of_tolerance", "inconclusive"
+VERDICT_ORDER = {IDENTICAL: 0, WITHIN: 1, OUT: 2}  # worst case = highest
+_SIGN = np.int64(-(2**63))
+
+
+def _ordered(bits: np.ndarray) -> np.ndarray:
+    """Map float64 bit patterns to int64 so that integer order equals float order."""
+    return np.where(bits < 0, _SIGN - bits, bits)
+
+
+def ulp_distance(a, b) -> np.ndarray:
+    """Number of representable float64 values between a and b (uint64; 0 where bitwise equal,
+    and +0/−0 are 0 apart). Meaningful for finite inputs only (Dawson, "Comparing floating
+    point numbers", 2012)."""
+    oa = _ordered(np.asarray(a, np.float64).view(np.int64))
+    ob = _ordered(np.asarray(b, np.float64).view(np.int64))
+    ua, ub = oa.view(np.uint64), ob.view(np.uint64)
+    return np.where(oa >= ob, ua - ub, ub - ua)
+
+
+@dataclass(frozen=True)
+class RepeatRun:
+    """One run of a repeat group: its metric series and provenance."""
+
+    steps: np.ndarray
+    values: np.ndarray
+    fingerprint: Mapping | None = None
+    initial_weights: str | None = None
+    data_order: Sequence[str] = ()
+    other_digests: Mapping | None = None  # e.g. final_weights, optimizer_state
+
+
+@dataclass(frozen=True)
+class Repeatability:
+    verdict: str
+    n_runs: int
+    atol: float
+    rtol: float
+    values_identical: bool
+    digests_identical: bool
+    steps_identical: bool
+    max_abs_delta: float
+    max_rel_delta: float
+    max_ulps: int
+    first_divergent_step: int | None  # first step whose bits differ from the reference run
+    first_out_of_tolerance_step: int | None
+    source: str | None  # stack | seeding | data_order | numerics | None when identical
+    data_order_epoch: int | None  # first epoch whose data-order digest differs
+    reason: str
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a.view(np.int64) == b.view(np.int64)
+
+
+def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float = 0.0) -> Repeatability:
+    """Compare repeats of one seed against the first run (the reference).
+
+    Verdict ``identical`` when every logged value (compared by float64 bits, so NaN == NaN
+    when the bits match) and every digest is equal; ``within_tolerance`` when every value pair
+    satisfies |a − b| ≤ atol + rtol·|b| (b = reference; the ``numpy.isclose`` rule; non-finite
+    values must be bitwise equal); ``out_of_tolerance`` otherwise (including a step logged by
+    one run and not another); ``inconclusive`` with fewer than two runs.
+
+    The source of the first divergence is attributed in the order of the architecture brief:
+    ``stack`` when fingerprints differ, else ``seeding`` when initial-weight digests differ,
+    else ``data_order`` (with the first differing epoch) when data-order digests differ, else
+    ``numerics`` (kernels, reduction order, threads). Deltas in ULPs follow Dawson (2012).
+    """
+    if atol < 0 or rtol < 0 or not np.isfinite(atol) or not np.isfinite(rtol):
+        raise ValueError(f"atol and rtol must be finite and >= 0, got {atol!r}, {rtol!r}")
+    runs = list(runs)
+    nan = float("nan")
+    if len(runs) < 2:
+        return Repeatability(INCONCLUSIVE, len(runs), float(atol), float(rtol), True, True, True, nan, nan, 0,
+                             None, None, None, None, f"{len(runs)} run(s): need at least 2 repeats to compare")
+    al = align_series({i: (r.steps, r.values) for i, r in enumerate(runs)})
+    ref, ref_present = al.values[0], al.present[0]
+    others, present = al.values[1:], al.present[1:]
+    steps_identical = bool((present == ref_present[None, :]).all())
+    bits_equal = _same_bits(others, np.broadcast_to(ref, others.shape)) & (present == ref_present[None, :])
+    values_identical = bool(bits_equal.all())
+
+    fins = [dict(r.fingerprint or {}) for r in runs]
+    inits = [r.initial_weights for r in runs]
+    orders = [list(r.data_order or ()) for r in runs]
+    extras = [dict(r.other_digests or {}) for r in runs]
+    digests_identical = all(i == inits[0] for i in inits) and all(o == orders[0] for o in orders) and all(
+        e == extras[0] for e in extras)
+
+    both = present & ref_present[None, :]
+    finite = both & np.isfinite(others) & np.isfinite(ref)[None, :]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        absd = np.where(finite, np.abs(others - ref[None, :]), 0.0)
+        scale = np.abs(np.broadcast_to(ref, others.shape))
+        reld = np.where(finite & (absd > 0), absd / np.where(scale > 0, scale, np.inf), 0.0)
+        reld = np.where(finite & (absd > 0) & (scale == 0), np.inf, reld)
+    ok = np.where(finite, absd <= atol + rtol * scale, bits_equal)
+    ok &= present == ref_present[None, :]
+    ulps = np.where(finite, ulp_distance(others, np.broadcast_to(ref, others.shape)), 0)
+    nonfinite_mismatch = bool((both & ~finite & ~bits_equal).any())
+
+    def first_bad(mask_ok):
+        cols = np.flatnonzero(~mask_ok.all(axis=0))
+        return int(al.steps[cols[0]]) if cols.size else None
+
+    first_div = first_bad(bits_equal)
+    first_oot = first_bad(ok)
+    max_abs = float(absd.max()) if absd.size else 0.0
+    max_rel = float(reld.max()) if reld.size else 0.0
+    if nonfinite_mismatch:
+        max_abs = max_rel = float("inf")
+    max_ulps = int(ulps.max()) if ulps.size else 0
+
+    source = epoch = None
+    if not (values_identical and digests_identical):
+        if any(f != fins[0] for f in fins):
+            source = "stack"
+        elif any(i != inits[0] for i in inits):
+            source = "seeding"
+        elif any(o != orders[0] for o in orders):
+            source = "data_order"
+            epoch = min(next((e for e, (a, b) in enumerate(zip(orders[0], o)) if a != b), min(len(o), len(orders[0])))
+                        for o in orders[1:] if o != orders[0])
+        else:
+            source = "numerics"
+
+    n = len(runs)
+    if values_identical and digests_identical:
+        verdict, reason = IDENTICAL, f"bitwise identical across {n} repeats"
+    else:
+        verdict = WITHIN if bool(ok.all()) else OUT
+        where = "digests differ, values identical" if values_identical else (
+            f"first divergence at step {first_div}" if first_div is not None else "values differ")
+        if not steps_identical:
+            where += "; logged steps differ"
+        src = f"source: {source}" + (f", epoch {epoch}" if epoch is not None else "")
+        reason = f"{where} ({src}), max |Δ| {max_abs:.3g}, {max_ulps} ULPs"
+        if verdict == OUT and first_oot is not None:
+            reason += f"; outside atol={atol:g}/rtol={rtol:g} from step {first_oot}"
+    return Repeatability(verdict, n, float(atol), float(rtol), values_identical, digests_identical,
+                         steps_identical, max_abs, max_rel, max_ulps, first_div, first_oot, source, epoch, reason)
