@@ -52,6 +52,18 @@ class Determinism(str, Enum):
     strict = "strict"
 
 
+# Built-in workloads and the framework each runs on. The server validates study specs
+# against this table; worker/workloads/ implements each name.
+BUILTIN_WORKLOADS: dict[str, str] = {
+    "torch_mlp": "torch",
+    "torch_cnn": "torch",
+    "torch_dataloader_workers": "torch",
+    "torch_nondeterministic_kernels": "torch",
+    "hashseed_vocab": "torch",
+    "keras_mlp": "tensorflow",
+}
+
+
 class RunStatus(str, Enum):
     queued = "queued"
     running = "running"

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, status
+from pydantic import BaseModel, Field
+
+from app.auth import service
+from app.auth.service import Role
+from app.deps import AdminCaller, ReadDB, WriteDB
+from app.errors import NotFound
+
+router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
+
+
+class TokenIn(BaseModel):
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    role: Role
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    role: Role
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="the secret; shown once, store it now")
+
+
+@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
+def create_token(body: TokenIn, db: WriteDB, caller: AdminCaller) -> TokenCreated:
+    row, secret = service.create_token(db, name=body.name, role=body.role)
+    return TokenCreated(**TokenOut.model_validate(row, from_attributes=True).model_dump(), token=secret)
+
+
+@router.get("", response_model=list[TokenOut])
+def list_tokens(db: ReadDB, caller: AdminCaller) -> list[TokenOut]:
+    return [TokenOut.model_validate(r, from_attributes=True) for r in service.list_tokens(db)]
+
+
+@router.delete("/{token_id}", response_model=TokenOut)
+def revoke_token(token_id: int, db: WriteDB, caller: AdminCaller) -> TokenOut:
+    row = service.revoke_token(db, token_id)
+    if row is None:
+        raise NotFound(f"token {token_id} not found")
+    return TokenOut.model_validate(row, from_attributes=True)

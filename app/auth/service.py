@@ -1,0 +1,63 @@
+"""API tokens: random secrets shown once, stored as SHA-256 hashes, each with one role."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from enum import Enum
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.models import ApiToken, utcnow
+
+TOKEN_PREFIX = "stdy_"
+
+
+class Role(str, Enum):
+    admin = "admin"
+    user = "user"
+    worker = "worker"
+
+
+# Which token roles may act as which role: admins may do everything.
+GRANTS: dict[Role, frozenset[Role]] = {
+    Role.admin: frozenset({Role.admin}),
+    Role.user: frozenset({Role.user, Role.admin}),
+    Role.worker: frozenset({Role.worker, Role.admin}),
+}
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def create_token(session: Session, *, name: str, role: Role) -> tuple[ApiToken, str]:
+    """Create a token; the secret is returned once and never stored."""
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken(name=name, role=role.value, token_hash=hash_token(secret), prefix=secret[:12])
+    session.add(row)
+    session.flush()
+    return row, secret
+
+
+def authenticate(session: Session, secret: str) -> ApiToken | None:
+    digest = hash_token(secret)
+    row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
+    # The lookup is by hash; the constant-time compare guards against any timing leak in it.
+    if row is None or not hmac.compare_digest(row.token_hash, digest) or row.revoked_at is not None:
+        return None
+    return row
+
+
+def list_tokens(session: Session) -> list[ApiToken]:
+    return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
+
+
+def revoke_token(session: Session, token_id: int) -> ApiToken | None:
+    row = session.get(ApiToken, token_id)
+    if row is not None and row.revoked_at is None:
+        row.revoked_at = utcnow()
+        session.flush()
+    return row

@@ -1,0 +1,54 @@
+"""Settings: one ``Settings`` object read from ``STEADY_*`` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STEADY_", extra="ignore")
+
+    # Where the embedded database, tokens of the demo and other local state live.
+    data_dir: Path = Path(".steady")
+    # SQLAlchemy URL; empty means the embedded SQLite file ``<data_dir>/steady.db``.
+    database_url: str = ""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Address users should open; shown in links of alerts and the CLI.
+    public_url: str = ""
+
+    # Leases: a run whose lease is not renewed within lease_seconds goes back to the queue.
+    lease_seconds: float = Field(60.0, gt=0)
+    heartbeat_seconds: float = Field(10.0, gt=0)
+    reaper_interval_seconds: float = Field(5.0, gt=0)
+
+    # Limits on input.
+    max_runs_per_study: int = Field(2000, ge=1)
+    max_batch_points: int = Field(200_000, ge=1)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_page_size: int = 500
+
+    # Dashboard: readable without a token when true (read-only).
+    public_dashboard: bool = False
+    # Webhook targets on loopback, link-local and private networks are refused unless true.
+    allow_private_webhooks: bool = False
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'steady.db').resolve()}"
+
+    @property
+    def base_url(self) -> str:
+        return self.public_url.rstrip("/") or f"http://{self.host}:{self.port}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

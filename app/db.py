@@ -1,0 +1,98 @@
+"""Engine, sessions and the schema check.
+
+Reads and writes get different session types (``ReadSession`` / ``WriteSession``), so a GET
+handler cannot write by accident: a read session is always rolled back. A write session
+commits when the request succeeds and rolls back on error; services ``flush()`` and never
+``commit()``. On SQLite, write transactions start with ``BEGIN IMMEDIATE`` so concurrent
+writers queue on the busy timeout instead of failing with "database is locked".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NewType
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.orm import Session, sessionmaker
+
+ReadSession = NewType("ReadSession", Session)
+WriteSession = NewType("WriteSession", Session)
+
+_WRITE_OPTION = "steady_write"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            pool_size=8,
+            max_overflow=16,
+        )
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # noqa: ANN001
+        # Take over transaction control from pysqlite so BEGIN is ours to emit.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # noqa: ANN001
+        write = conn.get_execution_options().get(_WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+class Database:
+    """Owns the engine and the two session factories."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.is_sqlite = self.engine.dialect.name == "sqlite"
+        write_engine = self.engine.execution_options(**{_WRITE_OPTION: True})
+        self._read = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        self._write = sessionmaker(write_engine, expire_on_commit=False)
+
+    @contextmanager
+    def read(self) -> Iterator[ReadSession]:
+        session = self._read()
+        try:
+            yield ReadSession(session)
+        finally:
+            session.rollback()
+            session.close()
+
+    @contextmanager
+    def write(self) -> Iterator[WriteSession]:
+        session = self._write()
+        try:
+            yield WriteSession(session)
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))

@@ -1,0 +1,90 @@
+"""Request dependencies: database sessions and the caller's identity."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.auth.service import GRANTS, Role, authenticate
+from app.config import Settings
+from app.db import Database, ReadSession, WriteSession
+
+SESSION_COOKIE = "steady_session"
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_database(request: Request) -> Database:
+    return request.app.state.database
+
+
+def get_app_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_read_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[ReadSession]:
+    with db.read() as session:
+        yield session
+
+
+def get_write_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[WriteSession]:
+    with db.write() as session:
+        yield session
+
+
+ReadDB = Annotated[ReadSession, Depends(get_read_session)]
+WriteDB = Annotated[WriteSession, Depends(get_write_session)]
+AppSettings = Annotated[Settings, Depends(get_app_settings)]
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: int
+    name: str
+    role: Role
+
+
+def _secret_from(request: Request, creds: HTTPAuthorizationCredentials | None) -> str | None:
+    if creds is not None and creds.scheme.lower() == "bearer":
+        return creds.credentials
+    return request.cookies.get(SESSION_COOKIE)
+
+
+def get_principal(
+    request: Request,
+    db: Annotated[Database, Depends(get_database)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    secret = _secret_from(request, creds)
+    if not secret:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
+    with db.read() as session:
+        row = authenticate(session, secret)
+        if row is None:
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"}
+            )
+        return Principal(token_id=row.id, name=row.name, role=Role(row.role))
+
+
+def require(role: Role):
+    allowed = GRANTS[role]
+
+    def _check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+        if principal.role not in allowed:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, f"a {principal.role.value} token cannot do this; it needs role {role.value}"
+            )
+        return principal
+
+    return _check
+
+
+AdminCaller = Annotated[Principal, Depends(require(Role.admin))]
+UserCaller = Annotated[Principal, Depends(require(Role.user))]
+WorkerCaller = Annotated[Principal, Depends(require(Role.worker))]

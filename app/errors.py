@@ -1,0 +1,35 @@
+"""Domain errors raised by services; ``app.main`` maps them to HTTP answers."""
+
+from __future__ import annotations
+
+
+class SteadyError(Exception):
+    status_code = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(SteadyError):
+    status_code = 404
+
+
+class Conflict(SteadyError):
+    """The request is valid but the resource's state refuses it (lease lost, already done)."""
+
+    status_code = 409
+
+
+class TooLarge(SteadyError):
+    status_code = 413
+
+
+class Invalid(SteadyError):
+    """Bad input discovered past schema validation; answered 422 naming the field."""
+
+    status_code = 422
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc

@@ -1,0 +1,160 @@
+"""create_app(): the FastAPI application; its lifespan owns the database and background loops."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app import __version__, migrate
+from app.auth.router import router as tokens_router
+from app.config import Settings, get_settings
+from app.db import Database
+from app.errors import Invalid, SteadyError
+from app.runs import service as runs_service
+from app.runs.router import router as runs_router
+from app.studies.router import router as studies_router
+from app.workers.router import router as workers_router
+
+log = logging.getLogger("steady")
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413, whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await _too_large(self.limit, send)
+                return
+        seen = 0
+        started = False
+
+        async def limited_receive():  # noqa: ANN202
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge
+            return message
+
+        async def tracking_send(message):  # noqa: ANN001, ANN202
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await _too_large(self.limit, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(limit: int, send: Send) -> None:
+    body = f'{{"detail":"request body over the limit of {limit} bytes (STEADY_MAX_BODY_BYTES)"}}'.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class Reaper:
+    """Re-queues expired leases every few seconds; every API process runs one, safely."""
+
+    def __init__(self, database: Database, interval: float) -> None:
+        self.database, self.interval = database, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="steady-reaper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                with self.database.write() as session:
+                    runs_service.reap_expired(session)
+            except Exception as exc:  # the database may be down; try again next tick
+                log.warning("lease reaper: %s", exc)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        database = Database(settings.resolved_database_url)
+        migrate.upgrade(database.engine)
+        migrate.verify(database.engine)
+        app.state.database = database
+        background = [Reaper(database, settings.reaper_interval_seconds)]
+        for task in background:
+            task.start()
+        try:
+            yield
+        finally:
+            for task in background:
+                task.stop()
+            database.dispose()
+
+    app = FastAPI(
+        title="Steady",
+        version=__version__,
+        summary="Is my training stable? Repeated runs, stability statistics and verdicts.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+
+    @app.exception_handler(SteadyError)
+    async def _steady_error(request: Request, exc: SteadyError) -> JSONResponse:
+        if isinstance(exc, Invalid):
+            detail = [{"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}]
+            return JSONResponse({"detail": detail}, status_code=422)
+        return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(DBAPIError)
+    async def _database_down(request: Request, exc: DBAPIError) -> JSONResponse:
+        log.warning("database unavailable: %s", exc.orig if hasattr(exc, "orig") else exc)
+        return JSONResponse(
+            {"detail": "database unavailable, retry shortly"}, status_code=503, headers={"Retry-After": "2"}
+        )
+
+    @app.get("/healthz", tags=["health"])
+    def healthz(request: Request) -> JSONResponse:
+        try:
+            request.app.state.database.ping()
+        except Exception:
+            return JSONResponse({"status": "database unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok", "version": __version__})
+
+    for router in (studies_router, runs_router, workers_router, tokens_router):
+        app.include_router(router)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

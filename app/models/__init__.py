@@ -1,0 +1,6 @@
+"""ORM models. Migrations (``migrations/``) are the single source of the schema."""
+
+from app.models.base import Base, UTCDateTime, utcnow
+from app.models.core import ApiToken, MetricChunk, Run, Study, Worker
+
+__all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "MetricChunk", "Run", "Study", "Worker"]

@@ -1,0 +1,100 @@
+"""Run endpoints: reading runs and series (users), and the worker side of the protocol."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Query
+from pydantic import BaseModel
+
+from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
+from app.errors import NotFound
+from app.metrics import repository as metrics_repo
+from app.runs import service
+from app.studies import service as studies
+from app.studies.schemas import RunOut
+from worker.protocol import BatchAck, Heartbeat, HeartbeatAck, MetricBatch, RunAck, RunFailure, RunRelease, RunResult
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+
+
+class SeriesOut(BaseModel):
+    run_id: int
+    key: str
+    n: int
+    steps: list[int] | None = None
+    values: list[float | str] | None = None
+    steps_b64: str | None = None
+    values_b64: str | None = None
+
+
+def json_values(values: np.ndarray) -> list[float | str]:
+    """Floats for JSON: finite values as numbers (exact), non-finite as 'NaN'/'Infinity'/'-Infinity'."""
+    out: list[Any] = values.tolist()
+    if not np.isfinite(values).all():
+        for i in np.flatnonzero(~np.isfinite(values)):
+            v = values[i]
+            out[i] = "NaN" if np.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    return out
+
+
+@router.get("/{run_id}", response_model=RunOut)
+def get_run(run_id: int, db: ReadDB, caller: UserCaller) -> RunOut:
+    run = studies.get_run(db, run_id)
+    out = RunOut.model_validate(run, from_attributes=True)
+    out.metric_keys = metrics_repo.metric_keys(db, [run.id]).get(run.id, [])
+    return out
+
+
+@router.get("/{run_id}/metrics/{key}", response_model=SeriesOut)
+def get_series(
+    run_id: int,
+    key: str,
+    db: ReadDB,
+    caller: UserCaller,
+    format: Annotated[Literal["json", "packed"], Query(description="packed: base64 <i8 steps and <f8 values")] = "json",
+) -> SeriesOut:
+    studies.get_run(db, run_id)
+    series = metrics_repo.load_series(db, [run_id], [key]).get((run_id, key))
+    if series is None:
+        raise NotFound(f"run {run_id} has no metric {key!r}")
+    steps, values = series
+    if format == "packed":
+        return SeriesOut(
+            run_id=run_id,
+            key=key,
+            n=len(steps),
+            steps_b64=base64.b64encode(steps.astype("<i8").tobytes()).decode(),
+            values_b64=base64.b64encode(values.astype("<f8").tobytes()).decode(),
+        )
+    return SeriesOut(run_id=run_id, key=key, n=len(steps), steps=steps.tolist(), values=json_values(values))
+
+
+# --- worker side ----------------------------------------------------------------------------
+
+
+@router.post("/{run_id}/heartbeat", response_model=HeartbeatAck, tags=["worker protocol"])
+def heartbeat(run_id: int, body: Heartbeat, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
+    return service.heartbeat(db, run_id, body, settings)
+
+
+@router.post("/{run_id}/metrics", response_model=BatchAck, tags=["worker protocol"])
+def push_metrics(run_id: int, body: MetricBatch, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
+    return service.ingest_batch(db, run_id, body, settings)
+
+
+@router.post("/{run_id}/complete", response_model=RunAck, tags=["worker protocol"])
+def complete(run_id: int, body: RunResult, db: WriteDB, caller: WorkerCaller):
+    return service.complete(db, run_id, body)
+
+
+@router.post("/{run_id}/fail", response_model=RunAck, tags=["worker protocol"])
+def fail(run_id: int, body: RunFailure, db: WriteDB, caller: WorkerCaller):
+    return service.fail(db, run_id, body)
+
+
+@router.post("/{run_id}/release", response_model=RunAck, tags=["worker protocol"])
+def release(run_id: int, body: RunRelease, db: WriteDB, caller: WorkerCaller):
+    return service.release(db, run_id, body)

@@ -1,0 +1,253 @@
+"""The run state machine: lease, heartbeat, metrics, complete, fail, release, reap.
+
+Every transition is a conditional UPDATE on the run's current state, so it succeeds for
+exactly one caller however many API processes and workers race for it.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import datetime, timedelta
+
+import numpy as np
+from sqlalchemy import and_, select, update
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.errors import Conflict, NotFound, TooLarge
+from app.metrics import repository as metrics_repo
+from app.models import Run, Study, Worker, utcnow
+from app.studies import service as studies
+from worker.protocol import (
+    BatchAck,
+    Heartbeat,
+    HeartbeatAck,
+    Lease,
+    MetricBatch,
+    RunAck,
+    RunFailure,
+    RunRelease,
+    RunResult,
+    RunSpec,
+    RunStatus,
+)
+
+CANDIDATES_PER_LEASE = 200
+
+
+def _spec_for(run: Run, study: Study) -> RunSpec:
+    spec = study.spec
+    workload = spec["workload"]
+    return RunSpec(
+        framework=run.framework,
+        workload=workload.get("name"),
+        entrypoint=workload.get("entrypoint"),
+        params=workload.get("params", {}),
+        seed=run.seed,
+        repeat=run.repeat,
+        determinism=run.determinism,
+        threads=spec.get("threads", 2),
+        time_limit_s=spec.get("time_limit_s", 1800.0),
+        metrics=[m["name"] for m in spec.get("metrics", [])],
+        stack=run.stack,
+    )
+
+
+def reap_expired(session: Session, now: datetime | None = None) -> list[int]:
+    """Re-queue runs whose lease expired, or fail them once their attempts are spent.
+
+    Safe to run in every API process at once: each UPDATE only matches runs still expired.
+    """
+    now = now or utcnow()
+    expired = and_(Run.status == RunStatus.running.value, Run.lease_expires_at < now)
+    study_ids = set(session.scalars(select(Run.study_id).where(expired)))
+    if not study_ids:
+        return []
+    session.execute(
+        update(Run)
+        .where(expired, Run.attempt < Run.max_attempts, Run.cancel_requested.is_(False))
+        .values(status=RunStatus.queued.value, lease_id=None, lease_expires_at=None, worker_id=None)
+    )
+    session.execute(
+        update(Run)
+        .where(expired, Run.cancel_requested.is_(True))
+        .values(status=RunStatus.cancelled.value, lease_id=None, finished_at=now, error="study cancelled")
+    )
+    session.execute(
+        update(Run)
+        .where(expired)
+        .values(
+            status=RunStatus.failed.value,
+            lease_id=None,
+            finished_at=now,
+            failure_kind="lost",
+            error="lease expired on the last allowed attempt: the worker stopped heartbeating",
+        )
+    )
+    for study_id in sorted(study_ids):
+        studies.refresh_status(session, study_id)
+    return sorted(study_ids)
+
+
+def lease_next(session: Session, worker: Worker, settings: Settings) -> Lease | None:
+    now = utcnow()
+    reap_expired(session, now)
+    worker.last_seen_at = now
+    labels = set(worker.labels)
+    stmt = (
+        select(Run.id, Run.required_labels)
+        .where(Run.status == RunStatus.queued.value)
+        .order_by(Run.id)
+        .limit(CANDIDATES_PER_LEASE)
+        .with_for_update(skip_locked=True)
+    )
+    for run_id, required in session.execute(stmt).all():
+        if not set(required) <= labels:
+            continue
+        lease_id = uuid.uuid4().hex
+        expires = now + timedelta(seconds=settings.lease_seconds)
+        result = session.execute(
+            update(Run)
+            .where(Run.id == run_id, Run.status == RunStatus.queued.value)
+            .values(
+                status=RunStatus.running.value,
+                attempt=Run.attempt + 1,
+                lease_id=lease_id,
+                lease_expires_at=expires,
+                worker_id=worker.id,
+                started_at=now,
+                progress_step=None,
+            )
+        )
+        if result.rowcount != 1:
+            continue
+        run = session.get(Run, run_id, populate_existing=True)
+        assert run is not None
+        metrics_repo.delete_other_attempts(session, run.id, run.attempt)
+        study = session.get(Study, run.study_id)
+        assert study is not None
+        studies.refresh_status(session, study.id)
+        return Lease(
+            run_id=run.id,
+            study_id=run.study_id,
+            attempt=run.attempt,
+            lease_id=lease_id,
+            lease_expires_at=expires,
+            heartbeat_seconds=settings.heartbeat_seconds,
+            spec=_spec_for(run, study),
+        )
+    return None
+
+
+def _leased_run(session: Session, run_id: int, lease_id: str, *, lock: bool = True) -> Run:
+    stmt = select(Run).where(Run.id == run_id)
+    if lock:
+        stmt = stmt.with_for_update()
+    run = session.scalars(stmt).first()
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    if run.lease_id != lease_id:
+        raise Conflict(f"lease lost: run {run_id} is no longer leased under this lease (it was re-queued or taken over)")
+    if run.status != RunStatus.running.value:
+        raise Conflict(f"run {run_id} is {run.status}, not running")
+    if run.lease_expires_at is not None and run.lease_expires_at < utcnow():
+        raise Conflict(f"lease lost: the lease of run {run_id} expired at {run.lease_expires_at.isoformat()}")
+    return run
+
+
+def heartbeat(session: Session, run_id: int, body: Heartbeat, settings: Settings) -> HeartbeatAck:
+    run = _leased_run(session, run_id, body.lease_id)
+    now = utcnow()
+    run.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
+    if body.step is not None:
+        run.progress_step = body.step
+    if run.worker_id is not None:
+        session.execute(update(Worker).where(Worker.id == run.worker_id).values(last_seen_at=now))
+    session.flush()
+    return HeartbeatAck(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
+
+
+def ingest_batch(session: Session, run_id: int, body: MetricBatch, settings: Settings) -> BatchAck:
+    points = sum(len(s) for s in body.series)
+    if points > settings.max_batch_points:
+        raise TooLarge(
+            f"batch of {points} points is over the limit of {settings.max_batch_points} points (STEADY_MAX_BATCH_POINTS)"
+        )
+    run = _leased_run(session, run_id, body.lease_id, lock=False)
+    if metrics_repo.batch_exists(session, run.id, run.attempt, body.seq):
+        return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=True)
+    arrays = []
+    for s in body.series:
+        steps, values = s.unpacked() if s.steps is None else (s.steps, s.values)
+        arrays.append((s.key, np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)))
+    stored = metrics_repo.insert_chunks(session, run.id, run.attempt, body.seq, arrays)
+    return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=not stored)
+
+
+def _finite_or_str(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def complete(session: Session, run_id: int, body: RunResult) -> RunAck:
+    run = _finished_guard(session, run_id, body.lease_id)
+    now = utcnow()
+    run.status = RunStatus.completed.value
+    run.final_metrics = {k: _finite_or_str(v) for k, v in body.final_metrics.items()}
+    run.digests = body.digests.model_dump(mode="json")
+    run.fingerprint = body.fingerprint
+    run.determinism_applied = body.determinism_applied
+    run.timings = {k: _finite_or_str(v) for k, v in body.timings.items()}
+    run.finished_at = now
+    run.lease_expires_at = None
+    metrics_repo.delete_other_attempts(session, run.id, run.attempt)
+    session.flush()
+    studies.refresh_status(session, run.study_id)
+    return RunAck(run_id=run.id, status=RunStatus.completed)
+
+
+def fail(session: Session, run_id: int, body: RunFailure) -> RunAck:
+    run = _finished_guard(session, run_id, body.lease_id)
+    status = RunStatus.cancelled if body.kind.value == "cancelled" else RunStatus.failed
+    run.status = status.value
+    run.failure_kind = body.kind.value
+    run.error = body.error
+    run.stderr_tail = body.stderr_tail
+    if body.fingerprint:
+        run.fingerprint = body.fingerprint
+    if body.determinism_applied:
+        run.determinism_applied = body.determinism_applied
+    run.finished_at = utcnow()
+    run.lease_expires_at = None
+    session.flush()
+    studies.refresh_status(session, run.study_id)
+    return RunAck(run_id=run.id, status=status)
+
+
+def release(session: Session, run_id: int, body: RunRelease) -> RunAck:
+    """Give the run back to the queue; the attempt does not count and its points are dropped."""
+    run = _leased_run(session, run_id, body.lease_id)
+    metrics_repo.delete_attempt(session, run.id, run.attempt)
+    if run.cancel_requested:
+        run.status = RunStatus.cancelled.value
+        run.finished_at = utcnow()
+    else:
+        run.status = RunStatus.queued.value
+        run.attempt = max(0, run.attempt - 1)
+    run.lease_id = None
+    run.lease_expires_at = None
+    run.worker_id = None
+    session.flush()
+    studies.refresh_status(session, run.study_id)
+    return RunAck(run_id=run.id, status=RunStatus(run.status))
+
+
+def _finished_guard(session: Session, run_id: int, lease_id: str) -> Run:
+    run = session.scalars(select(Run).where(Run.id == run_id).with_for_update()).first()
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    if run.status in studies.TERMINAL:
+        raise Conflict(f"run {run_id} is already {run.status}; nothing was changed")
+    return _leased_run(session, run_id, lease_id, lock=False)

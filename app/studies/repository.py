@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.models import Run, Study
+from app.studies.schemas import Progress
+
+
+def progress_by_study(session: Session, study_ids: Sequence[int]) -> dict[int, Progress]:
+    out = {sid: Progress() for sid in study_ids}
+    if not study_ids:
+        return out
+    stmt = (
+        select(Run.study_id, Run.status, func.count())
+        .where(Run.study_id.in_(list(study_ids)))
+        .group_by(Run.study_id, Run.status)
+    )
+    for study_id, status, count in session.execute(stmt):
+        p = out[study_id]
+        setattr(p, status, getattr(p, status) + count)
+        p.total += count
+    return out
+
+
+def list_studies(
+    session: Session, *, status: str | None, suite: str | None, name: str | None, limit: int, offset: int
+) -> tuple[list[Study], int]:
+    stmt = select(Study)
+    if status:
+        stmt = stmt.where(Study.status == status)
+    if suite:
+        stmt = stmt.where(Study.suite == suite)
+    if name:
+        stmt = stmt.where(Study.name.contains(name, autoescape=True))
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = session.scalars(stmt.order_by(Study.id.desc()).limit(limit).offset(offset))
+    return list(rows), total
+
+
+def list_runs(
+    session: Session, study_id: int, *, status: str | None, limit: int, offset: int
+) -> tuple[list[Run], int]:
+    stmt = select(Run).where(Run.study_id == study_id)
+    if status:
+        stmt = stmt.where(Run.status == status)
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = session.scalars(stmt.order_by(Run.id).limit(limit).offset(offset))
+    return list(rows), total

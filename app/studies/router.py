@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, status
+
+from app.deps import AppSettings, ReadDB, UserCaller, WriteDB
+from app.studies import repository, service
+from app.studies.schemas import ExternalRunIn, RunOut, RunPage, StudyOut, StudyPage, StudySpec
+
+router = APIRouter(prefix="/api/v1/studies", tags=["studies"])
+
+Limit = Annotated[int, Query(ge=1, le=500)]
+Offset = Annotated[int, Query(ge=0)]
+StudyStatus = Annotated[str | None, Query(pattern="^(queued|running|completed|failed|cancelled|open)$")]
+RunStatusQ = Annotated[str | None, Query(pattern="^(queued|running|completed|failed|cancelled)$")]
+
+
+@router.post("", response_model=StudyOut, status_code=status.HTTP_201_CREATED)
+def create_study(spec: StudySpec, db: WriteDB, caller: UserCaller, settings: AppSettings) -> StudyOut:
+    study = service.create_study(db, spec, settings)
+    return service.to_out(db, [study])[0]
+
+
+@router.get("", response_model=StudyPage)
+def list_studies(
+    db: ReadDB,
+    caller: UserCaller,
+    status: StudyStatus = None,
+    suite: Annotated[str | None, Query(max_length=200)] = None,
+    name: Annotated[str | None, Query(max_length=200, description="substring of the name")] = None,
+    limit: Limit = 50,
+    offset: Offset = 0,
+) -> StudyPage:
+    rows, total = repository.list_studies(db, status=status, suite=suite, name=name, limit=limit, offset=offset)
+    return StudyPage(items=service.to_out(db, rows), total=total, limit=limit, offset=offset)
+
+
+@router.get("/{study_id}", response_model=StudyOut)
+def get_study(study_id: int, db: ReadDB, caller: UserCaller) -> StudyOut:
+    return service.to_out(db, [service.get_study(db, study_id)])[0]
+
+
+@router.get("/{study_id}/runs", response_model=RunPage)
+def list_runs(
+    study_id: int, db: ReadDB, caller: UserCaller, status: RunStatusQ = None, limit: Limit = 100, offset: Offset = 0
+) -> RunPage:
+    service.get_study(db, study_id)
+    rows, total = repository.list_runs(db, study_id, status=status, limit=limit, offset=offset)
+    items = [RunOut.model_validate(r, from_attributes=True) for r in rows]
+    return RunPage(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.post("/{study_id}/cancel", response_model=StudyOut)
+def cancel_study(study_id: int, db: WriteDB, caller: UserCaller) -> StudyOut:
+    return service.to_out(db, [service.cancel_study(db, study_id)])[0]
+
+
+@router.post("/{study_id}/runs", response_model=RunOut, status_code=status.HTTP_201_CREATED)
+def upload_run(study_id: int, body: ExternalRunIn, db: WriteDB, caller: UserCaller, settings: AppSettings) -> RunOut:
+    run = service.upload_external_run(db, study_id, body, settings)
+    return RunOut.model_validate(run, from_attributes=True)

@@ -1,0 +1,220 @@
+"""Study specs as users write them (JSON over REST, YAML in the CLI), and API responses."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from worker.protocol import (
+    BUILTIN_WORKLOADS,
+    MAX_NAME_LENGTH,
+    Determinism,
+    Framework,
+    Label,
+    MetricKey,
+)
+
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+StackName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:+\-]+$")]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkloadSpec(_Spec):
+    framework: Framework
+    name: str | None = Field(None, description="a built-in workload: " + ", ".join(sorted(BUILTIN_WORKLOADS)))
+    entrypoint: Annotated[str, Field(min_length=1, max_length=500)] | None = Field(
+        None, description="user code: 'package.module:function' or 'path/to/script.py'"
+    )
+    params: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        if (self.name is None) == (self.entrypoint is None):
+            raise ValueError("give exactly one of 'name' (a built-in workload) or 'entrypoint' (your code)")
+        if self.name is not None:
+            framework = BUILTIN_WORKLOADS.get(self.name)
+            if framework is None:
+                raise ValueError(
+                    f"unknown built-in workload {self.name!r}; known: {', '.join(sorted(BUILTIN_WORKLOADS))}"
+                )
+            if framework != self.framework.value:
+                raise ValueError(f"workload {self.name!r} runs on {framework}, not {self.framework.value}")
+        if self.entrypoint is not None and ":" not in self.entrypoint and not self.entrypoint.endswith(".py"):
+            raise ValueError("entrypoint must be 'package.module:function' or a path ending in .py")
+        return self
+
+
+class StackSpec(_Spec):
+    name: StackName
+    labels: Annotated[list[Label], Field(max_length=64)] = Field(
+        [], description="a worker runs this stack's runs only if it has all these labels"
+    )
+
+
+class MetricSpec(_Spec):
+    name: MetricKey
+    atol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    rtol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    max_std: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None, description="seed stability: the final value's standard deviation across seeds must stay below this"
+    )
+    margin: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None, description="stack portability: equivalence margin on the final value (absolute)"
+    )
+
+
+class StudySpec(_Spec):
+    """What to run and how to judge it. The matrix seeds × repeats × determinism × stacks becomes runs."""
+
+    name: Name
+    kind: Literal["managed", "external"] = "managed"
+    description: Annotated[str, Field(max_length=10_000)] = ""
+    workload: WorkloadSpec | None = None
+    seeds: Annotated[list[Annotated[int, Field(ge=0, le=2**63 - 1)]], Field(max_length=10_000)] = []
+    repeats: Annotated[int, Field(ge=1, le=1000)] = 1
+    determinism: Annotated[list[Determinism], Field(min_length=1)] = [Determinism.seeded]
+    stacks: Annotated[list[StackSpec], Field(min_length=1, max_length=100)] = [StackSpec(name="default")]
+    reference_stack: StackName | None = None
+    metrics: Annotated[list[MetricSpec], Field(min_length=1, max_length=100)] = [MetricSpec(name="loss")]
+    threads: Annotated[int, Field(ge=1, le=1024)] = 2
+    time_limit_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 1800.0
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
+    coverage: Annotated[float, Field(gt=0, lt=1)] = 0.9
+    confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95
+    suite: Name | None = None
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metric_names(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError("seeds must be distinct")
+        return value
+
+    @field_validator("determinism")
+    @classmethod
+    def _unique_levels(cls, value: list[Determinism]) -> list[Determinism]:
+        if len(set(value)) != len(value):
+            raise ValueError("determinism levels must be distinct")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> StudySpec:
+        names = [s.name for s in self.stacks]
+        if len(set(names)) != len(names):
+            raise ValueError("stack names must be distinct")
+        if self.reference_stack is not None and self.reference_stack not in names:
+            raise ValueError(f"reference_stack {self.reference_stack!r} is not one of the stacks {names}")
+        metric_names = [m.name for m in self.metrics]
+        if len(set(metric_names)) != len(metric_names):
+            raise ValueError("metric names must be distinct")
+        if self.kind == "managed":
+            if self.workload is None:
+                raise ValueError("a managed study needs a 'workload'")
+            if not self.seeds:
+                raise ValueError("'seeds' must name at least one seed")
+        return self
+
+    @property
+    def run_count(self) -> int:
+        return len(self.seeds) * self.repeats * len(self.determinism) * len(self.stacks)
+
+
+class Progress(BaseModel):
+    total: int = 0
+    queued: int = 0
+    running: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
+class StudyOut(BaseModel):
+    id: int
+    name: str
+    kind: str
+    status: str
+    suite: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    progress: Progress
+    spec: dict[str, Any]
+
+
+class StudyPage(BaseModel):
+    items: list[StudyOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class RunOut(BaseModel):
+    id: int
+    study_id: int
+    seed: int
+    repeat: int
+    determinism: str
+    stack: str
+    framework: str
+    status: str
+    attempt: int
+    max_attempts: int
+    worker_id: int | None
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+    progress_step: int | None
+    fingerprint: dict[str, Any]
+    digests: dict[str, Any]
+    determinism_applied: dict[str, Any]
+    timings: dict[str, Any]
+    final_metrics: dict[str, Any]
+    failure_kind: str | None
+    error: str | None
+    stderr_tail: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    metric_keys: list[str] | None = None
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class SeriesIn(_Spec):
+    steps: list[int]
+    values: list[float]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> SeriesIn:
+        if len(self.steps) != len(self.values):
+            raise ValueError(f"steps has {len(self.steps)} items but values has {len(self.values)}")
+        return self
+
+
+class ExternalRunIn(_Spec):
+    """A finished run produced elsewhere, uploaded into an external study."""
+
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)]
+    repeat: Annotated[int, Field(ge=0)] = 0
+    determinism: Determinism = Determinism.seeded
+    stack: dict[str, Any] = Field({}, description="the stack fingerprint; its 'name' (or a hash) names the group")
+    metrics: Annotated[dict[MetricKey, SeriesIn], Field(min_length=1, max_length=256)]
+    digests: dict[str, Any] = {}
+    step_times: list[float] | None = None
+    framework: Annotated[str, Field(max_length=32)] = "external"

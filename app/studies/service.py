@@ -1,0 +1,223 @@
+"""Study lifecycle: validate and expand a spec into runs, track status, cancel, uploads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.errors import Conflict, Invalid, NotFound
+from app.metrics import repository as metrics_repo
+from app.models import Run, Study, utcnow
+from app.studies import repository
+from app.studies.schemas import ExternalRunIn, StudyOut, StudySpec
+from worker.protocol import STEP_TIME_KEY, TERMINAL_RUN_STATUSES, RunStatus
+
+TERMINAL = {s.value for s in TERMINAL_RUN_STATUSES}
+TERMINAL_STUDY_STATUSES = {"completed", "failed", "cancelled"}
+
+
+def create_study(session: Session, spec: StudySpec, settings: Settings) -> Study:
+    if spec.kind == "managed" and spec.run_count > settings.max_runs_per_study:
+        raise Invalid(
+            ("body", "seeds"),
+            f"the matrix seeds × repeats × determinism × stacks is {len(spec.seeds)} × {spec.repeats} × "
+            f"{len(spec.determinism)} × {len(spec.stacks)} = {spec.run_count} runs, over the limit of "
+            f"{settings.max_runs_per_study} runs per study (STEADY_MAX_RUNS_PER_STUDY)",
+        )
+    study = Study(
+        name=spec.name,
+        kind=spec.kind,
+        status="open" if spec.kind == "external" else "queued",
+        spec=spec.model_dump(mode="json"),
+        suite=spec.suite,
+    )
+    session.add(study)
+    session.flush()
+    if spec.kind == "managed":
+        assert spec.workload is not None
+        framework = spec.workload.framework.value
+        rows = [
+            {
+                "study_id": study.id,
+                "seed": seed,
+                "repeat": repeat,
+                "determinism": level.value,
+                "stack": stack.name,
+                "framework": framework,
+                "required_labels": sorted({framework, *stack.labels}),
+                "status": RunStatus.queued.value,
+                "attempt": 0,
+                "max_attempts": spec.max_attempts,
+                "cancel_requested": False,
+                "fingerprint": {},
+                "digests": {},
+                "determinism_applied": {},
+                "timings": {},
+                "final_metrics": {},
+                "created_at": utcnow(),
+            }
+            for stack in spec.stacks
+            for level in spec.determinism
+            for seed in spec.seeds
+            for repeat in range(spec.repeats)
+        ]
+        session.execute(Run.__table__.insert(), rows)
+    return study
+
+
+def get_study(session: Session, study_id: int) -> Study:
+    study = session.get(Study, study_id)
+    if study is None:
+        raise NotFound(f"study {study_id} not found")
+    return study
+
+
+def get_run(session: Session, run_id: int) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def to_out(session: Session, studies: list[Study]) -> list[StudyOut]:
+    progress = repository.progress_by_study(session, [s.id for s in studies])
+    return [
+        StudyOut(
+            id=s.id,
+            name=s.name,
+            kind=s.kind,
+            status=s.status,
+            suite=s.suite,
+            created_at=s.created_at,
+            updated_at=s.updated_at,
+            finished_at=s.finished_at,
+            progress=progress[s.id],
+            spec=s.spec,
+        )
+        for s in studies
+    ]
+
+
+def refresh_status(session: Session, study_id: int) -> Study:
+    """Derive a managed study's status from its runs; call after any run transition."""
+    study = get_study(session, study_id)
+    if study.kind == "external":
+        return study
+    p = repository.progress_by_study(session, [study_id])[study_id]
+    before = study.status
+    if p.total and p.queued == 0 and p.running == 0:
+        if study.status == "cancelled" or p.cancelled == p.total:
+            status = "cancelled"
+        elif p.failed == p.total:
+            status = "failed"
+        else:
+            status = "completed"
+    elif study.status == "cancelled":
+        status = "cancelled"  # waiting for running runs to stop
+    elif p.running or p.completed or p.failed:
+        status = "running"
+    else:
+        status = "queued"
+    if status != before:
+        study.status = status
+        if status in TERMINAL_STUDY_STATUSES:
+            study.finished_at = utcnow()
+        session.flush()
+        if status in {"completed", "failed"} and before not in TERMINAL_STUDY_STATUSES:
+            on_study_finished(session, study)
+    return study
+
+
+def on_study_finished(session: Session, study: Study) -> None:
+    """Hook run once when a study's last run ends (alert evaluation attaches here)."""
+
+
+def cancel_study(session: Session, study_id: int) -> Study:
+    study = get_study(session, study_id)
+    if study.kind == "external":
+        raise Conflict(f"study {study_id} is external: it has no runs to cancel")
+    if study.status in {"completed", "failed"}:
+        raise Conflict(f"study {study_id} is already {study.status}")
+    now = utcnow()
+    session.execute(
+        update(Run)
+        .where(Run.study_id == study_id, Run.status == RunStatus.queued.value)
+        .values(status=RunStatus.cancelled.value, finished_at=now, error="study cancelled")
+    )
+    session.execute(
+        update(Run)
+        .where(Run.study_id == study_id, Run.status == RunStatus.running.value)
+        .values(cancel_requested=True)
+    )
+    study.status = "cancelled"
+    session.flush()
+    return refresh_status(session, study_id)
+
+
+def stack_name_of(fingerprint: dict[str, Any]) -> str:
+    name = fingerprint.get("name")
+    if isinstance(name, str) and name:
+        return name[:100]
+    canonical = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), default=str)
+    return "stack-" + hashlib.sha256(canonical.encode()).hexdigest()[:8]
+
+
+def upload_external_run(session: Session, study_id: int, body: ExternalRunIn, settings: Settings) -> Run:
+    study = get_study(session, study_id)
+    if study.kind != "external":
+        raise Conflict(f"study {study_id} is managed: its runs come from workers, not uploads")
+    points = sum(len(s.steps) for s in body.metrics.values()) + len(body.step_times or [])
+    if points > settings.max_batch_points:
+        raise Invalid(
+            ("body", "metrics"),
+            f"{points} points in one upload, over the limit of {settings.max_batch_points} (STEADY_MAX_BATCH_POINTS)",
+        )
+    final = {}
+    for key, s in body.metrics.items():
+        if s.steps:
+            final[key] = s.values[int(np.argmax(s.steps))]
+    run = Run(
+        study_id=study_id,
+        seed=body.seed,
+        repeat=body.repeat,
+        determinism=body.determinism.value,
+        stack=stack_name_of(body.stack),
+        framework=body.framework,
+        required_labels=[],
+        status=RunStatus.completed.value,
+        attempt=1,
+        max_attempts=1,
+        fingerprint=body.stack,
+        digests=body.digests,
+        final_metrics={k: _json_float(v) for k, v in final.items()},
+        started_at=utcnow(),
+        finished_at=utcnow(),
+    )
+    session.add(run)
+    session.flush()
+    series = [
+        (key, np.asarray(s.steps, dtype=np.int64), np.asarray(s.values, dtype=np.float64))
+        for key, s in body.metrics.items()
+    ]
+    if body.step_times:
+        series.append(
+            (STEP_TIME_KEY, np.arange(len(body.step_times), dtype=np.int64), np.asarray(body.step_times, float))
+        )
+    metrics_repo.insert_chunks(session, run.id, 1, 0, series)
+    study.updated_at = utcnow()
+    return run
+
+
+def _json_float(value: float) -> float | str:
+    """Non-finite floats are kept as the strings 'NaN', 'Infinity', '-Infinity' in JSON."""
+    if np.isfinite(value):
+        return value
+    return "NaN" if np.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel
+
+from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
+from app.runs import service as runs
+from app.workers import service
+from worker.protocol import Lease, LeaseRequest, WorkerRegistered, WorkerRegistration
+
+router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
+
+
+class WorkerOut(BaseModel):
+    id: int
+    name: str
+    labels: list[str]
+    fingerprint: dict[str, Any]
+    registered_at: datetime
+    last_seen_at: datetime
+    running_runs: list[int]
+
+
+@router.post("/register", response_model=WorkerRegistered)
+def register(body: WorkerRegistration, db: WriteDB, caller: WorkerCaller, settings: AppSettings) -> WorkerRegistered:
+    worker = service.register(db, body, caller)
+    return WorkerRegistered(
+        worker_id=worker.id,
+        name=worker.name,
+        labels=worker.labels,
+        lease_seconds=settings.lease_seconds,
+        heartbeat_seconds=settings.heartbeat_seconds,
+    )
+
+
+@router.post(
+    "/{worker_id}/lease",
+    response_model=Lease,
+    responses={204: {"description": "nothing queued that this worker's labels can run"}},
+)
+def lease(worker_id: int, body: LeaseRequest, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
+    worker = service.get_for(db, worker_id, caller)
+    leased = runs.lease_next(db, worker, settings)
+    if leased is None:
+        return Response(status_code=204)
+    return leased
+
+
+@router.get("", response_model=list[WorkerOut])
+def list_workers(db: ReadDB, caller: UserCaller) -> list[WorkerOut]:
+    return [
+        WorkerOut(
+            id=w.id,
+            name=w.name,
+            labels=w.labels,
+            fingerprint=w.fingerprint,
+            registered_at=w.registered_at,
+            last_seen_at=w.last_seen_at,
+            running_runs=running,
+        )
+        for w, running in service.list_workers(db)
+    ]

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.deps import Principal
+from app.errors import NotFound
+from app.auth.service import Role
+from app.models import Run, Worker, utcnow
+from worker.protocol import RunStatus, WorkerRegistration
+
+
+def register(session: Session, body: WorkerRegistration, principal: Principal) -> Worker:
+    """Register a worker, or refresh the row of the same name registered with the same token."""
+    worker = session.scalars(
+        select(Worker).where(Worker.name == body.name, Worker.token_id == principal.token_id)
+    ).first()
+    now = utcnow()
+    if worker is None:
+        worker = Worker(name=body.name, token_id=principal.token_id, registered_at=now)
+        session.add(worker)
+    worker.labels = sorted(set(body.labels))
+    worker.fingerprint = body.fingerprint
+    worker.last_seen_at = now
+    session.flush()
+    return worker
+
+
+def get_for(session: Session, worker_id: int, principal: Principal) -> Worker:
+    worker = session.get(Worker, worker_id)
+    # A worker token may only act as the workers it registered.
+    if worker is None or (principal.role is not Role.admin and worker.token_id != principal.token_id):
+        raise NotFound(f"worker {worker_id} not found (register first)")
+    return worker
+
+
+def list_workers(session: Session) -> list[tuple[Worker, list[int]]]:
+    workers = list(session.scalars(select(Worker).order_by(Worker.id)))
+    running: dict[int, list[int]] = {}
+    for run_id, worker_id in session.execute(
+        select(Run.id, Run.worker_id).where(Run.status == RunStatus.running.value, Run.worker_id.is_not(None))
+    ):
+        running.setdefault(worker_id, []).append(run_id)
+    return [(w, running.get(w.id, [])) for w in workers]

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import Connection
+
+from app.models import Base
+
+target_metadata = Base.metadata
+
+
+def _run(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+connection = context.config.attributes.get("connection")
+if connection is not None:
+    _run(connection)
+else:
+    from app.db import make_engine
+
+    url = context.config.get_main_option("sqlalchemy.url")
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        _run(conn)
+        conn.commit()
