@@ -1,0 +1,523 @@
+"""The whole study report, built from plain inputs by one pure function.
+
+``build_report`` turns a sequence of ``RunData`` and ``MetricSpec`` into a frozen
+``StudyReport``; ``compute_bands`` gives the per-step bands behind the ``/bands`` route.
+``StudyReport.to_dict()`` and ``GroupBand.to_dict()`` return JSON-safe plain data: numpy
+scalars become Python numbers, arrays become lists, **NaN becomes None and ±Inf become the
+strings "inf" / "-inf"**.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.stats.align import align_series
+from app.stats.bands import DEFAULT_QUANTILES, Band, compute_band, out_of_band_runs
+from app.stats.cost import cost_ratio
+from app.stats.downsample import extreme_indices
+from app.stats.portability import adjust, band_containment, compare_stacks
+from app.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
+from app.stats.seed_stability import seed_spread
+from app.stats.variance import variance_components
+
+__all__ = ["RunData", "MetricSpec", "Verdict", "StudyReport", "GroupBand", "build_report", "compute_bands",
+           "to_plain", "STEP_TIME_KEY", "DETERMINISM_LEVELS"]
+
+STEP_TIME_KEY = "step_time"
+DETERMINISM_LEVELS = ("none", "seeded", "strict")
+_COST_PAIRS = (("strict", "seeded"), ("seeded", "none"), ("strict", "none"))
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run as the stats core sees it. ``series`` maps a metric key to (steps int64, values float64)."""
+
+    run_id: int
+    seed: int
+    repeat: int
+    determinism: str
+    stack: str
+    fingerprint: Mapping = field(default_factory=dict)
+    digests: Mapping = field(default_factory=dict)
+    status: str = "succeeded"
+    series: Mapping = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric to judge: repeatability tolerance (atol, rtol), seed-spread limit, stack margin."""
+
+    name: str
+    atol: float = 0.0
+    rtol: float = 0.0
+    max_std: float | None = None
+    margin: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    level: str  # repeatability | seed_stability | stack_portability
+    metric: str
+    group: Mapping
+    verdict: str
+    n_runs: int
+    reason: str
+    details: Mapping  # the numbers behind the verdict (plain data after to_dict)
+
+
+@dataclass(frozen=True)
+class StudyReport:
+    verdicts: tuple
+    variance_by_source: tuple
+    determinism_cost: tuple
+    diverged: tuple
+    options: Mapping
+
+    def to_dict(self) -> dict:
+        """JSON-safe plain data (NaN → None, ±Inf → "inf"/"-inf")."""
+        out = {
+            "verdicts": [],
+            "variance_by_source": to_plain(self.variance_by_source),
+            "determinism_cost": to_plain(self.determinism_cost),
+            "diverged": to_plain(self.diverged),
+            "options": to_plain(self.options),
+        }
+        for v in self.verdicts:
+            entry = {"level": v.level, "metric": v.metric, "group": to_plain(v.group), "verdict": v.verdict,
+                     "n_runs": int(v.n_runs), "reason": v.reason}
+            entry.update(to_plain(v.details))
+            out["verdicts"].append(entry)
+        return out
+
+
+def to_plain(obj):
+    """Recursively convert dataclasses, mappings, sequences, numpy values to JSON-safe data."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, np.ndarray):
+        return [to_plain(v) for v in obj.tolist()]
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        x = float(obj)
+        if math.isnan(x):
+            return None
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return x
+    if obj is None or isinstance(obj, str):
+        return obj
+    return str(obj)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _validate(runs: Sequence[RunData], metrics: Sequence[MetricSpec] | None = None) -> list[RunData]:
+    runs = list(runs)
+    ids = set()
+    for r in runs:
+        if not isinstance(r, RunData):
+            raise ValueError(f"runs must be RunData, got {type(r).__name__}")
+        if r.determinism not in DETERMINISM_LEVELS:
+            raise ValueError(f"run {r.run_id}: determinism must be one of {DETERMINISM_LEVELS}, got {r.determinism!r}")
+        if r.run_id in ids:
+            raise ValueError(f"duplicate run_id {r.run_id}")
+        ids.add(r.run_id)
+        for key, sv in r.series.items():
+            if len(sv) != 2:
+                raise ValueError(f"run {r.run_id} series {key!r} must be a (steps, values) pair")
+    if metrics is not None:
+        names = [m.name for m in metrics]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate metric names in {names}")
+        for m in metrics:
+            if m.atol < 0 or m.rtol < 0:
+                raise ValueError(f"metric {m.name!r}: atol and rtol must be >= 0")
+            if m.max_std is not None and not m.max_std > 0:
+                raise ValueError(f"metric {m.name!r}: max_std must be > 0")
+            if m.margin is not None and not m.margin > 0:
+                raise ValueError(f"metric {m.name!r}: margin must be > 0")
+    return runs
+
+
+def _groups(runs: Sequence[RunData]) -> dict[tuple[str, str], list[RunData]]:
+    out: dict[tuple[str, str], list[RunData]] = defaultdict(list)
+    for r in runs:
+        out[(r.determinism, r.stack)].append(r)
+    return dict(sorted(out.items(), key=lambda kv: (DETERMINISM_LEVELS.index(kv[0][0]), kv[0][1])))
+
+
+def _one_per_seed(runs: Sequence[RunData]) -> list[RunData]:
+    """The run with the lowest repeat (then run_id) for each seed, ordered by seed."""
+    best: dict[int, RunData] = {}
+    for r in runs:
+        cur = best.get(r.seed)
+        if cur is None or (r.repeat, r.run_id) < (cur.repeat, cur.run_id):
+            best[r.seed] = r
+    return [best[s] for s in sorted(best)]
+
+
+def _series(r: RunData, metric: str):
+    sv = r.series.get(metric)
+    if sv is None:
+        return None
+    steps, values = np.asarray(sv[0]), np.asarray(sv[1], dtype=np.float64)
+    return steps, values
+
+
+def _final(r: RunData, metric: str) -> tuple[float | None, int | None]:
+    """(value at the last logged step, first non-finite step or None); (None, None) if absent."""
+    sv = _series(r, metric)
+    if sv is None or sv[1].size == 0:
+        return None, None
+    steps, values = sv
+    bad = ~np.isfinite(values)
+    div = int(steps[int(np.argmax(bad))]) if bad.any() else None
+    return float(values[-1]), div
+
+
+# --------------------------------------------------------------------------- bands
+
+
+@dataclass(frozen=True)
+class GroupBand:
+    group: Mapping
+    metric: str
+    run_ids: tuple  # runs used (one per seed)
+    excluded_run_ids: tuple  # diverged runs left out of the band
+    one_run_per_seed: bool  # True when repeats existed and only the first repeat was used
+    downsampled: bool
+    band: Band
+
+    def to_dict(self) -> dict:
+        b = self.band
+        return to_plain({
+            "group": self.group, "metric": self.metric, "run_ids": self.run_ids,
+            "excluded_run_ids": self.excluded_run_ids, "one_run_per_seed": self.one_run_per_seed,
+            "downsampled": self.downsampled, "coverage": b.coverage, "confidence": b.confidence,
+            "steps": b.steps, "n": b.n, "mean": b.mean, "std": b.std, "min": b.min, "max": b.max,
+            "quantiles": {f"{q:g}": b.quantiles[i] for i, q in enumerate(b.quantile_levels)},
+            "ci_low": b.ci_low, "ci_high": b.ci_high, "ti_low": b.ti_low, "ti_high": b.ti_high,
+        })
+
+
+def _group_band(group_runs, metric, *, coverage, confidence, quantiles):
+    chosen = [r for r in _one_per_seed(group_runs) if metric in r.series]
+    aligned = align_series({r.run_id: _series(r, metric) for r in chosen})
+    band = compute_band(aligned.values, steps=aligned.steps, coverage=coverage, confidence=confidence,
+                        quantiles=quantiles, diverged=aligned.diverged)
+    return chosen, aligned, band
+
+
+def compute_bands(runs: Sequence[RunData], *, metric: str, coverage: float = 0.9, confidence: float = 0.95,
+                  quantiles=DEFAULT_QUANTILES, max_points: int | None = None) -> tuple:
+    """Per-step seed bands of ``metric`` for every (determinism, stack) group.
+
+    One run per seed (the lowest repeat) enters the band, diverged runs (a non-finite value
+    anywhere) are excluded and listed. Statistics per step as in ``app.stats.bands.compute_band``;
+    with ``max_points`` the steps are decimated keeping each bucket's min of the band minimum
+    and max of the band maximum (``app.stats.downsample.extreme_indices``).
+    """
+    runs = _validate(runs)
+    if max_points is not None and (int(max_points) != max_points or max_points < 2):
+        raise ValueError(f"max_points must be an integer >= 2, got {max_points!r}")
+    out = []
+    for (det, stack), group_runs in _groups(runs).items():
+        chosen, aligned, band = _group_band(group_runs, metric, coverage=coverage, confidence=confidence,
+                                            quantiles=quantiles)
+        if not chosen:
+            continue
+        down = max_points is not None and band.steps.size > max_points
+        if down:
+            band = band.take(extreme_indices(band.min, band.max, max_points=int(max_points)))
+        ids = tuple(int(r.run_id) for r in chosen)
+        out.append(GroupBand(group={"determinism": det, "stack": stack}, metric=metric,
+                             run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if not d),
+                             excluded_run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if d),
+                             one_run_per_seed=len(chosen) < len(group_runs), downsampled=down, band=band))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
+    out = []
+    for (det, stack), group_runs in groups.items():
+        by_seed: dict[int, list[RunData]] = defaultdict(list)
+        for r in group_runs:
+            if spec.name in r.series:
+                by_seed[r.seed].append(r)
+        if not by_seed:
+            continue
+        per_seed = {}
+        for seed in sorted(by_seed):
+            rs = sorted(by_seed[seed], key=lambda r: (r.repeat, r.run_id))
+            per_seed[seed] = (rs, repeatability([RepeatRun(
+                steps=_series(r, spec.name)[0], values=_series(r, spec.name)[1], fingerprint=r.fingerprint,
+                initial_weights=r.digests.get("initial_weights"), data_order=tuple(r.digests.get("data_order") or ()),
+                other_digests={k: r.digests.get(k) for k in ("final_weights", "optimizer_state")})
+                for r in rs], atol=spec.atol, rtol=spec.rtol))
+        conclusive = {s: v for s, v in per_seed.items() if v[1].verdict in VERDICT_ORDER}
+        n_runs = sum(len(v[0]) for v in per_seed.values())
+        if not conclusive:
+            verdict = "inconclusive"
+            reason = f"{det} runs: no seed has 2 or more repeats ({len(per_seed)} seed(s)); need at least 2"
+            worst_seed = None
+        else:
+            worst_seed = max(conclusive, key=lambda s: (VERDICT_ORDER[conclusive[s][1].verdict],
+                                                        conclusive[s][1].max_abs_delta, -s))
+            w = conclusive[worst_seed][1]
+            verdict = w.verdict
+            if verdict == "identical":
+                if len(conclusive) == 1:
+                    reason = f"{det} runs of seed {worst_seed} bitwise identical across {w.n_runs} repeats"
+                else:
+                    reason = f"{det} runs bitwise identical across repeats for all {len(conclusive)} seeds"
+            else:
+                reason = f"seed {worst_seed} (worst of {len(conclusive)}): {w.reason}"
+        detail = [{"seed": s, "run_ids": [r.run_id for r in rs], **to_plain(res)} for s, (rs, res) in per_seed.items()]
+        numbers = {}
+        if worst_seed is not None:
+            w = conclusive[worst_seed][1]
+            numbers = {"worst_seed": worst_seed, "max_abs_delta": max(v[1].max_abs_delta for v in conclusive.values()),
+                       "max_rel_delta": max(v[1].max_rel_delta for v in conclusive.values()),
+                       "max_ulps": max(v[1].max_ulps for v in conclusive.values()),
+                       "first_divergent_step": w.first_divergent_step, "source": w.source,
+                       "data_order_epoch": w.data_order_epoch}
+        out.append(Verdict("repeatability", spec.name, {"determinism": det, "stack": stack}, verdict, n_runs, reason,
+                           {**numbers, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail}))
+    return out
+
+
+def _finals(runs: Sequence[RunData], metric: str):
+    """(values of non-diverged runs, their run ids, ids of diverged runs)."""
+    vals, ids, bad = [], [], []
+    for r in runs:
+        v, div = _final(r, metric)
+        if v is None:
+            continue
+        if div is not None:
+            bad.append(r.run_id)
+        else:
+            vals.append(v)
+            ids.append(r.run_id)
+    return np.array(vals, dtype=np.float64), ids, bad
+
+
+def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, false_alarm) -> list[Verdict]:
+    out = []
+    for (det, stack), group_runs in groups.items():
+        chosen, aligned, band = _group_band(group_runs, spec.name, coverage=coverage, confidence=confidence,
+                                            quantiles=DEFAULT_QUANTILES)
+        if not chosen:
+            continue
+        values, ids, bad = _finals(chosen, spec.name)
+        spread = seed_spread(values, max_std=spec.max_std, coverage=coverage, confidence=confidence, alpha=alpha)
+        reason = spread.reason
+        if bad:
+            reason += f"; {len(bad)} diverged run(s) excluded"
+        if len(chosen) < len(group_runs):
+            reason += "; one run per seed (first repeat)"
+        flagged = []
+        oob_info = None
+        keep = ~aligned.diverged
+        if keep.sum() >= 2:
+            oob = out_of_band_runs(aligned.values[keep], band, false_alarm=false_alarm, bonferroni=True)
+            kept_ids = [r.run_id for r, k in zip(chosen, keep) if k]
+            flagged = [i for i, f in zip(kept_ids, oob.flagged) if f]
+            oob_info = {"run_ids": kept_ids, "exceedances": oob.exceedances, "checkpoints": oob.checkpoints,
+                        "threshold": oob.threshold, "p_value": oob.p_value, "q": oob.q, "level": oob.level,
+                        "bonferroni": oob.bonferroni}
+            if flagged:
+                reason += f"; out of band: run(s) {', '.join(map(str, flagged))}"
+        out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, spread.verdict,
+                           len(chosen), reason,
+                           {"spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
+                            "one_run_per_seed": len(chosen) < len(group_runs), "n_needed": spread.n_needed,
+                            "out_of_band": flagged, "out_of_band_test": oob_info}))
+    return out
+
+
+def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, rng, coverage, confidence):
+    pending = []
+    by_level: dict[str, dict[str, list[RunData]]] = defaultdict(dict)
+    for (det, stack), rs in groups.items():
+        by_level[det][stack] = rs
+    for det, stacks in by_level.items():
+        if len(stacks) < 2:
+            continue
+        order = list(stacks)
+        ref = reference_stack if reference_stack is not None else min(
+            order, key=lambda s: min(r.run_id for r in stacks[s]))
+        if ref not in stacks:
+            continue
+        _, _, ref_band = _group_band(stacks[ref], spec.name, coverage=coverage, confidence=confidence, quantiles=(0.5,))
+        ref_vals, _, ref_bad = _finals(_one_per_seed(stacks[ref]), spec.name)
+        for cand in order:
+            if cand == ref:
+                continue
+            _, _, cand_band = _group_band(stacks[cand], spec.name, coverage=coverage, confidence=confidence,
+                                          quantiles=(0.5,))
+            cand_vals, _, cand_bad = _finals(_one_per_seed(stacks[cand]), spec.name)
+            group = {"determinism": det, "reference_stack": ref, "candidate_stack": cand}
+            common, ia, ib = np.intersect1d(ref_band.steps, cand_band.steps, return_indices=True)
+            share, k = band_containment(cand_band.mean[ib], ref_band.ti_low[ia], ref_band.ti_high[ia]) \
+                if common.size else (float("nan"), 0)
+            base = {"n_reference": ref_vals.size, "n_candidate": cand_vals.size,
+                    "diverged_run_ids": ref_bad + cand_bad, "band_containment": share, "band_steps_compared": k,
+                    "margin": spec.margin}
+            if ref_vals.size < 2 or cand_vals.size < 2:
+                pending.append((group, None, base))
+            else:
+                pending.append((group, compare_stacks(ref_vals, cand_vals, margin=spec.margin, rng=rng, alpha=alpha),
+                                base))
+    return pending
+
+
+def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, coverage: float = 0.9,
+                 confidence: float = 0.95, alpha: float = 0.05, reference_stack: str | None = None,
+                 rng: np.random.Generator, adjust_method: str = "holm", false_alarm: float = 0.01) -> StudyReport:
+    """Build the study report: the three verdict levels, variance by source, cost, divergences.
+
+    Groups are (determinism, stack).
+    * repeatability — per seed, repeats compared against the lowest repeat
+      (``app.stats.repeatability``); one verdict per (metric, group) = the worst seed;
+      ``inconclusive`` when no seed has two repeats.
+    * seed_stability — one run per seed (lowest repeat); final value = the value at the run's
+      last logged step; diverged runs excluded and counted; verdict of
+      ``app.stats.seed_stability.seed_spread``; out-of-band runs by the binomial exceedance rule
+      (Bonferroni over runs, level ``false_alarm``).
+    * stack_portability — per determinism level, every other stack against ``reference_stack``
+      (default: the stack of the lowest run id). TOST and Welch p-values are adjusted over all
+      comparisons of the report with ``adjust_method`` ("holm" or "bh"). Rule: with a margin,
+      ``equivalent`` if adjusted TOST p < α; ``not_equivalent`` if the (1 − α) Welch CI of the
+      difference lies entirely outside [−margin, margin]; else ``inconclusive`` with the seeds
+      per stack needed. Without a margin equivalence cannot be claimed: ``not_equivalent`` if
+      the adjusted Welch p < α, else ``inconclusive``.
+    ``rng`` drives every bootstrap (portability CI, cost CI).
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError("rng must be a numpy.random.Generator")
+    for name, v in (("coverage", coverage), ("confidence", confidence), ("alpha", alpha),
+                    ("false_alarm", false_alarm)):
+        if not (0 < v < 1):
+            raise ValueError(f"{name} must be strictly between 0 and 1, got {v!r}")
+    runs = _validate(runs, metrics)
+    groups = _groups(runs)
+    verdicts: list[Verdict] = []
+    pending_port = []
+    for spec in metrics:
+        verdicts += _repeatability_verdicts(groups, spec)
+        verdicts += _seed_verdicts(groups, spec, coverage=coverage, confidence=confidence, alpha=alpha,
+                                   false_alarm=false_alarm)
+        pending_port += [(spec, *p) for p in _portability_verdicts(groups, spec, reference_stack=reference_stack,
+                                                                   alpha=alpha, rng=rng, coverage=coverage,
+                                                                   confidence=confidence)]
+    verdicts += _finish_portability(pending_port, alpha=alpha, method=adjust_method)
+    diverged = []
+    for r in runs:
+        for key in sorted(r.series):
+            _, div = _final(r, key)
+            if div is not None and key != STEP_TIME_KEY:
+                diverged.append({"run_id": r.run_id, "metric": key, "step": div, "determinism": r.determinism,
+                                 "stack": r.stack, "seed": r.seed})
+    options = {"coverage": coverage, "confidence": confidence, "alpha": alpha, "reference_stack": reference_stack,
+               "adjust_method": adjust_method, "false_alarm": false_alarm,
+               "nonfinite_encoding": "NaN -> null, +/-Inf -> 'inf'/'-inf'"}
+    return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics)),
+                       determinism_cost=tuple(_cost(runs, rng=rng, confidence=confidence)),
+                       diverged=tuple(diverged), options=options)
+
+
+def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
+    tost_idx = [i for i, (_, _, res, _) in enumerate(pending) if res is not None and res.tost is not None]
+    welch_idx = [i for i, (_, _, res, _) in enumerate(pending) if res is not None]
+    tost_adj = dict(zip(tost_idx, adjust([pending[i][2].tost.p_value for i in tost_idx], method=method))) \
+        if tost_idx else {}
+    welch_adj = dict(zip(welch_idx, adjust([pending[i][2].welch.p_value for i in welch_idx], method=method))) \
+        if welch_idx else {}
+    out = []
+    for i, (spec, group, res, base) in enumerate(pending):
+        n_runs = base["n_reference"] + base["n_candidate"]
+        details = {**base, "adjust_method": method, "n_comparisons_tost": len(tost_idx),
+                   "n_comparisons_welch": len(welch_idx)}
+        if res is None:
+            out.append(Verdict("stack_portability", spec.name, group, "inconclusive", n_runs,
+                               f"need at least 2 finite runs per stack (reference {base['n_reference']}, "
+                               f"candidate {base['n_candidate']})", {**details, "n_needed": 2}))
+            continue
+        details.update({"result": res, "tost_p_adjusted": tost_adj.get(i), "welch_p_adjusted": welch_adj.get(i),
+                        "n_needed": res.n_needed})
+        m = spec.margin
+        d = f"Δmean {res.diff:.3g} (CI {res.diff_ci_low:.3g}..{res.diff_ci_high:.3g})"
+        if m is not None:
+            if tost_adj[i] < alpha:
+                verdict, reason = "equivalent", f"{d} within ±{m:g}: TOST p={tost_adj[i]:.3g} ({method})"
+            elif res.diff_ci_low > m or res.diff_ci_high < -m:
+                verdict, reason = "not_equivalent", f"{d} entirely outside ±{m:g}"
+            else:
+                verdict = "inconclusive"
+                reason = f"{d}, TOST p={tost_adj[i]:.3g} ({method}) ≥ {alpha:g}" + (
+                    f"; ~{res.n_needed} seeds per stack needed" if res.n_needed else
+                    "; observed difference at or beyond the margin")
+        else:
+            if welch_adj[i] < alpha:
+                verdict, reason = "not_equivalent", f"no margin given; {d}, Welch p={welch_adj[i]:.3g} ({method})"
+            else:
+                verdict, reason = "inconclusive", f"no margin given, equivalence cannot be claimed; {d}"
+        if base["diverged_run_ids"]:
+            reason += f"; {len(base['diverged_run_ids'])} diverged run(s) excluded"
+        out.append(Verdict("stack_portability", spec.name, group, verdict, n_runs, reason, details))
+    return out
+
+
+def _variance(groups, metrics) -> list[dict]:
+    out = []
+    for spec in metrics:
+        for (det, stack), group_runs in groups.items():
+            by_seed: dict[int, list[float]] = defaultdict(list)
+            for r in group_runs:
+                v, div = _final(r, spec.name)
+                if v is not None and div is None:
+                    by_seed[r.seed].append(v)
+            entry = {"metric": spec.name, "group": {"determinism": det, "stack": stack},
+                     "n_seeds": len(by_seed), "n_runs": sum(map(len, by_seed.values()))}
+            if len(by_seed) >= 2 and any(len(v) >= 2 for v in by_seed.values()):
+                vc = variance_components([by_seed[s] for s in sorted(by_seed)])
+                entry.update({"available": True, "components": to_plain(vc),
+                              "estimator": "one-way random-effects ANOVA (method of moments, n0 for unbalanced)"})
+            elif by_seed:
+                entry.update({"available": False, "reason": "need at least 2 seeds and a seed with 2+ repeats"})
+            else:
+                continue
+            out.append(entry)
+    return out
+
+
+def _cost(runs, *, rng, confidence) -> list[dict]:
+    times: dict[str, dict[str, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        sv = _series(r, STEP_TIME_KEY)
+        if sv is not None and np.isfinite(sv[1]).any():
+            times[r.stack][r.determinism].append(sv[1])
+    out = []
+    for stack in sorted(times):
+        for num, den in _COST_PAIRS:
+            if num in times[stack] and den in times[stack]:
+                cr = cost_ratio(times[stack][num], times[stack][den], rng=rng, numerator=num, denominator=den,
+                                confidence=confidence)
+                out.append({"stack": stack, **to_plain(cr)})
+    return out
