@@ -157,6 +157,19 @@ def compute_band(
                 confidence=float(confidence), n_runs=runs, excluded_runs=excluded)
 
 
+def _default_q(band: Band, in_sample: bool) -> float:
+    q = 0.0
+    ns = np.unique(band.n[np.isfinite(band.ti_low)])
+    for n in ns[ns >= 3]:
+        k = normal_tolerance_factor(int(n), coverage=band.coverage, confidence=band.confidence)
+        if in_sample:
+            qn = stats.beta.sf(n * k * k / (n - 1) ** 2, 0.5, (n - 2) / 2.0)
+        else:
+            qn = 2.0 * stats.t.sf(k / np.sqrt(1.0 + 1.0 / n), n - 1)
+        q = max(q, float(qn))
+    return min(max(q, 1e-12), 1.0 - 1e-12)
+
+
 @dataclass(frozen=True)
 class OutOfBand:
     """Per-run exceedance counts against a band and the binomial decision rule."""
@@ -178,21 +191,27 @@ def out_of_band_runs(
     q: float | None = None,
     false_alarm: float = 0.01,
     bonferroni: bool = False,
+    in_sample: bool = True,
 ) -> OutOfBand:
     """Flag runs that leave the band at more steps than chance allows.
 
-    With K checkpoints and a per-step exceedance probability q (default 1 − coverage: a
-    healthy run falls outside a p-content tolerance band with probability at most 1 − p), a
-    run is flagged when its exceedance count is above the upper ``false_alarm`` quantile of
-    Binomial(K, q) — an exact binomial test per run; with ``bonferroni`` the level is divided
-    by the number of runs. Caveat: the binomial model treats steps as independent. Training
+    With K checkpoints and a per-step exceedance probability q, a run is flagged when its
+    exceedance count is above the upper ``false_alarm`` quantile of Binomial(K, q) — an exact
+    binomial test per run; with ``bonferroni`` the level is divided by the number of runs.
+
+    Default q: the exact normal-theory probability that a healthy run falls outside
+    mean ± k·s. For a run that is one of the n runs the band was built from (``in_sample``),
+    n(xᵢ − x̄)²/((n−1)²s²) ~ Beta(1/2, (n−2)/2) (Pope 1976; the internally studentised
+    residual), so q = P(Beta > n k²/(n−1)²); for a new run, q = 2 P(t_{n−1} > k/√(1+1/n)).
+    With varying n per step the largest q is used (conservative). ``q = 1 − coverage`` is the
+    distribution-free bound but is so conservative that it rarely flags anything. Caveat: the binomial model treats steps as independent. Training
     curves are autocorrelated, so a run that sits persistently high is exactly what this
     flags; it is a screening rule, not a test of a curve-level hypothesis.
     """
     x = check_matrix(matrix)
     if x.shape[1] != band.steps.size:
         raise ValueError(f"matrix has {x.shape[1]} steps but the band has {band.steps.size}")
-    qq = 1.0 - band.coverage if q is None else float(q)
+    qq = _default_q(band, in_sample) if q is None else float(q)
     if not (0 < qq < 1) or not (0 < false_alarm < 1):
         raise ValueError("q and false_alarm must be strictly between 0 and 1")
     runs = x.shape[0]

@@ -1,0 +1,282 @@
+"""The one CLI, ``steady``: serve, worker, submit, status, report, demo, token, migrate.
+
+Imports are lazy per command: ``steady worker`` on a GPU box imports neither FastAPI nor
+SQLAlchemy, and ``steady submit`` needs only the HTTP client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _server_settings(args: argparse.Namespace):  # noqa: ANN202
+    for flag, env in (("data_dir", "STEADY_DATA_DIR"), ("database_url", "STEADY_DATABASE_URL")):
+        value = getattr(args, flag, None)
+        if value:
+            os.environ[env] = str(value)
+    from app.config import Settings
+
+    return Settings()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    if args.public_dashboard:
+        os.environ["STEADY_PUBLIC_DASHBOARD"] = "true"
+    os.environ["STEADY_HOST"], os.environ["STEADY_PORT"] = args.host, str(args.port)
+    settings = _server_settings(args)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    where = settings.database_url.split("@")[-1] if settings.database_url else settings.resolved_database_url
+    print(f"steady: serving on http://{args.host}:{args.port}  (database: {where})", flush=True)
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=args.log_level,
+    )
+    return EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from app import migrate
+    from app.db import Database
+
+    settings = _server_settings(args)
+    db = Database(settings.resolved_database_url)
+    migrate.upgrade(db.engine)
+    print(f"database at revision {migrate.current_revision(db.engine)}")
+    return EXIT_OK
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from app import migrate
+    from app.auth import service
+    from app.db import Database
+
+    settings = _server_settings(args)
+    db = Database(settings.resolved_database_url)
+    migrate.upgrade(db.engine)
+    if args.token_cmd == "create":
+        with db.write() as session:
+            row, secret = service.create_token(session, name=args.name or f"{args.role}-token", role=service.Role(args.role))
+            token_id = row.id
+        if args.save:
+            path = settings.data_dir / "token"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(secret + "\n")
+            path.chmod(0o600)
+            print(f"saved to {path}", file=sys.stderr)
+        print(secret if args.quiet else f"token {token_id} ({args.role}): {secret}\n(shown once: store it now)")
+    elif args.token_cmd == "list":
+        with db.read() as session:
+            for row in service.list_tokens(session):
+                state = "revoked" if row.revoked_at else "active"
+                print(f"{row.id:>4}  {row.role:<7} {row.prefix}…  {state:<8} {row.name}")
+    elif args.token_cmd == "revoke":
+        with db.write() as session:
+            row = service.revoke_token(session, args.id)
+        if row is None:
+            print(f"no token {args.id}", file=sys.stderr)
+            return EXIT_FAIL
+        print(f"revoked token {args.id}")
+    return EXIT_OK
+
+
+def _load_spec(path: str) -> dict[str, Any]:
+    import yaml
+
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise SystemExit(f"steady: {path}: a study spec is a mapping (YAML or JSON object)")
+    return data
+
+
+def _bar(p: dict[str, int], width: int = 30) -> str:
+    total = max(p.get("total", 0), 1)
+    done = p.get("completed", 0) + p.get("failed", 0) + p.get("cancelled", 0)
+    filled = int(width * done / total)
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{p.get('total', 0)} runs"
+        f"  running {p.get('running', 0)}  failed {p.get('failed', 0)}"
+    )
+
+
+def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) -> dict[str, Any]:  # noqa: ANN001
+    """Poll a study until it ends, drawing a progress bar; returns the final study."""
+    tty = stream.isatty()
+    last = ""
+    while True:
+        study = api.get(f"/api/v1/studies/{study_id}")
+        line = f"study {study_id} {study['status']:<9} {_bar(study['progress'])}"
+        if tty:
+            stream.write("\r" + line.ljust(len(last)))
+        elif line != last:
+            stream.write(line + "\n")
+        stream.flush()
+        last = line
+        if study["status"] in {"completed", "failed", "cancelled"}:
+            if tty:
+                stream.write("\n")
+            return study
+        time.sleep(interval)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from app.cli_client import Api
+
+    api = Api(args.server, args.token)
+    spec = _load_spec(args.spec)
+    study = api.post("/api/v1/studies", json=spec)
+    print(f"submitted study {study['id']} ({study['name']}): {study['progress']['total']} runs")
+    if not args.wait:
+        return EXIT_OK
+    final = wait_for(api, study["id"])
+    return EXIT_OK if final["status"] == "completed" else EXIT_FAIL
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from app.cli_client import Api
+
+    api = Api(args.server, args.token)
+    if args.study is not None:
+        studies = [api.get(f"/api/v1/studies/{args.study}")]
+    else:
+        studies = api.get("/api/v1/studies", params={"limit": args.limit})["items"]
+    if args.json:
+        print(json.dumps(studies, indent=2))
+        return EXIT_OK
+    if not studies:
+        print("no studies yet: steady submit study.yaml")
+    for s in studies:
+        print(f"{s['id']:>5}  {s['status']:<9} {_bar(s['progress'], 20)}  {s['name']}")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from app.cli_client import Api
+    from app.reports.render import render_report
+
+    api = Api(args.server, args.token)
+    report = api.get(f"/api/v1/studies/{args.study}/report")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        print(render_report(report, color=color))
+    return EXIT_OK
+
+
+def cmd_worker(argv: list[str]) -> int:
+    from worker.cli import main as worker_main
+
+    return worker_main(argv)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from app.demo.run import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="steady", description="Is my training stable?")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def server_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", help="where the embedded database lives (STEADY_DATA_DIR, default .steady)")
+        p.add_argument("--database-url", help="SQLAlchemy URL, e.g. postgresql+psycopg://… (STEADY_DATABASE_URL)")
+
+    def client_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--server", help=f"server URL (STEADY_SERVER, default http://127.0.0.1:8000)")
+        p.add_argument("--token", help="API token (STEADY_TOKEN, or the file .steady/token)")
+
+    p = sub.add_parser("serve", help="run the API server and dashboard")
+    server_opts(p)
+    p.add_argument("--host", default=os.environ.get("STEADY_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("STEADY_PORT", "8000")))
+    p.add_argument("--workers", type=int, default=1, help="API processes (use PostgreSQL for more than one)")
+    p.add_argument("--public-dashboard", action="store_true", help="dashboard readable without a token")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("migrate", help="upgrade the database schema to this version")
+    server_opts(p)
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("token", help="manage API tokens (on the server's database)")
+    server_opts(p)
+    tsub = p.add_subparsers(dest="token_cmd", required=True)
+    c = tsub.add_parser("create")
+    c.add_argument("--role", required=True, choices=["admin", "user", "worker"])
+    c.add_argument("--name")
+    c.add_argument("--save", action="store_true", help="also write it to <data-dir>/token for the CLI")
+    c.add_argument("--quiet", "-q", action="store_true", help="print only the token")
+    tsub.add_parser("list")
+    r = tsub.add_parser("revoke")
+    r.add_argument("id", type=int)
+    p.set_defaults(func=cmd_token)
+
+    p = sub.add_parser("submit", help="submit a study spec (YAML or JSON)")
+    client_opts(p)
+    p.add_argument("spec", help="path to the spec, or - for stdin")
+    p.add_argument("--wait", action="store_true", help="show progress until the study ends")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="studies and their progress")
+    client_opts(p)
+    p.add_argument("study", nargs="?", type=int)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("report", help="the stability report of a study")
+    client_opts(p)
+    p.add_argument("study", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("demo", help="serve, run a local worker, run the bundled demo study, print its report")
+    p.add_argument("--data-dir", default=os.environ.get("STEADY_DATA_DIR", ".steady-demo"))
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--exit", action="store_true", help="stop the server after the report instead of serving on")
+    p.add_argument("--quick", action="store_true", help="a smaller study (for tests)")
+    p.set_defaults(func=cmd_demo)
+
+    sub.add_parser("worker", help="run a worker agent (steady worker --help)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "worker":
+        return cmd_worker(argv[1:])
+    args = build_parser().parse_args(argv)
+    from app.cli_client import ApiError
+
+    try:
+        return args.func(args)
+    except ApiError as exc:
+        detail = exc.detail
+        if isinstance(detail, list):
+            detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
+        print(f"steady: {detail}" if exc.status == 0 else f"steady: the server answered {exc.status}: {detail}",
+              file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The worker side of the protocol, driven by a test client standing in for the worker."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from tests.api.helpers import batch, lease, register, result, spec
+
+
+def _one_run_study(api, **kw):
+    return api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["strict"], **kw)).json()["id"]
+
+
+def test_full_run_lifecycle(api):
+    sid = _one_run_study(api)
+    wid = register(api)
+    leased = lease(api, wid)
+    assert leased["spec"]["workload"] == "torch_mlp" and leased["spec"]["determinism"] == "strict"
+    assert leased["attempt"] == 1
+    assert api.get(f"/api/v1/studies/{sid}").json()["status"] == "running"
+    run_id, lid = leased["run_id"], leased["lease_id"]
+    r = api.post(f"/api/v1/runs/{run_id}/heartbeat", role="worker", json={"lease_id": lid, "step": 3})
+    assert r.status_code == 200 and r.json()["cancel"] is False
+    assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(lid, 0, "loss", [0, 1], [1.0, 0.5])).status_code == 200
+    r = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid))
+    assert r.status_code == 200 and r.json()["status"] == "completed"
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "completed" and study["finished_at"]
+    run = api.get(f"/api/v1/runs/{run_id}").json()
+    assert run["digests"]["initial_weights"] == "a" * 64 and run["metric_keys"] == ["loss"]
+    # completing twice is answered clearly and changes nothing
+    again = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid, final_metrics={"loss": 9.0}))
+    assert again.status_code == 409 and "already completed" in again.json()["detail"]
+    assert api.get(f"/api/v1/runs/{run_id}").json()["final_metrics"] == {"loss": 0.5}
+
+
+def test_series_roundtrip_is_bitwise_with_nonfinite(api):
+    _one_run_study(api)
+    leased = lease(api, register(api))
+    rng = np.random.default_rng(7)
+    values = rng.standard_normal(1000)
+    values[[3, 10, 11]] = [math.nan, math.inf, -math.inf]
+    values[20] = 5e-324  # subnormal
+    values[21] = -0.0
+    steps = list(range(1000))
+    lid, run_id = leased["lease_id"], leased["run_id"]
+    # two batches; the JSON-list encoding for one of them
+    assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(lid, 0, "loss", steps[:500], values[:500].tolist())).status_code == 200
+    plain = {"lease_id": lid, "seq": 1, "series": [{"key": "loss", "steps": steps[500:], "values": values[500:].tolist()}]}
+    import json
+
+    body = json.dumps(plain)  # Python writes NaN/Infinity literals
+    assert api.client.post(f"/api/v1/runs/{run_id}/metrics", content=body, headers={**api.h("worker"), "content-type": "application/json"}).status_code == 200
+    packed = api.get(f"/api/v1/runs/{run_id}/metrics/loss", params={"format": "packed"}).json()
+    import base64
+
+    got = np.frombuffer(base64.b64decode(packed["values_b64"]), "<f8")
+    assert got.tobytes() == values.astype("<f8").tobytes()
+    listed = api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()
+    assert listed["steps"] == steps and listed["values"][3] == "NaN" and listed["values"][10] == "Infinity"
+    assert listed["values"][11] == "-Infinity" and listed["values"][0] == values[0]
+    assert api.get(f"/api/v1/runs/{run_id}/metrics/nope").status_code == 404
+
+
+def test_retried_batch_is_not_stored_twice(api):
+    _one_run_study(api)
+    leased = lease(api, register(api))
+    lid, run_id = leased["lease_id"], leased["run_id"]
+    body = batch(lid, 5, "loss", [0, 1, 2], [3.0, 2.0, 1.0])
+    first = api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=body).json()
+    second = api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=body).json()
+    assert first["duplicate"] is False and second["duplicate"] is True
+    assert api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()["n"] == 3
+
+
+def test_oversize_batch_is_413(make_api):
+    api = make_api(max_batch_points=100)
+    _one_run_study(api)
+    leased = lease(api, register(api))
+    r = api.post(f"/api/v1/runs/{leased['run_id']}/metrics", role="worker",
+                 json=batch(leased["lease_id"], 0, "loss", list(range(101)), [0.0] * 101))
+    assert r.status_code == 413 and "limit of 100 points" in r.json()["detail"]
+
+
+def test_oversize_body_is_413(make_api):
+    api = make_api(max_body_bytes=4096)
+    r = api.post("/api/v1/studies", json=spec(description="x" * 5000))
+    assert r.status_code == 413 and "STEADY_MAX_BODY_BYTES" in r.json()["detail"]
+
+
+def test_bad_batches(api):
+    _one_run_study(api)
+    leased = lease(api, register(api))
+    url = f"/api/v1/runs/{leased['run_id']}/metrics"
+    lid = leased["lease_id"]
+    bad = [
+        {"lease_id": lid, "seq": 0, "series": [{"key": "loss", "steps": [1, 2], "values": [1.0]}]},
+        {"lease_id": lid, "seq": -1, "series": [{"key": "loss", "steps": [1], "values": [1.0]}]},
+        {"lease_id": lid, "seq": 0, "series": []},
+        {"lease_id": lid, "seq": 0, "series": [{"key": "bad key!", "steps": [1], "values": [1.0]}]},
+        {"lease_id": lid, "seq": 0, "series": [{"key": "loss", "steps_b64": "!!!", "values_b64": "AAAA"}]},
+        {"lease_id": lid, "seq": 0, "series": [{"key": "loss", "steps": ["a"], "values": [1.0]}]},
+    ]
+    for body in bad:
+        r = api.post(url, role="worker", json=body)
+        assert r.status_code == 422, (body, r.text)
+    r = api.post("/api/v1/runs/424242/metrics", role="worker", json=batch(lid, 0, "loss", [1], [1.0]))
+    assert r.status_code == 404
+
+
+def test_expired_lease_requeued_and_late_worker_refused(make_api):
+    api = make_api(lease_seconds=0.5)
+    sid = _one_run_study(api, max_attempts=3)
+    w1, w2 = register(api, "w1"), register(api, "w2")
+    first = lease(api, w1)
+    run_id = first["run_id"]
+    api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(first["lease_id"], 0, "loss", [0, 1], [9.0, 9.0]))
+    time.sleep(0.7)
+    second = lease(api, w2)  # leasing reaps the expired run first
+    assert second["run_id"] == run_id and second["attempt"] == 2
+    # the first worker is late: heartbeat, metrics and completion are all refused
+    for path, body in (
+        ("heartbeat", {"lease_id": first["lease_id"]}),
+        ("metrics", batch(first["lease_id"], 1, "loss", [2], [9.0])),
+        ("complete", result(first["lease_id"])),
+    ):
+        r = api.post(f"/api/v1/runs/{run_id}/{path}", role="worker", json=body)
+        assert r.status_code == 409 and "lease" in r.json()["detail"], (path, r.text)
+    lid = second["lease_id"]
+    api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(lid, 0, "loss", [0, 1, 2], [1.0, 0.5, 0.25]))
+    assert api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid)).status_code == 200
+    series = api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()
+    assert series["steps"] == [0, 1, 2] and series["values"] == [1.0, 0.5, 0.25]
+    assert api.get(f"/api/v1/studies/{sid}").json()["status"] == "completed"
+
+
+def test_attempts_exhausted_fails_run(make_api):
+    api = make_api(lease_seconds=0.2)
+    sid = _one_run_study(api, max_attempts=1)
+    wid = register(api)
+    lease(api, wid)
+    time.sleep(0.4)
+    assert lease(api, wid) is None
+    run = api.get(f"/api/v1/studies/{sid}/runs").json()["items"][0]
+    assert run["status"] == "failed" and "lease expired" in run["error"] and run["attempt"] == 1
+    assert api.get(f"/api/v1/studies/{sid}").json()["status"] == "failed"
+
+
+def test_release_puts_run_back_without_counting(api):
+    _one_run_study(api)
+    wid = register(api)
+    first = lease(api, wid)
+    api.post(f"/api/v1/runs/{first['run_id']}/metrics", role="worker", json=batch(first["lease_id"], 0, "loss", [0], [1.0]))
+    r = api.post(f"/api/v1/runs/{first['run_id']}/release", role="worker", json={"lease_id": first["lease_id"]})
+    assert r.json()["status"] == "queued"
+    again = lease(api, wid)
+    assert again["run_id"] == first["run_id"] and again["attempt"] == 1
+    assert api.get(f"/api/v1/runs/{first['run_id']}/metrics/loss").status_code == 404
+
+
+def test_labels_select_runs(api):
+    api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"],
+                                          stacks=[{"name": "gpu", "labels": ["cuda-12.4"]}]))
+    cpu = register(api, "cpu-box", ("torch", "cpu"))
+    assert lease(api, cpu) is None
+    gpu = register(api, "gpu-box", ("torch", "cuda-12.4"))
+    assert lease(api, gpu)["spec"]["stack"] == "gpu"
+    tf_only = register(api, "tf-box", ("tensorflow", "cuda-12.4"))
+    assert lease(api, tf_only) is None
+
+
+def test_user_failure_is_recorded(api):
+    sid = _one_run_study(api)
+    leased = lease(api, register(api))
+    r = api.post(f"/api/v1/runs/{leased['run_id']}/fail", role="worker",
+                 json={"lease_id": leased["lease_id"], "kind": "error", "error": "ValueError: boom", "stderr_tail": "Traceback…"})
+    assert r.json()["status"] == "failed"
+    run = api.get(f"/api/v1/runs/{leased['run_id']}").json()
+    assert run["error"] == "ValueError: boom" and run["stderr_tail"] == "Traceback…" and run["failure_kind"] == "error"
+    assert api.get(f"/api/v1/studies/{sid}").json()["status"] == "failed"
+
+
+def test_external_study_upload(api):
+    r = api.post("/api/v1/studies", json={"name": "imported", "kind": "external", "metrics": ["acc"]})
+    assert r.status_code == 201 and r.json()["status"] == "open"
+    sid = r.json()["id"]
+    run = {"seed": 3, "determinism": "seeded", "stack": {"name": "a100-cu121", "torch": "2.3"},
+           "metrics": {"acc": {"steps": [0, 10], "values": [0.1, 0.9]}}, "step_times": [0.1, 0.2]}
+    r = api.post(f"/api/v1/studies/{sid}/runs", json=run)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["stack"] == "a100-cu121" and body["final_metrics"] == {"acc": 0.9} and body["status"] == "completed"
+    assert api.get(f"/api/v1/runs/{body['id']}/metrics/acc").json()["values"] == [0.1, 0.9]
+    assert api.get(f"/api/v1/runs/{body['id']}/metrics/step_time").json()["n"] == 2
+    bad = api.post(f"/api/v1/studies/{sid}/runs", json={**run, "metrics": {"acc": {"steps": [0], "values": []}}})
+    assert bad.status_code == 422
+    managed = api.post("/api/v1/studies", json=spec()).json()["id"]
+    assert api.post(f"/api/v1/studies/{managed}/runs", json=run).status_code == 409

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.api.helpers import spec
+
+
+def test_create_expands_matrix(api):
+    r = api.post("/api/v1/studies", json=spec(stacks=[{"name": "a"}, {"name": "b", "labels": ["gpu"]}]))
+    assert r.status_code == 201, r.text
+    study = r.json()
+    assert study["status"] == "queued"
+    assert study["progress"]["total"] == 2 * 2 * 2 * 2
+    runs = api.get(f"/api/v1/studies/{study['id']}/runs", params={"limit": 500}).json()
+    assert runs["total"] == 16
+    combos = {(x["seed"], x["repeat"], x["determinism"], x["stack"]) for x in runs["items"]}
+    assert len(combos) == 16
+    assert {x["status"] for x in runs["items"]} == {"queued"}
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "needle"),
+    [
+        ({"seeds": []}, "", "at least one seed"),
+        ({"workload": {"framework": "jax", "name": "torch_mlp"}}, "framework", "torch"),
+        ({"workload": {"framework": "torch", "name": "nope"}}, "workload", "unknown built-in workload"),
+        ({"workload": {"framework": "torch"}}, "workload", "exactly one"),
+        ({"determinism": ["seeded", "seeded"]}, "determinism", "distinct"),
+        ({"determinism": ["chaotic"]}, "determinism", "none"),
+        ({"repeats": 0}, "repeats", "greater than or equal to 1"),
+        ({"seeds": [1, 1]}, "seeds", "distinct"),
+        ({"metrics": [{"name": "loss", "atol": -1}]}, "atol", "greater than or equal"),
+        ({"reference_stack": "nope"}, "", "reference_stack"),
+        ({"name": ""}, "name", "at least 1"),
+        ({"unknown_field": 1}, "unknown_field", "Extra inputs"),
+    ],
+)
+def test_bad_specs_are_422_naming_the_field(api, change, field, needle):
+    r = api.post("/api/v1/studies", json=spec(**change))
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert any(field in ".".join(map(str, d["loc"])) and needle in d["msg"] for d in detail), detail
+
+
+def test_matrix_over_cap_is_refused(make_api):
+    api = make_api(max_runs_per_study=10)
+    r = api.post("/api/v1/studies", json=spec(seeds=list(range(5)), repeats=2))  # 5*2*2 = 20
+    assert r.status_code == 422
+    (d,) = r.json()["detail"]
+    assert d["loc"] == ["body", "seeds"] and "20 runs" in d["msg"] and "limit of 10" in d["msg"]
+
+
+def test_malformed_json_and_wrong_types(api):
+    r = api.client.post("/api/v1/studies", content=b"{not json", headers={**api.h(), "content-type": "application/json"})
+    assert r.status_code == 422
+    r = api.post("/api/v1/studies", json=spec(seeds="zero"))
+    assert r.status_code == 422
+    r = api.post("/api/v1/studies", json=[1, 2])
+    assert r.status_code == 422
+
+
+def test_list_filter_paginate_and_read(api):
+    ids = [api.post("/api/v1/studies", json=spec(name=f"s{i}")).json()["id"] for i in range(5)]
+    page = api.get("/api/v1/studies", params={"limit": 2, "offset": 1}).json()
+    assert page["total"] == 5 and [s["id"] for s in page["items"]] == [ids[3], ids[2]]
+    assert api.get("/api/v1/studies", params={"status": "completed"}).json()["total"] == 0
+    assert api.get("/api/v1/studies", params={"name": "s4"}).json()["items"][0]["id"] == ids[4]
+    assert api.get("/api/v1/studies", params={"status": "bogus"}).status_code == 422
+    assert api.get(f"/api/v1/studies/{ids[0]}").json()["name"] == "s0"
+    assert api.get("/api/v1/studies/999999").status_code == 404
+    assert api.get("/api/v1/runs/999999").status_code == 404
+    runs = api.get(f"/api/v1/studies/{ids[0]}/runs", params={"status": "queued", "limit": 3}).json()
+    assert runs["total"] == 8 and len(runs["items"]) == 3
+
+
+def test_cancel_study(api):
+    from tests.api.helpers import lease, register
+
+    sid = api.post("/api/v1/studies", json=spec()).json()["id"]
+    wid = register(api)
+    leased = lease(api, wid)
+    r = api.post(f"/api/v1/studies/{sid}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    counts = r.json()["progress"]
+    assert counts["cancelled"] == 7 and counts["running"] == 1
+    hb = api.post(f"/api/v1/runs/{leased['run_id']}/heartbeat", role="worker", json={"lease_id": leased["lease_id"]})
+    assert hb.json()["cancel"] is True
+    r = api.post(
+        f"/api/v1/runs/{leased['run_id']}/fail",
+        role="worker",
+        json={"lease_id": leased["lease_id"], "kind": "cancelled", "error": "cancelled"},
+    )
+    assert r.json()["status"] == "cancelled"
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "cancelled" and study["progress"]["cancelled"] == 8
+    assert lease(api, wid) is None

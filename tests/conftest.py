@@ -1,0 +1,259 @@
+"""Shared fixtures: real databases (SQLite files and throwaway PostgreSQL databases) and servers.
+
+PostgreSQL: ``STEADY_TEST_POSTGRES_URL`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``)
+names a maintenance database; every test gets its own database, cloned from a template
+migrated once per session, and dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+REPO = Path(__file__).resolve().parent.parent
+PG_URL = os.environ.get("STEADY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_admin():
+    return create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+
+
+def pg_url_for(dbname: str) -> str:
+    return make_url(PG_URL).set(database=dbname).render_as_string(hide_password=False)
+
+
+def create_pg_database(template: str | None = None) -> str:
+    name = f"steady_test_{uuid.uuid4().hex[:12]}"
+    engine = _pg_admin()
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
+    engine.dispose()
+    return name
+
+
+def drop_pg_database(name: str) -> None:
+    engine = _pg_admin()
+    with engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    engine.dispose()
+
+
+def _migrate(url: str) -> None:
+    from app import migrate
+    from app.db import Database
+
+    db = Database(url)
+    migrate.upgrade(db.engine)
+    db.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tpl") / "template.db"
+    _migrate(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    name = create_pg_database()
+    _migrate(pg_url_for(name))
+    yield name
+    drop_pg_database(name)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path) -> Iterator[str]:
+    """A fresh, migrated database on each backend."""
+    if request.param == "sqlite":
+        path = tmp_path / "steady.db"
+        shutil.copy(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+    else:
+        name = create_pg_database(template=request.getfixturevalue("pg_template"))
+        yield pg_url_for(name)
+        drop_pg_database(name)
+
+
+@dataclass
+class ApiClient:
+    """A TestClient bound to one app, with a token per role."""
+
+    client: object
+    app: object
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def h(self, role: str = "user") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[role]}"}
+
+    def get(self, path: str, role: str = "user", **kw):
+        return self.client.get(path, headers=self.h(role), **kw)
+
+    def post(self, path: str, role: str = "user", **kw):
+        return self.client.post(path, headers=self.h(role), **kw)
+
+    def delete(self, path: str, role: str = "user", **kw):
+        return self.client.delete(path, headers=self.h(role), **kw)
+
+
+def make_settings(db_url: str, tmp_path: Path, **overrides):
+    from app.config import Settings
+
+    return Settings(database_url=db_url, data_dir=tmp_path / "data", **overrides)
+
+
+def add_tokens(app) -> dict[str, str]:  # noqa: ANN001
+    from app.auth.service import Role, create_token
+
+    tokens = {}
+    with app.state.database.write() as session:
+        for role in Role:
+            tokens[role.value] = create_token(session, name=f"test-{role.value}", role=role)[1]
+    return tokens
+
+
+@pytest.fixture
+def make_api(db_url, tmp_path):
+    """Factory: an app on the test database with optional settings overrides."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    clients = []
+
+    def _make(**overrides) -> ApiClient:
+        app = create_app(make_settings(db_url, tmp_path, **overrides))
+        client = TestClient(app)
+        client.__enter__()
+        clients.append(client)
+        return ApiClient(client=client, app=app, tokens=add_tokens(app))
+
+    yield _make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def api(make_api) -> ApiClient:
+    return make_api()
+
+
+# --- live servers in subprocesses ------------------------------------------------------------
+
+
+@dataclass
+class LiveServer:
+    url: str
+    data_dir: Path
+    env: dict[str, str]
+    tokens: dict[str, str]
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    def headers(self, role: str = "user") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[role]}"}
+
+    def start(self) -> None:
+        port = self.url.rsplit(":", 1)[1]
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--port", port, "--log-level", "warning"],
+            env=self.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def client(self, role: str = "user") -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers(role), timeout=30)
+
+
+def server_env(data_dir: Path, database_url: str = "", **settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
+    env["STEADY_DATA_DIR"] = str(data_dir)
+    if database_url:
+        env["STEADY_DATABASE_URL"] = database_url
+    for key, value in settings.items():
+        env[f"STEADY_{key.upper()}"] = str(value)
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def create_token_cli(env: dict[str, str], role: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "token", "create", "--role", role, "--quiet"],
+        env=env, cwd=REPO, capture_output=True, text=True, check=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def live_server_factory(tmp_path):
+    """Start real ``steady serve`` processes: factory(database_url='', **settings) -> LiveServer."""
+    servers: list[LiveServer] = []
+
+    def _start(database_url: str = "", **settings) -> LiveServer:
+        data_dir = tmp_path / f"server{len(servers)}"
+        data_dir.mkdir()
+        env = server_env(data_dir, database_url, **settings)
+        tokens = {role: create_token_cli(env, role) for role in ("admin", "user", "worker")}
+        server = LiveServer(
+            url=f"http://127.0.0.1:{free_port()}", data_dir=data_dir, env=env, tokens=tokens,
+            log_path=data_dir / "server.log",
+        )
+        server.start()
+        servers.append(server)
+        return server
+
+    yield _start
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def live_server(live_server_factory) -> LiveServer:
+    return live_server_factory(lease_seconds=5, heartbeat_seconds=1, reaper_interval_seconds=1)
