@@ -104,7 +104,7 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
     finite = both & np.isfinite(others) & np.isfinite(ref)[None, :]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         absd = np.where(finite, np.abs(others - ref[None, :]), 0.0)
-        scale = np.abs(np.broadcast_to(ref, others.shape))
+        scale = np.where(finite, np.abs(np.broadcast_to(ref, others.shape)), 0.0)
         reld = np.where(finite & (absd > 0), absd / np.where(scale > 0, scale, np.inf), 0.0)
         reld = np.where(finite & (absd > 0) & (scale == 0), np.inf, reld)
     ok = np.where(finite, absd <= atol + rtol * scale, bits_equal)
