@@ -18,6 +18,7 @@ from app.config import Settings, get_settings
 from app.db import Database
 from app.errors import Invalid, SteadyError
 from app.runs import service as runs_service
+from app.reports.router import router as reports_router
 from app.runs.router import router as runs_router
 from app.studies.router import router as studies_router
 from app.workers.router import router as workers_router
@@ -154,7 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return JSONResponse({"status": "database unavailable"}, status_code=503)
         return JSONResponse({"status": "ok", "version": __version__})
 
-    for router in (studies_router, runs_router, workers_router, tokens_router):
+    for router in (studies_router, runs_router, workers_router, tokens_router, reports_router):
         app.include_router(router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app

@@ -1,0 +1,116 @@
+"""The terminal rendering of a study report (``steady report`` and the demo)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LEVELS = (
+    ("repeatability", "1. Repeatability", "same seed, same stack: are repeats bitwise identical?"),
+    ("seed_stability", "2. Seed stability", "different seeds: how wide is the band?"),
+    ("stack_portability", "3. Stack portability", "different stacks: equivalent within the margin?"),
+)
+
+COLORS = {
+    "identical": "32", "within_tolerance": "32", "stable": "32", "equivalent": "32",
+    "out_of_tolerance": "31", "unstable": "31", "not_equivalent": "31",
+    "inconclusive": "33",
+}
+
+
+def _paint(text: str, code: str | None, color: bool) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if color and code else text
+
+
+def _group(group: dict[str, Any]) -> str:
+    parts = [str(group.get("determinism", ""))]
+    stack = group.get("stack") or (
+        f"{group.get('reference_stack')} → {group.get('candidate_stack')}" if "candidate_stack" in group else None
+    )
+    if stack:
+        parts.append(str(stack))
+    return " / ".join(p for p in parts if p)
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def render_report(report: dict[str, Any], *, color: bool = False) -> str:
+    study = report.get("study", {})
+    lines = []
+    progress = study.get("progress", {})
+    head = f"Study {study.get('id')}: {study.get('name')}  [{study.get('status')}]"
+    lines.append(_paint(head, "1", color))
+    lines.append(
+        f"  runs judged: {report.get('n_runs_judged', 0)} completed of {progress.get('total', 0)}"
+        f" (failed {progress.get('failed', 0)}, still running {progress.get('running', 0) + progress.get('queued', 0)})"
+    )
+    verdicts = report.get("verdicts", [])
+    for level, title, question in LEVELS:
+        rows = [v for v in verdicts if v.get("level") == level]
+        lines.append("")
+        lines.append(_paint(title, "1", color) + f" — {question}")
+        if not rows:
+            lines.append("  (nothing to judge at this level in this study)")
+            continue
+        width = max(len(f"{v['metric']}  {_group(v['group'])}") for v in rows)
+        for v in rows:
+            label = f"{v['metric']}  {_group(v['group'])}".ljust(width)
+            verdict = _paint(f"{v['verdict']:<16}", COLORS.get(v["verdict"]), color)
+            lines.append(f"  {label}  {verdict} n={v.get('n_runs', 0):<3} {v.get('reason', '')}")
+    diverged = report.get("diverged") or []
+    if diverged:
+        lines.append("")
+        lines.append(_paint("Diverged runs", "1", color) + " (non-finite values; excluded from bands)")
+        for d in diverged:
+            lines.append(
+                f"  run {d.get('run_id')} ({d.get('determinism')}/{d.get('stack')}, seed {d.get('seed')}): "
+                f"{d.get('metric')} non-finite from step {d.get('step')}"
+            )
+    variance = report.get("variance_by_source") or []
+    if variance:
+        lines.append("")
+        lines.append(_paint("Variance by source", "1", color) + " (final value: between seeds vs nondeterminism)")
+        for v in variance:
+            lines.append("  " + _variance_line(v))
+    cost = report.get("determinism_cost") or []
+    if cost:
+        lines.append("")
+        lines.append(_paint("Cost of determinism", "1", color) + " (step time ratio, with CI)")
+        for c in cost:
+            lines.append("  " + _cost_line(c))
+    return "\n".join(lines)
+
+
+def _variance_line(v: dict[str, Any]) -> str:
+    group = _group(v.get("group", {}))
+    share = v.get("share_within")
+    if share is None and isinstance(v.get("components"), dict):
+        share = v["components"].get("share_within")
+    between = v.get("between_seed_var", v.get("var_between"))
+    within = v.get("within_seed_var", v.get("var_within"))
+    text = f"{v.get('metric')}  {group}: "
+    if share is not None:
+        text += f"nondeterminism share {float(share) * 100:.1f}%"
+    if between is not None and within is not None:
+        text += f"  (between-seed var {_num(between)}, within-seed var {_num(within)})"
+    if share is None and between is None:
+        text += ", ".join(f"{k}={_num(x)}" for k, x in v.items() if not isinstance(x, (dict, list)))
+    return text
+
+
+def _cost_line(c: dict[str, Any]) -> str:
+    num, den = c.get("numerator", c.get("level")), c.get("denominator", c.get("baseline"))
+    ratio = c.get("ratio")
+    low, high = c.get("ci_low"), c.get("ci_high")
+    stack = c.get("stack")
+    text = f"{num} / {den}" + (f" ({stack})" if stack else "")
+    if ratio is not None:
+        text += f": ×{float(ratio):.3f}"
+        if low is not None and high is not None:
+            text += f" (CI {float(low):.3f}–{float(high):.3f})"
+    else:
+        text += ": " + ", ".join(f"{k}={_num(x)}" for k, x in c.items() if not isinstance(x, (dict, list)))
+    return text

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from app.deps import ReadDB, UserCaller
+from app.reports import service
+
+router = APIRouter(prefix="/api/v1", tags=["reports"])
+
+Probability = Annotated[float, Query(gt=0, lt=1)]
+
+
+@router.get("/studies/{study_id}/report")
+def study_report(study_id: int, db: ReadDB, caller: UserCaller) -> dict[str, Any]:
+    """Verdicts per level, metric and group, with the numbers behind them."""
+    return service.study_report(db, study_id)
+
+
+@router.get("/studies/{study_id}/bands")
+def study_bands(
+    study_id: int,
+    db: ReadDB,
+    caller: UserCaller,
+    metric: Annotated[str, Query(min_length=1, max_length=200)] = "loss",
+    coverage: Probability = 0.9,
+    confidence: Probability = 0.95,
+    max_points: Annotated[int | None, Query(ge=2, le=1_000_000)] = None,
+) -> dict[str, Any]:
+    """Per-step seed bands of one metric for every (determinism, stack) group."""
+    return service.study_bands(
+        db, study_id, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points
+    )
+
+
+@router.get("/compare")
+def compare(
+    db: ReadDB,
+    caller: UserCaller,
+    baseline: int,
+    candidate: int,
+    metric: Annotated[str, Query(min_length=1, max_length=200)] = "loss",
+    margin: Annotated[float | None, Query(gt=0, description="absolute equivalence margin")] = None,
+    relative_margin: Annotated[float | None, Query(gt=0, description="margin as a share of the baseline mean")] = None,
+) -> dict[str, Any]:
+    """Stack portability of two studies (e.g. last week's stack against today's)."""
+    return service.compare_studies(
+        db, baseline=baseline, candidate=candidate, metric=metric, margin=margin, relative_margin=relative_margin
+    )

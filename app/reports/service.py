@@ -1,0 +1,160 @@
+"""Load a study's runs and series from the database and hand them to the pure stats core."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Invalid, NotFound
+from app.metrics import repository as metrics_repo
+from app.models import Run, Study
+from app.stats.report import MetricSpec, RunData, build_report, compute_bands
+from app.studies import repository as studies_repo
+from app.studies import service as studies
+from worker.protocol import STEP_TIME_KEY, RunStatus
+
+
+def metric_specs(study: Study) -> list[MetricSpec]:
+    return [
+        MetricSpec(
+            name=m["name"],
+            atol=m.get("atol", 0.0),
+            rtol=m.get("rtol", 0.0),
+            max_std=m.get("max_std"),
+            margin=m.get("margin"),
+        )
+        for m in study.spec.get("metrics", [])
+    ]
+
+
+def completed_runs(session: Session, study_id: int) -> list[Run]:
+    stmt = select(Run).where(Run.study_id == study_id, Run.status == RunStatus.completed.value).order_by(Run.id)
+    return list(session.scalars(stmt))
+
+
+def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:
+    series = metrics_repo.load_series(session, [r.id for r in runs], list(keys))
+    out = []
+    for r in runs:
+        out.append(
+            RunData(
+                run_id=r.id,
+                seed=r.seed,
+                repeat=r.repeat,
+                determinism=r.determinism,
+                stack=stack_as or r.stack,
+                fingerprint=r.fingerprint or {},
+                digests=r.digests or {},
+                status=r.status,
+                series={k: series[(r.id, k)] for k in keys if (r.id, k) in series},
+            )
+        )
+    return out
+
+
+def _rng(*parts: int) -> np.random.Generator:
+    """Bootstraps are seeded from the study id, so a report reads the same every time."""
+    return np.random.default_rng([0x57EAD, *parts])
+
+
+def study_report(session: Session, study_id: int) -> dict[str, Any]:
+    study = studies.get_study(session, study_id)
+    specs = metric_specs(study)
+    runs = completed_runs(session, study_id)
+    data = run_data(session, runs, [m.name for m in specs] + [STEP_TIME_KEY])
+    spec = study.spec
+    report = build_report(
+        data,
+        specs,
+        coverage=spec.get("coverage", 0.9),
+        confidence=spec.get("confidence", 0.95),
+        reference_stack=spec.get("reference_stack"),
+        rng=_rng(study_id),
+    ).to_dict()
+    progress = studies_repo.progress_by_study(session, [study_id])[study_id]
+    return {
+        "study": {"id": study.id, "name": study.name, "status": study.status, "kind": study.kind,
+                  "suite": study.suite, "progress": progress.model_dump()},
+        "metrics": [m.__dict__ for m in specs],
+        "n_runs_judged": len(runs),
+        **report,
+    }
+
+
+def study_bands(
+    session: Session,
+    study_id: int,
+    *,
+    metric: str,
+    coverage: float,
+    confidence: float,
+    max_points: int | None,
+) -> dict[str, Any]:
+    studies.get_study(session, study_id)
+    runs = completed_runs(session, study_id)
+    data = run_data(session, runs, [metric])
+    if runs and not any(metric in d.series for d in data):
+        raise NotFound(f"no completed run of study {study_id} has metric {metric!r}")
+    groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points)
+    return {"study_id": study_id, "metric": metric, "coverage": coverage, "confidence": confidence,
+            "groups": [g.to_dict() for g in groups]}
+
+
+def compare_studies(
+    session: Session,
+    *,
+    baseline: int,
+    candidate: int,
+    metric: str,
+    margin: float | None,
+    relative_margin: float | None,
+) -> dict[str, Any]:
+    """Stack portability between two studies on the final value of each run's series.
+
+    Both studies' runs are relabelled as two stacks, ``baseline`` and ``candidate``, and
+    judged by the same rule as the study report's stack-portability verdicts, per
+    determinism level present in both.
+    """
+    if margin is not None and relative_margin is not None:
+        raise Invalid(("query", "relative_margin"), "give either margin or relative_margin, not both")
+    if baseline == candidate:
+        raise Invalid(("query", "candidate"), "baseline and candidate are the same study")
+    base_study, cand_study = studies.get_study(session, baseline), studies.get_study(session, candidate)
+    base_runs = run_data(session, completed_runs(session, baseline), [metric], stack_as="baseline")
+    cand_runs = run_data(session, completed_runs(session, candidate), [metric], stack_as="candidate")
+    if relative_margin is not None:
+        finals = [d.series[metric][1][-1] for d in base_runs if metric in d.series and len(d.series[metric][1])]
+        finite = [f for f in finals if np.isfinite(f)]
+        if not finite:
+            raise Invalid(("query", "relative_margin"), f"the baseline has no finite final {metric!r} to scale by")
+        margin = abs(float(np.mean(finite))) * relative_margin
+    report = build_report(
+        [*base_runs, *cand_runs],
+        [MetricSpec(name=metric, margin=margin)],
+        reference_stack="baseline",
+        rng=_rng(baseline, candidate, zlib.crc32(metric.encode())),
+    ).to_dict()
+    verdicts = [v for v in report["verdicts"] if v["level"] == "stack_portability"]
+    return {
+        "baseline": {"id": base_study.id, "name": base_study.name, "n_runs": len(base_runs)},
+        "candidate": {"id": cand_study.id, "name": cand_study.name, "n_runs": len(cand_runs)},
+        "metric": metric,
+        "margin": margin,
+        "verdicts": verdicts,
+        "verdict": _worst([v["verdict"] for v in verdicts]),
+    }
+
+
+_PORTABILITY_ORDER = ("not_equivalent", "inconclusive", "equivalent")
+
+
+def _worst(verdicts: list[str]) -> str:
+    for v in _PORTABILITY_ORDER:
+        if v in verdicts:
+            return v
+    return "inconclusive"
