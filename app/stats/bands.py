@@ -74,6 +74,37 @@ def _t_quantiles(n: np.ndarray, confidence: float) -> np.ndarray:
     return out
 
 
+def _block_stats(xb, qs, n_out, mean_out, std_out, min_out, max_out, q_out) -> None:
+    """Fill per-column statistics of one block (rows = runs); NaN/±Inf cells are skipped."""
+    xs = np.array(xb, dtype=np.float64, copy=True)
+    xs[~np.isfinite(xs)] = np.nan
+    xs.sort(axis=0)  # NaN sorts last: the first n entries of a column are its finite values
+    finite = ~np.isnan(xs)
+    n = finite.sum(axis=0)
+    n_out[:] = n
+    has = n > 0
+    if not has.any():
+        return
+    cols = np.arange(xs.shape[1])
+    last = np.maximum(n - 1, 0)
+    min_out[:] = np.where(has, xs[0], np.nan)
+    max_out[:] = np.where(has, xs[last, cols], np.nan)
+    for j, q in enumerate(qs):  # numpy's default "linear" (Hyndman & Fan type 7) quantile
+        pos = q * last
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, last)
+        a, b = xs[lo, cols], xs[hi, cols]
+        q_out[j] = np.where(has, a + (b - a) * (pos - lo), np.nan)
+    xs[~finite] = 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mu = xs.sum(axis=0) / n
+        xs -= mu
+        xs[~finite] = 0.0
+        var = np.einsum("ij,ij->j", xs, xs) / (n - 1)
+    mean_out[:] = np.where(has, mu, np.nan)
+    std_out[:] = np.where(n > 1, np.sqrt(np.maximum(var, 0.0)), np.nan)
+
+
 def compute_band(
     matrix,
     *,
@@ -110,41 +141,18 @@ def compute_band(
         if div.shape != (runs,):
             raise ValueError(f"diverged must have one flag per run ({runs}), got shape {div.shape}")
     excluded = tuple(int(i) for i in np.flatnonzero(div))
-    if excluded:
-        x = x[~div]
 
     # Sorting each column puts NaN last, so min/max/quantiles are gathers (one O(R log R) pass).
-    inf = np.isinf(x)
-    if inf.any():
-        x = np.where(inf, np.nan, x)
-    xs = np.sort(x, axis=0)
-    finite = ~np.isnan(xs)
-    n = finite.sum(axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        zeroed = np.where(finite, xs, 0.0)
-        mean = zeroed.sum(axis=0) / n
-        dev = np.where(finite, xs - mean, 0.0)
-        std = np.sqrt(np.einsum("ij,ij->j", dev, dev) / (n - 1))
-    mean = np.where(n > 0, mean, np.nan)
-    std = np.where(n > 1, std, np.nan)
-
-    cols = np.arange(m)
-    last = np.maximum(n - 1, 0)
-    has = n > 0
-    if xs.shape[0]:
-        vmin = np.where(has, xs[0], np.nan)
-        vmax = np.where(has, xs[last, cols], np.nan)
-        qarr = np.empty((len(qs), m))
-        for j, q in enumerate(qs):
-            pos = q * last
-            lo = np.floor(pos).astype(np.int64)
-            hi = np.minimum(lo + 1, last)
-            frac = pos - lo
-            a, b = xs[lo, cols], xs[hi, cols]
-            qarr[j] = np.where(has, a + (b - a) * frac, np.nan)
-    else:
-        vmin = vmax = np.full(m, np.nan)
-        qarr = np.full((len(qs), m), np.nan)
+    n = np.zeros(m, dtype=np.int64)
+    mean, std, vmin, vmax = (np.full(m, np.nan) for _ in range(4))
+    qarr = np.full((len(qs), m), np.nan)
+    rows = np.flatnonzero(~div)
+    # Column blocks keep temporaries small (cache-resident, no page faults on fresh memory).
+    block = max(256, (1 << 19) // max(rows.size, 1))
+    for c0 in range(0, m, block):
+        c1 = min(m, c0 + block)
+        _block_stats(x[rows, c0:c1] if excluded else x[:, c0:c1], qs, n[c0:c1], mean[c0:c1], std[c0:c1],
+                     vmin[c0:c1], vmax[c0:c1], qarr[:, c0:c1])
 
     tq = _t_quantiles(n, confidence)
     k = tolerance_factors(n, coverage=coverage, confidence=confidence)
