@@ -139,6 +139,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return JSONResponse({"detail": detail}, status_code=422)
         return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
 
+    @app.exception_handler(ValueError)
+    async def _value_error(request: Request, exc: ValueError) -> JSONResponse:
+        # The stats core validates its inputs with ValueError: data it cannot judge is a 422, not a 500.
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)
     async def _database_down(request: Request, exc: DBAPIError) -> JSONResponse:
