@@ -159,10 +159,14 @@ def _groups(runs: Sequence[RunData]) -> dict[tuple[str, str], list[RunData]]:
     return dict(sorted(out.items(), key=lambda kv: (DETERMINISM_LEVELS.index(kv[0][0]), kv[0][1])))
 
 
-def _one_per_seed(runs: Sequence[RunData]) -> list[RunData]:
-    """The run with the lowest repeat (then run_id) for each seed, ordered by seed."""
+def _with_metric(runs: Sequence[RunData], metric: str) -> list[RunData]:
+    return [r for r in runs if metric in r.series]
+
+
+def _one_per_seed(runs: Sequence[RunData], metric: str) -> list[RunData]:
+    """Among runs that logged ``metric``: the lowest repeat (then run_id) per seed, by seed."""
     best: dict[int, RunData] = {}
-    for r in runs:
+    for r in _with_metric(runs, metric):
         cur = best.get(r.seed)
         if cur is None or (r.repeat, r.run_id) < (cur.repeat, cur.run_id):
             best[r.seed] = r
@@ -214,7 +218,7 @@ class GroupBand:
 
 
 def _group_band(group_runs, metric, *, coverage, confidence, quantiles):
-    chosen = [r for r in _one_per_seed(group_runs) if metric in r.series]
+    chosen = _one_per_seed(group_runs, metric)
     aligned = align_series({r.run_id: _series(r, metric) for r in chosen})
     band = compute_band(aligned.values, steps=aligned.steps, coverage=coverage, confidence=confidence,
                         quantiles=quantiles, diverged=aligned.diverged)
@@ -246,7 +250,7 @@ def compute_bands(runs: Sequence[RunData], *, metric: str, coverage: float = 0.9
         out.append(GroupBand(group={"determinism": det, "stack": stack}, metric=metric,
                              run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if not d),
                              excluded_run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if d),
-                             one_run_per_seed=len(chosen) < len(group_runs), downsampled=down, band=band))
+                             one_run_per_seed=len(chosen) < len(_with_metric(group_runs, metric)), downsampled=down, band=band))
     return tuple(out)
 
 
@@ -329,7 +333,8 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         reason = spread.reason
         if bad:
             reason += f"; {len(bad)} diverged run(s) excluded"
-        if len(chosen) < len(group_runs):
+        per_seed = len(chosen) < len(_with_metric(group_runs, spec.name))
+        if per_seed:
             reason += "; one run per seed (first repeat)"
         flagged = []
         oob_info = None
@@ -346,7 +351,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, spread.verdict,
                            len(chosen), reason,
                            {"spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
-                            "one_run_per_seed": len(chosen) < len(group_runs), "n_needed": spread.n_needed,
+                            "one_run_per_seed": per_seed, "n_needed": spread.n_needed,
                             "out_of_band": flagged, "out_of_band_test": oob_info}))
     return out
 
@@ -365,13 +370,13 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
         if ref not in stacks:
             continue
         _, _, ref_band = _group_band(stacks[ref], spec.name, coverage=coverage, confidence=confidence, quantiles=(0.5,))
-        ref_vals, _, ref_bad = _finals(_one_per_seed(stacks[ref]), spec.name)
+        ref_vals, _, ref_bad = _finals(_one_per_seed(stacks[ref], spec.name), spec.name)
         for cand in order:
             if cand == ref:
                 continue
             _, _, cand_band = _group_band(stacks[cand], spec.name, coverage=coverage, confidence=confidence,
                                           quantiles=(0.5,))
-            cand_vals, _, cand_bad = _finals(_one_per_seed(stacks[cand]), spec.name)
+            cand_vals, _, cand_bad = _finals(_one_per_seed(stacks[cand], spec.name), spec.name)
             group = {"determinism": det, "reference_stack": ref, "candidate_stack": cand}
             common, ia, ib = np.intersect1d(ref_band.steps, cand_band.steps, return_indices=True)
             share, k = band_containment(cand_band.mean[ib], ref_band.ti_low[ia], ref_band.ti_high[ia]) \

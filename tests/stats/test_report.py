@@ -149,3 +149,44 @@ def test_stats_core_imports_only_numpy_scipy_and_itself():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
             for name in names:
                 assert name.split(".")[0] in ALLOWED or name.startswith("app.stats"), f"{path.name} imports {name}"
+
+
+def _final_runs(values_by_stack):
+    runs, rid = [], 0
+    for stack, values in values_by_stack.items():
+        for seed, v in enumerate(values):
+            runs.append(RunData(run_id=rid, seed=seed, repeat=0, determinism="seeded", stack=stack,
+                                series={"acc": (np.array([0, 1]), np.array([0.0, v]))}))
+            rid += 1
+    return runs
+
+
+def test_portability_rule_not_equivalent_and_no_margin():
+    ref = [0.90, 0.91, 0.92, 0.90, 0.91, 0.92]
+    far = [0.80, 0.81, 0.82, 0.80, 0.81, 0.82]
+    runs = _final_runs({"ref": ref, "cand": far})
+    rep = build_report(runs, [MetricSpec("acc", margin=0.02)], rng=np.random.default_rng(0),
+                       reference_stack="ref").to_dict()
+    (v,) = _find(rep, "stack_portability")
+    assert v["verdict"] == "not_equivalent" and "outside ±0.02" in v["reason"]
+    rep = build_report(runs, [MetricSpec("acc")], rng=np.random.default_rng(0), reference_stack="ref").to_dict()
+    (v,) = _find(rep, "stack_portability")
+    assert v["verdict"] == "not_equivalent" and "no margin" in v["reason"]
+    same = _final_runs({"ref": ref, "cand": [x + 0.001 for x in ref]})
+    rep = build_report(same, [MetricSpec("acc")], rng=np.random.default_rng(0), reference_stack="ref").to_dict()
+    assert _find(rep, "stack_portability")[0]["verdict"] == "inconclusive"
+    rep = build_report(same, [MetricSpec("acc", margin=0.02)], rng=np.random.default_rng(0),
+                       reference_stack="ref", adjust_method="bh").to_dict()
+    (v,) = _find(rep, "stack_portability")
+    assert v["verdict"] == "equivalent" and v["adjust_method"] == "bh"
+
+
+def test_bands_pick_first_repeat_that_logged_the_metric_and_handle_empty_input():
+    s = np.arange(4)
+    runs = [RunData(0, 0, 0, "none", "a", series={"other": (s, np.ones(4))}),
+            RunData(1, 0, 1, "none", "a", series={"loss": (s, np.ones(4))}),
+            RunData(2, 1, 0, "none", "a", series={"loss": (s, np.full(4, 3.0))})]
+    (b,) = compute_bands(runs, metric="loss")
+    assert b.run_ids == (1, 2) and not b.one_run_per_seed
+    assert b.band.mean.tolist() == [2.0] * 4
+    assert build_report([], METRICS, rng=np.random.default_rng(0)).to_dict()["verdicts"] == []
