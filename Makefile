@@ -1,0 +1,52 @@
+# Steady: `make demo` sets up and runs the demo study end to end; `make test` sets up and runs the suite.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# CPU builds for this machine and CI; GPU boxes install their own CUDA builds (README).
+FRAMEWORKS := torch==2.13.0 tensorflow-cpu==2.21.*
+
+.PHONY: setup system-deps demo test test-fast bench serve worker clean
+
+setup: $(STAMP) system-deps
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(FRAMEWORKS)
+	$(BIN)/pip install --quiet -e ".[server,workloads,dev]"
+	touch $@
+
+# Headless Chromium for the browser tests and docker-compose to validate the compose file
+# (Debian packages; nothing is downloaded by the test tools themselves).
+system-deps:
+	@missing=""; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+demo: $(STAMP)
+	$(BIN)/steady demo
+
+test: setup
+	@$(BIN)/pytest -q -rfE; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi; \
+	exit $$rc
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow and not browser"
+
+bench: setup
+	mkdir -p bench/results
+	$(BIN)/python bench/bands_bench.py
+
+serve: $(STAMP)
+	$(BIN)/steady serve
+
+clean:
+	rm -rf $(VENV) .steady .steady-demo artifacts bench/results

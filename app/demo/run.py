@@ -1,0 +1,151 @@
+"""``steady demo``: a whole stability study on one machine, end to end.
+
+Starts the server on the embedded SQLite default and a local worker, submits the bundled
+demo studies (PyTorch and TensorFlow workloads, all three determinism levels), shows
+progress, prints each study's report, and leaves the dashboard running at a printed URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+DEMO_DIR = Path(__file__).resolve().parent
+SPECS = ("torch_mlp.yaml", "torch_kernels.yaml", "keras_mlp.yaml")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _quick(spec: dict) -> dict:
+    """A smaller matrix for tests: fewer seeds and repeats, one epoch."""
+    spec = dict(spec)
+    spec["seeds"] = spec["seeds"][:2]
+    spec["repeats"] = min(spec.get("repeats", 1), 2)
+    spec["workload"] = {**spec["workload"], "params": {**spec["workload"].get("params", {}), "epochs": 1}}
+    return spec
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"steady demo: the server exited:\n{log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("steady demo: the server did not start in 90 s")
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from app.auth.service import Role, create_token
+    from app.cli import wait_for
+    from app.cli_client import Api
+    from app.config import Settings
+    from app.db import Database
+    from app import migrate
+    from app.reports.render import render_report
+
+    data_dir = Path(args.data_dir).resolve()
+    if data_dir.exists():
+        shutil.rmtree(data_dir)  # a demo starts from nothing each time
+    data_dir.mkdir(parents=True)
+    settings = Settings(data_dir=data_dir, database_url="")
+    db = Database(settings.resolved_database_url)
+    migrate.upgrade(db.engine)
+    with db.write() as session:
+        user_token = create_token(session, name="demo-user", role=Role.admin)[1]
+        worker_token = create_token(session, name="demo-worker", role=Role.worker)[1]
+    db.dispose()
+    (data_dir / "token").write_text(user_token + "\n")
+    (data_dir / "token").chmod(0o600)
+
+    port = args.port if _port_free(args.port) else _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "STEADY_DATA_DIR": str(data_dir), "STEADY_PUBLIC_URL": url}
+    env.pop("STEADY_DATABASE_URL", None)
+    server_log, worker_log = data_dir / "server.log", data_dir / "worker.log"
+    print(f"steady demo: data in {data_dir}")
+    print(f"steady demo: starting the server at {url} (SQLite, WAL) …", flush=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+        env=env, stdout=open(server_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
+    )
+    worker = None
+    try:
+        _wait_healthy(url, server, server_log)
+        print("steady demo: starting a local worker (runs each training run in a fresh subprocess) …", flush=True)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "worker", "--server", url, "--token", worker_token,
+             "--work-dir", str(data_dir / "work")],
+            env=env, stdout=open(worker_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
+        )
+        api = Api(url, user_token, timeout=120)
+        study_ids = []
+        for name in SPECS:
+            spec = yaml.safe_load((DEMO_DIR / name).read_text())
+            if args.quick:
+                spec = _quick(spec)
+            study = api.post("/api/v1/studies", json=spec)
+            study_ids.append(study["id"])
+            print(f"  submitted study {study['id']}: {study['name']} ({study['progress']['total']} runs)")
+        print()
+        for sid in study_ids:
+            wait_for(api, sid, interval=1.0, stream=sys.stdout)
+            if worker.poll() is not None:
+                raise SystemExit(f"steady demo: the worker exited:\n{worker_log.read_text()[-2000:]}")
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        for sid in study_ids:
+            print()
+            print(render_report(api.get(f"/api/v1/studies/{sid}/report"), color=color))
+        print()
+        print(f"Dashboard: {url}/studies/{study_ids[0]}   (log in with the token in {data_dir / 'token'})")
+        print(f"API:       {url}/docs      CLI: STEADY_SERVER={url} steady status")
+        if args.exit:
+            return 0
+        print("The server and worker keep running; press Ctrl-C to stop.", flush=True)
+        while server.poll() is None:
+            time.sleep(1)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop(worker)
+        _stop(server)
