@@ -1,6 +1,8 @@
 """ORM models. Migrations (``migrations/``) are the single source of the schema."""
 
 from app.models.base import Base, UTCDateTime, utcnow
+from app.models.alerts import Alert, AlertDelivery, AlertRule, StudyEvaluation, SuiteBaseline, Webhook
 from app.models.core import ApiToken, MetricChunk, Run, Study, Worker
 
-__all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "MetricChunk", "Run", "Study", "Worker"]
+__all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "MetricChunk", "Run", "Study", "Worker",
+           "Alert", "AlertDelivery", "AlertRule", "StudyEvaluation", "SuiteBaseline", "Webhook"]
