@@ -107,10 +107,14 @@ class AlertDelivery(Base):
 
 
 class StudyEvaluation(Base):
-    """The latest evaluation of a study: compact verdict numbers (for /metrics) and its outcome."""
+    """A study's alert evaluation: requested when it finishes, run by the dispatcher; the latest
+    verdict numbers (for /metrics) are kept in ``summary``."""
 
     __tablename__ = "study_evaluations"
 
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), primary_key=True)
-    evaluated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)  # pending | done | error
+    requested_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    evaluated_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -48,13 +48,16 @@ def upgrade() -> None:
 
     op.create_table('study_evaluations',
     sa.Column('study_id', sa.Integer(), nullable=False),
-    sa.Column('evaluated_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('state', sa.String(length=16), nullable=False),
+    sa.Column('requested_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('evaluated_at', app.models.base.UTCDateTime(), nullable=True),
     sa.Column('summary', sa.JSON(), nullable=False),
+    sa.Column('error', sa.Text(), nullable=True),
     sa.ForeignKeyConstraint(['study_id'], ['studies.id'], name=op.f('fk_study_evaluations_study_id_studies'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('study_id', name=op.f('pk_study_evaluations'))
     )
     with op.batch_alter_table('study_evaluations', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_study_evaluations_evaluated_at'), ['evaluated_at'], unique=False)
+        batch_op.create_index(batch_op.f('ix_study_evaluations_state'), ['state'], unique=False)
 
     op.create_table('suite_baselines',
     sa.Column('suite', sa.String(length=200), nullable=False),
@@ -140,7 +143,7 @@ def downgrade() -> None:
     op.drop_table('alerts')
     op.drop_table('suite_baselines')
     with op.batch_alter_table('study_evaluations', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_study_evaluations_evaluated_at'))
+        batch_op.drop_index(batch_op.f('ix_study_evaluations_state'))
 
     op.drop_table('study_evaluations')
     with op.batch_alter_table('alert_rules', schema=None) as batch_op:
