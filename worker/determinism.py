@@ -1,0 +1,92 @@
+"""The three determinism levels, applied exactly as Steady's determinism guides describe.
+
+``none``
+    Nothing is fixed: no seeds, ``PYTHONHASHSEED=random``, nondeterministic kernels allowed,
+    shuffles and data-loader generators drawn from fresh entropy.
+``seeded``
+    ``PYTHONHASHSEED=<seed>`` (set before the interpreter starts); ``random.seed``,
+    ``np.random.seed``; PyTorch: ``torch.manual_seed`` + ``torch.cuda.manual_seed_all``;
+    TensorFlow: ``tf.keras.utils.set_random_seed`` (Python, NumPy and TF seeds). Data order is
+    seeded: a seeded ``torch.Generator`` plus ``worker_init_fn`` for DataLoader workers;
+    ``tf.data`` ``shuffle(..., seed=seed, reshuffle_each_iteration=False)``.
+``strict``
+    ``seeded`` plus PyTorch ``torch.use_deterministic_algorithms(True)``,
+    ``torch.backends.cudnn.benchmark = False``, ``torch.backends.cudnn.deterministic = True``,
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``; TensorFlow
+    ``tf.config.experimental.enable_op_determinism()`` and ``TF_DETERMINISTIC_OPS=1``.
+
+At every level the thread counts come from ``RunSpec.threads`` (``OMP_NUM_THREADS``,
+``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` before start; ``torch.set_num_threads`` /
+TensorFlow intra- and inter-op parallelism inside).
+
+:func:`subprocess_env` runs in the agent (no framework import); :func:`apply` runs first
+thing inside the run subprocess and returns the record that ends up in
+``RunResult.determinism_applied``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+LEVELS = ("none", "seeded", "strict")
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+DETERMINISM_ENV_VARS = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "TF_DETERMINISTIC_OPS", *THREAD_ENV_VARS, "CUDA_VISIBLE_DEVICES")
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def _level(level: Any) -> str:
+    value = getattr(level, "value", level)
+    if value not in LEVELS:
+        raise ValueError(f"unknown determinism level {value!r}; expected one of {LEVELS}")
+    return value
+
+
+def subprocess_env(level: Any, seed: int, threads: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a run subprocess starts with (set before its interpreter starts)."""
+    level = _level(level)
+    env = dict(os.environ if base is None else base)
+    for var in ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "TF_DETERMINISTIC_OPS"):
+        env.pop(var, None)  # an inherited setting must not leak into a weaker level
+    env["PYTHONHASHSEED"] = "random" if level == "none" else str(int(seed) % (2**32))
+    if level == "strict":
+        env["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+        env["TF_DETERMINISTIC_OPS"] = "1"
+    n = str(max(1, int(threads)))
+    for var in THREAD_ENV_VARS:
+        env[var] = n
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's banner out of the stderr tail
+    return env
+
+
+def apply(level: Any, seed: int, framework: str, threads: int) -> dict[str, Any]:
+    """Apply ``level`` in this (fresh) process, importing only ``framework``. Returns what was done."""
+    level = _level(level)
+    applied: dict[str, Any] = {
+        "level": level,
+        "seed": int(seed) if level != "none" else None,
+        "framework": framework,
+        "threads": int(threads),
+        "env": {k: os.environ[k] for k in DETERMINISM_ENV_VARS if k in os.environ},
+        "python_random_seeded": False,
+        "numpy_seeded": False,
+        "framework_seeded": False,
+        "deterministic_algorithms": False,
+        "data_order": "seeded generator, fixed shuffle seed" if level != "none" else "fresh entropy",
+    }
+    if level != "none":
+        import numpy as np
+
+        random.seed(seed)
+        np.random.seed(int(seed) % (2**32))
+        applied["python_random_seeded"] = True
+        applied["numpy_seeded"] = True
+    if framework == "torch":
+        from worker.frameworks.torch import apply_determinism
+    elif framework == "tensorflow":
+        from worker.frameworks.tensorflow import apply_determinism
+    else:
+        raise ValueError(f"unknown framework {framework!r}")
+    applied.update(apply_determinism(level, int(seed), int(threads)))
+    return applied

@@ -1,0 +1,1 @@
+"""Framework adapters, imported lazily: a torch-only box never imports TensorFlow."""

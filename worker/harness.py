@@ -1,0 +1,133 @@
+"""Entry point of the run subprocess: ``python -m worker.harness``.
+
+The runner starts it with the determinism environment already set (``PYTHONHASHSEED``,
+``CUBLAS_WORKSPACE_CONFIG``, ``TF_DETERMINISTIC_OPS``, thread counts, ``CUDA_VISIBLE_DEVICES``)
+and passes the run spec file in ``STEADY_RUN_SPEC`` and the event file in
+``STEADY_EVENTS_FILE``. The harness applies the in-process determinism switches before the
+workload imports anything else, records the fingerprint, runs the built-in workload or the
+user's entrypoint, and writes a ``result`` or ``error`` event. Exit status: 0 on success,
+1 when the training code raised.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import math
+import os
+import runpy
+import sys
+import time
+import traceback
+from typing import Any
+
+from worker import sdk
+from worker.events import SPEC_ENV
+
+
+def _call_entrypoint(entrypoint: str, ctx: sdk.RunContext) -> Any:
+    if entrypoint.endswith(".py") or os.sep in entrypoint and ":" not in entrypoint:
+        path = os.path.abspath(entrypoint)
+        sys.argv = [path]
+        sys.path.insert(0, os.path.dirname(path))
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise
+        return None
+    module_name, _, func_name = entrypoint.partition(":")
+    if not func_name:
+        raise ValueError(f"entrypoint {entrypoint!r} is neither 'module:function' nor a path to a .py script")
+    func = importlib.import_module(module_name)
+    for part in func_name.split("."):
+        func = getattr(func, part)
+    try:
+        takes_ctx = len(inspect.signature(func).parameters) > 0
+    except (TypeError, ValueError):
+        takes_ctx = True
+    return func(ctx) if takes_ctx else func()
+
+
+def _resolve_device(framework: str, wanted: str) -> str:
+    if wanted == "cpu":
+        return "cpu"
+    if framework == "torch":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    import tensorflow as tf
+
+    return "cuda" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+def run(spec: dict[str, Any]) -> int:
+    t0 = time.perf_counter()
+    ctx = sdk.RunContext(
+        seed=int(spec["seed"]),
+        determinism=spec["determinism"],
+        framework=spec["framework"],
+        params=dict(spec.get("params") or {}),
+        threads=int(spec.get("threads") or 2),
+        repeat=int(spec.get("repeat") or 0),
+        device=spec.get("device") or "auto",
+        work_dir=spec.get("work_dir") or os.getcwd(),
+    )
+    sdk._start(ctx)
+    try:
+        from worker import determinism, fingerprint
+
+        workload = None
+        if spec.get("workload"):
+            from worker.workloads import load
+
+            workload = load(spec["workload"])
+            if ctx.framework not in workload.FRAMEWORKS:
+                raise ValueError(f"workload {spec['workload']!r} runs on {workload.FRAMEWORKS}, not {ctx.framework!r}")
+        elif not spec.get("entrypoint"):
+            raise ValueError("the run spec names neither a workload nor an entrypoint")
+        applied = determinism.apply(ctx.determinism, ctx.seed, ctx.framework, ctx.threads)
+        ctx.device = _resolve_device(ctx.framework, ctx.device)
+        applied["device"] = ctx.device
+        sdk.emit({"e": "determinism", "value": applied})
+        sdk.emit({"e": "fingerprint", "value": fingerprint.run_fingerprint(ctx.framework)})
+        t_setup = time.perf_counter()
+        if workload is not None:
+            returned = workload.run(ctx)
+        else:
+            returned = _call_entrypoint(spec["entrypoint"], ctx)
+        t_end = time.perf_counter()
+        final, timings = sdk._summary()
+        if isinstance(returned, dict):
+            for k, v in returned.items():
+                try:
+                    final[str(k)] = float(v)
+                except (TypeError, ValueError):
+                    pass
+        timings.update(setup_s=t_setup - t0, run_s=t_end - t_setup, harness_s=t_end - t0)
+        sdk.emit({"e": "result", "final_metrics": final, "timings": timings})
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - report everything, including KeyboardInterrupt
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        sys.stderr.flush()
+        message = f"{type(exc).__name__}: {exc}"
+        sdk.emit({"e": "error", "error": message[:4000], "traceback": tb[-20000:]})
+        return 1
+
+
+def main() -> int:
+    with open(os.environ[SPEC_ENV], encoding="utf-8") as f:
+        spec = json.load(f)
+    code = run(spec)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    # os._exit skips interpreter teardown (and its occasional hangs in framework atexit
+    # handlers); every event was already written with an unbuffered write.
+    code = main()
+    os._exit(code)

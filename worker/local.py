@@ -1,0 +1,106 @@
+"""Run one RunSpec locally through the subprocess harness, without a server.
+
+    from worker.local import run_local
+    result = run_local({"framework": "torch", "workload": "torch_mlp", "seed": 1,
+                        "repeat": 0, "determinism": "strict"})
+    result.series["loss"]  # (steps, values)
+
+Used by the tests, ``scripts/gpu-check`` and ``steady worker --local``-style tooling.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.runner import RunProcess
+
+
+@dataclass
+class LocalResult:
+    ok: bool
+    series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
+    digests: dict[str, Any] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    determinism_applied: dict[str, Any] = field(default_factory=dict)
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    failure_kind: str | None = None
+    error: str = ""
+    stderr_tail: str = ""
+    returncode: int | None = None
+
+    def values(self, key: str) -> list[float]:
+        return self.series.get(key, ([], []))[1]
+
+
+def _spec_dict(spec: Any) -> dict[str, Any]:
+    if hasattr(spec, "model_dump"):
+        return spec.model_dump(mode="json")
+    d = dict(spec)
+    for k, v in list(d.items()):
+        d[k] = getattr(v, "value", v)
+    d.setdefault("repeat", 0)
+    return d
+
+
+def run_local(
+    spec: Any,
+    *,
+    device: str | None = None,
+    work_dir: str | None = None,
+    keep: bool = False,
+    poll_interval: float = 0.05,
+    on_start: Any = None,
+) -> LocalResult:
+    """Execute ``spec`` (a RunSpec or a dict with its fields) in a fresh subprocess and wait.
+
+    ``on_start(proc)`` is called once the subprocess runs (tests use it to kill it)."""
+    run_dir = work_dir or tempfile.mkdtemp(prefix="steady-run-")
+    proc = RunProcess(_spec_dict(spec), run_dir=run_dir, device=device)
+    series: dict[str, tuple[list[int], list[float]]] = {}
+
+    def drain() -> None:
+        for event in proc.poll():
+            if event.get("e") == "m":
+                for key, value in event["v"].items():
+                    steps, values = series.setdefault(key, ([], []))
+                    steps.append(event["s"])
+                    values.append(value)
+
+    try:
+        proc.start()
+        if on_start is not None:
+            on_start(proc)
+        while proc.running():
+            drain()
+            proc.check_time_limit()
+            time.sleep(poll_interval)
+        outcome = proc.outcome()
+        drain()
+        c = proc.collected
+        result = c.result or {}
+        timings = dict(result.get("timings") or {})
+        timings["wall_s"] = outcome.wall_s
+        return LocalResult(
+            ok=outcome.ok,
+            series=series,
+            digests=c.digests_model(),
+            fingerprint=c.fingerprint,
+            determinism_applied=c.determinism_applied,
+            final_metrics=dict(result.get("final_metrics") or {}),
+            timings=timings,
+            failure_kind=outcome.kind,
+            error=outcome.error,
+            stderr_tail=outcome.stderr_tail,
+            returncode=outcome.returncode,
+        )
+    finally:
+        if proc.running():
+            proc.kill("cancelled")
+            proc.wait()
+        if not keep and work_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,231 @@
+"""Run one RunSpec in a fresh subprocess and collect what it reports.
+
+The subprocess (``python -m worker.harness``) starts in its own session, so it and anything
+it forks (DataLoader workers) form one process group that :meth:`RunProcess.kill` ends
+together. Its environment carries the determinism settings that must exist before the
+interpreter starts. It reports through an append-only event file (see
+:mod:`worker.events`) that :meth:`RunProcess.poll` reads incrementally; stdout and stderr go
+to ``output.log`` whose tail is reported on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker import determinism
+from worker.events import EVENTS_ENV, SPEC_ENV, EventReader
+
+STDERR_TAIL_BYTES = 16_000
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def device_env(device: str | None) -> dict[str, str]:
+    """``--device`` -> environment: 'cuda:3' narrows CUDA_VISIBLE_DEVICES to GPU 3 (the run
+    sees it as cuda:0); 'cpu' hides all GPUs; None leaves the choice to the run."""
+    if device is None or device == "auto":
+        return {"STEADY_DEVICE": "auto"}
+    if device == "cpu":
+        return {"STEADY_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    if device.startswith("cuda"):
+        _, _, index = device.partition(":")
+        env = {"STEADY_DEVICE": "cuda"}
+        if index:
+            env["CUDA_VISIBLE_DEVICES"] = index
+        return env
+    raise ValueError(f"unsupported device {device!r}: use cpu, cuda or cuda:N")
+
+
+@dataclass
+class Collected:
+    """Everything the run reported, accumulated from its events."""
+
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    determinism_applied: dict[str, Any] = field(default_factory=dict)
+    digests: dict[str, Any] = field(default_factory=lambda: {"data_order": {}})
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    last_step: int | None = None
+
+    def absorb(self, event: dict[str, Any]) -> None:
+        kind = event.get("e")
+        if kind == "m":
+            self.last_step = event["s"] if self.last_step is None else max(self.last_step, event["s"])
+        elif kind == "digest":
+            if event["kind"] == "data_order":
+                self.digests["data_order"][int(event["epoch"])] = event["value"]
+            else:
+                self.digests[event["kind"]] = event["value"]
+        elif kind == "fingerprint":
+            self.fingerprint = event["value"]
+        elif kind == "determinism":
+            self.determinism_applied.update(event["value"])
+        elif kind == "info":
+            self.determinism_applied.update(event["value"])
+        elif kind == "result":
+            self.result = event
+        elif kind == "error":
+            self.error = event
+
+    def digests_model(self) -> dict[str, Any]:
+        orders = self.digests.get("data_order", {})
+        return {
+            "initial_weights": self.digests.get("initial_weights"),
+            "data_order": [orders[k] for k in sorted(orders)],
+            "final_weights": self.digests.get("final_weights"),
+            "optimizer_state": self.digests.get("optimizer_state"),
+        }
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    kind: str | None = None  # FailureKind value when not ok
+    error: str = ""
+    stderr_tail: str = ""
+    returncode: int | None = None
+    wall_s: float = 0.0
+
+
+class RunProcess:
+    def __init__(self, spec: dict[str, Any], *, run_dir: str, device: str | None = None, python: str | None = None) -> None:
+        self.spec = dict(spec)
+        self.run_dir = os.path.abspath(run_dir)
+        self.device = device
+        self.python = python or sys.executable
+        self.events_path = os.path.join(self.run_dir, "events.jsonl")
+        self.output_path = os.path.join(self.run_dir, "output.log")
+        self.spec_path = os.path.join(self.run_dir, "spec.json")
+        self.reader = EventReader(self.events_path)
+        self.collected = Collected()
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self._kill_reason: str | None = None
+        self._outcome: Outcome | None = None
+        self._unclaimed: list[dict[str, Any]] = []  # read by outcome(), not yet returned by poll()
+
+    def environment(self) -> dict[str, str]:
+        env = determinism.subprocess_env(self.spec["determinism"], int(self.spec["seed"]), int(self.spec.get("threads") or 2))
+        env.update(device_env(self.device))
+        env[EVENTS_ENV] = self.events_path
+        env[SPEC_ENV] = self.spec_path
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.getcwd(), env.get("PYTHONPATH")) if p)
+        return env
+
+    def start(self) -> None:
+        os.makedirs(self.run_dir, exist_ok=True)
+        for path in (self.events_path, self.output_path):
+            if os.path.exists(path):
+                os.remove(path)
+        spec = dict(self.spec, device=device_env(self.device)["STEADY_DEVICE"], work_dir=self.run_dir)
+        with open(self.spec_path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        out = open(self.output_path, "wb")
+        try:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "worker.harness"],
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: kill() reaches DataLoader workers too
+                cwd=os.getcwd(),
+            )
+        finally:
+            out.close()
+        self.started_at = time.monotonic()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at if self.started_at else 0.0
+
+    def poll(self) -> list[dict[str, Any]]:
+        """New events since the last call (also absorbed into :attr:`collected`)."""
+        events = self.reader.read_new()
+        for event in events:
+            self.collected.absorb(event)
+        events, self._unclaimed = self._unclaimed + events, []
+        return events
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, reason: str) -> None:
+        """SIGKILL the whole process group; ``reason`` is a FailureKind value."""
+        if self._kill_reason is None:
+            self._kill_reason = reason
+        self._killpg()
+
+    def _killpg(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def check_time_limit(self) -> bool:
+        limit = float(self.spec.get("time_limit_s") or 0)
+        if limit and self.running() and self.elapsed() > limit:
+            self.kill("timeout")
+            return True
+        return False
+
+    def stderr_tail(self, limit: int = STDERR_TAIL_BYTES) -> str:
+        try:
+            with open(self.output_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - limit))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def outcome(self) -> Outcome:
+        """Call once the process has exited: reap stragglers, read the last events, classify."""
+        if self._outcome is not None:
+            return self._outcome
+        assert self.proc is not None
+        rc = self.proc.wait()
+        self._killpg()  # leftover children (e.g. DataLoader workers) of an exited run
+        pending = self.poll()  # (not .extend(self.poll()): poll() rebinds the list)
+        self._unclaimed = pending
+        wall = self.elapsed()
+        tail = self.stderr_tail()
+        c = self.collected
+        if self._kill_reason == "timeout":
+            limit = float(self.spec.get("time_limit_s") or 0)
+            out = Outcome(False, "timeout", f"run exceeded its time limit of {limit:g} s and was killed", tail, rc, wall)
+        elif self._kill_reason is not None:
+            out = Outcome(False, self._kill_reason, f"run was killed ({self._kill_reason})", tail, rc, wall)
+        elif rc == 0 and c.result is not None:
+            out = Outcome(True, None, "", tail, rc, wall)
+        elif c.error is not None:
+            out = Outcome(False, "error", c.error.get("error", "error"), tail, rc, wall)
+        elif rc is not None and rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = str(-rc)
+            out = Outcome(False, "crash", f"run process was killed by signal {name}", tail, rc, wall)
+        else:
+            out = Outcome(False, "error", f"run process exited with status {rc} without reporting a result", tail, rc, wall)
+        self._outcome = out
+        return out

@@ -1,0 +1,37 @@
+"""Built-in workloads: small training jobs on scikit-learn's bundled digits data.
+
+Each module exposes ``FRAMEWORKS`` (the frameworks it runs on) and ``run(ctx) -> dict``
+(extra final metrics). They log per-step ``loss`` and ``step_time``, per-epoch ``val_loss``
+and ``val_acc``, and record the initial/final weight, optimizer-state and per-epoch
+data-order digests through :mod:`worker.sdk`. Imported lazily by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+WORKLOADS: dict[str, str] = {
+    "torch_mlp": "worker.workloads.torch_mlp",
+    "torch_cnn": "worker.workloads.torch_cnn",
+    "torch_dataloader_workers": "worker.workloads.torch_dataloader_workers",
+    "torch_nondeterministic_kernels": "worker.workloads.torch_nondeterministic_kernels",
+    "hashseed_vocab": "worker.workloads.hashseed_vocab",
+    "keras_mlp": "worker.workloads.keras_mlp",
+}
+
+WORKLOAD_FRAMEWORK: dict[str, str] = {
+    "torch_mlp": "torch",
+    "torch_cnn": "torch",
+    "torch_dataloader_workers": "torch",
+    "torch_nondeterministic_kernels": "torch",
+    "hashseed_vocab": "torch",
+    "keras_mlp": "tensorflow",
+}
+
+
+def load(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(WORKLOADS[name])
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}; built-in workloads: {', '.join(sorted(WORKLOADS))}") from None
