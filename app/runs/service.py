@@ -95,15 +95,24 @@ def lease_next(session: Session, worker: Worker, settings: Settings) -> Lease | 
     reap_expired(session, now)
     worker.last_seen_at = now
     labels = set(worker.labels)
+    # Candidates are read without locks: locking them all (FOR UPDATE SKIP LOCKED on the whole
+    # page) made concurrent leasers on PostgreSQL skip every queued run and answer 204. Each
+    # matching candidate is then locked alone, skipping one another leaser holds right now.
     stmt = (
         select(Run.id, Run.required_labels)
         .where(Run.status == RunStatus.queued.value)
         .order_by(Run.id)
         .limit(CANDIDATES_PER_LEASE)
-        .with_for_update(skip_locked=True)
     )
     for run_id, required in session.execute(stmt).all():
         if not set(required) <= labels:
+            continue
+        claimable = (
+            select(Run.id)
+            .where(Run.id == run_id, Run.status == RunStatus.queued.value)
+            .with_for_update(skip_locked=True)
+        )
+        if session.execute(claimable).first() is None:
             continue
         lease_id = uuid.uuid4().hex
         expires = now + timedelta(seconds=settings.lease_seconds)
