@@ -36,7 +36,11 @@ def get_write_session(db: Annotated[Database, Depends(get_database)]) -> Iterato
 
 
 ReadDB = Annotated[ReadSession, Depends(get_read_session)]
-WriteDB = Annotated[WriteSession, Depends(get_write_session)]
+# scope="function": commit before the response is sent. FastAPI's default ("request") runs the
+# teardown after the response, so a client could get a 2xx for a write that was not yet
+# committed, or never was (process killed, database down at commit), and a worker's next
+# request to another API process did not see its own registration.
+WriteDB = Annotated[WriteSession, Depends(get_write_session, scope="function")]
 AppSettings = Annotated[Settings, Depends(get_app_settings)]
 
 
