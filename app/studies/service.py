@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import numpy as np
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -105,8 +105,16 @@ def to_out(session: Session, studies: list[Study]) -> list[StudyOut]:
 
 
 def refresh_status(session: Session, study_id: int) -> Study:
-    """Derive a managed study's status from its runs; call after any run transition."""
-    study = get_study(session, study_id)
+    """Derive a managed study's status from its runs; call after any run transition.
+
+    The study row is locked first, so concurrent transitions of its runs (several workers
+    finishing at once, on several API processes) recount one after another: on PostgreSQL
+    each would otherwise count the others' runs as still running and leave the study running.
+    """
+    locked = select(Study).where(Study.id == study_id).with_for_update().execution_options(populate_existing=True)
+    study = session.scalars(locked).first()
+    if study is None:
+        raise NotFound(f"study {study_id} not found")
     if study.kind == "external":
         return study
     p = repository.progress_by_study(session, [study_id])[study_id]
