@@ -22,7 +22,31 @@ VALUE_DTYPE = np.dtype("<f8")
 
 
 def encode(steps: np.ndarray, values: np.ndarray) -> tuple[bytes, bytes]:
-    return np.ascontiguousarray(steps, STEP_DTYPE).tobytes(), np.ascontiguousarray(values, VALUE_DTYPE).tobytes()
+    """Bytes of a chunk. Evenly spaced steps (the usual case) are stored as an empty blob and
+    rebuilt from (step_min, step_max, n), halving what a load has to read."""
+    values_b = np.ascontiguousarray(values, VALUE_DTYPE).tobytes()
+    if _evenly_spaced(steps):
+        return b"", values_b
+    return np.ascontiguousarray(steps, STEP_DTYPE).tobytes(), values_b
+
+
+def _evenly_spaced(steps: np.ndarray) -> bool:
+    n = len(steps)
+    if n == 1:
+        return True
+    first, last = int(steps[0]), int(steps[-1])
+    if last <= first or (last - first) % (n - 1):
+        return False
+    stride = (last - first) // (n - 1)
+    return bool(np.array_equal(steps, first + stride * np.arange(n, dtype=np.int64)))
+
+
+def decode_steps(blob: bytes, step_min: int, step_max: int, n: int) -> np.ndarray:
+    if blob:
+        return np.frombuffer(blob, dtype=STEP_DTYPE)
+    if n == 1:
+        return np.array([step_min], dtype=np.int64)
+    return step_min + (step_max - step_min) // (n - 1) * np.arange(n, dtype=np.int64)
 
 
 def batch_exists(session: Session, run_id: int, attempt: int, seq: int) -> bool:
@@ -93,9 +117,10 @@ def metric_keys(session: Session, run_ids: Sequence[int]) -> dict[int, list[str]
     return {k: sorted(v) for k, v in out.items()}
 
 
-def _assemble(step_parts: list[bytes], value_parts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    steps = np.frombuffer(b"".join(step_parts), dtype=STEP_DTYPE).astype(np.int64, copy=False)
-    values = np.frombuffer(b"".join(value_parts), dtype=VALUE_DTYPE).astype(np.float64, copy=False)
+def _assemble(chunks: list[tuple[int, int, np.ndarray, bytes]]) -> tuple[np.ndarray, np.ndarray]:
+    chunks.sort(key=lambda c: (c[0], c[1]))  # by first step, then batch seq
+    steps = np.concatenate([c[2] for c in chunks]).astype(np.int64, copy=False)
+    values = np.frombuffer(b"".join(c[3] for c in chunks), dtype=VALUE_DTYPE).astype(np.float64, copy=False)
     if len(steps) > 1 and not np.all(steps[1:] > steps[:-1]):
         # Out of order or repeated steps (e.g. a step logged twice): sort, keep the last write.
         order = np.argsort(steps, kind="stable")
@@ -113,20 +138,20 @@ def load_series(
         return {}
     table = MetricChunk.__table__
     runs = Run.__table__
+    # No ORDER BY: sorting in SQL would copy every blob through a temporary b-tree; the few
+    # chunks of each series are ordered in Python instead.
     stmt = (
-        select(table.c.run_id, table.c.key, table.c.steps, table.c["values"])
+        select(table.c.run_id, table.c.key, table.c.seq, table.c.step_min, table.c.step_max, table.c.n,
+               table.c.steps, table.c["values"])
         .join(runs, (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt))
         .where(table.c.run_id.in_(list(run_ids)))
-        .order_by(table.c.run_id, table.c.key, table.c.step_min, table.c.seq)
     )
     if keys is not None:
         stmt = stmt.where(table.c.key.in_(list(keys)))
-    parts: dict[tuple[int, str], tuple[list[bytes], list[bytes]]] = defaultdict(lambda: ([], []))
-    for run_id, key, steps_b, values_b in session.execute(stmt):
-        s, v = parts[(run_id, key)]
-        s.append(bytes(steps_b))
-        v.append(bytes(values_b))
-    return {rk: _assemble(s, v) for rk, (s, v) in parts.items()}
+    parts: dict[tuple[int, str], list[tuple[int, int, np.ndarray, bytes]]] = defaultdict(list)
+    for run_id, key, seq, step_min, step_max, n, steps_b, values_b in session.execute(stmt):
+        parts[(run_id, key)].append((step_min, seq, decode_steps(steps_b, step_min, step_max, n), values_b))
+    return {rk: _assemble(chunks) for rk, chunks in parts.items()}
 
 
 __all__ = [
