@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app import __version__, migrate
 from app.auth.router import router as tokens_router
 from app.config import Settings, get_settings
+from app.dashboard.router import router as dashboard_router
 from app.db import Database
 from app.errors import Invalid, SteadyError
 from app.runs import service as runs_service
@@ -162,5 +163,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for router in (studies_router, runs_router, workers_router, tokens_router, reports_router):
         app.include_router(router)
+    app.include_router(dashboard_router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app

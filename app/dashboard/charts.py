@@ -1,0 +1,186 @@
+"""Chart payloads: a group's seed band and its runs' lines on one shared, decimated step axis.
+
+The statistics come from the stats core (``compute_bands`` over the completed runs, exactly
+as ``GET /api/v1/studies/{id}/bands``); this module only shapes them for drawing.
+
+Decimation keeps extremes. The aligned step grid is cut into ``max_points // 2`` buckets; each
+bucket is drawn at two x positions (its first and last step) and every series — band mean,
+min, max, tolerance and confidence limits, each run's line — puts its own minimum and maximum
+within the bucket there, in the order they occurred. So every series keeps every bucket's
+extremes exactly (a spike in one run survives), all series share one x array (what uPlot
+wants), and a point is displaced by less than one bucket (< 0.2 % of the axis at the
+default 1000 points). Series shorter than ``max_points`` are sent whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from app.models import Run
+from app.stats.align import align_series
+from app.stats.report import RunData, compute_bands
+
+BAND_FIELDS = ("mean", "min", "max", "ti_low", "ti_high", "ci_low", "ci_high")
+
+
+def bucket_extremes(matrix: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Decimate ``series × steps`` to ``series × ≤max_points`` keeping each bucket's min and max.
+
+    Returns (grid indices of the kept x positions, values). Non-finite cells are treated as
+    missing; a bucket where a series has no finite value gives NaN for it.
+    """
+    values = np.where(np.isfinite(matrix), matrix, np.nan)
+    n_series, m = values.shape
+    if m <= max_points:
+        return np.arange(m), values
+    buckets = max_points // 2
+    edges = np.linspace(0, m, buckets + 1).astype(np.int64)
+    width = int(np.max(np.diff(edges)))
+    pos = edges[:-1, None] + np.arange(width)[None, :]
+    valid = pos < edges[1:, None]
+    cells = values[:, np.minimum(pos, m - 1)]  # series × buckets × width
+    cells = np.where(valid[None], cells, np.nan)
+    empty = np.all(np.isnan(cells), axis=2)
+    lo = np.argmin(np.where(np.isnan(cells), np.inf, cells), axis=2)
+    hi = np.argmax(np.where(np.isnan(cells), -np.inf, cells), axis=2)
+    first, second = np.minimum(lo, hi), np.maximum(lo, hi)
+    take = lambda idx: np.take_along_axis(cells, idx[..., None], axis=2)[..., 0]  # noqa: E731
+    v_first, v_second = take(first), take(second)
+    v_first[empty] = np.nan
+    v_second[empty] = np.nan
+    out = np.empty((n_series, 2 * buckets))
+    out[:, 0::2], out[:, 1::2] = v_first, v_second
+    xs = np.empty(2 * buckets, dtype=np.int64)
+    xs[0::2], xs[1::2] = edges[:-1], edges[1:] - 1
+    return xs, out
+
+
+def pick_lines(runs: Sequence[Run], max_lines: int) -> list[Run]:
+    """At most ``max_lines`` runs to draw: running ones first (they move), then by seed and repeat."""
+    ordered = sorted(runs, key=lambda r: (r.status != "running", r.seed, r.repeat, r.id))
+    return ordered[:max_lines]
+
+
+def _ints(values: np.ndarray) -> str:
+    return "[" + ",".join(map(str, values.tolist())) + "]"
+
+
+def _nums(values: np.ndarray) -> str:
+    """A JSON array of 7-significant-digit numbers, ``null`` for missing — compact for the wire."""
+    return "[" + ",".join("null" if v != v else f"{v:.7g}" for v in values.tolist()) + "]"
+
+
+def group_chart(
+    runs: Sequence[Run],
+    series: dict[int, tuple[np.ndarray, np.ndarray]],
+    *,
+    metric: str,
+    coverage: float,
+    confidence: float,
+    max_points: int,
+    max_lines: int,
+    first_divergent_step: int | None = None,
+) -> str:
+    """The chart of one (determinism, stack) group as JSON text.
+
+    ``runs`` are the group's completed and running runs; ``series`` maps run id to its
+    (steps, values) of ``metric``. The band uses the completed runs (one per seed, diverged
+    runs excluded, as the API's bands); lines show up to ``max_lines`` runs.
+    """
+    with_data = [r for r in runs if r.id in series and len(series[r.id][0])]
+    completed = [r for r in with_data if r.status == "completed"]
+    band = None
+    if completed:
+        data = [RunData(run_id=r.id, seed=r.seed, repeat=r.repeat, determinism=r.determinism, stack="g",
+                        series={metric: series[r.id]}) for r in completed]
+        groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence)
+        band = groups[0] if groups else None
+    lines = pick_lines(with_data, max_lines)
+    aligned = align_series({r.id: series[r.id] for r in lines}) if lines else None
+    grids = [aligned.steps] if aligned is not None else []
+    if band is not None:
+        grids.append(np.asarray(band.band.steps, dtype=np.int64))
+    grid = np.unique(np.concatenate(grids)) if grids else np.zeros(0, np.int64)
+
+    rows: list[np.ndarray] = []
+    if band is not None:
+        where = np.searchsorted(grid, band.band.steps)
+        for name in BAND_FIELDS:
+            row = np.full(grid.size, np.nan)
+            row[where] = np.asarray(getattr(band.band, name), dtype=np.float64)
+            rows.append(row)
+    if aligned is not None:
+        where = np.searchsorted(grid, aligned.steps)
+        for i in range(len(lines)):
+            row = np.full(grid.size, np.nan)
+            row[where] = aligned.values[i]
+            rows.append(row)
+    matrix = np.vstack(rows) if rows else np.zeros((0, grid.size))
+    idx, reduced = bucket_extremes(matrix, max_points)
+    x = grid[idx] if grid.size else grid
+
+    head: dict[str, Any] = {
+        "metric": metric,
+        "total_steps": int(grid.size),
+        "points": int(x.size),
+        "downsampled": bool(x.size < grid.size),
+        "n_runs": len(runs),
+        "n_runs_with_data": len(with_data),
+        "n_lines": len(lines),
+        "lines_capped": len(with_data) > len(lines),
+        "first_divergent_step": first_divergent_step,
+        "band": None,
+        "lines": [],
+    }
+    k = 0
+    if band is not None:
+        head["band"] = {
+            "n": len(band.run_ids),
+            "run_ids": list(band.run_ids),
+            "excluded_run_ids": list(band.excluded_run_ids),
+            "one_run_per_seed": band.one_run_per_seed,
+            "coverage": coverage,
+            "confidence": confidence,
+        }
+        k = len(BAND_FIELDS)
+    finals = {}
+    for i, r in enumerate(lines):
+        steps, values = series[r.id]
+        finite = np.isfinite(values)
+        diverged_at = None if finite.all() else int(steps[int(np.argmin(finite))])
+        last_finite = values[finite][-1] if finite.any() else None
+        if diverged_at is not None:
+            before = finite & (steps < diverged_at)
+            last_finite = float(values[before][-1]) if before.any() else None
+        head["lines"].append({
+            "run_id": r.id, "seed": r.seed, "repeat": r.repeat, "status": r.status,
+            "diverged_at": diverged_at,
+            "diverged_value": last_finite if diverged_at is not None else None,
+        })
+        if finite.any():
+            finals[r.id] = float(values[finite][-1])
+    # The numeric arrays are spliced in as compact text; the rest is ordinary JSON.
+    body = json.dumps(head, allow_nan=False)[:-1]
+    parts = [f',"x":{_ints(x)}']
+    if band is not None:
+        parts.append(',"series":{' + ",".join(f'"{name}":{_nums(reduced[j])}' for j, name in enumerate(BAND_FIELDS))
+                     + "}")
+    else:
+        parts.append(',"series":null')
+    parts.append(',"y":[' + ",".join(_nums(reduced[k + i]) for i in range(len(lines))) + "]")
+    return body + "".join(parts) + "}"
+
+
+def run_chart(steps: np.ndarray, values: np.ndarray, *, key: str, max_points: int) -> str:
+    """One run's series of ``key``, decimated keeping extremes, as JSON text."""
+    idx, reduced = bucket_extremes(np.asarray(values, dtype=np.float64)[None, :], max_points)
+    finite = np.isfinite(values)
+    diverged_at = None if finite.all() else int(steps[int(np.argmin(finite))])
+    head = {"key": key, "total_steps": int(len(steps)), "points": int(idx.size),
+            "downsampled": bool(idx.size < len(steps)), "diverged_at": diverged_at}
+    x = np.asarray(steps, dtype=np.int64)[idx]
+    return json.dumps(head)[:-1] + f',"x":{_ints(x)},"y":{_nums(reduced[0])}}}'

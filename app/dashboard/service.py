@@ -1,0 +1,292 @@
+"""What the dashboard pages show: studies with verdict badges, a study's state, runs, workers.
+
+Reports are expensive (every series of every completed run), so they are cached per process,
+keyed by the study's *version*: its status, run counts, last finish time and newest metric
+chunk. A report is only computed for a study that has no queued or running runs; the studies
+list shows cached badges at once and fetches the missing ones afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.dashboard import charts
+from app.metrics import repository as metrics_repo
+from app.models import MetricChunk, Run, Study
+from app.reports import service as reports
+from app.stats.report import DETERMINISM_LEVELS
+from app.studies import repository as studies_repo
+from app.studies.schemas import Progress
+from worker.protocol import STEP_TIME_KEY
+
+LEVELS = ("repeatability", "seed_stability", "stack_portability")
+LEVEL_TITLES = {"repeatability": "Repeatability", "seed_stability": "Seed stability",
+                "stack_portability": "Stack portability"}
+# Worst first: a level's badge is the worst verdict among its metrics and groups.
+SEVERITY = {
+    "out_of_tolerance": 3, "unstable": 3, "not_equivalent": 3,
+    "inconclusive": 2,
+    "within_tolerance": 1,
+    "identical": 0, "stable": 0, "equivalent": 0,
+}
+TONE = {3: "bad", 2: "unknown", 1: "ok", 0: "good"}
+ACTIVE_STATUSES = {"queued", "running"}
+
+
+class _LRU:
+    """A small thread-safe LRU map shared by the requests of one server process."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def get_or_compute(self, key: Any, compute: Callable[[], Any]) -> Any:
+        value = self.get(key)
+        if value is None:
+            value = compute()
+            self.put(key, value)
+        return value
+
+
+_reports = _LRU(64)
+_charts = _LRU(128)
+
+
+# --- versions ------------------------------------------------------------------------------
+
+
+def study_versions(session: Session, studies: Sequence[Study]) -> dict[int, tuple]:
+    """A value that changes whenever anything a report or chart reads changes."""
+    ids = [s.id for s in studies]
+    if not ids:
+        return {}
+    progress = studies_repo.progress_by_study(session, ids)
+    finished = dict(session.execute(
+        select(Run.study_id, func.max(Run.finished_at)).where(Run.study_id.in_(ids)).group_by(Run.study_id)
+    ).all())
+    chunks = dict(session.execute(
+        select(Run.study_id, func.max(MetricChunk.id))
+        .join(MetricChunk, MetricChunk.run_id == Run.id)
+        .where(Run.study_id.in_(ids))
+        .group_by(Run.study_id)
+    ).all())
+    out = {}
+    for s in studies:
+        p = progress[s.id]
+        stamp = finished.get(s.id)
+        out[s.id] = (s.status, s.updated_at.isoformat() if s.updated_at else None, p.total, p.queued, p.running,
+                     p.completed, p.failed, p.cancelled, stamp.isoformat() if stamp else None, chunks.get(s.id))
+    return out
+
+
+def version_tag(version: tuple) -> str:
+    return "|".join("" if v is None else str(v) for v in version)
+
+
+def is_settled(progress: Progress) -> bool:
+    """No run queued or executing, and at least one finished: the report will not move."""
+    return progress.queued == 0 and progress.running == 0 and progress.completed > 0
+
+
+# --- reports and badges ----------------------------------------------------------------------
+
+
+def _report_key(db_key: str, study: Study, version: tuple) -> tuple:
+    # A report reads completed runs only: new points of running runs (the last item) do not change it.
+    return db_key, study.id, version[:-1]
+
+
+def report(session: Session, study: Study, version: tuple, db_key: str) -> dict[str, Any]:
+    return _reports.get_or_compute(_report_key(db_key, study, version),
+                                   lambda: reports.study_report(session, study.id))
+
+
+def cached_report(study: Study, version: tuple, db_key: str) -> dict[str, Any] | None:
+    return _reports.get(_report_key(db_key, study, version))
+
+
+def progress_of(session: Session, study: Study) -> Progress:
+    return studies_repo.progress_by_study(session, [study.id])[study.id]
+
+
+@dataclass(frozen=True)
+class Badge:
+    level: str
+    title: str
+    verdict: str
+    tone: str
+    count: int  # verdicts behind it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "title": self.title, "verdict": self.verdict, "tone": self.tone,
+                "count": self.count}
+
+
+def badges(report_: dict[str, Any]) -> list[Badge]:
+    out = []
+    for level in LEVELS:
+        verdicts = [v["verdict"] for v in report_.get("verdicts", []) if v["level"] == level]
+        if not verdicts:
+            out.append(Badge(level, LEVEL_TITLES[level], "n/a", "none", 0))
+            continue
+        worst = max(verdicts, key=lambda v: SEVERITY.get(v, 2))
+        out.append(Badge(level, LEVEL_TITLES[level], worst, TONE[SEVERITY.get(worst, 2)], len(verdicts)))
+    return out
+
+
+def tone(verdict: str) -> str:
+    return TONE[SEVERITY.get(verdict, 2)]
+
+
+# --- the studies list ------------------------------------------------------------------------
+
+
+@dataclass
+class StudyRow:
+    study: Study
+    progress: Progress
+    version: str
+    settled: bool
+    badges: list[Badge] | None  # None: not computed yet (or the study is still running)
+
+
+def studies_page(session: Session, db_key: str, *, status: str | None, name: str | None, page: int,
+                 per_page: int) -> tuple[list[StudyRow], int]:
+    rows, total = studies_repo.list_studies(session, status=status, suite=None, name=name, limit=per_page,
+                                            offset=(page - 1) * per_page)
+    versions = study_versions(session, rows)
+    progress = studies_repo.progress_by_study(session, [s.id for s in rows])
+    out = []
+    for s in rows:
+        settled = is_settled(progress[s.id])
+        cached = cached_report(s, versions[s.id], db_key) if settled else None
+        out.append(StudyRow(s, progress[s.id], version_tag(versions[s.id]), settled,
+                            badges(cached) if cached is not None else None))
+    return out, total
+
+
+def badges_for(session: Session, db_key: str, study_ids: Sequence[int]) -> dict[int, list[dict[str, Any]] | None]:
+    studies = list(session.scalars(select(Study).where(Study.id.in_(list(study_ids)))))
+    versions = study_versions(session, studies)
+    progress = studies_repo.progress_by_study(session, [s.id for s in studies])
+    out: dict[int, list[dict[str, Any]] | None] = {}
+    for s in studies:
+        if not is_settled(progress[s.id]):
+            out[s.id] = None
+            continue
+        out[s.id] = [b.as_dict() for b in badges(report(session, s, versions[s.id], db_key))]
+    return out
+
+
+# --- one study -------------------------------------------------------------------------------
+
+
+def study_groups(session: Session, study_id: int) -> list[tuple[str, str]]:
+    """The (determinism, stack) pairs that have runs, in the report's order."""
+    pairs = session.execute(select(Run.determinism, Run.stack).where(Run.study_id == study_id).distinct()).all()
+    return sorted({(d, s) for d, s in pairs}, key=lambda p: (DETERMINISM_LEVELS.index(p[0])
+                                                             if p[0] in DETERMINISM_LEVELS else 9, p[1]))
+
+
+def study_runs(session: Session, study_id: int, *, limit: int, offset: int) -> tuple[list[Run], int]:
+    return studies_repo.list_runs(session, study_id, status=None, limit=limit, offset=offset)
+
+
+def first_divergent_step(report_: dict[str, Any] | None, metric: str, determinism: str, stack: str) -> int | None:
+    if report_ is None:
+        return None
+    for v in report_.get("verdicts", []):
+        g = v.get("group", {})
+        if (v["level"] == "repeatability" and v["metric"] == metric and g.get("determinism") == determinism
+                and g.get("stack") == stack):
+            return v.get("first_divergent_step")
+    return None
+
+
+def group_chart(session: Session, study: Study, version: tuple, db_key: str, *, metric: str, determinism: str,
+                stack: str, max_points: int, max_lines: int) -> str:
+    def compute() -> str:
+        runs = list(session.scalars(
+            select(Run).where(Run.study_id == study.id, Run.determinism == determinism, Run.stack == stack,
+                              Run.status.in_(("completed", "running"))).order_by(Run.id)
+        ))
+        loaded = metrics_repo.load_series(session, [r.id for r in runs], [metric])
+        series = {run_id: sv for (run_id, _), sv in loaded.items()}
+        settled = is_settled(studies_repo.progress_by_study(session, [study.id])[study.id])
+        rep = report(session, study, version, db_key) if settled else cached_report(study, version, db_key)
+        return charts.group_chart(
+            runs, series, metric=metric, coverage=study.spec.get("coverage", 0.9),
+            confidence=study.spec.get("confidence", 0.95), max_points=max_points, max_lines=max_lines,
+            first_divergent_step=first_divergent_step(rep, metric, determinism, stack),
+        )
+
+    key = (db_key, study.id, version, metric, determinism, stack, max_points, max_lines)
+    return _charts.get_or_compute(key, compute)
+
+
+def cost_scale(report_: dict[str, Any] | None) -> float:
+    """The right end of the cost chart's axis: the largest ratio or CI bound, and at least 1×."""
+    values = [1.0]
+    for c in (report_ or {}).get("determinism_cost", []):
+        values += [v for v in (c.get("ratio"), c.get("ci_high")) if isinstance(v, (int, float))]
+    return max(values) * 1.15
+
+
+def study_metrics(study: Study) -> list[str]:
+    return [m["name"] for m in study.spec.get("metrics", [])]
+
+
+def run_keys(session: Session, run: Run) -> list[str]:
+    keys = metrics_repo.metric_keys(session, [run.id]).get(run.id, [])
+    # The judged metrics first, step time last.
+    return sorted(keys, key=lambda k: (k == STEP_TIME_KEY, k))
+
+
+def run_chart(session: Session, run: Run, key: str, max_points: int) -> str | None:
+    series = metrics_repo.load_series(session, [run.id], [key]).get((run.id, key))
+    if series is None:
+        return None
+    return charts.run_chart(series[0], series[1], key=key, max_points=max_points)
+
+
+# --- alerts (app.alerts is optional: another package may not be installed yet) ---------------
+
+
+def alerts_available() -> bool:
+    return importlib.util.find_spec("app.alerts") is not None and importlib.util.find_spec(
+        "app.alerts.repository") is not None
+
+
+def list_alerts(session: Session, limit: int = 200) -> tuple[list[Any], list[Any]]:
+    """(firing, resolved) alerts, newest first. Call only when ``alerts_available()``."""
+    from app.alerts import repository as alerts_repo
+
+    def of(state: str) -> list[Any]:
+        rows, _ = alerts_repo.list_alerts(session, state=state, study_id=None, suite=None, rule_id=None, kind=None,
+                                          limit=limit, offset=0)
+        return rows
+
+    return of("firing"), of("resolved")

@@ -1,0 +1,337 @@
+/* Steady dashboard: charts (uPlot) and live updates. Data is only ever written with textContent. */
+(function () {
+  "use strict";
+
+  const $ = (sel, root) => (root || document).querySelector(sel);
+  const $$ = (sel, root) => Array.from((root || document).querySelectorAll(sel));
+  const COLORS = {
+    mean: "#1f4e79", ti: "rgba(31,78,121,0.20)", range: "rgba(31,78,121,0.08)", edge: "rgba(31,78,121,0.35)",
+    run: "rgba(70,70,70,0.28)", running: "#d9822b", div: "#b3261e",
+  };
+
+  function loginRedirect() {
+    location.href = "/login?next=" + encodeURIComponent(location.pathname + location.search);
+  }
+
+  async function getJSON(url) {
+    const r = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (r.status === 401) { loginRedirect(); throw new Error("login required"); }
+    if (!r.ok) throw new Error(url + " answered " + r.status);
+    return r.json();
+  }
+
+  function fmt(v) {
+    if (v === null || v === undefined || Number.isNaN(v)) return "—";
+    const a = Math.abs(v);
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(3);
+    return String(+v.toPrecision(5));
+  }
+
+  function lastValue(arr) {
+    for (let i = arr.length - 1; i >= 0; i--) if (arr[i] !== null) return arr[i];
+    return null;
+  }
+
+  function plotWidth(el) { return Math.max(320, Math.floor(el.getBoundingClientRect().width)); }
+
+  /* Draw the first divergent step and the points where runs diverged, on top of the series. */
+  function markerHook(d) {
+    return (u) => {
+      const ctx = u.ctx;
+      ctx.save();
+      if (d.first_divergent_step !== null && d.first_divergent_step !== undefined) {
+        const x = u.valToPos(d.first_divergent_step, "x", true);
+        ctx.strokeStyle = COLORS.div;
+        ctx.lineWidth = 1.5 * devicePixelRatio;
+        ctx.setLineDash([5 * devicePixelRatio, 4 * devicePixelRatio]);
+        ctx.beginPath();
+        ctx.moveTo(x, u.bbox.top);
+        ctx.lineTo(x, u.bbox.top + u.bbox.height);
+        ctx.stroke();
+        ctx.setLineDash([]);
+      }
+      ctx.fillStyle = COLORS.div;
+      ctx.font = `bold ${14 * devicePixelRatio}px system-ui, sans-serif`;
+      ctx.textAlign = "center";
+      ctx.textBaseline = "middle";
+      for (const ln of (d.lines || [])) {
+        if (ln.diverged_at === null) continue;
+        const x = u.valToPos(ln.diverged_at, "x", true);
+        const y = ln.diverged_value === null ? u.bbox.top + 8 * devicePixelRatio
+          : Math.max(u.bbox.top, Math.min(u.bbox.top + u.bbox.height, u.valToPos(ln.diverged_value, "y", true)));
+        ctx.fillText("×", x, y);
+      }
+      ctx.restore();
+    };
+  }
+
+  function lineSeries(label, stroke, width, extra) {
+    return Object.assign({ label, stroke, width, spanGaps: true, points: { show: false } }, extra || {});
+  }
+
+  function bandSummary(d, group) {
+    const parts = [];
+    parts.push(`${d.metric}, ${group}: ${d.n_runs} run(s)`);
+    if (d.band) {
+      const s = d.series;
+      parts.push(`band over ${d.band.n} seed(s), final mean ${fmt(lastValue(s.mean))}, ` +
+        `tolerance interval ${fmt(lastValue(s.ti_low))} … ${fmt(lastValue(s.ti_high))}, ` +
+        `range ${fmt(lastValue(s.min))} … ${fmt(lastValue(s.max))}`);
+    } else {
+      parts.push("no completed run yet, so no band");
+    }
+    parts.push(`${d.n_lines} run line(s) drawn${d.lines_capped ? ` (capped, of ${d.n_runs_with_data})` : ""}`);
+    parts.push(`${d.points} of ${d.total_steps} steps plotted${d.downsampled ? " (decimated, extremes kept)" : ""}`);
+    if (d.first_divergent_step !== null && d.first_divergent_step !== undefined) {
+      parts.push(`repeats first diverge at step ${d.first_divergent_step}`);
+    }
+    const div = (d.lines || []).filter((l) => l.diverged_at !== null);
+    if (div.length) parts.push("diverged: " + div.map((l) => `run ${l.run_id} at step ${l.diverged_at}`).join(", "));
+    const running = (d.lines || []).filter((l) => l.status === "running").length;
+    if (running) parts.push(`${running} running`);
+    return parts.join("; ") + ".";
+  }
+
+  function bandOpts(d, width) {
+    const data = [d.x];
+    const series = [{ label: "step" }];
+    d.lines.forEach((ln, i) => {
+      data.push(d.y[i]);
+      const running = ln.status === "running";
+      series.push(lineSeries(`run ${ln.run_id}`, running ? COLORS.running : COLORS.run, running ? 1.5 : 1));
+    });
+    const bands = [];
+    if (d.series) {
+      const base = data.length;
+      data.push(d.series.max, d.series.min, d.series.ti_high, d.series.ti_low, d.series.mean);
+      series.push(
+        lineSeries("max", COLORS.edge, 0.5),
+        lineSeries("min", COLORS.edge, 0.5),
+        lineSeries("tolerance high", COLORS.mean, 1, { dash: [4, 3] }),
+        lineSeries("tolerance low", COLORS.mean, 1, { dash: [4, 3] }),
+        lineSeries("mean", COLORS.mean, 2),
+      );
+      bands.push({ series: [base, base + 1], fill: COLORS.range }, { series: [base + 2, base + 3], fill: COLORS.ti });
+    }
+    return {
+      opts: {
+        width, height: 300, series, bands,
+        legend: { show: false },
+        cursor: { drag: { x: true, y: false }, points: { show: false } },
+        scales: { x: { time: false } },
+        axes: [{ label: "step", size: 40 }, { label: d.metric, size: 64 }],
+        hooks: { draw: [markerHook(d)] },
+      },
+      data,
+    };
+  }
+
+  class ChartSlot {
+    constructor(figure) {
+      this.figure = figure;
+      this.plotEl = $("[data-plot]", figure);
+      this.summaryEl = $("[data-summary]", figure);
+      this.captionEl = $("[data-chart-caption]", figure);
+      this.plot = null;
+    }
+
+    show(built, summary, caption) {
+      if (this.plot) { this.plot.destroy(); this.plot = null; }
+      this.plotEl.replaceChildren();
+      this.plotEl.setAttribute("aria-label", summary);
+      this.summaryEl.textContent = summary;
+      this.captionEl.textContent = caption;
+      if (built) {
+        this.plot = new uPlot(built.opts, built.data, this.plotEl);
+        this.figure.dataset.seriesCount = String(built.data.length - 1);
+        this.figure.dataset.lineCount = String(built.lineCount);
+      } else {
+        this.figure.dataset.seriesCount = "0";
+        this.figure.dataset.lineCount = "0";
+      }
+      this.figure.dataset.ready = "true";
+    }
+
+    message(text) {
+      this.show(null, text, "");
+    }
+
+    resize() {
+      if (this.plot) this.plot.setSize({ width: plotWidth(this.plotEl), height: this.plot.height });
+    }
+  }
+
+  /* ------------------------------------------------------------------ study page */
+
+  function initStudy(main) {
+    const studyId = main.dataset.studyId;
+    const slots = $$("figure[data-metric]").map((f) => new ChartSlot(f));
+    let groups = JSON.parse($("#groups-data").textContent || "[]");
+    let drawing = 0;
+
+    function selection() {
+      const level = $("#sel-level"), stack = $("#sel-stack");
+      return { determinism: level ? level.value : null, stack: stack ? stack.value : null };
+    }
+
+    function syncStackOptions() {
+      const level = $("#sel-level"), stack = $("#sel-stack");
+      if (!level || !stack) return;
+      const available = new Set(groups.filter((g) => g[0] === level.value).map((g) => g[1]));
+      for (const opt of stack.options) opt.disabled = !available.has(opt.value);
+      if (stack.selectedOptions[0] && stack.selectedOptions[0].disabled) {
+        const first = Array.from(stack.options).find((o) => !o.disabled);
+        if (first) stack.value = first.value;
+      }
+    }
+
+    async function drawAll() {
+      const ticket = ++drawing;
+      const sel = selection();
+      if (!sel.determinism) return;
+      main.dataset.chartsReady = "false";
+      const group = `${sel.determinism} · ${sel.stack}`;
+      await Promise.all(slots.map(async (slot) => {
+        const metric = slot.figure.dataset.metric;
+        const q = new URLSearchParams({ metric, determinism: sel.determinism, stack: sel.stack });
+        try {
+          const d = await getJSON(`/dashboard/data/studies/${studyId}/chart?${q}`);
+          if (ticket !== drawing) return;
+          slot.figure.dataset.group = group;
+          if (!d.x.length) { slot.message(`${metric}, ${group}: no points recorded yet.`); return; }
+          const built = bandOpts(d, plotWidth(slot.plotEl));
+          built.lineCount = d.n_lines;
+          const caption = `${group} · ${d.n_lines} run line(s)` + (d.band ? ` · band of ${d.band.n} seed(s)` : "");
+          slot.show(built, bandSummary(d, group), caption);
+        } catch (err) {
+          if (ticket === drawing) slot.message(`Could not load the chart: ${err.message}`);
+        }
+      }));
+      if (ticket === drawing) main.dataset.chartsReady = "true";
+    }
+
+    function bindSelectors() {
+      const level = $("#sel-level"), stack = $("#sel-stack");
+      if (level) level.addEventListener("change", () => { syncStackOptions(); drawAll(); });
+      if (stack) stack.addEventListener("change", drawAll);
+    }
+
+    /* Swap the server-rendered sections for fresh ones; the markup comes from our own
+       templates (escaped by Jinja), parsed inertly with DOMParser — no data is put into HTML here. */
+    async function refreshSections() {
+      const r = await fetch(location.pathname + location.search, { credentials: "same-origin" });
+      if (r.redirected || r.status === 401) { loginRedirect(); return; }
+      if (!r.ok) return;
+      const doc = new DOMParser().parseFromString(await r.text(), "text/html");
+      for (const section of $$("[data-live-section]")) {
+        const fresh = doc.getElementById(section.id);
+        if (fresh) section.replaceWith(document.importNode(fresh, true));
+      }
+      const freshGroups = doc.getElementById("groups-data");
+      if (freshGroups && freshGroups.textContent !== $("#groups-data").textContent) {
+        const sel = selection();
+        $("#groups-data").textContent = freshGroups.textContent;
+        groups = JSON.parse(freshGroups.textContent);
+        const freshForm = doc.querySelector("[data-selectors]");
+        const form = $("[data-selectors]");
+        if (freshForm && form) {
+          form.replaceWith(document.importNode(freshForm, true));
+          if (sel.determinism) $("#sel-level").value = sel.determinism;
+          if (sel.stack) $("#sel-stack").value = sel.stack;
+          bindSelectors();
+        }
+      }
+      syncStackOptions();
+    }
+
+    async function poll() {
+      let state = null;
+      try {
+        state = await getJSON(`/dashboard/data/studies/${studyId}/state`);
+        if (state.version !== main.dataset.version) {
+          main.dataset.version = state.version;
+          await refreshSections();
+          await drawAll();
+          main.dataset.updates = String(Number(main.dataset.updates || "0") + 1);
+        }
+      } catch (err) {
+        console.warn("live update:", err);
+      }
+      const note = $("[data-live-note]");
+      if (state && !state.live) {
+        main.dataset.live = "false";
+        if (note) note.textContent = `Study ${state.status}`;
+        return;
+      }
+      setTimeout(poll, state && state.status === "open" ? 10000 : 2000);
+    }
+
+    bindSelectors();
+    syncStackOptions();
+    drawAll();
+    window.addEventListener("resize", () => slots.forEach((s) => s.resize()));
+    if (main.dataset.live === "true") setTimeout(poll, 2000);
+  }
+
+  /* ------------------------------------------------------------------ run page */
+
+  function initRun(main) {
+    const runId = main.dataset.runId;
+    for (const figure of $$("figure[data-run-metric]")) {
+      const slot = new ChartSlot(figure);
+      const key = figure.dataset.runMetric;
+      getJSON(`/dashboard/data/runs/${runId}/chart?${new URLSearchParams({ key })}`).then((d) => {
+        const data = [d.x, d.y];
+        const opts = {
+          width: plotWidth(slot.plotEl), height: 220, legend: { show: false },
+          series: [{ label: "step" }, lineSeries(key, COLORS.mean, 1.5)],
+          scales: { x: { time: false } },
+          axes: [{ label: "step", size: 40 }, { label: key, size: 64 }],
+          hooks: { draw: [markerHook({ first_divergent_step: null,
+            lines: d.diverged_at === null ? [] : [{ diverged_at: d.diverged_at, diverged_value: null }] })] },
+        };
+        const summary = `${key}: ${d.total_steps} step(s), last value ${fmt(lastValue(d.y))}` +
+          (d.downsampled ? `, ${d.points} points plotted (extremes kept)` : "") +
+          (d.diverged_at !== null ? `; became non-finite at step ${d.diverged_at}` : "") + ".";
+        slot.show({ opts, data, lineCount: 1 }, summary, d.downsampled ? `${d.points} of ${d.total_steps} points` : "");
+      }).catch((err) => slot.message(`Could not load the chart: ${err.message}`));
+    }
+  }
+
+  /* ------------------------------------------------------------------ studies list */
+
+  async function fillBadges() {
+    const rows = $$("tr[data-badges-pending]");
+    if (!rows.length) return;
+    const ids = rows.map((r) => r.dataset.studyId).join(",");
+    try {
+      const got = await getJSON(`/dashboard/data/badges?ids=${ids}`);
+      for (const row of rows) {
+        const badges = got.badges[row.dataset.studyId];
+        for (const cell of $$("td.badge-cell", row)) {
+          const span = document.createElement("span");
+          const b = badges && badges.find((x) => x.level === cell.dataset.level);
+          if (b) {
+            span.className = `verdict tone-${b.tone}`;
+            span.title = `worst of ${b.count} verdict(s)`;
+            span.textContent = b.verdict.replace(/_/g, " ");
+          } else {
+            span.className = "muted small";
+            span.textContent = "after the runs";
+          }
+          cell.replaceChildren(span);
+        }
+        row.removeAttribute("data-badges-pending");
+      }
+    } catch (err) {
+      console.warn("badges:", err);
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const main = $("main");
+    if (main.dataset.page === "study") initStudy(main);
+    else if (main.dataset.page === "run") initRun(main);
+    if ($("[data-studies]")) fillBadges();
+  });
+})();
