@@ -1,0 +1,65 @@
+"""The CLI as a user drives it, against a real server process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+
+from tests.conftest import REPO
+
+
+def steady(server, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:  # noqa: ANN001
+    env = {**server.env, "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, cwd=REPO, input=input,
+                          capture_output=True, text=True, check=check, timeout=120)
+
+
+def test_submit_status_report(live_server, tmp_path):
+    spec = tmp_path / "study.yaml"
+    spec.write_text(
+        "name: cli study\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0, 1, 2]\n"
+        "determinism: [seeded]\nmetrics: [loss]\n"
+    )
+    out = steady(live_server, "submit", str(spec)).stdout
+    assert "submitted study 1" in out and "3 runs" in out
+    status = steady(live_server, "status").stdout
+    assert "cli study" in status and "0/3 runs" in status
+
+    bad = steady(live_server, "submit", "-", input="name: x\nseeds: []\nworkload: {framework: torch, name: torch_mlp}\n",
+                 check=False)
+    assert bad.returncode == 1 and "422" in bad.stderr and "at least one seed" in bad.stderr
+
+    # an external study with uploaded runs gets a readable report
+    with live_server.client() as c:
+        sid = c.post("/api/v1/studies", json={"name": "imported", "kind": "external",
+                                             "metrics": [{"name": "loss", "max_std": 0.5}]}).json()["id"]
+        rng = np.random.default_rng(0)
+        for seed in range(6):
+            for repeat in range(2):
+                values = (np.linspace(1, 0.1, 20) + 0.01 * seed).tolist()
+                r = c.post(f"/api/v1/studies/{sid}/runs", json={
+                    "seed": seed, "repeat": repeat, "determinism": "strict", "stack": {"name": "cpu"},
+                    "metrics": {"loss": {"steps": list(range(20)), "values": values}},
+                    "step_times": (0.01 + rng.normal(0, 1e-4, 20)).tolist()})
+                assert r.status_code == 201
+    report = steady(live_server, "report", str(sid)).stdout
+    assert "1. Repeatability" in report and "identical" in report and "2. Seed stability" in report
+    assert "stable" in report
+    as_json = steady(live_server, "report", str(sid), "--json").stdout
+    assert '"verdicts"' in as_json
+
+
+def test_token_commands_and_errors(live_server):
+    env = live_server.env
+    listed = subprocess.run([sys.executable, "-m", "app.cli", "token", "list"], env=env, cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout
+    assert "admin" in listed and "worker" in listed and "stdy_" in listed
+    assert live_server.tokens["user"] not in listed  # only prefixes are ever shown
+    r = httpx.get(live_server.url + "/api/v1/studies", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    no_server = subprocess.run([sys.executable, "-m", "app.cli", "status", "--server", "http://127.0.0.1:9"],
+                               env=env, cwd=REPO, capture_output=True, text=True)
+    assert no_server.returncode == 1 and "cannot reach" in no_server.stderr
