@@ -1,0 +1,430 @@
+"""The worker agent: register, poll for leases, execute runs, stream metrics, heartbeat.
+
+Two independent loops with jitter and backoff, as the house style asks: the **poll loop**
+(main thread) leases runs while fewer than ``concurrency`` are executing, backing off
+exponentially while the queue is empty; each executing run has a **heartbeat loop**
+(thread) that extends the lease, and stops the run when the server answers ``cancel`` or
+409 (lease lost). Every run executes in a fresh subprocess (:mod:`worker.runner`); its
+metric points are streamed in batches with per-lease sequence numbers, re-sent with the
+same ``seq`` after a timeout, so ingestion stays idempotent.
+
+Shutdown: the first SIGTERM/SIGINT stops leasing; running runs get ``grace_s`` to finish
+and are reported normally, otherwise they are killed and released back to the queue. A
+second signal kills and releases at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.client import LeaseLostError, NonRetryableError, PayloadTooLargeError, RetryableError, SteadyClient
+from worker.fingerprint import auto_labels, host_fingerprint
+from worker.protocol import (
+    MAX_ERROR_LENGTH,
+    MAX_SERIES_PER_BATCH,
+    Digests,
+    FailureKind,
+    Heartbeat,
+    Lease,
+    MetricBatch,
+    RunFailure,
+    RunRelease,
+    RunResult,
+    Series,
+    WorkerRegistered,
+    WorkerRegistration,
+)
+from worker.runner import RunProcess
+
+log = logging.getLogger("steady.worker")
+MAX_POINTS_PER_BATCH = 50_000
+
+
+@dataclass
+class AgentConfig:
+    server: str
+    token: str
+    labels: list[str] = field(default_factory=list)
+    device: str | None = None
+    concurrency: int = 1
+    work_dir: str = ".steady/worker"
+    name: str = ""
+    poll_min_s: float = 1.0
+    poll_max_s: float = 15.0
+    grace_s: float = 30.0
+    batch_interval_s: float = 0.5
+    batch_points: int = 5_000
+    max_runs: int | None = None  # exit after this many runs (tests, one-shot workers)
+    keep_run_dirs: bool = False
+    health_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = f"{socket.gethostname()}-{os.getpid()}"
+        self.concurrency = max(1, int(self.concurrency))
+
+
+class MetricStream:
+    """Buffers metric points and sends them as batches (seq from 0 per lease)."""
+
+    def __init__(self, client: SteadyClient, lease: Lease, *, interval_s: float, max_points: int) -> None:
+        self.client = client
+        self.lease = lease
+        self.interval_s = interval_s
+        self.max_points = min(max_points, MAX_POINTS_PER_BATCH)
+        self.pending: dict[str, tuple[list[int], list[float]]] = {}
+        self.pending_points = 0
+        self.seq = 0
+        self.unsent: MetricBatch | None = None  # a batch whose delivery is not confirmed yet
+        self.last_flush = time.monotonic()
+        self.points_sent = 0
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            steps, vals = self.pending.setdefault(key, ([], []))
+            steps.append(int(step))
+            vals.append(float(value))
+            self.pending_points += 1
+
+    def due(self) -> bool:
+        return self.unsent is not None or self.pending_points >= self.max_points or (
+            self.pending_points > 0 and time.monotonic() - self.last_flush >= self.interval_s
+        )
+
+    def _next_batch(self) -> MetricBatch | None:
+        if not self.pending_points:
+            return None
+        series, budget = [], self.max_points
+        for key in sorted(self.pending):
+            if budget <= 0 or len(series) >= MAX_SERIES_PER_BATCH:
+                break
+            steps, vals = self.pending[key]
+            take = min(len(steps), budget)
+            series.append(Series.packed(key, steps[:take], vals[:take]))
+            budget -= take
+            if take == len(steps):
+                del self.pending[key]
+            else:
+                self.pending[key] = (steps[take:], vals[take:])
+            self.pending_points -= take
+        return MetricBatch(lease_id=self.lease.lease_id, seq=self.seq, series=series)
+
+    def flush(self, *, everything: bool = False, deadline_s: float = 30.0) -> None:
+        """Send due points. Raises LeaseLostError; RetryableError leaves the batch for later."""
+        self.last_flush = time.monotonic()
+        while True:
+            if self.unsent is None:
+                self.unsent = self._next_batch()
+                if self.unsent is None:
+                    return
+            try:
+                self.client.send_metrics(self.lease.run_id, self.unsent, deadline_s=deadline_s)
+            except PayloadTooLargeError:
+                if self.max_points <= 1:
+                    raise
+                self._requeue(self.unsent)  # the seq was not accepted: split and reuse it
+                self.unsent = None
+                self.max_points = max(1, self.max_points // 2)
+                continue
+            self.points_sent += sum(len(s) for s in self.unsent.series)
+            self.unsent = None
+            self.seq += 1
+            if not everything and self.pending_points < self.max_points:
+                return
+
+    def _requeue(self, batch: MetricBatch) -> None:
+        restored: dict[str, tuple[list[int], list[float]]] = {}
+        for s in batch.series:
+            steps, vals = s.unpacked()
+            restored[s.key] = (steps, vals)
+        for key, (steps, vals) in self.pending.items():
+            if key in restored:
+                restored[key][0].extend(steps)
+                restored[key][1].extend(vals)
+            else:
+                restored[key] = (steps, vals)
+        self.pending = restored
+        self.pending_points = sum(len(s) for s, _ in restored.values())
+
+
+def _finite_or_none(values: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in values.items():
+        try:
+            out[k] = float(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class RunExecution:
+    """One leased run: subprocess, event pump, metric stream, heartbeat thread, report."""
+
+    def __init__(self, agent: "Agent", lease: Lease) -> None:
+        self.agent = agent
+        self.client = agent.client
+        self.lease = lease
+        self.config = agent.config
+        self.cancel = threading.Event()
+        self.lease_lost = threading.Event()
+        self.finished = threading.Event()
+        self.release_requested = threading.Event()
+        self.run_dir = os.path.join(self.config.work_dir, f"run-{lease.run_id}-attempt-{lease.attempt}-{lease.lease_id[:8]}")
+        self.proc = RunProcess(lease.spec.model_dump(mode="json"), run_dir=self.run_dir, device=self.config.device)
+        self.stream = MetricStream(self.client, lease, interval_s=self.config.batch_interval_s, max_points=self.config.batch_points)
+        self.thread = threading.Thread(target=self._main, name=f"run-{lease.run_id}", daemon=True)
+        self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{lease.run_id}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    # --- heartbeat loop --------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval = max(0.2, float(self.lease.heartbeat_seconds))
+        while not self.finished.wait(interval * random.uniform(0.8, 1.0)):
+            try:
+                ack = self.client.heartbeat(
+                    self.lease.run_id,
+                    Heartbeat(lease_id=self.lease.lease_id, step=self.proc.collected.last_step),
+                    deadline_s=interval * 2,
+                )
+            except LeaseLostError:
+                log.warning("run %d: lease lost (409); stopping it", self.lease.run_id)
+                self.lease_lost.set()
+                return
+            except (RetryableError, NonRetryableError) as exc:
+                log.warning("run %d: heartbeat failed: %s", self.lease.run_id, exc)
+                continue
+            if ack.cancel and not self.cancel.is_set():
+                log.info("run %d: cancelled by the server", self.lease.run_id)
+                self.cancel.set()
+
+    # --- run -------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        for event in self.proc.poll():
+            if event.get("e") == "m":
+                self.stream.add(event["s"], event["v"])
+
+    def _flush(self, everything: bool = False) -> None:
+        if self.lease_lost.is_set():
+            return
+        try:
+            self.stream.flush(everything=everything, deadline_s=60.0 if everything else 10.0)
+        except LeaseLostError:
+            self.lease_lost.set()
+        except RetryableError as exc:
+            log.warning("run %d: metrics not delivered yet (%s); will re-send seq %d", self.lease.run_id, exc, self.stream.seq)
+
+    def _main(self) -> None:
+        run_id = self.lease.run_id
+        try:
+            self.proc.start()
+            self.heartbeat_thread.start()
+            log.info("run %d (attempt %d): started pid %s: %s", run_id, self.lease.attempt, self.proc.pid,
+                     self.lease.spec.workload or self.lease.spec.entrypoint)
+            while self.proc.running():
+                self._pump()
+                if self.stream.due():
+                    self._flush()
+                if self.lease_lost.is_set():
+                    self.proc.kill("lease_lost")
+                elif self.cancel.is_set():
+                    self.proc.kill(FailureKind.cancelled.value)
+                elif self.release_requested.is_set():
+                    self.proc.kill("released")
+                else:
+                    self.proc.check_time_limit()
+                time.sleep(0.05)
+            outcome = self.proc.outcome()
+            self._pump()
+            self._report(outcome)
+        except Exception:  # noqa: BLE001 - the agent must carry on
+            log.exception("run %d: agent error", run_id)
+            if self.proc.running():
+                self.proc.kill("error")
+            self._try(lambda: self.client.fail(run_id, RunFailure(
+                lease_id=self.lease.lease_id, kind=FailureKind.error, error="worker agent error; see the worker log",
+                stderr_tail=self.proc.stderr_tail()[-MAX_ERROR_LENGTH:])))
+        finally:
+            self.finished.set()
+            if not self.config.keep_run_dirs:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _try(self, call: Any) -> None:
+        try:
+            call()
+        except LeaseLostError:
+            log.warning("run %d: lease lost before the report", self.lease.run_id)
+        except (RetryableError, NonRetryableError) as exc:
+            log.error("run %d: report failed: %s", self.lease.run_id, exc)
+
+    def _report(self, outcome: Any) -> None:
+        run_id, lease_id = self.lease.run_id, self.lease.lease_id
+        c = self.proc.collected
+        if self.lease_lost.is_set():
+            log.warning("run %d: lease lost; nothing more is reported", run_id)
+            return
+        if outcome.kind == "released":
+            self._try(lambda: self.client.release(run_id, RunRelease(lease_id=lease_id)))
+            log.info("run %d: released back to the queue", run_id)
+            return
+        self._flush(everything=True)
+        if self.lease_lost.is_set():
+            return
+        if self.stream.pending_points or self.stream.unsent is not None:
+            outcome.ok = False
+            outcome.kind = FailureKind.error.value
+            outcome.error = "could not deliver all metric points to the server"
+        if outcome.ok:
+            result = c.result or {}
+            timings = _finite_or_none(result.get("timings") or {})
+            timings["wall_s"] = outcome.wall_s
+            body = RunResult(
+                lease_id=lease_id,
+                final_metrics=_finite_or_none(result.get("final_metrics") or {}),
+                digests=Digests(**c.digests_model()),
+                fingerprint=c.fingerprint,
+                determinism_applied=c.determinism_applied,
+                timings=timings,
+            )
+            self._try(lambda: self.client.complete(run_id, body))
+            log.info("run %d: completed (%d points, %.1f s)", run_id, self.stream.points_sent, outcome.wall_s)
+        else:
+            kind = outcome.kind if outcome.kind in FailureKind._value2member_map_ else FailureKind.error.value
+            body = RunFailure(
+                lease_id=lease_id,
+                kind=FailureKind(kind),
+                error=(outcome.error or "failed")[:MAX_ERROR_LENGTH],
+                stderr_tail=outcome.stderr_tail[-MAX_ERROR_LENGTH:],
+                fingerprint=c.fingerprint,
+                determinism_applied=c.determinism_applied,
+            )
+            self._try(lambda: self.client.fail(run_id, body))
+            log.info("run %d: failed (%s): %s", run_id, kind, outcome.error)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, client: SteadyClient | None = None) -> None:
+        self.config = config
+        self.client = client or SteadyClient(config.server, config.token)
+        self.stopping = threading.Event()
+        self.force = threading.Event()
+        self.registered: WorkerRegistered | None = None
+        self.executions: list[RunExecution] = []
+        self.runs_started = 0
+        self.last_poll = 0.0
+        os.makedirs(config.work_dir, exist_ok=True)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, frame: Any) -> None:
+            if self.stopping.is_set():
+                log.warning("second signal: killing and releasing running runs")
+                self.force.set()
+            else:
+                log.info("signal %d: no new runs; finishing current ones (grace %.0f s)", signum, self.config.grace_s)
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def labels(self) -> list[str]:
+        seen: list[str] = []
+        for label in [*self.config.labels, *auto_labels(self.config.device)]:
+            if label and label not in seen:
+                seen.append(label)
+        return seen
+
+    def register(self) -> WorkerRegistered:
+        registration = WorkerRegistration(
+            name=self.config.name, labels=self.labels(), fingerprint=host_fingerprint(self.config.device)
+        )
+        delay = self.config.poll_min_s
+        while not self.stopping.is_set():
+            try:
+                self.registered = self.client.register(registration)
+                log.info("registered as worker %d (%s) with labels %s", self.registered.worker_id,
+                         self.registered.name, ",".join(self.registered.labels))
+                return self.registered
+            except RetryableError as exc:
+                log.warning("registration failed (%s); retrying in %.1f s", exc, delay)
+                self.stopping.wait(delay)
+                delay = min(self.config.poll_max_s, delay * 2)
+        raise SystemExit(0)
+
+    def _touch_health(self) -> None:
+        self.last_poll = time.time()
+        if self.config.health_file:
+            with open(self.config.health_file, "w", encoding="utf-8") as f:
+                f.write(f"{self.last_poll}\n")
+
+    def _active(self) -> list[RunExecution]:
+        self.executions = [e for e in self.executions if not e.finished.is_set()]
+        return self.executions
+
+    def poll_once(self) -> Lease | None:
+        assert self.registered is not None
+        self._touch_health()
+        return self.client.lease(self.registered.worker_id, deadline_s=30.0)
+
+    def run(self) -> int:
+        """Run until stopped (signal) or ``max_runs`` runs finished. Returns the exit status."""
+        self.register()
+        idle_delay = self.config.poll_min_s
+        while not self.stopping.is_set():
+            if self.config.max_runs is not None and self.runs_started >= self.config.max_runs:
+                break
+            if len(self._active()) >= self.config.concurrency:
+                self.stopping.wait(0.1)
+                continue
+            try:
+                lease = self.poll_once()
+            except RetryableError as exc:
+                log.warning("poll failed: %s", exc)
+                lease = None
+            except NonRetryableError as exc:
+                if exc.status_code == 404:
+                    log.warning("server does not know this worker (%s); registering again", exc)
+                    self.register()
+                    continue
+                log.error("poll rejected: %s", exc)
+                if exc.status_code in (401, 403):
+                    self.stopping.set()
+                    self._shutdown()
+                    return 2
+                lease = None
+            if lease is None:
+                self.stopping.wait(idle_delay * random.uniform(0.5, 1.0) + random.uniform(0, 0.1))
+                idle_delay = min(self.config.poll_max_s, idle_delay * 2)
+                continue
+            idle_delay = self.config.poll_min_s
+            self.runs_started += 1
+            execution = RunExecution(self, lease)
+            self.executions.append(execution)
+            execution.start()
+        self._shutdown()
+        return 0
+
+    def _shutdown(self) -> None:
+        deadline = time.monotonic() + (self.config.grace_s if self.stopping.is_set() else math.inf)
+        for execution in list(self._active()):
+            while not execution.finished.is_set():
+                if self.force.is_set() or time.monotonic() >= deadline:
+                    execution.release_requested.set()
+                execution.finished.wait(0.1)
+        for execution in self.executions:
+            execution.thread.join(timeout=5)
+        self.client.close()

@@ -1,0 +1,179 @@
+"""HTTP client for the worker endpoints, with retries until a deadline.
+
+Errors are typed: :class:`RetryableError` (connection errors, timeouts, 429, 502, 503, 504)
+are retried with exponential backoff and full jitter until the call's deadline and raised
+only after it; :class:`NonRetryableError` is raised at once, with :class:`LeaseLostError`
+(409: the lease expired and the run was re-queued, or it completed elsewhere) and
+:class:`PayloadTooLargeError` (413) as the cases the agent handles specially.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from worker.protocol import (
+    BatchAck,
+    Heartbeat,
+    HeartbeatAck,
+    Lease,
+    LeaseRequest,
+    MetricBatch,
+    RunAck,
+    RunFailure,
+    RunRelease,
+    RunResult,
+    WorkerRegistered,
+    WorkerRegistration,
+)
+
+log = logging.getLogger("steady.worker.client")
+M = TypeVar("M", bound=BaseModel)
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+
+
+class ClientError(Exception):
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class RetryableError(ClientError):
+    """Transient: the request may succeed if repeated."""
+
+
+class NonRetryableError(ClientError):
+    """The server rejected the request; repeating it will not help."""
+
+
+class LeaseLostError(NonRetryableError):
+    """409: this worker no longer holds the run's lease; stop the run, report nothing more."""
+
+
+class PayloadTooLargeError(NonRetryableError):
+    """413: the metric batch is larger than the server accepts."""
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        detail = body.get("detail", body) if isinstance(body, dict) else body
+        return str(detail)[:500]
+    except ValueError:
+        return response.text[:500]
+
+
+class SteadyClient:
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        *,
+        timeout_s: float = 15.0,
+        retry_deadline_s: float = 120.0,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = server.rstrip("/")
+        self.retry_deadline_s = retry_deadline_s
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "steady-worker"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "SteadyClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- transport -------------------------------------------------------------------------
+
+    def _once(self, path: str, body: BaseModel) -> httpx.Response:
+        try:
+            response = self._http.post(
+                path, content=body.model_dump_json(), headers={"Content-Type": "application/json"}
+            )
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            raise RetryableError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+        status = response.status_code
+        if status < 300:
+            return response
+        message = f"POST {path}: HTTP {status}: {_detail(response)}"
+        if status in RETRYABLE_STATUS:
+            err = RetryableError(message, status)
+            err.retry_after = _retry_after(response)  # type: ignore[attr-defined]
+            raise err
+        if status == 409:
+            raise LeaseLostError(message, status)
+        if status == 413:
+            raise PayloadTooLargeError(message, status)
+        raise NonRetryableError(message, status)
+
+    def post(self, path: str, body: BaseModel, *, deadline_s: float | None = None) -> httpx.Response:
+        """POST with retries of retryable errors until ``deadline_s`` (default: the client's)."""
+        deadline = time.monotonic() + (self.retry_deadline_s if deadline_s is None else deadline_s)
+        attempt = 0
+        while True:
+            try:
+                return self._once(path, body)
+            except RetryableError as exc:
+                attempt += 1
+                delay = random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2 ** min(attempt, 10)))
+                delay = max(delay, getattr(exc, "retry_after", None) or 0.0)
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("%s; retry %d in %.1f s", exc, attempt, delay)
+                time.sleep(delay)
+
+    def _call(self, path: str, body: BaseModel, model: type[M], deadline_s: float | None = None) -> M:
+        return model.model_validate_json(self.post(path, body, deadline_s=deadline_s).content)
+
+    # --- endpoints -------------------------------------------------------------------------
+
+    def register(self, registration: WorkerRegistration, *, deadline_s: float | None = None) -> WorkerRegistered:
+        return self._call("/api/v1/workers/register", registration, WorkerRegistered, deadline_s)
+
+    def lease(self, worker_id: int, *, deadline_s: float | None = None) -> Lease | None:
+        response = self.post(f"/api/v1/workers/{worker_id}/lease", LeaseRequest(worker_id=worker_id), deadline_s=deadline_s)
+        if response.status_code == 204 or not response.content:
+            return None
+        return Lease.model_validate_json(response.content)
+
+    def heartbeat(self, run_id: int, heartbeat: Heartbeat, *, deadline_s: float | None = None) -> HeartbeatAck:
+        return self._call(f"/api/v1/runs/{run_id}/heartbeat", heartbeat, HeartbeatAck, deadline_s)
+
+    def send_metrics(self, run_id: int, batch: MetricBatch, *, deadline_s: float | None = None) -> BatchAck:
+        return self._call(f"/api/v1/runs/{run_id}/metrics", batch, BatchAck, deadline_s)
+
+    def complete(self, run_id: int, result: RunResult, *, deadline_s: float | None = None) -> RunAck:
+        return self._call(f"/api/v1/runs/{run_id}/complete", result, RunAck, deadline_s)
+
+    def fail(self, run_id: int, failure: RunFailure, *, deadline_s: float | None = None) -> RunAck:
+        return self._call(f"/api/v1/runs/{run_id}/fail", failure, RunAck, deadline_s)
+
+    def release(self, run_id: int, release: RunRelease, *, deadline_s: float | None = None) -> RunAck:
+        return self._call(f"/api/v1/runs/{run_id}/release", release, RunAck, deadline_s)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return min(60.0, max(0.0, float(value)))
+    except ValueError:
+        return None
