@@ -26,6 +26,18 @@ STDERR_TAIL_BYTES = 16_000
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGKILL it when the agent thread that started it
+    dies, so a SIGKILLed agent leaves no orphaned training process behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def device_env(device: str | None) -> dict[str, str]:
     """``--device`` -> environment: 'cuda:3' narrows CUDA_VISIBLE_DEVICES to GPU 3 (the run
     sees it as cuda:0); 'cpu' hides all GPUs; None leaves the choice to the run."""
@@ -136,6 +148,7 @@ class RunProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: kill() reaches DataLoader workers too
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                 cwd=os.getcwd(),
             )
         finally:

@@ -1,0 +1,235 @@
+"""Unit tests of the worker pieces that need no training: digests, events, environment,
+metric batching, the HTTP client's retries, labels, import hygiene."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from worker import determinism, sdk
+from worker.agent import MetricStream
+from worker.client import LeaseLostError, NonRetryableError, RetryableError, SteadyClient
+from worker.digests import ORDER_MAGIC, STATE_MAGIC, order_digest, state_digest
+from worker.events import EventReader, EventWriter
+from worker.protocol import BUILTIN_WORKLOADS, Heartbeat, Lease, MetricBatch, RunSpec
+from worker.runner import device_env
+from worker.workloads import WORKLOAD_FRAMEWORK, WORKLOADS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_state_digest_is_the_documented_serialisation():
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    raw = w.astype("<f4").tobytes()
+    expected = hashlib.sha256(
+        STATE_MAGIC + b"b\0json\0\0" + (2).to_bytes(8, "little") + b"[]"
+        + b"w\0<f4\x002,3\0" + len(raw).to_bytes(8, "little") + raw
+    ).hexdigest()
+    assert state_digest({"w": w, "b": []}) == expected
+    # order of insertion does not matter, byte order does not matter, values do
+    assert state_digest({"b": [], "w": w.astype(">f4")}) == expected
+    assert state_digest({"w": w + 1, "b": []}) != expected
+
+
+def test_order_digest():
+    assert order_digest([2, 0, 1]) == hashlib.sha256(ORDER_MAGIC + np.array([2, 0, 1], "<i8").tobytes()).hexdigest()
+    assert order_digest(np.array([2, 0, 1], dtype=np.int32)) == order_digest([2, 0, 1])
+    assert order_digest([0, 1, 2]) != order_digest([2, 0, 1])
+
+
+def test_event_reader_consumes_only_complete_lines(tmp_path):
+    path = tmp_path / "events.jsonl"
+    reader = EventReader(str(path))
+    assert reader.read_new() == []
+    with open(path, "wb") as f:
+        f.write(b'{"e":"m","s":0,"v":{"loss":NaN}}\n{"e":"m","s":1,')
+    first = reader.read_new()
+    assert len(first) == 1 and np.isnan(first[0]["v"]["loss"])
+    with open(path, "ab") as f:
+        f.write(b'"v":{"loss":0.1}}\n')
+    assert reader.read_new() == [{"e": "m", "s": 1, "v": {"loss": 0.1}}]
+
+
+def test_floats_survive_the_event_file_exactly(tmp_path):
+    values = [0.1, 1 / 3, 2.0**-1074, 1e308, float("inf"), float("-inf"), np.nextafter(1.0, 2.0)]
+    w = EventWriter(str(tmp_path / "e"))
+    w.write({"e": "m", "s": 0, "v": {f"k{i}": v for i, v in enumerate(values)}})
+    got = EventReader(str(tmp_path / "e")).read_new()[0]["v"]
+    assert [got[f"k{i}"] for i in range(len(values))] == values
+
+
+@pytest.mark.parametrize("level", ["none", "seeded", "strict"])
+def test_subprocess_env(level):
+    base = {"PYTHONHASHSEED": "0", "CUBLAS_WORKSPACE_CONFIG": ":16:8", "TF_DETERMINISTIC_OPS": "1", "PATH": "/bin"}
+    env = determinism.subprocess_env(level, 42, 3, base)
+    assert env["PATH"] == "/bin"
+    assert env["PYTHONHASHSEED"] == ("random" if level == "none" else "42")
+    assert env.get("CUBLAS_WORKSPACE_CONFIG") == (":4096:8" if level == "strict" else None)
+    assert env.get("TF_DETERMINISTIC_OPS") == ("1" if level == "strict" else None)
+    assert all(env[v] == "3" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
+
+
+def test_device_env():
+    assert device_env("cuda:3") == {"STEADY_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": "3"}
+    assert device_env("cpu") == {"STEADY_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    assert device_env(None) == {"STEADY_DEVICE": "auto"}
+    with pytest.raises(ValueError):
+        device_env("tpu")
+
+
+def test_builtin_workloads_match_the_protocol():
+    assert WORKLOAD_FRAMEWORK == BUILTIN_WORKLOADS
+    assert set(WORKLOADS) == set(BUILTIN_WORKLOADS)
+
+
+def test_sdk_outside_a_run_is_harmless(capsys):
+    sdk.log(step=0, loss=1.0)
+    sdk.log(loss=2.0)
+    sdk.set_digest("final_weights", "0" * 64)
+    assert sdk.context() is None
+    assert sdk.digest_model({"w": np.zeros(3)}) == state_digest({"w": np.zeros(3)})
+    assert "not inside a Steady run" in capsys.readouterr().err
+
+
+def test_agent_and_cli_import_no_framework_and_no_server():
+    code = (
+        "import sys, worker.agent, worker.cli, worker.local, worker.sdk; "
+        "from worker.fingerprint import auto_labels; auto_labels(); "
+        "bad = [m for m in ('torch', 'tensorflow', 'keras', 'app', 'fastapi', 'sqlalchemy') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_auto_labels_name_installed_frameworks_without_importing_them():
+    from worker.fingerprint import auto_labels, framework_versions
+
+    labels = auto_labels("cpu")
+    for name, version in framework_versions().items():
+        assert name in labels and f"{name}-{version.split('+')[0]}" in labels
+    assert "cpu" in labels
+
+
+# --- metric batching ------------------------------------------------------------------------
+
+
+class FakeClient:
+    def __init__(self, fail_first: type[Exception] | None = None, too_large_over: int | None = None):
+        self.batches: list[MetricBatch] = []
+        self.fail_first = fail_first
+        self.too_large_over = too_large_over
+
+    def send_metrics(self, run_id, batch, deadline_s=None):  # noqa: ANN001
+        from worker.client import PayloadTooLargeError
+
+        if self.fail_first:
+            exc, self.fail_first = self.fail_first, None
+            raise exc("boom")
+        points = sum(len(s) for s in batch.series)
+        if self.too_large_over is not None and points > self.too_large_over:
+            raise PayloadTooLargeError("413", 413)
+        self.batches.append(batch)
+
+
+def _lease() -> Lease:
+    return Lease(run_id=1, study_id=1, attempt=1, lease_id="L", lease_expires_at="2030-01-01T00:00:00Z",
+                 heartbeat_seconds=1, spec=RunSpec(framework="torch", workload="torch_mlp", seed=0, repeat=0, determinism="seeded"))
+
+
+def _points(batches: list[MetricBatch]) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    for b in batches:
+        for s in b.series:
+            steps, values = s.unpacked()
+            out.setdefault(s.key, []).extend(zip(steps, values))
+    return out
+
+
+def test_metric_stream_batches_with_increasing_seq_and_bounded_size():
+    client = FakeClient()
+    stream = MetricStream(client, _lease(), interval_s=0.0, max_points=1000)
+    for step in range(1500):
+        stream.add(step, {"loss": step * 0.5, "step_time": 0.01})
+    stream.flush(everything=True)
+    assert [b.seq for b in client.batches] == list(range(len(client.batches)))
+    assert all(sum(len(s) for s in b.series) <= 1000 for b in client.batches)
+    pts = _points(client.batches)
+    assert pts["loss"] == [(s, s * 0.5) for s in range(1500)]
+    assert len(pts["step_time"]) == 1500
+
+
+def test_metric_stream_resends_the_same_seq_after_a_retryable_error():
+    client = FakeClient(fail_first=RetryableError)
+    stream = MetricStream(client, _lease(), interval_s=0.0, max_points=100)
+    stream.add(0, {"loss": 1.0})
+    with pytest.raises(RetryableError):
+        stream.flush()
+    stream.add(1, {"loss": 2.0})
+    stream.flush(everything=True)
+    assert [b.seq for b in client.batches] == [0, 1]
+    assert _points(client.batches)["loss"] == [(0, 1.0), (1, 2.0)]
+
+
+def test_metric_stream_splits_after_413():
+    client = FakeClient(too_large_over=30)
+    stream = MetricStream(client, _lease(), interval_s=0.0, max_points=100)
+    for step in range(100):
+        stream.add(step, {"loss": float(step)})
+    stream.flush(everything=True)
+    assert [b.seq for b in client.batches] == list(range(len(client.batches)))
+    assert _points(client.batches)["loss"] == [(s, float(s)) for s in range(100)]
+
+
+# --- client retries -------------------------------------------------------------------------
+
+
+def test_client_retries_retryable_statuses_then_succeeds():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) < 3:
+            return httpx.Response([503, 429][len(calls) - 1], headers={"Retry-After": "0"})
+        assert request.headers["Authorization"] == "Bearer tok"
+        return httpx.Response(200, json={"lease_expires_at": "2030-01-01T00:00:00Z", "cancel": True})
+
+    client = SteadyClient("http://x", "tok", transport=httpx.MockTransport(handler), backoff_base_s=0.01)
+    ack = client.heartbeat(7, Heartbeat(lease_id="L", step=3))
+    assert ack.cancel and len(calls) == 3
+    assert json.loads(calls[-1].content) == {"lease_id": "L", "step": 3}
+
+
+def test_client_gives_up_at_the_deadline():
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    client = SteadyClient("http://x", "tok", transport=httpx.MockTransport(handler), backoff_base_s=0.01, backoff_max_s=0.05)
+    with pytest.raises(RetryableError):
+        client.lease(1, deadline_s=0.3)
+
+
+def test_client_maps_409_and_4xx_without_retrying():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(409 if "heartbeat" in request.url.path else 422, json={"detail": "no"})
+
+    client = SteadyClient("http://x", "tok", transport=httpx.MockTransport(handler))
+    with pytest.raises(LeaseLostError):
+        client.heartbeat(1, Heartbeat(lease_id="L"))
+    with pytest.raises(NonRetryableError) as info:
+        client.lease(1)
+    assert info.value.status_code == 422 and len(calls) == 2
+
+
+def test_client_lease_204_means_nothing_queued():
+    client = SteadyClient("http://x", "tok", transport=httpx.MockTransport(lambda r: httpx.Response(204)))
+    assert client.lease(1) is None
