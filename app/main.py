@@ -13,6 +13,9 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__, migrate
+from app.alerts.dispatcher import Dispatcher
+from app.alerts.router import metrics_router
+from app.alerts.router import router as alerts_router
 from app.auth.router import router as tokens_router
 from app.config import Settings, get_settings
 from app.dashboard.router import router as dashboard_router
@@ -115,7 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate.upgrade(database.engine)
         migrate.verify(database.engine)
         app.state.database = database
-        background = [Reaper(database, settings.reaper_interval_seconds)]
+        background = [Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings)]
         for task in background:
             task.start()
         try:
@@ -161,7 +164,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return JSONResponse({"status": "database unavailable"}, status_code=503)
         return JSONResponse({"status": "ok", "version": __version__})
 
-    for router in (studies_router, runs_router, workers_router, tokens_router, reports_router):
+    for router in (studies_router, runs_router, workers_router, tokens_router, reports_router, alerts_router,
+                   metrics_router):
         app.include_router(router)
     app.include_router(dashboard_router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.alerts.schemas import AlertRuleSpec, check_spec_alerts
 from worker.protocol import (
     BUILTIN_WORKLOADS,
     MAX_NAME_LENGTH,
@@ -87,6 +88,9 @@ class StudySpec(_Spec):
     coverage: Annotated[float, Field(gt=0, lt=1)] = 0.9
     confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95
     suite: Name | None = None
+    alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(
+        [], description="alert rules; scoped to the suite when the study has one, else to the study"
+    )
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -119,6 +123,7 @@ class StudySpec(_Spec):
         metric_names = [m.name for m in self.metrics]
         if len(set(metric_names)) != len(metric_names):
             raise ValueError("metric names must be distinct")
+        check_spec_alerts(self.alerts, metric_names, self.suite)
         if self.kind == "managed":
             if self.workload is None:
                 raise ValueError("a managed study needs a 'workload'")

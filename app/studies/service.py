@@ -144,6 +144,9 @@ def refresh_status(session: Session, study_id: int) -> Study:
 
 def on_study_finished(session: Session, study: Study) -> None:
     """Hook run once when a study's last run ends (alert evaluation attaches here)."""
+    from app.alerts import service as alerts  # lazy: app.alerts imports this module
+
+    alerts.study_finished(session, study)
 
 
 def cancel_study(session: Session, study_id: int) -> Study:

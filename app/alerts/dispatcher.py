@@ -1,0 +1,142 @@
+"""The alert dispatcher: a background thread per API process, like the lease ``Reaper``.
+
+Every tick it (1) runs requested study evaluations and (2) delivers due outbox rows. A
+delivery is claimed with a conditional UPDATE that sets a lease (owner, expiry) — exactly one
+process wins a row, however many API processes run — then POSTed outside any transaction,
+then recorded while the lease is still ours. A process that dies holding a lease leaves the
+row pending; another process (or this one after a restart) claims it when the lease
+expires: delivery is at least once, and receivers should dedupe on ``X-Steady-Delivery``.
+Failures retry with exponential backoff and jitter; after ``max_attempts`` the row is
+``dead`` and stays in the table for inspection.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+import socket
+import threading
+import uuid
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+import httpx
+
+from app import __version__
+from app.alerts import repository, service
+from app.alerts.settings import AlertSettings
+from app.config import Settings
+from app.db import Database
+from app.models import AlertDelivery, Webhook, utcnow
+
+log = logging.getLogger("steady.alerts")
+
+
+def backoff_seconds(attempts: int, cfg: AlertSettings, rand: random.Random | None = None) -> float:
+    """Wait before retry number ``attempts`` (1-based): base · 2^(attempts−1), capped, ±20% jitter."""
+    base = min(cfg.backoff_max_seconds, cfg.backoff_base_seconds * 2 ** max(0, attempts - 1))
+    return base * (rand or random).uniform(0.8, 1.2)
+
+
+def _private_target(url: str) -> str | None:
+    """The non-public address the URL's host resolves to now, if any (checked again at send time)."""
+    parts = urlsplit(url)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or 443, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return None  # the POST will fail and be retried
+    for info in infos:
+        addr = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        if not addr.is_global or addr.is_multicast:
+            return str(addr)
+    return None
+
+
+class Dispatcher:
+    def __init__(self, database: Database, settings: Settings, cfg: AlertSettings | None = None) -> None:
+        self.database, self.settings = database, settings
+        self.cfg = cfg or AlertSettings()
+        self.owner = f"dispatcher-{uuid.uuid4().hex[:16]}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="steady-alerts", daemon=True)
+        self._http = httpx.Client(timeout=self.cfg.delivery_timeout_seconds, follow_redirects=False,
+                                  headers={"User-Agent": f"steady/{__version__}"})
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.cfg.delivery_timeout_seconds + 5)
+        self._http.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.cfg.dispatch_interval_seconds):
+            try:
+                self.tick()
+            except Exception as exc:  # the database may be down; try again next tick
+                log.warning("alert dispatcher: %s", exc)
+
+    def tick(self) -> int:
+        service.run_pending_evaluations(self.database, base_url=self.settings.base_url)
+        return self.deliver_due()
+
+    def deliver_due(self) -> int:
+        """Claim and send due deliveries; the number delivered."""
+        now = utcnow()
+        with self.database.read() as session:
+            candidates = repository.due_deliveries(session, now, self.cfg.deliveries_per_tick)
+        delivered = 0
+        for delivery_id in candidates:
+            if self._stop.is_set():
+                break
+            with self.database.write() as session:
+                if not repository.claim_delivery(session, delivery_id, self.owner, utcnow(),
+                                                 self.cfg.delivery_lease_seconds):
+                    continue
+                row = session.get(AlertDelivery, delivery_id)
+                hook = session.get(Webhook, row.webhook_id) if row is not None else None
+                job = None if row is None or hook is None else (row.body, row.event, row.attempts, hook.url,
+                                                               hook.secret, row.alert_id)
+            if job is None:
+                continue
+            delivered += self._send(delivery_id, *job)
+        return delivered
+
+    def _send(self, delivery_id: int, body: str, event: str, attempts: int, url: str, secret: str,
+              alert_id: int) -> int:
+        raw = body.encode()
+        status, error = None, None
+        blocked = None if self.settings.allow_private_webhooks else _private_target(url)
+        if blocked:
+            error = f"refused: the host now resolves to the non-public address {blocked}"
+        else:
+            try:
+                response = self._http.post(url, content=raw, headers={
+                    "Content-Type": "application/json",
+                    "X-Steady-Signature": service.sign(secret, raw),
+                    "X-Steady-Event": event,
+                    "X-Steady-Delivery": str(delivery_id),
+                    "X-Steady-Alert": str(alert_id),
+                })
+                status = response.status_code
+                if not 200 <= status < 300:
+                    error = f"HTTP {status}: {response.text[:500]}"
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+        now = utcnow()
+        attempts += 1
+        with self.database.write() as session:
+            if error is None:
+                repository.finish_delivery(session, delivery_id, self.owner, status="delivered", attempts=attempts,
+                                           delivered_at=now, last_status_code=status, last_error=None)
+                return 1
+            dead = attempts >= self.cfg.max_attempts
+            repository.finish_delivery(
+                session, delivery_id, self.owner, attempts=attempts, last_status_code=status, last_error=error,
+                status="dead" if dead else "pending",
+                next_attempt_at=now + timedelta(seconds=backoff_seconds(attempts, self.cfg)),
+            )
+            log.info("webhook delivery %s attempt %s failed: %s", delivery_id, attempts, error)
+        return 0

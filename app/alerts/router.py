@@ -1,0 +1,200 @@
+"""Alerting endpoints: rules, suite baselines, alerts, webhooks, study evaluation, /metrics.
+
+Auth: rules, baselines, alerts and evaluation need a user token; webhooks need an admin
+token (a webhook sends alert contents to an outside address, and its secret is shown once);
+``/metrics`` needs a user token unless ``STEADY_PUBLIC_DASHBOARD=true`` (then it is public
+and read-only, like the dashboard).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.alerts import prometheus, repository, service
+from app.alerts.schemas import (
+    AlertOut,
+    AlertPage,
+    AlertRuleOut,
+    AlertRuleSpec,
+    BaselineIn,
+    BaselineOut,
+    DeliveryOut,
+    EvaluationOut,
+    WebhookIn,
+    WebhookOut,
+)
+from app.alerts.settings import AlertSettings
+from app.auth.service import GRANTS, Role
+from app.db import Database
+from app.deps import AdminCaller, AppSettings, ReadDB, UserCaller, WriteDB, get_database, get_principal
+from app.errors import NotFound
+from app.models import Alert, AlertRule, utcnow
+
+router = APIRouter(prefix="/api/v1", tags=["alerts"])
+metrics_router = APIRouter(tags=["health"])
+
+Limit = Annotated[int, Query(ge=1, le=500)]
+Offset = Annotated[int, Query(ge=0)]
+SuiteName = Annotated[str, Query(min_length=1, max_length=200)]
+
+# --- rules -----------------------------------------------------------------------------------
+
+
+@router.post("/alert-rules", response_model=AlertRuleOut, status_code=status.HTTP_201_CREATED)
+def create_rule(body: AlertRuleSpec, db: WriteDB, caller: UserCaller) -> AlertRuleOut:
+    return service.rule_out(service.create_rule(db, body))
+
+
+@router.get("/alert-rules", response_model=list[AlertRuleOut])
+def list_rules(
+    db: ReadDB,
+    caller: UserCaller,
+    study_id: int | None = None,
+    suite: Annotated[str | None, Query(max_length=200)] = None,
+    kind: Annotated[str | None, Query(max_length=32)] = None,
+) -> list[AlertRuleOut]:
+    return [service.rule_out(r) for r in repository.list_rules(db, study_id=study_id, suite=suite, kind=kind)]
+
+
+@router.get("/alert-rules/{rule_id}", response_model=AlertRuleOut)
+def get_rule(rule_id: int, db: ReadDB, caller: UserCaller) -> AlertRuleOut:
+    rule = db.get(AlertRule, rule_id)
+    if rule is None:
+        raise NotFound(f"alert rule {rule_id} not found")
+    return service.rule_out(rule)
+
+
+@router.delete("/alert-rules/{rule_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_rule(rule_id: int, db: WriteDB, caller: UserCaller) -> Response:
+    service.delete_rule(db, rule_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+# --- baselines -------------------------------------------------------------------------------
+
+
+@router.put("/suites/{suite}/baseline", response_model=BaselineOut)
+def set_baseline(suite: str, body: BaselineIn, db: WriteDB, caller: UserCaller) -> BaselineOut:
+    return BaselineOut.model_validate(service.set_baseline(db, suite, body), from_attributes=True)
+
+
+@router.get("/suites/{suite}/baseline", response_model=BaselineOut)
+def get_baseline(suite: str, db: ReadDB, caller: UserCaller) -> BaselineOut:
+    return BaselineOut.model_validate(service.get_baseline(db, suite), from_attributes=True)
+
+
+@router.delete("/suites/{suite}/baseline", status_code=status.HTTP_204_NO_CONTENT)
+def delete_baseline(suite: str, db: WriteDB, caller: UserCaller) -> Response:
+    db.delete(service.get_baseline(db, suite))
+    db.flush()
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+
+@router.post("/studies/{study_id}/evaluate", response_model=EvaluationOut)
+def evaluate_study(study_id: int, db: WriteDB, caller: UserCaller, settings: AppSettings) -> EvaluationOut:
+    """Evaluate the study's alert rules now. External studies are evaluated only here (after
+    their uploads); managed studies are evaluated automatically when their last run ends."""
+    ev, fired, resolved = service.evaluate_study(db, study_id, base_url=settings.base_url)
+    return EvaluationOut(study_id=study_id, rules=len(ev.rules), firing=[service.alert_out(a) for a in fired],
+                         resolved=[service.alert_out(a) for a in resolved], summary=ev.summary)
+
+
+# --- alerts ----------------------------------------------------------------------------------
+
+
+@router.get("/alerts", response_model=AlertPage)
+def list_alerts(
+    db: ReadDB,
+    caller: UserCaller,
+    state: Annotated[str | None, Query(pattern="^(firing|resolved)$")] = None,
+    study_id: int | None = None,
+    suite: Annotated[str | None, Query(max_length=200)] = None,
+    rule_id: int | None = None,
+    kind: Annotated[str | None, Query(max_length=32)] = None,
+    limit: Limit = 50,
+    offset: Offset = 0,
+) -> AlertPage:
+    rows, total = repository.list_alerts(db, state=state, study_id=study_id, suite=suite, rule_id=rule_id,
+                                         kind=kind, limit=limit, offset=offset)
+    return AlertPage(items=[service.alert_out(a) for a in rows], total=total, limit=limit, offset=offset)
+
+
+def _alert(db, alert_id: int) -> Alert:  # noqa: ANN001
+    alert = db.get(Alert, alert_id)
+    if alert is None:
+        raise NotFound(f"alert {alert_id} not found")
+    return alert
+
+
+@router.get("/alerts/{alert_id}", response_model=AlertOut)
+def get_alert(alert_id: int, db: ReadDB, caller: UserCaller) -> AlertOut:
+    return service.alert_out(_alert(db, alert_id))
+
+
+@router.post("/alerts/{alert_id}/ack", response_model=AlertOut)
+def ack_alert(alert_id: int, db: WriteDB, caller: UserCaller) -> AlertOut:
+    """Acknowledge: recorded on the alert (who, when); cleared when the alert fires again."""
+    alert = _alert(db, alert_id)
+    alert.acked_at, alert.acked_by = utcnow(), caller.name
+    db.flush()
+    return service.alert_out(alert)
+
+
+@router.get("/alerts/{alert_id}/deliveries", response_model=list[DeliveryOut])
+def alert_deliveries(alert_id: int, db: ReadDB, caller: UserCaller) -> list[DeliveryOut]:
+    _alert(db, alert_id)
+    return [DeliveryOut.model_validate(d, from_attributes=True) for d in repository.deliveries_of(db, alert_id)]
+
+
+# --- webhooks (admin) ------------------------------------------------------------------------
+
+
+@router.post("/webhooks", response_model=WebhookOut, status_code=status.HTTP_201_CREATED)
+def create_webhook(body: WebhookIn, db: WriteDB, caller: AdminCaller, settings: AppSettings) -> WebhookOut:
+    hook, secret = service.create_webhook(db, body, allow_private=settings.allow_private_webhooks)
+    out = WebhookOut.model_validate(hook, from_attributes=True)
+    out.secret = secret
+    return out
+
+
+@router.get("/webhooks", response_model=list[WebhookOut])
+def list_webhooks(db: ReadDB, caller: AdminCaller) -> list[WebhookOut]:
+    return [WebhookOut.model_validate(h, from_attributes=True) for h in repository.webhooks(db)]
+
+
+@router.delete("/webhooks/{webhook_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_webhook(webhook_id: int, db: WriteDB, caller: AdminCaller) -> Response:
+    service.delete_webhook(db, webhook_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+# --- /metrics --------------------------------------------------------------------------------
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def _metrics_access(
+    request: Request,
+    settings: AppSettings,
+    database: Annotated[Database, Depends(get_database)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    if settings.public_dashboard:
+        return
+    principal = get_principal(request, database, creds)
+    if principal.role not in GRANTS[Role.user]:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "/metrics needs a user or admin token")
+
+
+@metrics_router.get("/metrics", response_class=Response, dependencies=[Depends(_metrics_access)],
+                    responses={200: {"content": {"text/plain": {}}}})
+def metrics(db: ReadDB, settings: AppSettings) -> Response:
+    """Prometheus text exposition (format 0.0.4)."""
+    body = prometheus.render(db, settings, AlertSettings())
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

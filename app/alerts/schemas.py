@@ -1,0 +1,240 @@
+"""Alert rules as users write them (in a study spec or over REST), and the alerting API's answers.
+
+This module imports neither ``app.studies`` nor the database, so ``StudySpec`` can embed
+``AlertRuleSpec`` without an import cycle.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+StackName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:+\-]+$")]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name | None = Field(None, description="unique within its scope; default '<kind>:<metric>'")
+    severity: Severity = "warning"
+    determinism: Annotated[list[Determinism], Field(min_length=1)] | None = Field(
+        None, description="only judge groups of these determinism levels (default: all, or the kind's own)"
+    )
+    stack: StackName | None = Field(None, description="only judge this stack")
+    # Scope, for rules created over REST. In a study spec the rule applies to that study
+    # (or its suite, when it has one) and these must be left out.
+    study_id: Annotated[int, Field(ge=1)] | None = None
+    suite: Name | None = None
+
+    @property
+    def rule_name(self) -> str:
+        metric = getattr(self, "metric", None)
+        return self.name or (f"{self.kind}:{metric}" if metric else self.kind)  # type: ignore[attr-defined]
+
+    def params(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude={"name", "kind", "metric", "severity", "study_id", "suite"})
+
+
+class BandWidthRule(_Rule):
+    """The seed-stability band of a metric's final value is wider than a limit."""
+
+    kind: Literal["band_width"]
+    metric: MetricKey
+    stat: Literal["std", "ti_width"] = Field(
+        "std", description="std: standard deviation over seeds; ti_width: width of the normal tolerance interval"
+    )
+    max: PositiveFloat
+
+
+class OutOfBaselineRule(_Rule):
+    """A run of a suite's study falls outside the baseline's tolerance interval."""
+
+    kind: Literal["out_of_baseline"]
+    metric: MetricKey
+    mode: Literal["final", "curve"] = Field(
+        "final", description="final: the final value; curve: the per-step band, for more than max_share of steps"
+    )
+    max_share: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.1, description="curve mode: fire when a run is outside the band on more than this share of steps"
+    )
+
+
+class RepeatabilityLostRule(_Rule):
+    """Repeats of one seed are no longer bitwise identical (default: strict runs)."""
+
+    kind: Literal["repeatability_lost"]
+    metric: MetricKey
+
+
+class DivergedRule(_Rule):
+    """A run logged a non-finite value (NaN or ±Inf) of the metric."""
+
+    kind: Literal["diverged"]
+    metric: MetricKey
+
+
+class NotEquivalentRule(_Rule):
+    """A candidate stack is not equivalent to the reference stack of the study or the suite's baseline."""
+
+    kind: Literal["not_equivalent"]
+    metric: MetricKey
+    margin: PositiveFloat | None = Field(
+        None, description="equivalence margin against the suite baseline (default: the metric's margin)"
+    )
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+
+
+class DeterminismCostRule(_Rule):
+    """The step-time ratio between two determinism levels is above a limit."""
+
+    kind: Literal["determinism_cost"]
+    max_ratio: PositiveFloat
+    numerator: Determinism = Determinism.strict
+    denominator: Determinism | None = Field(None, description="default: every level the report compares with")
+
+
+class SuiteShiftRule(_Rule):
+    """The suite's history of a final metric (one mean per study, since the baseline) shifted."""
+
+    kind: Literal["suite_shift"]
+    metric: MetricKey
+    alpha: Annotated[float, Field(gt=0, le=0.5)] = Field(
+        0.01, description="false-alarm probability of one evaluation when nothing changed"
+    )
+    min_history: Annotated[int, Field(ge=3, le=10_000)] = 6
+    direction: Literal["both", "increase", "decrease"] = "both"
+
+
+AlertRuleSpec = Annotated[
+    Union[BandWidthRule, OutOfBaselineRule, RepeatabilityLostRule, DivergedRule, NotEquivalentRule,
+          DeterminismCostRule, SuiteShiftRule],
+    Field(discriminator="kind"),
+]
+RULE_KINDS = ("band_width", "out_of_baseline", "repeatability_lost", "diverged", "not_equivalent",
+              "determinism_cost", "suite_shift")
+rule_adapter: TypeAdapter = TypeAdapter(AlertRuleSpec)
+
+
+class AlertRuleOut(BaseModel):
+    id: int
+    name: str
+    kind: str
+    metric: str | None
+    severity: str
+    params: dict[str, Any]
+    study_id: int | None
+    suite: str | None
+    source: str
+    created_at: datetime
+
+
+class BaselineIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    study_id: Annotated[int, Field(ge=1)]
+    stack: StackName | None = Field(None, description="one stack of the study; default: all its runs")
+
+
+class BaselineOut(BaseModel):
+    suite: str
+    study_id: int
+    stack: str | None
+    set_at: datetime
+
+
+class WebhookIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: Annotated[str, Field(min_length=1, max_length=2000)]
+    name: Name = "webhook"
+    secret: Annotated[str, Field(min_length=16, max_length=200)] | None = Field(
+        None, description="HMAC key for X-Steady-Signature; generated (and shown once) when left out"
+    )
+    events: Annotated[list[Literal["firing", "resolved"]], Field(min_length=1)] = ["firing", "resolved"]
+    min_severity: Severity = "info"
+
+
+class WebhookOut(BaseModel):
+    id: int
+    name: str
+    url: str
+    events: list[str]
+    min_severity: str
+    created_at: datetime
+    secret: str | None = Field(None, description="only in the answer to the creation")
+
+
+class AlertOut(BaseModel):
+    id: int
+    rule_id: int
+    kind: str
+    severity: str
+    state: str
+    study_id: int | None
+    suite: str | None
+    metric: str | None
+    group: dict[str, Any]
+    summary: str
+    details: dict[str, Any]
+    link: str
+    first_fired_at: datetime
+    last_fired_at: datetime
+    resolved_at: datetime | None
+    evaluated_at: datetime
+    fire_count: int
+    acked_at: datetime | None
+    acked_by: str | None
+
+
+class AlertPage(BaseModel):
+    items: list[AlertOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class DeliveryOut(BaseModel):
+    id: int
+    webhook_id: int
+    alert_id: int
+    event: str
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_status_code: int | None
+    last_error: str | None
+    created_at: datetime
+    delivered_at: datetime | None
+
+
+class EvaluationOut(BaseModel):
+    study_id: int
+    rules: int
+    firing: list[AlertOut]
+    resolved: list[AlertOut]
+    summary: dict[str, Any]
+
+
+def check_spec_alerts(alerts: list[_Rule], metric_names: list[str], suite: str | None) -> None:
+    """Checks of a study spec's ``alerts`` that need the rest of the spec; ValueError names the item."""
+    names = set()
+    for i, rule in enumerate(alerts):
+        where = f"alerts[{i}] ({rule.kind})"  # type: ignore[attr-defined]
+        metric = getattr(rule, "metric", None)
+        if metric is not None and metric not in metric_names:
+            raise ValueError(f"{where}: metric {metric!r} is not one of the study's metrics {metric_names}")
+        if rule.study_id is not None or rule.suite is not None:
+            raise ValueError(f"{where}: leave out study_id and suite; a spec's rules apply to the study and its suite")
+        if rule.kind in ("suite_shift", "out_of_baseline") and not suite:  # type: ignore[attr-defined]
+            raise ValueError(f"{where}: this rule compares studies of a suite; give the study a 'suite'")
+        if rule.rule_name in names:
+            raise ValueError(f"{where}: two rules named {rule.rule_name!r}; give them distinct 'name's")
+        names.add(rule.rule_name)

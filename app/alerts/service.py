@@ -1,0 +1,784 @@
+"""Alerting logic: rules, baselines, evaluating a study against its rules, alert state, the outbox.
+
+Evaluation has two halves. ``compute_findings`` only reads: it builds the study report
+(``app.reports.service``), compares with the suite's baseline and history, and returns one
+``Finding`` per (rule, metric, group) — firing, not firing, or unknown (too little data).
+``apply_findings`` writes: it moves each alert (one per dedupe key) between ``firing`` and
+``resolved`` and puts one outbox row per webhook on every transition. Managed studies are
+evaluated by the dispatcher after ``request_evaluation`` (the ``on_study_finished`` hook);
+external studies on ``POST /api/v1/studies/{id}/evaluate``.
+
+Scope of an alert: a study in a suite is judged as "the suite's latest study", so its alerts
+are keyed by suite and a later study that passes resolves them; a study without a suite has
+its own alerts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import logging
+import secrets
+import socket
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.alerts import repository
+from app.alerts.schemas import (
+    SEVERITY_ORDER,
+    AlertOut,
+    AlertRuleOut,
+    BaselineIn,
+    WebhookIn,
+    _Rule,
+    rule_adapter,
+)
+from app.errors import Invalid, NotFound
+from app.models import Alert, AlertDelivery, AlertRule, Study, StudyEvaluation, SuiteBaseline, Webhook, utcnow
+from app.reports import service as reports
+from app.stats.changepoint import detect_shift
+from app.stats.intervals import normal_tolerance_interval
+from app.stats.report import MetricSpec, build_report, compute_bands
+from app.studies import service as studies
+
+log = logging.getLogger("steady.alerts")
+
+OK, BAD, UNKNOWN = False, True, None
+
+# --- rules -----------------------------------------------------------------------------------
+
+
+def rule_spec(rule: AlertRule) -> _Rule:
+    body = {"kind": rule.kind, "name": rule.name, "severity": rule.severity, **rule.params}
+    if rule.metric is not None:
+        body["metric"] = rule.metric
+    return rule_adapter.validate_python(body)
+
+
+def rule_out(rule: AlertRule) -> AlertRuleOut:
+    return AlertRuleOut.model_validate(rule, from_attributes=True)
+
+
+def _store_rule(session: Session, spec: _Rule, *, study_id: int | None, suite: str | None, source: str) -> AlertRule:
+    existing = repository.find_rule(session, study_id=study_id, suite=suite, name=spec.rule_name)
+    fields = dict(kind=spec.kind, metric=getattr(spec, "metric", None), severity=spec.severity,  # type: ignore[attr-defined]
+                  params=spec.params(), source=source)
+    if existing is not None:
+        for k, v in fields.items():
+            setattr(existing, k, v)
+        session.flush()
+        return existing
+    rule = AlertRule(name=spec.rule_name, study_id=study_id, suite=suite, **fields)
+    session.add(rule)
+    session.flush()
+    return rule
+
+
+def create_rule(session: Session, spec: _Rule) -> AlertRule:
+    if spec.study_id is not None and spec.suite is not None:
+        raise Invalid(("body", "suite"), "give either study_id or suite (or neither, for a global rule), not both")
+    if spec.study_id is not None:
+        study = session.get(Study, spec.study_id)
+        if study is None:
+            raise Invalid(("body", "study_id"), f"study {spec.study_id} does not exist")
+        _check_metric(study, spec, ("body", "metric"))
+    if spec.kind == "suite_shift" and spec.suite is None:  # type: ignore[attr-defined]
+        study = session.get(Study, spec.study_id) if spec.study_id is not None else None
+        if study is None or not study.suite:
+            raise Invalid(("body", "suite"), "a suite_shift rule watches a suite: give 'suite'")
+    if repository.find_rule(session, study_id=spec.study_id, suite=spec.suite, name=spec.rule_name) is not None:
+        raise Invalid(("body", "name"), f"a rule named {spec.rule_name!r} already exists in this scope")
+    return _store_rule(session, spec, study_id=spec.study_id, suite=spec.suite, source="api")
+
+
+def _check_metric(study: Study, spec: _Rule, loc: tuple) -> None:
+    metric = getattr(spec, "metric", None)
+    names = [m["name"] for m in study.spec.get("metrics", [])]
+    if metric is not None and metric not in names:
+        raise Invalid(loc, f"metric {metric!r} is not one of the study's metrics {names}")
+
+
+def rules_from_spec(session: Session, study: Study) -> list[AlertRule]:
+    """Store the ``alerts`` of a study spec: scoped to the study's suite when it has one, else to the study.
+
+    A rule with the same name in the same scope is updated, so re-submitting a suite's spec
+    keeps one rule (and one alert per key) instead of piling up copies.
+    """
+    out = []
+    for i, raw in enumerate(study.spec.get("alerts") or []):
+        spec = rule_adapter.validate_python(raw)
+        _check_metric(study, spec, ("body", "alerts", i, "metric"))
+        if study.suite:
+            out.append(_store_rule(session, spec, study_id=None, suite=study.suite, source="spec"))
+        else:
+            out.append(_store_rule(session, spec, study_id=study.id, suite=None, source="spec"))
+    return out
+
+
+def delete_rule(session: Session, rule_id: int) -> None:
+    rule = session.get(AlertRule, rule_id)
+    if rule is None:
+        raise NotFound(f"alert rule {rule_id} not found")
+    session.delete(rule)
+    session.flush()
+
+
+# --- baselines -------------------------------------------------------------------------------
+
+
+def set_baseline(session: Session, suite: str, body: BaselineIn) -> SuiteBaseline:
+    study = session.get(Study, body.study_id)
+    if study is None:
+        raise Invalid(("body", "study_id"), f"study {body.study_id} does not exist")
+    if study.suite != suite:
+        raise Invalid(("body", "study_id"), f"study {study.id} is in suite {study.suite!r}, not {suite!r}")
+    if body.stack is not None:
+        stacks = repository.study_stacks(session, study.id)
+        if body.stack not in stacks:
+            raise Invalid(("body", "stack"), f"study {study.id} has no runs on stack {body.stack!r}; it has {sorted(stacks)}")
+    row = session.get(SuiteBaseline, suite)
+    if row is None:
+        row = SuiteBaseline(suite=suite, study_id=study.id, stack=body.stack)
+        session.add(row)
+    else:
+        row.study_id, row.stack, row.set_at = study.id, body.stack, utcnow()
+    session.flush()
+    return row
+
+
+def get_baseline(session: Session, suite: str) -> SuiteBaseline:
+    row = session.get(SuiteBaseline, suite)
+    if row is None:
+        raise NotFound(f"suite {suite!r} has no baseline")
+    return row
+
+
+# --- webhooks --------------------------------------------------------------------------------
+
+
+def check_webhook_url(url: str, *, allow_private: bool) -> None:
+    """Refuse non-HTTP(S) URLs and, unless allowed, hosts resolving to non-public addresses.
+
+    Every resolved address must be global (not loopback, link-local, private, reserved,
+    multicast or unspecified): a name with one public and one private address is refused.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Invalid(("body", "url"), "a webhook URL must be http:// or https:// with a host")
+    if parts.username or parts.password:
+        raise Invalid(("body", "url"), "credentials in the URL are not allowed; sign with the secret instead")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
+    except (OSError, ValueError) as exc:
+        raise Invalid(("body", "url"), f"cannot resolve host {parts.hostname!r}: {exc}") from None
+    if allow_private:
+        return
+    for info in infos:
+        addr = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        if not addr.is_global or addr.is_multicast:
+            raise Invalid(
+                ("body", "url"),
+                f"host {parts.hostname!r} resolves to {addr}, a loopback, link-local, private or reserved "
+                "address; set STEADY_ALLOW_PRIVATE_WEBHOOKS=true to allow on-prem receivers",
+            )
+
+
+def create_webhook(session: Session, body: WebhookIn, *, allow_private: bool) -> tuple[Webhook, str]:
+    check_webhook_url(body.url, allow_private=allow_private)
+    secret = body.secret or "whsec_" + secrets.token_urlsafe(32)
+    hook = Webhook(name=body.name, url=body.url, secret=secret, events=list(dict.fromkeys(body.events)),
+                   min_severity=body.min_severity)
+    session.add(hook)
+    session.flush()
+    return hook, secret
+
+
+def delete_webhook(session: Session, webhook_id: int) -> None:
+    hook = session.get(Webhook, webhook_id)
+    if hook is None:
+        raise NotFound(f"webhook {webhook_id} not found")
+    session.delete(hook)
+    session.flush()
+
+
+def sign(secret: str, body: bytes) -> str:
+    import hmac
+
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+# --- evaluation: findings --------------------------------------------------------------------
+
+
+@dataclass
+class Finding:
+    rule: AlertRule
+    metric: str | None
+    group: dict[str, Any]
+    firing: bool | None  # None: not enough data to say; the alert is left as it is
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+    study_id: int | None = None  # the study the alert points at (default: the evaluated one)
+    suite_level: bool = False  # a suite-wide finding (shift): keyed by suite even for its rules
+
+
+@dataclass
+class Evaluation:
+    study: Study
+    rules: list[AlertRule]
+    findings: list[Finding]
+    summary: dict[str, Any]
+
+
+_GOOD = {"identical", "stable", "equivalent"}
+_BAD = {"out_of_tolerance", "unstable", "not_equivalent"}
+VERDICT_CODES = {"identical": 0, "stable": 0, "equivalent": 0, "within_tolerance": 1, "inconclusive": 2,
+                 "out_of_tolerance": 3, "unstable": 3, "not_equivalent": 3}
+
+
+def _num(x: Any) -> float | None:
+    if x is None or isinstance(x, str):
+        return None if x is None else float(x)  # "inf" / "-inf"
+    return float(x)
+
+
+def _group_ok(spec: _Rule, group: dict[str, Any], default_levels: tuple[str, ...] | None = None) -> bool:
+    levels = [d.value for d in spec.determinism] if spec.determinism else default_levels
+    if levels is not None and group.get("determinism") not in levels:
+        return False
+    if spec.stack is not None:
+        stacks = {group.get("stack"), group.get("candidate_stack")} - {None}
+        if spec.stack not in stacks:
+            return False
+    return True
+
+
+def _summary_of(report: dict[str, Any]) -> dict[str, Any]:
+    """Compact verdict numbers kept per study for /metrics."""
+    rows = []
+    for v in report.get("verdicts", []):
+        row = {"level": v["level"], "metric": v["metric"], "group": v["group"], "verdict": v["verdict"],
+               "n_runs": v["n_runs"]}
+        if v["level"] == "seed_stability":
+            spread = v.get("spread") or {}
+            ti = spread.get("tolerance") or {}
+            row["std"] = spread.get("std")
+            if ti.get("low") is not None and ti.get("high") is not None:
+                row["ti_width"] = _num(ti["high"]) - _num(ti["low"])
+        rows.append(row)
+    return {"verdicts": rows}
+
+
+def compute_findings(session: Session, study: Study) -> Evaluation:
+    """Judge a study against every rule that applies to it (reads only)."""
+    rules = repository.rules_for_study(session, study)
+    report = reports.study_report(session, study.id)
+    summary = _summary_of(report)
+    findings: list[Finding] = []
+    baseline = session.get(SuiteBaseline, study.suite) if study.suite else None
+    for rule in rules:
+        spec = rule_spec(rule)
+        try:
+            findings += _EVALUATORS[rule.kind](session, study, rule, spec, report, baseline)
+        except Exception as exc:  # one broken rule must not hide the others
+            log.exception("alert rule %s on study %s", rule.id, study.id)
+            findings.append(Finding(rule, getattr(spec, "metric", None), {}, UNKNOWN,
+                                    f"rule could not be evaluated: {exc}", {"error": str(exc)}))
+    return Evaluation(study, rules, findings, summary)
+
+
+def _verdicts(report, level, metric):
+    return [v for v in report.get("verdicts", []) if v["level"] == level and v["metric"] == metric]
+
+
+def _label(group: dict[str, Any]) -> str:
+    return "/".join(str(v) for v in group.values())
+
+
+def _eval_band_width(session, study, rule, spec, report, baseline) -> list[Finding]:
+    out = []
+    for v in _verdicts(report, "seed_stability", spec.metric):
+        if not _group_ok(spec, v["group"]):
+            continue
+        spread = v.get("spread") or {}
+        if spec.stat == "std":
+            value = _num(spread.get("std"))
+        else:
+            ti = spread.get("tolerance") or {}
+            value = None if ti.get("low") is None else _num(ti["high"]) - _num(ti["low"])
+        numbers = {"stat": spec.stat, "value": value, "max": spec.max, "n_seeds": spread.get("n"),
+                   "mean": spread.get("mean"), "std": spread.get("std"), "verdict": v["verdict"],
+                   "final_run_ids": v.get("final_run_ids"), "tolerance": spread.get("tolerance")}
+        if value is None:
+            out.append(Finding(rule, spec.metric, v["group"], UNKNOWN, f"too few seeds for a {spec.stat}", numbers))
+            continue
+        firing = value > spec.max
+        what = "std over seeds" if spec.stat == "std" else "tolerance-interval width"
+        out.append(Finding(rule, spec.metric, v["group"], firing,
+                           f"{what} of final {spec.metric} ({_label(v['group'])}) is {value:.4g} "
+                           f"{'>' if firing else '≤'} {spec.max:g} over {spread.get('n')} seeds", numbers))
+    return out
+
+
+def _eval_repeatability(session, study, rule, spec, report, baseline) -> list[Finding]:
+    out = []
+    for v in _verdicts(report, "repeatability", spec.metric):
+        if not _group_ok(spec, v["group"], default_levels=("strict",)):
+            continue
+        numbers = {k: v.get(k) for k in ("verdict", "max_abs_delta", "max_rel_delta", "max_ulps", "worst_seed",
+                                          "first_divergent_step", "source", "data_order_epoch")}
+        if v["verdict"] == "inconclusive":
+            out.append(Finding(rule, spec.metric, v["group"], UNKNOWN, v["reason"], numbers))
+            continue
+        firing = v["verdict"] != "identical"
+        text = (f"{_label(v['group'])} runs of {spec.metric} are no longer bitwise identical: {v['reason']}"
+                if firing else f"{_label(v['group'])} runs of {spec.metric} are bitwise identical")
+        out.append(Finding(rule, spec.metric, v["group"], firing, text, numbers))
+    return out
+
+
+def _groups_of(report) -> list[dict[str, Any]]:
+    seen = {}
+    for v in report.get("verdicts", []):
+        if v["level"] == "seed_stability":
+            g = v["group"]
+            seen[(g["determinism"], g["stack"])] = g
+    return list(seen.values())
+
+
+def _eval_diverged(session, study, rule, spec, report, baseline) -> list[Finding]:
+    by_group = defaultdict(list)
+    for d in report.get("diverged", []):
+        if d["metric"] == spec.metric:
+            by_group[(d["determinism"], d["stack"])].append(d)
+    groups = {(g["determinism"], g["stack"]): g for g in _groups_of(report)}
+    for key in by_group:
+        groups.setdefault(key, {"determinism": key[0], "stack": key[1]})
+    out = []
+    for key, group in groups.items():
+        if not _group_ok(spec, group):
+            continue
+        bad = by_group.get(key, [])
+        if bad:
+            first = min(bad, key=lambda d: d["step"])
+            text = (f"{len(bad)} run(s) of {_label(group)} diverged: non-finite {spec.metric}, first at step "
+                    f"{first['step']} (run {first['run_id']}, seed {first['seed']})")
+        else:
+            text = f"no run of {_label(group)} diverged on {spec.metric}"
+        out.append(Finding(rule, spec.metric, group, bool(bad), text, {"diverged": bad}))
+    return out
+
+
+def _eval_cost(session, study, rule, spec, report, baseline) -> list[Finding]:
+    out = []
+    for c in report.get("determinism_cost", []):
+        if c["numerator"] != spec.numerator.value:
+            continue
+        if spec.denominator is not None and c["denominator"] != spec.denominator.value:
+            continue
+        if spec.stack is not None and c["stack"] != spec.stack:
+            continue
+        group = {"stack": c["stack"], "numerator": c["numerator"], "denominator": c["denominator"]}
+        ratio = _num(c.get("ratio"))
+        if ratio is None:
+            continue
+        firing = ratio > spec.max_ratio
+        ci = f" (CI {c['ci_low']:.3g}..{c['ci_high']:.3g})" if c.get("ci_low") is not None else ""
+        out.append(Finding(rule, None, group, firing,
+                           f"step time {c['numerator']}/{c['denominator']} on {c['stack']} is {ratio:.3g}×{ci} "
+                           f"{'>' if firing else '≤'} {spec.max_ratio:g}×", dict(c)))
+    return out
+
+
+def _baseline_runs(session: Session, baseline: SuiteBaseline, metric: str):
+    runs = reports.completed_runs(session, baseline.study_id)
+    if baseline.stack is not None:
+        runs = [r for r in runs if r.stack == baseline.stack]
+    return reports.run_data(session, runs, [metric], stack_as="baseline")
+
+
+def _eval_not_equivalent(session, study, rule, spec, report, baseline) -> list[Finding]:
+    out = []
+    for v in _verdicts(report, "stack_portability", spec.metric):
+        if not _group_ok(spec, v["group"]):
+            continue
+        numbers = {k: v.get(k) for k in ("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
+                                          "welch_p_adjusted", "band_containment")}
+        firing = {"not_equivalent": BAD, "equivalent": OK}.get(v["verdict"], UNKNOWN)
+        out.append(Finding(rule, spec.metric, {**v["group"], "reference": "study"}, firing,
+                           f"stack {v['group']['candidate_stack']} vs {v['group']['reference_stack']} "
+                           f"({v['group']['determinism']}): {v['verdict']}: {v['reason']}", numbers))
+    if baseline is None or baseline.study_id == study.id:
+        return out
+    margin = spec.margin
+    if margin is None:
+        margin = next((m.margin for m in reports.metric_specs(study) if m.name == spec.metric), None)
+    base = _baseline_runs(session, baseline, spec.metric)
+    cand = reports.run_data(session, reports.completed_runs(session, study.id), [spec.metric])
+    cand = [_relabel(r, f"candidate:{r.stack}") for r in cand]
+    if not base or not cand:
+        return out
+    cross = build_report([*base, *cand], [MetricSpec(name=spec.metric, margin=margin)], reference_stack="baseline",
+                         alpha=spec.alpha, rng=np.random.default_rng([0x57EAD, baseline.study_id, study.id])).to_dict()
+    for v in _verdicts(cross, "stack_portability", spec.metric):
+        stack = v["group"]["candidate_stack"].split(":", 1)[1]
+        group = {"determinism": v["group"]["determinism"], "reference": "baseline",
+                 "reference_stack": baseline.stack, "candidate_stack": stack}
+        if not _group_ok(spec, group):
+            continue
+        firing = {"not_equivalent": BAD, "equivalent": OK}.get(v["verdict"], UNKNOWN)
+        numbers = {k: v.get(k) for k in ("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
+                                          "welch_p_adjusted", "band_containment")}
+        numbers["baseline_study_id"] = baseline.study_id
+        out.append(Finding(rule, spec.metric, group, firing,
+                           f"stack {stack} ({group['determinism']}) vs the suite baseline (study "
+                           f"{baseline.study_id}{', ' + baseline.stack if baseline.stack else ''}): "
+                           f"{v['verdict']}: {v['reason']}", numbers))
+    return out
+
+
+def _relabel(r, stack: str):
+    import dataclasses
+
+    return dataclasses.replace(r, stack=stack)
+
+
+def _final_of(series) -> float | None:
+    steps, values = series
+    return float(values[-1]) if len(values) else None
+
+
+def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[Finding]:
+    if baseline is None or baseline.study_id == study.id:
+        return []
+    base_study = session.get(Study, baseline.study_id)
+    coverage = base_study.spec.get("coverage", 0.9)
+    confidence = base_study.spec.get("confidence", 0.95)
+    base = _baseline_runs(session, baseline, spec.metric)
+    cand = reports.run_data(session, reports.completed_runs(session, study.id), [spec.metric])
+    by_group = defaultdict(list)
+    for r in cand:
+        if spec.metric in r.series:
+            by_group[(r.determinism, r.stack)].append(r)
+    out = []
+    bands = None
+    for (det, stack), runs in sorted(by_group.items()):
+        group = {"determinism": det, "stack": stack}
+        if not _group_ok(spec, group):
+            continue
+        ref = [r for r in base if r.determinism == det and spec.metric in r.series]
+        common = {"baseline_study_id": baseline.study_id, "baseline_stack": baseline.stack, "mode": spec.mode,
+                  "coverage": coverage, "confidence": confidence}
+        if spec.mode == "final":
+            finals = [_final_of(r.series[spec.metric]) for r in ref]
+            finals = [f for f in finals if f is not None and np.isfinite(f)]
+            if len(finals) < 2:
+                out.append(Finding(rule, spec.metric, group, UNKNOWN,
+                                   f"the baseline has {len(finals)} finite {det} run(s); need 2", common))
+                continue
+            ti = normal_tolerance_interval(np.array(finals), coverage=coverage, confidence=confidence)
+            outside = []
+            for r in runs:
+                f = _final_of(r.series[spec.metric])
+                if f is None or not np.isfinite(f) or not (ti.low <= f <= ti.high):
+                    outside.append({"run_id": r.run_id, "seed": r.seed, "final": f if f is None or np.isfinite(f)
+                                    else str(f)})
+            numbers = {**common, "interval": [ti.low, ti.high], "n_baseline": ti.n, "outside": outside,
+                       "n_runs": len(runs)}
+            text = (f"{len(outside)} of {len(runs)} {_label(group)} run(s) end outside the baseline's "
+                    f"{coverage:.0%}/{confidence:.0%} tolerance interval [{ti.low:.4g}, {ti.high:.4g}] of {spec.metric}"
+                    if outside else f"all {len(runs)} {_label(group)} runs end inside the baseline's tolerance "
+                    f"interval [{ti.low:.4g}, {ti.high:.4g}] of {spec.metric}")
+            out.append(Finding(rule, spec.metric, group, bool(outside), text, numbers))
+        else:
+            if bands is None:
+                bands = {g.group["determinism"]: g for g in compute_bands(base, metric=spec.metric, coverage=coverage,
+                                                                          confidence=confidence)}
+            band = bands.get(det)
+            if band is None or band.band.n.max(initial=0) < 2:
+                out.append(Finding(rule, spec.metric, group, UNKNOWN, f"the baseline has no {det} band", common))
+                continue
+            b = band.band
+            outside = []
+            for r in runs:
+                steps, values = r.series[spec.metric]
+                _, ib, ir = np.intersect1d(b.steps, steps, return_indices=True)
+                lo, hi, val = b.ti_low[ib], b.ti_high[ib], values[ir]
+                ok = np.isfinite(lo) & np.isfinite(hi)
+                if not ok.any():
+                    continue
+                with np.errstate(invalid="ignore"):
+                    off = ~((val >= lo) & (val <= hi))
+                share = float(off[ok].mean())
+                if share > spec.max_share:
+                    outside.append({"run_id": r.run_id, "seed": r.seed, "share_outside": share,
+                                    "steps_compared": int(ok.sum())})
+            numbers = {**common, "max_share": spec.max_share, "outside": outside, "n_runs": len(runs)}
+            text = (f"{len(outside)} of {len(runs)} {_label(group)} run(s) leave the baseline band of {spec.metric} "
+                    f"on more than {spec.max_share:.0%} of steps" if outside else
+                    f"all {len(runs)} {_label(group)} runs stay within the baseline band of {spec.metric}")
+            out.append(Finding(rule, spec.metric, group, bool(outside), text, numbers))
+    return out
+
+
+def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Finding]:
+    if not study.suite:
+        return []
+    history = repository.suite_studies(session, study.suite, from_id=baseline.study_id if baseline else None,
+                                       upto_id=study.id)
+    levels = {d.value for d in spec.determinism} if spec.determinism else None
+    stack = spec.stack or (baseline.stack if baseline else None)
+    sums: dict[int, list[float]] = defaultdict(list)
+    for study_id, run_stack, det, finals in repository.final_metrics(session, [s.id for s in history]):
+        if stack is not None and run_stack != stack or levels is not None and det not in levels:
+            continue
+        v = finals.get(spec.metric)
+        if isinstance(v, (int, float)) and np.isfinite(v):
+            sums[study_id].append(float(v))
+    used = [s for s in history if sums.get(s.id)]
+    values = np.array([np.mean(sums[s.id]) for s in used])
+    group = {"suite": study.suite, **({"stack": stack} if stack else {})}
+    rng = np.random.default_rng([0x57EAD, rule.id, len(used), zlib.crc32(study.suite.encode())])
+    res = detect_shift(values, rng=rng, alpha=spec.alpha, min_history=spec.min_history, direction=spec.direction)
+    numbers = {"history": [{"study_id": s.id, "name": s.name, "mean": float(x)} for s, x in zip(used, values)],
+               "p_value": res.p_value, "statistic": res.statistic, "alpha": res.alpha, "index": res.index,
+               "mean_before": res.mean_before, "mean_after": res.mean_after, "std": res.std,
+               "method": "permutation test of the max standardised CUSUM", "since_baseline_study":
+               baseline.study_id if baseline else None}
+    if res.p_value is None:
+        return [Finding(rule, spec.metric, group, UNKNOWN, res.reason, numbers, suite_level=True)]
+    at = used[res.index] if res.detected else None
+    text = (f"shift in final {spec.metric} of suite {study.suite!r} at study {at.id} ({at.name}): mean "
+            f"{res.mean_before:.4g} → {res.mean_after:.4g}, permutation p={res.p_value:.3g} over {len(used)} studies"
+            if at else f"no shift in final {spec.metric} of suite {study.suite!r} over {len(used)} studies "
+            f"(p={res.p_value:.3g})")
+    return [Finding(rule, spec.metric, group, res.detected, text, numbers,
+                    study_id=at.id if at else None, suite_level=True)]
+
+
+_EVALUATORS = {
+    "band_width": _eval_band_width,
+    "out_of_baseline": _eval_out_of_baseline,
+    "repeatability_lost": _eval_repeatability,
+    "diverged": _eval_diverged,
+    "not_equivalent": _eval_not_equivalent,
+    "determinism_cost": _eval_cost,
+    "suite_shift": _eval_suite_shift,
+}
+
+# --- evaluation: alert state -----------------------------------------------------------------
+
+
+def dedupe_key(rule_id: int, scope: str, metric: str | None, group: dict[str, Any]) -> str:
+    canonical = json.dumps([rule_id, scope, metric, group], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _scope(study: Study) -> str:
+    return f"suite:{study.suite}" if study.suite else f"study:{study.id}"
+
+
+def alert_out(alert: Alert) -> AlertOut:
+    return AlertOut.model_validate(alert, from_attributes=True)
+
+
+def apply_findings(session: Session, ev: Evaluation, *, base_url: str) -> tuple[list[Alert], list[Alert]]:
+    """Move alerts between firing and resolved; one outbox row per webhook on each transition.
+
+    A suite-scoped alert last judged on a newer study of the suite is left alone: an old
+    study re-evaluated must not overturn the verdict on the newest one.
+    """
+    study, now = ev.study, utcnow()
+    fired, resolved = [], []
+    seen: dict[int, set[str]] = defaultdict(set)
+    for f in ev.findings:
+        key = dedupe_key(f.rule.id, _scope(study), f.metric, f.group)
+        seen[f.rule.id].add(key)
+        alert = repository.alert_by_key(session, key)
+        if alert is not None and (alert.details or {}).get("evaluated_study_id", 0) > study.id:
+            continue
+        if f.firing is None:
+            continue
+        target = f.study_id or study.id
+        details = {**f.details, "evaluated_study_id": study.id}
+        if f.firing:
+            if alert is None:
+                alert = _insert_alert(session, key, f, study, target, details, base_url)
+                if alert is None:
+                    continue
+                fired.append(alert)
+            else:
+                was_firing = alert.state == "firing"
+                _update(alert, f, target, details, base_url, now)
+                if not was_firing:
+                    alert.state, alert.resolved_at = "firing", None
+                    alert.fire_count += 1
+                    alert.first_fired_at = alert.first_fired_at or now
+                    alert.acked_at = alert.acked_by = None
+                    fired.append(alert)
+                alert.last_fired_at = now
+        elif alert is not None and alert.state == "firing":
+            _update(alert, f, target, details, base_url, now)
+            alert.state, alert.resolved_at = "resolved", now
+            resolved.append(alert)
+        elif alert is not None:
+            alert.evaluated_at = now
+    # Firing alerts of an evaluated rule in this scope that no finding mentions any more
+    # (a stack dropped from the suite, say) are resolved too, unless some data was missing.
+    unknown = {f.rule.id for f in ev.findings if f.firing is None}
+    for rule in ev.rules:
+        if rule.id in unknown:
+            continue
+        for alert in repository.firing_alerts_of_rule(session, rule.id, suite=study.suite,
+                                                      study_id=None if study.suite else study.id):
+            if alert.dedupe_key in seen[rule.id] or (alert.details or {}).get("evaluated_study_id", 0) > study.id:
+                continue
+            alert.state, alert.resolved_at, alert.evaluated_at = "resolved", now, now
+            alert.summary = f"no longer observed: {alert.summary}"
+            resolved.append(alert)
+    session.flush()
+    for alert in fired:
+        enqueue(session, alert, "firing")
+    for alert in resolved:
+        enqueue(session, alert, "resolved")
+    session.flush()
+    return fired, resolved
+
+
+def _link(base_url: str, study_id: int) -> str:
+    return f"{base_url.rstrip('/')}/studies/{study_id}"
+
+
+def _update(alert: Alert, f: Finding, target: int, details: dict, base_url: str, now) -> None:  # noqa: ANN001
+    alert.summary, alert.details, alert.study_id = f.summary, details, target
+    alert.link, alert.evaluated_at, alert.severity = _link(base_url, target), now, f.rule.severity
+
+
+def _insert_alert(session, key, f: Finding, study: Study, target: int, details, base_url) -> Alert | None:  # noqa: ANN001
+    alert = Alert(dedupe_key=key, rule_id=f.rule.id, kind=f.rule.kind, severity=f.rule.severity, state="firing",
+                  study_id=target, suite=study.suite, metric=f.metric, group=f.group, summary=f.summary,
+                  details=details, link=_link(base_url, target), fire_count=1)
+    try:
+        with session.begin_nested():
+            session.add(alert)
+            session.flush()
+    except IntegrityError:  # another process created it between our read and insert
+        return None
+    return alert
+
+
+def payload(alert: Alert, event: str) -> str:
+    tag = "FIRING" if event == "firing" else "RESOLVED"
+    where = f"suite {alert.suite!r}, " if alert.suite else ""
+    text = f"[{tag}] {alert.severity}: {alert.summary} ({where}study {alert.study_id}) {alert.link}"
+    body = {"text": text, "event": event, "alert": alert_out(alert).model_dump(mode="json")}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+
+
+def enqueue(session: Session, alert: Alert, event: str) -> int:
+    """One outbox row per interested webhook for this transition (idempotent per transition)."""
+    transition = alert.fire_count * 2 + (1 if event == "resolved" else 0)
+    n = 0
+    body = None
+    for hook in repository.webhooks(session):
+        if event not in hook.events or SEVERITY_ORDER[alert.severity] < SEVERITY_ORDER.get(hook.min_severity, 0):
+            continue
+        body = body or payload(alert, event)
+        try:
+            with session.begin_nested():
+                session.add(AlertDelivery(webhook_id=hook.id, alert_id=alert.id, event=event, transition=transition,
+                                          body=body, status="pending", attempts=0, next_attempt_at=utcnow()))
+                session.flush()
+            n += 1
+        except IntegrityError:
+            pass
+    return n
+
+
+# --- evaluation: entry points ----------------------------------------------------------------
+
+
+def request_evaluation(session: Session, study: Study) -> None:
+    """Ask the dispatcher to evaluate the study (the ``on_study_finished`` hook)."""
+    row = session.get(StudyEvaluation, study.id)
+    if row is None:
+        session.add(StudyEvaluation(study_id=study.id, state="pending", requested_at=utcnow(), summary={}))
+    else:
+        row.state, row.requested_at, row.error = "pending", utcnow(), None
+    session.flush()
+
+
+def _record(session: Session, study_id: int, summary: dict[str, Any]) -> None:
+    row = session.get(StudyEvaluation, study_id)
+    if row is None:
+        row = StudyEvaluation(study_id=study_id, requested_at=utcnow())
+        session.add(row)
+    row.state, row.evaluated_at, row.summary, row.error = "done", utcnow(), summary, None
+    session.flush()
+
+
+def evaluate_study(session: Session, study_id: int, *, base_url: str) -> tuple[Evaluation, list[Alert], list[Alert]]:
+    """Evaluate now, in the caller's transaction (``POST /api/v1/studies/{id}/evaluate``)."""
+    study = studies.get_study(session, study_id)
+    if study.kind == "managed" and study.status not in ("completed", "failed"):
+        from app.errors import Conflict
+
+        raise Conflict(f"study {study_id} is {study.status}: it is evaluated when its last run ends")
+    rules_from_spec(session, study)
+    ev = compute_findings(session, study)
+    fired, resolved = apply_findings(session, ev, base_url=base_url)
+    _record(session, study.id, ev.summary)
+    return ev, fired, resolved
+
+
+def run_pending_evaluations(database, *, base_url: str, limit: int = 10) -> int:  # noqa: ANN001
+    """Evaluate requested studies: compute in a read session, then claim and apply in one write.
+
+    Two processes may compute the same evaluation; the conditional claim lets one apply it.
+    """
+    done = 0
+    with database.read() as session:
+        pending = repository.pending_evaluations(session, limit)
+    for study_id, requested_at in pending:
+        try:
+            with database.read() as session:
+                study = session.get(Study, study_id)
+                ev = compute_findings(session, study) if study is not None else None
+        except Exception as exc:
+            log.exception("evaluating study %s", study_id)
+            with database.write() as session:
+                repository.claim_evaluation(session, study_id, requested_at, state="error", error=str(exc)[:2000],
+                                            evaluated_at=utcnow())
+            continue
+        with database.write() as session:
+            if not repository.claim_evaluation(session, study_id, requested_at, state="done", evaluated_at=utcnow(),
+                                               summary=ev.summary if ev else {}):
+                continue
+            if ev is not None:
+                ev.study = session.get(Study, study_id)
+                rules = {r.id: session.get(AlertRule, r.id) for r in ev.rules}
+                ev.rules = [r for r in rules.values() if r is not None]
+                ev.findings = [f for f in ev.findings if rules.get(f.rule.id) is not None]
+                for f in ev.findings:
+                    f.rule = rules[f.rule.id]
+                if ev.study is not None:
+                    apply_findings(session, ev, base_url=base_url)
+            done += 1
+    return done
+
+
+def study_finished(session: Session, study: Study) -> None:
+    """The ``on_study_finished`` hook: store the spec's rules, and request an evaluation."""
+    rules_from_spec(session, study)
+    request_evaluation(session, study)
