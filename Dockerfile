@@ -1,0 +1,28 @@
+# One image, two roles. The API image installs the server extra; a worker image adds a
+# framework (CUDA builds of torch come from the PyTorch index, see docs/deploy.md).
+#
+#   docker build -t steady-api .
+#   docker build -t steady-worker --build-arg EXTRAS=torch,workloads \
+#       --build-arg PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cu124 .
+FROM python:3.11-slim
+
+ARG EXTRAS=server
+ARG PIP_EXTRA_INDEX_URL=""
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
+    STEADY_DATA_DIR=/data
+
+WORKDIR /opt/steady
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY worker ./worker
+COPY migrations ./migrations
+RUN pip install ".[${EXTRAS}]" \
+    && useradd --create-home --uid 10001 steady \
+    && mkdir -p /data && chown steady /data
+USER steady
+EXPOSE 8000
+# The API listens on all interfaces inside the container; put it behind the proxy or a firewall.
+CMD ["steady", "serve", "--host", "0.0.0.0", "--port", "8000", "--workers", "2", "--log-level", "info"]
