@@ -1,0 +1,156 @@
+"""Fixtures for the scale and fault tests: several real ``steady serve`` processes on one database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.conftest import REPO, LiveServer, create_pg_database, create_token_cli, drop_pg_database, free_port, pg_url_for, server_env
+
+FAST_LEASES = {"lease_seconds": 3, "heartbeat_seconds": 1, "reaper_interval_seconds": 0.5}
+
+
+@dataclass
+class Server(LiveServer):
+    """A LiveServer that may run ``--workers N`` uvicorn processes."""
+
+    workers: int = 1
+
+    def start(self) -> None:
+        port = self.url.rsplit(":", 1)[1]
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--port", port, "--log-level", "warning",
+             "--workers", str(self.workers)],
+            env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def restart(self) -> None:
+        self.start()
+
+
+@pytest.fixture
+def pg_database(pg_template) -> Iterator[str]:
+    """A fresh migrated PostgreSQL database; yields its SQLAlchemy URL."""
+    name = create_pg_database(template=pg_template)
+    yield pg_url_for(name)
+    drop_pg_database(name)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend_url(request, tmp_path) -> str:
+    """A database URL on each backend (the SQLite file is created by the first server)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shared' / 'steady.db'}"
+    return request.getfixturevalue("pg_database")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Factory: cluster(database_url, n=1, workers=1, **settings) -> list[Server] sharing one database."""
+    started: list[Server] = []
+
+    def _start(database_url: str, n: int = 1, workers: int = 1, **settings) -> list[Server]:
+        servers = []
+        tokens: dict[str, str] = {}
+        for i in range(n):
+            data_dir = tmp_path / f"api{len(started)}"
+            data_dir.mkdir()
+            env = server_env(data_dir, database_url, **settings)
+            if not tokens:
+                tokens = {role: create_token_cli(env, role) for role in ("admin", "user", "worker")}
+            s = Server(url=f"http://127.0.0.1:{free_port()}", data_dir=data_dir, env=env, tokens=tokens,
+                       log_path=data_dir / "server.log", workers=workers)
+            s.start()
+            started.append(s)
+            servers.append(s)
+        return servers
+
+    yield _start
+    for s in started:
+        s.stop()
+
+
+def study_body(runs: int, **overrides) -> dict:
+    body = {
+        "name": "scale", "workload": {"framework": "torch", "name": "torch_mlp"},
+        "seeds": list(range(runs)), "repeats": 1, "determinism": ["seeded"], "metrics": [{"name": "loss"}],
+    }
+    body.update(overrides)
+    return body
+
+
+def create_study(server: LiveServer, runs: int, **overrides) -> int:
+    with server.client("user") as c:
+        r = c.post("/api/v1/studies", json=study_body(runs, **overrides))
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+
+def all_runs(server: LiveServer, study_id: int) -> list[dict]:
+    items: list[dict] = []
+    with server.client("user") as c:
+        while True:
+            page = c.get(f"/api/v1/studies/{study_id}/runs", params={"limit": 500, "offset": len(items)}).json()
+            items += page["items"]
+            if len(items) >= page["total"]:
+                return items
+
+
+def series(server: LiveServer, run_id: int, key: str = "loss") -> dict:
+    with server.client("user") as c:
+        r = c.get(f"/api/v1/runs/{run_id}/metrics/{key}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def sql(url: str, statement: str, **params):  # noqa: ANN201
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            result = conn.execute(text(statement), params)
+            return result.all() if result.returns_rows else None
+    finally:
+        engine.dispose()
+
+
+def fake_worker_cmd(server: LiveServer, name: str, **opts) -> list[str]:
+    cmd = [sys.executable, "-m", "tests.scale.fakeworker", "--server", server.url,
+           "--token", server.tokens["worker"], "--name", name]
+    for k, v in opts.items():
+        cmd += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    return cmd
+
+
+def spawn(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            env={**server_env(log.parent), "PYTHONUNBUFFERED": "1"}, start_new_session=True)

@@ -1,0 +1,121 @@
+"""Authorization over every route: enumerated from app.routes, so a new route is covered automatically."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+from fastapi.routing import APIRoute
+
+from app.auth.service import GRANTS, Role
+from app.main import create_app
+from tests.api.helpers import batch, lease, register, spec
+
+# Routes anyone may call; any other route without a role check fails test_every_route_declares_a_role.
+PUBLIC = {("GET", "/healthz"), ("GET", "/"), ("GET", "/login"), ("POST", "/login"), ("POST", "/logout")}
+# Guards other than require(role): the dashboard's viewer checks and /metrics admit user roles.
+USER_GUARDS = {"page_viewer", "data_viewer", "_metrics_access"}
+
+
+def _roles(route: APIRoute) -> frozenset[Role] | None:
+    """The token roles a route admits (from its require(role) dependency), or None if it has none."""
+    stack = list(route.dependant.dependencies)
+    while stack:
+        dep = stack.pop()
+        call = dep.call
+        if getattr(call, "__qualname__", "").startswith("require.<locals>"):
+            cells = dict(zip(call.__code__.co_freevars, (c.cell_contents for c in call.__closure__ or ())))
+            return cells["allowed"]
+        if getattr(call, "__name__", "") in USER_GUARDS:
+            return GRANTS[Role.user]
+        stack.extend(dep.dependencies)
+    return None
+
+
+def _walk(routes, prefix: str = ""):  # noqa: ANN001, ANN202
+    for r in routes:
+        if isinstance(r, APIRoute):
+            yield prefix + r.path, r
+        elif hasattr(r, "original_router"):  # FastAPI >= 0.12x keeps included routers as nodes
+            yield from _walk(r.original_router.routes, prefix + (getattr(r.include_context, "prefix", "") or ""))
+
+
+def _routes() -> list[tuple[str, str, APIRoute]]:
+    app = create_app()
+    return [(m, path, r) for path, r in _walk(app.routes) for m in sorted(r.methods)]
+
+
+def _concrete(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "1", path)
+
+
+def test_every_route_declares_a_role():
+    missing = [(m, p) for m, p, r in _routes() if _roles(r) is None and (m, p) not in PUBLIC]
+    assert not missing, f"routes without a role check (add one, or list them in PUBLIC): {missing}"
+
+
+def test_each_role_is_refused_where_it_does_not_belong(api):
+    """No token, a bad token, and every role outside a route's grants: refused (API 401/403; pages redirect to login)."""
+    api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"]))
+    checked = 0
+    for method, path, route in _routes():
+        allowed = _roles(route)
+        if allowed is None:
+            continue
+        url = _concrete(path)
+        api_route = path.startswith("/api/")
+        refused = {401, 403} if api_route else {401, 403, 303}
+        for label, headers in (("no token", {}), ("bad token", {"Authorization": "Bearer stdy_not-a-token"})):
+            r = api.client.request(method, url, json={}, headers=headers, follow_redirects=False)
+            assert r.status_code in ({401} if api_route else refused), (method, path, label, r.status_code)
+        for role in Role:
+            if role in allowed:
+                continue
+            r = api.client.request(method, url, json={}, headers=api.h(role.value), follow_redirects=False)
+            assert r.status_code in refused and (r.status_code == 403 or not api_route), (method, path, role.value, r.status_code, r.text[:200])
+            checked += 1
+    assert checked >= 30
+
+
+def test_worker_token_cannot_reach_other_workers_or_runs(api):
+    api.post("/api/v1/studies", json=spec(seeds=[0, 1], repeats=1, determinism=["seeded"]))
+    mine = register(api, "a")
+    theirs_token = api.post("/api/v1/tokens", role="admin", json={"name": "other", "role": "worker"}).json()["token"]
+    other = {"Authorization": f"Bearer {theirs_token}"}
+    leased = lease(api, mine)
+    run_id = leased["run_id"]
+    # another worker token can neither lease as my worker nor write to my run without its lease
+    assert api.client.post(f"/api/v1/workers/{mine}/lease", json={"worker_id": mine}, headers=other).status_code == 404
+    r = api.client.post(f"/api/v1/runs/{run_id}/metrics", json=batch("0" * 32, 0, "loss", [0], [1.0]), headers=other)
+    assert r.status_code == 409
+    for path in (f"/api/v1/runs/{run_id}", f"/api/v1/runs/{run_id}/metrics/loss", "/api/v1/studies", "/api/v1/studies/1/runs"):
+        assert api.client.get(path, headers=other).status_code == 403
+
+
+def test_tokens_are_stored_hashed_and_compared_in_constant_time(api, monkeypatch):
+    import app.auth.service as auth
+
+    secret = api.tokens["user"]
+    with api.app.state.database.read() as s:
+        from app.models import ApiToken
+
+        rows = [(r.token_hash, r.name, r.prefix) for r in s.query(ApiToken)]
+    assert rows and all(secret not in r for r in rows)
+    assert hashlib.sha256(secret.encode()).hexdigest() in {r[0] for r in rows}
+    assert all(len(r[2]) < len(secret) // 3 for r in rows), "only a short prefix is kept in clear"
+    calls = []
+    real = auth.hmac.compare_digest
+    monkeypatch.setattr(auth.hmac, "compare_digest", lambda a, b: calls.append(1) or real(a, b))
+    assert api.get("/api/v1/studies").status_code == 200
+    assert calls, "token check must go through hmac.compare_digest"
+
+
+@pytest.mark.parametrize("role", ["user", "worker"])
+def test_revoked_token_is_refused(api, role):
+    tokens = api.get("/api/v1/tokens", role="admin").json()
+    tid = next(t["id"] for t in tokens if t["role"] == role)
+    assert api.delete(f"/api/v1/tokens/{tid}", role="admin").status_code == 200
+    path = "/api/v1/studies" if role == "user" else "/api/v1/workers/register"
+    r = api.client.request("GET" if role == "user" else "POST", path, headers=api.h(role), json={"name": "x"})
+    assert r.status_code == 401

@@ -1,0 +1,173 @@
+"""Faults on loopback: killed workers, a killed API process, a database outage, stalled workers.
+
+Every scenario is bounded: fixed numbers of runs and batches, deadlines on every wait.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.scale.conftest import (
+    all_runs, create_study, fake_worker_cmd, series, spawn, sql, wait_until,
+)
+from tests.scale.fakeworker import FakeWorker, expected_values
+
+pytestmark = pytest.mark.slow
+
+
+def _done(log: Path) -> dict:
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+    return next(x for x in lines if x["event"] == "done")
+
+
+def _chunks(url: str, run_id: int) -> list[tuple[int, int, int]]:
+    """(attempt, seq, n) of every stored chunk of the run, straight from the database."""
+    return [tuple(r) for r in sql(url, "SELECT attempt, seq, n FROM metric_chunks WHERE run_id = :r ORDER BY attempt, seq", r=run_id)]
+
+
+def _assert_series_exact(server, url: str, run_id: int, steps: int, batch: int) -> None:
+    s = series(server, run_id)
+    assert s["steps"] == list(range(steps)), "every step exactly once"
+    assert s["values"] == expected_values(run_id, range(steps))
+    run = next(r for r in all_runs(server, 1) if r["id"] == run_id)
+    chunks = _chunks(url, run_id)
+    assert [c[1] for c in chunks] == list(range((steps + batch - 1) // batch)), "each batch stored once"
+    assert {c[0] for c in chunks} == {run["attempt"]}, "only the final attempt's points are kept"
+
+
+def test_killed_worker_run_is_requeued_and_completed_elsewhere(cluster, backend_url, tmp_path):
+    """kill -9 a worker process mid-run: its run is re-queued and another worker completes it."""
+    (server,) = cluster(backend_url, lease_seconds=2, heartbeat_seconds=0.5, reaper_interval_seconds=0.5)
+    create_study(server, 1, max_attempts=3)
+    victim = spawn(fake_worker_cmd(server, "victim", steps=100, batch=10, pause=0.5, deadline=60), tmp_path / "victim.log")
+    wait_until(lambda: len(_chunks(backend_url, 1)) >= 2, 30, what="the victim's first batches")
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=10)
+    rescuer = spawn(fake_worker_cmd(server, "rescuer", steps=100, batch=10, deadline=60, idle_exit=8), tmp_path / "rescuer.log")
+    assert rescuer.wait(timeout=60) == 0
+    assert _done(tmp_path / "rescuer.log")["completed"] == [1]
+    run = all_runs(server, 1)[0]
+    assert run["status"] == "completed" and run["attempt"] == 2
+    _assert_series_exact(server, backend_url, 1, 100, 10)
+
+
+def test_api_killed_during_ingestion_loses_no_acked_batch_and_duplicates_nothing(cluster, backend_url):
+    """kill -9 the API process under heavy ingestion, restart it: every 2xx batch is stored, retries are idempotent."""
+    (server,) = cluster(backend_url, lease_seconds=60)
+    n_runs, steps, batch = 8, 3000, 50  # 60 batches per run, 480 in all
+    create_study(server, n_runs)
+    acked: set[tuple[int, int]] = set()
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def ingest(i: int) -> None:
+        try:
+            w = FakeWorker(server.url, server.tokens["worker"], f"w{i}", deadline_s=90, timeout=5)
+            w.register()
+            lease = w.lease()
+            run_id, lid = lease["run_id"], lease["lease_id"]
+            for seq, start in enumerate(range(0, steps, batch)):
+                chunk = range(start, start + batch)
+                from worker.protocol import Series
+
+                body = {"lease_id": lid, "seq": seq, "series": [Series.packed("loss", list(chunk), expected_values(run_id, chunk)).model_dump(exclude_none=True)]}
+                r = w.call(f"/api/v1/runs/{run_id}/metrics", body)
+                assert r.status_code == 200, r.text
+                with lock:
+                    acked.add((run_id, seq))
+            assert w.call(f"/api/v1/runs/{run_id}/complete", {"lease_id": lid}).status_code == 200
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ingest, args=(i,)) for i in range(n_runs)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(acked) >= 120, 60, interval=0.02, what="a quarter of the batches acknowledged")
+    server.kill()
+    with lock:
+        acked_before_kill = set(acked)
+    stored = {(r, s) for r, s in sql(backend_url, "SELECT run_id, seq FROM metric_chunks")}
+    missing = acked_before_kill - stored
+    assert not missing, f"{len(missing)} acknowledged batches are not in the database"
+    time.sleep(1)
+    server.restart()
+    for t in threads:
+        t.join(timeout=90)
+    assert not errors, errors
+    assert len(acked) == n_runs * steps // batch
+    for run_id in range(1, n_runs + 1):
+        _assert_series_exact(server, backend_url, run_id, steps, batch)
+
+
+@pytest.mark.postgres
+def test_postgres_outage_answers_503_and_workers_resume(cluster, pg_database, tmp_path):
+    """The database goes away under running workers: 503 (never 500) meanwhile, then everything completes.
+
+    The shared PostgreSQL server is not restarted (other tests use it): the outage is this test's
+    database refusing connections (ALLOW_CONNECTIONS false) with its backends terminated.
+    """
+    (server,) = cluster(pg_database, workers=2, lease_seconds=60)
+    create_study(server, 6)
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    procs = [spawn(fake_worker_cmd(server, f"w{i}", steps=200, batch=10, pause=0.15, deadline=90, idle_exit=3), logs[i])
+             for i in range(3)]
+    wait_until(lambda: len(_chunks(pg_database, 1)) >= 3, 30, what="workers streaming")
+    dbname = make_url(pg_database).database
+    from tests.conftest import PG_URL
+
+    seen: dict[int, int] = {}
+    sql(PG_URL, f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+    try:
+        sql(PG_URL, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()", d=dbname)
+        end = time.monotonic() + 5
+        with server.client("user") as c:
+            while time.monotonic() < end:
+                for path in ("/healthz", "/api/v1/studies", "/api/v1/studies/1/runs"):
+                    code = c.get(path).status_code
+                    seen[code] = seen.get(code, 0) + 1
+                time.sleep(0.1)
+    finally:
+        sql(PG_URL, f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+    assert set(seen) == {503}, f"answers during the outage: {seen}"
+    for p, log in zip(procs, logs):
+        assert p.wait(timeout=90) == 0, log.read_text()
+    statuses: dict[str, int] = {}
+    for log in logs:
+        for code, count in _done(log)["statuses"].items():
+            statuses[code] = statuses.get(code, 0) + count
+    assert "500" not in statuses and "503" in statuses, statuses
+    runs = all_runs(server, 1)
+    assert all(r["status"] == "completed" for r in runs), [r["status"] for r in runs]
+    for r in runs:
+        _assert_series_exact(server, pg_database, r["id"], 200, 10)
+    assert "Traceback" not in server.log_path.read_text()
+
+
+def test_stalled_worker_late_results_are_refused(cluster, backend_url, tmp_path):
+    """A worker frozen past its lease (SIGSTOP: its clock and network stall) comes back to 409s; the data stays the new attempt's."""
+    (server,) = cluster(backend_url, lease_seconds=2, heartbeat_seconds=0.5, reaper_interval_seconds=0.5)
+    create_study(server, 1)
+    slow = spawn(fake_worker_cmd(server, "stalled", steps=100, batch=10, pause=0.3, deadline=60, idle_exit=0.5), tmp_path / "stalled.log")
+    wait_until(lambda: len(_chunks(backend_url, 1)) >= 2, 30, what="the stalled worker's first batches")
+    os.killpg(slow.pid, signal.SIGSTOP)
+    try:
+        rescuer = spawn(fake_worker_cmd(server, "rescuer", steps=100, batch=10, pause=0.05, deadline=60, idle_exit=5), tmp_path / "rescuer.log")
+        # resume the stalled worker while the rescuer is mid-run: its batches land between the rescuer's
+        wait_until(lambda: any(c[0] == 2 for c in _chunks(backend_url, 1)), 30, what="the rescuer's attempt")
+    finally:
+        os.killpg(slow.pid, signal.SIGCONT)
+    assert slow.wait(timeout=60) == 0 and rescuer.wait(timeout=60) == 0
+    stalled, rescued = _done(tmp_path / "stalled.log"), _done(tmp_path / "rescuer.log")
+    assert stalled["lost"] == [1] and stalled["completed"] == [] and stalled["statuses"].get("409")
+    assert rescued["completed"] == [1]
+    assert all_runs(server, 1)[0]["attempt"] == 2
+    _assert_series_exact(server, backend_url, 1, 100, 10)
