@@ -755,26 +755,28 @@ def run_pending_evaluations(database, *, base_url: str, limit: int = 10) -> int:
             with database.read() as session:
                 study = session.get(Study, study_id)
                 ev = compute_findings(session, study) if study is not None else None
+                # a read session expires its objects when it closes: keep the ids
+                rule_ids = [r.id for r in ev.rules] if ev else []
+                finding_rules = [f.rule.id for f in ev.findings] if ev else []
+            with database.write() as session:
+                if not repository.claim_evaluation(session, study_id, requested_at, state="done",
+                                                   evaluated_at=utcnow(), summary=ev.summary if ev else {}):
+                    continue
+                if ev is not None:
+                    rules = {rid: session.get(AlertRule, rid) for rid in rule_ids}
+                    for f, rid in zip(ev.findings, finding_rules):
+                        f.rule = rules[rid]
+                    ev.study = session.get(Study, study_id)
+                    ev.rules = [r for r in rules.values() if r is not None]
+                    ev.findings = [f for f in ev.findings if f.rule is not None]
+                    if ev.study is not None:
+                        apply_findings(session, ev, base_url=base_url)
+                done += 1
         except Exception as exc:
             log.exception("evaluating study %s", study_id)
             with database.write() as session:
                 repository.claim_evaluation(session, study_id, requested_at, state="error", error=str(exc)[:2000],
                                             evaluated_at=utcnow())
-            continue
-        with database.write() as session:
-            if not repository.claim_evaluation(session, study_id, requested_at, state="done", evaluated_at=utcnow(),
-                                               summary=ev.summary if ev else {}):
-                continue
-            if ev is not None:
-                ev.study = session.get(Study, study_id)
-                rules = {r.id: session.get(AlertRule, r.id) for r in ev.rules}
-                ev.rules = [r for r in rules.values() if r is not None]
-                ev.findings = [f for f in ev.findings if rules.get(f.rule.id) is not None]
-                for f in ev.findings:
-                    f.rule = rules[f.rule.id]
-                if ev.study is not None:
-                    apply_findings(session, ev, base_url=base_url)
-            done += 1
     return done
 
 
