@@ -95,10 +95,12 @@
   function bandOpts(d, width) {
     const data = [d.x];
     const series = [{ label: "step" }];
+    // Faint lines: the more runs, the fainter each, so the band stays readable.
+    const alpha = Math.max(0.06, Math.min(0.3, 3 / Math.max(1, d.lines.length)));
     d.lines.forEach((ln, i) => {
       data.push(d.y[i]);
       const running = ln.status === "running";
-      series.push(lineSeries(`run ${ln.run_id}`, running ? COLORS.running : COLORS.run, running ? 1.5 : 1));
+      series.push(lineSeries(`run ${ln.run_id}`, running ? COLORS.running : `rgba(70,70,70,${alpha})`, running ? 1.5 : 1));
     });
     const bands = [];
     if (d.series) {
