@@ -1,0 +1,39 @@
+"""Deliveries pending when the server is SIGKILLed are delivered after it restarts."""
+
+from __future__ import annotations
+
+import time
+
+from tests.alerts.conftest import external_study, valid_signature
+
+
+def test_pending_deliveries_survive_sigkill(live_server_factory, receiver):
+    receiver.down = True
+    server = live_server_factory(allow_private_webhooks="true", alert_dispatch_interval_seconds=0.2,
+                                 alert_backoff_base_seconds=0.3, alert_backoff_max_seconds=1,
+                                 alert_delivery_lease_seconds=3)
+    with server.client("admin") as admin:
+        hook = admin.post("/api/v1/webhooks", json={"url": receiver.url}).json()
+    with server.client() as api:
+        sid = external_study(api.post, finals=[0.2, 0.9, 0.4, 1.3, 0.1, 0.7],
+                             alerts=[{"kind": "band_width", "metric": "loss", "max": 0.1}])
+        (alert,) = api.post(f"/api/v1/studies/{sid}/evaluate").json()["firing"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            (delivery,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()
+            if delivery["attempts"] >= 2:
+                break
+            time.sleep(0.1)
+        assert delivery["status"] == "pending" and delivery["attempts"] >= 2 and "503" in delivery["last_error"]
+    server.kill()
+    receiver.down = False
+    time.sleep(1.0)
+    assert receiver.received == []
+    server.start()
+    (msg,) = receiver.wait_for(1, timeout=30)
+    assert valid_signature(msg, hook["secret"]) and msg["json"]["alert"]["id"] == alert["id"]
+    with server.client() as api:
+        (delivery,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()
+        assert delivery["status"] == "delivered"
+    time.sleep(0.5)
+    assert len(receiver.received) == 1
