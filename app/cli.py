@@ -178,6 +178,29 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_alerts(args: argparse.Namespace) -> int:
+    from app.cli_client import Api
+
+    api = Api(args.server, args.token)
+    if args.alerts_cmd == "ack":
+        alert = api.post(f"/api/v1/alerts/{args.id}/ack")
+        print(f"alert {alert['id']} acknowledged by {alert['acked_by']}")
+        return EXIT_OK
+    params = {k: v for k, v in (("state", args.state), ("suite", args.suite), ("study_id", args.study),
+                                 ("limit", args.limit)) if v is not None}
+    page = api.get("/api/v1/alerts", params=params)
+    if args.json:
+        print(json.dumps(page["items"], indent=2))
+        return EXIT_OK
+    if not page["items"]:
+        print("no alerts")
+    for a in page["items"]:
+        ack = " (acked)" if a["acked_at"] else ""
+        print(f"{a['id']:>5}  {a['state']:<8} {a['severity']:<8} {a['kind']:<18} {a['summary']}{ack}\n"
+              f"       {a['link']}")
+    return EXIT_FAIL if args.fail_on_firing and any(a["state"] == "firing" for a in page["items"]) else EXIT_OK
+
+
 def cmd_worker(argv: list[str]) -> int:
     from worker.cli import main as worker_main
 
@@ -246,6 +269,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("study", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("alerts", help="alerts: list (default) or acknowledge")
+    client_opts(p)
+    asub = p.add_subparsers(dest="alerts_cmd")
+    ls = asub.add_parser("list")
+    for q in (p, ls):
+        q.add_argument("--state", choices=["firing", "resolved"])
+        q.add_argument("--suite")
+        q.add_argument("--study", type=int)
+        q.add_argument("--limit", type=int, default=50)
+        q.add_argument("--json", action="store_true")
+        q.add_argument("--fail-on-firing", action="store_true", help="exit 1 when a listed alert is firing (for CI)")
+    ack = asub.add_parser("ack")
+    ack.add_argument("id", type=int)
+    p.set_defaults(func=cmd_alerts)
 
     p = sub.add_parser("demo", help="serve, run a local worker, run the bundled demo study, print its report")
     p.add_argument("--data-dir", default=os.environ.get("STEADY_DATA_DIR", ".steady-demo"))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 from tests.alerts.conftest import external_study, valid_signature
+from tests.conftest import REPO
 
 
 def test_pending_deliveries_survive_sigkill(live_server_factory, receiver):
@@ -37,3 +41,18 @@ def test_pending_deliveries_survive_sigkill(live_server_factory, receiver):
         assert delivery["status"] == "delivered"
     time.sleep(0.5)
     assert len(receiver.received) == 1
+
+    # the CLI lists it, and acknowledges it
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "app.cli", "alerts", "--server", server.url,
+                               "--token", server.tokens["user"], *argv], cwd=REPO, env=server.env,
+                              capture_output=True, text=True, timeout=60)
+
+    listed = cli("--state", "firing", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [a["id"] for a in json.loads(listed.stdout)] == [alert["id"]]
+    assert cli("--fail-on-firing").returncode == 1
+    ack = subprocess.run([sys.executable, "-m", "app.cli", "alerts", "--server", server.url, "--token",
+                          server.tokens["user"], "ack", str(alert["id"])], cwd=REPO, env=server.env,
+                         capture_output=True, text=True, timeout=60)
+    assert ack.returncode == 0 and "acknowledged" in ack.stdout
