@@ -233,3 +233,9 @@ def test_client_maps_409_and_4xx_without_retrying():
 def test_client_lease_204_means_nothing_queued():
     client = SteadyClient("http://x", "tok", transport=httpx.MockTransport(lambda r: httpx.Response(204)))
     assert client.lease(1) is None
+
+
+def test_gpu_check_exits_cleanly_without_cuda():
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-check")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "no CUDA device" in out.stdout or "bitwise reproducible" in out.stdout
