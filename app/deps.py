@@ -54,7 +54,11 @@ class Principal:
 def _secret_from(request: Request, creds: HTTPAuthorizationCredentials | None) -> str | None:
     if creds is not None and creds.scheme.lower() == "bearer":
         return creds.credentials
-    return request.cookies.get(SESSION_COOKIE)
+    # The dashboard's session cookie authenticates reads only: a state-changing request must
+    # carry a bearer token, so no page on another port or site can make a browser write.
+    if request.method in ("GET", "HEAD"):
+        return request.cookies.get(SESSION_COOKIE)
+    return None
 
 
 def get_principal(

@@ -41,3 +41,15 @@ def test_worker_cannot_use_another_tokens_worker(api):
     other = api.post("/api/v1/tokens", role="admin", json={"name": "w2", "role": "worker"}).json()["token"]
     r = api.client.post(f"/api/v1/workers/{wid}/lease", json={"worker_id": wid}, headers={"Authorization": f"Bearer {other}"})
     assert r.status_code == 404
+
+
+def test_session_cookie_reads_but_cannot_write(api):
+    from app.deps import SESSION_COOKIE
+
+    api.client.cookies.set(SESSION_COOKIE, api.tokens["admin"])
+    try:
+        assert api.client.get("/api/v1/studies").status_code == 200
+        r = api.client.post("/api/v1/studies", json=spec())
+        assert r.status_code == 401  # a write needs a bearer token, never the cookie alone
+    finally:
+        api.client.cookies.clear()
