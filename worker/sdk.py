@@ -62,7 +62,13 @@ class RunContext:
         return np.random.default_rng(None if self.data_seed is None else self.data_seed + offset)
 
     def param(self, name: str, default: Any) -> Any:
-        return type(default)(self.params[name]) if name in self.params and default is not None else self.params.get(name, default)
+        """``params[name]`` coerced to the type of ``default`` (``default`` when absent)."""
+        if name not in self.params:
+            return default
+        value = self.params[name]
+        if isinstance(default, bool):
+            return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+        return value if default is None else type(default)(value)
 
     # logging helpers, so user code can take ``ctx`` alone
     def log(self, step: int | None = None, **metrics: float) -> None:
