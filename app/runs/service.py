@@ -136,7 +136,8 @@ def lease_next(session: Session, worker: Worker, settings: Settings) -> Lease | 
         metrics_repo.delete_other_attempts(session, run.id, run.attempt)
         study = session.get(Study, run.study_id)
         assert study is not None
-        studies.refresh_status(session, study.id)
+        if study.status != "running":  # a lease only ever moves a study from queued to running
+            studies.refresh_status(session, study.id)
         return Lease(
             run_id=run.id,
             study_id=run.study_id,
