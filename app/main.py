@@ -45,19 +45,27 @@ class BodyLimit:
                 await _too_large(self.limit, send)
                 return
         seen = 0
-        started = False
+        started = over = False
 
         async def limited_receive():  # noqa: ANN202
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
+                    over = True
                     raise _BodyTooLarge
             return message
 
         async def tracking_send(message):  # noqa: ANN001, ANN202
             nonlocal started
+            if over:
+                # FastAPI turns an exception while reading the body into its own 400
+                # ("error parsing the body"): answer 413 naming the limit instead.
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await _too_large(self.limit, send)
+                return
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
