@@ -184,4 +184,17 @@ def test_cancelled_study_kills_the_running_run_and_user_errors_are_reported(live
     wait_for(lambda: runs(http, study)[0]["status"] == "cancelled", 20, f"the run to be reported cancelled\n{w.log()}")
     assert study_status(http, study) == "cancelled"
     assert w.proc.poll() is None, "the worker must carry on after a cancelled run"
+
+    # SIGTERM while a run executes: past the grace period it is killed and released to the queue
+    pidfile.unlink()
+    again = submit(http, name="release", workload={"framework": "torch", "entrypoint": str(slow)},
+                   seeds=[0], determinism=["none"])
+    wait_for(pidfile.exists, 60, f"the run to start\n{w.log()}")
+    pid = int(pidfile.read_text())
+    t0 = time.monotonic()
     assert w.stop() == 0
+    assert time.monotonic() - t0 < 15
+    assert not _pid_alive(pid)
+    run = runs(http, again)[0]
+    assert run["status"] == "queued", run
+    assert "released back to the queue" in w.log()
