@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__, migrate
@@ -155,6 +155,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _value_error(request: Request, exc: ValueError) -> JSONResponse:
         # The stats core validates its inputs with ValueError: data it cannot judge is a 422, not a 500.
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(DataError)  # PostgreSQL: a value out of range for its column
+    @app.exception_handler(OverflowError)  # SQLite: an integer beyond 64 bits
+    async def _out_of_range(request: Request, exc: Exception) -> JSONResponse:
+        detail = [{"loc": [], "msg": "a number is out of range: ids, steps and seeds are 64-bit integers",
+                   "type": "value_error"}]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)
