@@ -94,3 +94,11 @@ def test_uploaded_run_points(make_api):
     run = {"seed": 0, "determinism": "seeded", "metrics": {"acc": {"steps": list(range(101)), "values": [0.0] * 101}}}
     r = api.post(f"/api/v1/studies/{sid}/runs", json=run)
     assert r.status_code in (413, 422) and "STEADY_MAX_BATCH_POINTS" in _detail(r), r.text[:300]
+
+
+def test_ids_beyond_64_bits(api):
+    """An id no database column can hold is a 422, not a 500 (SQLite) or a 503 'database down' (PostgreSQL)."""
+    huge = 2**64
+    for path in (f"/api/v1/runs/{huge}", f"/api/v1/studies/{huge}", f"/api/v1/runs/{huge}/metrics/loss"):
+        r = api.get(path)
+        assert r.status_code == 422 and "64-bit" in _detail(r), (path, r.status_code, r.text)
