@@ -38,7 +38,7 @@ def test_compose_topology():
     assert len(workers) >= 2
     gpus = set()
     for s in workers.values():
-        assert "worker" in s["command"] and "--server" in s["command"]
+        assert "worker" in s["command"] and "--server" in s["command"] and s["environment"]["STEADY_TOKEN"]
         (device,) = s["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
         gpus.update(device["device_ids"])
