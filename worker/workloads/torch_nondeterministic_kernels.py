@@ -31,6 +31,15 @@ FRAMEWORKS = ("torch",)
 LEVELS = 17  # raw digits intensities are 0..16
 
 
+_PERMS: dict[int, torch.Tensor] = {}
+
+
+def _interleave(n: int) -> torch.Tensor:
+    if n not in _PERMS:
+        _PERMS[n] = torch.randperm(n, generator=torch.Generator().manual_seed(20240229))
+    return _PERMS[n]
+
+
 class TokenBag(torch.nn.Module):
     def __init__(self, vocab: int, dim: int, classes: int = 10) -> None:
         super().__init__()
@@ -46,6 +55,11 @@ class TokenBag(torch.nn.Module):
             pooled = torch.zeros(b, rows.shape[1], device=rows.device).index_add_(0, sample, rows)
             energy = torch.zeros(b, device=rows.device).scatter_add_(0, sample, rows.square().sum(1))
         else:
+            # Interleave the samples (a fixed permutation, not the run's RNG): sorted destination
+            # indices would give each thread its own rows, and only the rows that both threads
+            # add into are summed in a timing-dependent order.
+            perm = _interleave(flat.numel())
+            flat, sample = flat[perm], sample[perm]
             rows = self.embedding[flat]  # backward: accumulate into repeated rows
             pooled = torch.zeros(b, rows.shape[1]).index_put((sample,), rows, accumulate=True)
             energy = torch.zeros(b).index_put((sample,), rows.square().sum(1), accumulate=True)
