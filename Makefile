@@ -41,12 +41,22 @@ test: setup
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow and not browser"
 
-bench: setup
+# Benchmarks write bench/results/*.json. MLflow, the ingestion reference, lives in its own venv.
+MLFLOW_VENV := .venv-mlflow
+$(MLFLOW_VENV)/.installed:
+	$(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install --quiet mlflow
+	touch $@
+
+bench: setup $(MLFLOW_VENV)/.installed
 	mkdir -p bench/results
 	$(BIN)/python bench/bands_bench.py
+	MLFLOW_PYTHON=$(MLFLOW_VENV)/bin/python $(BIN)/python bench/ingest_bench.py
+	$(BIN)/python bench/lease_bench.py
+	$(BIN)/python bench/dashboard_bench.py
 
 serve: $(STAMP)
 	$(BIN)/steady serve
 
 clean:
-	rm -rf $(VENV) .steady .steady-demo artifacts bench/results
+	rm -rf $(VENV) $(MLFLOW_VENV) .steady .steady-demo artifacts bench/results
