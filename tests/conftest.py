@@ -169,6 +169,7 @@ class LiveServer:
     tokens: dict[str, str]
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    workers: int = 1  # uvicorn worker processes
 
     def headers(self, role: str = "user") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
@@ -177,7 +178,8 @@ class LiveServer:
         port = self.url.rsplit(":", 1)[1]
         log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", port, "--log-level", "warning"],
+            [sys.executable, "-m", "app.cli", "serve", "--port", port, "--log-level", "warning",
+             "--workers", str(self.workers)],
             env=self.env,
             cwd=REPO,
             stdout=log,

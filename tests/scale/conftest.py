@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -21,28 +20,6 @@ FAST_LEASES = {"lease_seconds": 3, "heartbeat_seconds": 1, "reaper_interval_seco
 @dataclass
 class Server(LiveServer):
     """A LiveServer that may run ``--workers N`` uvicorn processes."""
-
-    workers: int = 1
-
-    def start(self) -> None:
-        port = self.url.rsplit(":", 1)[1]
-        log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", port, "--log-level", "warning",
-             "--workers", str(self.workers)],
-            env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not start")
 
     def restart(self) -> None:
         self.start()

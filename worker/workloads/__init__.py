@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from worker.protocol import BUILTIN_WORKLOADS
+
 WORKLOADS: dict[str, str] = {
     "torch_mlp": "worker.workloads.torch_mlp",
     "torch_cnn": "worker.workloads.torch_cnn",
@@ -20,14 +22,8 @@ WORKLOADS: dict[str, str] = {
     "keras_mlp": "worker.workloads.keras_mlp",
 }
 
-WORKLOAD_FRAMEWORK: dict[str, str] = {
-    "torch_mlp": "torch",
-    "torch_cnn": "torch",
-    "torch_dataloader_workers": "torch",
-    "torch_nondeterministic_kernels": "torch",
-    "hashseed_vocab": "torch",
-    "keras_mlp": "tensorflow",
-}
+# The server validates specs against the same table (the wire contract).
+WORKLOAD_FRAMEWORK: dict[str, str] = BUILTIN_WORKLOADS
 
 
 def load(name: str) -> ModuleType:
