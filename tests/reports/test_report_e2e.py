@@ -1,0 +1,72 @@
+"""The verdicts of real runs: a live server, a real worker agent, real PyTorch training on the CPU."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.worker.test_worker_agent_e2e import Worker
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_done(http, study_ids: list[int], timeout: float) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [http.get(f"/api/v1/studies/{sid}").json()["status"] for sid in study_ids]
+        if all(s in {"completed", "failed", "cancelled"} for s in states):
+            assert states == ["completed"] * len(study_ids), states
+            return
+        time.sleep(0.5)
+    raise AssertionError("studies did not finish")
+
+
+def _verdict(report: dict, level: str, determinism: str, metric: str = "loss") -> dict:
+    (v,) = [v for v in report["verdicts"]
+            if v["level"] == level and v["metric"] == metric and v["group"].get("determinism") == determinism]
+    return v
+
+
+def test_real_runs_get_the_right_verdicts(live_server, tmp_path):
+    worker = Worker(live_server, tmp_path, "cpu-worker")
+    try:
+        with live_server.client() as http:
+            mlp = http.post("/api/v1/studies", json={
+                "name": "mlp", "workload": {"framework": "torch", "name": "torch_mlp", "params": {"epochs": 1}},
+                "seeds": [0, 1, 2, 3, 4], "repeats": 1, "determinism": ["strict"],
+                "metrics": [{"name": "loss", "max_std": 1.0}],
+            }).json()["id"]
+            levels = http.post("/api/v1/studies", json={
+                "name": "levels", "workload": {"framework": "torch", "name": "torch_mlp", "params": {"epochs": 1}},
+                "seeds": [0], "repeats": 2, "determinism": ["none", "strict"], "metrics": ["loss"],
+            }).json()["id"]
+            kernels = http.post("/api/v1/studies", json={
+                "name": "kernels", "workload": {"framework": "torch", "name": "torch_nondeterministic_kernels"},
+                "seeds": [0], "repeats": 4, "determinism": ["seeded"], "metrics": ["loss"],
+            }).json()["id"]
+            _wait_done(http, [mlp, levels, kernels], timeout=300)
+
+            report = http.get(f"/api/v1/studies/{levels}/report").json()
+            strict = _verdict(report, "repeatability", "strict")
+            assert strict["verdict"] == "identical", strict["reason"]
+            none = _verdict(report, "repeatability", "none")
+            assert none["verdict"] == "out_of_tolerance" and "seeding" in none["reason"], none["reason"]
+
+            report = http.get(f"/api/v1/studies/{kernels}/report").json()
+            seeded = _verdict(report, "repeatability", "seeded")
+            # Same initial weights and data order, different sums: the kernels are the source. (Whether the
+            # logged loss or only the final weights differ depends on how the two threads interleaved.)
+            assert seeded["verdict"] in {"out_of_tolerance", "within_tolerance"}, seeded["reason"]
+            assert "source: numerics" in seeded["reason"], seeded["reason"]
+
+            report = http.get(f"/api/v1/studies/{mlp}/report").json()
+            band = _verdict(report, "seed_stability", "strict")
+            assert band["n_runs"] == 5 and band["verdict"] == "stable", band["reason"]
+            bands = http.get(f"/api/v1/studies/{mlp}/bands", params={"metric": "loss"}).json()
+            (group,) = bands["groups"]
+            assert min(group["n"]) == 5
+            assert all(lo <= m <= hi for lo, m, hi in zip(group["ti_low"], group["mean"], group["ti_high"]))
+            assert all(lo <= m <= hi for lo, m, hi in zip(group["min"], group["mean"], group["max"]))
+    finally:
+        worker.stop()
