@@ -67,13 +67,16 @@ def test_floats_survive_the_event_file_exactly(tmp_path):
 
 @pytest.mark.parametrize("level", ["none", "seeded", "strict"])
 def test_subprocess_env(level):
-    base = {"PYTHONHASHSEED": "0", "CUBLAS_WORKSPACE_CONFIG": ":16:8", "TF_DETERMINISTIC_OPS": "1", "PATH": "/bin"}
+    base = {"PYTHONHASHSEED": "0", "CUBLAS_WORKSPACE_CONFIG": ":16:8", "TF_DETERMINISTIC_OPS": "1", "PATH": "/bin",
+            "MKL_CBWR": "COMPATIBLE", "MKL_DYNAMIC": "TRUE"}
     env = determinism.subprocess_env(level, 42, 3, base)
     assert env["PATH"] == "/bin"
     assert env["PYTHONHASHSEED"] == ("random" if level == "none" else "42")
     assert env.get("CUBLAS_WORKSPACE_CONFIG") == (":4096:8" if level == "strict" else None)
     assert env.get("TF_DETERMINISTIC_OPS") == ("1" if level == "strict" else None)
     assert all(env[v] == "3" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
+    assert env.get("MKL_CBWR") == ("AUTO,STRICT" if level == "strict" else None)
+    assert env["MKL_DYNAMIC"] == env["OMP_DYNAMIC"] == "FALSE"  # thread counts are fixed at every level
 
 
 def test_device_env():
