@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, DataError, IntegrityError, OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__, migrate
@@ -162,6 +162,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail = [{"loc": [], "msg": "a number is out of range: ids, steps and seeds are 64-bit integers",
                    "type": "value_error"}]
         return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(IntegrityError)  # a write that clashed with a concurrent one
+    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
+        return JSONResponse({"detail": "the request conflicts with existing data; re-read and retry"}, status_code=409)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)
