@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import REPO, LiveServer, create_pg_database, create_token_cli, drop_pg_database, free_port, pg_url_for, server_env
+from tests.conftest import REPO, LiveServer, wait_until, create_pg_database, create_token_cli, drop_pg_database, free_port, pg_url_for, server_env
 
 FAST_LEASES = {"lease_seconds": 3, "heartbeat_seconds": 1, "reaper_interval_seconds": 0.5}
 
@@ -98,16 +97,6 @@ def series(server: LiveServer, run_id: int, key: str = "loss") -> dict:
         r = c.get(f"/api/v1/runs/{run_id}/metrics/{key}")
         assert r.status_code == 200, r.text
         return r.json()
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def sql(url: str, statement: str, **params):  # noqa: ANN201

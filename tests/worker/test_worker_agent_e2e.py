@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from worker.protocol import Series
 
 pytestmark = pytest.mark.slow
@@ -56,13 +57,7 @@ def workers(tmp_path):
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 0.2):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return wait_until(predicate, timeout, every, what)
 
 
 def submit(http, **spec) -> int:  # noqa: ANN001
