@@ -86,7 +86,7 @@ def study_status(http, study_id: int) -> str:  # noqa: ANN001
 def test_a_full_study_completes(live_server, workers):
     http = live_server.client()
     study = submit(http, name="e2e", workload={"framework": "torch", "name": "torch_mlp", "params": {"epochs": 1}},
-                   seeds=[0], repeats=2, determinism=["strict"])
+                   seeds=[0], repeats=2, determinism=["strict"], threads=1)
     w = workers(live_server, "w1", "--labels", "e2e,rack-1")
     wait_for(lambda: study_status(http, study) == "completed", 120, f"study completion\n{w.log()}")
     items = runs(http, study)

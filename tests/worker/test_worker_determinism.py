@@ -9,9 +9,19 @@ from worker.local import LocalResult, run_local
 pytestmark = pytest.mark.slow
 
 
-def run(workload: str, level: str, seed: int = 7, framework: str = "torch", **params) -> LocalResult:
+# Bitwise identity of the MLPs is asserted with one thread. With two threads, PyTorch's CPU
+# build (MKL BLAS) rarely gave a 1-ULP loss difference even at `strict` on this machine (2 runs
+# in 32 in one batch, once in a demo, once in a full test run; 0 in 200 in another batch; the
+# cause is not pinned down). Steady reports such runs with source `numerics`, which is its job;
+# the tests of the level mechanics should not flake on it. The kernel workload keeps two
+# threads on purpose.
+ONE_THREAD = 1
+
+
+def run(workload: str, level: str, seed: int = 7, framework: str = "torch", threads: int = 2,
+        **params) -> LocalResult:
     result = run_local({"framework": framework, "workload": workload, "seed": seed, "determinism": level,
-                        "params": params, "time_limit_s": 120})
+                        "threads": threads, "params": params, "time_limit_s": 120})
     assert result.ok, f"{result.failure_kind}: {result.error}\n{result.stderr_tail[-3000:]}"
     return result
 
@@ -36,7 +46,7 @@ def assert_complete(r: LocalResult) -> None:
 
 @pytest.mark.parametrize("level", ["seeded", "strict"])
 def test_torch_mlp_is_bitwise_repeatable(level):
-    a, b = run("torch_mlp", level), run("torch_mlp", level)
+    a, b = run("torch_mlp", level, threads=ONE_THREAD), run("torch_mlp", level, threads=ONE_THREAD)
     assert_complete(a)
     assert signature(a) == signature(b)
     applied = a.determinism_applied
@@ -46,7 +56,7 @@ def test_torch_mlp_is_bitwise_repeatable(level):
     assert ("CUBLAS_WORKSPACE_CONFIG" in a.fingerprint["env"]) is (level == "strict")
     assert a.fingerprint["framework_version"].startswith("2.")
     # another seed is another run
-    c = run("torch_mlp", level, seed=8)
+    c = run("torch_mlp", level, seed=8, threads=ONE_THREAD)
     assert c.digests["initial_weights"] != a.digests["initial_weights"]
 
 
@@ -59,7 +69,8 @@ def test_torch_mlp_at_none_fixes_nothing():
 
 
 def test_dataloader_workers_are_repeatable_when_seeded():
-    a, b = run("torch_dataloader_workers", "seeded"), run("torch_dataloader_workers", "seeded")
+    a = run("torch_dataloader_workers", "seeded", threads=ONE_THREAD)
+    b = run("torch_dataloader_workers", "seeded", threads=ONE_THREAD)
     assert_complete(a)
     assert signature(a) == signature(b)
 

@@ -8,22 +8,11 @@ hidden=64, num_workers=2, noise=0.05.
 
 from __future__ import annotations
 
-from torch import nn
-
 from worker import sdk
-from worker.workloads._torch_common import train_classifier
-from worker.workloads.data import digits_split
+from worker.workloads.torch_mlp import train_mlp
 
 FRAMEWORKS = ("torch",)
 
 
 def run(ctx: sdk.RunContext) -> dict:
-    split = digits_split(ctx.param("split_seed", 0))
-    sdk.emit({"e": "info", "value": {"data_split": split.info}})
-    hidden = ctx.param("hidden", 64)
-    model = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
-    return train_classifier(
-        ctx, model, split,
-        epochs=ctx.param("epochs", 3), batch_size=ctx.param("batch_size", 64), lr=ctx.param("lr", 1e-3),
-        num_workers=ctx.param("num_workers", 2), noise=ctx.param("noise", 0.05),
-    )
+    return train_mlp(ctx, epochs=3, num_workers=ctx.param("num_workers", 2), noise=ctx.param("noise", 0.05))
