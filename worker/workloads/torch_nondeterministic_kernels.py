@@ -12,6 +12,7 @@ sum of its tokens' embedding rows. Each step accumulates ``batch_size x 64`` row
 * on CUDA: ``index_add_`` and ``scatter_add_`` (atomic adds) in the forward pass and the
   embedding backward; all have deterministic implementations under ``strict``.
 
+Logs ``loss`` and ``param_sum`` (the float64 sum of all weights) every step.
 Params: steps=40, batch_size=512, dim=64, lr=0.05.
 """
 
@@ -100,7 +101,12 @@ def run(ctx: sdk.RunContext) -> dict:
         loss.backward()
         optimizer.step()
         value = loss.item()
-        sdk.log(step, loss=value, step_time=time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        # The float64 sum of every weight: a one-ULP change anywhere in the model shows here at
+        # once, where the float32 loss may round it away for a few steps.
+        with torch.no_grad():
+            param_sum = sum(float(p.double().sum()) for p in model.parameters())
+        sdk.log(step, loss=value, param_sum=param_sum, step_time=elapsed)
         if k == steps_per_epoch - 1 or step == steps - 1:
             with torch.no_grad():
                 logits = model(x_val)
