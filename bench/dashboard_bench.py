@@ -87,6 +87,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(port: int, env: dict, log) -> subprocess.Popen:  # noqa: ANN001
+    """A `steady serve` process, returned once /healthz answers (or after 60 s)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return server
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=50)
@@ -112,17 +127,9 @@ def main() -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(tmp / "server.log", "wb")  # noqa: SIM115
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],
-                              env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = start_server(port, env, log)
     results: dict = {}
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         headers = {"Authorization": f"Bearer {token}"}
         params = {"metric": "loss", "determinism": "seeded", "stack": "a100-cu121", "max_points": args.max_points,
                   "max_lines": args.max_lines}
@@ -161,16 +168,7 @@ def main() -> int:
         # First render in Chromium: a fresh server process, so the report is not cached.
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],
-            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        server = start_server(port, env, log)
         from playwright.sync_api import sync_playwright
 
         renders = []
