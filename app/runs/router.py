@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import numpy as np
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
 from app.errors import NotFound
 from app.metrics import repository as metrics_repo
+from app.metrics.encoding import json_values
 from app.runs import service
 from app.studies import service as studies
 from app.studies.schemas import RunOut
@@ -28,16 +28,6 @@ class SeriesOut(BaseModel):
     values: list[float | str] | None = None
     steps_b64: str | None = None
     values_b64: str | None = None
-
-
-def json_values(values: np.ndarray) -> list[float | str]:
-    """Floats for JSON: finite values as numbers (exact), non-finite as 'NaN'/'Infinity'/'-Infinity'."""
-    out: list[Any] = values.tolist()
-    if not np.isfinite(values).all():
-        for i in np.flatnonzero(~np.isfinite(values)):
-            v = values[i]
-            out[i] = "NaN" if np.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
-    return out
 
 
 @router.get("/{run_id}", response_model=RunOut)

@@ -6,17 +6,16 @@ exactly one caller however many API processes and workers race for it.
 
 from __future__ import annotations
 
-import math
 import uuid
 from datetime import datetime, timedelta
 
-import numpy as np
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.errors import Conflict, NotFound, TooLarge
 from app.metrics import repository as metrics_repo
+from app.metrics.encoding import json_float, series_arrays
 from app.models import Run, Study, Worker, utcnow
 from app.studies import service as studies
 from worker.protocol import (
@@ -187,29 +186,20 @@ def ingest_batch(session: Session, run_id: int, body: MetricBatch, settings: Set
     run = _leased_run(session, run_id, body.lease_id, lock=False)
     if metrics_repo.batch_exists(session, run.id, run.attempt, body.seq):
         return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=True)
-    arrays = []
-    for s in body.series:
-        steps, values = s.unpacked() if s.steps is None else (s.steps, s.values)
-        arrays.append((s.key, np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)))
+    arrays = [(s.key, *series_arrays(s)) for s in body.series]
     stored = metrics_repo.insert_chunks(session, run.id, run.attempt, body.seq, arrays)
     return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=not stored)
-
-
-def _finite_or_str(value: float) -> float | str:
-    if math.isfinite(value):
-        return value
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
 def complete(session: Session, run_id: int, body: RunResult) -> RunAck:
     run = _finished_guard(session, run_id, body.lease_id)
     now = utcnow()
     run.status = RunStatus.completed.value
-    run.final_metrics = {k: _finite_or_str(v) for k, v in body.final_metrics.items()}
+    run.final_metrics = {k: json_float(v) for k, v in body.final_metrics.items()}
     run.digests = body.digests.model_dump(mode="json")
     run.fingerprint = body.fingerprint
     run.determinism_applied = body.determinism_applied
-    run.timings = {k: _finite_or_str(v) for k, v in body.timings.items()}
+    run.timings = {k: json_float(v) for k, v in body.timings.items()}
     run.finished_at = now
     run.lease_expires_at = None
     metrics_repo.delete_other_attempts(session, run.id, run.attempt)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.errors import Conflict, Invalid, NotFound
 from app.metrics import repository as metrics_repo
+from app.metrics.encoding import json_float
 from app.models import Run, Study, utcnow
 from app.studies import repository
 from app.studies.schemas import ExternalRunIn, StudyOut, StudySpec
@@ -206,7 +207,7 @@ def upload_external_run(session: Session, study_id: int, body: ExternalRunIn, se
         max_attempts=1,
         fingerprint=body.stack,
         digests=body.digests,
-        final_metrics={k: _json_float(v) for k, v in final.items()},
+        final_metrics={k: json_float(v) for k, v in final.items()},
         started_at=utcnow(),
         finished_at=utcnow(),
     )
@@ -225,10 +226,5 @@ def upload_external_run(session: Session, study_id: int, body: ExternalRunIn, se
     return run
 
 
-def _json_float(value: float) -> float | str:
-    """Non-finite floats are kept as the strings 'NaN', 'Infinity', '-Infinity' in JSON."""
-    if np.isfinite(value):
-        return value
-    return "NaN" if np.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
