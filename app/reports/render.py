@@ -85,32 +85,21 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
 
 
 def _variance_line(v: dict[str, Any]) -> str:
-    group = _group(v.get("group", {}))
-    share = v.get("share_within")
-    if share is None and isinstance(v.get("components"), dict):
-        share = v["components"].get("share_within")
-    between = v.get("between_seed_var", v.get("var_between"))
-    within = v.get("within_seed_var", v.get("var_within"))
-    text = f"{v.get('metric')}  {group}: "
-    if share is not None:
-        text += f"nondeterminism share {float(share) * 100:.1f}%"
-    if between is not None and within is not None:
-        text += f"  (between-seed var {_num(between)}, within-seed var {_num(within)})"
-    if share is None and between is None:
-        text += ", ".join(f"{k}={_num(x)}" for k, x in v.items() if not isinstance(x, (dict, list)))
-    return text
+    """One ``variance_by_source`` entry of ``app.stats.report`` (components of a VarianceComponents)."""
+    text = f"{v['metric']}  {_group(v['group'])}: "
+    if not v.get("available"):
+        return text + f"not available ({v.get('reason', 'too few runs')})"
+    c = v["components"]
+    return (text + f"nondeterminism share {float(c['share_within']) * 100:.1f}%"
+            f"  (between-seed var {_num(c['between'])}, within-seed var {_num(c['within'])})")
 
 
 def _cost_line(c: dict[str, Any]) -> str:
-    num, den = c.get("numerator", c.get("level")), c.get("denominator", c.get("baseline"))
-    ratio = c.get("ratio")
-    low, high = c.get("ci_low"), c.get("ci_high")
-    stack = c.get("stack")
-    text = f"{num} / {den}" + (f" ({stack})" if stack else "")
-    if ratio is not None:
-        text += f": ×{float(ratio):.3f}"
-        if low is not None and high is not None:
-            text += f" (CI {float(low):.3f}–{float(high):.3f})"
-    else:
-        text += ": " + ", ".join(f"{k}={_num(x)}" for k, x in c.items() if not isinstance(x, (dict, list)))
+    """One ``determinism_cost`` entry of ``app.stats.report`` (a CostRatio with its stack)."""
+    text = f"{c['numerator']} / {c['denominator']} ({c['stack']})"
+    if c.get("ratio") is None:
+        return text + ": not available"
+    text += f": ×{float(c['ratio']):.3f}"
+    if c.get("ci_low") is not None and c.get("ci_high") is not None:
+        text += f" (CI {float(c['ci_low']):.3f}–{float(c['ci_high']):.3f})"
     return text

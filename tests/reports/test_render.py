@@ -1,0 +1,25 @@
+"""The terminal report reads the stats core's real output shape."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.reports.render import render_report
+from app.stats.report import MetricSpec, RunData, build_report
+
+
+def test_render_variance_and_cost_from_a_real_report():
+    rng = np.random.default_rng(0)
+    steps = np.arange(20)
+    runs = []
+    for level, slow in (("seeded", 1.0), ("strict", 1.5)):
+        for seed in range(3):
+            for repeat in range(2):
+                loss = np.linspace(1, 0.1, 20) + 0.01 * seed + rng.normal(0, 1e-3, 20)
+                runs.append(RunData(run_id=len(runs) + 1, seed=seed, repeat=repeat, determinism=level, stack="cpu",
+                                    series={"loss": (steps, loss), "step_time": (steps, slow * (0.01 + rng.normal(0, 1e-4, 20)))}))
+    report = build_report(runs, [MetricSpec(name="loss")], rng=np.random.default_rng(1)).to_dict()
+    text = render_report({"study": {"id": 1, "name": "s", "status": "completed"}, **report})
+    assert "loss  seeded / cpu: nondeterminism share" in text and "within-seed var" in text
+    (line,) = [x for x in text.splitlines() if "strict / seeded (cpu): ×" in x]
+    assert abs(float(line.split("×")[1].split()[0]) - 1.5) < 0.02 and "(CI " in line
