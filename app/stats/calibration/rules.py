@@ -1,0 +1,22 @@
+"""The registry of every decision rule Steady applies, each with its calibration scenarios.
+
+One module per family keeps the registry easy to extend: ``seeds`` (seed stability,
+out-of-band runs, repeatability, stack portability, planning), ``cost`` (determinism cost),
+``alerts`` (alert kinds, suite shift over a lifetime of evaluations)."""
+from __future__ import annotations
+
+from app.stats.calibration import Rule
+from app.stats.calibration import rules_alerts, rules_cost, rules_seeds
+
+__all__ = ["all_rules", "rule_by_name"]
+
+
+def all_rules() -> list[Rule]:
+    return [*rules_seeds.RULES, *rules_cost.RULES, *rules_alerts.RULES]
+
+
+def rule_by_name(name: str) -> Rule:
+    for r in all_rules():
+        if r.name == name:
+            return r
+    raise KeyError(f"no rule named {name!r}; known: {', '.join(r.name for r in all_rules())}")

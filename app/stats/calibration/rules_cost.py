@@ -1,0 +1,6 @@
+"""Calibration scenarios: cost family (see app.stats.calibration.rules)."""
+from __future__ import annotations
+
+from app.stats.calibration import Rule
+
+RULES: list[Rule] = []
