@@ -209,6 +209,15 @@ class MetricBatch(_Model):
     seq: Annotated[int, Field(ge=0)]
     series: Annotated[list[Series], Field(min_length=1, max_length=MAX_SERIES_PER_BATCH)]
 
+    @model_validator(mode="after")
+    def _unique_keys(self) -> "MetricBatch":
+        seen: set[str] = set()
+        for s in self.series:
+            if s.key in seen:
+                raise ValueError(f"metric key {s.key!r} appears twice in one batch; send each key once")
+            seen.add(s.key)
+        return self
+
 
 class BatchAck(_Model):
     run_id: int

@@ -25,7 +25,7 @@ def _check_series(key, steps, values) -> tuple[np.ndarray, np.ndarray]:
     if s.size and not np.issubdtype(s.dtype, np.integer):
         raise ValueError(f"series {key!r}: steps must be integers, got dtype {s.dtype}")
     s = s.astype(np.int64, copy=False)
-    if s.size > 1 and np.any(np.diff(s) <= 0):
+    if s.size > 1 and np.any(s[1:] <= s[:-1]):  # no np.diff: it overflows for steps 2**63 apart
         raise ValueError(f"series {key!r}: steps must be strictly increasing")
     return s, v
 

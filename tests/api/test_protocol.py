@@ -103,10 +103,14 @@ def test_bad_batches(api):
         {"lease_id": lid, "seq": 0, "series": [{"key": "bad key!", "steps": [1], "values": [1.0]}]},
         {"lease_id": lid, "seq": 0, "series": [{"key": "loss", "steps_b64": "!!!", "values_b64": "AAAA"}]},
         {"lease_id": lid, "seq": 0, "series": [{"key": "loss", "steps": ["a"], "values": [1.0]}]},
+        # a key twice in one batch was acknowledged as a duplicate with nothing stored
+        {"lease_id": lid, "seq": 0, "series": [{"key": "loss", "steps": [1], "values": [1.0]},
+                                               {"key": "loss", "steps": [2], "values": [2.0]}]},
     ]
     for body in bad:
         r = api.post(url, role="worker", json=body)
         assert r.status_code == 422, (body, r.text)
+    assert "appears twice" in api.post(url, role="worker", json=bad[-1]).text
     r = api.post("/api/v1/runs/424242/metrics", role="worker", json=batch(lid, 0, "loss", [1], [1.0]))
     assert r.status_code == 404
 
