@@ -37,6 +37,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     where = settings.database_url.split("@")[-1] if settings.database_url else settings.resolved_database_url
     print(f"steady: serving on http://{args.host}:{args.port}  (database: {where})", flush=True)
+    if args.workers > 1:
+        from app.main import SUPERVISOR_PID_ENV
+
+        # the worker processes end when this supervisor dies, even by SIGKILL (app.main)
+        os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
     uvicorn.run(
         "app.main:create_app",
         factory=True,

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import signal
+import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -117,8 +121,24 @@ class Reaper:
                 log.warning("lease reaper: %s", exc)
 
 
+SUPERVISOR_PID_ENV = "STEADY_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_supervisor() -> None:
+    """In a ``serve --workers N`` worker process: ask the kernel for SIGTERM when the supervisor
+    dies (SIGKILL included), so no orphaned worker keeps the port and a restart can bind it."""
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+    if not supervisor or int(supervisor) == os.getpid() or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != int(supervisor):  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    _die_with_supervisor()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
