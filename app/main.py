@@ -34,6 +34,40 @@ from app.workers.router import router as workers_router
 log = logging.getLogger("steady")
 
 
+# The dashboard runs with no inline script or style: everything it needs comes from /static.
+# /docs and /redoc load Swagger UI / ReDoc from their CDN (issue #14 will vendor them); they get
+# the headers below but not this policy.
+CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                           "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+                           "frame-ancestors 'none'")
+_CSP_EXEMPT = ("/docs", "/redoc")
+
+
+class SecurityHeaders:
+    """nosniff, no framing and a same-origin referrer on every answer; the CSP on every page."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        csp = not scope["path"].startswith(_CSP_EXEMPT)
+
+        async def send_with_headers(message) -> None:  # noqa: ANN001
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                            (b"referrer-policy", b"same-origin")]
+                if csp:
+                    headers.append((b"content-security-policy", CONTENT_SECURITY_POLICY.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
 class BodyLimit:
     """Refuse request bodies over ``limit`` bytes with 413, whether or not Content-Length is sent."""
 
@@ -208,4 +242,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     app.include_router(dashboard_router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(SecurityHeaders)
     return app

@@ -47,6 +47,9 @@ def new_page(browser):
         page.console_errors = []
         page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
         page.on("pageerror", lambda e: page.console_errors.append(str(e)))
+        page.csp_violations = []  # what the Content-Security-Policy refused (a console error each)
+        page.on("console", lambda m: m.type == "error" and "Content Security Policy" in m.text
+                and page.csp_violations.append(m.text))
         page.set_default_timeout(15_000)
         return page
 

@@ -184,6 +184,8 @@ def test_study_page_chart_selectors_and_panels(live_server, new_page):
     assert f"run {diverged}: loss became non-finite at step 300" in verdicts.inner_text()
     assert "h100 vs a100" in page.locator("#stacks").inner_text()
     assert "seed" in page.locator("#variance").inner_text()
+    # the variance bars get their width from data attributes (no inline style under the CSP)
+    assert page.locator("#variance .split-seed").first.evaluate("e => e.getBoundingClientRect().width") > 0
     cost = page.locator("#cost svg")
     assert cost.count() == 1 and "a100 strict/seeded" in cost.locator("desc").text_content()
     assert page.locator("#runs tbody tr").count() == 25
@@ -199,7 +201,16 @@ def test_study_page_chart_selectors_and_panels(live_server, new_page):
     assert "a" * 64 in page.locator("main").inner_text() and "a100" in page.locator("main").inner_text()
     page.wait_for_selector("figure[data-run-metric='step_time'][data-ready='true'] canvas")
     shot(page, "run-completed")
-    assert page.dialogs == [] and page.console_errors == []
+    assert page.dialogs == [] and page.console_errors == [] and page.csp_violations == []
+
+
+def test_security_headers_on_pages_and_api(live_server):
+    with live_server.client() as c:
+        for path in ("/studies", "/api/v1/studies", "/static/dashboard.js", "/login"):
+            h = c.get(path).headers
+            assert h["x-content-type-options"] == "nosniff" and h["x-frame-options"] == "DENY", path
+            assert "script-src 'self'" in h["content-security-policy"] and "unsafe-inline" not in \
+                h["content-security-policy"], path
 
 
 def test_live_update_while_runs_execute(live_server, new_page):

@@ -331,6 +331,9 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    // widths come as data attributes: the Content-Security-Policy allows no inline style
+    $$("[data-width]").forEach((el) => { el.style.width = Number(el.dataset.width) + "%"; });
+    $$("form[data-selectors]").forEach((f) => f.addEventListener("submit", (e) => e.preventDefault()));
     const main = $("main");
     if (main.dataset.page === "study") initStudy(main);
     else if (main.dataset.page === "run") initRun(main);
