@@ -41,6 +41,27 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
 
+def _without_nul(value: Any) -> Any:
+    """NUL characters replaced by U+FFFD, recursively: PostgreSQL text and jsonb cannot hold NUL,
+    and a failure report must be stored whatever bytes a crashing run printed."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value
+
+
+class _FreeText(_Model):
+    """A message whose strings come from user code or the host (errors, fingerprints)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strip_nul(cls, data: Any) -> Any:
+        return _without_nul(data)
+
+
 class Framework(str, Enum):
     torch = "torch"
     tensorflow = "tensorflow"
@@ -85,7 +106,7 @@ class FailureKind(str, Enum):
 # --- registration ---------------------------------------------------------------------------
 
 
-class WorkerRegistration(_Model):
+class WorkerRegistration(_FreeText):
     name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
     labels: Annotated[list[Label], Field(max_length=MAX_LABELS)] = []
     fingerprint: dict[str, Any] = {}
@@ -238,7 +259,7 @@ class Digests(_Model):
     optimizer_state: str | None = None
 
 
-class RunResult(_Model):
+class RunResult(_FreeText):
     lease_id: str
     final_metrics: dict[str, float] = {}
     digests: Digests = Digests()
@@ -247,7 +268,7 @@ class RunResult(_Model):
     timings: dict[str, float] = {}  # wall_s, step_time_mean_s, ...
 
 
-class RunFailure(_Model):
+class RunFailure(_FreeText):
     lease_id: str
     kind: FailureKind = FailureKind.error
     error: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)]

@@ -187,6 +187,18 @@ def test_user_failure_is_recorded(api):
     assert api.get(f"/api/v1/studies/{sid}").json()["status"] == "failed"
 
 
+def test_failure_report_with_nul_bytes_is_stored_on_both_backends(api):
+    """PostgreSQL refused NUL in text with a misleading 422 and the real error was lost."""
+    _one_run_study(api)
+    leased = lease(api, register(api))
+    r = api.post(f"/api/v1/runs/{leased['run_id']}/fail", role="worker",
+                 json={"lease_id": leased["lease_id"], "kind": "error", "error": "bad\x00byte",
+                       "stderr_tail": "tail\x00", "fingerprint": {"k\x00": ["v\x00"]}})
+    assert r.status_code == 200, r.text
+    run = api.get(f"/api/v1/runs/{leased['run_id']}").json()
+    assert run["error"] == "bad\ufffdbyte" and run["stderr_tail"] == "tail\ufffd"
+
+
 def test_external_study_upload(api):
     r = api.post("/api/v1/studies", json={"name": "imported", "kind": "external", "metrics": ["acc"]})
     assert r.status_code == 201 and r.json()["status"] == "open"
