@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.terminal import printable
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -87,7 +89,7 @@ def cmd_token(args: argparse.Namespace) -> int:
         with db.read() as session:
             for row in service.list_tokens(session):
                 state = "revoked" if row.revoked_at else "active"
-                print(f"{row.id:>4}  {row.role:<7} {row.prefix}…  {state:<8} {row.name}")
+                print(f"{row.id:>4}  {row.role:<7} {row.prefix}…  {state:<8} {printable(row.name)}")
     elif args.token_cmd == "revoke":
         with db.write() as session:
             row = service.revoke_token(session, args.id)
@@ -144,7 +146,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     api = Api(args.server, args.token)
     spec = _load_spec(args.spec)
     study = api.post("/api/v1/studies", json=spec)
-    print(f"submitted study {study['id']} ({study['name']}): {study['progress']['total']} runs")
+    print(f"submitted study {study['id']} ({printable(study['name'])}): {study['progress']['total']} runs")
     if not args.wait:
         return EXIT_OK
     final = wait_for(api, study["id"])
@@ -165,7 +167,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not studies:
         print("no studies yet: steady submit study.yaml")
     for s in studies:
-        print(f"{s['id']:>5}  {s['status']:<9} {_bar(s['progress'], 20)}  {s['name']}")
+        print(f"{s['id']:>5}  {s['status']:<9} {_bar(s['progress'], 20)}  {printable(s['name'])}")
     return EXIT_OK
 
 
@@ -201,7 +203,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         print("no alerts")
     for a in page["items"]:
         ack = " (acked)" if a["acked_at"] else ""
-        print(f"{a['id']:>5}  {a['state']:<8} {a['severity']:<8} {a['kind']:<18} {a['summary']}{ack}\n"
+        print(f"{a['id']:>5}  {a['state']:<8} {a['severity']:<8} {a['kind']:<18} {printable(a['summary'])}{ack}\n"
               f"       {a['link']}")
     return EXIT_FAIL if args.fail_on_firing and any(a["state"] == "firing" for a in page["items"]) else EXIT_OK
 
@@ -314,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         detail = exc.detail
         if isinstance(detail, list):
             detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
+        detail = printable(detail)
         print(f"steady: {detail}" if exc.status == 0 else f"steady: the server answered {exc.status}: {detail}",
               file=sys.stderr)
         return EXIT_FAIL

@@ -63,3 +63,17 @@ def test_token_commands_and_errors(live_server):
     no_server = subprocess.run([sys.executable, "-m", "app.cli", "status", "--server", "http://127.0.0.1:9"],
                                env=env, cwd=REPO, capture_output=True, text=True)
     assert no_server.returncode == 1 and "cannot reach" in no_server.stderr
+
+
+def test_control_characters_in_names_never_reach_the_terminal(live_server):
+    evil = "ok\x1b]0;pwned\x07\x1b[2J\x9b31m\rname"
+    with live_server.client() as c:
+        sid = c.post("/api/v1/studies", json={"name": evil, "kind": "external",
+                                             "metrics": [{"name": "loss"}]}).json()["id"]
+        r = c.post(f"/api/v1/studies/{sid}/runs", json={
+            "seed": 0, "determinism": "seeded", "stack": {"name": "gpu\x1b[31m"},
+            "metrics": {"loss": {"steps": [0, 1], "values": [1.0, 0.5]}}})
+        assert r.status_code == 201, r.text
+    for out in (steady(live_server, "status").stdout, steady(live_server, "report", str(sid)).stdout):
+        assert "okname" in out.replace("]0;pwned", "").replace("[2J", "").replace("31m", "")
+        assert not any(ch in out for ch in "\x1b\x07\x9b\r")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.terminal import printable_tree
+
 LEVELS = (
     ("repeatability", "1. Repeatability", "same seed, same stack: are repeats bitwise identical?"),
     ("seed_stability", "2. Seed stability", "different seeds: how wide is the band?"),
@@ -38,6 +40,7 @@ def _num(x: Any) -> str:
 
 
 def render_report(report: dict[str, Any], *, color: bool = False) -> str:
+    report = printable_tree(report)  # names and reasons come from users: no control characters
     study = report.get("study", {})
     lines = []
     progress = study.get("progress", {})
