@@ -33,7 +33,7 @@ def list_studies(
     offset: Offset = 0,
 ) -> StudyPage:
     rows, total = repository.list_studies(db, status=status, suite=suite, name=name, limit=limit, offset=offset)
-    return StudyPage(items=service.to_out(db, rows), total=total, limit=limit, offset=offset)
+    return StudyPage(items=service.to_out(db, rows, summary=True), total=total, limit=limit, offset=offset)
 
 
 @router.get("/{study_id}", response_model=StudyOut)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,8 @@ from worker.protocol import (
     MetricKey,
 )
 
+MAX_PARAMS_BYTES = 64 * 1024  # workload.params travel with every lease of the study's runs
+
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
 StackName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:+\-]+$")]
 
@@ -31,10 +34,14 @@ class WorkloadSpec(_Spec):
     entrypoint: Annotated[str, Field(min_length=1, max_length=500)] | None = Field(
         None, description="user code: 'package.module:function' or 'path/to/script.py'"
     )
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = Field({}, description=f"passed to the workload; at most {MAX_PARAMS_BYTES} bytes as JSON")
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
+        size = len(json.dumps(self.params, separators=(",", ":"), default=str))
+        if size > MAX_PARAMS_BYTES:
+            raise ValueError(f"params take {size} bytes as JSON; the limit is {MAX_PARAMS_BYTES}: "
+                             "ship large inputs as files with your code, not as parameters")
         if (self.name is None) == (self.entrypoint is None):
             raise ValueError("give exactly one of 'name' (a built-in workload) or 'entrypoint' (your code)")
         if self.name is not None:
@@ -145,7 +152,9 @@ class Progress(BaseModel):
     cancelled: int = 0
 
 
-class StudyOut(BaseModel):
+class StudySummary(BaseModel):
+    """A study in a list: everything but its spec (GET /studies/{id} has the spec)."""
+
     id: int
     name: str
     kind: str
@@ -155,11 +164,14 @@ class StudyOut(BaseModel):
     updated_at: datetime
     finished_at: datetime | None
     progress: Progress
+
+
+class StudyOut(StudySummary):
     spec: dict[str, Any]
 
 
 class StudyPage(BaseModel):
-    items: list[StudyOut]
+    items: list[StudySummary]
     total: int
     limit: int
     offset: int

@@ -16,7 +16,7 @@ from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float
 from app.models import Run, Study, utcnow
 from app.studies import repository
-from app.studies.schemas import ExternalRunIn, StudyOut, StudySpec
+from app.studies.schemas import ExternalRunIn, StudyOut, StudySpec, StudySummary
 from worker.protocol import STEP_TIME_KEY, TERMINAL_RUN_STATUSES, RunStatus
 
 TERMINAL = {s.value for s in TERMINAL_RUN_STATUSES}
@@ -86,10 +86,12 @@ def get_run(session: Session, run_id: int) -> Run:
     return run
 
 
-def to_out(session: Session, studies: list[Study]) -> list[StudyOut]:
+def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> list[StudySummary]:
+    """API views of ``studies``; ``summary`` leaves the spec out (lists)."""
     progress = repository.progress_by_study(session, [s.id for s in studies])
+    cls = StudySummary if summary else StudyOut
     return [
-        StudyOut(
+        cls(
             id=s.id,
             name=s.name,
             kind=s.kind,
@@ -99,7 +101,7 @@ def to_out(session: Session, studies: list[Study]) -> list[StudyOut]:
             updated_at=s.updated_at,
             finished_at=s.finished_at,
             progress=progress[s.id],
-            spec=s.spec,
+            **({} if summary else {"spec": s.spec}),
         )
         for s in studies
     ]

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from app.studies.schemas import MAX_PARAMS_BYTES
 from tests.api.helpers import batch, lease, register, spec
 from worker.protocol import MAX_ERROR_LENGTH, MAX_KEY_LENGTH, MAX_LABELS, MAX_NAME_LENGTH, MAX_SERIES_PER_BATCH
 
@@ -69,6 +70,17 @@ def test_runs_per_study(small):
 def test_string_and_list_lengths_in_specs(api, what, body, limit):
     r = api.post("/api/v1/studies", json=body)
     assert r.status_code == 422 and f"at most {limit}" in _detail(r), (what, r.text[:300])
+
+
+def test_workload_params_are_bounded_and_lists_carry_no_spec(api):
+    big = {"framework": "torch", "name": "torch_mlp", "params": {"blob": "x" * (MAX_PARAMS_BYTES + 1)}}
+    r = api.post("/api/v1/studies", json=spec(workload=big))
+    assert r.status_code == 422 and f"the limit is {MAX_PARAMS_BYTES}" in _detail(r)
+    ok = api.post("/api/v1/studies", json=spec(workload={**big, "params": {"blob": "x" * 1000}}))
+    assert ok.status_code == 201 and ok.json()["spec"]["workload"]["params"]["blob"] == "x" * 1000
+    listed = api.get("/api/v1/studies").json()["items"]
+    assert listed and all("spec" not in s for s in listed)  # 25 large specs made one list answer 734 MB
+    assert "spec" in api.get(f"/api/v1/studies/{ok.json()['id']}").json()
 
 
 def test_worker_side_lengths(leased):
