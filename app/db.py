@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import NewType
 
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+
+from app.errors import Unavailable
 
 ReadSession = NewType("ReadSession", Session)
 WriteSession = NewType("WriteSession", Session)
@@ -68,6 +71,25 @@ class Database:
         write_engine = self.engine.execution_options(**{_WRITE_OPTION: True})
         self._read = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
         self._write = sessionmaker(write_engine, expire_on_commit=False)
+        self.corruption: str | None = None  # why the SQLite file failed its integrity check
+
+    def check_integrity(self) -> str | None:
+        """SQLite: ``PRAGMA quick_check`` (every page and index structure, O(file size)); on failure
+        writes are refused and /healthz answers 503 until the file is restored. None when healthy."""
+        if not self.is_sqlite:
+            return None
+        try:
+            with self.engine.connect() as conn:
+                rows = [r[0] for r in conn.exec_driver_sql("PRAGMA quick_check").fetchall()]
+            problem = None if rows == ["ok"] else "; ".join(rows[:3])
+        except DBAPIError as exc:
+            problem = str(exc.orig)
+        if problem:
+            self.mark_corrupt(problem)
+        return problem
+
+    def mark_corrupt(self, problem: str) -> None:
+        self.corruption = problem
 
     @contextmanager
     def read(self) -> Iterator[ReadSession]:
@@ -80,6 +102,9 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[WriteSession]:
+        if self.corruption:
+            raise Unavailable(f"the database file failed its integrity check ({self.corruption}); writes are "
+                              "refused: stop the server and restore the file from a backup")
         session = self._write()
         try:
             yield WriteSession(session)

@@ -21,6 +21,12 @@ class Conflict(SteadyError):
     status_code = 409
 
 
+class Unavailable(SteadyError):
+    """The service cannot do this now (e.g. writes refused on a database that failed its check)."""
+
+    status_code = 503
+
+
 class TooLarge(SteadyError):
     status_code = 413
 

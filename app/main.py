@@ -177,8 +177,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         database = Database(settings.resolved_database_url)
-        migrate.upgrade(database.engine)
-        migrate.verify(database.engine)
+        if database.check_integrity():
+            log.error("database failed its integrity check, writes refused: %s", database.corruption)
+        else:
+            migrate.upgrade(database.engine)
+            migrate.verify(database.engine)
         app.state.database = database
         background = [Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings)]
         for task in background:
@@ -224,6 +227,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)
     async def _database_down(request: Request, exc: DBAPIError) -> JSONResponse:
+        if "malformed" in str(exc.orig if hasattr(exc, "orig") else exc):  # SQLite found a corrupt page
+            request.app.state.database.mark_corrupt(str(getattr(exc, "orig", exc)))
         log.warning("database unavailable: %s", exc.orig if hasattr(exc, "orig") else exc)
         return JSONResponse(
             {"detail": "database unavailable, retry shortly"}, status_code=503, headers={"Retry-After": "2"}
@@ -231,6 +236,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/healthz", tags=["health"])
     def healthz(request: Request) -> JSONResponse:
+        corruption = request.app.state.database.corruption
+        if corruption:
+            return JSONResponse({"status": "database corrupt", "detail": corruption}, status_code=503)
         try:
             request.app.state.database.ping()
         except Exception:
