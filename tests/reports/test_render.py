@@ -22,4 +22,4 @@ def test_render_variance_and_cost_from_a_real_report():
     text = render_report({"study": {"id": 1, "name": "s", "status": "completed"}, **report})
     assert "loss  seeded / cpu: nondeterminism share" in text and "within-seed var" in text
     (line,) = [x for x in text.splitlines() if "strict / seeded (cpu): ×" in x]
-    assert abs(float(line.split("×")[1].split()[0]) - 1.5) < 0.02 and "(CI " in line
+    assert abs(float(line.split("×")[1].split()[0]) - 1.5) < 0.02 and "(95% CI " in line
