@@ -26,7 +26,7 @@ variance). ``position`` is the run's place in the execution queue of N runs: ``b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
+from functools import lru_cache, partial
 
 import numpy as np
 from scipy import stats
@@ -90,16 +90,20 @@ def _verdict_is(rng: np.random.Generator, *, verdict: str, ratio: float, budget:
     return cr.verdict == verdict
 
 
+_std_plan = lru_cache(maxsize=None)(seeds_for_std_claim)
+_equivalence_plan = lru_cache(maxsize=None)(seeds_for_equivalence)
+
+
 def _std_claim_stable(rng: np.random.Generator, *, sigma_over_limit: float, alpha: float = 0.05,
                       alternative: float = 0.8) -> bool:
-    plan = seeds_for_std_claim(alternative, 1.0, alpha=alpha)
+    plan = _std_plan(alternative, 1.0, alpha=alpha)
     x = rng.normal(0.0, sigma_over_limit, plan.n)
     return std_confidence_bounds(x, alpha=alpha).upper < 1.0
 
 
 def _tost_equivalent(rng: np.random.Generator, *, true_diff: float, sigma: float = 1.0, margin: float = 0.5,
                      alpha: float = 0.05) -> bool:
-    plan = seeds_for_equivalence(0.0, sigma, margin, alpha=alpha)
+    plan = _equivalence_plan(0.0, sigma, margin, alpha=alpha)
     n = plan.n
     a = rng.normal(0.0, sigma, n)
     b = rng.normal(true_diff, sigma, n)
@@ -131,6 +135,8 @@ RULES: list[Rule] = [
             _s("identical_3_paired_drift", "healthy",
                "identical levels, 3 pairs, interleaved, 15% drift, paired t on log ratios",
                _ratio_ci_excludes_one, ratio=1.0, n_per_level=3, paired=True),
+            _s("identical_3_no_drift", "healthy", "identical levels, 3 runs each, 5% run-to-run sd, no drift",
+               _ratio_ci_excludes_one, ratio=1.0, n_per_level=3, drift=0.0),
             _s("identical_3_noisy_runs", "healthy", "identical levels, 3 runs each, 20% run-to-run sd, no drift",
                _ratio_ci_excludes_one, ratio=1.0, n_per_level=3, drift=0.0, run_sd=0.2),
             _s("strict_1.3x_3_interleaved", "planted", "strict 1.3× slower, 3 runs each, interleaved, 15% drift",
