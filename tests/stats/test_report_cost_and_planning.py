@@ -60,3 +60,29 @@ def test_identical_levels_bit_identical_step_times_are_exact():
             for i in range(6)]
     c = _cost(runs, cost_budget=1.5)
     assert (c["ratio"], c["ci_low"], c["ci_high"], c["verdict"]) == (1.0, 1.0, 1.0, "pass")
+
+
+def _finals(values_by_stack):
+    steps = np.arange(5)
+    out = []
+    for stack, values in values_by_stack.items():
+        for seed, v in enumerate(values):
+            out.append(RunData(run_id=len(out) + 1, seed=seed, repeat=0, determinism="seeded", stack=stack,
+                               series={"loss": (steps, np.r_[np.ones(4), v])}))
+    return out
+
+
+def test_inconclusive_verdicts_state_the_alternative_they_plan_for():
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(0.0, 1.0, 6), rng.normal(0.45, 1.0, 6)
+    rep = build_report(_finals({"a": a, "b": b}), [MetricSpec("loss", margin=0.5, max_std=1.0)],
+                       reference_stack="a", rng=np.random.default_rng(0)).to_dict()
+    (port,) = [v for v in rep["verdicts"] if v["level"] == "stack_portability"]
+    assert port["verdict"] == "inconclusive"
+    assert "indistinguishable from the margin at this precision" in port["reason"]
+    assert "to show |Δ| < 0.5 when the true Δ is 0" in port["reason"] and "seeds per stack" in port["reason"]
+    seeds = [v for v in rep["verdicts"] if v["level"] == "seed_stability"]
+    assert seeds and all(v["verdict"] == "inconclusive" for v in seeds)
+    assert all("indistinguishable from the limit at this precision" in v["reason"] for v in seeds)
+    assert all("when the true σ is" in v["reason"] and "power 80%" in v["reason"] for v in seeds)
+    assert all(v["n_needed"] < 1000 for v in seeds)
