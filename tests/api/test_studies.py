@@ -130,3 +130,30 @@ def test_cost_budget_is_kept_in_the_spec(api):
     r = api.post("/api/v1/studies", json=spec(cost_budget=1.5))
     assert r.status_code == 201, r.text
     assert r.json()["spec"]["cost_budget"] == 1.5
+
+
+def test_each_block_of_levels_stays_on_one_worker(api):
+    """Two workers leasing in turn: the runs of one seed × repeat (one per level) go to the worker
+    that started the block, one after the other, so the report can compare them paired."""
+    from tests.api.helpers import lease, register, result
+
+    sid = api.post("/api/v1/studies", json=spec(seeds=[0, 1, 2, 3], repeats=1, determinism=["seeded", "strict"]))
+    sid = sid.json()["id"]
+    w1, w2 = register(api, "w1"), register(api, "w2")
+    held: dict[int, dict] = {}
+    ran: dict[tuple[int, int], set[int]] = {}
+    for _ in range(8):
+        for w in (w1, w2):
+            if w in held:
+                leased = held.pop(w)
+                r = api.post(f"/api/v1/runs/{leased['run_id']}/complete", role="worker",
+                             json=result(leased["lease_id"]))
+                assert r.status_code == 200, r.text
+            leased = lease(api, w)
+            if leased is not None:
+                held[w] = leased
+                run = api.get(f"/api/v1/runs/{leased['run_id']}").json()
+                ran.setdefault((run["seed"], run["repeat"]), set()).add(w)
+    runs = api.get(f"/api/v1/studies/{sid}/runs", params={"limit": 100}).json()["items"]
+    assert len(ran) == 4 and all(len(ws) == 1 for ws in ran.values()), ran
+    assert {r["worker_id"] for r in runs} == {w1, w2}
