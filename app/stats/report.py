@@ -521,31 +521,25 @@ def _cost(runs, *, confidence, budget=None) -> list[dict]:
     """Step-time ratio per stack for each pair of determinism levels (``app.stats.cost.cost_ratio``).
 
     Runs are paired by (seed, repeat) — adjacent in the queue (``balanced_level_order``) — when
-    both runs of every pair ran on the same worker (``RunData.worker``); otherwise the
-    levels are compared as independent samples (Welch). ``budget``: the largest acceptable
-    ratio for every pair, judged ``pass``/``fail``/``inconclusive``.
+    each (seed, repeat) has one run per level and both runs of every pair ran on the same worker
+    (``RunData.worker``); otherwise the levels are compared as independent samples (Welch).
+    ``budget``: the largest acceptable ratio for every pair, judged ``pass``/``fail``/``inconclusive``.
     """
-    times: dict[str, dict[str, dict[tuple, np.ndarray]]] = defaultdict(lambda: defaultdict(dict))
-    workers: dict[tuple, object] = {}
+    times: dict[str, dict[str, list[tuple]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         sv = _series(r, STEP_TIME_KEY)
         if sv is not None and np.isfinite(sv[1]).any():
-            times[r.stack][r.determinism][(r.seed, r.repeat)] = sv[1]
-            workers[(r.stack, r.determinism, r.seed, r.repeat)] = r.worker
+            times[r.stack][r.determinism].append(((r.seed, r.repeat), sv[1], r.worker))
     out = []
     for stack in sorted(times):
         for num, den in _COST_PAIRS:
             if num in times[stack] and den in times[stack]:
-                a, b = times[stack][num], times[stack][den]
-                keys = sorted(a)
-                paired = (len(a) >= 2 and set(a) == set(b)
-                          and all(workers[(stack, num, *k)] is not None
-                                  and workers[(stack, num, *k)] == workers[(stack, den, *k)] for k in keys))
-                if paired:
-                    cr = cost_ratio([a[k] for k in keys], [b[k] for k in keys], numerator=num, denominator=den,
-                                    confidence=confidence, paired=True, budget=budget)
-                else:
-                    cr = cost_ratio([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], numerator=num,
-                                    denominator=den, confidence=confidence, budget=budget)
+                a = sorted(times[stack][num], key=lambda t: t[0])
+                b = sorted(times[stack][den], key=lambda t: t[0])
+                paired = (len(a) >= 2 and [k for k, _, _ in a] == [k for k, _, _ in b]
+                          and len({k for k, _, _ in a}) == len(a)
+                          and all(wa is not None and wa == wb for (_, _, wa), (_, _, wb) in zip(a, b)))
+                cr = cost_ratio([t for _, t, _ in a], [t for _, t, _ in b], numerator=num, denominator=den,
+                                confidence=confidence, paired=paired, budget=budget)
                 out.append({"stack": stack, **to_plain(cr)})
     return out

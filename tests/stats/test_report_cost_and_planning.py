@@ -86,3 +86,10 @@ def test_inconclusive_verdicts_state_the_alternative_they_plan_for():
     assert all("indistinguishable from the limit at this precision" in v["reason"] for v in seeds)
     assert all("when the true σ is" in v["reason"] and "power 80%" in v["reason"] for v in seeds)
     assert all(v["n_needed"] < 1000 for v in seeds)
+
+
+def test_duplicate_seed_repeat_runs_are_all_counted_unpaired():
+    runs = _runs(lambda s, level: 7)
+    extra = RunData(run_id=99, seed=0, repeat=0, determinism="strict", stack="cpu", series=runs[1].series, worker=7)
+    c = _cost([*runs, extra])
+    assert c["design"] == "independent" and c["n_numerator"] == 4 and c["n_denominator"] == 3
