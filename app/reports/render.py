@@ -104,5 +104,10 @@ def _cost_line(c: dict[str, Any]) -> str:
         return text + ": not available"
     text += f": ×{float(c['ratio']):.3f}"
     if c.get("ci_low") is not None and c.get("ci_high") is not None:
-        text += f" (CI {float(c['ci_low']):.3f}–{float(c['ci_high']):.3f})"
+        level = f"{float(c['confidence']):.0%} " if c.get("confidence") is not None else ""
+        text += f" ({level}CI {float(c['ci_low']):.3f}–{float(c['ci_high']):.3f})"
+    if c.get("verdict") is not None and c.get("budget") is not None:
+        text += f"  {c['verdict']} against budget ×{float(c['budget']):g}"
+        if c.get("guarantee"):
+            text += f" ({c['guarantee']})"
     return text

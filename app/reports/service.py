@@ -52,6 +52,7 @@ def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stac
                 digests=r.digests or {},
                 status=r.status,
                 series={k: series[(r.id, k)] for k in keys if (r.id, k) in series},
+                worker=r.worker_id,
             )
         )
     return out
@@ -75,6 +76,7 @@ def study_report(session: Session, study_id: int) -> dict[str, Any]:
         confidence=spec.get("confidence", 0.95),
         reference_stack=spec.get("reference_stack"),
         rng=_rng(study_id),
+        cost_budget=spec.get("cost_budget"),
     ).to_dict()
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]
     return {

@@ -89,6 +89,38 @@ def reap_expired(session: Session, now: datetime | None = None) -> list[int]:
     return sorted(study_ids)
 
 
+def _own_blocks_first(session: Session, worker_id: int, candidates: list) -> list:
+    """Queued candidates in lease preference order: runs of a block this worker already ran part
+    of, then blocks no worker has started, then blocks another worker started; id order within each.
+
+    A block is (study, seed, repeat, stack): one run per determinism level, created next to each
+    other (``studies.service.create_study``). Kept on one worker and run one after the other,
+    its runs can be compared paired for the cost of determinism (``app.stats.cost``). A
+    preference only: a worker still takes another worker's block when nothing else is queued.
+    """
+    if not candidates:
+        return candidates
+    blocks = {(c.study_id, c.seed, c.repeat, c.stack) for c in candidates}
+    started = session.execute(
+        select(Run.study_id, Run.seed, Run.repeat, Run.stack, Run.worker_id).where(
+            Run.study_id.in_({b[0] for b in blocks}),
+            Run.seed.in_({b[1] for b in blocks}),
+            Run.status != RunStatus.queued.value,
+            Run.worker_id.is_not(None),
+        )
+    ).all()
+    workers: dict[tuple, set[int]] = {}
+    for study_id, seed, repeat, stack, wid in started:
+        if (study_id, seed, repeat, stack) in blocks:
+            workers.setdefault((study_id, seed, repeat, stack), set()).add(wid)
+
+    def rank(c) -> tuple[int, int]:  # noqa: ANN001
+        owners = workers.get((c.study_id, c.seed, c.repeat, c.stack), set())
+        return (0 if worker_id in owners else 1 if not owners else 2, c.id)
+
+    return sorted(candidates, key=rank)
+
+
 def lease_next(session: Session, worker: Worker, settings: Settings) -> Lease | None:
     now = utcnow()
     reap_expired(session, now)
@@ -98,12 +130,12 @@ def lease_next(session: Session, worker: Worker, settings: Settings) -> Lease | 
     # page) made concurrent leasers on PostgreSQL skip every queued run and answer 204. Each
     # matching candidate is then locked alone, skipping one another leaser holds right now.
     stmt = (
-        select(Run.id, Run.required_labels)
+        select(Run.id, Run.required_labels, Run.study_id, Run.seed, Run.repeat, Run.stack)
         .where(Run.status == RunStatus.queued.value)
         .order_by(Run.id)
         .limit(CANDIDATES_PER_LEASE)
     )
-    for run_id, required in session.execute(stmt).all():
+    for run_id, required, *_ in _own_blocks_first(session, worker.id, session.execute(stmt).all()):
         if not set(required) <= labels:
             continue
         claimable = (

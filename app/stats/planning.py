@@ -1,6 +1,13 @@
-"""How many seeds a claim needs."""
+"""How many seeds a claim needs, and for which alternative.
+
+Every answer is planned for a stated alternative (the true value the study is sized to detect),
+never for the observed estimate taken as the truth: an estimate near the limit would make the
+answer explode. ``SeedPlan.text`` says it in one line, e.g. "to show σ < 0.5 when the true σ is
+0.4 (0.8·max_std): ~42 seeds (power 80%)". Searches find any answer up to ``MAX_SEEDS``.
+"""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,9 +16,52 @@ from scipy import stats
 from app.stats.intervals import normal_tolerance_factor
 
 __all__ = ["seeds_for_difference", "seeds_for_tolerance_halfwidth", "seeds_for_std_claim",
-           "seeds_for_equivalence", "MAX_SEEDS"]
+           "seeds_for_equivalence", "SeedPlan", "MAX_SEEDS", "INDISTINGUISHABLE"]
 
 MAX_SEEDS = 100_000
+INDISTINGUISHABLE = "indistinguishable from the limit at this precision"
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    """Seeds a claim needs under a stated alternative. ``n`` is None when more than MAX_SEEDS."""
+
+    n: int | None
+    claim: str  # what the study would show, e.g. "σ < 0.5"
+    alternative: str  # the truth it is planned for, e.g. "the true σ is 0.4 (0.8·max_std)"
+    power: float
+    unit: str  # "seeds" | "seeds per stack"
+    text: str
+
+
+def _plan(n: int | None, claim: str, alternative: str, power: float, unit: str) -> SeedPlan:
+    count = f"~{n} {unit}" if n is not None else f"more than {MAX_SEEDS} {unit}"
+    return SeedPlan(n=n, claim=claim, alternative=alternative, power=float(power), unit=unit,
+                    text=f"to show {claim} when {alternative}: {count} (power {power:.0%})")
+
+
+def _smallest_n(ok: Callable[[int], bool], lo: int = 2) -> int | None:
+    """Smallest n in [lo, MAX_SEEDS] with ok(n), for ok monotone in n; None if ok(MAX_SEEDS) is False.
+
+    Doubling, capped at MAX_SEEDS (so answers between the last power of two and the cap are
+    found), then bisection."""
+    if ok(lo):
+        return lo
+    below = lo  # ok(below) is False
+    while True:
+        above = min(below * 2, MAX_SEEDS)
+        if ok(above):
+            break
+        if above >= MAX_SEEDS:
+            return None
+        below = above
+    while above - below > 1:
+        mid = (below + above) // 2
+        if ok(mid):
+            above = mid
+        else:
+            below = mid
+    return int(above)
 
 
 def _check(alpha: float, power: float) -> None:
@@ -36,18 +86,7 @@ def seeds_for_difference(delta: float, sigma: float, *, alpha: float = 0.05, pow
     if not (delta > 0 and sigma > 0 and np.isfinite(delta) and np.isfinite(sigma)):
         raise ValueError(f"delta and sigma must be finite and > 0, got {delta!r}, {sigma!r}")
     d = delta / sigma
-    lo, hi = 2, 2
-    while _ttest_power(hi, d, alpha) < power:
-        lo, hi = hi, hi * 2
-        if hi > MAX_SEEDS:
-            return None
-    while lo < hi:  # power is increasing in n
-        mid = (lo + hi) // 2
-        if _ttest_power(mid, d, alpha) >= power:
-            hi = mid
-        else:
-            lo = mid + 1
-    return int(hi)
+    return _smallest_n(lambda n: _ttest_power(n, d, alpha) >= power)
 
 
 def seeds_for_tolerance_halfwidth(sigma: float, half_width: float, *, coverage: float = 0.9,
@@ -62,54 +101,43 @@ def seeds_for_tolerance_halfwidth(sigma: float, half_width: float, *, coverage: 
     target = half_width / sigma
     if target <= stats.norm.ppf(0.5 + coverage / 2):
         return None
-    k = lambda n: normal_tolerance_factor(n, coverage=coverage, confidence=confidence)  # noqa: E731
-    lo, hi = 2, 2
-    while k(hi) > target:
-        lo, hi = hi, hi * 2
-        if hi > MAX_SEEDS:
-            return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if k(mid) <= target:
-            hi = mid
-        else:
-            lo = mid + 1
-    return int(hi)
+    return _smallest_n(lambda n: normal_tolerance_factor(n, coverage=coverage, confidence=confidence) <= target)
 
 
-def seeds_for_std_claim(std: float, max_std: float, *, alpha: float = 0.05) -> int | None:
-    """Seeds needed for the chi-square bound of σ to clear ``max_std`` if the sample std stays ``std``.
+def _std_claim_power(n: int, r2: float, alpha: float, stable: bool) -> float:
+    """Exact power of the one-sided chi-square bound of σ (Neyman & Pearson; e.g. Desu & Raghavarao
+    1990, *Sample Size Methodology*, §1.3): with (n−1)s²/σ² ~ χ²_{n−1} and r² = (max_std/σ)²,
+    P(upper bound < max_std) = F(r²·χ²_{α,n−1}) and P(lower bound > max_std) = 1 − F(r²·χ²_{1−α,n−1})."""
+    df = n - 1
+    if stable:
+        return float(stats.chi2.cdf(r2 * stats.chi2.ppf(alpha, df), df))
+    return float(stats.chi2.sf(r2 * stats.chi2.ppf(1 - alpha, df), df))
 
-    If std < max_std: smallest n with s√((n−1)/χ²_{α,n−1}) < max_std (claim "stable");
-    if std > max_std: smallest n with s√((n−1)/χ²_{1−α,n−1}) > max_std (claim "unstable");
-    None when std == max_std or more than MAX_SEEDS would be needed.
+
+def seeds_for_std_claim(planned_std: float, max_std: float, *, alpha: float = 0.05,
+                        power: float = 0.8) -> SeedPlan:
+    """Seeds for the (1 − α) chi-square bound of σ to clear ``max_std`` with ``power`` when the true σ is ``planned_std``.
+
+    The alternative is the caller's planning value, never the observed std (plugging in an
+    estimate that sits near the limit makes n explode): ``seed_stability`` plans for
+    σ = 0.8·max_std ("stable") or 1.25·max_std ("unstable"). If planned_std < max_std the claim
+    is "σ < max_std" (the upper bound below the limit), else "σ > max_std". Exact power from the
+    chi-square distribution (``_std_claim_power``). ``n`` is None when more than MAX_SEEDS are needed.
     """
-    if not (std >= 0 and max_std > 0):
-        raise ValueError(f"std must be >= 0 and max_std > 0, got {std!r}, {max_std!r}")
-    if std == max_std:
-        return None
-    if std == 0:
-        return 2
-    ratio2 = (max_std / std) ** 2
-
-    def ok(n: int) -> bool:
-        df = n - 1
-        if std < max_std:
-            return df / stats.chi2.ppf(alpha, df) < ratio2
-        return df / stats.chi2.ppf(1 - alpha, df) > ratio2
-
-    lo, hi = 2, 2
-    while not ok(hi):
-        lo, hi = hi, hi * 2
-        if hi > MAX_SEEDS:
-            return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return int(hi)
+    _check(alpha, power)
+    if not (np.isfinite(planned_std) and planned_std >= 0 and np.isfinite(max_std) and max_std > 0):
+        raise ValueError(f"planned_std must be finite and >= 0 and max_std finite and > 0, "
+                         f"got {planned_std!r}, {max_std!r}")
+    if planned_std == max_std:
+        raise ValueError("planned_std equals max_std: no claim can be planned at the limit itself")
+    stable = planned_std < max_std
+    claim = f"σ {'<' if stable else '>'} {max_std:g}"
+    alt = f"the true σ is {planned_std:.3g} ({planned_std / max_std:.3g}·max_std)"
+    if planned_std == 0:
+        return _plan(2, claim, alt, power, "seeds")  # every seed identical: s = 0 and the bound is 0
+    r2 = (max_std / planned_std) ** 2
+    n = _smallest_n(lambda m: _std_claim_power(m, r2, alpha, stable) >= power)
+    return _plan(n, claim, alt, power, "seeds")
 
 
 def _tost_power(n: int, diff: float, sigma: float, margin: float, alpha: float) -> float:
@@ -122,26 +150,20 @@ def _tost_power(n: int, diff: float, sigma: float, margin: float, alpha: float) 
 
 
 def seeds_for_equivalence(diff: float, sigma: float, margin: float, *, alpha: float = 0.05,
-                          power: float = 0.8) -> int | None:
-    """Seeds per arm for TOST to show |μ₁ − μ₂| < margin when the true difference is ``diff``.
+                          power: float = 0.8) -> SeedPlan:
+    """Seeds per arm for TOST to show |μ₁ − μ₂| < margin when the true difference is ``diff`` and the sd ``sigma``.
 
-    Shifted central-t power approximation (Chow, Shao & Wang 2008, *Sample Size Calculations
-    in Clinical Research*, §3.2.3). None when |diff| ≥ margin or more than MAX_SEEDS needed.
+    ``diff`` is the planned alternative (``portability`` plans for 0, the usual choice in
+    equivalence studies), not the observed difference. Shifted central-t power approximation
+    (Chow, Shao & Wang 2008, *Sample Size Calculations in Clinical Research*, §3.2.3).
+    ``n`` is None when more than MAX_SEEDS are needed.
     """
     _check(alpha, power)
-    if not (sigma > 0 and margin > 0):
-        raise ValueError(f"sigma and margin must be > 0, got {sigma!r}, {margin!r}")
+    if not (np.isfinite(sigma) and sigma > 0 and np.isfinite(margin) and margin > 0 and np.isfinite(diff)):
+        raise ValueError(f"sigma and margin must be finite and > 0, diff finite, got {sigma!r}, {margin!r}, {diff!r}")
     if abs(diff) >= margin:
-        return None
-    lo, hi = 2, 2
-    while _tost_power(hi, abs(diff), sigma, margin, alpha) < power:
-        lo, hi = hi, hi * 2
-        if hi > MAX_SEEDS:
-            return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _tost_power(mid, abs(diff), sigma, margin, alpha) >= power:
-            hi = mid
-        else:
-            lo = mid + 1
-    return int(hi)
+        raise ValueError(f"the planned difference {diff!r} must lie inside the margin ±{margin!r}")
+    claim = f"|Δ| < {margin:g}"
+    alt = f"the true Δ is {diff:g} and σ = {sigma:.3g}"
+    n = _smallest_n(lambda m: _tost_power(m, abs(diff), sigma, margin, alpha) >= power)
+    return _plan(n, claim, alt, power, "seeds per stack")

@@ -197,7 +197,8 @@ class Portability:
     ks: TestResult
     bootstrap: BootstrapCI
     hedges_g: float
-    n_needed: int | None  # seeds per stack for TOST power 0.8 at the observed difference
+    n_needed: int | None  # seeds per stack for TOST power 0.8 when the true difference is 0 (σ as observed)
+    plan: str | None = None  # that planning answer in words, with its alternative
 
 
 def compare_stacks(reference, candidate, *, margin: float | None, rng: np.random.Generator,
@@ -218,10 +219,11 @@ def compare_stacks(reference, candidate, *, margin: float | None, rng: np.random
     mw = stats.mannwhitneyu(b, a, alternative="two-sided")
     ks = stats.ks_2samp(a, b)
     sp = float(np.sqrt(((a.size - 1) * a.var(ddof=1) + (b.size - 1) * b.var(ddof=1)) / (a.size + b.size - 2)))
-    needed = seeds_for_equivalence(d, sp, margin, alpha=alpha) if (margin is not None and sp > 0) else None
+    planned = seeds_for_equivalence(0.0, sp, margin, alpha=alpha) if (margin is not None and sp > 0) else None
     return Portability(int(a.size), int(b.size), float(a.mean()), float(b.mean()), d, d - h, d + h,
                        None if margin is None else float(margin), welch(a, b), t, brown_forsythe(a, b),
                        TestResult(float(mw.statistic), float(mw.pvalue)),
                        TestResult(float(ks.statistic), float(ks.pvalue)),
                        bootstrap_mean_diff(a, b, rng=rng, confidence=1 - alpha, n_resamples=n_resamples),
-                       hedges_g(a, b), needed)
+                       hedges_g(a, b), None if planned is None else planned.n,
+                       None if planned is None else planned.text)

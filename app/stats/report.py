@@ -46,6 +46,7 @@ class RunData:
     digests: Mapping = field(default_factory=dict)
     status: str = "succeeded"
     series: Mapping = field(default_factory=dict)
+    worker: int | str | None = None  # who ran it (pairs the cost comparison when one worker ran both runs)
 
 
 @dataclass(frozen=True)
@@ -394,7 +395,8 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
 
 def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, coverage: float = 0.9,
                  confidence: float = 0.95, alpha: float = 0.05, reference_stack: str | None = None,
-                 rng: np.random.Generator, adjust_method: str = "holm", false_alarm: float = 0.01) -> StudyReport:
+                 rng: np.random.Generator, adjust_method: str = "holm", false_alarm: float = 0.01,
+                 cost_budget: float | None = None) -> StudyReport:
     """Build the study report: the three verdict levels, variance by source, cost, divergences.
 
     Groups are (determinism, stack).
@@ -412,7 +414,9 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
       difference lies entirely outside [−margin, margin]; else ``inconclusive`` with the seeds
       per stack needed. Without a margin equivalence cannot be claimed: ``not_equivalent`` if
       the adjusted Welch p < α, else ``inconclusive``.
-    ``rng`` drives every bootstrap (portability CI, cost CI).
+    ``rng`` drives every bootstrap (portability CI). ``cost_budget``: the largest acceptable
+    step-time ratio between determinism levels; the cost entries then carry a
+    ``pass``/``fail``/``inconclusive`` verdict (``app.stats.cost``).
     """
     if not isinstance(rng, np.random.Generator):
         raise ValueError("rng must be a numpy.random.Generator")
@@ -443,7 +447,7 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
                "adjust_method": adjust_method, "false_alarm": false_alarm,
                "nonfinite_encoding": "NaN -> null, +/-Inf -> 'inf'/'-inf'"}
     return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics)),
-                       determinism_cost=tuple(_cost(runs, rng=rng, confidence=confidence)),
+                       determinism_cost=tuple(_cost(runs, confidence=confidence, budget=cost_budget)),
                        diverged=tuple(diverged), options=options)
 
 
@@ -476,8 +480,9 @@ def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
             else:
                 verdict = "inconclusive"
                 reason = f"{d}, TOST p={tost_adj[i]:.3g} ({method}) ≥ {alpha:g}" + (
-                    f"; ~{res.n_needed} seeds per stack needed" if res.n_needed else
-                    "; observed difference at or beyond the margin")
+                    "; indistinguishable from the margin at this precision" if
+                    res.diff_ci_low <= m <= res.diff_ci_high or res.diff_ci_low <= -m <= res.diff_ci_high else "") + (
+                    f"; {res.plan}" if res.plan else "")
         else:
             if welch_adj[i] < alpha:
                 verdict, reason = "not_equivalent", f"no margin given; {d}, Welch p={welch_adj[i]:.3g} ({method})"
@@ -512,17 +517,29 @@ def _variance(groups, metrics) -> list[dict]:
     return out
 
 
-def _cost(runs, *, rng, confidence) -> list[dict]:
-    times: dict[str, dict[str, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
+def _cost(runs, *, confidence, budget=None) -> list[dict]:
+    """Step-time ratio per stack for each pair of determinism levels (``app.stats.cost.cost_ratio``).
+
+    Runs are paired by (seed, repeat) — adjacent in the queue (``balanced_level_order``) — when
+    each (seed, repeat) has one run per level and both runs of every pair ran on the same worker
+    (``RunData.worker``); otherwise the levels are compared as independent samples (Welch).
+    ``budget``: the largest acceptable ratio for every pair, judged ``pass``/``fail``/``inconclusive``.
+    """
+    times: dict[str, dict[str, list[tuple]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         sv = _series(r, STEP_TIME_KEY)
         if sv is not None and np.isfinite(sv[1]).any():
-            times[r.stack][r.determinism].append(sv[1])
+            times[r.stack][r.determinism].append(((r.seed, r.repeat), sv[1], r.worker))
     out = []
     for stack in sorted(times):
         for num, den in _COST_PAIRS:
             if num in times[stack] and den in times[stack]:
-                cr = cost_ratio(times[stack][num], times[stack][den], rng=rng, numerator=num, denominator=den,
-                                confidence=confidence)
+                a = sorted(times[stack][num], key=lambda t: t[0])
+                b = sorted(times[stack][den], key=lambda t: t[0])
+                paired = (len(a) >= 2 and [k for k, _, _ in a] == [k for k, _, _ in b]
+                          and len({k for k, _, _ in a}) == len(a)
+                          and all(wa is not None and wa == wb for (_, _, wa), (_, _, wb) in zip(a, b)))
+                cr = cost_ratio([t for _, t, _ in a], [t for _, t, _ in b], numerator=num, denominator=den,
+                                confidence=confidence, paired=paired, budget=budget)
                 out.append({"stack": stack, **to_plain(cr)})
     return out

@@ -8,11 +8,14 @@ import numpy as np
 from app.stats.intervals import (MeanCI, OrderStatisticTolerance, PredictionInterval, StdBounds,
                                  ToleranceInterval, mean_ci, normal_tolerance_interval,
                                  order_statistic_tolerance, prediction_interval, std_confidence_bounds)
-from app.stats.planning import seeds_for_std_claim
+from app.stats.planning import INDISTINGUISHABLE, seeds_for_std_claim
 
 __all__ = ["SeedSpread", "seed_spread", "MIN_SEEDS"]
 
 MIN_SEEDS = 5
+# The alternatives "seeds needed" is planned for: σ = 0.8·max_std to show "stable" (when the
+# estimate is below the limit), σ = 1.25·max_std to show "unstable" (when it is at or above).
+PLAN_STABLE, PLAN_UNSTABLE = 0.8, 1.25
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class SeedSpread:
     order_statistic: OrderStatisticTolerance
     prediction: PredictionInterval | None
     n_needed: int | None  # seeds the claim would need when inconclusive (None: unknown/unreachable)
+    plan: str | None = None  # the alternative n_needed is planned for, in words
 
 
 def seed_spread(final_values, *, max_std: float | None = None, coverage: float = 0.9,
@@ -39,9 +43,11 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
 
     Rule: with n ≥ 5 seeds and a limit ``max_std``, ``stable`` when the one-sided (1 − α)
     chi-square upper confidence bound of σ is below max_std, ``unstable`` when the lower bound
-    is above it, else ``inconclusive`` with the seeds needed (``seeds_for_std_claim``, assuming
-    the sample std stays the same). Below 5 seeds: ``inconclusive``. Without a limit no claim
-    is made: ``inconclusive`` with reason "no max_std limit given" and all the numbers.
+    is above it, else ``inconclusive`` with the seeds needed (``seeds_for_std_claim`` at power
+    80%, planned for σ = 0.8·max_std when the estimate is below the limit and 1.25·max_std
+    otherwise; the reason states the alternative, and says "indistinguishable from the limit at
+    this precision" when the chi-square bounds straddle the limit). Below 5 seeds:
+    ``inconclusive``. Without a limit no claim is made: ``inconclusive`` with reason "no max_std limit given" and all the numbers.
     Intervals: t CI of the mean, exact normal tolerance interval, order-statistic (min..max)
     tolerance interval, normal prediction interval for one new seed.
     """
@@ -60,25 +66,28 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
                           float(x.max()) if n else None, max_std, None, None, None, osti, None, MIN_SEEDS)
     sb = std_confidence_bounds(x, alpha=alpha)
     s = sb.std
-    needed = None
+    needed = plan = None
     if max_std is None:
         verdict, reason = "inconclusive", f"no max_std limit given; std {s:.3g} over {n} seeds"
     else:
-        needed = seeds_for_std_claim(s, max_std, alpha=alpha)
+        planned = seeds_for_std_claim((PLAN_STABLE if s < max_std else PLAN_UNSTABLE) * max_std, max_std,
+                                      alpha=alpha)
+        needed, plan = planned.n, planned.text
         if n >= MIN_SEEDS and sb.upper < max_std:
-            verdict, needed = "stable", None
+            verdict, needed, plan = "stable", None, None
             reason = f"std {s:.3g} over {n} seeds; upper {1 - alpha:.0%} bound {sb.upper:.3g} < max_std {max_std:g}"
         elif n >= MIN_SEEDS and sb.lower > max_std:
-            verdict, needed = "unstable", None
+            verdict, needed, plan = "unstable", None, None
             reason = f"std {s:.3g} over {n} seeds; lower {1 - alpha:.0%} bound {sb.lower:.3g} > max_std {max_std:g}"
         else:
             if n < MIN_SEEDS:
                 needed = max(MIN_SEEDS, needed) if needed is not None else None
             verdict = "inconclusive"
             why = f"only {n} seeds (minimum {MIN_SEEDS})" if n < MIN_SEEDS else (
-                f"std {s:.3g} bounds [{sb.lower:.3g}, {sb.upper:.3g}] straddle max_std {max_std:g}")
-            reason = why + (f"; ~{needed} seeds needed" if needed else "; no feasible number of seeds")
+                f"std {s:.3g} bounds [{sb.lower:.3g}, {sb.upper:.3g}] straddle max_std {max_std:g}: "
+                f"{INDISTINGUISHABLE}")
+            reason = f"{why}; {plan}"
     return SeedSpread(verdict, reason, n, float(x.mean()), s, float(x.min()), float(x.max()), max_std, sb,
                       mean_ci(x, confidence=confidence),
                       normal_tolerance_interval(x, coverage=coverage, confidence=confidence), osti,
-                      prediction_interval(x, confidence=confidence), needed)
+                      prediction_interval(x, confidence=confidence), needed, plan)

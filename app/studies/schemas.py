@@ -94,6 +94,13 @@ class StudySpec(_Spec):
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
     coverage: Annotated[float, Field(gt=0, lt=1)] = 0.9
     confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95
+    cost_budget: Annotated[float, Field(gt=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="cost of determinism: the largest acceptable step-time ratio of a more deterministic level "
+        "over a less deterministic one (e.g. 1.5: strict may take at most 1.5× the step time of seeded). Each "
+        "ratio is judged 'pass' (CI upper end ≤ budget), 'fail' (CI lower end > budget) or 'inconclusive'; "
+        "false 'fail' and false 'pass' ≤ 2.5% each at 95% confidence. Without it only ratio and CI are reported",
+    )
     suite: Name | None = None
     alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(
         [], description="alert rules; scoped to the suite when the study has one, else to the study"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from itertools import product
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from app.errors import Conflict, Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float
 from app.models import Run, Study, utcnow
+from app.stats.cost import balanced_level_order
 from app.studies import repository
 from app.studies.schemas import ExternalRunIn, StudyOut, StudySpec, StudySummary
 from worker.protocol import STEP_TIME_KEY, TERMINAL_RUN_STATUSES, RunStatus
@@ -43,6 +45,11 @@ def create_study(session: Session, spec: StudySpec, settings: Settings) -> Study
     if spec.kind == "managed":
         assert spec.workload is not None
         framework = spec.workload.framework.value
+        # Runs are leased in id order, so the insert order is the execution order. The levels
+        # are interleaved (one block per seed × repeat, alternating direction: A B C, C B A, …)
+        # so that a drift in machine load over the study does not read as a cost of determinism
+        # (app.stats.cost). Before, every run of one level ran as one block.
+        blocks = list(product(spec.seeds, range(spec.repeats)))
         rows = [
             {
                 "study_id": study.id,
@@ -63,10 +70,9 @@ def create_study(session: Session, spec: StudySpec, settings: Settings) -> Study
                 "final_metrics": {},
                 "created_at": utcnow(),
             }
+            for (seed, repeat), levels in zip(blocks, balanced_level_order(spec.determinism, len(blocks)))
             for stack in spec.stacks
-            for level in spec.determinism
-            for seed in spec.seeds
-            for repeat in range(spec.repeats)
+            for level in levels
         ]
         session.execute(Run.__table__.insert(), rows)
     return study

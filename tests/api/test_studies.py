@@ -94,3 +94,66 @@ def test_cancel_study(api):
     study = api.get(f"/api/v1/studies/{sid}").json()
     assert study["status"] == "cancelled" and study["progress"]["cancelled"] == 8
     assert lease(api, wid) is None
+
+
+def test_runs_are_leased_with_levels_interleaved(api):
+    """Runs of the compared determinism levels alternate in the queue (A B C, C B A, …), so a load
+    drift over the study does not read as a cost of determinism (app.stats.cost)."""
+    from tests.api.helpers import lease, register
+
+    levels = ["none", "seeded", "strict"]
+    sid = api.post("/api/v1/studies", json=spec(seeds=[0, 1], repeats=2, determinism=levels)).json()["id"]
+    wid = register(api)
+    order = []
+    while (leased := lease(api, wid)) is not None:
+        run = api.get(f"/api/v1/runs/{leased['run_id']}").json()
+        assert run["study_id"] == sid
+        order.append((run["seed"], run["repeat"], run["determinism"]))
+    assert len(order) == 12
+    blocks = [order[i:i + 3] for i in range(0, 12, 3)]
+    for k, block in enumerate(blocks):
+        assert len({(s, r) for s, r, _ in block}) == 1  # one seed × repeat per block
+        assert [lv for _, _, lv in block] == (levels if k % 2 == 0 else levels[::-1])
+    assert [b[0][:2] for b in blocks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    mean_pos = {lv: sum(i for i, x in enumerate(order) if x[2] == lv) / 4 for lv in levels}
+    assert mean_pos["none"] == mean_pos["seeded"] == mean_pos["strict"]  # a linear drift cancels
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.5, -2, "inf", "nan"])
+def test_cost_budget_must_be_a_finite_ratio_above_one(api, budget):
+    r = api.post("/api/v1/studies", json=spec(cost_budget=budget))
+    assert r.status_code == 422, r.text
+    assert any("cost_budget" in ".".join(map(str, d["loc"])) for d in r.json()["detail"]), r.json()
+
+
+def test_cost_budget_is_kept_in_the_spec(api):
+    r = api.post("/api/v1/studies", json=spec(cost_budget=1.5))
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["cost_budget"] == 1.5
+
+
+def test_each_block_of_levels_stays_on_one_worker(api):
+    """Two workers leasing in turn: the runs of one seed × repeat (one per level) go to the worker
+    that started the block, one after the other, so the report can compare them paired."""
+    from tests.api.helpers import lease, register, result
+
+    sid = api.post("/api/v1/studies", json=spec(seeds=[0, 1, 2, 3], repeats=1, determinism=["seeded", "strict"]))
+    sid = sid.json()["id"]
+    w1, w2 = register(api, "w1"), register(api, "w2")
+    held: dict[int, dict] = {}
+    ran: dict[tuple[int, int], set[int]] = {}
+    for _ in range(8):
+        for w in (w1, w2):
+            if w in held:
+                leased = held.pop(w)
+                r = api.post(f"/api/v1/runs/{leased['run_id']}/complete", role="worker",
+                             json=result(leased["lease_id"]))
+                assert r.status_code == 200, r.text
+            leased = lease(api, w)
+            if leased is not None:
+                held[w] = leased
+                run = api.get(f"/api/v1/runs/{leased['run_id']}").json()
+                ran.setdefault((run["seed"], run["repeat"]), set()).add(w)
+    runs = api.get(f"/api/v1/studies/{sid}/runs", params={"limit": 100}).json()["items"]
+    assert len(ran) == 4 and all(len(ws) == 1 for ws in ran.values()), ran
+    assert {r["worker_id"] for r in runs} == {w1, w2}

@@ -22,4 +22,19 @@ def test_render_variance_and_cost_from_a_real_report():
     text = render_report({"study": {"id": 1, "name": "s", "status": "completed"}, **report})
     assert "loss  seeded / cpu: nondeterminism share" in text and "within-seed var" in text
     (line,) = [x for x in text.splitlines() if "strict / seeded (cpu): ×" in x]
-    assert abs(float(line.split("×")[1].split()[0]) - 1.5) < 0.02 and "(CI " in line
+    assert abs(float(line.split("×")[1].split()[0]) - 1.5) < 0.02 and "(95% CI " in line
+
+
+def test_render_cost_verdict_against_budget():
+    from app.reports.render import _cost_line
+    from app.stats.cost import cost_ratio
+
+    slow = [np.full(20, 0.03) * f for f in (1.0, 1.02, 0.98)]
+    fast = [np.full(20, 0.01) * f for f in (1.0, 1.01, 0.99)]
+    entry = {"stack": "cpu", **cost_ratio(slow, fast, numerator="strict", denominator="seeded", budget=1.5).__dict__}
+    line = _cost_line(entry)
+    assert line.startswith("strict / seeded (cpu): ×3.0") and "(95% CI " in line
+    assert "fail against budget ×1.5" in line and "false 'fail' ≤ 2.5%" in line
+    assert "against budget" not in _cost_line({**entry, "verdict": None, "budget": None})
+    assert _cost_line({"stack": "cpu", "numerator": "strict", "denominator": "seeded", "ratio": None}).endswith(
+        "not available")
