@@ -186,12 +186,16 @@ def cusum_run_length(h: float, *, k: float = CUSUM_REFERENCE, horizon: int = 100
         raise ValueError(f"horizon must be a positive integer, got {horizon!r}")
     r = _chain(float(h), float(k), float(shift), int(states), clip)
     arl = float(np.linalg.solve(np.eye(states) - r, np.ones(states))[0])
-    alive = np.zeros(states)
-    alive[0] = 1.0
-    for _ in range(int(horizon)):
-        alive = alive @ r
-    return RunLength(k=float(k), h=float(h), clip=clip, arl=arl, p_alarm_by_horizon=float(1.0 - alive.sum()),
+    return RunLength(k=float(k), h=float(h), clip=clip, arl=arl, p_alarm_by_horizon=_p_alarm(r, int(horizon)),
                      horizon=int(horizon), shift=float(shift))
+
+
+def _p_alarm(r: np.ndarray, horizon: int) -> float:
+    alive = np.zeros(r.shape[0])
+    alive[0] = 1.0
+    for _ in range(horizon):
+        alive = alive @ r
+    return float(1.0 - alive.sum())
 
 
 @functools.lru_cache(maxsize=256)
@@ -211,7 +215,7 @@ def cusum_threshold(alpha: float, horizon: int, *, k: float = CUSUM_REFERENCE, s
     lo, hi = 0.05, 40.0
     while hi - lo > 1e-3:
         mid = 0.5 * (lo + hi)
-        if cusum_run_length(mid, k=k, horizon=horizon, clip=clip).p_alarm_by_horizon > target:
+        if _p_alarm(_chain(mid, float(k), 0.0, 400, clip), int(horizon)) > target:
             lo = mid
         else:
             hi = mid

@@ -28,7 +28,8 @@ def test_shift_alert_fires_at_the_right_study(make_api, planted):
     assert alert["state"] == "firing" and alert["kind"] == "suite_shift" and alert["fire_count"] == 1
     assert alert["study_id"] == ids[6] and alert["link"].endswith(f"/studies/{ids[6]}")
     d = alert["details"]
-    assert d["index"] == 6 and d["p_value"] <= 0.01 and d["mean_after"] > d["mean_before"]
+    assert d["index"] == 6 and d["statistic"] > d["threshold"] and d["mean_after"] > d["mean_before"]
+    assert d["guarantee"].startswith("false alarm ≤ 1% over 100 studies")
     assert [h["study_id"] for h in d["history"]] == ids
     # accepting the new level: the baseline moves to the first shifted study, the history restarts there
     r = api.client.put("/api/v1/suites/nightly/baseline", headers=api.h(), json={"study_id": ids[6]})
