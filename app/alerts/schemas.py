@@ -59,7 +59,8 @@ class BandWidthRule(_Rule):
 
 
 class OutOfBaselineRule(_Rule):
-    """A run of a suite's study falls outside the baseline's tolerance interval."""
+    """A run of a suite's study falls outside the baseline's range: final mode, the baseline's prediction
+    interval corrected for the number of candidate runs; curve mode, the baseline's per-step band."""
 
     kind: Literal["out_of_baseline"]
     metric: MetricKey

@@ -350,6 +350,7 @@ def _eval_repeatability(session, study, rule, spec, report, baseline) -> list[Fi
             continue
         numbers = {k: v.get(k) for k in ("verdict", "max_abs_delta", "max_rel_delta", "max_ulps", "worst_seed",
                                           "first_divergent_step", "source", "data_order_epoch")}
+        numbers["guarantee"] = guarantee("repeatability_lost")
         if v["verdict"] == "inconclusive":
             out.append(Finding(rule, spec.metric, v["group"], UNKNOWN, v["reason"], numbers))
             continue
@@ -388,7 +389,8 @@ def _eval_diverged(session, study, rule, spec, report, baseline) -> list[Finding
                     f"{first['step']} (run {first['run_id']}, seed {first['seed']})")
         else:
             text = f"no run of {_label(group)} diverged on {spec.metric}"
-        out.append(Finding(rule, spec.metric, group, bool(bad), text, {"diverged": bad}))
+        out.append(Finding(rule, spec.metric, group, bool(bad), text,
+                           {"diverged": bad, "guarantee": guarantee("diverged")}))
     return out
 
 
@@ -409,7 +411,8 @@ def _eval_cost(session, study, rule, spec, report, baseline) -> list[Finding]:
         ci = f" (CI {c['ci_low']:.3g}..{c['ci_high']:.3g})" if c.get("ci_low") is not None else ""
         out.append(Finding(rule, None, group, firing,
                            f"step time {c['numerator']}/{c['denominator']} on {c['stack']} is {ratio:.3g}×{ci} "
-                           f"{'>' if firing else '≤'} {spec.max_ratio:g}×", dict(c)))
+                           f"{'>' if firing else '≤'} {spec.max_ratio:g}×",
+                           {**c, "guarantee": guarantee("determinism_cost")}))
     return out
 
 
@@ -427,6 +430,7 @@ def _eval_not_equivalent(session, study, rule, spec, report, baseline) -> list[F
             continue
         numbers = {k: v.get(k) for k in ("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
                                           "welch_p_adjusted", "band_containment")}
+        numbers["guarantee"] = guarantee("not_equivalent")
         firing = {"not_equivalent": BAD, "equivalent": OK}.get(v["verdict"], UNKNOWN)
         out.append(Finding(rule, spec.metric, {**v["group"], "reference": "study"}, firing,
                            f"stack {v['group']['candidate_stack']} vs {v['group']['reference_stack']} "
@@ -453,6 +457,7 @@ def _eval_not_equivalent(session, study, rule, spec, report, baseline) -> list[F
         numbers = {k: v.get(k) for k in ("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
                                           "welch_p_adjusted", "band_containment")}
         numbers["baseline_study_id"] = baseline.study_id
+        numbers["guarantee"] = guarantee("not_equivalent")
         out.append(Finding(rule, spec.metric, group, firing,
                            f"stack {stack} ({group['determinism']}) vs the suite baseline (study "
                            f"{baseline.study_id}{', ' + baseline.stack if baseline.stack else ''}): "

@@ -57,7 +57,7 @@ def guarantee(kind: str, *, alpha: float | None = None, horizon: int | None = No
     if kind == "repeatability_lost":
         return "exact: fires only when a bit differs between repeats"
     if kind == "not_equivalent":
-        return "TOST equivalence test at the rule's alpha, Holm-adjusted over metrics"
+        return "relays the stack-portability verdict (TOST); no false-alarm level of its own yet"
     if kind == "determinism_cost":
         return "a limit on the estimated step-time ratio; no stated false-alarm level"
     raise ValueError(f"unknown alert kind {kind!r}")
