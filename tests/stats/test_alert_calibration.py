@@ -203,3 +203,10 @@ def test_band_check_matches_chi_square_table():
     assert not band_check(1.0, 10, limit=0.75, alpha=0.05).firing
     assert band_too_wide([1.0, 2.0, 3.0, float("nan")], limit=10.0).n == 3
     assert guarantee("band_width", alpha=0.05).startswith("false alarm ≤ 5%")
+
+
+def test_shift_delays_count_from_the_first_shifted_study():
+    from app.stats.calibration.rules_alerts import shift_delays
+
+    d = shift_delays(np.random.default_rng(2), n=30, start=20, shift=30.0, after=10)
+    assert np.all((d >= 1) & (d <= 5))  # a 30σ jump: found within a few studies, never before it

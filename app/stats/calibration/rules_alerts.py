@@ -36,7 +36,7 @@ from app.stats.changepoint import sequential_shift
 from app.stats.repeatability import RepeatRun, repeatability
 
 __all__ = ["RULES", "SUITE_SHIFT", "OUT_OF_BASELINE", "BAND_WIDTH", "DIVERGED", "REPEATABILITY_LOST",
-           "suite_history", "training_finals"]
+           "suite_history", "training_finals", "shift_delays"]
 
 # ---------------------------------------------------------------- generators
 
@@ -80,6 +80,21 @@ def _shift(n: int, **kw) -> Callable[[np.random.Generator], bool]:
         x = suite_history(rng, n, **kw)
         return sequential_shift(x, alpha=SHIFT_ALPHA, horizon=SHIFT_HORIZON).detected
     return trial
+
+
+def shift_delays(rng: np.random.Generator, *, n: int, start: int, shift: float, after: int = 40,
+                 alpha: float = SHIFT_ALPHA, horizon: int = SHIFT_HORIZON) -> np.ndarray:
+    """Detection delay of the suite-shift alert, in studies, over ``n`` simulated histories.
+
+    Each history has ``start`` in-control studies, then ``after`` studies shifted by ``shift``
+    (in σ of the study summaries). Delay 1 = the alert fires at the first shifted study; inf =
+    not within ``after``; −1 = a false alarm before the shift."""
+    out = np.empty(n)
+    for i in range(n):
+        r = sequential_shift(suite_history(rng, start + after, shift=shift, shift_from=start), alpha=alpha,
+                             horizon=horizon)
+        out[i] = np.inf if not r.detected else (-1 if r.alarm_index < start else r.alarm_index - start + 1)
+    return out
 
 
 def _jump_after_short_history(rng: np.random.Generator) -> bool:
