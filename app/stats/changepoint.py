@@ -163,11 +163,12 @@ def _chain(h: float, k: float, shift: float, m: int, clip: float | None) -> np.n
             p = np.where(t < -clip, 0.0, np.where(t >= clip, 1.0, p))
         return p
 
-    i = np.arange(m)[:, None]
-    j = np.arange(m)[None, :]
-    upper = cdf((j - i + 0.5) * w + k)
-    lower = np.where(j == 0, 0.0, cdf((j - i - 0.5) * w + k))
-    return upper - lower
+    # transitions depend on j − i only: evaluate the CDF once per offset
+    offsets = np.arange(-(m - 1), m)
+    hi = cdf((offsets + 0.5) * w + k)
+    lo = cdf((offsets - 0.5) * w + k)
+    d = np.arange(m)[None, :] - np.arange(m)[:, None] + (m - 1)
+    return np.where(np.arange(m)[None, :] == 0, hi[d], hi[d] - lo[d])
 
 
 def cusum_run_length(h: float, *, k: float = CUSUM_REFERENCE, horizon: int = 100, shift: float = 0.0,
