@@ -49,13 +49,18 @@ class BandWidthRule(_Rule):
     kind: Literal["band_width"]
     metric: MetricKey
     stat: Literal["std", "ti_width"] = Field(
-        "std", description="std: standard deviation over seeds; ti_width: width of the normal tolerance interval"
+        "std", description="std: standard deviation over seeds (fires when its one-sided lower confidence bound "
+        "exceeds max); ti_width: width of the normal tolerance interval (fires when it exceeds max)"
     )
     max: PositiveFloat
+    alpha: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.05, description="std: false-alarm probability per study and group when the true std equals max"
+    )
 
 
 class OutOfBaselineRule(_Rule):
-    """A run of a suite's study falls outside the baseline's tolerance interval."""
+    """A run of a suite's study falls outside the baseline's range: final mode, the baseline's prediction
+    interval corrected for the number of candidate runs; curve mode, the baseline's per-step band."""
 
     kind: Literal["out_of_baseline"]
     metric: MetricKey
@@ -64,6 +69,10 @@ class OutOfBaselineRule(_Rule):
     )
     max_share: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.1, description="curve mode: fire when a run is outside the band on more than this share of steps"
+    )
+    alpha: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.01, description="final mode: probability that a healthy study raises the alert, per stack and determinism "
+        "level, whatever its number of runs (prediction interval, Bonferroni over the candidate runs)"
     )
 
 
@@ -102,12 +111,19 @@ class DeterminismCostRule(_Rule):
 
 
 class SuiteShiftRule(_Rule):
-    """The suite's history of a final metric (one mean per study, since the baseline) shifted."""
+    """The suite's history of a final metric (one mean per study and group, since the baseline) shifted.
+
+    One history per (stack, determinism level), watched by a self-starting CUSUM re-evaluated
+    after every study (``app.stats.changepoint.sequential_shift``)."""
 
     kind: Literal["suite_shift"]
     metric: MetricKey
     alpha: Annotated[float, Field(gt=0, le=0.5)] = Field(
-        0.01, description="false-alarm probability of one evaluation when nothing changed"
+        0.01, description="probability of any false alarm over the first `horizon` studies since the baseline, "
+        "per stack and determinism level, when nothing changed"
+    )
+    horizon: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        100, description="number of studies the lifetime false-alarm budget `alpha` covers"
     )
     min_history: Annotated[int, Field(ge=3, le=10_000)] = 6
     direction: Literal["both", "increase", "decrease"] = "both"

@@ -21,7 +21,6 @@ import json
 import logging
 import secrets
 import socket
-import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,8 +43,8 @@ from app.alerts.schemas import (
 from app.errors import Invalid, NotFound
 from app.models import Alert, AlertDelivery, AlertRule, Study, StudyEvaluation, SuiteBaseline, Webhook, utcnow
 from app.reports import service as reports
-from app.stats.changepoint import detect_shift
-from app.stats.intervals import normal_tolerance_interval
+from app.stats.alert_rules import band_check, baseline_outliers, guarantee
+from app.stats.changepoint import sequential_shift
 from app.stats.report import MetricSpec, build_report, compute_bands
 from app.studies import service as studies
 
@@ -308,26 +307,39 @@ def _label(group: dict[str, Any]) -> str:
 
 def _eval_band_width(session, study, rule, spec, report, baseline) -> list[Finding]:
     out = []
+    promise = guarantee("band_width", alpha=spec.alpha, stat=spec.stat)
     for v in _verdicts(report, "seed_stability", spec.metric):
         if not _group_ok(spec, v["group"]):
             continue
         spread = v.get("spread") or {}
+        n = spread.get("n")
+        check = None
         if spec.stat == "std":
             value = _num(spread.get("std"))
+            if value is not None and n is not None and n >= 2:
+                check = band_check(value, int(n), limit=spec.max, alpha=spec.alpha)
         else:
             ti = spread.get("tolerance") or {}
             value = None if ti.get("low") is None else _num(ti["high"]) - _num(ti["low"])
-        numbers = {"stat": spec.stat, "value": value, "max": spec.max, "n_seeds": spread.get("n"),
+        numbers = {"stat": spec.stat, "value": value, "max": spec.max, "n_seeds": n,
                    "mean": spread.get("mean"), "std": spread.get("std"), "verdict": v["verdict"],
-                   "final_run_ids": v.get("final_run_ids"), "tolerance": spread.get("tolerance")}
-        if value is None:
+                   "final_run_ids": v.get("final_run_ids"), "tolerance": spread.get("tolerance"),
+                   "guarantee": promise}
+        if value is None or (spec.stat == "std" and check is None):
             out.append(Finding(rule, spec.metric, v["group"], UNKNOWN, f"too few seeds for a {spec.stat}", numbers))
             continue
-        firing = value > spec.max
+        if check is not None:
+            numbers.update(lower_bound=check.lower, alpha=spec.alpha,
+                           method="one-sided chi-square test of the seed std against max")
+            firing = check.firing
+            detail = (f"lower {1 - spec.alpha:.0%} bound {check.lower:.4g} {'>' if firing else '≤'} {spec.max:g}")
+        else:
+            firing = value > spec.max
+            detail = f"{'>' if firing else '≤'} {spec.max:g}"
         what = "std over seeds" if spec.stat == "std" else "tolerance-interval width"
         out.append(Finding(rule, spec.metric, v["group"], firing,
-                           f"{what} of final {spec.metric} ({_label(v['group'])}) is {value:.4g} "
-                           f"{'>' if firing else '≤'} {spec.max:g} over {spread.get('n')} seeds", numbers))
+                           f"{what} of final {spec.metric} ({_label(v['group'])}) is {value:.4g}, "
+                           f"{detail} over {n} seeds", numbers))
     return out
 
 
@@ -338,6 +350,7 @@ def _eval_repeatability(session, study, rule, spec, report, baseline) -> list[Fi
             continue
         numbers = {k: v.get(k) for k in ("verdict", "max_abs_delta", "max_rel_delta", "max_ulps", "worst_seed",
                                           "first_divergent_step", "source", "data_order_epoch")}
+        numbers["guarantee"] = guarantee("repeatability_lost")
         if v["verdict"] == "inconclusive":
             out.append(Finding(rule, spec.metric, v["group"], UNKNOWN, v["reason"], numbers))
             continue
@@ -376,7 +389,8 @@ def _eval_diverged(session, study, rule, spec, report, baseline) -> list[Finding
                     f"{first['step']} (run {first['run_id']}, seed {first['seed']})")
         else:
             text = f"no run of {_label(group)} diverged on {spec.metric}"
-        out.append(Finding(rule, spec.metric, group, bool(bad), text, {"diverged": bad}))
+        out.append(Finding(rule, spec.metric, group, bool(bad), text,
+                           {"diverged": bad, "guarantee": guarantee("diverged")}))
     return out
 
 
@@ -397,7 +411,8 @@ def _eval_cost(session, study, rule, spec, report, baseline) -> list[Finding]:
         ci = f" (CI {c['ci_low']:.3g}..{c['ci_high']:.3g})" if c.get("ci_low") is not None else ""
         out.append(Finding(rule, None, group, firing,
                            f"step time {c['numerator']}/{c['denominator']} on {c['stack']} is {ratio:.3g}×{ci} "
-                           f"{'>' if firing else '≤'} {spec.max_ratio:g}×", dict(c)))
+                           f"{'>' if firing else '≤'} {spec.max_ratio:g}×",
+                           {**c, "guarantee": guarantee("determinism_cost")}))
     return out
 
 
@@ -415,6 +430,7 @@ def _eval_not_equivalent(session, study, rule, spec, report, baseline) -> list[F
             continue
         numbers = {k: v.get(k) for k in ("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
                                           "welch_p_adjusted", "band_containment")}
+        numbers["guarantee"] = guarantee("not_equivalent")
         firing = {"not_equivalent": BAD, "equivalent": OK}.get(v["verdict"], UNKNOWN)
         out.append(Finding(rule, spec.metric, {**v["group"], "reference": "study"}, firing,
                            f"stack {v['group']['candidate_stack']} vs {v['group']['reference_stack']} "
@@ -441,6 +457,7 @@ def _eval_not_equivalent(session, study, rule, spec, report, baseline) -> list[F
         numbers = {k: v.get(k) for k in ("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
                                           "welch_p_adjusted", "band_containment")}
         numbers["baseline_study_id"] = baseline.study_id
+        numbers["guarantee"] = guarantee("not_equivalent")
         out.append(Finding(rule, spec.metric, group, firing,
                            f"stack {stack} ({group['determinism']}) vs the suite baseline (study "
                            f"{baseline.study_id}{', ' + baseline.stack if baseline.stack else ''}): "
@@ -487,19 +504,24 @@ def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[
                 out.append(Finding(rule, spec.metric, group, UNKNOWN,
                                    f"the baseline has {len(finals)} finite {det} run(s); need 2", common))
                 continue
-            ti = normal_tolerance_interval(np.array(finals), coverage=coverage, confidence=confidence)
+            cand_finals = [_final_of(r.series[spec.metric]) for r in runs]
+            check = baseline_outliers(np.array(finals), np.array([np.nan if f is None else f for f in cand_finals]),
+                                      alpha=spec.alpha)
             outside = []
-            for r in runs:
-                f = _final_of(r.series[spec.metric])
-                if f is None or not np.isfinite(f) or not (ti.low <= f <= ti.high):
-                    outside.append({"run_id": r.run_id, "seed": r.seed, "final": f if f is None or np.isfinite(f)
-                                    else str(f)})
-            numbers = {**common, "interval": [ti.low, ti.high], "n_baseline": ti.n, "outside": outside,
-                       "n_runs": len(runs)}
+            for i in check.outside:
+                r, f = runs[i], cand_finals[i]
+                outside.append({"run_id": r.run_id, "seed": r.seed, "final": f if f is None or np.isfinite(f)
+                                else str(f)})
+            numbers = {**common, "interval": [check.low, check.high], "n_baseline": check.n_baseline,
+                       "outside": outside, "n_runs": len(runs), "alpha": spec.alpha,
+                       "per_run_alpha": check.per_run_alpha,
+                       "method": "normal prediction interval, Bonferroni over the candidate runs",
+                       "guarantee": guarantee("out_of_baseline", alpha=spec.alpha)}
             text = (f"{len(outside)} of {len(runs)} {_label(group)} run(s) end outside the baseline's "
-                    f"{coverage:.0%}/{confidence:.0%} tolerance interval [{ti.low:.4g}, {ti.high:.4g}] of {spec.metric}"
-                    if outside else f"all {len(runs)} {_label(group)} runs end inside the baseline's tolerance "
-                    f"interval [{ti.low:.4g}, {ti.high:.4g}] of {spec.metric}")
+                    f"prediction interval [{check.low:.4g}, {check.high:.4g}] of {spec.metric} "
+                    f"(familywise α={spec.alpha:g})"
+                    if outside else f"all {len(runs)} {_label(group)} runs end inside the baseline's prediction "
+                    f"interval [{check.low:.4g}, {check.high:.4g}] of {spec.metric}")
             out.append(Finding(rule, spec.metric, group, bool(outside), text, numbers))
         else:
             if bands is None:
@@ -524,7 +546,8 @@ def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[
                 if share > spec.max_share:
                     outside.append({"run_id": r.run_id, "seed": r.seed, "share_outside": share,
                                     "steps_compared": int(ok.sum())})
-            numbers = {**common, "max_share": spec.max_share, "outside": outside, "n_runs": len(runs)}
+            numbers = {**common, "max_share": spec.max_share, "outside": outside, "n_runs": len(runs),
+                       "guarantee": guarantee("out_of_baseline", mode="curve")}
             text = (f"{len(outside)} of {len(runs)} {_label(group)} run(s) leave the baseline band of {spec.metric} "
                     f"on more than {spec.max_share:.0%} of steps" if outside else
                     f"all {len(runs)} {_label(group)} runs stay within the baseline band of {spec.metric}")
@@ -533,42 +556,51 @@ def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[
 
 
 def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Finding]:
+    """One history per (stack, determinism level): a change in a study's composition is not a shift."""
     if not study.suite:
         return []
     history = repository.suite_studies(session, study.suite, from_id=baseline.study_id if baseline else None,
                                        upto_id=study.id)
     levels = {d.value for d in spec.determinism} if spec.determinism else None
     stack = spec.stack or (baseline.stack if baseline else None)
-    sums: dict[int, list[float]] = defaultdict(list)
+    sums: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for study_id, run_stack, det, finals in repository.final_metrics(session, [s.id for s in history]):
         if stack is not None and run_stack != stack or levels is not None and det not in levels:
             continue
         v = finals.get(spec.metric)
         if isinstance(v, (int, float)) and np.isfinite(v):
-            sums[study_id].append(float(v))
-    used = [s for s in history if sums.get(s.id)]
-    values = np.array([np.mean(sums[s.id]) for s in used])
-    group = {"suite": study.suite, **({"stack": stack} if stack else {})}
-    rng = np.random.default_rng([0x57EAD, rule.id, len(used), zlib.crc32(study.suite.encode())])
-    res = detect_shift(values, rng=rng, alpha=spec.alpha, min_history=spec.min_history, direction=spec.direction)
-    numbers = {"history": [{"study_id": s.id, "name": s.name, "mean": float(x)} for s, x in zip(used, values)],
-               "p_value": res.p_value, "statistic": res.statistic, "alpha": res.alpha, "index": res.index,
-               "mean_before": res.mean_before, "mean_after": res.mean_after, "std": res.std,
-               "method": "permutation test of the max standardised CUSUM", "since_baseline_study":
-               baseline.study_id if baseline else None}
-    if res.p_value is None:
-        # Too short to test. After a baseline was set the history restarted there: a shift
-        # found before it was accepted, so a firing shift alert resolves.
-        state = OK if baseline is not None else UNKNOWN
-        reason = (f"history restarted at the baseline, study {baseline.study_id}: " if baseline else "") + res.reason
-        return [Finding(rule, spec.metric, group, state, reason, numbers, suite_level=True)]
-    at = used[res.index] if res.detected else None
-    text = (f"shift in final {spec.metric} of suite {study.suite!r} at study {at.id} ({at.name}): mean "
-            f"{res.mean_before:.4g} → {res.mean_after:.4g}, permutation p={res.p_value:.3g} over {len(used)} studies"
-            if at else f"no shift in final {spec.metric} of suite {study.suite!r} over {len(used)} studies "
-            f"(p={res.p_value:.3g})")
-    return [Finding(rule, spec.metric, group, res.detected, text, numbers,
-                    study_id=at.id if at else None, suite_level=True)]
+            sums[(run_stack, det)][study_id].append(float(v))
+    out = []
+    for (run_stack, det), per_study in sorted(sums.items()):
+        used = [s for s in history if per_study.get(s.id)]
+        values = np.array([np.mean(per_study[s.id]) for s in used])
+        group = {"suite": study.suite, "stack": run_stack, "determinism": det}
+        res = sequential_shift(values, alpha=spec.alpha, horizon=spec.horizon, min_history=spec.min_history,
+                               direction=spec.direction)
+        numbers = {"history": [{"study_id": s.id, "name": s.name, "mean": float(x)} for s, x in zip(used, values)],
+                   "statistic": res.statistic, "threshold": res.threshold, "alpha": res.alpha,
+                   "horizon": res.horizon, "arl0": res.arl0, "index": res.index,
+                   "alarm_index": res.alarm_index, "cusum_upper": res.upper, "cusum_lower": res.lower,
+                   "mean_before": res.mean_before, "mean_after": res.mean_after, "std": res.std,
+                   "method": "self-starting CUSUM (Hawkins 1987) with a lifetime false-alarm budget",
+                   "guarantee": res.guarantee,
+                   "since_baseline_study": baseline.study_id if baseline else None}
+        if res.statistic is None:
+            # Too short to judge. After a baseline was set the history restarted there: a shift
+            # found before it was accepted, so a firing shift alert resolves.
+            state = OK if baseline is not None else UNKNOWN
+            reason = (f"history restarted at the baseline, study {baseline.study_id}: " if baseline else "") + res.reason
+            out.append(Finding(rule, spec.metric, group, state, reason, numbers, suite_level=True))
+            continue
+        at = used[res.index] if res.detected else None
+        text = (f"shift in final {spec.metric} of suite {study.suite!r} ({run_stack}/{det}) at study {at.id} "
+                f"({at.name}): mean {res.mean_before:.4g} → {res.mean_after:.4g}, CUSUM {res.statistic:.3g} > "
+                f"{res.threshold:.3g} at study {used[res.alarm_index].id}, {len(used)} studies"
+                if at else f"no shift in final {spec.metric} of suite {study.suite!r} ({run_stack}/{det}) over "
+                f"{len(used)} studies (CUSUM {res.statistic:.3g} ≤ {res.threshold:.3g})")
+        out.append(Finding(rule, spec.metric, group, res.detected, text, numbers,
+                           study_id=at.id if at else None, suite_level=True))
+    return out
 
 
 _EVALUATORS = {

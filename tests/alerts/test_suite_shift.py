@@ -28,10 +28,47 @@ def test_shift_alert_fires_at_the_right_study(make_api, planted):
     assert alert["state"] == "firing" and alert["kind"] == "suite_shift" and alert["fire_count"] == 1
     assert alert["study_id"] == ids[6] and alert["link"].endswith(f"/studies/{ids[6]}")
     d = alert["details"]
-    assert d["index"] == 6 and d["p_value"] <= 0.01 and d["mean_after"] > d["mean_before"]
+    assert d["index"] == 6 and d["statistic"] > d["threshold"] and d["mean_after"] > d["mean_before"]
+    assert d["guarantee"].startswith("false alarm ≤ 1% over 100 studies")
     assert [h["study_id"] for h in d["history"]] == ids
     # accepting the new level: the baseline moves to the first shifted study, the history restarts there
     r = api.client.put("/api/v1/suites/nightly/baseline", headers=api.h(), json={"study_id": ids[6]})
     assert r.status_code == 200
     ev = api.post(f"/api/v1/studies/{ids[-1]}/evaluate").json()
     assert [a["id"] for a in ev["resolved"]] == [alert["id"]]
+
+
+def _add_runs(api, sid: int, finals, *, stack: str, determinism: str = "seeded", steps: int = 10) -> None:
+    for seed, final in enumerate(finals, start=100):
+        curve = (final + np.exp(-np.arange(steps) / 3.0)).tolist()
+        curve[-1] = float(final)
+        run = {"seed": seed, "determinism": determinism, "stack": {"name": stack},
+               "metrics": {"loss": {"steps": list(range(steps)), "values": curve}}}
+        r = api.post(f"/api/v1/studies/{sid}/runs", json=run)
+        assert r.status_code == 201, r.text
+
+
+def test_a_change_of_composition_is_not_a_shift(make_api):
+    """A second stack at another level joins the suite: pooled, the study mean jumps; per stack it does not."""
+    api = make_api()
+    rule = {"kind": "suite_shift", "metric": "loss", "suite": "mixed", "min_history": 4}
+    assert api.post("/api/v1/alert-rules", json=rule).status_code == 201
+    rng = np.random.default_rng(8)
+    for i in range(12):
+        sid = external_study(api.post, name=f"m{i}", suite="mixed", stack="a100",
+                             finals=(1.0 + 0.02 * rng.standard_normal(3)).tolist())
+        if i >= 6:  # from study 6 on, h100 runs at a level 0.5 higher join the same studies
+            _add_runs(api, sid, (1.5 + 0.02 * rng.standard_normal(3)).tolist(), stack="h100")
+        ev = api.post(f"/api/v1/studies/{sid}/evaluate")
+        assert ev.status_code == 200, ev.text
+        assert ev.json()["firing"] == [], ev.json()["firing"]
+    assert api.get("/api/v1/alerts", params={"suite": "mixed"}).json()["items"] == []
+    # the same h100 history, now shifted: its own group fires, a100 stays quiet
+    for i in range(12, 18):
+        sid = external_study(api.post, name=f"m{i}", suite="mixed", stack="a100",
+                             finals=(1.0 + 0.02 * rng.standard_normal(3)).tolist())
+        _add_runs(api, sid, (2.5 + 0.02 * rng.standard_normal(3)).tolist(), stack="h100")
+        assert api.post(f"/api/v1/studies/{sid}/evaluate").status_code == 200
+    (alert,) = api.get("/api/v1/alerts", params={"suite": "mixed"}).json()["items"]
+    assert alert["group"] == {"suite": "mixed", "stack": "h100", "determinism": "seeded"}
+    assert alert["details"]["mean_after"] > alert["details"]["mean_before"]

@@ -1,6 +1,237 @@
-"""Calibration scenarios: alerts family (see app.stats.calibration.rules)."""
+"""Calibration scenarios: alerts family (see app.stats.calibration.rules).
+
+One ``Rule`` per alert kind that makes a statistical decision, each trial calling the same
+pure function the alert service calls (``app.stats.alert_rules``,
+``app.stats.changepoint.sequential_shift``, ``app.stats.repeatability``,
+``app.stats.align``):
+
+* ``alert.suite_shift`` — a suite's lifetime: a history of 30 or 100 study summaries of one
+  stack and determinism level, re-evaluated after every study. The service's answer after
+  study j is ``sequential_shift(history[:j+1]).detected`` and the alarm is latched, so "fired
+  at any of the evaluations" is ``sequential_shift(history).detected`` (tested in
+  tests/stats/test_alert_calibration.py). Planted: a shift of 1σ, 2σ, 3σ in the last study or
+  k studies back, and a large jump after a short history.
+* ``alert.out_of_baseline`` — final mode: m candidate runs against n baseline runs
+  (5 vs 5, 10 vs 10, 50 vs 10), normal and skewed finals.
+* ``alert.band_width`` — std mode at the boundary (true std = the limit) and below.
+* ``alert.diverged`` and ``alert.repeatability_lost`` — exact checks: healthy data never fires.
+
+Study summaries are means over a few seeds; σ is the std of those summaries between studies.
+
+A third scenario kind, ``stress``, is healthy data *outside* a rule's stated assumption (the
+normal-theory intervals meet skewed finals): measured and published so users see how far the
+guarantee bends, but not asserted against the nominal level (``measure_rule`` skips it unless
+asked: ``kinds=("healthy", "planted", "stress")``).
+"""
 from __future__ import annotations
 
-from app.stats.calibration import Rule
+from collections.abc import Callable
 
-RULES: list[Rule] = []
+import numpy as np
+
+from app.stats.alert_rules import NOMINAL, band_check, baseline_outliers, guarantee
+from app.stats.align import align_series
+from app.stats.calibration import Rule, Scenario
+from app.stats.changepoint import sequential_shift
+from app.stats.repeatability import RepeatRun, repeatability
+
+__all__ = ["RULES", "SUITE_SHIFT", "OUT_OF_BASELINE", "BAND_WIDTH", "DIVERGED", "REPEATABILITY_LOST",
+           "suite_history", "training_finals", "shift_delays"]
+
+# ---------------------------------------------------------------- generators
+
+
+def training_finals(rng: np.random.Generator, n: int, *, dist: str = "normal", center: float = 0.35,
+                    scale: float = 0.02) -> np.ndarray:
+    """Final losses of ``n`` seeds: normal, or right-skewed (lognormal, skewness ≈ 0.8; or gamma)."""
+    if dist == "normal":
+        return center + scale * rng.standard_normal(n)
+    if dist == "lognormal":  # log-sd 0.25: skewness 0.78, the long right tail of a few bad seeds
+        z = rng.lognormal(0.0, 0.25, n)
+        return center + scale * (z - np.exp(0.03125)) / 0.2563
+    if dist == "gamma":  # shape 4: skewness 1
+        return center + scale * (rng.gamma(4.0, 1.0, n) - 4.0) / 2.0
+    raise ValueError(f"unknown dist {dist!r}")
+
+
+def suite_history(rng: np.random.Generator, n_studies: int, *, seeds: int = 4, dist: str = "normal",
+                  study_sd: float = 0.01, shift: float = 0.0, shift_from: int | None = None) -> np.ndarray:
+    """One summary per study (mean final over ``seeds`` seeds), with a between-study random effect.
+
+    A ``shift`` (in units of the summary's std) is added to studies ``shift_from`` onwards."""
+    seed_sd = 0.02
+    effect = study_sd * rng.standard_normal(n_studies)
+    means = np.array([training_finals(rng, seeds, dist=dist, scale=seed_sd).mean() for _ in range(n_studies)])
+    x = means + effect
+    if shift:
+        sd = float(np.sqrt(study_sd ** 2 + seed_sd ** 2 / seeds))
+        x[shift_from:] += shift * sd
+    return x
+
+
+# ---------------------------------------------------------------- suite shift
+
+SHIFT_ALPHA = NOMINAL["suite_shift"]
+SHIFT_HORIZON = 100
+
+
+def _shift(n: int, **kw) -> Callable[[np.random.Generator], bool]:
+    def trial(rng: np.random.Generator) -> bool:
+        x = suite_history(rng, n, **kw)
+        return sequential_shift(x, alpha=SHIFT_ALPHA, horizon=SHIFT_HORIZON).detected
+    return trial
+
+
+def shift_delays(rng: np.random.Generator, *, n: int, start: int, shift: float, after: int = 40,
+                 alpha: float = SHIFT_ALPHA, horizon: int = SHIFT_HORIZON) -> np.ndarray:
+    """Detection delay of the suite-shift alert, in studies, over ``n`` simulated histories.
+
+    Each history has ``start`` in-control studies, then ``after`` studies shifted by ``shift``
+    (in σ of the study summaries). Delay 1 = the alert fires at the first shifted study; inf =
+    not within ``after``; −1 = a false alarm before the shift."""
+    out = np.empty(n)
+    for i in range(n):
+        r = sequential_shift(suite_history(rng, start + after, shift=shift, shift_from=start), alpha=alpha,
+                             horizon=horizon)
+        out[i] = np.inf if not r.detected else (-1 if r.alarm_index < start else r.alarm_index - start + 1)
+    return out
+
+
+def _jump_after_short_history(rng: np.random.Generator) -> bool:
+    x = suite_history(rng, 10, shift=20.0, shift_from=6)
+    return sequential_shift(x, alpha=SHIFT_ALPHA, horizon=SHIFT_HORIZON).detected
+
+
+SUITE_SHIFT = Rule(
+    name="alert.suite_shift",
+    nominal=SHIFT_ALPHA,
+    guarantee=guarantee("suite_shift", alpha=SHIFT_ALPHA, horizon=SHIFT_HORIZON),
+    scenarios=(
+        Scenario("lifetime_30", "healthy", "30 studies evaluated one by one, normal finals, 4 seeds per study",
+                 _shift(30)),
+        Scenario("lifetime_100", "healthy", "100 studies evaluated one by one, normal finals", _shift(100)),
+        Scenario("lifetime_100_skewed", "healthy", "100 studies, skewed (lognormal) finals of 4 seeds",
+                 _shift(100, dist="lognormal")),
+        Scenario("lifetime_100_gamma_1seed", "stress", "100 studies, one seed each, gamma finals (skewness 1)",
+                 _shift(100, dist="gamma", seeds=1, study_sd=0.0)),
+        Scenario("lifetime_100_no_study_effect", "healthy", "100 studies, seed noise only (no between-study effect)",
+                 _shift(100, study_sd=0.0)),
+        Scenario("last_study_2sd", "planted", "2σ shift in the last of 30 studies", _shift(30, shift=2.0, shift_from=29)),
+        Scenario("last_study_3sd", "planted", "3σ shift in the last of 30 studies", _shift(30, shift=3.0, shift_from=29)),
+        Scenario("5_back_2sd", "planted", "2σ shift in the last 5 of 30 studies", _shift(30, shift=2.0, shift_from=25)),
+        Scenario("10_back_1sd", "planted", "1σ shift in the last 10 of 30 studies",
+                 _shift(30, shift=1.0, shift_from=20)),
+        Scenario("10_back_2sd", "planted", "2σ shift in the last 10 of 30 studies",
+                 _shift(30, shift=2.0, shift_from=20)),
+        Scenario("5_back_3sd", "planted", "3σ shift in the last 5 of 30 studies", _shift(30, shift=3.0, shift_from=25)),
+        Scenario("jump_after_6", "planted", "20σ jump after 6 studies, 4 studies on the new level",
+                 _jump_after_short_history),
+    ),
+)
+
+# ---------------------------------------------------------------- out of baseline
+
+BASELINE_ALPHA = NOMINAL["out_of_baseline"]
+
+
+def _baseline(n_base: int, n_cand: int, *, dist: str = "normal", shift: float = 0.0, one_run: bool = False):
+    def trial(rng: np.random.Generator) -> bool:
+        base = training_finals(rng, n_base, dist=dist)
+        cand = training_finals(rng, n_cand, dist=dist)
+        if one_run:
+            cand[0] += shift * 0.02
+        else:
+            cand += shift * 0.02
+        return baseline_outliers(base, cand, alpha=BASELINE_ALPHA).firing
+    return trial
+
+
+OUT_OF_BASELINE = Rule(
+    name="alert.out_of_baseline",
+    nominal=BASELINE_ALPHA,
+    guarantee=guarantee("out_of_baseline", alpha=BASELINE_ALPHA),
+    scenarios=(
+        Scenario("5v5", "healthy", "5 candidate runs vs 5 baseline runs, normal finals", _baseline(5, 5)),
+        Scenario("10v10", "healthy", "10 vs 10, normal finals", _baseline(10, 10)),
+        Scenario("50v10", "healthy", "50 candidate runs vs 10 baseline runs, normal finals", _baseline(10, 50)),
+        Scenario("10v10_skewed", "stress", "10 vs 10, skewed (lognormal) finals", _baseline(10, 10, dist="lognormal")),
+        Scenario("50v10_skewed", "stress", "50 vs 10, skewed (lognormal) finals", _baseline(10, 50, dist="lognormal")),
+        Scenario("10v10_shift_2sd", "planted", "10 vs 10, every candidate 2σ off", _baseline(10, 10, shift=2.0)),
+        Scenario("10v10_shift_4sd", "planted", "10 vs 10, every candidate 4σ off", _baseline(10, 10, shift=4.0)),
+        Scenario("10v10_one_run_8sd", "planted", "10 vs 10, one candidate run 8σ off",
+                 _baseline(10, 10, shift=8.0, one_run=True)),
+        Scenario("5v5_shift_4sd", "planted", "5 vs 5, every candidate 4σ off", _baseline(5, 5, shift=4.0)),
+    ),
+)
+
+# ---------------------------------------------------------------- band width
+
+BAND_ALPHA = NOMINAL["band_width"]
+BAND_LIMIT = 0.02
+
+
+def _band(n: int, ratio: float, *, dist: str = "normal"):
+    def trial(rng: np.random.Generator) -> bool:
+        x = training_finals(rng, n, dist=dist, scale=BAND_LIMIT * ratio)
+        return band_check(float(x.std(ddof=1)), n, limit=BAND_LIMIT, alpha=BAND_ALPHA).firing
+    return trial
+
+
+BAND_WIDTH = Rule(
+    name="alert.band_width",
+    nominal=BAND_ALPHA,
+    guarantee=guarantee("band_width", alpha=BAND_ALPHA),
+    scenarios=(
+        Scenario("at_limit_n5", "healthy", "true std = the limit, 5 seeds", _band(5, 1.0)),
+        Scenario("at_limit_n10", "healthy", "true std = the limit, 10 seeds", _band(10, 1.0)),
+        Scenario("at_limit_n30", "healthy", "true std = the limit, 30 seeds", _band(30, 1.0)),
+        Scenario("below_limit_n10", "healthy", "true std = 0.8 × the limit, 10 seeds", _band(10, 0.8)),
+        Scenario("twice_n10", "planted", "true std = 2 × the limit, 10 seeds", _band(10, 2.0)),
+        Scenario("1.5x_n30", "planted", "true std = 1.5 × the limit, 30 seeds", _band(30, 1.5)),
+    ),
+)
+
+# ---------------------------------------------------------------- exact checks
+
+
+def _curve(rng: np.random.Generator, steps: int = 200) -> np.ndarray:
+    t = np.arange(steps)
+    return 0.3 + np.exp(-t / 40.0) + 0.01 * rng.standard_normal(steps)
+
+
+def _diverged(nan_run: bool):
+    def trial(rng: np.random.Generator) -> bool:
+        runs = {i: (np.arange(200), _curve(rng)) for i in range(5)}
+        if nan_run:
+            steps, v = runs[0]
+            v[int(rng.integers(1, 200)):] = np.nan
+        return bool(align_series(runs).diverged.any())
+    return trial
+
+
+def _repeats(flip: bool):
+    def trial(rng: np.random.Generator) -> bool:
+        curve = _curve(rng)
+        copies = [curve.copy() for _ in range(3)]
+        if flip:
+            i = int(rng.integers(0, curve.size))
+            copies[2][i] = np.nextafter(copies[2][i], np.inf)  # one ULP at one step
+        runs = [RepeatRun(steps=np.arange(curve.size), values=c, initial_weights="w", data_order=("d",))
+                for c in copies]
+        return repeatability(runs).verdict != "identical"
+    return trial
+
+
+DIVERGED = Rule(
+    name="alert.diverged", nominal=0.0, guarantee=guarantee("diverged"),
+    scenarios=(Scenario("finite", "healthy", "5 finite curves", _diverged(False)),
+               Scenario("nan_run", "planted", "one run turns NaN at a random step", _diverged(True))),
+)
+
+REPEATABILITY_LOST = Rule(
+    name="alert.repeatability_lost", nominal=0.0, guarantee=guarantee("repeatability_lost"),
+    scenarios=(Scenario("identical", "healthy", "3 bitwise-identical repeats", _repeats(False)),
+               Scenario("one_ulp", "planted", "one repeat differs by one ULP at one step", _repeats(True))),
+)
+
+RULES: list[Rule] = [SUITE_SHIFT, OUT_OF_BASELINE, BAND_WIDTH, DIVERGED, REPEATABILITY_LOST]

@@ -1,0 +1,172 @@
+"""The statistics behind Steady's alert kinds, as pure functions the service calls and the
+calibration harness simulates (``app.stats.calibration.rules_alerts``).
+
+Each alert kind has a stated false-alarm level (``NOMINAL``) and a short guarantee phrase
+(``GUARANTEES``) that travels with the alert's details:
+
+* ``out_of_baseline`` (final mode) — ``baseline_outliers``: a normal prediction interval from
+  the baseline's runs, Bonferroni-corrected for the number of candidate runs, so that a
+  healthy study of any size raises a false alarm at most ``alpha`` of the time per
+  (stack, determinism level) group.
+* ``band_width`` (std) — ``band_too_wide``: a one-sided chi-square test that the seed std
+  exceeds the limit, false alarm ≤ ``alpha`` when the true std is at the limit or below.
+* ``suite_shift`` — ``app.stats.changepoint.sequential_shift``: a self-starting CUSUM with a
+  lifetime false-alarm budget over a horizon of studies, per stack and determinism level.
+* ``diverged`` and ``repeatability_lost`` are exact checks of the data (a non-finite value; a
+  bit that differs), with no false alarm on healthy data by construction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from app.stats.intervals import std_bounds_from
+
+__all__ = ["BaselineCheck", "baseline_outliers", "BandCheck", "band_too_wide", "band_check", "NOMINAL",
+           "GUARANTEES", "guarantee"]
+
+# default false-alarm level of each alert kind (per evaluation and group, except suite_shift:
+# per lifetime of ``horizon`` studies and group)
+NOMINAL = {
+    "out_of_baseline": 0.01,
+    "band_width": 0.05,
+    "suite_shift": 0.01,
+    "diverged": 0.0,
+    "repeatability_lost": 0.0,
+}
+
+
+def guarantee(kind: str, *, alpha: float | None = None, horizon: int | None = None, mode: str | None = None,
+              stat: str | None = None) -> str:
+    """The short phrase a user sees beside an alert of ``kind`` with these parameters."""
+    a = NOMINAL.get(kind) if alpha is None else alpha
+    if kind == "out_of_baseline":
+        if mode == "curve":
+            return "per-step tolerance band; no stated false-alarm level"
+        return f"false alarm ≤ {a:.0%} per study and group, whatever the number of runs"
+    if kind == "band_width":
+        if stat == "ti_width":
+            return "a limit on the tolerance interval's own width (it has its confidence built in)"
+        return f"false alarm ≤ {a:.0%} per study and group when the true std is at the limit"
+    if kind == "suite_shift":
+        return f"false alarm ≤ {a:.0%} over {horizon or 100} studies per stack and level"
+    if kind == "diverged":
+        return "exact: fires only on a logged NaN or ±Inf"
+    if kind == "repeatability_lost":
+        return "exact: fires only when a bit differs between repeats"
+    if kind == "not_equivalent":
+        return "relays the stack-portability verdict (TOST); no false-alarm level of its own yet"
+    if kind == "determinism_cost":
+        return "a limit on the estimated step-time ratio; no stated false-alarm level"
+    raise ValueError(f"unknown alert kind {kind!r}")
+
+
+GUARANTEES = {kind: guarantee(kind) for kind in ("out_of_baseline", "band_width", "suite_shift", "diverged",
+                                                 "repeatability_lost", "not_equivalent", "determinism_cost")}
+
+
+def _finite_1d(name: str, x) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    return arr
+
+
+def _alpha(alpha: float) -> float:
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be strictly between 0 and 1, got {alpha!r}")
+    return float(alpha)
+
+
+@dataclass(frozen=True)
+class BaselineCheck:
+    """Candidate runs' final values against the baseline's simultaneous prediction interval."""
+
+    low: float
+    high: float
+    n_baseline: int
+    n_candidates: int
+    alpha: float  # familywise false-alarm level over the candidates
+    per_run_alpha: float  # alpha / n_candidates (Bonferroni)
+    outside: tuple[int, ...]  # indices of the candidates outside (a non-finite one is outside)
+    mean: float
+    std: float
+
+    @property
+    def firing(self) -> bool:
+        return bool(self.outside)
+
+
+def baseline_outliers(baseline, candidates, *, alpha: float = 0.01) -> BaselineCheck:
+    """Which candidate runs end outside the baseline's range, with a familywise false-alarm level.
+
+    ``baseline`` and ``candidates`` are 1-D arrays of final values (runs). The interval is the
+    normal prediction interval for one new run, x̄ ± t_{1−α/(2m), n−1} · s · √(1 + 1/n), at the
+    Bonferroni level α/m for m candidates (Hahn & Meeker 1991, *Statistical Intervals*, §4.7,
+    simultaneous intervals for m future observations): when the baseline and candidate runs
+    come from one normal distribution, the probability that *any* candidate falls outside is at
+    most α, however many candidates there are. Non-finite baseline values are dropped (the
+    ``diverged`` alert reports them); a non-finite candidate is outside. Needs ≥ 2 finite
+    baseline values and ≥ 1 candidate.
+    """
+    a = _alpha(alpha)
+    base = _finite_1d("baseline", baseline)
+    cand = _finite_1d("candidates", candidates)
+    base = base[np.isfinite(base)]
+    if base.size < 2:
+        raise ValueError(f"need at least 2 finite baseline values, got {base.size}")
+    if cand.size < 1:
+        raise ValueError("need at least 1 candidate value")
+    n, m = int(base.size), int(cand.size)
+    mean, std = float(base.mean()), float(base.std(ddof=1))
+    half = float(stats.t.isf(a / (2 * m), n - 1)) * std * np.sqrt(1.0 + 1.0 / n)
+    low, high = mean - half, mean + half
+    with np.errstate(invalid="ignore"):
+        inside = np.isfinite(cand) & (cand >= low) & (cand <= high)
+    return BaselineCheck(low=float(low), high=float(high), n_baseline=n, n_candidates=m, alpha=a, per_run_alpha=a / m,
+                         outside=tuple(int(i) for i in np.flatnonzero(~inside)), mean=mean, std=std)
+
+
+@dataclass(frozen=True)
+class BandCheck:
+    """The seed std of a final metric against a limit."""
+
+    std: float
+    lower: float  # one-sided (1 − alpha) lower confidence bound of the true std
+    limit: float
+    n: int
+    alpha: float
+
+    @property
+    def firing(self) -> bool:
+        return self.lower > self.limit
+
+
+def band_too_wide(values, *, limit: float, alpha: float = 0.05) -> BandCheck:
+    """Is the true seed-to-seed std above ``limit``? One-sided chi-square test of H0: σ ≤ limit.
+
+    Fires when the (1 − α) lower confidence bound s·√((n−1)/χ²_{1−α,n−1}) exceeds the limit
+    (normal theory; e.g. NIST/SEMATECH e-Handbook §7.2.3.1): when the true std is at the limit
+    or below, the false-alarm probability is at most α. Non-finite values are dropped (the
+    ``diverged`` alert reports them). Needs ≥ 2 finite values.
+    """
+    x = _finite_1d("values", values)
+    x = x[np.isfinite(x)]
+    if x.size < 2:
+        raise ValueError(f"need at least 2 finite values, got {x.size}")
+    return band_check(float(x.std(ddof=1)), int(x.size), limit=limit, alpha=alpha)
+
+
+def band_check(std: float, n: int, *, limit: float, alpha: float = 0.05) -> BandCheck:
+    """``band_too_wide`` from a sample std (ddof=1) of ``n`` values (what the study report carries)."""
+    a = _alpha(alpha)
+    if not limit > 0:
+        raise ValueError(f"limit must be positive, got {limit!r}")
+    if int(n) != n or n < 2:
+        raise ValueError(f"n must be an integer >= 2, got {n!r}")
+    if not np.isfinite(std) or std < 0:
+        raise ValueError(f"std must be finite and >= 0, got {std!r}")
+    b = std_bounds_from(float(std), int(n), alpha=a)
+    return BandCheck(std=float(std), lower=b.lower, limit=float(limit), n=int(n), alpha=a)
