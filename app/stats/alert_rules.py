@@ -12,6 +12,9 @@ Each alert kind has a stated false-alarm level (``NOMINAL``) and a short guarant
   exceeds the limit, false alarm ≤ ``alpha`` when the true std is at the limit or below.
 * ``suite_shift`` — ``app.stats.changepoint.sequential_shift``: a self-starting CUSUM with a
   lifetime false-alarm budget over a horizon of studies, per stack and determinism level.
+* ``determinism_cost`` — fires when the whole 95% CI of the step-time ratio
+  (``app.stats.cost.cost_ratio``) lies above ``max_ratio``: the report's budget ``fail``, with
+  a false alarm ≤ 2.5% when the true ratio is at the limit (calibrated as ``cost.budget_fail``).
 * ``diverged`` and ``repeatability_lost`` are exact checks of the data (a non-finite value; a
   bit that differs), with no false alarm on healthy data by construction.
 """
@@ -35,6 +38,7 @@ NOMINAL = {
     "suite_shift": 0.01,
     "diverged": 0.0,
     "repeatability_lost": 0.0,
+    "determinism_cost": 0.025,  # the cost.budget_fail rule of app.stats.calibration.rules_cost
 }
 
 
@@ -59,7 +63,7 @@ def guarantee(kind: str, *, alpha: float | None = None, horizon: int | None = No
     if kind == "not_equivalent":
         return "relays the stack-portability verdict (TOST); no false-alarm level of its own yet"
     if kind == "determinism_cost":
-        return "a limit on the estimated step-time ratio; no stated false-alarm level"
+        return "false alarm ≤ 2.5% when the true ratio is at the limit (the whole 95% CI above it)"
     raise ValueError(f"unknown alert kind {kind!r}")
 
 

@@ -224,3 +224,27 @@ def test_two_dispatchers_never_send_one_delivery_twice(alert_api, receiver):
     msgs = receiver.wait_for(12)
     ids = [m["headers"]["X-Steady-Delivery"] for m in msgs]
     assert len(ids) == len(set(ids)) == 12
+
+
+def _cost_study(api, *, strict_factor: float, runs_per_level: int) -> int:
+    rule = {"kind": "determinism_cost", "max_ratio": 1.5, "numerator": "strict", "denominator": "seeded"}
+    r = api.post("/api/v1/studies", json={"name": "cost", "kind": "external", "metrics": ["loss"], "alerts": [rule]})
+    sid = r.json()["id"]
+    rng = np.random.default_rng(7)
+    for det, factor in (("seeded", 1.0), ("strict", strict_factor)):
+        for seed in range(runs_per_level):
+            times = (0.01 * factor * np.exp(rng.normal(0, 0.02, 40))).tolist()
+            run = {"seed": seed, "determinism": det, "stack": {"name": "a100"}, "step_times": times,
+                   "metrics": {"loss": {"steps": list(range(40)), "values": np.linspace(1, 0.1, 40).tolist()}}}
+            assert api.post(f"/api/v1/studies/{sid}/runs", json=run).status_code == 201
+    return sid
+
+
+def test_determinism_cost_fires_only_when_the_whole_interval_is_over_the_limit(alert_api):
+    api = alert_api
+    fired = _evaluate(api, _cost_study(api, strict_factor=2.0, runs_per_level=3))["firing"]
+    assert len(fired) == 1 and fired[0]["kind"] == "determinism_cost"
+    assert fired[0]["details"]["ci_low"] > 1.5 and "2.5%" in fired[0]["details"]["guarantee"]
+    # ×1.45 is under the limit; and one run per level has no interval: neither fires
+    assert _evaluate(api, _cost_study(api, strict_factor=1.45, runs_per_level=3))["firing"] == []
+    assert _evaluate(api, _cost_study(api, strict_factor=2.0, runs_per_level=1))["firing"] == []
