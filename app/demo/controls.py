@@ -202,7 +202,7 @@ def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache
                      candidate_stack=cand)
         pairs = v["same_seed"]
         res = v.get("result") or {}
-        size = f"max |Δ| {_g(pairs['max_abs_delta'])}, rel {_g(pairs['max_rel_delta'])}"
+        size = f"max abs Δ {_g(pairs['max_abs_delta'])}, rel {_g(pairs['max_rel_delta'])}"
         if res:
             size += f"; Δmean {_g(res['diff'])}"
         return Row(control.name, control.expected, control.level, v["verdict"], pairs["source"],
@@ -216,7 +216,7 @@ def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache
         verdict += f" (strict: {strict['verdict']})"
         ok = ok and strict["verdict"] == "identical"
         extra["strict_reason"] = strict["reason"]
-    size = f"max |Δ| {_g(v.get('max_abs_delta'))}, rel {_g(v.get('max_rel_delta'))}"
+    size = f"max abs Δ {_g(v.get('max_abs_delta'))}, rel {_g(v.get('max_rel_delta'))}"
     return Row(control.name, control.expected, control.level, verdict, v.get("source"), v.get("first_divergent_step"),
                size, ok, v["reason"], len(runs), seconds, extra)
 
