@@ -164,11 +164,13 @@ def _verdict(report: dict, level: str, **group) -> dict:
 def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache_dir: Path = DEFAULT_CACHE) -> Row:
     t0 = time.monotonic()
     dev = device if control.on_device else "cpu"
-    stack_label = "cuda" if dev.startswith("cuda") else "cpu"
     runs: list[RunData] = []
 
-    def add(entries: list[dict], stacks: list[str]) -> list[RunData]:
-        new = [_run_data(len(runs) + i + 1, e, r, s) for i, (e, r, s) in enumerate(zip(entries, _execute(entries), stacks))]
+    def add(entries: list[dict], stacks: list[str] | None = None) -> list[RunData]:
+        """Run ``entries``; a run's stack is the given label, else the device it really ran on."""
+        results = _execute(entries)
+        labels = stacks or [str(r["determinism_applied"].get("device", "cpu")) for r in results]
+        new = [_run_data(len(runs) + i + 1, e, r, s) for i, (e, r, s) in enumerate(zip(entries, results, labels))]
         runs.extend(new)
         return new
 
@@ -185,15 +187,15 @@ def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache
                 labels.append(stack.label)
         add(entries, labels)
     else:
-        first = add([entry(control.level, 0, r, control.threads) for r in range(2)], [stack_label] * 2)
+        first = add([entry(control.level, 0, r, control.threads) for r in range(2)])
         repeat = 2
         # a timing-dependent source may give equal repeats now and then: repeat until two differ
         while repeat < control.max_repeats and all(r.series[METRIC][1].tobytes() == first[0].series[METRIC][1].tobytes()
                                                    and r.digests == first[0].digests for r in runs):
-            add([entry(control.level, 0, repeat, control.threads)], [stack_label])
+            add([entry(control.level, 0, repeat, control.threads)])
             repeat += 1
         if control.strict_identical:
-            add([entry("strict", 0, r, control.threads) for r in range(2)], [stack_label] * 2)
+            add([entry("strict", 0, r, control.threads) for r in range(2)])
     report = build_report(runs, [MetricSpec(name=METRIC, margin=MARGIN)], rng=np.random.default_rng(0)).to_dict()
     seconds = time.monotonic() - t0
     if control.stacks:
@@ -208,9 +210,12 @@ def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache
         return Row(control.name, control.expected, control.level, v["verdict"], pairs["source"],
                    pairs["first_divergent_step"], size, pairs["source"] == control.expected, v["reason"],
                    len(runs), seconds)
+    stack_label = runs[0].stack
     v = _verdict(report, "repeatability", determinism=control.level, stack=stack_label)
     verdict, ok = v["verdict"], v.get("source") == control.expected
-    extra = {}
+    extra = {"device": stack_label}
+    if len({r.stack for r in runs}) > 1:
+        raise RuntimeError(f"{control.name}: repeats ran on different devices {sorted({r.stack for r in runs})}")
     if control.strict_identical:
         strict = _verdict(report, "repeatability", determinism="strict", stack=stack_label)
         verdict += f" (strict: {strict['verdict']})"
