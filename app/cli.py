@@ -298,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: the planted controls (one source of nondeterminism each), judged without a server")
     p.add_argument("--variants", action="store_true", help="with --controls: also the other data-order plants")
     p.add_argument("--overlaps", action="store_true", help="with --controls: also controls with two planted sources")
+    p.add_argument("--keras", action="store_true", help="with --controls: also the Keras controls")
     p.add_argument("--device", default="cpu", help="with --controls: device of the kernel control (cpu, cuda)")
     p.set_defaults(func=cmd_demo)
 

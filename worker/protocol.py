@@ -62,6 +62,7 @@ BUILTIN_WORKLOADS: dict[str, str] = {
     "hashseed_vocab": "torch",
     "torch_controls": "torch",
     "keras_mlp": "tensorflow",
+    "keras_controls": "tensorflow",
 }
 
 

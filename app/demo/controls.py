@@ -59,6 +59,8 @@ class Control:
     strict_identical: bool = False  # also run at strict and require bitwise identity there
     on_device: bool = False  # runs on the study's device (the others stay on CPU)
     max_repeats: int = 2  # a timing-dependent source gets more repeats until two differ
+    framework: str = "torch"
+    workload: str = "torch_controls"
 
 
 CONTROLS: tuple[Control, ...] = (
@@ -77,6 +79,12 @@ VARIANTS: tuple[Control, ...] = (
             level="none"),
     Control("data order only (DataLoader worker seeds)", "data_order", plant="data_order", order="workers"),
 )
+# Keras: the same plants in TensorFlow, at strict (op determinism on, so only the plant varies).
+KERAS_CONTROLS: tuple[Control, ...] = tuple(
+    Control(f"Keras: {name}", expected, plant=plant, level="strict", framework="tensorflow", workload="keras_controls")
+    for name, expected, plant in (("initial weights only", "seeding", "init"),
+                                  ("data order only (unseeded order)", "data_order", "data_order"),
+                                  ("dropout RNG only (unseeded layer seed)", "seeding", "dropout")))
 # Overlapping plants: the report names the first cause in the order stack > seeding > data_order > numerics.
 OVERLAPS: tuple[Control, ...] = (
     Control("initial weights + data order", "seeding", plant="init+data_order"),
@@ -149,8 +157,10 @@ def _run_data(run_id: int, entry: dict, result: dict, stack: str) -> RunData:
 
 
 def _spec(control: Control, *, level: str, seed: int, repeat: int, threads: int, steps: int) -> dict:
-    params = {"plant": control.plant, "order": control.order, "steps": steps}
-    return {"framework": "torch", "workload": "torch_controls", "seed": seed, "repeat": repeat,
+    params = {"plant": control.plant}
+    if control.workload == "torch_controls":
+        params.update(order=control.order, steps=steps)
+    return {"framework": control.framework, "workload": control.workload, "seed": seed, "repeat": repeat,
             "determinism": level, "threads": threads, "params": params, "time_limit_s": 300}
 
 
@@ -262,6 +272,8 @@ def main(args) -> int:
         controls += VARIANTS
     if getattr(args, "overlaps", False):
         controls += OVERLAPS
+    if getattr(args, "keras", False):
+        controls += KERAS_CONTROLS
     device = getattr(args, "device", None) or "cpu"
     print(f"steady demo --controls: {len(controls)} controls, each run in a fresh subprocess "
           f"(kernel control on {device}) …", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.demo.controls import CONTROLS, OVERLAPS, VARIANTS, format_table, run_controls
+from app.demo.controls import CONTROLS, KERAS_CONTROLS, OVERLAPS, VARIANTS, format_table, run_controls
 
 pytestmark = pytest.mark.slow
 
@@ -31,3 +31,11 @@ def test_other_data_order_plants_and_overlaps_name_the_first_cause():
     print("\n" + format_table(rows))
     wrong = [f"{r.control}: named {r.source}, expected {r.planted} ({r.reason})" for r in rows if not r.ok]
     assert not wrong, "\n".join(wrong)
+
+
+def test_keras_controls_name_the_planted_source():
+    rows = run_controls(KERAS_CONTROLS)
+    print("\n" + format_table(rows))
+    wrong = [f"{r.control}: named {r.source}, expected {r.planted} ({r.reason})" for r in rows if not r.ok]
+    assert not wrong, "\n".join(wrong)
+    assert [r.first_divergent_step for r in rows] == [0, 0, 0]

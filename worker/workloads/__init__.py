@@ -21,6 +21,7 @@ WORKLOADS: dict[str, str] = {
     "hashseed_vocab": "worker.workloads.hashseed_vocab",
     "torch_controls": "worker.workloads.torch_controls",
     "keras_mlp": "worker.workloads.keras_mlp",
+    "keras_controls": "worker.workloads.keras_controls",
 }
 
 # The server validates specs against the same table (the wire contract).
