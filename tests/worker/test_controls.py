@@ -26,9 +26,10 @@ def test_every_planted_source_is_named_exactly():
         assert "same seed on both stacks: source stack" in by_name[name].reason
 
 
-def test_other_data_order_plants_and_overlaps_name_the_first_cause():
+def test_reference_is_identical_and_other_plants_and_overlaps_name_the_first_cause():
     rows = run_controls(VARIANTS + OVERLAPS)
     print("\n" + format_table(rows))
+    assert rows[0].planted is None and rows[0].verdict == "identical"  # the reference itself
     wrong = [f"{r.control}: named {r.source}, expected {r.planted} ({r.reason})" for r in rows if not r.ok]
     assert not wrong, "\n".join(wrong)
 
@@ -38,4 +39,5 @@ def test_keras_controls_name_the_planted_source():
     print("\n" + format_table(rows))
     wrong = [f"{r.control}: named {r.source}, expected {r.planted} ({r.reason})" for r in rows if not r.ok]
     assert not wrong, "\n".join(wrong)
-    assert [r.first_divergent_step for r in rows] == [0, 0, 0]
+    assert [r.first_divergent_step for r in rows] == [0, 0, 0, None]
+    assert rows[-1].planted is None and rows[-1].verdict == "identical"  # the reference itself
