@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a smaller study (for tests)")
     p.add_argument("--controls", action="store_true",
                    help="instead: the planted controls (one source of nondeterminism each), judged without a server")
-    p.add_argument("--variants", action="store_true", help="with --controls: also the other data-order plants")
+    p.add_argument("--variants", action="store_true", help="with --controls: also the reference itself and the other data-order plants")
     p.add_argument("--overlaps", action="store_true", help="with --controls: also controls with two planted sources")
     p.add_argument("--keras", action="store_true", help="with --controls: also the Keras controls")
     p.add_argument("--device", default="cpu", help="with --controls: device of the kernel control (cpu, cuda)")

@@ -281,7 +281,7 @@ def main(args) -> int:
           f"(kernel control on {device}) …", flush=True)
 
     def progress(row: Row) -> None:
-        print(f"  {'ok   ' if row.ok else 'WRONG'} {row.control}: {row.source} ({row.runs} runs, {row.seconds:.0f} s)",
+        print(f"  {'ok   ' if row.ok else 'WRONG'} {row.control}: {row.source or 'nothing named'} ({row.runs} runs, {row.seconds:.0f} s)",
               flush=True)
 
     rows = run_controls(controls, device=device, progress=progress)
