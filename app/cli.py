@@ -215,6 +215,10 @@ def cmd_worker(argv: list[str]) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.controls:
+        from app.demo.controls import main
+
+        return main(args)
     from app.demo.run import run_demo
 
     return run_demo(args)
@@ -297,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--exit", action="store_true", help="stop the server after the report instead of serving on")
     p.add_argument("--quick", action="store_true", help="a smaller study (for tests)")
+    p.add_argument("--controls", action="store_true",
+                   help="instead: the planted controls (one source of nondeterminism each), judged without a server")
+    p.add_argument("--variants", action="store_true", help="with --controls: also the reference itself and the other data-order plants")
+    p.add_argument("--overlaps", action="store_true", help="with --controls: also controls with two planted sources")
+    p.add_argument("--keras", action="store_true", help="with --controls: also the Keras controls")
+    p.add_argument("--device", default="cpu", help="with --controls: device of the kernel control (cpu, cuda)")
     p.set_defaults(func=cmd_demo)
 
     sub.add_parser("worker", help="run a worker agent (steady worker --help)", add_help=False)

@@ -55,12 +55,14 @@ def run_local(
     keep: bool = False,
     poll_interval: float = 0.05,
     on_start: Any = None,
+    python: str | None = None,
 ) -> LocalResult:
     """Execute ``spec`` (a RunSpec or a dict with its fields) in a fresh subprocess and wait.
 
-    ``on_start(proc)`` is called once the subprocess runs (tests use it to kill it)."""
+    ``on_start(proc)`` is called once the subprocess runs (tests use it to kill it); ``python``
+    is the interpreter of the run (default: this one), e.g. another virtual environment's."""
     run_dir = work_dir or tempfile.mkdtemp(prefix="steady-run-")
-    proc = RunProcess(_spec_dict(spec), run_dir=run_dir, device=device)
+    proc = RunProcess(_spec_dict(spec), run_dir=run_dir, device=device, python=python)
     series: dict[str, tuple[list[int], list[float]]] = {}
 
     def drain() -> None:
@@ -104,3 +106,32 @@ def run_local(
             proc.wait()
         if not keep and work_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m worker.local RUNS.json OUT.jsonl``: run each entry of RUNS.json (a list of
+    ``{"spec": {...}, "device": ..., "python": ...}``) in turn, appending one JSON line per
+    result (the fields of :class:`LocalResult`) to OUT.jsonl. Lets a caller that must not
+    import the worker (the server side's ``steady demo --controls``) run local runs."""
+    import argparse
+    import dataclasses
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m worker.local", description=main.__doc__.split("\n\n")[0])
+    p.add_argument("runs")
+    p.add_argument("out")
+    args = p.parse_args(argv)
+    with open(args.runs, encoding="utf-8") as f:
+        entries = json.load(f)
+    with open(args.out, "a", encoding="utf-8") as out:
+        for entry in entries:
+            result = run_local(entry["spec"], device=entry.get("device"), python=entry.get("python"))
+            out.write(json.dumps(dataclasses.asdict(result)) + "\n")
+            out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

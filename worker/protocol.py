@@ -81,7 +81,9 @@ BUILTIN_WORKLOADS: dict[str, str] = {
     "torch_dataloader_workers": "torch",
     "torch_nondeterministic_kernels": "torch",
     "hashseed_vocab": "torch",
+    "torch_controls": "torch",
     "keras_mlp": "tensorflow",
+    "keras_controls": "tensorflow",
 }
 
 

@@ -23,6 +23,7 @@ from app.stats.downsample import extreme_indices
 from app.stats.portability import adjust, band_containment, compare_stacks
 from app.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
 from app.stats.seed_stability import seed_spread
+from app.stats.stack_pairs import stack_pairs
 from app.stats.variance import variance_components
 
 __all__ = ["RunData", "MetricSpec", "Verdict", "StudyReport", "GroupBand", "build_report", "compute_bands",
@@ -384,7 +385,7 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
                 if common.size else (float("nan"), 0)
             base = {"n_reference": ref_vals.size, "n_candidate": cand_vals.size,
                     "diverged_run_ids": ref_bad + cand_bad, "band_containment": share, "band_steps_compared": k,
-                    "margin": spec.margin}
+                    "margin": spec.margin, "same_seed": _same_seed(stacks[ref], stacks[cand], spec)}
             if ref_vals.size < 2 or cand_vals.size < 2:
                 pending.append((group, None, base))
             else:
@@ -414,6 +415,9 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
       difference lies entirely outside [−margin, margin]; else ``inconclusive`` with the seeds
       per stack needed. Without a margin equivalence cannot be claimed: ``not_equivalent`` if
       the adjusted Welch p < α, else ``inconclusive``.
+      Seeds run on both stacks are also compared step by step (``same_seed``,
+      ``app.stats.stack_pairs``): the named source (``stack`` when fingerprints differ), the
+      first divergent step and the size of the difference.
     ``rng`` drives every bootstrap (portability CI). ``cost_budget``: the largest acceptable
     step-time ratio between determinism levels; the cost entries then carry a
     ``pass``/``fail``/``inconclusive`` verdict (``app.stats.cost``).
@@ -490,6 +494,7 @@ def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
                 verdict, reason = "inconclusive", f"no margin given, equivalence cannot be claimed; {d}"
         if base["diverged_run_ids"]:
             reason += f"; {len(base['diverged_run_ids'])} diverged run(s) excluded"
+        reason += _same_seed_phrase(base["same_seed"])
         out.append(Verdict("stack_portability", spec.name, group, verdict, n_runs, reason, details))
     return out
 
@@ -543,3 +548,30 @@ def _cost(runs, *, confidence, budget=None) -> list[dict]:
                                 confidence=confidence, paired=paired, budget=budget)
                 out.append({"stack": stack, **to_plain(cr)})
     return out
+
+
+def _same_seed(ref_runs, cand_runs, spec: MetricSpec):
+    """Each seed run on both stacks (lowest repeat) compared step by step: the named source
+    (``stack`` when the fingerprints differ), the first divergent step and the deltas."""
+    def first(runs):
+        return {r.seed: r for r in reversed(sorted(_with_metric(runs, spec.name), key=lambda r: (r.repeat, r.run_id)))}
+
+    def repeat_run(r):
+        steps, values = _series(r, spec.name)
+        return RepeatRun(steps=steps, values=values, fingerprint=r.fingerprint,
+                         initial_weights=r.digests.get("initial_weights"),
+                         data_order=tuple(r.digests.get("data_order") or ()),
+                         other_digests={k: r.digests.get(k) for k in ("final_weights", "optimizer_state")})
+
+    a, b = first(ref_runs), first(cand_runs)
+    return stack_pairs({s: (repeat_run(a[s]), repeat_run(b[s])) for s in sorted(a.keys() & b.keys())},
+                       atol=spec.atol, rtol=spec.rtol)
+
+
+def _same_seed_phrase(pairs) -> str:
+    if pairs.n_pairs == 0:
+        return ""
+    if pairs.verdict == "identical":
+        return f"; same seed on both stacks: bitwise identical ({pairs.n_pairs} seed(s))"
+    return (f"; same seed on both stacks: source {pairs.source}, first divergence at step "
+            f"{pairs.first_divergent_step}, max |Δ| {pairs.max_abs_delta:.3g} ({pairs.max_ulps} ULPs)")

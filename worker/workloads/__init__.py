@@ -19,7 +19,9 @@ WORKLOADS: dict[str, str] = {
     "torch_dataloader_workers": "worker.workloads.torch_dataloader_workers",
     "torch_nondeterministic_kernels": "worker.workloads.torch_nondeterministic_kernels",
     "hashseed_vocab": "worker.workloads.hashseed_vocab",
+    "torch_controls": "worker.workloads.torch_controls",
     "keras_mlp": "worker.workloads.keras_mlp",
+    "keras_controls": "worker.workloads.keras_controls",
 }
 
 # The server validates specs against the same table (the wire contract).
