@@ -23,3 +23,17 @@ def test_render_variance_and_cost_from_a_real_report():
     assert "loss  seeded / cpu: nondeterminism share" in text and "within-seed var" in text
     (line,) = [x for x in text.splitlines() if "strict / seeded (cpu): ×" in x]
     assert abs(float(line.split("×")[1].split()[0]) - 1.5) < 0.02 and "(CI " in line
+
+
+def test_render_shows_each_verdicts_guarantee():
+    rng = np.random.default_rng(3)
+    steps = np.arange(30)
+    runs = [RunData(run_id=i + 1, seed=i, repeat=0, determinism="seeded", stack="cpu",
+                    series={"loss": (steps, np.linspace(1, 0.1, 30) + rng.normal(0, 0.01) + rng.normal(0, 1e-3, 30))})
+            for i in range(6)]
+    report = build_report(runs, [MetricSpec(name="loss", max_std=0.5)], rng=np.random.default_rng(1)).to_dict()
+    text = render_report({"study": {"id": 1, "name": "s", "status": "completed"}, **report})
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if "loss  seeded / cpu" in line and "stable" in line)
+    assert "guarantee: each claim wrong ≤ 5%" in lines[i + 1]
+    assert "out-of-band runs: false alarm ≤ 1% per study" in lines[i + 1]
