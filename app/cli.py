@@ -219,16 +219,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                                      flush=True)) if args.progress else None)
     print(table.format_text(rows))
     command = "steady calibrate " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["calibrate"] else "steady calibrate"
+    power = table.power_offsets(rng=rng, sims=args.power_sims) if args.power_sims else None
+    if power:
+        print(table.format_power_markdown(power))
     if args.json:
         doc = table.to_json(rows, sims=args.sims, planted_sims=args.planted_sims or args.sims, seed=args.seed,
                             command=command)
-        if args.power_sims:
-            doc["oob_power_offsets"] = table.power_offsets(rng=rng, sims=args.power_sims)
+        if power:
+            doc["oob_power_offsets"] = power
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=2))
     if args.update_doc:
         path = Path(args.update_doc)
-        path.write_text(table.update_doc(path.read_text(), table.format_markdown(rows)))
+        text = table.update_doc(path.read_text(), table.format_markdown(rows))
+        if power:
+            text = table.update_doc(text, table.format_power_markdown(power), start=table.POWER_START,
+                                    end=table.POWER_END)
+        path.write_text(text)
     above = [r for _, _, r in rows if r.kind == "healthy" and table.exceeds_nominal(r)]
     return EXIT_FAIL if above else EXIT_OK
 
@@ -331,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=20260101, help="seed of the numpy Generator")
     p.add_argument("--json", metavar="OUT", help="also write the table as JSON to OUT")
     p.add_argument("--power-sims", type=int, default=0,
-                   help="with --json: also measure the out-of-band 80%%-power offsets for 5/10/20 seeds")
+                   help="also measure the out-of-band 80%%-power offsets for 5/10/20 seeds (this many sims each)")
     p.add_argument("--update-doc", metavar="MD", help="rewrite the table block of this markdown file (docs/calibration.md)")
     p.add_argument("--progress", action="store_true", help="print each scenario's count to stderr as it finishes")
     p.set_defaults(func=cmd_calibrate)

@@ -54,7 +54,9 @@ def main() -> int:
               f"{p['power']:.3f} [{p['ci_low']:.3f}, {p['ci_high']:.3f}]")
     if args.update_doc:
         md = REPO / "docs" / "calibration.md"
-        md.write_text(table.update_doc(md.read_text(), table.format_markdown(rows)))
+        text = table.update_doc(md.read_text(), table.format_markdown(rows))
+        md.write_text(table.update_doc(text, table.format_power_markdown(power), start=table.POWER_START,
+                                       end=table.POWER_END))
     print(f"wrote {out}")
     return 0
 

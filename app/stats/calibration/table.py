@@ -11,11 +11,13 @@ import numpy as np
 from app.stats.calibration import Rate, Rule, clopper_pearson, exceeds_nominal, measure
 
 __all__ = ["run_table", "format_text", "format_markdown", "to_json", "update_doc", "power_offsets",
-           "KINDS", "DOC_START", "DOC_END"]
+           "format_power_markdown", "KINDS", "DOC_START", "DOC_END", "POWER_START", "POWER_END"]
 
 KINDS = ("healthy", "stress", "planted")
 DOC_START = "<!-- calibration-table:start -->"
 DOC_END = "<!-- calibration-table:end -->"
+POWER_START = "<!-- power-table:start -->"
+POWER_END = "<!-- power-table:end -->"
 
 
 def run_table(rules: Sequence[Rule], *, sims: int, rng: np.random.Generator, kinds: Sequence[str] = KINDS,
@@ -74,12 +76,21 @@ def to_json(rows, **meta) -> dict:
                               for rule, d, r in rows]}
 
 
-def update_doc(text: str, table: str) -> str:
-    """``text`` with everything between DOC_START and DOC_END replaced by ``table``."""
-    pattern = re.compile(re.escape(DOC_START) + r".*?" + re.escape(DOC_END), re.S)
+def update_doc(text: str, table: str, *, start: str = DOC_START, end: str = DOC_END) -> str:
+    """``text`` with everything between the ``start`` and ``end`` marker lines replaced by ``table``."""
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise ValueError(f"the document has no {DOC_START} … {DOC_END} block")
-    return pattern.sub(lambda _: f"{DOC_START}\n{table}\n{DOC_END}", text)
+        raise ValueError(f"the document has no {start} … {end} block")
+    return pattern.sub(lambda _: f"{start}\n{table}\n{end}", text)
+
+
+def format_power_markdown(power: list[dict]) -> str:
+    out = ["| seeds | offset for 80% power (× level sd, normal theory) | measured power at that offset | 95% CI | sims |",
+           "|---|---|---|---|---|"]
+    for p in power:
+        out.append(f"| {p['seeds']} | {p['offset_level_sd']:.2f} | {p['power']:.3f} | "
+                   f"{p['ci_low']:.3f}–{p['ci_high']:.3f} | {p['n']} |")
+    return "\n".join(out)
 
 
 def power_offsets(*, rng: np.random.Generator, sims: int, seeds=(5, 10, 20), n_steps: int = 300,
