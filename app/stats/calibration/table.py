@@ -3,7 +3,6 @@ and JSON. ``steady calibrate`` and ``bench/calibration_bench.py`` call ``run_tab
 table (docs/calibration.md) is written by ``update_doc`` between two marker lines."""
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -78,10 +77,11 @@ def to_json(rows, **meta) -> dict:
 
 def update_doc(text: str, table: str, *, start: str = DOC_START, end: str = DOC_END) -> str:
     """``text`` with everything between the ``start`` and ``end`` marker lines replaced by ``table``."""
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
+    i = text.find(start)
+    j = text.find(end, i + len(start)) if i >= 0 else -1
+    if i < 0 or j < 0:
         raise ValueError(f"the document has no {start} … {end} block")
-    return pattern.sub(lambda _: f"{start}\n{table}\n{end}", text)
+    return f"{text[:i]}{start}\n{table}\n{end}{text[j + len(end):]}"
 
 
 def format_power_markdown(power: list[dict]) -> str:
