@@ -79,6 +79,10 @@ def test_generators_are_seeded_and_have_the_stated_moments():
     assert np.isinf(div).any(axis=1).sum() == 1
     res = gen.resample_curves(np.random.default_rng(8), a, 6, block=5)
     assert res.shape == (6, 50) and np.all(np.isfinite(res))
+    rec = gen.recorded_curves("torch_mlp")
+    assert rec.shape == (10, 115) and np.all(rec[:, -1] < rec[:, 0])  # real loss curves go down
+    new = gen.resample_curves(np.random.default_rng(9), rec, 20, block=10)
+    assert new.shape == (20, 115) and abs(new[:, -1].mean() - rec[:, -1].mean()) < 0.1
 
 
 def test_curve_level_sd_matches_simulation():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["smooth_curve", "ar1_noise", "healthy_curves", "plant_offset", "plant_wider", "truncate_runs",
-           "diverge_runs", "final_values", "FINAL_DISTRIBUTIONS", "TAILS", "resample_curves"]
+           "diverge_runs", "final_values", "FINAL_DISTRIBUTIONS", "TAILS", "resample_curves", "recorded_curves"]
 
 TAILS = ("normal", "t3", "t5")
 FINAL_DISTRIBUTIONS = ("normal", "t3", "t5", "lognormal", "contaminated", "uniform")
@@ -169,3 +169,13 @@ def resample_curves(rng: np.random.Generator, curves, n_runs: int, *, block: int
         r = resid[int(rng.integers(x.shape[0])), idx]
         out[i] = mean + level[src] + r - r.mean()
     return out
+
+
+def recorded_curves(workload: str = "torch_mlp") -> np.ndarray:
+    """The loss curves (seeds × steps) a built-in workload recorded (``scripts/record-workload-curves``),
+    for ``resample_curves``."""
+    if workload != "torch_mlp":
+        raise ValueError(f"no recorded curves for {workload!r} (recorded: torch_mlp)")
+    from app.stats.calibration import recorded_torch_mlp as rec
+
+    return np.asarray(rec.CURVES, dtype=np.float64)

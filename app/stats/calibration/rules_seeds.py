@@ -83,6 +83,12 @@ def oob_planted_power(rng: np.random.Generator, *, n_seeds: int, delta: float, s
     return sum(_oob_planted(rng, n_runs=n_seeds, n_steps=n_steps, rho=rho, delta=delta) for _ in range(sims))
 
 
+def _oob_resampled(rng, *, n_runs, block):
+    """Healthy runs resampled from the recorded torch_mlp loss curves (real shape, spread, autocorrelation)."""
+    x = gen.resample_curves(rng, gen.recorded_curves("torch_mlp"), n_runs, block=block)
+    return bool(out_of_band_curves(x, false_alarm=OOB_FALSE_ALARM).flagged.any())
+
+
 def _runs_from(curves, *, stack="a", determinism="seeded", metric="loss", first_id=0):
     """One RunData per row; NaN cells are points the run did not log (its series stops there)."""
     out = []
@@ -138,6 +144,9 @@ def _oob_rule() -> Rule:
     sc = [Scenario(name, "healthy", desc, partial(_oob_healthy, **kw)) for name, desc, kw in _OOB_HEALTHY]
     sc.append(Scenario("report-ar0.9-20x300", "healthy", "through build_report: 20 seeds × 300 steps, ρ=0.9",
                        partial(_oob_report, n_runs=20, n_steps=300, rho=0.9)))
+    sc.append(Scenario("resampled-torch_mlp-20", "healthy",
+                       "20 runs resampled from 10 recorded torch_mlp loss curves (block bootstrap)",
+                       partial(_oob_resampled, n_runs=20, block=10)))
     sc.append(Scenario("stress-t5-offsets", "stress",
                        "10 seeds, ρ=0.9, seed offsets t5 (heavy-tailed seeds: outside the rule's model)",
                        partial(_oob_healthy, n_runs=10, n_steps=300, rho=0.9, offset_dist="t5")))
