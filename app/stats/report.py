@@ -550,12 +550,12 @@ def _variance(groups, metrics) -> list[dict]:
     for spec in metrics:
         for (det, stack), group_runs in groups.items():
             by_seed: dict[int, list[float]] = defaultdict(list)
-            for r in group_runs:
-                v, div = _final(r, spec.name)
-                if v is not None and div is None:
-                    by_seed[r.seed].append(v)
+            fin = _finals(group_runs, spec.name)  # every run's value at the group's common final step
+            seed_of = {r.run_id: r.seed for r in group_runs}
+            for rid, v in zip(fin.run_ids, fin.values):
+                by_seed[seed_of[rid]].append(float(v))
             entry = {"metric": spec.name, "group": {"determinism": det, "stack": stack},
-                     "n_seeds": len(by_seed), "n_runs": sum(map(len, by_seed.values()))}
+                     "n_seeds": len(by_seed), "n_runs": sum(map(len, by_seed.values())), "final_step": fin.step}
             if len(by_seed) >= 2 and any(len(v) >= 2 for v in by_seed.values()):
                 vc = variance_components([by_seed[s] for s in sorted(by_seed)])
                 entry.update({"available": True, "components": to_plain(vc),
