@@ -54,6 +54,7 @@ bench: setup $(MLFLOW_VENV)/.installed
 	MLFLOW_PYTHON=$(MLFLOW_VENV)/bin/python $(BIN)/python bench/ingest_bench.py
 	$(BIN)/python bench/lease_bench.py
 	$(BIN)/python bench/dashboard_bench.py
+	$(BIN)/python bench/calibration_bench.py
 
 serve: $(STAMP)
 	$(BIN)/steady serve

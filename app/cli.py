@@ -1,4 +1,4 @@
-"""The one CLI, ``steady``: serve, worker, submit, status, report, demo, token, migrate.
+"""The one CLI, ``steady``: serve, worker, submit, status, report, demo, token, migrate, calibrate.
 
 Imports are lazy per command: ``steady worker`` on a GPU box imports neither FastAPI nor
 SQLAlchemy, and ``steady submit`` needs only the HTTP client.
@@ -208,6 +208,45 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return EXIT_FAIL if args.fail_on_firing and any(a["state"] == "firing" for a in page["items"]) else EXIT_OK
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure every decision rule's false-alarm rate and power by simulation (pure, no server)."""
+    import numpy as np
+
+    from app.stats.calibration import table
+    from app.stats.calibration.rules import all_rules, rule_by_name
+
+    try:
+        rules = [rule_by_name(n) for n in args.rule] if args.rule else all_rules()
+    except KeyError as exc:
+        print(f"steady calibrate: {exc.args[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    rng = np.random.default_rng(args.seed)
+    rows = table.run_table(rules, sims=args.sims, rng=rng, planted_sims=args.planted_sims,
+                           progress=(lambda r: print(f"  {r.rule} / {r.scenario}: {r.k}/{r.n}", file=sys.stderr,
+                                                     flush=True)) if args.progress else None)
+    print(table.format_text(rows))
+    command = "steady calibrate " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["calibrate"] else "steady calibrate"
+    power = table.power_offsets(rng=rng, sims=args.power_sims) if args.power_sims else None
+    if power:
+        print(table.format_power_markdown(power))
+    if args.json:
+        doc = table.to_json(rows, sims=args.sims, planted_sims=args.planted_sims or args.sims, seed=args.seed,
+                            command=command)
+        if power:
+            doc["oob_power_offsets"] = power
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    if args.update_doc:
+        path = Path(args.update_doc)
+        text = table.update_doc(path.read_text(), table.format_markdown(rows))
+        if power:
+            text = table.update_doc(text, table.format_power_markdown(power), start=table.POWER_START,
+                                    end=table.POWER_END)
+        path.write_text(text)
+    above = [r for _, _, r in rows if r.kind == "healthy" and table.exceeds_nominal(r)]
+    return EXIT_FAIL if above else EXIT_OK
+
+
 def cmd_worker(argv: list[str]) -> int:
     from worker.cli import main as worker_main
 
@@ -308,6 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keras", action="store_true", help="with --controls: also the Keras controls")
     p.add_argument("--device", default="cpu", help="with --controls: device of the kernel control (cpu, cuda)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("calibrate", help="measure each decision rule's false-alarm rate and power by simulation")
+    p.add_argument("--sims", type=int, default=200, help="simulated studies per scenario (default 200)")
+    p.add_argument("--planted-sims", type=int, default=None, help="simulations per planted scenario (default --sims)")
+    p.add_argument("--rule", action="append", help="only this rule (repeatable); default: every rule")
+    p.add_argument("--seed", type=int, default=20260101, help="seed of the numpy Generator")
+    p.add_argument("--json", metavar="OUT", help="also write the table as JSON to OUT")
+    p.add_argument("--power-sims", type=int, default=0,
+                   help="also measure the out-of-band 80%%-power offsets for 5/10/20 seeds (this many sims each)")
+    p.add_argument("--update-doc", metavar="MD", help="rewrite the table block of this markdown file (docs/calibration.md)")
+    p.add_argument("--progress", action="store_true", help="print each scenario's count to stderr as it finishes")
+    p.set_defaults(func=cmd_calibrate)
 
     sub.add_parser("worker", help="run a worker agent (steady worker --help)", add_help=False)
     return parser

@@ -77,3 +77,25 @@ def test_control_characters_in_names_never_reach_the_terminal(live_server):
     for out in (steady(live_server, "status").stdout, steady(live_server, "report", str(sid)).stdout):
         assert "okname" in out.replace("]0;pwned", "").replace("[2J", "").replace("31m", "")
         assert not any(ch in out for ch in "\x1b\x07\x9b\r")
+
+
+def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
+    import json
+
+    doc = tmp_path / "cal.md"
+    doc.write_text("intro\n<!-- calibration-table:start -->\nold\n<!-- calibration-table:end -->\n"
+                   "<!-- power-table:start -->\n<!-- power-table:end -->\nend\n")
+    out = subprocess.run([sys.executable, "-m", "app.cli", "calibrate", "--sims", "20", "--rule", "repeatability",
+                          "--json", str(tmp_path / "cal.json"), "--power-sims", "10", "--update-doc", str(doc)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "repeatability" in out.stdout and "identical-3x500" in out.stdout and "95% CI" in out.stdout
+    data = json.loads((tmp_path / "cal.json").read_text())
+    rows = {r["scenario"]: r for r in data["rates"]}
+    assert rows["identical-3x500"]["k"] == 0 and rows["one-ulp-3x500"]["k"] == 20
+    assert [p["seeds"] for p in data["oob_power_offsets"]] == [5, 10, 20]
+    text = doc.read_text()
+    assert "old" not in text and "| `repeatability` | `identical-3x500` | healthy |" in text and text.endswith("end\n")
+    bad = subprocess.run([sys.executable, "-m", "app.cli", "calibrate", "--rule", "nope"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no rule named" in bad.stderr

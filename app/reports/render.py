@@ -63,6 +63,9 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
             label = f"{v['metric']}  {_group(v['group'])}".ljust(width)
             verdict = _paint(f"{v['verdict']:<16}", COLORS.get(v["verdict"]), color)
             lines.append(f"  {label}  {verdict} n={v.get('n_runs', 0):<3} {v.get('reason', '')}")
+            promise = _guarantee(v)
+            if promise:
+                lines.append(" " * (width + 4) + _paint(f"guarantee: {promise}", "2", color))
     diverged = report.get("diverged") or []
     if diverged:
         lines.append("")
@@ -85,6 +88,15 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
         for c in cost:
             lines.append("  " + _cost_line(c))
     return "\n".join(lines)
+
+
+def _guarantee(v: dict[str, Any]) -> str:
+    """The verdict's false-alarm level in one phrase (plus the out-of-band test's, for seed stability)."""
+    parts = [v["guarantee"]] if v.get("guarantee") else []
+    oob = v.get("out_of_band_test") or {}
+    if oob.get("guarantee"):
+        parts.append(f"out-of-band runs: {oob['guarantee']}")
+    return "; ".join(parts)
 
 
 def _variance_line(v: dict[str, Any]) -> str:

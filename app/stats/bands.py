@@ -9,7 +9,8 @@ from scipy import stats
 from app.stats.align import check_matrix
 from app.stats.intervals import normal_tolerance_factor
 
-__all__ = ["Band", "compute_band", "OutOfBand", "out_of_band_runs", "tolerance_factors"]
+__all__ = ["Band", "compute_band", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
+           "out_of_band_curves"]
 
 DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -234,3 +235,96 @@ def out_of_band_runs(
     return OutOfBand(exceedances=counts, checkpoints=k, threshold=threshold.astype(np.int64),
                      p_value=pval, flagged=(counts > threshold) & (k > 0), q=qq, level=level,
                      bonferroni=bool(bonferroni))
+
+
+@dataclass(frozen=True)
+class CurveOutliers:
+    """The whole-curve leave-one-out outlier test over runs (see ``out_of_band_curves``).
+
+    Arrays have one entry per run given. ``testable`` is False (nothing flagged, ``reason`` says
+    why) with fewer than 3 runs or no step shared by all runs."""
+
+    testable: bool
+    level_score: np.ndarray  # (runs,) the run's mean standardized deviation over the shared steps
+    statistic: np.ndarray  # (runs,) studentized deleted residual of level_score
+    df: int  # degrees of freedom of the t reference distribution (runs − 2)
+    p_value: np.ndarray  # (runs,) two-sided, per run
+    p_adjusted: np.ndarray  # (runs,) Bonferroni over runs: min(1, runs × p)
+    flagged: np.ndarray  # (runs,) bool: p_adjusted < false_alarm
+    steps_used: int
+    false_alarm: float  # per-study familywise level
+    exact: bool  # True when the flags came from a zero-spread (bit-identical) comparison
+    reason: str
+    method: str = "leave-one-out studentized deleted residual of the whole-curve level, t(n-2), Bonferroni"
+
+
+def out_of_band_curves(matrix, *, false_alarm: float = 0.01) -> CurveOutliers:
+    """Flag runs whose whole curve sits outside the band of the *other* runs.
+
+    Each run i is reduced to one number, its level over the steps that every run logged with a
+    finite value: ``level_i = mean_t (x_it − m_t) / s_t`` with m_t, s_t the mean and sd over runs
+    at step t (steps where s_t = 0 carry no information and are skipped). The weights 1/s_t are
+    a symmetric function of the runs, so healthy runs (exchangeable: persistent seed offsets plus
+    autocorrelated noise) give exchangeable levels, and averaging over steps removes the step
+    autocorrelation problem of per-step rules. Run i is then compared to the other n − 1 levels by
+    the studentized deleted residual
+
+        t_i = (level_i − mean_{−i}) / (sd_{−i} √(1 + 1/(n − 1)))  ~  t_{n−2}
+
+    — a normal-theory prediction interval for one new observation (Hahn & Meeker 1991,
+    *Statistical Intervals*, §4.6), equivalently the externally studentized residual of
+    Cook & Weisberg (1982, *Residuals and Influence in Regression*, §2.2.2). A run is flagged
+    when the two-sided p-value times n (Bonferroni over runs) is below ``false_alarm``, so the
+    probability that a healthy study flags any run is at most ``false_alarm`` when the levels
+    are normal (exact up to the Bonferroni inequality; the data-dependent weights make it
+    approximate, which the calibration harness measures). With n = 5 runs the reference is t_3,
+    so a planted bad seed *can* be flagged (unlike a per-step band that contains the run).
+
+    Degenerate case, answered exactly: when the other runs' levels are identical (sd_{−i} = 0),
+    run i is flagged iff its level differs (p = 0), else not (p = 1).
+    """
+    x = check_matrix(matrix)
+    if not (0 < false_alarm < 1):
+        raise ValueError(f"false_alarm must be strictly between 0 and 1, got {false_alarm!r}")
+    n = x.shape[0]
+    nan = np.full(n, np.nan)
+    none = np.zeros(n, dtype=bool)
+
+    def untestable(why):
+        return CurveOutliers(False, nan, nan, max(n - 2, 0), nan, nan, none, 0, float(false_alarm), False, why)
+
+    if n < 3:
+        return untestable(f"{n} run(s): need at least 3 to compare a run with the others")
+    shared = np.isfinite(x).all(axis=0)
+    if not shared.any():
+        return untestable("no step logged with a finite value by every run")
+    xs = x[:, shared]
+    m = xs.mean(axis=0)
+    s = xs.std(axis=0, ddof=1)
+    informative = s > 0
+    k = int(shared.sum())
+    if not informative.any():  # every run bit-identical at every shared step: exactly nothing to flag
+        z = np.zeros(n)
+        return CurveOutliers(True, z, z, n - 2, np.ones(n), np.ones(n), none, k, float(false_alarm), True,
+                             f"all {n} runs identical at the {k} shared steps")
+    level = ((xs[:, informative] - m[informative]) / s[informative]).mean(axis=1)
+    total, total2 = level.sum(), (level * level).sum()
+    mean_o = (total - level) / (n - 1)
+    var_o = np.maximum((total2 - level * level - (n - 1) * mean_o * mean_o) / (n - 2), 0.0)
+    # recompute exactly where cancellation could matter (tiny spreads)
+    for i in np.flatnonzero(var_o <= 1e-12 * max(1.0, float(np.max(np.abs(level))) ** 2)):
+        others = np.delete(level, i)
+        var_o[i] = others.var(ddof=1)
+    sd_o = np.sqrt(var_o)
+    diff = level - mean_o
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(sd_o > 0, diff / (sd_o * np.sqrt(1.0 + 1.0 / (n - 1))),
+                     np.where(diff == 0, 0.0, np.sign(diff) * np.inf))
+    p = 2.0 * stats.t.sf(np.abs(t), n - 2)
+    p = np.where(sd_o > 0, p, np.where(diff == 0, 1.0, 0.0))
+    padj = np.minimum(1.0, n * p)
+    flagged = padj < false_alarm
+    exact = bool((sd_o == 0).any())
+    reason = (f"{int(flagged.sum())} of {n} runs outside the others' whole-curve band "
+              f"(false alarm ≤ {false_alarm:g} per study, {k} shared steps)")
+    return CurveOutliers(True, level, t, n - 2, p, padj, flagged, k, float(false_alarm), exact, reason)

@@ -56,6 +56,7 @@ class Tost:
     p_lower: float
     p_upper: float
     p_value: float  # max of the two one-sided p-values
+    exact: bool = False  # both samples constant (zero standard error): the difference is known exactly
 
 
 def tost(reference, candidate, *, margin: float) -> Tost:
@@ -63,16 +64,21 @@ def tost(reference, candidate, *, margin: float) -> Tost:
 
     H0: diff ≤ −margin or diff ≥ margin; p = max(p_lower, p_upper). Same as statsmodels'
     ``ttost_ind(candidate, reference, -margin, margin, usevar='unequal')``.
+
+    Degenerate case, answered exactly: when both samples are constant (standard error 0, e.g.
+    bit-identical groups) the difference is known without error, so p = 0 when |diff| < margin
+    and p = 1 otherwise, with ``exact=True`` (no 0/0 t statistic).
     """
     if not (margin > 0 and np.isfinite(margin)):
         raise ValueError(f"margin must be finite and > 0, got {margin!r}")
     a, b = _two(reference, candidate)
     d, se, df = _welch_parts(a, b)
     if se == 0:
-        p1 = p2 = 0.0 if abs(d) < margin else 1.0
-    else:
-        p1 = float(stats.t.sf((d + margin) / se, df))
-        p2 = float(stats.t.cdf((d - margin) / se, df))
+        p1 = 0.0 if d > -margin else 1.0
+        p2 = 0.0 if d < margin else 1.0
+        return Tost(d, se, df, float(margin), p1, p2, max(p1, p2), exact=True)
+    p1 = float(stats.t.sf((d + margin) / se, df))
+    p2 = float(stats.t.cdf((d - margin) / se, df))
     return Tost(d, se, df, float(margin), p1, p2, max(p1, p2))
 
 

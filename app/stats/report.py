@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.stats.align import align_series
-from app.stats.bands import DEFAULT_QUANTILES, Band, compute_band, out_of_band_runs
+from app.stats import guarantees
+from app.stats.bands import DEFAULT_QUANTILES, Band, compute_band, out_of_band_curves
 from app.stats.cost import cost_ratio
 from app.stats.downsample import extreme_indices
 from app.stats.portability import adjust, band_containment, compare_stacks
@@ -304,23 +305,47 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
                        "first_divergent_step": w.first_divergent_step, "source": w.source,
                        "data_order_epoch": w.data_order_epoch}
         out.append(Verdict("repeatability", spec.name, {"determinism": det, "stack": stack}, verdict, n_runs, reason,
-                           {**numbers, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail}))
+                           {**numbers, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail,
+                            "guarantee": guarantees.repeatability()}))
     return out
 
 
-def _finals(runs: Sequence[RunData], metric: str):
-    """(values of non-diverged runs, their run ids, ids of diverged runs)."""
-    vals, ids, bad = [], [], []
+@dataclass(frozen=True)
+class Finals:
+    """Final values of a set of runs, read at the last step every non-diverged run logged.
+
+    ``step`` is that common step (None when the runs share no logged step); ``short_run_ids``
+    are runs (not diverged) that stopped before the longest one — their final value is read at
+    ``step`` like every other run's, and they are reported; ``diverged_run_ids`` are runs whose
+    metric turned non-finite (they have no final value and count against stability)."""
+
+    values: np.ndarray
+    run_ids: list
+    diverged_run_ids: list
+    step: int | None
+    short_run_ids: list
+
+
+def _finals(runs: Sequence[RunData], metric: str) -> Finals:
+    """Each run's value at the common final step (see ``Finals``); runs without the metric are skipped."""
+    ok, bad = [], []
     for r in runs:
-        v, div = _final(r, metric)
-        if v is None:
+        sv = _series(r, metric)
+        if sv is None or sv[1].size == 0:
             continue
-        if div is not None:
-            bad.append(r.run_id)
-        else:
-            vals.append(v)
-            ids.append(r.run_id)
-    return np.array(vals, dtype=np.float64), ids, bad
+        (bad if not np.all(np.isfinite(sv[1])) else ok).append((r, sv))
+    if not ok:
+        return Finals(np.zeros(0), [], [r.run_id for r, _ in bad], None, [])
+    common = ok[0][1][0]
+    for _, (steps, _) in ok[1:]:
+        common = np.intersect1d(common, steps, assume_unique=True)
+    if common.size == 0:
+        return Finals(np.zeros(0), [], [r.run_id for r, _ in bad], None, [])
+    step = int(common[-1])
+    longest = max(int(steps[-1]) for _, (steps, _) in ok)
+    vals = [float(values[int(np.searchsorted(steps, step))]) for _, (steps, values) in ok]
+    return Finals(np.array(vals, dtype=np.float64), [r.run_id for r, _ in ok], [r.run_id for r, _ in bad], step,
+                  [r.run_id for r, (steps, _) in ok if int(steps[-1]) < longest])
 
 
 def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, false_alarm) -> list[Verdict]:
@@ -330,31 +355,44 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
                                             quantiles=DEFAULT_QUANTILES)
         if not chosen:
             continue
-        values, ids, bad = _finals(chosen, spec.name)
-        spread = seed_spread(values, max_std=spec.max_std, coverage=coverage, confidence=confidence, alpha=alpha)
+        fin = _finals(chosen, spec.name)
+        values, ids, bad = fin.values, fin.run_ids, fin.diverged_run_ids
+        spread = seed_spread(values, max_std=spec.max_std, coverage=coverage, confidence=confidence, alpha=alpha,
+                             n_diverged=len(bad))
         reason = spread.reason
+        if fin.step is not None:
+            reason += f"; final values at step {fin.step}"
+            if fin.short_run_ids:
+                reason += f" (the last step all runs reached; run(s) {', '.join(map(str, fin.short_run_ids))} stopped early)"
+        elif ids == [] and len(bad) == 0:
+            reason += "; the runs share no logged step"
         if bad:
-            reason += f"; {len(bad)} diverged run(s) excluded"
+            reason += f"; diverged run(s) {', '.join(map(str, bad))} excluded from the band"
         per_seed = len(chosen) < len(_with_metric(group_runs, spec.name))
         if per_seed:
             reason += "; one run per seed (first repeat)"
         flagged = []
         oob_info = None
         keep = ~aligned.diverged
-        if keep.sum() >= 2:
-            oob = out_of_band_runs(aligned.values[keep], band, false_alarm=false_alarm, bonferroni=True)
+        if keep.sum() >= 3:
+            oob = out_of_band_curves(aligned.values[keep], false_alarm=false_alarm)
             kept_ids = [r.run_id for r, k in zip(chosen, keep) if k]
             flagged = [i for i, f in zip(kept_ids, oob.flagged) if f]
-            oob_info = {"run_ids": kept_ids, "exceedances": oob.exceedances, "checkpoints": oob.checkpoints,
-                        "threshold": oob.threshold, "p_value": oob.p_value, "q": oob.q, "level": oob.level,
-                        "bonferroni": oob.bonferroni}
+            oob_info = {"run_ids": kept_ids, "testable": oob.testable, "level_score": oob.level_score,
+                        "statistic": oob.statistic, "df": oob.df, "p_value": oob.p_value,
+                        "p_adjusted": oob.p_adjusted, "steps_used": oob.steps_used, "false_alarm": oob.false_alarm,
+                        "exact": oob.exact, "method": oob.method, "reason": oob.reason,
+                        "guarantee": guarantees.out_of_band(false_alarm)}
             if flagged:
-                reason += f"; out of band: run(s) {', '.join(map(str, flagged))}"
+                reason += (f"; out of band: run(s) {', '.join(map(str, flagged))} "
+                           f"(whole curve vs the other runs, false alarm ≤ {false_alarm:g} per study)")
         out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, spread.verdict,
                            len(chosen), reason,
                            {"spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
+                            "final_step": fin.step, "short_run_ids": fin.short_run_ids,
                             "one_run_per_seed": per_seed, "n_needed": spread.n_needed,
-                            "out_of_band": flagged, "out_of_band_test": oob_info}))
+                            "out_of_band": flagged, "out_of_band_test": oob_info,
+                            "guarantee": guarantees.seed_stability(alpha)}))
     return out
 
 
@@ -372,20 +410,27 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
         if ref not in stacks:
             continue
         _, _, ref_band = _group_band(stacks[ref], spec.name, coverage=coverage, confidence=confidence, quantiles=(0.5,))
-        ref_vals, _, ref_bad = _finals(_one_per_seed(stacks[ref], spec.name), spec.name)
+        ref_runs = _one_per_seed(stacks[ref], spec.name)
         for cand in order:
             if cand == ref:
                 continue
             _, _, cand_band = _group_band(stacks[cand], spec.name, coverage=coverage, confidence=confidence,
                                           quantiles=(0.5,))
-            cand_vals, _, cand_bad = _finals(_one_per_seed(stacks[cand], spec.name), spec.name)
+            cand_runs = _one_per_seed(stacks[cand], spec.name)
+            both = _finals(ref_runs + cand_runs, spec.name)  # one common final step for both stacks
+            ref_ids = {r.run_id for r in ref_runs}
+            ref_vals = np.array([v for v, i in zip(both.values, both.run_ids) if i in ref_ids])
+            cand_vals = np.array([v for v, i in zip(both.values, both.run_ids) if i not in ref_ids])
+            ref_bad = [i for i in both.diverged_run_ids if i in ref_ids]
+            cand_bad = [i for i in both.diverged_run_ids if i not in ref_ids]
             group = {"determinism": det, "reference_stack": ref, "candidate_stack": cand}
             common, ia, ib = np.intersect1d(ref_band.steps, cand_band.steps, return_indices=True)
             share, k = band_containment(cand_band.mean[ib], ref_band.ti_low[ia], ref_band.ti_high[ia]) \
                 if common.size else (float("nan"), 0)
             base = {"n_reference": ref_vals.size, "n_candidate": cand_vals.size,
                     "diverged_run_ids": ref_bad + cand_bad, "band_containment": share, "band_steps_compared": k,
-                    "margin": spec.margin, "same_seed": _same_seed(stacks[ref], stacks[cand], spec)}
+                    "margin": spec.margin, "final_step": both.step, "short_run_ids": both.short_run_ids,
+                    "same_seed": _same_seed(stacks[ref], stacks[cand], spec)}
             if ref_vals.size < 2 or cand_vals.size < 2:
                 pending.append((group, None, base))
             else:
@@ -404,11 +449,15 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     * repeatability — per seed, repeats compared against the lowest repeat
       (``app.stats.repeatability``); one verdict per (metric, group) = the worst seed;
       ``inconclusive`` when no seed has two repeats.
-    * seed_stability — one run per seed (lowest repeat); final value = the value at the run's
-      last logged step; diverged runs excluded and counted; verdict of
-      ``app.stats.seed_stability.seed_spread``; out-of-band runs by the binomial exceedance rule
-      (Bonferroni over runs, level ``false_alarm``).
-    * stack_portability — per determinism level, every other stack against ``reference_stack``
+    * seed_stability — one run per seed (lowest repeat); final value = each run's value at the
+      last step that every non-diverged run of the group logged (``Finals``; runs that stopped
+      early are listed); diverged runs have no final value, are excluded from the band and count
+      against stability (``unstable``); verdict of ``app.stats.seed_stability.seed_spread``
+      (robust σ bounds); out-of-band runs by the whole-curve leave-one-out test
+      ``app.stats.bands.out_of_band_curves`` (familywise level ``false_alarm`` per group).
+      Every verdict carries ``guarantee``, its false-alarm level in one phrase.
+    * stack_portability — per determinism level, every other stack against ``reference_stack``,
+      final values at one common step of both stacks
       (default: the stack of the lowest run id). TOST and Welch p-values are adjusted over all
       comparisons of the report with ``adjust_method`` ("holm" or "bh"). Rule: with a margin,
       ``equivalent`` if adjusted TOST p < α; ``not_equivalent`` if the (1 − α) Welch CI of the
@@ -466,7 +515,7 @@ def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
     for i, (spec, group, res, base) in enumerate(pending):
         n_runs = base["n_reference"] + base["n_candidate"]
         details = {**base, "adjust_method": method, "n_comparisons_tost": len(tost_idx),
-                   "n_comparisons_welch": len(welch_idx)}
+                   "n_comparisons_welch": len(welch_idx), "guarantee": guarantees.stack_portability(alpha, method)}
         if res is None:
             out.append(Verdict("stack_portability", spec.name, group, "inconclusive", n_runs,
                                f"need at least 2 finite runs per stack (reference {base['n_reference']}, "
@@ -476,7 +525,15 @@ def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
                         "n_needed": res.n_needed})
         m = spec.margin
         d = f"Δmean {res.diff:.3g} (CI {res.diff_ci_low:.3g}..{res.diff_ci_high:.3g})"
-        if m is not None:
+        if res.tost is not None and res.tost.exact:
+            exact = f"both stacks' final values constant: Δmean {res.diff:.3g} exactly"
+            if abs(res.diff) < m:
+                verdict, reason = "equivalent", f"{exact}, within ±{m:g} (exact, zero variance)"
+            elif abs(res.diff) > m:
+                verdict, reason = "not_equivalent", f"{exact}, outside ±{m:g} (exact, zero variance)"
+            else:
+                verdict, reason = "inconclusive", f"{exact}, on the margin ±{m:g}"
+        elif m is not None:
             if tost_adj[i] < alpha:
                 verdict, reason = "equivalent", f"{d} within ±{m:g}: TOST p={tost_adj[i]:.3g} ({method})"
             elif res.diff_ci_low > m or res.diff_ci_high < -m:
@@ -504,12 +561,12 @@ def _variance(groups, metrics) -> list[dict]:
     for spec in metrics:
         for (det, stack), group_runs in groups.items():
             by_seed: dict[int, list[float]] = defaultdict(list)
-            for r in group_runs:
-                v, div = _final(r, spec.name)
-                if v is not None and div is None:
-                    by_seed[r.seed].append(v)
+            fin = _finals(group_runs, spec.name)  # every run's value at the group's common final step
+            seed_of = {r.run_id: r.seed for r in group_runs}
+            for rid, v in zip(fin.run_ids, fin.values):
+                by_seed[seed_of[rid]].append(float(v))
             entry = {"metric": spec.name, "group": {"determinism": det, "stack": stack},
-                     "n_seeds": len(by_seed), "n_runs": sum(map(len, by_seed.values()))}
+                     "n_seeds": len(by_seed), "n_runs": sum(map(len, by_seed.values())), "final_step": fin.step}
             if len(by_seed) >= 2 and any(len(v) >= 2 for v in by_seed.values()):
                 vc = variance_components([by_seed[s] for s in sorted(by_seed)])
                 entry.update({"available": True, "components": to_plain(vc),

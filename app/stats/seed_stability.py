@@ -5,17 +5,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.stats.intervals import (MeanCI, OrderStatisticTolerance, PredictionInterval, StdBounds,
-                                 ToleranceInterval, mean_ci, normal_tolerance_interval,
+from scipy import stats
+
+from app.stats.intervals import (MeanCI, OrderStatisticTolerance, PredictionInterval, RobustStdBounds, StdBounds,
+                                 ToleranceInterval, bonett_std_bounds, mean_ci, normal_tolerance_interval,
                                  order_statistic_tolerance, prediction_interval, std_confidence_bounds)
 from app.stats.planning import INDISTINGUISHABLE, seeds_for_std_claim
 
-__all__ = ["SeedSpread", "seed_spread", "MIN_SEEDS"]
+__all__ = ["SeedSpread", "seed_spread", "MIN_SEEDS", "KURTOSIS_FLOOR", "divergence_rate_ci"]
 
 MIN_SEEDS = 5
+KURTOSIS_FLOOR = 9.0  # the "stable" bound assumes the final value's kurtosis is at most this (t5: 9)
 # The alternatives "seeds needed" is planned for: σ = 0.8·max_std to show "stable" (when the
 # estimate is below the limit), σ = 1.25·max_std to show "unstable" (when it is at or above).
 PLAN_STABLE, PLAN_UNSTABLE = 0.8, 1.25
+
+
+def divergence_rate_ci(k: int, n: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper–Pearson 1934) two-sided CI of a divergence rate, k diverged seeds of n."""
+    a = 1.0 - confidence
+    low = 0.0 if k == 0 else float(stats.beta.ppf(a / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(stats.beta.ppf(1 - a / 2, k + 1, n - k))
+    return low, high
 
 
 @dataclass(frozen=True)
@@ -34,20 +45,41 @@ class SeedSpread:
     order_statistic: OrderStatisticTolerance
     prediction: PredictionInterval | None
     n_needed: int | None  # seeds the claim would need when inconclusive (None: unknown/unreachable)
+    robust_bounds: RobustStdBounds | None = None  # Bonett (2006) bounds behind the verdict
+    decision_bounds: StdBounds | None = None  # the one-sided bounds the verdict compared with max_std
+    n_diverged: int = 0  # seeds whose run diverged (non-finite); they count against stability
+    divergence_rate_ci: tuple | None = None  # 95% Clopper–Pearson CI of the divergence rate
     plan: str | None = None  # the alternative n_needed is planned for, in words
 
 
 def seed_spread(final_values, *, max_std: float | None = None, coverage: float = 0.9,
-                confidence: float = 0.95, alpha: float = 0.05) -> SeedSpread:
+                confidence: float = 0.95, alpha: float = 0.05, n_diverged: int = 0,
+                kurtosis_floor: float = KURTOSIS_FLOOR) -> SeedSpread:
     """Judge the spread of a final metric over seeds (one finite value per seed).
 
-    Rule: with n ≥ 5 seeds and a limit ``max_std``, ``stable`` when the one-sided (1 − α)
-    chi-square upper confidence bound of σ is below max_std, ``unstable`` when the lower bound
-    is above it, else ``inconclusive`` with the seeds needed (``seeds_for_std_claim`` at power
-    80%, planned for σ = 0.8·max_std when the estimate is below the limit and 1.25·max_std
-    otherwise; the reason states the alternative, and says "indistinguishable from the limit at
-    this precision" when the chi-square bounds straddle the limit). Below 5 seeds:
-    ``inconclusive``. Without a limit no claim is made: ``inconclusive`` with reason "no max_std limit given" and all the numbers.
+    Rule (level α for each one-sided claim, calibrated in ``app.stats.calibration``):
+
+    * Diverged seeds (``n_diverged`` > 0, runs whose metric turned non-finite) count against
+      stability: the verdict is ``unstable`` — a healthy training never diverges, so this claim
+      is exact (it cannot fire on a study without divergences); the rate and its exact CI are given.
+    * With n ≥ 5 finite seeds and a limit ``max_std``: ``unstable`` when the one-sided (1 − α)
+      lower bound of σ is above max_std, the lower bound being the smaller of the chi-square
+      bound and Bonett's (2006) kurtosis-adjusted bound — valid off normality (t, lognormal,
+      contaminated final values), where the chi-square bound alone is not;
+      ``stable`` when the one-sided (1 − α) upper bound is below max_std: Bonett's bound with
+      the kurtosis estimate floored at ``kurtosis_floor`` (default 9, the kurtosis of t5), the
+      larger of that and the chi-square bound. Kurtosis estimates from a few seeds are biased
+      low, so without the floor a heavy-tailed population looks stable too often; with it the
+      claim holds for any population with kurtosis ≤ the floor (normal, t5, lognormal log-sd
+      0.5, 10% contaminated), not for heavier tails (t3). Else ``inconclusive`` with the seeds
+      needed (``seeds_for_std_claim`` at power 80%, a normal-theory planning value for
+      σ = 0.8·max_std when the estimate is below the limit and 1.25·max_std otherwise; the
+      reason states the alternative, and says "indistinguishable from the limit at this
+      precision" when the bounds straddle the limit).
+    * All finite values identical: the spread is exactly 0 and, with n ≥ 5, ``stable`` (exact).
+    * Below 5 seeds: ``inconclusive``. Without a limit no claim is made: ``inconclusive`` with
+      reason "no max_std limit given" and all the numbers.
+
     Intervals: t CI of the mean, exact normal tolerance interval, order-statistic (min..max)
     tolerance interval, normal prediction interval for one new seed.
     """
@@ -55,39 +87,74 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
     if x.ndim != 1:
         raise ValueError(f"final_values must be 1-D (one value per seed), got shape {x.shape}")
     if not np.all(np.isfinite(x)):
-        raise ValueError("final_values contain NaN or Inf; exclude diverged runs first")
+        raise ValueError("final_values contain NaN or Inf; exclude diverged runs first (pass n_diverged)")
     if max_std is not None and not (max_std > 0 and np.isfinite(max_std)):
         raise ValueError(f"max_std must be finite and > 0, got {max_std!r}")
+    if int(n_diverged) != n_diverged or n_diverged < 0:
+        raise ValueError(f"n_diverged must be a non-negative integer, got {n_diverged!r}")
+    if not kurtosis_floor >= 1.0:
+        raise ValueError(f"kurtosis_floor must be >= 1, got {kurtosis_floor!r}")
+    n_diverged = int(n_diverged)
     n = x.size
+    total = n + n_diverged
+    div_ci = divergence_rate_ci(n_diverged, total) if total else None
+    div_reason = (f"{n_diverged} of {total} seeds diverged (rate {n_diverged / total:.0%}, 95% CI "
+                  f"{div_ci[0]:.0%}–{div_ci[1]:.0%}): diverged seeds count against stability") if n_diverged else ""
     osti = order_statistic_tolerance(n, coverage=coverage, confidence=confidence)
     if n < 2:
-        return SeedSpread("inconclusive", f"{n} seed(s): need at least {MIN_SEEDS}", n,
+        verdict = "unstable" if n_diverged else "inconclusive"
+        reason = div_reason or f"{n} seed(s): need at least {MIN_SEEDS}"
+        return SeedSpread(verdict, reason, n,
                           float(x[0]) if n else None, None, float(x.min()) if n else None,
-                          float(x.max()) if n else None, max_std, None, None, None, osti, None, MIN_SEEDS)
+                          float(x.max()) if n else None, max_std, None, None, None, osti, None,
+                          None if n_diverged else MIN_SEEDS, n_diverged=n_diverged, divergence_rate_ci=div_ci)
     sb = std_confidence_bounds(x, alpha=alpha)
     s = sb.std
+    rb = bonett_std_bounds(x, alpha=alpha) if n >= MIN_SEEDS else None
+    db = None
+    if rb is not None:
+        floored = _bonett_upper(x, alpha=alpha, kurtosis_floor=kurtosis_floor) if s > 0 else 0.0
+        db = StdBounds(n=n, std=s, lower=min(sb.lower, rb.lower), upper=max(sb.upper, floored), alpha=sb.alpha)
     needed = plan = None
-    if max_std is None:
+    if n_diverged:
+        verdict, reason = "unstable", div_reason + f"; std {s:.3g} over the {n} finite seeds"
+    elif max_std is None:
         verdict, reason = "inconclusive", f"no max_std limit given; std {s:.3g} over {n} seeds"
+    elif db is not None and s == 0.0:
+        verdict, reason = "stable", f"all {n} seeds have the identical final value: std exactly 0 < max_std {max_std:g}"
     else:
         planned = seeds_for_std_claim((PLAN_STABLE if s < max_std else PLAN_UNSTABLE) * max_std, max_std,
                                       alpha=alpha)
         needed, plan = planned.n, planned.text
-        if n >= MIN_SEEDS and sb.upper < max_std:
+        if db is not None and db.upper < max_std:
             verdict, needed, plan = "stable", None, None
-            reason = f"std {s:.3g} over {n} seeds; upper {1 - alpha:.0%} bound {sb.upper:.3g} < max_std {max_std:g}"
-        elif n >= MIN_SEEDS and sb.lower > max_std:
+            reason = (f"std {s:.3g} over {n} seeds; upper {1 - alpha:.0%} bound {db.upper:.3g} < max_std {max_std:g}"
+                      f" (robust to kurtosis ≤ {kurtosis_floor:g})")
+        elif db is not None and db.lower > max_std:
             verdict, needed, plan = "unstable", None, None
-            reason = f"std {s:.3g} over {n} seeds; lower {1 - alpha:.0%} bound {sb.lower:.3g} > max_std {max_std:g}"
+            reason = (f"std {s:.3g} over {n} seeds; lower {1 - alpha:.0%} bound {db.lower:.3g} > max_std {max_std:g}"
+                      " (robust to non-normal values)")
         else:
             if n < MIN_SEEDS:
                 needed = max(MIN_SEEDS, needed) if needed is not None else None
             verdict = "inconclusive"
             why = f"only {n} seeds (minimum {MIN_SEEDS})" if n < MIN_SEEDS else (
-                f"std {s:.3g} bounds [{sb.lower:.3g}, {sb.upper:.3g}] straddle max_std {max_std:g}: "
+                f"std {s:.3g} bounds [{db.lower:.3g}, {db.upper:.3g}] straddle max_std {max_std:g}: "
                 f"{INDISTINGUISHABLE}")
             reason = f"{why}; {plan}"
     return SeedSpread(verdict, reason, n, float(x.mean()), s, float(x.min()), float(x.max()), max_std, sb,
                       mean_ci(x, confidence=confidence),
                       normal_tolerance_interval(x, coverage=coverage, confidence=confidence), osti,
-                      prediction_interval(x, confidence=confidence), needed, plan)
+                      prediction_interval(x, confidence=confidence), needed, robust_bounds=rb, decision_bounds=db,
+                      n_diverged=n_diverged, divergence_rate_ci=div_ci, plan=plan)
+
+
+def _bonett_upper(x: np.ndarray, *, alpha: float, kurtosis_floor: float) -> float:
+    """Bonett's (2006) one-sided upper bound of σ with the kurtosis estimate floored at ``kurtosis_floor``."""
+    n = x.size
+    z = float(stats.norm.ppf(1.0 - alpha))
+    c = n / (n - z)
+    rb = bonett_std_bounds(x, alpha=alpha)
+    g = max(rb.kurtosis, kurtosis_floor)
+    se = c * np.sqrt(max(g - (n - 3.0) / n, 0.0) / (n - 1.0))
+    return float(np.sqrt(np.exp(np.log(c * rb.std * rb.std) + z * se)))

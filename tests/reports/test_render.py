@@ -38,3 +38,17 @@ def test_render_cost_verdict_against_budget():
     assert "against budget" not in _cost_line({**entry, "verdict": None, "budget": None})
     assert _cost_line({"stack": "cpu", "numerator": "strict", "denominator": "seeded", "ratio": None}).endswith(
         "not available")
+
+
+def test_render_shows_each_verdicts_guarantee():
+    rng = np.random.default_rng(3)
+    steps = np.arange(30)
+    runs = [RunData(run_id=i + 1, seed=i, repeat=0, determinism="seeded", stack="cpu",
+                    series={"loss": (steps, np.linspace(1, 0.1, 30) + rng.normal(0, 0.01) + rng.normal(0, 1e-3, 30))})
+            for i in range(6)]
+    report = build_report(runs, [MetricSpec(name="loss", max_std=0.5)], rng=np.random.default_rng(1)).to_dict()
+    text = render_report({"study": {"id": 1, "name": "s", "status": "completed"}, **report})
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if "loss  seeded / cpu" in line and "stable" in line)
+    assert "guarantee: each claim wrong ≤ 5%" in lines[i + 1]
+    assert "out-of-band runs: false alarm ≤ 1% per study" in lines[i + 1]

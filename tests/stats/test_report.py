@@ -73,8 +73,12 @@ def test_repeatability_verdicts(report):
 
 def test_seed_stability_and_divergence(report):
     v = _find(report, "seed_stability", determinism="none", stack="torch2.3-cu121")[0]
-    assert v["verdict"] == "stable" and v["spread"]["n"] == 7 and v["diverged_run_ids"]
-    assert "diverged" in v["reason"] and "one run per seed" in v["reason"]
+    # a diverged seed counts against stability (issue #10: diverged runs used to be ignored)
+    assert v["verdict"] == "unstable" and v["spread"]["n"] == 7 and v["diverged_run_ids"]
+    assert "1 of 8 seeds diverged" in v["reason"] and "one run per seed" in v["reason"]
+    assert v["spread"]["n_diverged"] == 1 and v["guarantee"]
+    ok = _find(report, "seed_stability", determinism="none", stack="torch2.4-cu124")[0]
+    assert ok["verdict"] == "stable" and ok["final_step"] == int(STEPS[-1]) and ok["short_run_ids"] == []
     assert report["diverged"] == [{"run_id": v["diverged_run_ids"][0], "metric": "loss", "step": 120,
                                    "determinism": "none", "stack": "torch2.3-cu121", "seed": 7}]
 

@@ -32,11 +32,13 @@ __all__ = ["Scenario", "Rule", "Rate", "clopper_pearson", "measure", "measure_ru
 class Scenario:
     """One simulated setting of a rule. ``trial(rng)`` returns True when the rule fired.
 
-    ``kind`` is "healthy" (firing is a false alarm) or "planted" (firing is a detection).
+    ``kind`` is "healthy" (firing is a false alarm) or "planted" (firing is a detection), or
+    "stress": a study outside the rule's stated assumptions, measured and published (so the limit
+    of the guarantee is visible) but not asserted; ``measure_rule`` skips it by default.
     ``description`` says what is simulated in one short line (it goes in the docs' table)."""
 
     name: str
-    kind: str  # "healthy" | "planted"
+    kind: str  # "healthy" | "planted" | "stress"
     description: str
     trial: Callable[[np.random.Generator], bool]
 

@@ -1,6 +1,293 @@
-"""Calibration scenarios: seeds family (see app.stats.calibration.rules)."""
+"""Calibration scenarios: seeds family (see app.stats.calibration.rules).
+
+Rules: the out-of-band run flag, the two seed-stability claims ("unstable", "stable") and the
+divergence rule, repeatability, and the two stack-portability claims. Each healthy scenario is
+a study where the rule's claim is false (firing = a false alarm); each planted scenario has the
+problem the rule is there to catch (firing = a detection).
+
+Trials go through the same functions the report uses (``out_of_band_curves``, ``seed_spread``,
+``repeatability``) and, for the scenarios marked "report", through ``build_report`` itself.
+"""
 from __future__ import annotations
 
-from app.stats.calibration import Rule
+from functools import lru_cache, partial
 
-RULES: list[Rule] = []
+import numpy as np
+from scipy import optimize, stats
+
+from app.stats import guarantees
+from app.stats.bands import out_of_band_curves
+from app.stats.calibration import Rule, Scenario
+from app.stats.calibration import generators as gen
+from app.stats.repeatability import RepeatRun, repeatability
+from app.stats.report import MetricSpec, RunData, build_report
+from app.stats.seed_stability import seed_spread
+
+__all__ = ["RULES", "STATED_POWER", "OOB_FALSE_ALARM", "curve_level_sd", "offset_for_power", "oob_planted_power"]
+
+OOB_FALSE_ALARM = 0.01
+ALPHA = 0.05
+MAX_STD = 1.0
+_OFFSET_SD, _NOISE = 0.02, 0.02
+
+
+# --------------------------------------------------------------------------- out-of-band run
+
+
+def curve_level_sd(n_steps: int, *, rho: float, offset_sd: float = _OFFSET_SD, noise: float = _NOISE) -> float:
+    """SD of a healthy run's whole-curve mean under ``healthy_curves(..., hetero=False)``:
+    √(offset_sd² + noise²·v) with v = Var(mean of T stationary AR(1) steps) = (1/T²)Σ_{s,t} ρ^|s−t|."""
+    lags = np.arange(1, n_steps)
+    v = (n_steps + 2.0 * np.sum((n_steps - lags) * rho ** lags)) / n_steps**2
+    return float(np.sqrt(offset_sd**2 + noise**2 * v))
+
+
+def offset_for_power(n_seeds: int, *, power: float = 0.8, false_alarm: float = OOB_FALSE_ALARM) -> float:
+    """Smallest whole-curve offset, in units of ``curve_level_sd``, that the out-of-band test flags
+    with probability ``power``: the planted run's studentized deleted residual is noncentral
+    t(n − 2, δ/√(1 + 1/(n − 1))) and is flagged beyond t_{1 − α/(2n), n − 2} (normal levels)."""
+    n = int(n_seeds)
+    df = n - 2
+    crit = stats.t.isf(false_alarm / (2 * n), df)
+    scale = np.sqrt(1.0 + 1.0 / (n - 1))
+
+    def pw(delta: float) -> float:
+        nc = delta / scale
+        lower = float(stats.nct.cdf(-crit, df, nc))  # the wrong-side tail: negligible, NaN far out
+        return float(stats.nct.sf(crit, df, nc)) + (lower if np.isfinite(lower) else 0.0)
+
+    hi = 1.0
+    while pw(hi) < power:
+        hi *= 2.0
+    return float(optimize.brentq(lambda d: pw(d) - power, 0.0, hi, xtol=1e-6))
+
+
+def _oob_healthy(rng, *, n_runs, n_steps, rho, tails="normal", offset_dist="normal", n_short=0):
+    x = gen.healthy_curves(rng, n_runs, n_steps, rho=rho, offset_sd=_OFFSET_SD, noise=_NOISE, tails=tails,
+                           offset_dist=offset_dist)
+    if n_short:
+        x = gen.truncate_runs(rng, x, n_short=n_short)
+    return bool(out_of_band_curves(x, false_alarm=OOB_FALSE_ALARM).flagged.any())
+
+
+def _oob_planted(rng, *, n_runs, n_steps, rho, delta):
+    """A bad seed: run 0 shifted by ``delta`` × curve_level_sd at every step. Fires when run 0 is flagged."""
+    x = gen.healthy_curves(rng, n_runs, n_steps, rho=rho, offset_sd=_OFFSET_SD, noise=_NOISE, hetero=False)
+    x = gen.plant_offset(x, delta * curve_level_sd(n_steps, rho=rho), run=0)
+    return bool(out_of_band_curves(x, false_alarm=OOB_FALSE_ALARM).flagged[0])
+
+
+def oob_planted_power(rng: np.random.Generator, *, n_seeds: int, delta: float, sims: int, n_steps: int = 300,
+                      rho: float = 0.9) -> int:
+    """How many of ``sims`` planted studies (one bad seed at ``delta`` level-sd) flag the bad seed."""
+    return sum(_oob_planted(rng, n_runs=n_seeds, n_steps=n_steps, rho=rho, delta=delta) for _ in range(sims))
+
+
+def _oob_resampled(rng, *, n_runs, block):
+    """Healthy runs resampled from the recorded torch_mlp loss curves (real shape, spread, autocorrelation)."""
+    x = gen.resample_curves(rng, gen.recorded_curves("torch_mlp"), n_runs, block=block)
+    return bool(out_of_band_curves(x, false_alarm=OOB_FALSE_ALARM).flagged.any())
+
+
+def _runs_from(curves, *, stack="a", determinism="seeded", metric="loss", first_id=0):
+    """One RunData per row; NaN cells are points the run did not log (its series stops there)."""
+    out = []
+    steps = np.arange(curves.shape[1], dtype=np.int64)
+    for i, row in enumerate(curves):
+        logged = ~np.isnan(row)
+        out.append(RunData(run_id=first_id + i, seed=i, repeat=0, determinism=determinism, stack=stack,
+                           series={metric: (steps[logged], row[logged])}))
+    return out
+
+
+def _oob_report(rng, *, n_runs, n_steps, rho):
+    """The whole report path: healthy curves as RunData through ``build_report``."""
+    x = gen.healthy_curves(rng, n_runs, n_steps, rho=rho, offset_sd=_OFFSET_SD, noise=_NOISE)
+    rep = build_report(_runs_from(x), [MetricSpec("loss")], rng=rng, false_alarm=OOB_FALSE_ALARM)
+    (v,) = [v for v in rep.verdicts if v.level == "seed_stability"]
+    return bool(v.details["out_of_band"])
+
+
+_OOB_HEALTHY = [
+    ("ar0.9-20x300", "20 seeds × 300 steps, AR(1) ρ=0.9 + seed offsets", dict(n_runs=20, n_steps=300, rho=0.9)),
+    ("ar0.9-5x300", "5 seeds × 300 steps, AR(1) ρ=0.9 + seed offsets", dict(n_runs=5, n_steps=300, rho=0.9)),
+    ("ar0.9-10x50", "10 seeds × 50 steps, AR(1) ρ=0.9 + seed offsets", dict(n_runs=10, n_steps=50, rho=0.9)),
+    ("ar0.95-20x1000", "20 seeds × 1000 steps, AR(1) ρ=0.95 + seed offsets",
+     dict(n_runs=20, n_steps=1000, rho=0.95)),
+    ("ar0-t3-20x300", "20 seeds × 300 steps, independent t3 noise + seed offsets",
+     dict(n_runs=20, n_steps=300, rho=0.0, tails="t3")),
+    ("ar0.9-t5-20x300", "20 seeds × 300 steps, AR(1) ρ=0.9 with t5 innovations",
+     dict(n_runs=20, n_steps=300, rho=0.9, tails="t5")),
+    ("unequal-lengths", "20 seeds × 300 steps, ρ=0.9, 4 runs stopped early (40–100%)",
+     dict(n_runs=20, n_steps=300, rho=0.9, n_short=4)),
+]
+
+# whole-curve offsets (× curve_level_sd) with 80% power by ``offset_for_power`` (normal theory, rounded up)
+_OOB_DELTAS = {5: 14.4, 10: 6.6, 20: 5.4}
+
+# The power the docs state for each planted scenario (a test fails when the measured power is
+# significantly below it); planted scenarios not listed are reported without a claim.
+STATED_POWER = {
+    **{f"out_of_band_run/bad-seed-{n}x300-{d:g}sd": 0.8 for n, d in _OOB_DELTAS.items()},
+    "seed_stability:unstable/normal-n10-2x": 0.8,
+    "seed_stability:unstable/normal-n20-1.5x": 0.75,
+    "seed_stability:stable/normal-n20-0.5x": 0.7,
+    "seed_stability:diverged/3-of-8-diverged": 1.0,
+    "repeatability/one-ulp-3x500": 1.0,
+    "stack_portability:equivalent/normal-n10-same": 0.85,
+    "stack_portability:equivalent/normal-n20-same": 0.75,
+    "stack_portability:not_equivalent/normal-n10-shift-2sd": 0.95,
+}
+
+
+def _oob_rule() -> Rule:
+    sc = [Scenario(name, "healthy", desc, partial(_oob_healthy, **kw)) for name, desc, kw in _OOB_HEALTHY]
+    sc.append(Scenario("report-ar0.9-20x300", "healthy", "through build_report: 20 seeds × 300 steps, ρ=0.9",
+                       partial(_oob_report, n_runs=20, n_steps=300, rho=0.9)))
+    sc.append(Scenario("resampled-torch_mlp-20", "healthy",
+                       "20 runs resampled from 10 recorded torch_mlp loss curves (block bootstrap)",
+                       partial(_oob_resampled, n_runs=20, block=10)))
+    sc.append(Scenario("stress-t5-offsets", "stress",
+                       "10 seeds, ρ=0.9, seed offsets t5 (heavy-tailed seeds: outside the rule's model)",
+                       partial(_oob_healthy, n_runs=10, n_steps=300, rho=0.9, offset_dist="t5")))
+    for n, d in _OOB_DELTAS.items():
+        sc.append(Scenario(f"bad-seed-{n}x300-{d:g}sd", "planted",
+                           f"{n} seeds, one shifted by {d:g} × level sd (ρ=0.9)",
+                           partial(_oob_planted, n_runs=n, n_steps=300, rho=0.9, delta=d)))
+    return Rule("out_of_band_run", OOB_FALSE_ALARM, guarantees.out_of_band(OOB_FALSE_ALARM), tuple(sc))
+
+
+# --------------------------------------------------------------------------- seed stability
+
+
+def _spread(rng, *, n, dist, sd, claim):
+    """``claim`` is the verdict whose firing is counted ("unstable" or "stable")."""
+    return seed_spread(gen.final_values(rng, n, sd=sd, dist=dist), max_std=MAX_STD, alpha=ALPHA).verdict == claim
+
+
+def _report_unequal(rng, *, n_runs, n_steps, n_short, claim):
+    """Through build_report: curves whose final-value sd equals max_std, some runs stopped early.
+    The final value is read at the common step, so early stops must not make the group unstable."""
+    x = gen.healthy_curves(rng, n_runs, n_steps, rho=0.9, offset_sd=_OFFSET_SD, noise=_NOISE, hetero=False)
+    x = gen.truncate_runs(rng, x, n_short=n_short, min_fraction=0.5)
+    limit = float(np.sqrt(_OFFSET_SD**2 + _NOISE**2))  # sd of one step's value across seeds
+    rep = build_report(_runs_from(x), [MetricSpec("loss", max_std=limit)], rng=rng, alpha=ALPHA)
+    (v,) = [v for v in rep.verdicts if v.level == "seed_stability"]
+    return v.verdict == claim
+
+
+def _diverged(rng, *, n, n_diverged):
+    x = gen.healthy_curves(rng, n, 50, rho=0.9)
+    x = gen.diverge_runs(rng, x, n_diverged=n_diverged) if n_diverged else x
+    rep = build_report(_runs_from(x), [MetricSpec("loss", max_std=10.0)], rng=rng, alpha=ALPHA)
+    (v,) = [v for v in rep.verdicts if v.level == "seed_stability"]
+    return v.verdict == "unstable"
+
+
+_FINAL_DISTS = ("normal", "t5", "lognormal", "contaminated")
+
+
+def _seed_rules() -> list[Rule]:
+    unstable, stable = [], []
+    for dist in _FINAL_DISTS:
+        for n in (5, 10, 20):
+            unstable.append(Scenario(f"{dist}-n{n}-at-limit", "healthy",
+                                     f"{n} seeds, {dist} final values, σ = max_std",
+                                     partial(_spread, n=n, dist=dist, sd=MAX_STD, claim="unstable")))
+            stable.append(Scenario(f"{dist}-n{n}-at-limit", "healthy",
+                                   f"{n} seeds, {dist} final values, σ = max_std",
+                                   partial(_spread, n=n, dist=dist, sd=MAX_STD, claim="stable")))
+    unstable.append(Scenario("report-unequal-lengths", "healthy",
+                             "through build_report: 10 seeds, 3 stopped early, σ(final) = max_std",
+                             partial(_report_unequal, n_runs=10, n_steps=200, n_short=3, claim="unstable")))
+    stable.append(Scenario("stress-t3-n20-at-limit", "stress", "20 seeds, t3 final values (infinite kurtosis)",
+                           partial(_spread, n=20, dist="t3", sd=MAX_STD, claim="stable")))
+    for n, f in ((10, 2.0), (20, 1.5)):
+        unstable.append(Scenario(f"normal-n{n}-{f:g}x", "planted", f"{n} seeds, normal, σ = {f:g} × max_std",
+                                 partial(_spread, n=n, dist="normal", sd=f * MAX_STD, claim="unstable")))
+    for n, f in ((10, 0.5), (20, 0.5), (20, 0.6)):
+        stable.append(Scenario(f"normal-n{n}-{f:g}x", "planted", f"{n} seeds, normal, σ = {f:g} × max_std",
+                               partial(_spread, n=n, dist="normal", sd=f * MAX_STD, claim="stable")))
+    diverged = (Scenario("none-diverged-8", "healthy", "through build_report: 8 seeds, none diverged, wide max_std",
+                         partial(_diverged, n=8, n_diverged=0)),
+                Scenario("3-of-8-diverged", "planted", "through build_report: 3 of 8 seeds diverge (Inf)",
+                         partial(_diverged, n=8, n_diverged=3)))
+    g = guarantees.seed_stability(ALPHA)
+    return [Rule("seed_stability:unstable", ALPHA, g, tuple(unstable)),
+            Rule("seed_stability:stable", ALPHA, g, tuple(stable)),
+            Rule("seed_stability:diverged", 0.0, "exact: a study without divergences never fires", diverged)]
+
+
+# --------------------------------------------------------------------------- repeatability
+
+
+def _repeat(rng, *, n_repeats, n_steps, perturb):
+    """Bit-identical repeats (a strict-determinism seed); ``perturb`` flips one value by one ULP.
+    Fires when the verdict is not "identical"."""
+    steps = np.arange(n_steps, dtype=np.int64)
+    values = gen.healthy_curves(rng, 1, n_steps, rho=0.9)[0]
+    runs = [RepeatRun(steps=steps, values=values.copy(), initial_weights="w", data_order=("d",))
+            for _ in range(n_repeats)]
+    if perturb:
+        v = runs[-1].values
+        j = int(rng.integers(n_steps))
+        v[j] = np.nextafter(v[j], np.inf)
+    return repeatability(runs).verdict != "identical"
+
+
+def _repeat_rule() -> Rule:
+    return Rule("repeatability", 0.0, guarantees.repeatability(), (
+        Scenario("identical-3x500", "healthy", "3 bit-identical repeats × 500 steps",
+                 partial(_repeat, n_repeats=3, n_steps=500, perturb=False)),
+        Scenario("one-ulp-3x500", "planted", "one value of one repeat off by 1 ULP",
+                 partial(_repeat, n_repeats=3, n_steps=500, perturb=True)),
+    ))
+
+
+# --------------------------------------------------------------------------- stack portability
+
+
+def _stacks(rng, *, n, dist, diff, margin, claim, sd=1.0):
+    """Two stacks' final values (``n`` seeds each, sd ``sd``, true difference ``diff``) through
+    build_report; fires when the portability verdict is ``claim``."""
+    runs = []
+    for k, (stack, shift) in enumerate((("ref", 0.0), ("cand", diff))):
+        vals = gen.final_values(rng, n, sd=sd, dist=dist, mean=shift)
+        for i, v in enumerate(vals):
+            runs.append(RunData(run_id=k * n + i, seed=i, repeat=0, determinism="seeded", stack=stack,
+                                series={"acc": (np.array([0, 1], dtype=np.int64), np.array([0.0, v]))}))
+    rep = build_report(runs, [MetricSpec("acc", margin=margin)], rng=rng, alpha=ALPHA, reference_stack="ref")
+    (v,) = [v for v in rep.verdicts if v.level == "stack_portability"]
+    return v.verdict == claim
+
+
+def _portability_rules() -> list[Rule]:
+    eq, neq = [], []
+    for dist in ("normal", "lognormal", "contaminated"):
+        for n in (3, 5, 10):
+            eq.append(Scenario(f"{dist}-n{n}-at-margin", "healthy",
+                               f"{n} seeds per stack, {dist}, true |Δ| = margin = σ",
+                               partial(_stacks, n=n, dist=dist, diff=1.0, margin=1.0, claim="equivalent")))
+            neq.append(Scenario(f"{dist}-n{n}-no-margin-same", "healthy",
+                                f"{n} seeds per stack, {dist}, no margin, Δ = 0",
+                                partial(_stacks, n=n, dist=dist, diff=0.0, margin=None, claim="not_equivalent")))
+            neq.append(Scenario(f"{dist}-n{n}-at-margin", "healthy",
+                                f"{n} seeds per stack, {dist}, true |Δ| = margin = σ",
+                                partial(_stacks, n=n, dist=dist, diff=1.0, margin=1.0, claim="not_equivalent")))
+    eq.append(Scenario("normal-n10-same", "planted", "10 seeds per stack, Δ = 0, margin = 1.5σ",
+                       partial(_stacks, n=10, dist="normal", diff=0.0, margin=1.5, claim="equivalent")))
+    eq.append(Scenario("normal-n20-same", "planted", "20 seeds per stack, Δ = 0, margin = σ",
+                       partial(_stacks, n=20, dist="normal", diff=0.0, margin=1.0, claim="equivalent")))
+    neq.append(Scenario("normal-n10-shift-2sd", "planted", "10 seeds per stack, shifted stack Δ = 2σ, no margin",
+                        partial(_stacks, n=10, dist="normal", diff=2.0, margin=None, claim="not_equivalent")))
+    g = guarantees.stack_portability(ALPHA)
+    return [Rule("stack_portability:equivalent", ALPHA, g, tuple(eq)),
+            Rule("stack_portability:not_equivalent", ALPHA, g, tuple(neq))]
+
+
+@lru_cache(maxsize=1)
+def _rules() -> tuple:
+    return (_oob_rule(), *_seed_rules(), _repeat_rule(), *_portability_rules())
+
+
+RULES: list[Rule] = list(_rules())

@@ -1,0 +1,109 @@
+"""The calibration table: every registered rule × scenario, measured, formatted as text, markdown
+and JSON. ``steady calibrate`` and ``bench/calibration_bench.py`` call ``run_table``; the docs'
+table (docs/calibration.md) is written by ``update_doc`` between two marker lines."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from app.stats.calibration import Rate, Rule, clopper_pearson, exceeds_nominal, measure
+
+__all__ = ["run_table", "format_text", "format_markdown", "to_json", "update_doc", "power_offsets",
+           "format_power_markdown", "KINDS", "DOC_START", "DOC_END", "POWER_START", "POWER_END"]
+
+KINDS = ("healthy", "stress", "planted")
+DOC_START = "<!-- calibration-table:start -->"
+DOC_END = "<!-- calibration-table:end -->"
+POWER_START = "<!-- power-table:start -->"
+POWER_END = "<!-- power-table:end -->"
+
+
+def run_table(rules: Sequence[Rule], *, sims: int, rng: np.random.Generator, kinds: Sequence[str] = KINDS,
+              planted_sims: int | None = None,
+              progress: Callable[[Rate], None] | None = None) -> list[tuple[Rule, str, Rate]]:
+    """Measure every scenario of every rule whose kind is in ``kinds``: ``sims`` trials each
+    (``planted_sims`` for planted scenarios, default ``sims``). Returns (rule, description, rate)."""
+    if sims < 1:
+        raise ValueError(f"sims must be >= 1, got {sims}")
+    out = []
+    for rule in rules:
+        for sc in rule.scenarios:
+            if sc.kind not in kinds:
+                continue
+            n = planted_sims if (sc.kind == "planted" and planted_sims) else sims
+            rate = measure(rule, sc, n=n, rng=rng)
+            out.append((rule, sc.description, rate))
+            if progress is not None:
+                progress(rate)
+    return out
+
+
+def _status(rate: Rate) -> str:
+    if rate.kind == "healthy":
+        return "ABOVE NOMINAL" if exceeds_nominal(rate) else "ok"
+    if rate.kind == "stress":
+        return "outside the guarantee" if rate.rate > rate.nominal else "ok"
+    return "power"
+
+
+def format_text(rows) -> str:
+    """A fixed-width table: rule, scenario, kind, rate, 95% CI, nominal, status."""
+    head = f"{'rule':34} {'scenario':32} {'kind':8} {'rate':>7} {'95% CI':>17} {'nominal':>8}  status"
+    lines = [head, "-" * len(head)]
+    for rule, _, r in rows:
+        lines.append(f"{r.rule:34} {r.scenario:32} {r.kind:8} {r.rate:7.3f} "
+                     f"[{r.low:6.3f}, {r.high:6.3f}] {r.nominal:8.3g}  {_status(r)}")
+    return "\n".join(lines)
+
+
+def format_markdown(rows) -> str:
+    """The docs' table: one row per rule × scenario, with k/n and the exact 95% CI."""
+    out = ["| rule | scenario | kind | what is simulated | fired k/n | rate | 95% CI | nominal | guarantee |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for rule, desc, r in rows:
+        out.append(f"| `{r.rule}` | `{r.scenario}` | {r.kind} | {desc} | {r.k}/{r.n} | {r.rate:.3f} | "
+                   f"{r.low:.3f}–{r.high:.3f} | {r.nominal:g} | {rule.guarantee} |")
+    return "\n".join(out)
+
+
+def to_json(rows, **meta) -> dict:
+    return {**meta, "rates": [{"rule": r.rule, "scenario": r.scenario, "kind": r.kind, "description": d,
+                               "k": r.k, "n": r.n, "rate": r.rate, "ci_low": r.low, "ci_high": r.high,
+                               "nominal": r.nominal, "guarantee": rule.guarantee,
+                               "above_nominal": bool(r.kind == "healthy" and exceeds_nominal(r))}
+                              for rule, d, r in rows]}
+
+
+def update_doc(text: str, table: str, *, start: str = DOC_START, end: str = DOC_END) -> str:
+    """``text`` with everything between the ``start`` and ``end`` marker lines replaced by ``table``."""
+    i = text.find(start)
+    j = text.find(end, i + len(start)) if i >= 0 else -1
+    if i < 0 or j < 0:
+        raise ValueError(f"the document has no {start} … {end} block")
+    return f"{text[:i]}{start}\n{table}\n{end}{text[j + len(end):]}"
+
+
+def format_power_markdown(power: list[dict]) -> str:
+    out = ["| seeds | offset for 80% power (× level sd, normal theory) | measured power at that offset | 95% CI | sims |",
+           "|---|---|---|---|---|"]
+    for p in power:
+        out.append(f"| {p['seeds']} | {p['offset_level_sd']:.2f} | {p['power']:.3f} | "
+                   f"{p['ci_low']:.3f}–{p['ci_high']:.3f} | {p['n']} |")
+    return "\n".join(out)
+
+
+def power_offsets(*, rng: np.random.Generator, sims: int, seeds=(5, 10, 20), n_steps: int = 300,
+                  rho: float = 0.9) -> list[dict]:
+    """For each number of seeds: the whole-curve offset (× the level sd) flagged with 80% power by
+    normal theory, and the power measured at that offset on AR(1) curves with seed offsets."""
+    from app.stats.calibration.rules_seeds import curve_level_sd, offset_for_power, oob_planted_power
+
+    out = []
+    for n in seeds:
+        d = offset_for_power(n)
+        k = oob_planted_power(rng, n_seeds=n, delta=d, sims=sims, n_steps=n_steps, rho=rho)
+        lo, hi = clopper_pearson(k, sims)
+        out.append({"seeds": n, "offset_level_sd": d, "level_sd": curve_level_sd(n_steps, rho=rho),
+                    "n_steps": n_steps, "rho": rho, "k": k, "n": sims, "power": k / sims, "ci_low": lo, "ci_high": hi})
+    return out

@@ -1,0 +1,27 @@
+"""The one-phrase guarantee of each decision, shown beside the verdict (report, terminal, dashboard).
+
+Each phrase states the false-alarm level the calibration harness (``app.stats.calibration``)
+measures the rule against; ``Rule.guarantee`` uses the same phrases at the default levels."""
+from __future__ import annotations
+
+__all__ = ["repeatability", "seed_stability", "out_of_band", "stack_portability"]
+
+
+def _pct(level: float) -> str:
+    return f"{level * 100:g}%"
+
+
+def repeatability() -> str:
+    return "exact (bitwise or atol/rtol comparison, no false alarm)"
+
+
+def seed_stability(alpha: float = 0.05) -> str:
+    return f"each claim wrong ≤ {_pct(alpha)} (robust σ bounds); diverged seeds exact"
+
+
+def out_of_band(false_alarm: float = 0.01) -> str:
+    return f"false alarm ≤ {_pct(false_alarm)} per study (whole-curve leave-one-out)"
+
+
+def stack_portability(alpha: float = 0.05, method: str = "holm") -> str:
+    return f"false 'equivalent' or 'not equivalent' ≤ {_pct(alpha)} ({'Holm' if method == 'holm' else method.upper()})"

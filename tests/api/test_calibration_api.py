@@ -1,0 +1,79 @@
+"""Out-of-band calibration measured through the REST API (issue #10).
+
+Healthy external studies (20 seeds × 300 steps, AR(1) ρ=0.9 noise + a persistent per-seed
+offset) are uploaded over REST and their reports read back: at most 3 of 60 may flag a run
+(nominal 1% per study; 57 of 60 did with the per-step rule). A planted bad seed is flagged,
+with only 5 seeds. The study page shows each verdict's guarantee."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from app.stats.calibration import generators as gen
+from app.stats.calibration.rules_seeds import curve_level_sd
+
+
+@pytest.fixture
+def db_url(sqlite_template, tmp_path):
+    """SQLite only: this measures the statistics, not the storage backend (the suite covers both)."""
+    path = tmp_path / "steady.db"
+    shutil.copy(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+def _study(api, curves, *, name: str, max_std: float | None = None) -> int:
+    metric = {"name": "loss", "max_std": max_std} if max_std else "loss"
+    r = api.post("/api/v1/studies", json={"name": name, "kind": "external", "metrics": [metric]})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    steps = list(range(curves.shape[1]))
+    for seed, row in enumerate(curves):
+        run = {"seed": seed, "determinism": "seeded", "stack": {"name": "a100"},
+               "metrics": {"loss": {"steps": steps, "values": row.tolist()}}}
+        r = api.post(f"/api/v1/studies/{sid}/runs", json=run)
+        assert r.status_code == 201, r.text
+    return sid
+
+
+def _seed_verdict(api, sid: int) -> dict:
+    r = api.get(f"/api/v1/studies/{sid}/report")
+    assert r.status_code == 200, r.text
+    (v,) = [v for v in r.json()["verdicts"] if v["level"] == "seed_stability"]
+    return v
+
+
+@pytest.mark.slow
+def test_healthy_studies_over_rest_rarely_flag_a_run(api):
+    rng = np.random.default_rng(20261129)
+    flagged = []
+    for i in range(60):
+        x = gen.healthy_curves(rng, 20, 300, rho=0.9, offset_sd=0.02, noise=0.02)
+        v = _seed_verdict(api, _study(api, x, name=f"healthy {i}"))
+        assert v["out_of_band_test"]["testable"] and v["out_of_band_test"]["steps_used"] == 300
+        flagged.append(bool(v["out_of_band"]))
+    assert sum(flagged) <= 3, f"{sum(flagged)} of 60 healthy studies flagged a run"
+
+
+def test_planted_bad_seed_over_rest_is_flagged_with_five_seeds(api):
+    rng = np.random.default_rng(7)
+    x = gen.healthy_curves(rng, 5, 300, rho=0.9, offset_sd=0.02, noise=0.02, hetero=False)
+    x = gen.plant_offset(x, 30 * curve_level_sd(300, rho=0.9), run=3)
+    v = _seed_verdict(api, _study(api, x, name="bad seed"))
+    oob = v["out_of_band_test"]
+    assert v["out_of_band"] == [oob["run_ids"][3]]
+    assert "out of band" in v["reason"] and "false alarm ≤ 0.01 per study" in v["reason"]
+    assert oob["guarantee"] == "false alarm ≤ 1% per study (whole-curve leave-one-out)"
+    assert v["guarantee"].startswith("each claim wrong ≤ 5%")
+
+
+def test_study_page_shows_each_verdicts_guarantee(make_api):
+    api = make_api(public_dashboard=True)
+    x = gen.healthy_curves(np.random.default_rng(3), 6, 40, rho=0.9)
+    sid = _study(api, x, name="guarantees", max_std=1.0)
+    page = api.client.get(f"/studies/{sid}")
+    assert page.status_code == 200
+    html = page.text
+    assert html.count("data-guarantee") >= 2
+    assert "each claim wrong ≤ 5%" in html and "false alarm ≤ 1% per study (whole-curve leave-one-out)" in html

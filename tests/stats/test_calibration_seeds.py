@@ -1,0 +1,211 @@
+"""The seed-family decision rules hold their stated false-alarm levels on realistic healthy
+studies, and catch planted problems with the power the docs state (bounded simulation counts,
+fixed rng seeds). References: Bonett (2006) published interval, statsmodels' outlier test,
+scipy's t distribution."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from app.stats.bands import out_of_band_curves
+from app.stats.calibration import clopper_pearson, exceeds_nominal, measure
+from app.stats.calibration import generators as gen
+from app.stats.calibration.rules_seeds import RULES, STATED_POWER, curve_level_sd, offset_for_power
+from app.stats.intervals import bonett_std_bounds
+from app.stats.portability import tost
+from app.stats.report import MetricSpec, RunData, build_report
+from app.stats.seed_stability import seed_spread
+
+# simulations per scenario: enough to see a doubled false-alarm rate, each test a few seconds
+SIMS = {"out_of_band_run": 300, "repeatability": 100, "stack_portability:equivalent": 100,
+        "stack_portability:not_equivalent": 100, "seed_stability:diverged": 100}
+DEFAULT_SIMS = 300
+
+
+def _rng(*names: str) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32("/".join(names).encode()))
+
+
+HEALTHY = [(r, s) for r in RULES for s in r.scenarios if s.kind == "healthy"]
+PLANTED = [(r, s) for r in RULES for s in r.scenarios if f"{r.name}/{s.name}" in STATED_POWER]
+
+
+@pytest.mark.parametrize("rule,scenario", HEALTHY, ids=[f"{r.name}/{s.name}" for r, s in HEALTHY])
+def test_false_alarm_rate_within_nominal(rule, scenario):
+    n = SIMS.get(rule.name, DEFAULT_SIMS)
+    rate = measure(rule, scenario, n=n, rng=_rng(rule.name, scenario.name))
+    assert not exceeds_nominal(rate), f"{rule.name}/{scenario.name}: {rate.k}/{rate.n} > nominal {rule.nominal}"
+
+
+@pytest.mark.parametrize("rule,scenario", PLANTED, ids=[f"{r.name}/{s.name}" for r, s in PLANTED])
+def test_planted_problem_detected_with_stated_power(rule, scenario):
+    rate = measure(rule, scenario, n=120, rng=_rng(rule.name, scenario.name))
+    stated = STATED_POWER[f"{rule.name}/{scenario.name}"]
+    assert rate.high >= stated, f"power {rate.rate:.2f} (CI up to {rate.high:.2f}) below the stated {stated}"
+
+
+def test_every_seed_rule_has_healthy_and_planted_scenarios_and_a_guarantee():
+    names = {r.name for r in RULES}
+    assert {"out_of_band_run", "seed_stability:unstable", "seed_stability:stable", "seed_stability:diverged",
+            "repeatability", "stack_portability:equivalent", "stack_portability:not_equivalent"} <= names
+    for r in RULES:
+        kinds = {s.kind for s in r.scenarios}
+        assert {"healthy", "planted"} <= kinds and r.guarantee
+
+
+# --------------------------------------------------------------------------- generators
+
+
+def test_generators_are_seeded_and_have_the_stated_moments():
+    a = gen.healthy_curves(np.random.default_rng(1), 4, 50, rho=0.9)
+    assert np.array_equal(a, gen.healthy_curves(np.random.default_rng(1), 4, 50, rho=0.9))
+    assert not np.array_equal(a, gen.healthy_curves(np.random.default_rng(2), 4, 50, rho=0.9))
+    e = gen.ar1_noise(np.random.default_rng(3), 400, 400, rho=0.9)
+    assert e.std() == pytest.approx(1.0, rel=0.03)
+    lag1 = np.mean([np.corrcoef(r[:-1], r[1:])[0, 1] for r in e])
+    assert lag1 == pytest.approx(0.9, abs=0.02)
+    for dist in gen.FINAL_DISTRIBUTIONS:
+        x = gen.final_values(np.random.default_rng(4), 200_000, sd=2.0, dist=dist, mean=1.0)
+        # t3 has no fourth moment: its sample sd converges slowly
+        assert x.mean() == pytest.approx(1.0, abs=0.03) and x.std() == pytest.approx(2.0, rel=0.08 if dist == "t3" else 0.02), dist
+    k = stats.kurtosis(gen.final_values(np.random.default_rng(5), 400_000, sd=1.0, dist="contaminated"), fisher=False)
+    assert k == pytest.approx(27 / 3.24, rel=0.05)
+    short = gen.truncate_runs(np.random.default_rng(6), a, n_short=2)
+    assert np.isnan(short).any(axis=1).sum() == 2
+    div = gen.diverge_runs(np.random.default_rng(7), a, n_diverged=1)
+    assert np.isinf(div).any(axis=1).sum() == 1
+    res = gen.resample_curves(np.random.default_rng(8), a, 6, block=5)
+    assert res.shape == (6, 50) and np.all(np.isfinite(res))
+    rec = gen.recorded_curves("torch_mlp")
+    assert rec.shape == (10, 115) and np.all(rec[:, -1] < rec[:, 0])  # real loss curves go down
+    new = gen.resample_curves(np.random.default_rng(9), rec, 20, block=10)
+    assert new.shape == (20, 115) and abs(new[:, -1].mean() - rec[:, -1].mean()) < 0.1
+
+
+def test_curve_level_sd_matches_simulation():
+    rng = np.random.default_rng(9)
+    x = gen.healthy_curves(rng, 4000, 300, rho=0.9, hetero=False)
+    assert x.mean(axis=1).std() == pytest.approx(curve_level_sd(300, rho=0.9), rel=0.04)
+
+
+# --------------------------------------------------------------------------- out-of-band test
+
+
+def test_out_of_band_statistic_matches_statsmodels_outlier_test():
+    sm = pytest.importorskip("statsmodels.api")
+    rng = np.random.default_rng(10)
+    x = gen.healthy_curves(rng, 12, 80, rho=0.9, hetero=False)
+    r = out_of_band_curves(x, false_alarm=0.01)
+    fit = sm.OLS(r.level_score, np.ones((12, 1))).fit()
+    ot = np.asarray(fit.outlier_test(method="bonf"))  # columns: student_resid, unadj_p, bonf(p)
+    assert np.allclose(r.statistic, ot[:, 0], rtol=1e-9)
+    assert np.allclose(r.p_value, ot[:, 1], rtol=1e-9)
+    assert np.allclose(r.p_adjusted, ot[:, 2], rtol=1e-9)
+    assert r.df == 10 and r.steps_used == 80
+
+
+def test_five_seeds_can_flag_a_bad_seed():
+    x = gen.healthy_curves(np.random.default_rng(11), 5, 300, rho=0.9, hetero=False)
+    bad = gen.plant_offset(x, 30 * curve_level_sd(300, rho=0.9), run=2)
+    r = out_of_band_curves(bad)
+    assert r.flagged.tolist() == [False, False, True, False, False]
+    assert not out_of_band_curves(x).flagged.any()
+    assert offset_for_power(5) > offset_for_power(10) > offset_for_power(20) > 4
+
+
+def test_out_of_band_degenerate_cases_are_exact():
+    same = np.tile(np.linspace(1, 0, 10), (4, 1))
+    r = out_of_band_curves(same)
+    assert r.testable and r.exact and not r.flagged.any()
+    one = same.copy()
+    one[1] += 1e-3
+    r = out_of_band_curves(one)
+    assert r.flagged.tolist() == [False, True, False, False] and r.p_value[1] == 0.0 and r.exact
+    assert not out_of_band_curves(same[:2]).testable
+    ragged = np.vstack([np.linspace(1, 0, 10), [np.nan] * 10, np.linspace(1, 0, 10)])
+    assert not out_of_band_curves(ragged).testable
+
+
+def test_old_per_step_rule_is_what_this_replaces():
+    """The binomial per-step rule flags most healthy AR(0.9) studies; the whole-curve test does not."""
+    from app.stats.bands import compute_band, out_of_band_runs
+
+    rng = np.random.default_rng(12)
+    old = new = 0
+    for _ in range(20):
+        x = gen.healthy_curves(rng, 20, 300, rho=0.9)
+        old += bool(out_of_band_runs(x, compute_band(x), false_alarm=0.01, bonferroni=True).flagged.any())
+        new += bool(out_of_band_curves(x).flagged.any())
+    assert old >= 8 and new <= 1
+
+
+# --------------------------------------------------------------------------- seed stability
+
+
+def test_bonett_interval_matches_the_published_example():
+    """Bonett (2006), the example reproduced in DescTools::VarCI's documentation."""
+    p = [15.83, 16.01, 16.24, 16.42, 15.33, 15.44, 16.88, 16.31]
+    for conf, (lo, hi) in ((0.90, (0.3592, 0.9359)), (0.95, (0.3263, 1.0841)), (0.99, (0.2607, 1.5109))):
+        b = bonett_std_bounds(p, alpha=(1 - conf) / 2)
+        assert b.std == pytest.approx(0.5168, abs=1e-4)
+        assert b.lower == pytest.approx(lo, abs=1e-4) and b.upper == pytest.approx(hi, abs=1e-4)
+    with pytest.raises(ValueError, match="n >= 5"):
+        bonett_std_bounds([1.0, 2.0, 3.0, 4.0])
+
+
+def test_seed_spread_zero_variance_and_divergence_are_exact():
+    z = seed_spread([0.5] * 6, max_std=0.01)
+    assert z.verdict == "stable" and "exactly 0" in z.reason
+    d = seed_spread([0.5, 0.51, 0.49, 0.5, 0.52], max_std=1.0, n_diverged=3)
+    assert d.verdict == "unstable" and "3 of 8 seeds diverged" in d.reason and d.n_diverged == 3
+    lo, hi = d.divergence_rate_ci
+    assert (lo, hi) == pytest.approx(clopper_pearson(3, 8))
+
+
+def test_final_values_read_at_the_common_step():
+    """Issue #10: 4 runs ending at step 999 and one at 399 used to read as "unstable"."""
+    steps = np.arange(1000, dtype=np.int64)
+    base = 0.3 + 2.2 * np.exp(-steps / 200.0)
+    runs = []
+    for seed in range(5):
+        stop = 400 if seed == 4 else 1000
+        v = base + 0.001 * seed
+        runs.append(RunData(run_id=seed, seed=seed, repeat=0, determinism="seeded", stack="a",
+                            series={"loss": (steps[:stop], v[:stop])}))
+    rep = build_report(runs, [MetricSpec("loss", max_std=0.05)], rng=np.random.default_rng(0)).to_dict()
+    (v,) = [v for v in rep["verdicts"] if v["level"] == "seed_stability"]
+    assert v["final_step"] == 399 and v["short_run_ids"] == [4]
+    assert v["final_values"] == pytest.approx((base[399] + 0.001 * np.arange(5)).tolist())
+    assert v["verdict"] == "stable" and "step 399" in v["reason"]
+
+
+def test_three_of_eight_diverged_is_not_stable():
+    x = gen.healthy_curves(np.random.default_rng(13), 8, 100, rho=0.9)
+    x[[1, 4, 6], 60:] = np.inf
+    steps = np.arange(100, dtype=np.int64)
+    runs = [RunData(run_id=i, seed=i, repeat=0, determinism="seeded", stack="a", series={"loss": (steps, x[i])})
+            for i in range(8)]
+    rep = build_report(runs, [MetricSpec("loss", max_std=10.0)], rng=np.random.default_rng(0)).to_dict()
+    (v,) = [v for v in rep["verdicts"] if v["level"] == "seed_stability"]
+    assert v["verdict"] == "unstable" and "3 of 8 seeds diverged" in v["reason"]
+    assert v["diverged_run_ids"] == [1, 4, 6] and v["guarantee"]
+
+
+# --------------------------------------------------------------------------- portability
+
+
+def test_tost_zero_standard_error_is_exact():
+    t = tost([1.0, 1.0, 1.0], [1.01, 1.01, 1.01], margin=0.02)
+    assert t.exact and t.p_value == 0.0 and t.se == 0.0
+    far = tost([1.0, 1.0], [1.05, 1.05], margin=0.02)
+    assert far.exact and far.p_value == 1.0
+    runs = [RunData(run_id=k * 4 + i, seed=i, repeat=0, determinism="strict", stack=s,
+                    series={"acc": (np.array([0, 1]), np.array([0.0, v]))})
+            for k, (s, v) in enumerate((("ref", 0.9), ("cand", 0.9))) for i in range(4)]
+    rep = build_report(runs, [MetricSpec("acc", margin=0.01)], rng=np.random.default_rng(0),
+                       reference_stack="ref").to_dict()
+    (v,) = [v for v in rep["verdicts"] if v["level"] == "stack_portability"]
+    assert v["verdict"] == "equivalent" and "exact" in v["reason"] and v["guarantee"]
