@@ -59,19 +59,22 @@ class BandWidthRule(_Rule):
 
 
 class OutOfBaselineRule(_Rule):
-    """A run of a suite's study falls outside the baseline's range: final mode, the baseline's prediction
-    interval corrected for the number of candidate runs; curve mode, the baseline's per-step band."""
+    """A run of a suite's study falls outside the baseline's range: final mode, its final value; curve mode,
+    its whole-curve level. Both judged by the baseline's prediction interval corrected for the number of
+    candidate runs, at false-alarm level ``alpha``."""
 
     kind: Literal["out_of_baseline"]
     metric: MetricKey
     mode: Literal["final", "curve"] = Field(
-        "final", description="final: the final value; curve: the per-step band, for more than max_share of steps"
+        "final", description="final: the final value; curve: the whole-curve level (every step, standardised by "
+        "the baseline's per-step spread), valid for autocorrelated steps"
     )
     max_share: Annotated[float, Field(ge=0, lt=1)] = Field(
-        0.1, description="curve mode: fire when a run is outside the band on more than this share of steps"
+        0.1, description="deprecated and unused: curve mode used to fire past this share of steps outside the "
+        "per-step band (no stated false-alarm level); it is now judged at level alpha like final mode"
     )
     alpha: Annotated[float, Field(gt=0, lt=1)] = Field(
-        0.01, description="final mode: probability that a healthy study raises the alert, per stack and determinism "
+        0.01, description="probability that a healthy study raises the alert, per stack and determinism "
         "level, whatever its number of runs (prediction interval, Bonferroni over the candidate runs)"
     )
 

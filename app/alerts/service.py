@@ -43,9 +43,10 @@ from app.alerts.schemas import (
 from app.errors import Invalid, NotFound
 from app.models import Alert, AlertDelivery, AlertRule, Study, StudyEvaluation, SuiteBaseline, Webhook, utcnow
 from app.reports import service as reports
-from app.stats.alert_rules import band_check, baseline_outliers, guarantee
+from app.stats.align import align_series
+from app.stats.alert_rules import band_check, baseline_curve_outliers, baseline_outliers, guarantee
 from app.stats.changepoint import sequential_shift
-from app.stats.report import MetricSpec, build_report, compute_bands
+from app.stats.report import MetricSpec, build_report
 from app.studies import service as studies
 
 log = logging.getLogger("steady.alerts")
@@ -487,9 +488,6 @@ def _final_of(series) -> float | None:
 def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[Finding]:
     if baseline is None or baseline.study_id == study.id:
         return []
-    base_study = session.get(Study, baseline.study_id)
-    coverage = base_study.spec.get("coverage", 0.9)
-    confidence = base_study.spec.get("confidence", 0.95)
     base = _baseline_runs(session, baseline, spec.metric)
     cand = reports.run_data(session, reports.completed_runs(session, study.id), [spec.metric])
     by_group = defaultdict(list)
@@ -497,14 +495,12 @@ def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[
         if spec.metric in r.series:
             by_group[(r.determinism, r.stack)].append(r)
     out = []
-    bands = None
     for (det, stack), runs in sorted(by_group.items()):
         group = {"determinism": det, "stack": stack}
         if not _group_ok(spec, group):
             continue
         ref = [r for r in base if r.determinism == det and spec.metric in r.series]
-        common = {"baseline_study_id": baseline.study_id, "baseline_stack": baseline.stack, "mode": spec.mode,
-                  "coverage": coverage, "confidence": confidence}
+        common = {"baseline_study_id": baseline.study_id, "baseline_stack": baseline.stack, "mode": spec.mode}
         if spec.mode == "final":
             finals = [_final_of(r.series[spec.metric]) for r in ref]
             finals = [f for f in finals if f is not None and np.isfinite(f)]
@@ -532,35 +528,34 @@ def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[
                     f"interval [{check.low:.4g}, {check.high:.4g}] of {spec.metric}")
             out.append(Finding(rule, spec.metric, group, bool(outside), text, numbers))
         else:
-            if bands is None:
-                bands = {g.group["determinism"]: g for g in compute_bands(base, metric=spec.metric, coverage=coverage,
-                                                                          confidence=confidence)}
-            band = bands.get(det)
-            if band is None or band.band.n.max(initial=0) < 2:
-                out.append(Finding(rule, spec.metric, group, UNKNOWN, f"the baseline has no {det} band", common))
+            check = _curve_check(ref, runs, spec)
+            if isinstance(check, str):
+                out.append(Finding(rule, spec.metric, group, UNKNOWN, check, common))
                 continue
-            b = band.band
-            outside = []
-            for r in runs:
-                steps, values = r.series[spec.metric]
-                _, ib, ir = np.intersect1d(b.steps, steps, return_indices=True)
-                lo, hi, val = b.ti_low[ib], b.ti_high[ib], values[ir]
-                ok = np.isfinite(lo) & np.isfinite(hi)
-                if not ok.any():
-                    continue
-                with np.errstate(invalid="ignore"):
-                    off = ~((val >= lo) & (val <= hi))
-                share = float(off[ok].mean())
-                if share > spec.max_share:
-                    outside.append({"run_id": r.run_id, "seed": r.seed, "share_outside": share,
-                                    "steps_compared": int(ok.sum())})
-            numbers = {**common, "max_share": spec.max_share, "outside": outside, "n_runs": len(runs),
-                       "guarantee": guarantee("out_of_baseline", mode="curve")}
-            text = (f"{len(outside)} of {len(runs)} {_label(group)} run(s) leave the baseline band of {spec.metric} "
-                    f"on more than {spec.max_share:.0%} of steps" if outside else
-                    f"all {len(runs)} {_label(group)} runs stay within the baseline band of {spec.metric}")
+            outside = [{"run_id": runs[i].run_id, "seed": runs[i].seed} for i in check.outside]
+            numbers = {**common, "interval": [check.low, check.high], "n_baseline": check.n_baseline,
+                       "outside": outside, "n_runs": len(runs), "alpha": spec.alpha,
+                       "per_run_alpha": check.per_run_alpha,
+                       "method": "whole-curve level (steps standardised by the baseline's spread), normal prediction "
+                                 "interval, Bonferroni over the candidate runs",
+                       "guarantee": guarantee("out_of_baseline", alpha=spec.alpha, mode="curve")}
+            text = (f"{len(outside)} of {len(runs)} {_label(group)} run(s) have a {spec.metric} curve outside the "
+                    f"baseline's whole-curve prediction interval (familywise α={spec.alpha:g})" if outside else
+                    f"all {len(runs)} {_label(group)} runs' {spec.metric} curves stay within the baseline's")
             out.append(Finding(rule, spec.metric, group, bool(outside), text, numbers))
     return out
+
+
+def _curve_check(ref, runs, spec):
+    """``baseline_curve_outliers`` of the candidate runs against the baseline runs on their common
+    step grid, or the reason it cannot be judged."""
+    aligned = align_series({("b", i): r.series[spec.metric] for i, r in enumerate(ref)}
+                           | {("c", i): r.series[spec.metric] for i, r in enumerate(runs)})
+    n = len(ref)
+    try:
+        return baseline_curve_outliers(aligned.values[:n], aligned.values[n:], alpha=spec.alpha)
+    except ValueError as exc:
+        return f"the baseline's {spec.metric} curves cannot judge these runs: {exc}"
 
 
 def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Finding]:

@@ -34,6 +34,8 @@ MIN_POWER = {
     ("alert.suite_shift", "jump_after_6"): 0.85,
     ("alert.out_of_baseline", "10v10_shift_4sd"): 0.5,
     ("alert.out_of_baseline", "10v10_one_run_8sd"): 0.9,
+    ("alert.out_of_baseline:curve", "10v10_shift_4sd"): 0.55,
+    ("alert.out_of_baseline:curve", "10v10_one_run_8sd"): 0.9,
     ("alert.band_width", "twice_n10"): 0.8,
     ("alert.band_width", "1.5x_n30"): 0.8,
     ("alert.diverged", "nan_run"): 1.0,

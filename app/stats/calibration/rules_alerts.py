@@ -29,9 +29,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from app.stats.alert_rules import NOMINAL, band_check, baseline_outliers, guarantee
+from app.stats.alert_rules import NOMINAL, band_check, baseline_curve_outliers, baseline_outliers, guarantee
 from app.stats.align import align_series
 from app.stats.calibration import Rule, Scenario
+from app.stats.calibration.generators import healthy_curves
 from app.stats.changepoint import sequential_shift
 from app.stats.repeatability import RepeatRun, repeatability
 
@@ -164,6 +165,38 @@ OUT_OF_BASELINE = Rule(
     ),
 )
 
+def _baseline_curves(n_base: int, n_cand: int, *, shift: float = 0.0, one_run: bool = False, rho: float = 0.9,
+                     tails: str = "normal", steps: int = 300):
+    def trial(rng: np.random.Generator) -> bool:
+        curves = healthy_curves(rng, n_base + n_cand, steps, rho=rho, tails=tails)
+        base, cand = curves[:n_base], curves[n_base:].copy()
+        if one_run:
+            cand[0] += shift * 0.02
+        else:
+            cand += shift * 0.02
+        return baseline_curve_outliers(base, cand, alpha=BASELINE_ALPHA).firing
+    return trial
+
+
+OUT_OF_BASELINE_CURVE = Rule(
+    name="alert.out_of_baseline:curve",
+    nominal=BASELINE_ALPHA,
+    guarantee=guarantee("out_of_baseline", alpha=BASELINE_ALPHA, mode="curve"),
+    scenarios=(
+        Scenario("5v5_ar0.9", "healthy", "5 vs 5 runs × 300 steps, AR(1) ρ=0.9 noise + seed offsets",
+                 _baseline_curves(5, 5)),
+        Scenario("10v10_ar0.9", "healthy", "10 vs 10, AR(1) ρ=0.9 + seed offsets", _baseline_curves(10, 10)),
+        Scenario("50v10_ar0.9", "healthy", "50 candidate runs vs 10 baseline runs, AR(1) ρ=0.9",
+                 _baseline_curves(10, 50)),
+        Scenario("10v10_ar0.95_t3", "healthy", "10 vs 10, AR(1) ρ=0.95 with t3 innovations",
+                 _baseline_curves(10, 10, rho=0.95, tails="t3")),
+        Scenario("10v10_shift_4sd", "planted", "10 vs 10, every candidate curve 4 offset-sd higher",
+                 _baseline_curves(10, 10, shift=4.0)),
+        Scenario("10v10_one_run_8sd", "planted", "10 vs 10, one candidate curve 8 offset-sd higher",
+                 _baseline_curves(10, 10, shift=8.0, one_run=True)),
+    ),
+)
+
 # ---------------------------------------------------------------- band width
 
 BAND_ALPHA = NOMINAL["band_width"]
@@ -234,4 +267,4 @@ REPEATABILITY_LOST = Rule(
                Scenario("one_ulp", "planted", "one repeat differs by one ULP at one step", _repeats(True))),
 )
 
-RULES: list[Rule] = [SUITE_SHIFT, OUT_OF_BASELINE, BAND_WIDTH, DIVERGED, REPEATABILITY_LOST]
+RULES: list[Rule] = [SUITE_SHIFT, OUT_OF_BASELINE, OUT_OF_BASELINE_CURVE, BAND_WIDTH, DIVERGED, REPEATABILITY_LOST]
