@@ -46,7 +46,7 @@ from app.reports import service as reports
 from app.stats.align import align_series
 from app.stats.alert_rules import band_check, baseline_curve_outliers, baseline_outliers, guarantee
 from app.stats.changepoint import sequential_shift
-from app.stats.report import MetricSpec, build_report
+from app.stats.report import MetricSpec, build_report, common_finals
 from app.studies import service as studies
 
 log = logging.getLogger("steady.alerts")
@@ -480,11 +480,6 @@ def _relabel(r, stack: str):
     return dataclasses.replace(r, stack=stack)
 
 
-def _final_of(series) -> float | None:
-    steps, values = series
-    return float(values[-1]) if len(values) else None
-
-
 def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[Finding]:
     if baseline is None or baseline.study_id == study.id:
         return []
@@ -502,15 +497,19 @@ def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[
         ref = [r for r in base if r.determinism == det and spec.metric in r.series]
         common = {"baseline_study_id": baseline.study_id, "baseline_stack": baseline.stack, "mode": spec.mode}
         if spec.mode == "final":
-            finals = [_final_of(r.series[spec.metric]) for r in ref]
-            finals = [f for f in finals if f is not None and np.isfinite(f)]
+            # every run read at the last step all non-diverged runs (baseline and candidates) logged:
+            # a run's own last step made a run that stopped early look off
+            fin = common_finals(ref + runs, spec.metric)
+            at = dict(zip(fin.run_ids, fin.values.tolist()))
+            finals = [at[r.run_id] for r in ref if r.run_id in at]
             if len(finals) < 2:
                 out.append(Finding(rule, spec.metric, group, UNKNOWN,
-                                   f"the baseline has {len(finals)} finite {det} run(s); need 2", common))
+                                   f"the baseline has {len(finals)} finite {det} run(s) at a step shared with this "
+                                   "study; need 2", common))
                 continue
-            cand_finals = [_final_of(r.series[spec.metric]) for r in runs]
-            check = baseline_outliers(np.array(finals), np.array([np.nan if f is None else f for f in cand_finals]),
-                                      alpha=spec.alpha)
+            cand_finals = [at.get(r.run_id, float("nan")) for r in runs]
+            check = baseline_outliers(np.array(finals), np.array(cand_finals), alpha=spec.alpha)
+            common["final_step"] = fin.step
             outside = []
             for i in check.outside:
                 r, f = runs[i], cand_finals[i]

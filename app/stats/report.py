@@ -28,7 +28,7 @@ from app.stats.stack_pairs import stack_pairs
 from app.stats.variance import variance_components
 
 __all__ = ["RunData", "MetricSpec", "Verdict", "StudyReport", "GroupBand", "build_report", "compute_bands",
-           "to_plain", "STEP_TIME_KEY", "DETERMINISM_LEVELS"]
+           "to_plain", "STEP_TIME_KEY", "DETERMINISM_LEVELS", "Finals", "common_finals"]
 
 STEP_TIME_KEY = "step_time"
 DETERMINISM_LEVELS = ("none", "seeded", "strict")
@@ -326,7 +326,7 @@ class Finals:
     short_run_ids: list
 
 
-def _finals(runs: Sequence[RunData], metric: str) -> Finals:
+def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
     """Each run's value at the common final step (see ``Finals``); runs without the metric are skipped."""
     ok, bad = [], []
     for r in runs:
@@ -355,7 +355,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
                                             quantiles=DEFAULT_QUANTILES)
         if not chosen:
             continue
-        fin = _finals(chosen, spec.name)
+        fin = common_finals(chosen, spec.name)
         values, ids, bad = fin.values, fin.run_ids, fin.diverged_run_ids
         spread = seed_spread(values, max_std=spec.max_std, coverage=coverage, confidence=confidence, alpha=alpha,
                              n_diverged=len(bad))
@@ -417,7 +417,7 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
             _, _, cand_band = _group_band(stacks[cand], spec.name, coverage=coverage, confidence=confidence,
                                           quantiles=(0.5,))
             cand_runs = _one_per_seed(stacks[cand], spec.name)
-            both = _finals(ref_runs + cand_runs, spec.name)  # one common final step for both stacks
+            both = common_finals(ref_runs + cand_runs, spec.name)  # one common final step for both stacks
             ref_ids = {r.run_id for r in ref_runs}
             ref_vals = np.array([v for v, i in zip(both.values, both.run_ids) if i in ref_ids])
             cand_vals = np.array([v for v, i in zip(both.values, both.run_ids) if i not in ref_ids])
@@ -561,7 +561,7 @@ def _variance(groups, metrics) -> list[dict]:
     for spec in metrics:
         for (det, stack), group_runs in groups.items():
             by_seed: dict[int, list[float]] = defaultdict(list)
-            fin = _finals(group_runs, spec.name)  # every run's value at the group's common final step
+            fin = common_finals(group_runs, spec.name)  # every run's value at the group's common final step
             seed_of = {r.run_id: r.seed for r in group_runs}
             for rid, v in zip(fin.run_ids, fin.values):
                 by_seed[seed_of[rid]].append(float(v))

@@ -248,3 +248,21 @@ def test_determinism_cost_fires_only_when_the_whole_interval_is_over_the_limit(a
     # ×1.45 is under the limit; and one run per level has no interval: neither fires
     assert _evaluate(api, _cost_study(api, strict_factor=1.45, runs_per_level=3))["firing"] == []
     assert _evaluate(api, _cost_study(api, strict_factor=2.0, runs_per_level=1))["firing"] == []
+
+
+def test_out_of_baseline_reads_every_run_at_the_common_final_step(alert_api):
+    """A candidate run that stopped early was judged at its own last step and read as off."""
+    api = alert_api
+    rng = np.random.default_rng(11)
+    base = external_study(api.post, suite="c", finals=(1.0 + 0.01 * rng.standard_normal(8)).tolist())
+    assert api.post("/api/v1/alert-rules", json={"kind": "out_of_baseline", "metric": "loss",
+                                                  "suite": "c"}).status_code == 201
+    assert api.client.put("/api/v1/suites/c/baseline", headers=api.h(),
+                          json={"study_id": base, "stack": "a100"}).status_code == 200
+    sid = external_study(api.post, suite="c", finals=(1.0 + 0.01 * rng.standard_normal(6)).tolist())
+    short = (1.0 + np.exp(-np.arange(6) / 3.0)).tolist()  # the same curve, stopped at step 5
+    r = api.post(f"/api/v1/studies/{sid}/runs", json={"seed": 99, "determinism": "seeded", "stack": {"name": "a100"},
+                                                     "metrics": {"loss": {"steps": list(range(6)), "values": short}}})
+    assert r.status_code == 201
+    ev = _evaluate(api, sid)
+    assert ev["firing"] == []
