@@ -21,6 +21,7 @@ from app.config import Settings, get_settings
 from app.dashboard.router import router as dashboard_router
 from app.db import Database
 from app.errors import Invalid, SteadyError
+from app.launches.router import router as launches_router
 from app.runs import service as runs_service
 from app.reports.router import router as reports_router
 from app.runs.router import router as runs_router
@@ -184,7 +185,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"status": "ok", "version": __version__})
 
     for router in (studies_router, runs_router, workers_router, tokens_router, reports_router, alerts_router,
-                   metrics_router):
+                   metrics_router, launches_router):
         app.include_router(router)
     app.include_router(dashboard_router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

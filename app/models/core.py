@@ -55,6 +55,7 @@ class Worker(Base):
     name: Mapped[str] = mapped_column(String(200), index=True)
     labels: Mapped[list[str]] = mapped_column(JSON, default=list)
     fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    engine: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # protocol.EngineJob
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), nullable=True)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -84,6 +85,8 @@ class Run(Base):
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     progress_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the engine job (Slurm array task, pod) of the worker holding / last holding the lease
+    engine: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     digests: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -99,6 +102,24 @@ class Run(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     study: Mapped[Study] = relationship(back_populates="runs", lazy="raise")
+
+
+class Launch(Base):
+    """A batch job of agents started for a study by ``steady launch`` (Slurm array, Kubernetes Job).
+
+    A record for people (``steady status``, the study page); the leases, not this table,
+    decide which run goes where.
+    """
+
+    __tablename__ = "launches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), index=True)
+    engine: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str] = mapped_column(String(200))
+    tasks: Mapped[int] = mapped_column(Integer)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class MetricChunk(Base):
