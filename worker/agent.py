@@ -282,6 +282,11 @@ class RunExecution:
         if self.lease_lost.is_set():
             log.warning("run %d: lease lost; nothing more is reported", run_id)
             return
+        if outcome.kind == "crash" and self.agent.stopping.wait(1.0):
+            # The batch job was cancelled or preempted: the scheduler signalled the run's process
+            # along with the agent (its handler may run a moment after the run died: hence the
+            # short wait). Not the run's fault, so it goes back to the queue.
+            outcome.kind = "released"
         if outcome.kind == "released":
             self._try(lambda: self.client.release(run_id, RunRelease(lease_id=lease_id)))
             log.info("run %d: released back to the queue", run_id)
