@@ -152,7 +152,7 @@ def to_yaml(documents: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False)
 
 
-def apply(launch: K8sLaunch, *, secret_token: str | None = None) -> str:  # pragma: no cover - needs a cluster
+def apply(launch: K8sLaunch, *, secret_token: str | None = None) -> str:
     """Create the Job (and, given a token, its Secret) with the official client; returns the Job's uid."""
     from kubernetes import client, config
 
