@@ -23,6 +23,7 @@ from app.db import Database
 from app.errors import Invalid, SteadyError
 from app.launches.router import router as launches_router
 from app.runs import service as runs_service
+from app.reports.background import ReportCacher
 from app.reports.router import router as reports_router
 from app.runs.router import router as runs_router
 from app.studies.router import router as studies_router
@@ -127,7 +128,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate.upgrade(database.engine)
         migrate.verify(database.engine)
         app.state.database = database
-        background = [Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings)]
+        background = [Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
+                      ReportCacher(database, settings.report_cache_interval_seconds)]
         for task in background:
             task.start()
         try:

@@ -7,6 +7,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -120,6 +121,24 @@ class Launch(Base):
     tasks: Mapped[int] = mapped_column(Integer)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class StudyReport(Base):
+    """A study's report, computed in the background once it settles, for one study version.
+
+    ``version`` names everything the report reads (status, run counts, last finish, last
+    change); a reader whose current version differs computes afresh. ``body`` is the report
+    as zlib-compressed JSON (non-finite floats included, which PostgreSQL's json type refuses).
+    ``body`` is None when the study had nothing to report at that version.
+    """
+
+    __tablename__ = "study_reports"
+
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[str] = mapped_column(String(500))
+    body: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    computed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class MetricChunk(Base):
