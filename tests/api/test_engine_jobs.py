@@ -56,6 +56,7 @@ def test_each_run_records_the_engine_job_of_its_worker(api):
     page = api.get(f"/runs/{lease['run_id']}")
     assert page.status_code == 200
     assert "slurm 4242_1 on gpu-node-07" in page.text and "sacct -j 4242_1" in page.text
+    assert "slurm 4242_1 on gpu-node-07" in api.get("/workers").text
 
     # A worker without an engine job leaves the field empty; a bad engine job is refused.
     plain = _register(api, "plain")
