@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -162,7 +163,7 @@ def main() -> int:
         client_main(sys.argv[2:])
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--agents", default="100,300,1000", help="comma-separated agent counts")
+    p.add_argument("--agents", default="25,50,100,300,1000", help="comma-separated agent counts")
     p.add_argument("--api", default="1,2", help="comma-separated numbers of API processes")
     p.add_argument("--ramp-s", type=float, default=10.0)
     p.add_argument("--duration-s", type=float, default=30.0)
@@ -178,9 +179,11 @@ def main() -> int:
         for api in [int(x) for x in a.api.split(",")]:
             for agents in [int(x) for x in a.agents.split(",")]:
                 with postgres_database() as url:
-                    t0 = time.time()
+                    t0, load_before = time.time(), os.getloadavg()[0]
                     row = measure(url, Path(tmp), api, agents, a)
                     row["wall_s"] = round(time.time() - t0, 1)
+                    # Other work on the machine shifts every figure: record how busy it was.
+                    row["load_average_1m"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     result = {
