@@ -58,6 +58,7 @@ bench: setup $(MLFLOW_VENV)/.installed
 	$(BIN)/python bench/lease_bench.py
 	$(BIN)/python bench/dashboard_bench.py
 	$(BIN)/python bench/capacity_bench.py
+	$(BIN)/python bench/report_cache_bench.py
 
 serve: $(STAMP)
 	$(BIN)/steady serve
