@@ -41,6 +41,9 @@ def add_parser(sub: Any, client_opts: Callable[[argparse.ArgumentParser], None])
     s.add_argument("--output-dir", default=".", help="where the batch script and the tasks' logs go")
     s.add_argument("--agent-command", default="",
                    help="how a compute node starts an agent (default: this Python's `-m worker`)")
+    s.add_argument("--grace", type=float, default=20.0,
+                   help="seconds an agent lets its run finish on scancel/preemption before releasing it "
+                        "(keep under the cluster's KillWait, 30 s by default)")
     s.add_argument("--sbatch-option", action="append", default=[], metavar="OPT",
                    help="a further #SBATCH option, verbatim (repeatable)")
     s.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
@@ -82,6 +85,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
             gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task, partition=args.partition,
             time=args.time, mem=args.mem, account=args.account, output_dir=args.output_dir,
             agent_command=args.agent_command, worker_args=tuple(args.worker_arg), extra_sbatch=tuple(args.sbatch_option),
+            grace_s=args.grace,
         )
     except slurm.LaunchError as exc:
         print(f"steady launch slurm: {exc}", file=sys.stderr)

@@ -44,12 +44,17 @@ class SlurmLaunch:
     account: str | None = None
     output_dir: str = "."
     agent_command: str = ""  # default: this interpreter's ``-m worker``
+    # On scancel or preemption Slurm sends SIGTERM, then SIGKILL after KillWait (30 s by
+    # default): the agent lets its run finish for this long, else releases it to the queue.
+    grace_s: float = 20.0
     worker_args: tuple[str, ...] = ()
     extra_sbatch: tuple[str, ...] = field(default_factory=tuple)  # further "#SBATCH" options, verbatim
 
     def __post_init__(self) -> None:
         if self.tasks < 1:
             raise LaunchError("--tasks must be at least 1")
+        if self.grace_s < 0:
+            raise LaunchError("--grace must be >= 0")
         if self.gpus_per_task < 0 or self.cpus_per_task < 1:
             raise LaunchError("--gpus-per-task must be >= 0 and --cpus-per-task >= 1")
         if self.time is not None and not _TIME.match(self.time):
@@ -65,7 +70,8 @@ class SlurmLaunch:
 
 def agent_argv(launch: SlurmLaunch) -> list[str]:
     base = shlex.split(launch.agent_command) if launch.agent_command else [sys.executable, "-m", "worker"]
-    return [*base, "--study", str(launch.study_id), "--exit-when-idle", *launch.worker_args]
+    return [*base, "--study", str(launch.study_id), "--exit-when-idle", "--grace", f"{launch.grace_s:g}",
+            *launch.worker_args]
 
 
 def batch_script(launch: SlurmLaunch) -> str:

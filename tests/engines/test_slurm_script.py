@@ -22,7 +22,7 @@ def test_dry_run_prints_a_job_array_of_agents(capsys, tmp_path, monkeypatch):
                  "#SBATCH --time=4:00:00", "#SBATCH --mem=32G", "#SBATCH --qos=high",
                  f"#SBATCH --output={tmp_path}/steady-slurm-%A_%a.out", "export STEADY_SERVER=http://steady:8080"):
         assert line in script.splitlines(), line
-    assert ("exec /opt/steady/bin/steady worker --study 42 --exit-when-idle --labels=a100 "
+    assert ("exec /opt/steady/bin/steady worker --study 42 --exit-when-idle --grace 20 --labels=a100 "
             '--name "steady-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"') in script
     assert "stdy_secret_worker_token" not in script  # the token travels in the environment of sbatch
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
@@ -34,7 +34,7 @@ def test_cpu_only_tasks_ask_for_no_gpu():
 
 
 @pytest.mark.parametrize("bad", [{"tasks": 0}, {"time": "four hours"}, {"partition": "gpu; rm -rf /"},
-                                 {"gpus_per_task": -1}])
+                                 {"gpus_per_task": -1}, {"grace_s": -1}])
 def test_bad_options_are_refused(bad):
     with pytest.raises(LaunchError):
         SlurmLaunch(**{"study_id": 1, "server": "http://s", "tasks": 2, **bad})
