@@ -112,8 +112,10 @@ class SteadyClient:
 
     def _once(self, path: str, body: BaseModel) -> httpx.Response:
         try:
+            # Unset optional fields are left out, so an agent that uses no newer field (a lease
+            # scoped to a study, an engine job) still speaks to an older server.
             response = self._http.post(
-                path, content=body.model_dump_json(), headers={"Content-Type": "application/json"}
+                path, content=body.model_dump_json(exclude_none=True), headers={"Content-Type": "application/json"}
             )
         except (httpx.TransportError, httpx.TimeoutException) as exc:
             raise RetryableError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
