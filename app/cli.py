@@ -1,4 +1,4 @@
-"""The one CLI, ``steady``: serve, worker, submit, status, report, demo, token, migrate, calibrate.
+"""The one CLI, ``steady``: serve, worker, launch, submit, status, report, demo, token, migrate, calibrate.
 
 Imports are lazy per command: ``steady worker`` on a GPU box imports neither FastAPI nor
 SQLAlchemy, and ``steady submit`` needs only the HTTP client.
@@ -166,8 +166,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not studies:
         print("no studies yet: steady submit study.yaml")
+    from app.engines.cli import launch_lines
+
+    if args.study is not None:
+        launches = api.get(f"/api/v1/studies/{args.study}/launches")
+    else:
+        launches = api.get("/api/v1/launches", params={"limit": 200})
     for s in studies:
         print(f"{s['id']:>5}  {s['status']:<9} {_bar(s['progress'], 20)}  {printable(s['name'])}")
+        for line in launch_lines([x for x in launches if x["study_id"] == s["id"]]):
+            print(line)
     return EXIT_OK
 
 
@@ -334,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     ack = asub.add_parser("ack")
     ack.add_argument("id", type=int)
     p.set_defaults(func=cmd_alerts)
+
+    from app.engines.cli import add_parser as add_launch_parser
+
+    add_launch_parser(sub, client_opts)
 
     p = sub.add_parser("demo", help="serve, run a local worker, run the bundled demo study, print its report")
     p.add_argument("--data-dir", default=os.environ.get("STEADY_DATA_DIR", ".steady-demo"))

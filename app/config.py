@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(60.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)
     reaper_interval_seconds: float = Field(5.0, gt=0)
+    # Reports of settled studies are computed in the background and cached; 0 turns it off.
+    report_cache_interval_seconds: float = Field(2.0, ge=0)
 
     # Limits on input.
     max_runs_per_study: int = Field(2000, ge=1)

@@ -25,7 +25,9 @@ from app.config import Settings, get_settings
 from app.dashboard.router import router as dashboard_router
 from app.db import Database
 from app.errors import Invalid, SteadyError
+from app.launches.router import router as launches_router
 from app.runs import service as runs_service
+from app.reports.background import ReportCacher
 from app.reports.router import router as reports_router
 from app.runs.router import router as runs_router
 from app.studies.router import router as studies_router
@@ -183,7 +185,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             migrate.upgrade(database.engine)
             migrate.verify(database.engine)
         app.state.database = database
-        background = [Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings)]
+        background = [Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
+                      ReportCacher(database, settings.report_cache_interval_seconds)]
         for task in background:
             task.start()
         try:
@@ -246,7 +249,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"status": "ok", "version": __version__})
 
     for router in (studies_router, runs_router, workers_router, tokens_router, reports_router, alerts_router,
-                   metrics_router):
+                   metrics_router, launches_router):
         app.include_router(router)
     app.include_router(dashboard_router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

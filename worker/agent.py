@@ -27,12 +27,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.client import LeaseLostError, NonRetryableError, PayloadTooLargeError, RetryableError, SteadyClient
+from worker import engine as engines
+from worker.client import LeaseAnswer, LeaseLostError, NonRetryableError, PayloadTooLargeError, RetryableError, SteadyClient
 from worker.fingerprint import auto_labels, host_fingerprint
 from worker.protocol import (
     MAX_ERROR_LENGTH,
     MAX_SERIES_PER_BATCH,
     Digests,
+    EngineJob,
     FailureKind,
     Heartbeat,
     Lease,
@@ -65,6 +67,10 @@ class AgentConfig:
     batch_interval_s: float = 0.5
     batch_points: int = 5_000
     max_runs: int | None = None  # exit after this many runs (tests, one-shot workers)
+    study_id: int | None = None  # lease only this study's runs
+    exit_when_idle: bool = False  # exit once nothing in scope is queued or running elsewhere
+    once: bool = False  # one lease request: run what it returns (if anything), then exit
+    engine: EngineJob | None = None  # the batch job this agent runs in (default: detected)
     keep_run_dirs: bool = False
     health_file: str | None = None
 
@@ -276,6 +282,11 @@ class RunExecution:
         if self.lease_lost.is_set():
             log.warning("run %d: lease lost; nothing more is reported", run_id)
             return
+        if outcome.kind == "crash" and self.agent.stopping.wait(1.0):
+            # The batch job was cancelled or preempted: the scheduler signalled the run's process
+            # along with the agent (its handler may run a moment after the run died: hence the
+            # short wait). Not the run's fault, so it goes back to the queue.
+            outcome.kind = "released"
         if outcome.kind == "released":
             self._try(lambda: self.client.release(run_id, RunRelease(lease_id=lease_id)))
             log.info("run %d: released back to the queue", run_id)
@@ -349,15 +360,17 @@ class Agent:
         return seen
 
     def register(self) -> WorkerRegistered:
+        job = self.config.engine or engines.detect()
         registration = WorkerRegistration(
-            name=self.config.name, labels=self.labels(), fingerprint=host_fingerprint(self.config.device)
+            name=self.config.name, labels=self.labels(), fingerprint=host_fingerprint(self.config.device), engine=job
         )
         delay = self.config.poll_min_s
         while not self.stopping.is_set():
             try:
                 self.registered = self.client.register(registration)
-                log.info("registered as worker %d (%s) with labels %s", self.registered.worker_id,
-                         self.registered.name, ",".join(self.registered.labels))
+                log.info("registered as worker %d (%s) with labels %s%s", self.registered.worker_id,
+                         self.registered.name, ",".join(self.registered.labels),
+                         f" in {job.engine} job {job.job_id}" if job else "")
                 return self.registered
             except RetryableError as exc:
                 log.warning("registration failed (%s); retrying in %.1f s", exc, delay)
@@ -376,25 +389,42 @@ class Agent:
         return self.executions
 
     def poll_once(self) -> Lease | None:
+        return self._poll().lease
+
+    def _poll(self) -> LeaseAnswer:
         assert self.registered is not None
         self._touch_health()
-        return self.client.lease(self.registered.worker_id, deadline_s=30.0)
+        return self.client.lease_or_idle(self.registered.worker_id, deadline_s=30.0, study_id=self.config.study_id)
+
+    def _idle_exit(self, answer: LeaseAnswer) -> bool:
+        """--exit-when-idle: nothing to lease, none of ours executing, none running elsewhere.
+
+        A run still running on another agent keeps this one polling: if that agent's job is
+        cancelled or preempted, its lease expires, the run returns to the queue, and someone
+        must be left to take it.
+        """
+        return self.config.exit_when_idle and answer.pending == 0 and not self._active()
 
     def run(self) -> int:
-        """Run until stopped (signal) or ``max_runs`` runs finished. Returns the exit status."""
+        """Run until stopped (signal), idle (``exit_when_idle``), ``once`` or ``max_runs``. Returns the exit status."""
         self.register()
         idle_delay = self.config.poll_min_s
+        polls = 0
         while not self.stopping.is_set():
             if self.config.max_runs is not None and self.runs_started >= self.config.max_runs:
+                break
+            if self.config.once and polls:
                 break
             if len(self._active()) >= self.config.concurrency:
                 self.stopping.wait(0.1)
                 continue
+            polls += 1
             try:
-                lease = self.poll_once()
+                answer = self._poll()
+                lease = answer.lease
             except RetryableError as exc:
                 log.warning("poll failed: %s", exc)
-                lease = None
+                answer, lease = LeaseAnswer(lease=None, pending=None), None
             except NonRetryableError as exc:
                 if exc.status_code == 404:
                     log.warning("server does not know this worker (%s); registering again", exc)
@@ -405,8 +435,12 @@ class Agent:
                     self.stopping.set()
                     self._shutdown()
                     return 2
-                lease = None
+                answer, lease = LeaseAnswer(lease=None, pending=None), None
             if lease is None:
+                if self._idle_exit(answer) or self.config.once:
+                    scope = f"study {self.config.study_id}" if self.config.study_id is not None else "the queue"
+                    log.info("nothing left to run in %s; exiting", scope)
+                    break
                 self.stopping.wait(idle_delay * random.uniform(0.5, 1.0) + random.uniform(0, 0.1))
                 idle_delay = min(self.config.poll_max_s, idle_delay * 2)
                 continue

@@ -2,6 +2,11 @@
 
     steady worker --server http://host:8000 --token TOKEN [--labels a,b] [--device cuda:0]
                   [--concurrency 1] [--work-dir DIR]
+                  [--study ID] [--exit-when-idle | --once | --max-runs N]
+
+In a batch job (Slurm array task, Kubernetes Indexed Job pod) use ``--exit-when-idle``:
+the agent leases runs until nothing in its scope (``--study``, or the whole queue) is
+queued or still running elsewhere, then exits 0, so the job ends when the study does.
 
 ``--server`` and ``--token`` default to ``STEADY_SERVER`` and ``STEADY_TOKEN``.
 """
@@ -16,6 +21,11 @@ import sys
 from worker.protocol import Label
 
 
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="steady worker", description="Lease and execute Steady runs.")
     p.add_argument("--server", default=os.environ.get("STEADY_SERVER"), help="server URL (env STEADY_SERVER)")
@@ -28,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=30.0, help="seconds a running run may take to finish on SIGTERM before it is released")
     p.add_argument("--poll-max", type=float, default=15.0, help="longest wait between polls of an empty queue (s)")
     p.add_argument("--max-runs", type=int, default=None, help="exit after this many runs")
+    p.add_argument("--study", type=int, default=_env_int("STEADY_STUDY"),
+                   help="lease only this study's runs (env STEADY_STUDY)")
+    p.add_argument("--exit-when-idle", action="store_true",
+                   default=os.environ.get("STEADY_EXIT_WHEN_IDLE", "").lower() in ("1", "true", "yes"),
+                   help="exit once nothing in scope is queued or running elsewhere (batch jobs)")
+    p.add_argument("--once", action="store_true", help="ask for one run, execute it if there is one, then exit")
     p.add_argument("--keep-run-dirs", action="store_true", help="keep each run's spec, events and output")
     p.add_argument("--health-file", default=None, help="file rewritten with the time of every poll")
     p.add_argument("--print-labels", action="store_true", help="print the automatic labels and fingerprint, then exit")
@@ -50,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
 
         from worker.fingerprint import auto_labels, host_fingerprint
 
-        print(json.dumps({"labels": labels + auto_labels(args.device), "fingerprint": host_fingerprint(args.device)}, indent=2))
+        from worker.engine import detect
+
+        job = detect()
+        print(json.dumps({"labels": labels + auto_labels(args.device), "fingerprint": host_fingerprint(args.device),
+                          "engine": job.model_dump() if job else None}, indent=2))
         return 0
     if not args.server or not args.token:
         print("steady worker: --server and --token (or STEADY_SERVER / STEADY_TOKEN) are required", file=sys.stderr)
@@ -66,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         server=args.server, token=args.token, labels=labels, device=args.device,
         concurrency=args.concurrency, work_dir=args.work_dir, name=args.name, grace_s=args.grace,
         poll_max_s=args.poll_max, max_runs=args.max_runs, keep_run_dirs=args.keep_run_dirs,
-        health_file=args.health_file,
+        health_file=args.health_file, study_id=args.study, exit_when_idle=args.exit_when_idle, once=args.once,
     )
     agent = Agent(config)
     agent.install_signal_handlers()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx
@@ -22,6 +23,7 @@ from worker.protocol import (
     Heartbeat,
     HeartbeatAck,
     Lease,
+    PENDING_HEADER,
     LeaseRequest,
     MetricBatch,
     RunAck,
@@ -35,6 +37,12 @@ from worker.protocol import (
 log = logging.getLogger("steady.worker.client")
 M = TypeVar("M", bound=BaseModel)
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class LeaseAnswer:
+    lease: Lease | None
+    pending: int | None  # with no lease: runs in scope still running elsewhere (None: server did not say)
 
 
 class ClientError(Exception):
@@ -104,8 +112,10 @@ class SteadyClient:
 
     def _once(self, path: str, body: BaseModel) -> httpx.Response:
         try:
+            # Unset optional fields are left out, so an agent that uses no newer field (a lease
+            # scoped to a study, an engine job) still speaks to an older server.
             response = self._http.post(
-                path, content=body.model_dump_json(), headers={"Content-Type": "application/json"}
+                path, content=body.model_dump_json(exclude_none=True), headers={"Content-Type": "application/json"}
             )
         except (httpx.TransportError, httpx.TimeoutException) as exc:
             raise RetryableError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
@@ -147,11 +157,17 @@ class SteadyClient:
     def register(self, registration: WorkerRegistration, *, deadline_s: float | None = None) -> WorkerRegistered:
         return self._call("/api/v1/workers/register", registration, WorkerRegistered, deadline_s)
 
-    def lease(self, worker_id: int, *, deadline_s: float | None = None) -> Lease | None:
-        response = self.post(f"/api/v1/workers/{worker_id}/lease", LeaseRequest(worker_id=worker_id), deadline_s=deadline_s)
+    def lease(self, worker_id: int, *, deadline_s: float | None = None, study_id: int | None = None) -> Lease | None:
+        return self.lease_or_idle(worker_id, deadline_s=deadline_s, study_id=study_id).lease
+
+    def lease_or_idle(self, worker_id: int, *, deadline_s: float | None = None, study_id: int | None = None) -> LeaseAnswer:
+        """A lease, or (nothing to lease) how many runs in scope still run elsewhere."""
+        body = LeaseRequest(worker_id=worker_id, study_id=study_id)
+        response = self.post(f"/api/v1/workers/{worker_id}/lease", body, deadline_s=deadline_s)
         if response.status_code == 204 or not response.content:
-            return None
-        return Lease.model_validate_json(response.content)
+            raw = response.headers.get(PENDING_HEADER)
+            return LeaseAnswer(lease=None, pending=int(raw) if raw and raw.isdigit() else None)
+        return LeaseAnswer(lease=Lease.model_validate_json(response.content), pending=None)
 
     def heartbeat(self, run_id: int, heartbeat: Heartbeat, *, deadline_s: float | None = None) -> HeartbeatAck:
         return self._call(f"/api/v1/runs/{run_id}/heartbeat", heartbeat, HeartbeatAck, deadline_s)

@@ -108,10 +108,25 @@ class FailureKind(str, Enum):
 # --- registration ---------------------------------------------------------------------------
 
 
+class EngineJob(_Model):
+    """Where a batch scheduler started this agent, so a run can be traced to the job's own logs.
+
+    ``engine`` is ``slurm`` or ``kubernetes`` (``local`` when no scheduler is detected is not
+    sent); ``job_id`` is what the engine's own tools take (``123_4`` for Slurm array task 4 of
+    job 123, the pod name on Kubernetes); ``node`` the host it runs on.
+    """
+
+    engine: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_\-]+$")]
+    job_id: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+    node: Annotated[str, Field(max_length=MAX_NAME_LENGTH)] | None = None
+    detail: Annotated[dict[str, Annotated[str, Field(max_length=MAX_NAME_LENGTH)]], Field(max_length=16)] = {}
+
+
 class WorkerRegistration(_FreeText):
     name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
     labels: Annotated[list[Label], Field(max_length=MAX_LABELS)] = []
     fingerprint: dict[str, Any] = {}
+    engine: EngineJob | None = None
     protocol_version: int = PROTOCOL_VERSION
 
 
@@ -126,8 +141,15 @@ class WorkerRegistered(_Model):
 # --- leasing --------------------------------------------------------------------------------
 
 
+# Header of a 204 (nothing to lease) answer: runs in the request's scope (its study, or the
+# whole queue) that are still running elsewhere and may come back to the queue if their
+# lease expires. An agent started with --exit-when-idle stops once this is 0.
+PENDING_HEADER = "X-Steady-Pending"
+
+
 class LeaseRequest(_Model):
     worker_id: int
+    study_id: int | None = None  # lease only runs of this study (agents launched for one study)
 
 
 class RunSpec(_Model):

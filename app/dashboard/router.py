@@ -26,6 +26,7 @@ from sqlalchemy import select
 from app.auth.service import GRANTS, Role, authenticate
 from app.dashboard import service
 from app.deps import SESSION_COOKIE, ReadDB, _bearer, _secret_from
+from app.launches import hints
 from app.models import Run, Study, Worker
 from app.workers import service as workers_service
 
@@ -295,7 +296,8 @@ def run_page(request: Request, run_id: int, db: ReadDB, viewer: PageViewer) -> H
     study = db.get(Study, run.study_id)
     worker = db.get(Worker, run.worker_id) if run.worker_id is not None else None
     return _render(request, "run.html", viewer, run=run, study=study, worker=worker,
-                   keys=service.run_keys(db, run))
+                   keys=service.run_keys(db, run), engine_job=hints.job_label(run.engine),
+                   engine_logs=hints.log_hint(run.engine))
 
 
 @router.get("/workers", response_class=HTMLResponse)

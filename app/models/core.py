@@ -7,6 +7,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -55,6 +56,7 @@ class Worker(Base):
     name: Mapped[str] = mapped_column(String(200), index=True)
     labels: Mapped[list[str]] = mapped_column(JSON, default=list)
     fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    engine: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # protocol.EngineJob
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), nullable=True)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -84,6 +86,8 @@ class Run(Base):
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     progress_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the engine job (Slurm array task, pod) of the worker holding / last holding the lease
+    engine: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     digests: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -99,6 +103,42 @@ class Run(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     study: Mapped[Study] = relationship(back_populates="runs", lazy="raise")
+
+
+class Launch(Base):
+    """A batch job of agents started for a study by ``steady launch`` (Slurm array, Kubernetes Job).
+
+    A record for people (``steady status``, the study page); the leases, not this table,
+    decide which run goes where.
+    """
+
+    __tablename__ = "launches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), index=True)
+    engine: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str] = mapped_column(String(200))
+    tasks: Mapped[int] = mapped_column(Integer)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class StudyReport(Base):
+    """A study's report, computed in the background once it settles, for one study version.
+
+    ``version`` names everything the report reads (status, run counts, last finish, last
+    change); a reader whose current version differs computes afresh. ``body`` is the report
+    as zlib-compressed JSON (non-finite floats included, which PostgreSQL's json type refuses).
+    ``body`` is None when the study had nothing to report at that version.
+    """
+
+    __tablename__ = "study_reports"
+
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[str] = mapped_column(String(500))
+    body: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    computed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class MetricChunk(Base):

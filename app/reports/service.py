@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -12,7 +15,8 @@ from sqlalchemy.orm import Session
 
 from app.errors import Invalid, NotFound
 from app.metrics import repository as metrics_repo
-from app.models import Run, Study
+from app.models import Run, Study, utcnow
+from app.reports import repository
 from app.stats.report import MetricSpec, RunData, build_report, compute_bands
 from app.studies import repository as studies_repo
 from app.studies import service as studies
@@ -63,7 +67,48 @@ def _rng(*parts: int) -> np.random.Generator:
     return np.random.default_rng([0x57EAD, *parts])
 
 
+log = logging.getLogger("steady.reports")
+
+
 def study_report(session: Session, study_id: int) -> dict[str, Any]:
+    """The study's report: from the cache when it was computed for the study's current version."""
+    study = studies.get_study(session, study_id)
+    cached = repository.get(session, study_id)
+    if cached is not None and cached.body is not None and cached.version == repository.study_version(session, study):
+        return json.loads(zlib.decompress(cached.body))
+    return compute_report(session, study_id)
+
+
+def refresh_cached_reports(session: Session, *, limit: int = 5) -> list[int]:
+    """Compute and store the report of studies that settled or changed since it was cached.
+
+    Run in the background by every API process (see ``app.main``); on PostgreSQL a study is
+    computed by one process at a time. Returns the studies whose report was stored.
+    """
+    stored = []
+    for study_id in repository.stale_settled_studies(session, limit):
+        if not repository.try_lock(session, study_id):
+            continue
+        study = studies.get_study(session, study_id)
+        version = repository.study_version(session, study)
+        stamp = utcnow()
+        p = studies_repo.progress_by_study(session, [study_id])[study_id]
+        body = None
+        t0 = time.perf_counter()
+        if p.queued == 0 and p.running == 0 and p.completed > 0:
+            try:
+                body = zlib.compress(json.dumps(compute_report(session, study_id)).encode(), 6)
+            except ValueError as exc:  # data the stats core cannot judge: readers get the same 422
+                log.warning("report of study %d not cached: %s", study_id, exc)
+        seconds = time.perf_counter() - t0
+        repository.put(session, study_id, version=version, body=body, computed_at=stamp, compute_seconds=seconds)
+        if body is not None:
+            log.info("report of study %d cached (%.2f s, %d bytes)", study_id, seconds, len(body))
+        stored.append(study_id)
+    return stored
+
+
+def compute_report(session: Session, study_id: int) -> dict[str, Any]:
     study = studies.get_study(session, study_id)
     specs = metric_specs(study)
     runs = completed_runs(session, study_id)

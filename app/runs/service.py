@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -121,7 +121,15 @@ def _own_blocks_first(session: Session, worker_id: int, candidates: list) -> lis
     return sorted(candidates, key=rank)
 
 
-def lease_next(session: Session, worker: Worker, settings: Settings) -> Lease | None:
+def running_in_scope(session: Session, study_id: int | None) -> int:
+    """Runs still running (on any worker) in a lease scope: one study, or the whole queue."""
+    stmt = select(func.count()).select_from(Run).where(Run.status == RunStatus.running.value)
+    if study_id is not None:
+        stmt = stmt.where(Run.study_id == study_id)
+    return int(session.scalar(stmt) or 0)
+
+
+def lease_next(session: Session, worker: Worker, settings: Settings, *, study_id: int | None = None) -> Lease | None:
     now = utcnow()
     reap_expired(session, now)
     worker.last_seen_at = now
@@ -135,6 +143,8 @@ def lease_next(session: Session, worker: Worker, settings: Settings) -> Lease | 
         .order_by(Run.id)
         .limit(CANDIDATES_PER_LEASE)
     )
+    if study_id is not None:
+        stmt = stmt.where(Run.study_id == study_id)
     for run_id, required, *_ in _own_blocks_first(session, worker.id, session.execute(stmt).all()):
         if not set(required) <= labels:
             continue
@@ -156,6 +166,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings) -> Lease | 
                 lease_id=lease_id,
                 lease_expires_at=expires,
                 worker_id=worker.id,
+                engine=worker.engine,
                 started_at=now,
                 progress_step=None,
             )

@@ -196,6 +196,7 @@ class RunOut(BaseModel):
     attempt: int
     max_attempts: int
     worker_id: int | None
+    engine: dict[str, Any] | None = None  # protocol.EngineJob of the batch job that ran / runs it
     lease_expires_at: datetime | None
     cancel_requested: bool
     progress_step: int | None

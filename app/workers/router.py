@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
 from app.runs import service as runs
 from app.workers import service
-from worker.protocol import Lease, LeaseRequest, WorkerRegistered, WorkerRegistration
+from worker.protocol import PENDING_HEADER, EngineJob, Lease, LeaseRequest, WorkerRegistered, WorkerRegistration
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 
@@ -19,6 +19,7 @@ class WorkerOut(BaseModel):
     name: str
     labels: list[str]
     fingerprint: dict[str, Any]
+    engine: EngineJob | None = None
     registered_at: datetime
     last_seen_at: datetime
     running_runs: list[int]
@@ -39,13 +40,18 @@ def register(body: WorkerRegistration, db: WriteDB, caller: WorkerCaller, settin
 @router.post(
     "/{worker_id}/lease",
     response_model=Lease,
-    responses={204: {"description": "nothing queued that this worker's labels can run"}},
+    responses={204: {
+        "description": "nothing queued (in the request's study, if given) that this worker's labels can run",
+        "headers": {PENDING_HEADER: {"description": "runs in scope still running elsewhere; 0: nothing left",
+                                     "schema": {"type": "integer"}}},
+    }},
 )
 def lease(worker_id: int, body: LeaseRequest, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
     worker = service.get_for(db, worker_id, caller)
-    leased = runs.lease_next(db, worker, settings)
+    leased = runs.lease_next(db, worker, settings, study_id=body.study_id)
     if leased is None:
-        return Response(status_code=204)
+        pending = runs.running_in_scope(db, body.study_id)
+        return Response(status_code=204, headers={PENDING_HEADER: str(pending)})
     return leased
 
 
@@ -57,6 +63,7 @@ def list_workers(db: ReadDB, caller: UserCaller) -> list[WorkerOut]:
             name=w.name,
             labels=w.labels,
             fingerprint=w.fingerprint,
+            engine=w.engine,
             registered_at=w.registered_at,
             last_seen_at=w.last_seen_at,
             running_runs=running,

@@ -21,6 +21,7 @@ def register(session: Session, body: WorkerRegistration, principal: Principal) -
         session.add(worker)
     worker.labels = sorted(set(body.labels))
     worker.fingerprint = body.fingerprint
+    worker.engine = body.engine.model_dump(mode="json") if body.engine else None
     worker.last_seen_at = now
     session.flush()
     return worker

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LaunchIn(BaseModel):
+    """A batch job of agents started for a study (recorded by ``steady launch``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_\-]+$")]
+    job_id: Annotated[str, Field(min_length=1, max_length=200)]
+    tasks: Annotated[int, Field(ge=1, le=100_000)]
+    detail: Annotated[dict[str, Any], Field(max_length=32)] = {}
+
+
+class LaunchOut(BaseModel):
+    id: int
+    study_id: int
+    engine: str
+    job_id: str
+    tasks: int
+    detail: dict[str, Any]
+    created_at: datetime

@@ -1,0 +1,26 @@
+"""Launches: a record of the batch jobs that started agents for a study.
+
+For people only (``steady status``, the study page): which run went where is decided by the
+leases, never by this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session
+
+from app.launches import repository
+from app.launches.schemas import LaunchIn
+from app.models import Launch
+from app.studies import service as studies
+
+
+def record(session: Session, study_id: int, body: LaunchIn) -> Launch:
+    studies.get_study(session, study_id)
+    return repository.add(session, Launch(study_id=study_id, engine=body.engine, job_id=body.job_id,
+                                          tasks=body.tasks, detail=body.detail))
+
+
+def for_studies(session: Session, study_ids: Sequence[int] | None, *, limit: int = 100) -> list[Launch]:
+    return repository.list_launches(session, study_ids=study_ids, limit=limit)
