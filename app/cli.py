@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--database-url", help="SQLAlchemy URL, e.g. postgresql+psycopg://… (STEADY_DATABASE_URL)")
 
     def client_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--server", help=f"server URL (STEADY_SERVER, default http://127.0.0.1:8000)")
+        p.add_argument("--server", help="server URL (STEADY_SERVER, default http://127.0.0.1:8000)")
         p.add_argument("--token", help="API token (STEADY_TOKEN, or the file .steady/token)")
 
     p = sub.add_parser("serve", help="run the API server and dashboard")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import math
 import os
 import runpy
 import sys

@@ -16,7 +16,6 @@ from app.models import (
     Run,
     Study,
     StudyEvaluation,
-    SuiteBaseline,
     Webhook,
     Worker,
 )

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from worker import sdk
-from worker.frameworks.torch import module_digest, optimizer_digest
+from worker.frameworks.torch import optimizer_digest
 from worker.digests import state_digest
 from worker.workloads.data import digits_split
 
