@@ -183,6 +183,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     print(f"submitted study {sid} ({printable(study['name'])}): {study['progress']['total']} runs", flush=True)
     if not args.wait:
         return EXIT_OK
+    if study["status"] == "open":  # an external study: its runs are uploaded, nothing runs here
+        print(f"steady: study {sid} is external: nothing to wait for; upload its runs to"
+              f" POST /api/v1/studies/{sid}/runs, then `steady report {sid}`", file=sys.stderr)
+        return EXIT_OK
     try:
         final = wait_for(api, sid)
     except KeyboardInterrupt:

@@ -286,3 +286,27 @@ def test_ctrl_c_while_waiting_says_the_study_keeps_running(live_server, tmp_path
     assert f"{live_server.url}/studies/{sid}" in line
     with live_server.client() as c:
         assert c.get(f"/api/v1/studies/{sid}").json()["status"] == "queued"
+
+
+def test_submit_wait_exits_1_when_a_verdict_fails(live_server, tmp_path):
+    from tests.scale.fakeworker import FakeWorker
+
+    spec = tmp_path / "study.yaml"
+    spec.write_text("name: spread\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0, 1, 2, 3, 4]\n"
+                    "determinism: [seeded]\nmetrics: [{name: loss, max_std: 0.01}]\n")
+    env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"],
+           "NO_COLOR": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "submit", str(spec), "--wait"], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sid = int(proc.stdout.readline().split()[2])
+        worker = FakeWorker(live_server.url, live_server.tokens["worker"], "fake", deadline_s=60)
+        worker.register()
+        stats = worker.work(steps=20, batch=20, max_runs=5, idle_exit_s=5)  # loss = run id + step/1000: seeds far apart
+        assert len(stats.completed) == 5
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert f"steady: study {sid}: 1 failing verdict(s) (seed_stability unstable): `steady report {sid}`" in err
