@@ -112,7 +112,7 @@ def client_env(server, tmp_path, **extra: str) -> dict[str, str]:  # noqa: ANN00
 
 def run_cli(*args: str, env: dict[str, str], cwd=REPO, input: str | None = None) -> subprocess.CompletedProcess:  # noqa: ANN001
     return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, cwd=cwd, input=input,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def one_line(stderr: str) -> str:
@@ -136,7 +136,6 @@ def external_study(c, name: str, *, shift: float = 0.0, seed_spread: float = 0.0
 
 def test_login_saves_server_and_token_and_every_401_says_how_to_fix_it(live_server, tmp_path):
     import json
-    import os
 
     env = client_env(live_server, tmp_path)
     cwd = tmp_path  # no .steady/token here
@@ -223,7 +222,7 @@ def test_a_closed_pipe_ends_quietly(live_server):
     env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"]}
     try:
         proc = subprocess.run([sys.executable, "-m", "app.cli", "status", "--json"], env=env, cwd=REPO,
-                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120, check=False)
     finally:
         os.close(write_end)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
