@@ -1,4 +1,5 @@
-"""The one CLI, ``steady``: serve, worker, launch, submit, status, report, demo, token, migrate, calibrate.
+"""The one CLI, ``steady``: serve, worker, launch, login, submit, status, cancel, report, compare, demo,
+token, migrate, calibrate.
 
 Imports are lazy per command: ``steady worker`` on a GPU box imports neither FastAPI nor
 SQLAlchemy, and ``steady submit`` needs only the HTTP client.
@@ -14,9 +15,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app import __version__
+from app.cli_support import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAIL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    failing_verdicts,
+    load_spec,
+    table,
+    verdict_exit_code,
+)
 from app.terminal import printable
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 def _server_settings(args: argparse.Namespace):  # noqa: ANN202
@@ -66,14 +78,45 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+DATABASE_HINT = "point at the server's with --data-dir / STEADY_DATA_DIR or --database-url / STEADY_DATABASE_URL"
+
+
+def _existing_database(settings):  # noqa: ANN001, ANN202
+    """The server's database, upgraded to head; refuses to create one where none exists."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    from app import migrate
+    from app.db import Database
+
+    url = make_url(settings.resolved_database_url)
+    where = url.render_as_string(hide_password=True)
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        where = url.database
+        if not Path(url.database).is_file():
+            raise CliError(f"no Steady database at {where}: {DATABASE_HINT}")
+    db = Database(settings.resolved_database_url)
+    try:
+        if migrate.current_revision(db.engine) is None:
+            raise CliError(f"{where} holds no Steady database: {DATABASE_HINT}")
+        migrate.upgrade(db.engine)
+    except DBAPIError as exc:
+        problem = " ".join(str(getattr(exc, "orig", exc)).split())
+        raise CliError(f"cannot open the database {where}: {problem}") from None
+    return db
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     from app import migrate
     from app.auth import service
     from app.db import Database
 
     settings = _server_settings(args)
-    db = Database(settings.resolved_database_url)
-    migrate.upgrade(db.engine)
+    if args.token_cmd == "create":  # the first token may come before the first `steady serve`
+        db = Database(settings.resolved_database_url)
+        migrate.upgrade(db.engine)
+    else:
+        db = _existing_database(settings)
     if args.token_cmd == "create":
         with db.write() as session:
             row, secret = service.create_token(session, name=args.name or f"{args.role}-token", role=service.Role(args.role))
@@ -98,16 +141,6 @@ def cmd_token(args: argparse.Namespace) -> int:
             return EXIT_FAIL
         print(f"revoked token {args.id}")
     return EXIT_OK
-
-
-def _load_spec(path: str) -> dict[str, Any]:
-    import yaml
-
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    data = yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise SystemExit(f"steady: {path}: a study spec is a mapping (YAML or JSON object)")
-    return data
 
 
 def _bar(p: dict[str, int], width: int = 30) -> str:
@@ -143,14 +176,40 @@ def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) ->
 def cmd_submit(args: argparse.Namespace) -> int:
     from app.cli_client import Api
 
+    spec = load_spec(args.spec)
     api = Api(args.server, args.token)
-    spec = _load_spec(args.spec)
     study = api.post("/api/v1/studies", json=spec)
-    print(f"submitted study {study['id']} ({printable(study['name'])}): {study['progress']['total']} runs")
+    sid = study["id"]
+    print(f"submitted study {sid} ({printable(study['name'])}): {study['progress']['total']} runs", flush=True)
     if not args.wait:
         return EXIT_OK
-    final = wait_for(api, study["id"])
-    return EXIT_OK if final["status"] == "completed" else EXIT_FAIL
+    if study["status"] == "open":  # an external study: its runs are uploaded, nothing runs here
+        print(f"steady: study {sid} is external: nothing to wait for; upload its runs to"
+              f" POST /api/v1/studies/{sid}/runs, then `steady report {sid}`", file=sys.stderr)
+        return EXIT_OK
+    try:
+        final = wait_for(api, sid)
+    except KeyboardInterrupt:
+        print(f"\nsteady: stopped waiting; study {sid} keeps running: follow it with `steady status {sid}`"
+              f" or open {api.server}/studies/{sid} (`steady cancel {sid}` stops it)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if final["status"] != "completed":
+        print(f"steady: study {sid} {final['status']}: see `steady status {sid}` and {api.server}/studies/{sid}",
+              file=sys.stderr)
+        return EXIT_FAIL
+    return _verdict_summary(api.get(f"/api/v1/studies/{sid}/report"), sid)
+
+
+def _verdict_summary(report: dict[str, Any], sid: int) -> int:
+    """One line on stderr naming the failing verdicts; the exit code that goes with them."""
+    failing = failing_verdicts(report)
+    if failing:
+        names = ", ".join(sorted({f"{v.get('level', 'cost')} {v['verdict']}" for v in failing}))
+        print(f"steady: study {sid}: {len(failing)} failing verdict(s) ({printable(names)}): `steady report {sid}`",
+              file=sys.stderr)
+    else:
+        print(f"steady: study {sid}: no failing verdict (`steady report {sid}`)", file=sys.stderr)
+    return verdict_exit_code(report)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -166,16 +225,102 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not studies:
         print("no studies yet: steady submit study.yaml")
+        return EXIT_OK
     from app.engines.cli import launch_lines
 
     if args.study is not None:
         launches = api.get(f"/api/v1/studies/{args.study}/launches")
     else:
         launches = api.get("/api/v1/launches", params={"limit": 200})
+    rows = [[str(s["id"]).rjust(4), s["status"], _bar(s["progress"], 20), printable(s["name"])] for s in studies]
+    print(table(["  ID", "STATUS", "PROGRESS", "NAME"], rows))
     for s in studies:
-        print(f"{s['id']:>5}  {s['status']:<9} {_bar(s['progress'], 20)}  {printable(s['name'])}")
-        for line in launch_lines([x for x in launches if x["study_id"] == s["id"]]):
-            print(line)
+        lines = launch_lines([x for x in launches if x["study_id"] == s["id"]])
+        if lines:
+            print(f"study {s['id']}:")
+            print("\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from app.cli_client import Api
+
+    api = Api(args.server, args.token)
+    study = api.post(f"/api/v1/studies/{args.study}/cancel")
+    p = study["progress"]
+    print(f"cancelled study {study['id']} ({printable(study['name'])}): {p.get('cancelled', 0)} runs cancelled,"
+          f" {p.get('running', 0)} running runs asked to stop, {p.get('completed', 0)} completed kept")
+    return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Stack portability of two studies' final metric (the server's ``GET /api/v1/compare``)."""
+    from app.cli_client import Api
+
+    api = Api(args.server, args.token)
+    params = {"baseline": args.baseline, "candidate": args.candidate, "metric": args.metric}
+    if args.margin is not None:
+        params["margin"] = args.margin
+    if args.relative_margin is not None:
+        params["relative_margin"] = args.relative_margin
+    result = api.get("/api/v1/compare", params=params)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(_render_comparison(result))
+    return EXIT_FAIL if result["verdict"] == "not_equivalent" else EXIT_OK
+
+
+def _render_comparison(c: dict[str, Any]) -> str:
+    def side(s: dict[str, Any]) -> str:
+        return f"study {s['id']} ({printable(s['name'])}, {s['n_runs']} runs)"
+
+    margin = "none given" if c.get("margin") is None else f"{c['margin']:.4g}"
+    lines = [f"baseline  {side(c['baseline'])}", f"candidate {side(c['candidate'])}",
+             f"final {printable(c['metric'])}, equivalence margin {margin}: {c['verdict']}", ""]
+    rows = [[str(v.get("group", {}).get("determinism", "")), v["verdict"], str(v.get("n_runs", 0)),
+             printable(v.get("reason", ""))] for v in c.get("verdicts", [])]
+    if rows:
+        lines.append(table(["DETERMINISM", "VERDICT", "RUNS", "WHY"], rows))
+    else:
+        lines.append("(no determinism level with completed runs in both studies)")
+    return "\n".join(lines)
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    """Check a server and token together, then save them for this user."""
+    from app.cli_client import Api, ApiError
+    from app.cli_support import save_login
+
+    token = args.token or os.environ.get("STEADY_TOKEN")
+    if not token:
+        if sys.stdin.isatty():
+            import getpass
+
+            token = getpass.getpass(f"token for {args.url}: ")
+        else:
+            token = sys.stdin.readline()
+    token = token.strip()
+    if not token:
+        raise CliError("no token given: pass --token, or type it (or pipe it) when asked", EXIT_USAGE)
+    api = Api(args.url, token)
+    try:
+        api.get("/api/v1/studies", params={"limit": 1})
+    except ApiError as exc:
+        if exc.status == 401:
+            raise CliError(f"{api.server} refused this token (401): check it, or create one with "
+                           "`steady token create --role user` on the server") from None
+        raise
+    path = save_login(api.server, token)
+    print(f"logged in to {api.server}; saved to {path}")
+    return EXIT_OK
+
+
+def cmd_logout(args: argparse.Namespace) -> int:
+    from app.cli_support import remove_login
+
+    path = remove_login()
+    print(f"forgot the login in {path}" if path else "not logged in")
     return EXIT_OK
 
 
@@ -190,7 +335,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         print(render_report(report, color=color))
-    return EXIT_OK
+    return verdict_exit_code(report)
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
@@ -272,16 +417,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="steady", description="Is my training stable?")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="steady", description="Is my training stable?",
+        epilog="--server, --token, --data-dir and --database-url go before or after the command. "
+               "Exit codes: 0 ok, 1 failed (or a verdict failed), 2 usage, 130 Ctrl-C, 141 closed pipe.")
+    parser.add_argument("--version", action="version", version=f"steady {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def server_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", help="where the embedded database lives (STEADY_DATA_DIR, default .steady)")
-        p.add_argument("--database-url", help="SQLAlchemy URL, e.g. postgresql+psycopg://… (STEADY_DATABASE_URL)")
+    # Global options: accepted before the command (the top-level default) and after it (SUPPRESS,
+    # so a subcommand that was not given the option keeps the value given before it).
+    def server_opts(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+        p.add_argument("--data-dir", default=default,
+                       help="where the embedded database lives (STEADY_DATA_DIR, default .steady)")
+        p.add_argument("--database-url", default=default,
+                       help="SQLAlchemy URL, e.g. postgresql+psycopg://… (STEADY_DATABASE_URL)")
 
-    def client_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--server", help="server URL (STEADY_SERVER, default http://127.0.0.1:8000)")
-        p.add_argument("--token", help="API token (STEADY_TOKEN, or the file .steady/token)")
+    def client_opts(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+        p.add_argument("--server", default=default,
+                       help="server URL (STEADY_SERVER, then `steady login`, default http://127.0.0.1:8000)")
+        p.add_argument("--token", default=default,
+                       help="API token (STEADY_TOKEN, then `steady login`, then <data-dir>/token)")
+
+    server_opts(parser, None)
+    client_opts(parser, None)
 
     p = sub.add_parser("serve", help="run the API server and dashboard")
     server_opts(p)
@@ -300,19 +458,31 @@ def build_parser() -> argparse.ArgumentParser:
     server_opts(p)
     tsub = p.add_subparsers(dest="token_cmd", required=True)
     c = tsub.add_parser("create")
+    server_opts(c)
     c.add_argument("--role", required=True, choices=["admin", "user", "worker"])
     c.add_argument("--name")
     c.add_argument("--save", action="store_true", help="also write it to <data-dir>/token for the CLI")
     c.add_argument("--quiet", "-q", action="store_true", help="print only the token")
-    tsub.add_parser("list")
+    server_opts(tsub.add_parser("list"))
     r = tsub.add_parser("revoke")
+    server_opts(r)
     r.add_argument("id", type=int)
     p.set_defaults(func=cmd_token)
+
+    p = sub.add_parser("login", help="check a server URL and token, and save both for this user")
+    p.add_argument("url", help="the server, e.g. http://steady.example:8000")
+    p.add_argument("--token", default=argparse.SUPPRESS,
+                   help="API token (default: STEADY_TOKEN, else asked for, or read from stdin when piped)")
+    p.set_defaults(func=cmd_login)
+
+    p = sub.add_parser("logout", help="forget the saved server and token")
+    p.set_defaults(func=cmd_logout)
 
     p = sub.add_parser("submit", help="submit a study spec (YAML or JSON)")
     client_opts(p)
     p.add_argument("spec", help="path to the spec, or - for stdin")
-    p.add_argument("--wait", action="store_true", help="show progress until the study ends")
+    p.add_argument("--wait", action="store_true",
+                   help="show progress until the study ends; exit 1 if it failed or a verdict failed")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="studies and their progress")
@@ -322,11 +492,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser("cancel", help="cancel a study: queued runs are dropped, running ones asked to stop")
+    client_opts(p)
+    p.add_argument("study", type=int)
+    p.set_defaults(func=cmd_cancel)
+
     p = sub.add_parser("report", help="the stability report of a study")
     client_opts(p)
     p.add_argument("study", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("compare", help="are two studies' final metrics equivalent? (exit 1 when not)")
+    client_opts(p)
+    p.add_argument("baseline", type=int, help="study id of the baseline")
+    p.add_argument("candidate", type=int, help="study id of the candidate")
+    p.add_argument("--metric", default="loss")
+    margin = p.add_mutually_exclusive_group()
+    margin.add_argument("--margin", type=float, help="absolute equivalence margin")
+    margin.add_argument("--relative-margin", type=float, help="margin as a share of the baseline mean, e.g. 0.01")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("alerts", help="alerts: list (default) or acknowledge")
     client_opts(p)
@@ -339,7 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--limit", type=int, default=50)
         q.add_argument("--json", action="store_true")
         q.add_argument("--fail-on-firing", action="store_true", help="exit 1 when a listed alert is firing (for CI)")
+    client_opts(ls)
     ack = asub.add_parser("ack")
+    client_opts(ack)
     ack.add_argument("id", type=int)
     p.set_defaults(func=cmd_alerts)
 
@@ -384,17 +572,29 @@ def main(argv: list[str] | None = None) -> int:
     from app.cli_client import ApiError
 
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return code
+    except CliError as exc:
+        print(f"steady: {printable(exc.message)}", file=sys.stderr)
+        return exc.code
     except ApiError as exc:
         detail = exc.detail
         if isinstance(detail, list):
             detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
         detail = printable(detail)
-        print(f"steady: {detail}" if exc.status == 0 else f"steady: the server answered {exc.status}: {detail}",
+        plain = exc.status in (0, 401)  # unreachable, or the token: the message already says what to do
+        print(f"steady: {detail}" if plain else f"steady: the server answered {exc.status}: {detail}",
               file=sys.stderr)
         return EXIT_FAIL
+    except BrokenPipeError:
+        # The reader went away (`steady status --json | head`): stop quietly, like `cat` would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        return 130
+        print("\nsteady: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

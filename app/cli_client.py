@@ -21,17 +21,37 @@ def token_file(data_dir: str | os.PathLike | None = None) -> Path:
     return Path(data_dir or os.environ.get("STEADY_DATA_DIR", ".steady")) / "token"
 
 
+def resolve_with_source(server: str | None, token: str | None) -> tuple[str, str | None, str]:
+    """Server, token and where the token came from.
+
+    Server: ``--server``, ``STEADY_SERVER``, the ``steady login`` file, then the default.
+    Token: ``--token``, ``STEADY_TOKEN``, the login's token when talking to the login's server,
+    then ``<STEADY_DATA_DIR or .steady>/token`` (written by ``steady token create --save``).
+    """
+    from app.cli_support import config_path, load_login
+
+    login = load_login()
+    server = (server or os.environ.get("STEADY_SERVER") or login.get("server") or DEFAULT_SERVER).rstrip("/")
+    if token:
+        return server, token, "--token"
+    if os.environ.get("STEADY_TOKEN"):
+        return server, os.environ["STEADY_TOKEN"], "STEADY_TOKEN"
+    if login.get("token") and login.get("server", "").rstrip("/") == server:
+        return server, login["token"], str(config_path())
+    path = token_file()
+    if path.is_file():
+        return server, path.read_text().strip(), str(path)
+    return server, None, ""
+
+
 def resolve(server: str | None, token: str | None) -> tuple[str, str | None]:
-    server = server or os.environ.get("STEADY_SERVER") or DEFAULT_SERVER
-    token = token or os.environ.get("STEADY_TOKEN")
-    if not token and token_file().is_file():
-        token = token_file().read_text().strip()
-    return server.rstrip("/"), token
+    server, token, _ = resolve_with_source(server, token)
+    return server, token
 
 
 class Api:
     def __init__(self, server: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
-        self.server, self.token = resolve(server, token)
+        self.server, self.token, self.token_source = resolve_with_source(server, token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
 
@@ -45,10 +65,19 @@ class Api:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
+            if response.status_code == 401:
+                detail = self._refused()
             raise ApiError(response.status_code, detail)
         if response.status_code == 204 or not response.content:
             return None
         return response.json()
+
+    def _refused(self) -> str:
+        from app.cli_support import LOGIN_HINT
+
+        if not self.token:
+            return f"{self.server} needs a token and none was given (401): {LOGIN_HINT}"
+        return f"the server refused the token from {self.token_source} (401): {LOGIN_HINT}"
 
     def get(self, path: str, **kwargs: Any) -> Any:
         return self.request("GET", path, **kwargs)

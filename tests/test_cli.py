@@ -99,3 +99,213 @@ def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "app.cli", "calibrate", "--rule", "nope"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no rule named" in bad.stderr
+
+
+# --- readable at a glance: every failure is one line that says what to do ---------------------
+
+
+def client_env(server, tmp_path, **extra: str) -> dict[str, str]:  # noqa: ANN001
+    """The environment of a user who has not pointed the CLI anywhere yet (own config dir, no token file)."""
+    env = {k: v for k, v in server.env.items() if not k.startswith("STEADY_")}
+    return {**env, "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1", **extra}
+
+
+def run_cli(*args: str, env: dict[str, str], cwd=REPO, input: str | None = None) -> subprocess.CompletedProcess:  # noqa: ANN001
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, cwd=cwd, input=input,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def external_study(c, name: str, *, shift: float = 0.0, seed_spread: float = 0.01, max_std: float = 0.5,
+                   seeds: int = 6) -> int:  # noqa: ANN001
+    sid = c.post("/api/v1/studies", json={"name": name, "kind": "external",
+                                         "metrics": [{"name": "loss", "max_std": max_std}]}).json()["id"]
+    for seed in range(seeds):
+        values = (np.linspace(1, 0.1, 20) + shift + seed_spread * seed).tolist()
+        r = c.post(f"/api/v1/studies/{sid}/runs", json={
+            "seed": seed, "determinism": "seeded", "stack": {"name": "cpu"},
+            "metrics": {"loss": {"steps": list(range(20)), "values": values}}})
+        assert r.status_code == 201, r.text
+    return sid
+
+
+def test_login_saves_server_and_token_and_every_401_says_how_to_fix_it(live_server, tmp_path):
+    import json
+
+    env = client_env(live_server, tmp_path)
+    cwd = tmp_path  # no .steady/token here
+    unauth = run_cli("status", "--server", live_server.url, env=env, cwd=cwd)
+    assert unauth.returncode == 1
+    line = one_line(unauth.stderr)
+    assert "401" in line and "steady login URL" in line and "STEADY_TOKEN" in line and "--token" in line
+
+    refused = run_cli("login", live_server.url, env=env, cwd=cwd, input="wrong\n")
+    assert refused.returncode == 1 and "refused" in one_line(refused.stderr)
+    assert not (tmp_path / "config" / "steady" / "config.json").exists()
+
+    login = run_cli("login", live_server.url, env=env, cwd=cwd, input=live_server.tokens["user"] + "\n")
+    assert login.returncode == 0, login.stderr
+    config = tmp_path / "config" / "steady" / "config.json"
+    assert config.stat().st_mode & 0o777 == 0o600
+    assert json.loads(config.read_text()) == {"server": live_server.url, "token": live_server.tokens["user"]}
+
+    status = run_cli("status", env=env, cwd=cwd)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.split() == ["no", "studies", "yet:", "steady", "submit", "study.yaml"]
+
+    bad = run_cli("status", "--token", "wrong", env=env, cwd=cwd)
+    line = one_line(bad.stderr)
+    assert bad.returncode == 1 and "refused the token from --token (401)" in line and "steady login URL" in line
+    bad_env = run_cli("status", env={**env, "STEADY_TOKEN": "wrong"}, cwd=cwd)
+    assert "from STEADY_TOKEN (401)" in one_line(bad_env.stderr)
+
+    # the login's token only goes to the login's server
+    elsewhere = run_cli("status", "--server", "http://127.0.0.1:9", env=env, cwd=cwd)
+    assert "cannot reach http://127.0.0.1:9" in one_line(elsewhere.stderr)
+
+    out = run_cli("logout", env=env, cwd=cwd)
+    assert out.returncode == 0 and not config.exists()
+    after = run_cli("status", "--server", live_server.url, env=env, cwd=cwd)
+    assert after.returncode == 1 and "steady login URL" in one_line(after.stderr)
+
+
+def test_global_options_work_before_and_after_the_command(live_server, tmp_path):
+    env = client_env(live_server, tmp_path)
+    opts = ["--server", live_server.url, "--token", live_server.tokens["user"]]
+    for args in ([*opts, "status"], ["status", *opts]):
+        r = run_cli(*args, env=env, cwd=tmp_path)
+        assert r.returncode == 0, (args, r.stderr)
+    for args in (["--data-dir", str(live_server.data_dir), "token", "list"],
+                 ["token", "list", "--data-dir", str(live_server.data_dir)],
+                 ["token", "--data-dir", str(live_server.data_dir), "list"]):
+        r = run_cli(*args, env=env, cwd=tmp_path)
+        assert r.returncode == 0 and "admin" in r.stdout, (args, r.stderr)
+    assert run_cli("--version", env=env).stdout.strip() == f"steady {__import__('app').__version__}"
+
+
+def test_token_list_in_the_wrong_folder_creates_nothing(live_server, tmp_path):
+    env = client_env(live_server, tmp_path)
+    r = run_cli("token", "list", env=env, cwd=tmp_path)
+    line = one_line(r.stderr)
+    assert r.returncode == 1 and str(tmp_path / ".steady" / "steady.db") in line
+    assert "STEADY_DATA_DIR" in line and "STEADY_DATABASE_URL" in line
+    assert not (tmp_path / ".steady").exists()
+    revoke = run_cli("token", "revoke", "1", "--data-dir", str(tmp_path / "elsewhere"), env=env, cwd=tmp_path)
+    assert revoke.returncode == 1 and "no Steady database" in one_line(revoke.stderr)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_spec_problems_are_one_line_with_file_line_and_column(live_server, tmp_path):
+    spec = tmp_path / "study.yaml"
+    spec.write_text("name: x\nseeds: [0, 1]\nworkload: framework: torch\n")
+    r = steady(live_server, "submit", str(spec), check=False)
+    assert r.returncode == 2
+    assert one_line(r.stderr) == f"steady: {spec}:3:20: mapping values are not allowed here"
+    missing = steady(live_server, "submit", str(tmp_path / "nope.yaml"), check=False)
+    assert missing.returncode == 2 and one_line(missing.stderr) == f"steady: no such file: {tmp_path / 'nope.yaml'}"
+    listing = steady(live_server, "submit", "-", input="- a\n- b\n", check=False)
+    assert listing.returncode == 2 and "a study spec is a mapping" in one_line(listing.stderr)
+
+
+def test_a_closed_pipe_ends_quietly(live_server):
+    import os
+
+    with live_server.client() as c:
+        external_study(c, "piped", seeds=1)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the CLI writes a byte, as after `| head` has exited
+    env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"]}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "app.cli", "status", "--json"], env=env, cwd=REPO,
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+def test_status_header_cancel_compare_and_verdict_exit_codes(live_server, tmp_path):
+    spec = tmp_path / "study.yaml"
+    spec.write_text("name: to cancel\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0, 1]\n"
+                    "determinism: [seeded]\nmetrics: [loss]\n")
+    sid = int(steady(live_server, "submit", str(spec)).stdout.split()[2])
+    status = steady(live_server, "status").stdout.splitlines()
+    assert status[0].split() == ["ID", "STATUS", "PROGRESS", "NAME"]
+    assert status[1].split()[:2] == [str(sid), "queued"]
+    out = steady(live_server, "cancel", str(sid)).stdout
+    assert f"cancelled study {sid} (to cancel): 2 runs cancelled" in out
+    assert steady(live_server, "status", str(sid)).stdout.splitlines()[1].split()[1] == "cancelled"
+    assert steady(live_server, "cancel", str(sid)).returncode == 0  # cancelling twice is harmless
+    missing = steady(live_server, "cancel", "999", check=False)
+    assert missing.returncode == 1 and "404" in one_line(missing.stderr)
+
+    with live_server.client() as c:
+        base = external_study(c, "base")
+        same = external_study(c, "same")
+        shifted = external_study(c, "shifted", shift=1.0)
+        wide = external_study(c, "wide", seed_spread=0.5, max_std=0.01)
+    ok = steady(live_server, "compare", str(base), str(same), "--margin", "0.1", check=False)
+    assert ok.returncode == 0, ok.stderr
+    lines = ok.stdout.splitlines()
+    assert lines[0].startswith(f"baseline  study {base} (base, 6 runs)") and "equivalent" in lines[2]
+    assert lines[4].split() == ["DETERMINISM", "VERDICT", "RUNS", "WHY"] and lines[5].split()[:2] == ["seeded", "equivalent"]
+    far = steady(live_server, "compare", str(base), str(shifted), "--margin", "0.1", check=False)
+    assert far.returncode == 1 and "not_equivalent" in far.stdout
+
+    assert steady(live_server, "report", str(base), check=False).returncode == 0
+    unstable = steady(live_server, "report", str(wide), check=False)
+    assert unstable.returncode == 1 and "unstable" in unstable.stdout
+
+
+def test_ctrl_c_while_waiting_says_the_study_keeps_running(live_server, tmp_path):
+    import signal
+
+    spec = tmp_path / "study.yaml"
+    spec.write_text("name: waited\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0]\n"
+                    "determinism: [seeded]\nmetrics: [loss]\n")
+    env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"]}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "submit", str(spec), "--wait"], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sid = int(proc.stdout.readline().split()[2])  # "submitted study N …"
+        first = proc.stderr.readline()  # the first progress line: the CLI is waiting now
+        assert first.startswith(f"study {sid} queued"), first
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    line = one_line(err)
+    assert f"study {sid} keeps running" in line and f"steady status {sid}" in line
+    assert f"{live_server.url}/studies/{sid}" in line
+    with live_server.client() as c:
+        assert c.get(f"/api/v1/studies/{sid}").json()["status"] == "queued"
+
+
+def test_submit_wait_exits_1_when_a_verdict_fails(live_server, tmp_path):
+    from tests.scale.fakeworker import FakeWorker
+
+    spec = tmp_path / "study.yaml"
+    spec.write_text("name: spread\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0, 1, 2, 3, 4]\n"
+                    "determinism: [seeded]\nmetrics: [{name: loss, max_std: 0.01}]\n")
+    env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"],
+           "NO_COLOR": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "submit", str(spec), "--wait"], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sid = int(proc.stdout.readline().split()[2])
+        worker = FakeWorker(live_server.url, live_server.tokens["worker"], "fake", deadline_s=60)
+        worker.register()
+        stats = worker.work(steps=20, batch=20, max_runs=5, idle_exit_s=5)  # loss = run id + step/1000: seeds far apart
+        assert len(stats.completed) == 5
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert f"steady: study {sid}: 1 failing verdict(s) (seed_stability unstable): `steady report {sid}`" in err

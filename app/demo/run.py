@@ -137,7 +137,8 @@ def run_demo(args: argparse.Namespace) -> int:
             print(render_report(api.get(f"/api/v1/studies/{sid}/report"), color=color))
         print()
         print(f"Dashboard: {url}/studies/{study_ids[0]}   (log in with the token in {data_dir / 'token'})")
-        print(f"API:       {url}/docs      CLI: STEADY_SERVER={url} steady status")
+        print(f"API:       {url}/docs")
+        print(f"CLI:       steady login {url} < {data_dir / 'token'}   then: steady status")
         if args.exit:
             return 0
         print("The server and worker keep running; press Ctrl-C to stop.", flush=True)
