@@ -69,7 +69,7 @@ def final_metrics(session: Session, study_ids: Sequence[int]) -> list[tuple[int,
     if not study_ids:
         return []
     stmt = select(Run.study_id, Run.stack, Run.determinism, Run.final_metrics).where(
-        Run.study_id.in_(list(study_ids)), Run.status == RunStatus.completed.value
+        Run.study_id.in_(list(study_ids)), Run.status == RunStatus.completed.value, Run.excluded_at.is_(None)
     )
     return [tuple(row) for row in session.execute(stmt)]  # type: ignore[misc]
 

@@ -40,7 +40,8 @@ from app.alerts.schemas import (
     _Rule,
     rule_adapter,
 )
-from app.errors import Invalid, NotFound
+from app.auth.service import Caller, Role, ensure_may_change
+from app.errors import Forbidden, Invalid, NotFound
 from app.models import Alert, AlertDelivery, AlertRule, Study, StudyEvaluation, SuiteBaseline, Webhook, utcnow
 from app.reports import service as reports
 from app.stats.alert_rules import band_check, baseline_outliers, guarantee
@@ -66,7 +67,8 @@ def rule_out(rule: AlertRule) -> AlertRuleOut:
     return AlertRuleOut.model_validate(rule, from_attributes=True)
 
 
-def _store_rule(session: Session, spec: _Rule, *, study_id: int | None, suite: str | None, source: str) -> AlertRule:
+def _store_rule(session: Session, spec: _Rule, *, study_id: int | None, suite: str | None, source: str,
+                owner_token_id: int | None) -> AlertRule:
     existing = repository.find_rule(session, study_id=study_id, suite=suite, name=spec.rule_name)
     fields = dict(kind=spec.kind, metric=getattr(spec, "metric", None), severity=spec.severity,  # type: ignore[attr-defined]
                   params=spec.params(), source=source)
@@ -75,27 +77,35 @@ def _store_rule(session: Session, spec: _Rule, *, study_id: int | None, suite: s
             setattr(existing, k, v)
         session.flush()
         return existing
-    rule = AlertRule(name=spec.rule_name, study_id=study_id, suite=suite, **fields)
+    rule = AlertRule(name=spec.rule_name, study_id=study_id, suite=suite, owner_token_id=owner_token_id, **fields)
     session.add(rule)
     session.flush()
     return rule
 
 
-def create_rule(session: Session, spec: _Rule) -> AlertRule:
+def create_rule(session: Session, spec: _Rule, caller: Caller) -> AlertRule:
+    """Create a rule; the caller owns it. A study's rule needs the study's owner, a suite's rule the
+    suite's owner, and a global rule (it watches every user's studies) an admin."""
     if spec.study_id is not None and spec.suite is not None:
         raise Invalid(("body", "suite"), "give either study_id or suite (or neither, for a global rule), not both")
     if spec.study_id is not None:
         study = session.get(Study, spec.study_id)
         if study is None:
             raise Invalid(("body", "study_id"), f"study {spec.study_id} does not exist")
+        studies.ensure_study_owner(study, caller)
         _check_metric(study, spec, ("body", "metric"))
+    elif spec.suite is not None:
+        studies.ensure_suite_owner(session, spec.suite, caller)
     if spec.kind == "suite_shift" and spec.suite is None:  # type: ignore[attr-defined]
         study = session.get(Study, spec.study_id) if spec.study_id is not None else None
         if study is None or not study.suite:
             raise Invalid(("body", "suite"), "a suite_shift rule watches a suite: give 'suite'")
+    if spec.study_id is None and spec.suite is None and caller.role != Role.admin:
+        raise Forbidden("a global rule (neither study_id nor suite) watches every user's studies: it needs an admin token")
     if repository.find_rule(session, study_id=spec.study_id, suite=spec.suite, name=spec.rule_name) is not None:
         raise Invalid(("body", "name"), f"a rule named {spec.rule_name!r} already exists in this scope")
-    return _store_rule(session, spec, study_id=spec.study_id, suite=spec.suite, source="api")
+    return _store_rule(session, spec, study_id=spec.study_id, suite=spec.suite, source="api",
+                       owner_token_id=caller.token_id)
 
 
 def _check_metric(study: Study, spec: _Rule, loc: tuple) -> None:
@@ -116,16 +126,19 @@ def rules_from_spec(session: Session, study: Study) -> list[AlertRule]:
         spec = rule_adapter.validate_python(raw)
         _check_metric(study, spec, ("body", "alerts", i, "metric"))
         if study.suite:
-            out.append(_store_rule(session, spec, study_id=None, suite=study.suite, source="spec"))
+            out.append(_store_rule(session, spec, study_id=None, suite=study.suite, source="spec",
+                                   owner_token_id=study.owner_token_id))
         else:
-            out.append(_store_rule(session, spec, study_id=study.id, suite=None, source="spec"))
+            out.append(_store_rule(session, spec, study_id=study.id, suite=None, source="spec",
+                                   owner_token_id=study.owner_token_id))
     return out
 
 
-def delete_rule(session: Session, rule_id: int) -> None:
+def delete_rule(session: Session, rule_id: int, caller: Caller) -> None:
     rule = session.get(AlertRule, rule_id)
     if rule is None:
         raise NotFound(f"alert rule {rule_id} not found")
+    ensure_may_change(caller, rule.owner_token_id, f"alert rule {rule_id}")
     session.delete(rule)
     session.flush()
 
@@ -133,10 +146,11 @@ def delete_rule(session: Session, rule_id: int) -> None:
 # --- baselines -------------------------------------------------------------------------------
 
 
-def set_baseline(session: Session, suite: str, body: BaselineIn) -> SuiteBaseline:
+def set_baseline(session: Session, suite: str, body: BaselineIn, caller: Caller) -> SuiteBaseline:
     study = session.get(Study, body.study_id)
     if study is None:
         raise Invalid(("body", "study_id"), f"study {body.study_id} does not exist")
+    studies.ensure_suite_owner(session, suite, caller)
     if study.suite != suite:
         raise Invalid(("body", "study_id"), f"study {study.id} is in suite {study.suite!r}, not {suite!r}")
     if body.stack is not None:
@@ -145,12 +159,32 @@ def set_baseline(session: Session, suite: str, body: BaselineIn) -> SuiteBaselin
             raise Invalid(("body", "stack"), f"study {study.id} has no runs on stack {body.stack!r}; it has {sorted(stacks)}")
     row = session.get(SuiteBaseline, suite)
     if row is None:
-        row = SuiteBaseline(suite=suite, study_id=study.id, stack=body.stack)
+        row = SuiteBaseline(suite=suite, study_id=study.id, stack=body.stack, owner_token_id=caller.token_id)
         session.add(row)
     else:
+        ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
         row.study_id, row.stack, row.set_at = study.id, body.stack, utcnow()
     session.flush()
     return row
+
+
+def delete_baseline(session: Session, suite: str, caller: Caller) -> None:
+    row = get_baseline(session, suite)
+    ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
+    session.delete(row)
+    session.flush()
+
+
+def ack_alert(session: Session, alert: Alert, caller: Caller) -> Alert:
+    """Acknowledge: the owner of the alert's rule or of its study (or an admin)."""
+    rule = session.get(AlertRule, alert.rule_id)
+    study = session.get(Study, alert.study_id) if alert.study_id is not None else None
+    owners = {rule.owner_token_id if rule else None, study.owner_token_id if study else None} - {None}
+    if caller.role != Role.admin and caller.token_id not in owners:
+        raise Forbidden(f"alert {alert.id} is on another user's rule and study: only they or an admin may acknowledge it")
+    alert.acked_at, alert.acked_by = utcnow(), caller.name
+    session.flush()
+    return alert
 
 
 def get_baseline(session: Session, suite: str) -> SuiteBaseline:

@@ -6,10 +6,12 @@ import hashlib
 import hmac
 import secrets
 from enum import Enum
+from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.errors import Forbidden
 from app.models import ApiToken, utcnow
 
 TOKEN_PREFIX = "stdy_"
@@ -27,6 +29,28 @@ GRANTS: dict[Role, frozenset[Role]] = {
     Role.user: frozenset({Role.user, Role.admin}),
     Role.worker: frozenset({Role.worker, Role.admin}),
 }
+
+
+class Caller(Protocol):
+    token_id: int
+    name: str
+    role: Role
+
+
+def may_change(caller: Caller, owner_token_id: int | None) -> bool:
+    """Ownership: a user changes what its token created; an admin changes everything.
+
+    Objects without an owner (created before owners were recorded) are changed by admins only.
+    """
+    return caller.role == Role.admin or (owner_token_id is not None and owner_token_id == caller.token_id)
+
+
+def ensure_may_change(caller: Caller, owner_token_id: int | None, what: str) -> None:
+    if not may_change(caller, owner_token_id):
+        raise Forbidden(
+            f"{what} belongs to another user: only the token that created it, or an admin, may change it "
+            "(reading stays open to every user)"
+        )
 
 
 def hash_token(token: str) -> str:

@@ -2,7 +2,7 @@
 
 from app.models.base import Base, UTCDateTime, utcnow
 from app.models.alerts import Alert, AlertDelivery, AlertRule, StudyEvaluation, SuiteBaseline, Webhook
-from app.models.core import ApiToken, MetricChunk, Run, Study, Worker
+from app.models.core import ApiToken, DashboardSession, MetricChunk, Run, Study, Worker
 
 __all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "MetricChunk", "Run", "Study", "Worker",
-           "Alert", "AlertDelivery", "AlertRule", "StudyEvaluation", "SuiteBaseline", "Webhook"]
+           "Alert", "AlertDelivery", "AlertRule", "StudyEvaluation", "SuiteBaseline", "Webhook", "DashboardSession"]
