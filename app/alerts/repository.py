@@ -125,9 +125,10 @@ def webhooks(session: Session) -> list[Webhook]:
     return list(session.scalars(select(Webhook).order_by(Webhook.id)))
 
 
-def due_deliveries(session: Session, now: datetime, limit: int) -> list[int]:
+def due_deliveries(session: Session, now: datetime, limit: int) -> list[tuple[int, int]]:
+    """(delivery id, webhook id) of due, unclaimed deliveries, oldest first."""
     stmt = (
-        select(AlertDelivery.id)
+        select(AlertDelivery.id, AlertDelivery.webhook_id)
         .where(
             AlertDelivery.status == "pending",
             AlertDelivery.next_attempt_at <= now,
@@ -136,7 +137,16 @@ def due_deliveries(session: Session, now: datetime, limit: int) -> list[int]:
         .order_by(AlertDelivery.next_attempt_at, AlertDelivery.id)
         .limit(limit)
     )
-    return list(session.scalars(stmt))
+    return [(row[0], row[1]) for row in session.execute(stmt)]
+
+
+def defer_delivery(session: Session, delivery_id: int, until: datetime) -> None:
+    """Move a pending delivery's next attempt later (rate limit); its attempts are unchanged."""
+    session.execute(
+        update(AlertDelivery)
+        .where(AlertDelivery.id == delivery_id, AlertDelivery.status == "pending", AlertDelivery.next_attempt_at < until)
+        .values(next_attempt_at=until)
+    )
 
 
 def claim_delivery(session: Session, delivery_id: int, owner: str, now: datetime, lease_seconds: float) -> bool:

@@ -16,21 +16,18 @@ its own alerts.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import logging
 import secrets
-import socket
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.alerts import repository
+from app.alerts import egress, repository
 from app.alerts.schemas import (
     SEVERITY_ORDER,
     AlertOut,
@@ -198,33 +195,12 @@ def get_baseline(session: Session, suite: str) -> SuiteBaseline:
 
 
 def check_webhook_url(url: str, *, allow_private: bool) -> None:
-    """Refuse non-HTTP(S) URLs and, unless allowed, hosts resolving to non-public addresses.
-
-    Every resolved address must be global (not loopback, link-local, private, reserved,
-    multicast or unspecified): a name with one public and one private address is refused.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise Invalid(("body", "url"), "a webhook URL must be http:// or https:// with a host")
-    if parts.username or parts.password:
-        raise Invalid(("body", "url"), "credentials in the URL are not allowed; sign with the secret instead")
+    """Refuse non-HTTP(S) URLs and, unless allowed, hosts resolving to non-public addresses
+    (``app.alerts.egress``, the one guard; the dispatcher checks again at every attempt)."""
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
-    except (OSError, ValueError) as exc:
-        raise Invalid(("body", "url"), f"cannot resolve host {parts.hostname!r}: {exc}") from None
-    if allow_private:
-        return
-    for info in infos:
-        addr = ipaddress.ip_address(info[4][0].split("%", 1)[0])
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        if not addr.is_global or addr.is_multicast:
-            raise Invalid(
-                ("body", "url"),
-                f"host {parts.hostname!r} resolves to {addr}, a loopback, link-local, private or reserved "
-                "address; set STEADY_ALLOW_PRIVATE_WEBHOOKS=true to allow on-prem receivers",
-            )
+        egress.resolve(url, allow_private=allow_private)
+    except egress.RefusedTarget as exc:
+        raise Invalid(("body", "url"), str(exc)) from None
 
 
 def create_webhook(session: Session, body: WebhookIn, *, allow_private: bool) -> tuple[Webhook, str]:
@@ -756,10 +732,17 @@ def _insert_alert(session, key, f: Finding, study: Study, target: int, details, 
     return alert
 
 
+def slack_escape(text: str) -> str:
+    """Escape Slack's control characters, so names and summaries cannot write ``<!channel>``,
+    ``<@user>`` or ``<https://evil|a link>``: Slack reads ``&amp; &lt; &gt;`` back as text."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def payload(alert: Alert, event: str) -> str:
+    """The delivery body. ``text`` is Slack-compatible (escaped); ``alert`` has the raw fields."""
     tag = "FIRING" if event == "firing" else "RESOLVED"
     where = f"suite {alert.suite!r}, " if alert.suite else ""
-    text = f"[{tag}] {alert.severity}: {alert.summary} ({where}study {alert.study_id}) {alert.link}"
+    text = slack_escape(f"[{tag}] {alert.severity}: {alert.summary} ({where}study {alert.study_id}) {alert.link}")
     body = {"text": text, "event": event, "alert": alert_out(alert).model_dump(mode="json")}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
 
