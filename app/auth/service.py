@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from datetime import timedelta
 from enum import Enum
 from typing import Protocol
 
@@ -12,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import Forbidden
-from app.models import ApiToken, utcnow
+from app.models import ApiToken, DashboardSession, utcnow
 
 TOKEN_PREFIX = "stdy_"
 
@@ -85,3 +86,39 @@ def revoke_token(session: Session, token_id: int) -> ApiToken | None:
         row.revoked_at = utcnow()
         session.flush()
     return row
+
+
+# --- dashboard sessions: the browser holds a random session id, never the API token ----------
+
+SESSION_PREFIX = "stds_"
+
+
+def create_session(session: Session, token_id: int, ttl_seconds: float) -> str:
+    """A new dashboard session for the token; the id is returned once, only its hash is stored."""
+    secret = SESSION_PREFIX + secrets.token_urlsafe(32)
+    now = utcnow()
+    session.add(DashboardSession(id_hash=hash_token(secret), token_id=token_id, created_at=now,
+                                 expires_at=now + timedelta(seconds=ttl_seconds)))
+    session.flush()
+    return secret
+
+
+def session_token(session: Session, secret: str) -> ApiToken | None:
+    """The token behind a live session: not expired, not revoked, and its token not revoked."""
+    digest = hash_token(secret)
+    row = session.scalars(select(DashboardSession).where(DashboardSession.id_hash == digest)).first()
+    if row is None or not hmac.compare_digest(row.id_hash, digest):
+        return None
+    if row.revoked_at is not None or row.expires_at <= utcnow():
+        return None
+    token = session.get(ApiToken, row.token_id)
+    return token if token is not None and token.revoked_at is None else None
+
+
+def revoke_session(session: Session, secret: str) -> bool:
+    row = session.scalars(select(DashboardSession).where(DashboardSession.id_hash == hash_token(secret))).first()
+    if row is None or row.revoked_at is not None:
+        return False
+    row.revoked_at = utcnow()
+    session.flush()
+    return True
