@@ -18,12 +18,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[server,workloads,dev]"
 	touch $@
 
-# Headless Chromium for the browser tests and docker-compose to validate the compose file
-# (Debian packages; nothing is downloaded by the test tools themselves).
+# Headless Chromium for the browser tests, docker-compose to validate the compose file and
+# nginx to test the shipped proxy configuration (Debian packages; nothing is downloaded by the
+# test tools themselves).
 system-deps:
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
