@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
 
 from app.auth.service import GRANTS, Role, authenticate, session_token
 from app.config import Settings
@@ -65,7 +66,7 @@ def _credentials(request: Request, creds: HTTPAuthorizationCredentials | None) -
     return None
 
 
-def caller_token(session, request: Request, creds: HTTPAuthorizationCredentials | None) -> ApiToken | None:  # noqa: ANN001
+def caller_token(session: Session, request: Request, creds: HTTPAuthorizationCredentials | None) -> ApiToken | None:
     """The live token behind the request's bearer token or dashboard session, if any."""
     found = _credentials(request, creds)
     if found is None:

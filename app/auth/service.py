@@ -9,7 +9,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import Protocol
 
-from sqlalchemy import select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from app.errors import Forbidden
@@ -97,6 +97,10 @@ def create_session(session: Session, token_id: int, ttl_seconds: float) -> str:
     """A new dashboard session for the token; the id is returned once, only its hash is stored."""
     secret = SESSION_PREFIX + secrets.token_urlsafe(32)
     now = utcnow()
+    # ended sessions are of no use to anyone: drop them as new ones start
+    session.execute(delete(DashboardSession).where(
+        or_(DashboardSession.expires_at < now, DashboardSession.revoked_at < now - timedelta(days=1))
+    ))
     session.add(DashboardSession(id_hash=hash_token(secret), token_id=token_id, created_at=now,
                                  expires_at=now + timedelta(seconds=ttl_seconds)))
     session.flush()

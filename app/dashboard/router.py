@@ -26,7 +26,7 @@ from sqlalchemy import select
 
 from app.auth.service import GRANTS, Role, authenticate, create_session, revoke_session
 from app.dashboard import service
-from app.deps import SESSION_COOKIE, ReadDB, _bearer, caller_token
+from app.deps import SESSION_COOKIE, ReadDB, _bearer, _credentials, caller_token
 from app.models import Run, Study, Worker
 from app.workers import service as workers_service
 
@@ -51,10 +51,11 @@ class Viewer:
 
 def _viewer(request: Request, creds: HTTPAuthorizationCredentials | None) -> Viewer | None:
     settings = request.app.state.settings
-    with request.app.state.database.read() as session:
-        row = caller_token(session, request, creds)
-        if row is not None and Role(row.role) in GRANTS[Role.user]:
-            return Viewer(name=row.name, public=settings.public_dashboard)
+    if _credentials(request, creds) is not None:
+        with request.app.state.database.read() as session:
+            row = caller_token(session, request, creds)
+            if row is not None and Role(row.role) in GRANTS[Role.user]:
+                return Viewer(name=row.name, public=settings.public_dashboard)
     if settings.public_dashboard:
         return Viewer(name=None, public=True)
     return None

@@ -141,3 +141,18 @@ def test_secure_cookie_and_same_origin_behind_a_trusted_https_proxy(api):
     r = client.post("/login", data={"token": api.tokens["user"]}, follow_redirects=False,
                     headers={"Origin": "http://steady.example:8443"})
     assert r.status_code == 403
+
+
+def test_ended_sessions_are_dropped_as_new_ones_start(api):
+    from datetime import timedelta
+
+    from app.models import DashboardSession, utcnow
+
+    _login(api)
+    with api.app.state.database.write() as s:
+        for row in s.query(DashboardSession):
+            row.expires_at = utcnow() - timedelta(seconds=1)
+    _login(api)
+    api.client.cookies.clear()
+    with api.app.state.database.read() as s:
+        assert s.query(DashboardSession).count() == 1

@@ -73,7 +73,7 @@ def test_alerts_skip_excluded_runs(api):
 
 
 def test_exclusion_needs_a_reason_and_a_run(api):
-    sid, bad = _study_with_a_poisoned_run(api)
+    _, bad = _study_with_a_poisoned_run(api)
     r = api.post(f"/api/v1/runs/{bad}/exclude", json={})
     assert r.status_code == 422 and "reason" in r.text
     r = api.post(f"/api/v1/runs/{bad}/exclude", json={"reason": ""})

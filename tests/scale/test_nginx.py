@@ -24,14 +24,14 @@ def _config(tmp: Path, backends: list[str], http_port: int, https_port: int | No
     with a TLS listener (the same location block) when ``https_port`` is given."""
     conf = (REPO / "deploy" / "nginx.conf").read_text()
     servers = "\n".join(f"        server {b.removeprefix('http://')} max_fails=3 fail_timeout=5s;" for b in backends)
-    conf, n = re.subn(r"^\s*server api:8000[^\n]*;$", servers, conf, flags=re.M)
+    conf, n = re.subn(r"^\s*server api:8000[^\n]*;$", servers, conf, flags=re.MULTILINE)
     assert n == 1, "the shipped config's upstream line changed; update this test"
     conf, n = re.subn(r"listen 8080;", f"listen 127.0.0.1:{http_port};", conf)
     assert n == 1
     temp = "\n".join(f"    {d}_temp_path {tmp / d};" for d in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     conf = conf.replace("http {", f"http {{\n    access_log {tmp / 'access.log'};\n{temp}", 1)
     if https_port is not None:
-        location = re.search(r"(\s*location / \{.*?\n\s*\})", conf, flags=re.S).group(1)
+        location = re.search(r"(\s*location / \{.*?\n\s*\})", conf, flags=re.DOTALL).group(1)
         tls = (f"\n    server {{\n        listen 127.0.0.1:{https_port} ssl;\n"
                f"        ssl_certificate {tmp / 'cert.pem'};\n        ssl_certificate_key {tmp / 'key.pem'};"
                f"{location}\n    }}\n")
@@ -77,7 +77,7 @@ def proxy(cluster, backend_url, tmp_path):
     log.close()
 
 
-def _login(base: str, token: str, **kw) -> httpx.Response:  # noqa: ANN003
+def _login(base: str, token: str, **kw) -> httpx.Response:
     # a browser posting the login form sends the page's own origin
     return httpx.post(base + "/login", data={"token": token, "next": "/studies"}, headers={"Origin": base},
                       follow_redirects=False, **kw)
