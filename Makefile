@@ -18,15 +18,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[server,workloads,dev]"
 	touch $@
 
-# Headless Chromium for the browser tests, docker-compose to validate the compose file, and
-# Slurm with munge for the test that runs a real one-node Slurm cluster on loopback
-# (Debian packages; nothing is downloaded by the test tools themselves).
+# Headless Chromium for the browser tests, docker-compose to validate the compose file, nginx to
+# test the shipped proxy configuration, and Slurm with munge for the test that runs a real one-node
+# Slurm cluster on loopback (Debian packages; nothing is downloaded by the test tools themselves).
 system-deps:
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	{ command -v slurmctld || test -x /usr/sbin/slurmctld; } >/dev/null || missing="$$missing slurm-wlm"; \
 	{ command -v munged || test -x /usr/sbin/munged; } >/dev/null || missing="$$missing munge"; \
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -37,6 +37,11 @@ class Settings(BaseSettings):
 
     # Dashboard: readable without a token when true (read-only).
     public_dashboard: bool = False
+    # A dashboard login lasts this long (a server-side session, revoked on logout).
+    session_ttl_seconds: float = Field(12 * 3600.0, gt=0)
+    # Proxies trusted for X-Forwarded-Proto/-For (comma-separated addresses or networks, "*" for
+    # any): only behind them does a request count as https (Secure cookie) or get a client address.
+    forwarded_allow_ips: str = "127.0.0.1"
     # Webhook targets on loopback, link-local and private networks are refused unless true.
     allow_private_webhooks: bool = False
 

@@ -8,10 +8,12 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
 
-from app.auth.service import GRANTS, Role, authenticate
+from app.auth.service import GRANTS, Role, authenticate, session_token
 from app.config import Settings
 from app.db import Database, ReadSession, WriteSession
+from app.models import ApiToken
 
 SESSION_COOKIE = "steady_session"
 _bearer = HTTPBearer(auto_error=False)
@@ -51,14 +53,26 @@ class Principal:
     role: Role
 
 
-def _secret_from(request: Request, creds: HTTPAuthorizationCredentials | None) -> str | None:
+def _credentials(request: Request, creds: HTTPAuthorizationCredentials | None) -> tuple[str, str] | None:
+    """("bearer", token) or ("session", session id), or None when the request carries neither."""
     if creds is not None and creds.scheme.lower() == "bearer":
-        return creds.credentials
+        return "bearer", creds.credentials
     # The dashboard's session cookie authenticates reads only: a state-changing request must
     # carry a bearer token, so no page on another port or site can make a browser write.
     if request.method in ("GET", "HEAD"):
-        return request.cookies.get(SESSION_COOKIE)
+        sid = request.cookies.get(SESSION_COOKIE)
+        if sid:
+            return "session", sid
     return None
+
+
+def caller_token(session: Session, request: Request, creds: HTTPAuthorizationCredentials | None) -> ApiToken | None:
+    """The live token behind the request's bearer token or dashboard session, if any."""
+    found = _credentials(request, creds)
+    if found is None:
+        return None
+    kind, secret = found
+    return authenticate(session, secret) if kind == "bearer" else session_token(session, secret)
 
 
 def get_principal(
@@ -66,16 +80,16 @@ def get_principal(
     db: Annotated[Database, Depends(get_database)],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    secret = _secret_from(request, creds)
-    if not secret:
+    if _credentials(request, creds) is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
         )
     with db.read() as session:
-        row = authenticate(session, secret)
+        row = caller_token(session, request, creds)
         if row is None:
             raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"}
+                status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token or session",
+                headers={"WWW-Authenticate": "Bearer"},
             )
         return Principal(token_id=row.id, name=row.name, role=Role(row.role))
 

@@ -15,6 +15,12 @@ class NotFound(SteadyError):
     status_code = 404
 
 
+class Forbidden(SteadyError):
+    """The caller's role may do this, but not to this object (it belongs to another user)."""
+
+    status_code = 403
+
+
 class Conflict(SteadyError):
     """The request is valid but the resource's state refuses it (lease lost, already done)."""
 

@@ -12,19 +12,18 @@ Failures retry with exponential backoff and jitter; after ``max_attempts`` the r
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import random
-import socket
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
-from urllib.parse import urlsplit
 
 import httpx
 
 from app import __version__
-from app.alerts import repository, service
+from app.alerts import egress, repository, service
 from app.alerts.settings import AlertSettings
 from app.config import Settings
 from app.db import Database
@@ -39,29 +38,43 @@ def backoff_seconds(attempts: int, cfg: AlertSettings, rand: random.Random | Non
     return base * (rand or random).uniform(0.8, 1.2)
 
 
-def _private_target(url: str) -> str | None:
-    """The non-public address the URL's host resolves to now, if any (checked again at send time)."""
-    parts = urlsplit(url)
-    try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or 443, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return None  # the POST will fail and be retried
-    for info in infos:
-        addr = ipaddress.ip_address(info[4][0].split("%", 1)[0])
-        if not addr.is_global or addr.is_multicast:
-            return str(addr)
-    return None
+class TokenBucket:
+    """Deliveries per webhook: ``rate`` per second on average, bursts up to ``burst``.
+
+    Per dispatcher (one per API process). A delivery over the limit waits; it is not dropped.
+    """
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float]) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self._state: dict[int, tuple[float, float]] = {}  # webhook id -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def take(self, key: int) -> float:
+        """Take one token: 0.0 when granted, else the seconds until one is available (none taken)."""
+        with self._lock:
+            now = self.clock()
+            tokens, at = self._state.get(key, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+            if tokens >= 1.0:
+                self._state[key] = (tokens - 1.0, now)
+                return 0.0
+            self._state[key] = (tokens, now)
+            return (1.0 - tokens) / self.rate
 
 
 class Dispatcher:
-    def __init__(self, database: Database, settings: Settings, cfg: AlertSettings | None = None) -> None:
+    def __init__(self, database: Database, settings: Settings, cfg: AlertSettings | None = None, *,
+                 resolver: egress.Resolver | None = None, transport: httpx.BaseTransport | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.database, self.settings = database, settings
         self.cfg = cfg or AlertSettings()
         self.owner = f"dispatcher-{uuid.uuid4().hex[:16]}"
+        self.resolver = resolver
+        self.limiter = TokenBucket(self.cfg.webhook_rate_per_minute / 60.0, self.cfg.webhook_burst, clock)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="steady-alerts", daemon=True)
         self._http = httpx.Client(timeout=self.cfg.delivery_timeout_seconds, follow_redirects=False,
-                                  headers={"User-Agent": f"steady/{__version__}"})
+                                  headers={"User-Agent": f"steady/{__version__}"}, transport=transport)
 
     def start(self) -> None:
         self._thread.start()
@@ -88,9 +101,14 @@ class Dispatcher:
         with self.database.read() as session:
             candidates = repository.due_deliveries(session, now, self.cfg.deliveries_per_tick)
         delivered = 0
-        for delivery_id in candidates:
+        for delivery_id, webhook_id in candidates:
             if self._stop.is_set():
                 break
+            wait = self.limiter.take(webhook_id)
+            if wait > 0:  # over this webhook's rate: the delivery waits its turn (not an attempt)
+                with self.database.write() as session:
+                    repository.defer_delivery(session, delivery_id, utcnow() + timedelta(seconds=wait))
+                continue
             with self.database.write() as session:
                 if not repository.claim_delivery(session, delivery_id, self.owner, utcnow(),
                                                  self.cfg.delivery_lease_seconds):
@@ -108,12 +126,15 @@ class Dispatcher:
               alert_id: int) -> int:
         raw = body.encode()
         status, error = None, None
-        blocked = None if self.settings.allow_private_webhooks else _private_target(url)
-        if blocked:
-            error = f"refused: the host now resolves to the non-public address {blocked}"
-        else:
+        try:
+            # resolved once and checked; the request goes to that address (no second lookup)
+            target = egress.resolve(url, allow_private=self.settings.allow_private_webhooks, resolver=self.resolver)
+        except egress.RefusedTarget as exc:
+            target, error = None, f"refused: {exc}"
+        if target is not None:
             try:
-                response = self._http.post(url, content=raw, headers={
+                response = self._http.post(target.request_url(), content=raw, extensions=target.extensions(), headers={
+                    "Host": target.host_header(),
                     "Content-Type": "application/json",
                     "X-Steady-Signature": service.sign(secret, raw),
                     "X-Steady-Event": event,

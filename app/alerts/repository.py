@@ -68,7 +68,7 @@ def final_metrics(session: Session, study_ids: Sequence[int]) -> list[tuple[int,
     if not study_ids:
         return []
     stmt = select(Run.study_id, Run.stack, Run.determinism, Run.final_metrics).where(
-        Run.study_id.in_(list(study_ids)), Run.status == RunStatus.completed.value
+        Run.study_id.in_(list(study_ids)), Run.status == RunStatus.completed.value, Run.excluded_at.is_(None)
     )
     return [tuple(row) for row in session.execute(stmt)]  # type: ignore[misc]
 
@@ -124,9 +124,10 @@ def webhooks(session: Session) -> list[Webhook]:
     return list(session.scalars(select(Webhook).order_by(Webhook.id)))
 
 
-def due_deliveries(session: Session, now: datetime, limit: int) -> list[int]:
+def due_deliveries(session: Session, now: datetime, limit: int) -> list[tuple[int, int]]:
+    """(delivery id, webhook id) of due, unclaimed deliveries, oldest first."""
     stmt = (
-        select(AlertDelivery.id)
+        select(AlertDelivery.id, AlertDelivery.webhook_id)
         .where(
             AlertDelivery.status == "pending",
             AlertDelivery.next_attempt_at <= now,
@@ -135,7 +136,16 @@ def due_deliveries(session: Session, now: datetime, limit: int) -> list[int]:
         .order_by(AlertDelivery.next_attempt_at, AlertDelivery.id)
         .limit(limit)
     )
-    return list(session.scalars(stmt))
+    return [(row[0], row[1]) for row in session.execute(stmt)]
+
+
+def defer_delivery(session: Session, delivery_id: int, until: datetime) -> None:
+    """Move a pending delivery's next attempt later (rate limit); its attempts are unchanged."""
+    session.execute(
+        update(AlertDelivery)
+        .where(AlertDelivery.id == delivery_id, AlertDelivery.status == "pending", AlertDelivery.next_attempt_at < until)
+        .values(next_attempt_at=until)
+    )
 
 
 def claim_delivery(session: Session, delivery_id: int, owner: str, now: datetime, lease_seconds: float) -> bool:

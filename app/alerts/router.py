@@ -1,7 +1,10 @@
 """Alerting endpoints: rules, suite baselines, alerts, webhooks, study evaluation, /metrics.
 
-Auth: rules, baselines, alerts and evaluation need a user token; webhooks need an admin
-token (a webhook sends alert contents to an outside address, and its secret is shown once);
+Auth: rules, baselines, alerts and evaluation need a user token; every user reads them all,
+but changes only what it owns (a rule or baseline it created, a study or suite it created;
+global rules are an admin's); admins change everything. Webhooks need an admin token (a
+webhook sends alert contents to an outside address) and a webhook's secret is shown once,
+in the answer to its creation;
 ``/metrics`` needs a user token unless ``STEADY_PUBLIC_DASHBOARD=true`` (then it is public
 and read-only, like the dashboard).
 """
@@ -23,6 +26,7 @@ from app.alerts.schemas import (
     BaselineOut,
     DeliveryOut,
     EvaluationOut,
+    WebhookCreated,
     WebhookIn,
     WebhookOut,
 )
@@ -31,7 +35,8 @@ from app.auth.service import GRANTS, Role
 from app.db import Database
 from app.deps import AdminCaller, AppSettings, ReadDB, UserCaller, WriteDB, get_database, get_principal
 from app.errors import NotFound
-from app.models import Alert, AlertRule, utcnow
+from app.models import Alert, AlertRule
+from app.studies import service as studies
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 metrics_router = APIRouter(tags=["health"])
@@ -45,7 +50,7 @@ SuiteName = Annotated[str, Query(min_length=1, max_length=200)]
 
 @router.post("/alert-rules", response_model=AlertRuleOut, status_code=status.HTTP_201_CREATED)
 def create_rule(body: AlertRuleSpec, db: WriteDB, caller: UserCaller) -> AlertRuleOut:
-    return service.rule_out(service.create_rule(db, body))
+    return service.rule_out(service.create_rule(db, body, caller))
 
 
 @router.get("/alert-rules", response_model=list[AlertRuleOut])
@@ -69,7 +74,7 @@ def get_rule(rule_id: int, db: ReadDB, caller: UserCaller) -> AlertRuleOut:
 
 @router.delete("/alert-rules/{rule_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_rule(rule_id: int, db: WriteDB, caller: UserCaller) -> Response:
-    service.delete_rule(db, rule_id)
+    service.delete_rule(db, rule_id, caller)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -78,7 +83,7 @@ def delete_rule(rule_id: int, db: WriteDB, caller: UserCaller) -> Response:
 
 @router.put("/suites/{suite}/baseline", response_model=BaselineOut)
 def set_baseline(suite: str, body: BaselineIn, db: WriteDB, caller: UserCaller) -> BaselineOut:
-    return BaselineOut.model_validate(service.set_baseline(db, suite, body), from_attributes=True)
+    return BaselineOut.model_validate(service.set_baseline(db, suite, body, caller), from_attributes=True)
 
 
 @router.get("/suites/{suite}/baseline", response_model=BaselineOut)
@@ -88,8 +93,7 @@ def get_baseline(suite: str, db: ReadDB, caller: UserCaller) -> BaselineOut:
 
 @router.delete("/suites/{suite}/baseline", status_code=status.HTTP_204_NO_CONTENT)
 def delete_baseline(suite: str, db: WriteDB, caller: UserCaller) -> Response:
-    db.delete(service.get_baseline(db, suite))
-    db.flush()
+    service.delete_baseline(db, suite, caller)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -100,6 +104,7 @@ def delete_baseline(suite: str, db: WriteDB, caller: UserCaller) -> Response:
 def evaluate_study(study_id: int, db: WriteDB, caller: UserCaller, settings: AppSettings) -> EvaluationOut:
     """Evaluate the study's alert rules now. External studies are evaluated only here (after
     their uploads); managed studies are evaluated automatically when their last run ends."""
+    studies.ensure_study_owner(studies.get_study(db, study_id), caller)
     ev, fired, resolved = service.evaluate_study(db, study_id, base_url=settings.base_url)
     return EvaluationOut(study_id=study_id, rules=len(ev.rules), firing=[service.alert_out(a) for a in fired],
                          resolved=[service.alert_out(a) for a in resolved], summary=ev.summary)
@@ -140,10 +145,7 @@ def get_alert(alert_id: int, db: ReadDB, caller: UserCaller) -> AlertOut:
 @router.post("/alerts/{alert_id}/ack", response_model=AlertOut)
 def ack_alert(alert_id: int, db: WriteDB, caller: UserCaller) -> AlertOut:
     """Acknowledge: recorded on the alert (who, when); cleared when the alert fires again."""
-    alert = _alert(db, alert_id)
-    alert.acked_at, alert.acked_by = utcnow(), caller.name
-    db.flush()
-    return service.alert_out(alert)
+    return service.alert_out(service.ack_alert(db, _alert(db, alert_id), caller))
 
 
 @router.get("/alerts/{alert_id}/deliveries", response_model=list[DeliveryOut])
@@ -155,12 +157,10 @@ def alert_deliveries(alert_id: int, db: ReadDB, caller: UserCaller) -> list[Deli
 # --- webhooks (admin) ------------------------------------------------------------------------
 
 
-@router.post("/webhooks", response_model=WebhookOut, status_code=status.HTTP_201_CREATED)
-def create_webhook(body: WebhookIn, db: WriteDB, caller: AdminCaller, settings: AppSettings) -> WebhookOut:
+@router.post("/webhooks", response_model=WebhookCreated, status_code=status.HTTP_201_CREATED)
+def create_webhook(body: WebhookIn, db: WriteDB, caller: AdminCaller, settings: AppSettings) -> WebhookCreated:
     hook, secret = service.create_webhook(db, body, allow_private=settings.allow_private_webhooks)
-    out = WebhookOut.model_validate(hook, from_attributes=True)
-    out.secret = secret
-    return out
+    return WebhookCreated(**WebhookOut.model_validate(hook, from_attributes=True).model_dump(), secret=secret)
 
 
 @router.get("/webhooks", response_model=list[WebhookOut])

@@ -153,6 +153,7 @@ class AlertRuleOut(BaseModel):
     suite: str | None
     source: str
     created_at: datetime
+    owner_token_id: int | None = None
 
 
 class BaselineIn(BaseModel):
@@ -167,6 +168,7 @@ class BaselineOut(BaseModel):
     study_id: int
     stack: str | None
     set_at: datetime
+    owner_token_id: int | None = None
 
 
 class WebhookIn(BaseModel):
@@ -188,7 +190,10 @@ class WebhookOut(BaseModel):
     events: list[str]
     min_severity: str
     created_at: datetime
-    secret: str | None = Field(None, description="only in the answer to the creation")
+
+
+class WebhookCreated(WebhookOut):
+    secret: str = Field(description="the HMAC key; shown only in this answer, store it now")
 
 
 class AlertOut(BaseModel):

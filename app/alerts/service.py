@@ -16,21 +16,18 @@ its own alerts.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import logging
 import secrets
-import socket
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.alerts import repository
+from app.alerts import egress, repository
 from app.alerts.schemas import (
     SEVERITY_ORDER,
     AlertOut,
@@ -40,7 +37,8 @@ from app.alerts.schemas import (
     _Rule,
     rule_adapter,
 )
-from app.errors import Invalid, NotFound
+from app.auth.service import Caller, Role, ensure_may_change
+from app.errors import Forbidden, Invalid, NotFound
 from app.models import Alert, AlertDelivery, AlertRule, Study, StudyEvaluation, SuiteBaseline, Webhook, utcnow
 from app.reports import service as reports
 from app.stats.align import align_series
@@ -67,7 +65,8 @@ def rule_out(rule: AlertRule) -> AlertRuleOut:
     return AlertRuleOut.model_validate(rule, from_attributes=True)
 
 
-def _store_rule(session: Session, spec: _Rule, *, study_id: int | None, suite: str | None, source: str) -> AlertRule:
+def _store_rule(session: Session, spec: _Rule, *, study_id: int | None, suite: str | None, source: str,
+                owner_token_id: int | None) -> AlertRule:
     existing = repository.find_rule(session, study_id=study_id, suite=suite, name=spec.rule_name)
     fields = dict(kind=spec.kind, metric=getattr(spec, "metric", None), severity=spec.severity,  # type: ignore[attr-defined]
                   params=spec.params(), source=source)
@@ -76,27 +75,35 @@ def _store_rule(session: Session, spec: _Rule, *, study_id: int | None, suite: s
             setattr(existing, k, v)
         session.flush()
         return existing
-    rule = AlertRule(name=spec.rule_name, study_id=study_id, suite=suite, **fields)
+    rule = AlertRule(name=spec.rule_name, study_id=study_id, suite=suite, owner_token_id=owner_token_id, **fields)
     session.add(rule)
     session.flush()
     return rule
 
 
-def create_rule(session: Session, spec: _Rule) -> AlertRule:
+def create_rule(session: Session, spec: _Rule, caller: Caller) -> AlertRule:
+    """Create a rule; the caller owns it. A study's rule needs the study's owner, a suite's rule the
+    suite's owner, and a global rule (it watches every user's studies) an admin."""
     if spec.study_id is not None and spec.suite is not None:
         raise Invalid(("body", "suite"), "give either study_id or suite (or neither, for a global rule), not both")
     if spec.study_id is not None:
         study = session.get(Study, spec.study_id)
         if study is None:
             raise Invalid(("body", "study_id"), f"study {spec.study_id} does not exist")
+        studies.ensure_study_owner(study, caller)
         _check_metric(study, spec, ("body", "metric"))
+    elif spec.suite is not None:
+        studies.ensure_suite_owner(session, spec.suite, caller)
     if spec.kind == "suite_shift" and spec.suite is None:  # type: ignore[attr-defined]
         study = session.get(Study, spec.study_id) if spec.study_id is not None else None
         if study is None or not study.suite:
             raise Invalid(("body", "suite"), "a suite_shift rule watches a suite: give 'suite'")
+    if spec.study_id is None and spec.suite is None and caller.role != Role.admin:
+        raise Forbidden("a global rule (neither study_id nor suite) watches every user's studies: it needs an admin token")
     if repository.find_rule(session, study_id=spec.study_id, suite=spec.suite, name=spec.rule_name) is not None:
         raise Invalid(("body", "name"), f"a rule named {spec.rule_name!r} already exists in this scope")
-    return _store_rule(session, spec, study_id=spec.study_id, suite=spec.suite, source="api")
+    return _store_rule(session, spec, study_id=spec.study_id, suite=spec.suite, source="api",
+                       owner_token_id=caller.token_id)
 
 
 def _check_metric(study: Study, spec: _Rule, loc: tuple) -> None:
@@ -117,16 +124,19 @@ def rules_from_spec(session: Session, study: Study) -> list[AlertRule]:
         spec = rule_adapter.validate_python(raw)
         _check_metric(study, spec, ("body", "alerts", i, "metric"))
         if study.suite:
-            out.append(_store_rule(session, spec, study_id=None, suite=study.suite, source="spec"))
+            out.append(_store_rule(session, spec, study_id=None, suite=study.suite, source="spec",
+                                   owner_token_id=study.owner_token_id))
         else:
-            out.append(_store_rule(session, spec, study_id=study.id, suite=None, source="spec"))
+            out.append(_store_rule(session, spec, study_id=study.id, suite=None, source="spec",
+                                   owner_token_id=study.owner_token_id))
     return out
 
 
-def delete_rule(session: Session, rule_id: int) -> None:
+def delete_rule(session: Session, rule_id: int, caller: Caller) -> None:
     rule = session.get(AlertRule, rule_id)
     if rule is None:
         raise NotFound(f"alert rule {rule_id} not found")
+    ensure_may_change(caller, rule.owner_token_id, f"alert rule {rule_id}")
     session.delete(rule)
     session.flush()
 
@@ -134,10 +144,11 @@ def delete_rule(session: Session, rule_id: int) -> None:
 # --- baselines -------------------------------------------------------------------------------
 
 
-def set_baseline(session: Session, suite: str, body: BaselineIn) -> SuiteBaseline:
+def set_baseline(session: Session, suite: str, body: BaselineIn, caller: Caller) -> SuiteBaseline:
     study = session.get(Study, body.study_id)
     if study is None:
         raise Invalid(("body", "study_id"), f"study {body.study_id} does not exist")
+    studies.ensure_suite_owner(session, suite, caller)
     if study.suite != suite:
         raise Invalid(("body", "study_id"), f"study {study.id} is in suite {study.suite!r}, not {suite!r}")
     if body.stack is not None:
@@ -146,12 +157,32 @@ def set_baseline(session: Session, suite: str, body: BaselineIn) -> SuiteBaselin
             raise Invalid(("body", "stack"), f"study {study.id} has no runs on stack {body.stack!r}; it has {sorted(stacks)}")
     row = session.get(SuiteBaseline, suite)
     if row is None:
-        row = SuiteBaseline(suite=suite, study_id=study.id, stack=body.stack)
+        row = SuiteBaseline(suite=suite, study_id=study.id, stack=body.stack, owner_token_id=caller.token_id)
         session.add(row)
     else:
+        ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
         row.study_id, row.stack, row.set_at = study.id, body.stack, utcnow()
     session.flush()
     return row
+
+
+def delete_baseline(session: Session, suite: str, caller: Caller) -> None:
+    row = get_baseline(session, suite)
+    ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
+    session.delete(row)
+    session.flush()
+
+
+def ack_alert(session: Session, alert: Alert, caller: Caller) -> Alert:
+    """Acknowledge: the owner of the alert's rule or of its study (or an admin)."""
+    rule = session.get(AlertRule, alert.rule_id)
+    study = session.get(Study, alert.study_id) if alert.study_id is not None else None
+    owners = {rule.owner_token_id if rule else None, study.owner_token_id if study else None} - {None}
+    if caller.role != Role.admin and caller.token_id not in owners:
+        raise Forbidden(f"alert {alert.id} is on another user's rule and study: only they or an admin may acknowledge it")
+    alert.acked_at, alert.acked_by = utcnow(), caller.name
+    session.flush()
+    return alert
 
 
 def get_baseline(session: Session, suite: str) -> SuiteBaseline:
@@ -165,33 +196,12 @@ def get_baseline(session: Session, suite: str) -> SuiteBaseline:
 
 
 def check_webhook_url(url: str, *, allow_private: bool) -> None:
-    """Refuse non-HTTP(S) URLs and, unless allowed, hosts resolving to non-public addresses.
-
-    Every resolved address must be global (not loopback, link-local, private, reserved,
-    multicast or unspecified): a name with one public and one private address is refused.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise Invalid(("body", "url"), "a webhook URL must be http:// or https:// with a host")
-    if parts.username or parts.password:
-        raise Invalid(("body", "url"), "credentials in the URL are not allowed; sign with the secret instead")
+    """Refuse non-HTTP(S) URLs and, unless allowed, hosts resolving to non-public addresses
+    (``app.alerts.egress``, the one guard; the dispatcher checks again at every attempt)."""
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
-    except (OSError, ValueError) as exc:
-        raise Invalid(("body", "url"), f"cannot resolve host {parts.hostname!r}: {exc}") from None
-    if allow_private:
-        return
-    for info in infos:
-        addr = ipaddress.ip_address(info[4][0].split("%", 1)[0])
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        if not addr.is_global or addr.is_multicast:
-            raise Invalid(
-                ("body", "url"),
-                f"host {parts.hostname!r} resolves to {addr}, a loopback, link-local, private or reserved "
-                "address; set STEADY_ALLOW_PRIVATE_WEBHOOKS=true to allow on-prem receivers",
-            )
+        egress.resolve(url, allow_private=allow_private)
+    except egress.RefusedTarget as exc:
+        raise Invalid(("body", "url"), str(exc)) from None
 
 
 def create_webhook(session: Session, body: WebhookIn, *, allow_private: bool) -> tuple[Webhook, str]:
@@ -716,10 +726,17 @@ def _insert_alert(session, key, f: Finding, study: Study, target: int, details, 
     return alert
 
 
+def slack_escape(text: str) -> str:
+    """Escape Slack's control characters, so names and summaries cannot write ``<!channel>``,
+    ``<@user>`` or ``<https://evil|a link>``: Slack reads ``&amp; &lt; &gt;`` back as text."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def payload(alert: Alert, event: str) -> str:
+    """The delivery body. ``text`` is Slack-compatible (escaped); ``alert`` has the raw fields."""
     tag = "FIRING" if event == "firing" else "RESOLVED"
     where = f"suite {alert.suite!r}, " if alert.suite else ""
-    text = f"[{tag}] {alert.severity}: {alert.summary} ({where}study {alert.study_id}) {alert.link}"
+    text = slack_escape(f"[{tag}] {alert.severity}: {alert.summary} ({where}study {alert.study_id}) {alert.link}")
     body = {"text": text, "event": event, "alert": alert_out(alert).model_dump(mode="json")}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
 

@@ -20,5 +20,9 @@ class AlertSettings(BaseSettings):
     # A claimed delivery whose process died is claimable again after this long.
     delivery_lease_seconds: float = Field(60.0, gt=0)
     deliveries_per_tick: int = Field(50, ge=1)
+    # Deliveries per webhook (per API process): this many a minute on average, bursts up to
+    # webhook_burst; more wait their turn (never dropped), so no user can flood a receiver.
+    webhook_rate_per_minute: float = Field(30.0, gt=0)
+    webhook_burst: int = Field(10, ge=1)
     # /metrics exposes the latest evaluation of at most this many (most recent) studies.
     metrics_max_studies: int = Field(200, ge=1)

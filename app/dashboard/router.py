@@ -1,7 +1,8 @@
 """Dashboard pages (server-rendered) and the small JSON feeds their scripts poll.
 
-Access: a user or admin token, sent as ``Authorization: Bearer`` or held in the HTTP-only
-``steady_session`` cookie that ``POST /login`` sets. Unauthenticated page requests are
+Access: a user or admin token, sent as ``Authorization: Bearer``, or a server-side session
+whose random id is the HTTP-only ``steady_session`` cookie that ``POST /login`` sets (the
+token itself never reaches the browser's storage; logout revokes the session). Unauthenticated page requests are
 redirected to ``/login``; the JSON feeds answer 401. With ``STEADY_PUBLIC_DASHBOARD=true``
 every page is readable without a token (the dashboard never writes).
 """
@@ -23,9 +24,9 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
-from app.auth.service import GRANTS, Role, authenticate
+from app.auth.service import GRANTS, Role, authenticate, create_session, revoke_session
 from app.dashboard import service
-from app.deps import SESSION_COOKIE, ReadDB, _bearer, _secret_from
+from app.deps import SESSION_COOKIE, ReadDB, _bearer, _credentials, caller_token
 from app.launches import hints
 from app.models import Run, Study, Worker
 from app.workers import service as workers_service
@@ -35,7 +36,6 @@ templates = Jinja2Templates(directory=str(HERE / "templates"))
 router = APIRouter(include_in_schema=False)
 router.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
 
-SESSION_MAX_AGE_S = 7 * 24 * 3600
 STUDIES_PER_PAGE = 25
 RUNS_PER_PAGE = 100
 STUDY_STATUSES = ("queued", "running", "completed", "failed", "cancelled", "open")
@@ -52,10 +52,9 @@ class Viewer:
 
 def _viewer(request: Request, creds: HTTPAuthorizationCredentials | None) -> Viewer | None:
     settings = request.app.state.settings
-    secret = _secret_from(request, creds)
-    if secret:
+    if _credentials(request, creds) is not None:
         with request.app.state.database.read() as session:
-            row = authenticate(session, secret)
+            row = caller_token(session, request, creds)
             if row is not None and Role(row.role) in GRANTS[Role.user]:
                 return Viewer(name=row.name, public=settings.public_dashboard)
     if settings.public_dashboard:
@@ -98,11 +97,22 @@ def _safe_next(target: str | None) -> str:
 
 
 def _same_origin(request: Request) -> bool:
-    """A form post from another site carries its own Origin; refuse it (login CSRF)."""
+    """A form post from another site carries its own Origin; refuse it (login CSRF).
+
+    The Origin must name this server as the browser sees it: the scheme (https behind a trusted
+    proxy's X-Forwarded-Proto) and the Host header with its port (a proxy must pass the Host it
+    received, port included: nginx's ``$http_host``, not ``$host``)."""
     origin = request.headers.get("origin")
     if origin is None or origin == "null":
         return origin is None
-    return urlsplit(origin).netloc == request.headers.get("host", "")
+    parts = urlsplit(origin)
+    return _netloc(parts.scheme, parts.netloc) == _netloc(request.url.scheme, request.headers.get("host", ""))
+
+
+def _netloc(scheme: str, netloc: str) -> str:
+    default = {"http": ":80", "https": ":443"}.get(scheme.lower(), "")
+    netloc = netloc.lower()
+    return f"{scheme.lower()}://{netloc[: -len(default)] if default and netloc.endswith(default) else netloc}"
 
 
 def _db_key(request: Request) -> str:
@@ -202,15 +212,21 @@ def login(request: Request, token: Annotated[str, Form(max_length=500)] = "",
     with request.app.state.database.read() as session:
         row = authenticate(session, token) if token else None
         role = Role(row.role) if row is not None else None
+        token_id = row.id if row is not None else None
     if row is None:
         return _render(request, "login.html", None, status_code=401, next=_safe_next(next),
                        error="That token is not valid (or was revoked).")
     if role not in GRANTS[Role.user]:
         return _render(request, "login.html", None, status_code=403, next=_safe_next(next),
                        error=f"A {role.value} token cannot open the dashboard; use a user or admin token.")
+    settings = request.app.state.settings
+    with request.app.state.database.write() as session:
+        sid = create_session(session, token_id, settings.session_ttl_seconds)
     response = RedirectResponse(_safe_next(next), status_code=status.HTTP_303_SEE_OTHER)
+    # The cookie holds the session id only, never the token. Secure when the browser came over
+    # https (directly, or through a trusted proxy: STEADY_FORWARDED_ALLOW_IPS).
     response.set_cookie(
-        SESSION_COOKIE, token, max_age=SESSION_MAX_AGE_S, httponly=True, samesite="lax",
+        SESSION_COOKIE, sid, max_age=int(settings.session_ttl_seconds), httponly=True, samesite="lax",
         secure=request.url.scheme == "https", path="/",
     )
     return response
@@ -220,6 +236,10 @@ def login(request: Request, token: Annotated[str, Form(max_length=500)] = "",
 def logout(request: Request) -> Response:
     if not _same_origin(request):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "cross-site logout refused")
+    sid = request.cookies.get(SESSION_COOKIE)
+    if sid:
+        with request.app.state.database.write() as session:
+            revoke_session(session, sid)
     response = RedirectResponse("/login", status_code=status.HTTP_303_SEE_OTHER)
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax")
     return response

@@ -231,7 +231,7 @@ def group_chart(session: Session, study: Study, version: tuple, db_key: str, *, 
     def compute() -> str:
         runs = list(session.scalars(
             select(Run).where(Run.study_id == study.id, Run.determinism == determinism, Run.stack == stack,
-                              Run.status.in_(("completed", "running"))).order_by(Run.id)
+                              Run.status.in_(("completed", "running")), Run.excluded_at.is_(None)).order_by(Run.id)
         ))
         loaded = metrics_repo.load_series(session, [r.id for r in runs], [metric])
         series = {run_id: sv for (run_id, _), sv in loaded.items()}

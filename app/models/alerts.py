@@ -26,6 +26,8 @@ class AlertRule(Base):
     study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), nullable=True)
     suite: Mapped[str | None] = mapped_column(String(200), nullable=True)
     source: Mapped[str] = mapped_column(String(16), default="api")  # api | spec
+    owner_token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"),
+                                                       nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -36,6 +38,8 @@ class SuiteBaseline(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
     stack: Mapped[str | None] = mapped_column(String(200), nullable=True)
     set_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    owner_token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"),
+                                                       nullable=True)
 
 
 class Alert(Base):

@@ -33,6 +33,19 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
+class DashboardSession(Base):
+    """A dashboard login: the browser holds only the random session id; its hash is stored here."""
+
+    __tablename__ = "dashboard_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
 class Study(Base):
     __tablename__ = "studies"
 
@@ -45,6 +58,10 @@ class Study(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The token that created the study: it (and admins) may change it; every user may read it.
+    owner_token_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="SET NULL"), nullable=True, index=True
+    )
 
     runs: Mapped[list[Run]] = relationship(back_populates="study", lazy="raise", passive_deletes=True)
 
@@ -101,6 +118,11 @@ class Run(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    # Excluded by a person (bad data): kept and shown, never judged. Who, when and why.
+    excluded_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    excluded_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    excluded_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     study: Mapped[Study] = relationship(back_populates="runs", lazy="raise")
 

@@ -37,8 +37,17 @@ def metric_specs(study: Study) -> list[MetricSpec]:
 
 
 def completed_runs(session: Session, study_id: int) -> list[Run]:
-    stmt = select(Run).where(Run.study_id == study_id, Run.status == RunStatus.completed.value).order_by(Run.id)
+    """The runs judged: completed and not excluded by a person."""
+    stmt = select(Run).where(
+        Run.study_id == study_id, Run.status == RunStatus.completed.value, Run.excluded_at.is_(None)
+    ).order_by(Run.id)
     return list(session.scalars(stmt))
+
+
+def excluded_runs(session: Session, study_id: int) -> list[dict[str, Any]]:
+    stmt = select(Run).where(Run.study_id == study_id, Run.excluded_at.is_not(None)).order_by(Run.id)
+    return [{"run_id": r.id, "excluded_at": r.excluded_at.isoformat(), "excluded_by": r.excluded_by,
+             "reason": r.excluded_reason} for r in session.scalars(stmt)]
 
 
 def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:
@@ -129,6 +138,7 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
                   "suite": study.suite, "progress": progress.model_dump()},
         "metrics": [m.__dict__ for m in specs],
         "n_runs_judged": len(runs),
+        "excluded_runs": excluded_runs(session, study_id),
         **report,
     }
 

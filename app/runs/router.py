@@ -6,7 +6,7 @@ import base64
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
 from app.errors import NotFound
@@ -36,6 +36,25 @@ def get_run(run_id: int, db: ReadDB, caller: UserCaller) -> RunOut:
     out = RunOut.model_validate(run, from_attributes=True)
     out.metric_keys = metrics_repo.metric_keys(db, [run.id]).get(run.id, [])
     return out
+
+
+class ExcludeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, Field(min_length=1, max_length=2000, description="why the run is left out (recorded)")]
+
+
+@router.post("/{run_id}/exclude", response_model=RunOut)
+def exclude_run(run_id: int, body: ExcludeIn, db: WriteDB, caller: UserCaller) -> RunOut:
+    """Leave the run out of reports, bands and alerts (the study's owner or an admin). The run and
+    its data stay; reports list it as excluded with who, when and why."""
+    return RunOut.model_validate(studies.exclude_run(db, run_id, body.reason, caller), from_attributes=True)
+
+
+@router.delete("/{run_id}/exclude", response_model=RunOut)
+def include_run(run_id: int, db: WriteDB, caller: UserCaller) -> RunOut:
+    """Undo an exclusion: the run is judged again."""
+    return RunOut.model_validate(studies.include_run(db, run_id, caller), from_attributes=True)
 
 
 @router.get("/{run_id}/metrics/{key}", response_model=SeriesOut)

@@ -49,3 +49,7 @@ def list_runs(
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     rows = session.scalars(stmt.order_by(Run.id).limit(limit).offset(offset))
     return list(rows), total
+
+
+def first_study_of_suite(session: Session, suite: str) -> Study | None:
+    return session.scalars(select(Study).where(Study.suite == suite).order_by(Study.id).limit(1)).first()

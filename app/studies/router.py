@@ -18,7 +18,7 @@ RunStatusQ = Annotated[str | None, Query(pattern="^(queued|running|completed|fai
 
 @router.post("", response_model=StudyOut, status_code=status.HTTP_201_CREATED)
 def create_study(spec: StudySpec, db: WriteDB, caller: UserCaller, settings: AppSettings) -> StudyOut:
-    study = service.create_study(db, spec, settings)
+    study = service.create_study(db, spec, settings, caller)
     return service.to_out(db, [study])[0]
 
 
@@ -53,10 +53,10 @@ def list_runs(
 
 @router.post("/{study_id}/cancel", response_model=StudyOut)
 def cancel_study(study_id: int, db: WriteDB, caller: UserCaller) -> StudyOut:
-    return service.to_out(db, [service.cancel_study(db, study_id)])[0]
+    return service.to_out(db, [service.cancel_study(db, study_id, caller)])[0]
 
 
 @router.post("/{study_id}/runs", response_model=RunOut, status_code=status.HTTP_201_CREATED)
 def upload_run(study_id: int, body: ExternalRunIn, db: WriteDB, caller: UserCaller, settings: AppSettings) -> RunOut:
-    run = service.upload_external_run(db, study_id, body, settings)
+    run = service.upload_external_run(db, study_id, body, settings, caller)
     return RunOut.model_validate(run, from_attributes=True)

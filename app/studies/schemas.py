@@ -171,6 +171,7 @@ class StudySummary(BaseModel):
     updated_at: datetime
     finished_at: datetime | None
     progress: Progress
+    owner_token_id: int | None = Field(None, description="the token that created it; it and admins may change it")
 
 
 class StudyOut(StudySummary):
@@ -211,6 +212,9 @@ class RunOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    excluded_at: datetime | None = Field(None, description="set when a person excluded the run: shown, not judged")
+    excluded_by: str | None = None
+    excluded_reason: str | None = None
     metric_keys: list[str] | None = None
 
 

@@ -11,8 +11,9 @@ import numpy as np
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from app.auth.service import Caller, Role, ensure_may_change
 from app.config import Settings
-from app.errors import Conflict, Invalid, NotFound
+from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float
 from app.models import Run, Study, utcnow
@@ -25,7 +26,24 @@ TERMINAL = {s.value for s in TERMINAL_RUN_STATUSES}
 TERMINAL_STUDY_STATUSES = {"completed", "failed", "cancelled"}
 
 
-def create_study(session: Session, spec: StudySpec, settings: Settings) -> Study:
+def ensure_suite_owner(session: Session, suite: str, caller: Caller) -> None:
+    """A suite belongs to the owner of its first study: only they (and admins) add to it or set its
+    baseline and rules, so no other user can shift a suite's history or alerts."""
+    if caller.role == Role.admin:
+        return
+    first = repository.first_study_of_suite(session, suite)
+    if first is not None and first.owner_token_id != caller.token_id:
+        raise Forbidden(
+            f"suite {suite!r} belongs to another user (the owner of its first study, {first.id}): only they "
+            "or an admin may add studies, rules or a baseline to it"
+        )
+
+
+def ensure_study_owner(study: Study, caller: Caller) -> None:
+    ensure_may_change(caller, study.owner_token_id, f"study {study.id}")
+
+
+def create_study(session: Session, spec: StudySpec, settings: Settings, caller: Caller) -> Study:
     if spec.kind == "managed" and spec.run_count > settings.max_runs_per_study:
         raise Invalid(
             ("body", "seeds"),
@@ -33,7 +51,10 @@ def create_study(session: Session, spec: StudySpec, settings: Settings) -> Study
             f"{len(spec.determinism)} × {len(spec.stacks)} = {spec.run_count} runs, over the limit of "
             f"{settings.max_runs_per_study} runs per study (STEADY_MAX_RUNS_PER_STUDY)",
         )
+    if spec.suite:
+        ensure_suite_owner(session, spec.suite, caller)
     study = Study(
+        owner_token_id=caller.token_id,
         name=spec.name,
         kind=spec.kind,
         status="open" if spec.kind == "external" else "queued",
@@ -107,6 +128,7 @@ def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> 
             updated_at=s.updated_at,
             finished_at=s.finished_at,
             progress=progress[s.id],
+            owner_token_id=s.owner_token_id,
             **({} if summary else {"spec": s.spec}),
         )
         for s in studies
@@ -158,8 +180,9 @@ def on_study_finished(session: Session, study: Study) -> None:
     alerts.study_finished(session, study)
 
 
-def cancel_study(session: Session, study_id: int) -> Study:
+def cancel_study(session: Session, study_id: int, caller: Caller) -> Study:
     study = get_study(session, study_id)
+    ensure_study_owner(study, caller)
     if study.kind == "external":
         raise Conflict(f"study {study_id} is external: it has no runs to cancel")
     if study.status in {"completed", "failed"}:
@@ -188,8 +211,11 @@ def stack_name_of(fingerprint: dict[str, Any]) -> str:
     return "stack-" + hashlib.sha256(canonical.encode()).hexdigest()[:8]
 
 
-def upload_external_run(session: Session, study_id: int, body: ExternalRunIn, settings: Settings) -> Run:
+def upload_external_run(
+    session: Session, study_id: int, body: ExternalRunIn, settings: Settings, caller: Caller
+) -> Run:
     study = get_study(session, study_id)
+    ensure_study_owner(study, caller)
     if study.kind != "external":
         raise Conflict(f"study {study_id} is managed: its runs come from workers, not uploads")
     points = sum(len(s.steps) for s in body.metrics.values()) + len(body.step_times or [])
@@ -234,5 +260,28 @@ def upload_external_run(session: Session, study_id: int, body: ExternalRunIn, se
     return run
 
 
+def exclude_run(session: Session, run_id: int, reason: str, caller: Caller) -> Run:
+    """Leave a run out of every judgement (reports, bands, alerts); it stays stored and listed.
+
+    Recorded with who, when and why. Excluding an excluded run updates the reason.
+    """
+    run = get_run(session, run_id)
+    study = get_study(session, run.study_id)
+    ensure_study_owner(study, caller)
+    run.excluded_at, run.excluded_by, run.excluded_reason = utcnow(), f"{caller.name} (token {caller.token_id})", reason
+    study.updated_at = utcnow()
+    session.flush()
+    return run
 
 
+def include_run(session: Session, run_id: int, caller: Caller) -> Run:
+    """Undo an exclusion: the run is judged again."""
+    run = get_run(session, run_id)
+    study = get_study(session, run.study_id)
+    ensure_study_owner(study, caller)
+    if run.excluded_at is None:
+        raise Conflict(f"run {run_id} is not excluded")
+    run.excluded_at = run.excluded_by = run.excluded_reason = None
+    study.updated_at = utcnow()
+    session.flush()
+    return run

@@ -46,10 +46,113 @@ def test_worker_cannot_use_another_tokens_worker(api):
 def test_session_cookie_reads_but_cannot_write(api):
     from app.deps import SESSION_COOKIE
 
-    api.client.cookies.set(SESSION_COOKIE, api.tokens["admin"])
+    r = api.client.post("/login", data={"token": api.tokens["admin"]}, follow_redirects=False)
+    assert r.status_code == 303 and api.client.cookies.get(SESSION_COOKIE)
     try:
         assert api.client.get("/api/v1/studies").status_code == 200
         r = api.client.post("/api/v1/studies", json=spec())
         assert r.status_code == 401  # a write needs a bearer token, never the cookie alone
     finally:
         api.client.cookies.clear()
+
+
+def _login(api, role: str = "user") -> str:  # noqa: ANN001
+    from app.deps import SESSION_COOKIE
+
+    r = api.client.post("/login", data={"token": api.tokens[role]}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    sid = r.cookies.get(SESSION_COOKIE)
+    assert sid
+    return sid
+
+
+def test_the_cookie_holds_a_session_id_not_the_token(api):
+    from app.deps import SESSION_COOKIE
+    from app.models import DashboardSession
+
+    r = api.client.post("/login", data={"token": api.tokens["user"]}, follow_redirects=False)
+    sid = r.cookies.get(SESSION_COOKIE)
+    assert sid and sid != api.tokens["user"] and api.tokens["user"] not in r.headers["set-cookie"]
+    cookie = r.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=lax" in cookie and "max-age=43200" in cookie
+    assert "secure" not in cookie  # plain http, no trusted proxy said https
+    with api.app.state.database.read() as s:
+        (row,) = s.query(DashboardSession).all()
+        assert row.id_hash != sid and sid not in row.id_hash  # stored hashed
+    api.client.cookies.clear()
+
+
+def test_logout_revokes_the_session(api):
+    from app.deps import SESSION_COOKIE
+
+    sid = _login(api)
+    stolen = {"Cookie": f"{SESSION_COOKIE}={sid}"}
+    api.client.cookies.clear()
+    assert api.client.get("/api/v1/studies", headers=stolen).status_code == 200
+    api.client.cookies.set(SESSION_COOKIE, sid)
+    assert api.client.post("/logout", follow_redirects=False).status_code == 303
+    api.client.cookies.clear()
+    # a copy of the cookie kept from before the logout is dead
+    assert api.client.get("/api/v1/studies", headers=stolen).status_code == 401
+    assert api.client.get("/studies", headers=stolen, follow_redirects=False).status_code == 303
+
+
+def test_expired_session_and_revoked_token_need_a_new_login(api):
+    from datetime import timedelta
+
+    from app.deps import SESSION_COOKIE
+    from app.models import ApiToken, DashboardSession, utcnow
+
+    sid = _login(api)
+    api.client.cookies.clear()
+    headers = {"Cookie": f"{SESSION_COOKIE}={sid}"}
+    with api.app.state.database.write() as s:
+        for row in s.query(DashboardSession):
+            row.expires_at = utcnow() - timedelta(seconds=1)
+    assert api.client.get("/api/v1/studies", headers=headers).status_code == 401
+    sid = _login(api)
+    api.client.cookies.clear()
+    headers = {"Cookie": f"{SESSION_COOKIE}={sid}"}
+    assert api.client.get("/api/v1/studies", headers=headers).status_code == 200
+    with api.app.state.database.write() as s:
+        s.query(ApiToken).filter(ApiToken.name == "test-user").one().revoked_at = utcnow()
+    assert api.client.get("/api/v1/studies", headers=headers).status_code == 401
+
+
+def test_a_raw_token_in_the_cookie_is_not_a_session(api):
+    from app.deps import SESSION_COOKIE
+
+    assert api.client.get("/api/v1/studies", headers={"Cookie": f"{SESSION_COOKIE}={api.tokens['admin']}"}).status_code == 401
+
+
+def test_secure_cookie_and_same_origin_behind_a_trusted_https_proxy(api):
+    """Behind a proxy that passes Host with its port and X-Forwarded-Proto (app.cli runs uvicorn
+    with proxy headers from STEADY_FORWARDED_ALLOW_IPS; here the scheme is given directly)."""
+    from fastapi.testclient import TestClient
+
+    client = TestClient(api.app, base_url="https://steady.example:8443")
+    r = client.post("/login", data={"token": api.tokens["user"]}, follow_redirects=False,
+                    headers={"Origin": "https://steady.example:8443"})
+    assert r.status_code == 303, r.text
+    assert "secure" in r.headers["set-cookie"].lower()
+    r = client.post("/login", data={"token": api.tokens["user"]}, follow_redirects=False,
+                    headers={"Origin": "https://steady.example"})  # port dropped: another origin
+    assert r.status_code == 403
+    r = client.post("/login", data={"token": api.tokens["user"]}, follow_redirects=False,
+                    headers={"Origin": "http://steady.example:8443"})
+    assert r.status_code == 403
+
+
+def test_ended_sessions_are_dropped_as_new_ones_start(api):
+    from datetime import timedelta
+
+    from app.models import DashboardSession, utcnow
+
+    _login(api)
+    with api.app.state.database.write() as s:
+        for row in s.query(DashboardSession):
+            row.expires_at = utcnow() - timedelta(seconds=1)
+    _login(api)
+    api.client.cookies.clear()
+    with api.app.state.database.read() as s:
+        assert s.query(DashboardSession).count() == 1

@@ -39,7 +39,12 @@ def new_page(browser):
     def _new(server, *, logged_in: bool = True):
         context = browser.new_context(viewport={"width": 1280, "height": 720})
         if logged_in:
-            context.add_cookies([{"name": "steady_session", "value": server.tokens["user"], "url": server.url,
+            # a real session from a login: the cookie holds a session id, never the token
+            import httpx
+
+            r = httpx.post(server.url + "/login", data={"token": server.tokens["user"]})
+            sid = r.history[0].cookies["steady_session"] if r.history else r.cookies["steady_session"]
+            context.add_cookies([{"name": "steady_session", "value": sid, "url": server.url,
                                   "httpOnly": True, "sameSite": "Lax"}])
         contexts.append(context)
         page = context.new_page()

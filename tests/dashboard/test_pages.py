@@ -58,7 +58,9 @@ def test_login_logout_and_cookie(live_server, new_page):
     page.click("button[type=submit]")
     page.wait_for_url(live_server.url + "/studies?status=completed")
     cookie = next(c for c in page.context.cookies() if c["name"] == "steady_session")
-    assert cookie["httpOnly"] and cookie["sameSite"] == "Lax" and cookie["value"] == live_server.tokens["user"]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Lax" and cookie["value"].startswith("stds_")
+    assert live_server.tokens["user"] not in cookie["value"]  # a session id, never the token
+    stolen = {"Cookie": f"steady_session={cookie['value']}"}
     # the cookie is not readable from scripts
     assert "steady_session" not in page.evaluate("document.cookie")
     assert "Signed in as" in page.inner_text("header")
@@ -66,6 +68,8 @@ def test_login_logout_and_cookie(live_server, new_page):
     page.click("text=Sign out")
     page.wait_for_url(re.compile(r".*/login$"))
     assert not [c for c in page.context.cookies() if c["name"] == "steady_session"]
+    # the logout revoked the session on the server: a copy of the cookie is dead
+    assert httpx.get(live_server.url + "/api/v1/studies", headers=stolen).status_code == 401
     page.goto(live_server.url + "/workers")
     assert "/login" in page.url
     # the feeds answer 401, not a redirect

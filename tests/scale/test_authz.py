@@ -119,3 +119,101 @@ def test_revoked_token_is_refused(api, role):
     path = "/api/v1/studies" if role == "user" else "/api/v1/workers/register"
     r = api.client.request("GET" if role == "user" else "POST", path, headers=api.h(role), json={"name": "x"})
     assert r.status_code == 401
+
+
+# --- ownership: users change their own objects, admins all, every user reads everything ----------
+
+BAND_RULE = {"kind": "band_width", "metric": "loss", "max": 1.0}
+
+
+def _second_user(api) -> dict[str, str]:  # noqa: ANN001
+    token = api.post("/api/v1/tokens", role="admin", json={"name": "other-user", "role": "user"}).json()["token"]
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:  # noqa: ANN001
+    """Objects of the first user token; for each user write route, the concrete URL and body that touch them."""
+    managed = api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"], suite="nightly"))
+    assert managed.status_code == 201, managed.text
+    sid = managed.json()["id"]
+    ext = api.post("/api/v1/studies", json={"name": "imported", "kind": "external", "metrics": ["loss"]}).json()["id"]
+    run = {"seed": 0, "determinism": "seeded", "stack": {"name": "a100"},
+           "metrics": {"loss": {"steps": [0, 1], "values": [1.0, 0.5]}}}
+    run_id = api.post(f"/api/v1/studies/{ext}/runs", json=run).json()["id"]
+    rule = api.post("/api/v1/alert-rules", json={**BAND_RULE, "study_id": sid})
+    assert rule.status_code == 201, rule.text
+    assert api.client.put("/api/v1/suites/nightly/baseline", json={"study_id": sid}, headers=api.h()).status_code == 200
+    from app.models import Alert
+
+    with api.app.state.database.write() as s:
+        alert = Alert(dedupe_key="k" * 64, rule_id=rule.json()["id"], kind="band_width", severity="warning",
+                      state="firing", study_id=sid, summary="wide", link="/")
+        s.add(alert)
+        s.flush()
+        alert_id = alert.id
+    return {
+        ("POST", "/api/v1/studies"): ("/api/v1/studies", spec(seeds=[0], repeats=1, determinism=["seeded"], suite="nightly")),
+        ("POST", "/api/v1/studies/{study_id}/cancel"): (f"/api/v1/studies/{sid}/cancel", None),
+        ("POST", "/api/v1/studies/{study_id}/runs"): (f"/api/v1/studies/{ext}/runs", run),
+        ("POST", "/api/v1/runs/{run_id}/exclude"): (f"/api/v1/runs/{run_id}/exclude", {"reason": "bad data"}),
+        ("DELETE", "/api/v1/runs/{run_id}/exclude"): (f"/api/v1/runs/{run_id}/exclude", None),
+        ("POST", "/api/v1/alert-rules"): ("/api/v1/alert-rules", {**BAND_RULE, "name": "mine", "study_id": sid}),
+        ("DELETE", "/api/v1/alert-rules/{rule_id}"): (f"/api/v1/alert-rules/{rule.json()['id']}", None),
+        ("PUT", "/api/v1/suites/{suite}/baseline"): ("/api/v1/suites/nightly/baseline", {"study_id": sid}),
+        ("DELETE", "/api/v1/suites/{suite}/baseline"): ("/api/v1/suites/nightly/baseline", None),
+        ("POST", "/api/v1/studies/{study_id}/evaluate"): (f"/api/v1/studies/{sid}/evaluate", None),
+        ("POST", "/api/v1/alerts/{alert_id}/ack"): (f"/api/v1/alerts/{alert_id}/ack", None),
+    }
+
+
+def test_a_user_cannot_change_another_users_objects(api):
+    """Every state-changing route open to users: another user gets 403 naming the owner rule; reading stays open."""
+    targets = _owned_objects(api)
+    user_writes = {(m, p) for m, p, r in _routes()
+                   if (roles := _roles(r)) is not None and Role.user in roles and m not in ("GET", "HEAD")}
+    assert user_writes == set(targets), f"add the new user write routes to _owned_objects: {user_writes ^ set(targets)}"
+    other = _second_user(api)
+    # a global rule watches everyone's studies: admins only
+    r = api.client.post("/api/v1/alert-rules", json={**BAND_RULE, "name": "global"}, headers=other)
+    assert r.status_code == 403 and "admin" in r.json()["detail"]
+    for (method, path), (url, body) in targets.items():
+        r = api.client.request(method, url, json=body, headers=other)
+        assert r.status_code == 403, (method, path, r.status_code, r.text[:300])
+        assert "another user" in r.json()["detail"], (method, path, r.text)
+    # reading stays open to every user
+    sid = int(targets[("POST", "/api/v1/studies/{study_id}/cancel")][0].split("/")[4])
+    for url in (f"/api/v1/studies/{sid}", "/api/v1/studies", "/api/v1/alert-rules", "/api/v1/alerts",
+                "/api/v1/suites/nightly/baseline", f"/api/v1/studies/{sid}/report"):
+        assert api.client.get(url, headers=other).status_code == 200, url
+    # the study shows its owner; nothing was changed by the refused calls
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "queued" and study["owner_token_id"] is not None
+
+
+@pytest.mark.parametrize("who", ["user", "admin"])
+def test_the_owner_and_admins_change_it(api, who):
+    targets = _owned_objects(api)
+    order = [("POST", "/api/v1/studies"), ("POST", "/api/v1/studies/{study_id}/runs"),
+             ("POST", "/api/v1/runs/{run_id}/exclude"), ("DELETE", "/api/v1/runs/{run_id}/exclude"),
+             ("POST", "/api/v1/alert-rules"), ("POST", "/api/v1/alerts/{alert_id}/ack"),
+             ("POST", "/api/v1/studies/{study_id}/evaluate"), ("PUT", "/api/v1/suites/{suite}/baseline"),
+             ("DELETE", "/api/v1/suites/{suite}/baseline"), ("DELETE", "/api/v1/alert-rules/{rule_id}"),
+             ("POST", "/api/v1/studies/{study_id}/cancel")]
+    assert set(order) == set(targets)
+    for key in order:
+        url, body = targets[key]
+        r = api.client.request(key[0], url, json=body, headers=api.h(who))
+        # evaluating a study that has not finished is a state conflict, not a refusal
+        expected = {200, 201, 204} | ({409} if key[1].endswith("/evaluate") else set())
+        assert r.status_code in expected, (key, who, r.status_code, r.text[:300])
+
+
+def test_objects_without_an_owner_are_changed_by_admins_only(api):
+    """Rows from before owners were recorded (owner NULL): users may not change them, admins may."""
+    sid = api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"])).json()["id"]
+    from app.models import Study
+
+    with api.app.state.database.write() as s:
+        s.get(Study, sid).owner_token_id = None
+    assert api.post(f"/api/v1/studies/{sid}/cancel").status_code == 403
+    assert api.post(f"/api/v1/studies/{sid}/cancel", role="admin").status_code == 200
