@@ -60,7 +60,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from app.db import Database
 
     settings = _server_settings(args)
-    db = Database(settings.resolved_database_url)
+    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
     migrate.upgrade(db.engine)
     print(f"database at revision {migrate.current_revision(db.engine)}")
     return EXIT_OK
@@ -72,7 +72,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     from app.db import Database
 
     settings = _server_settings(args)
-    db = Database(settings.resolved_database_url)
+    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
     migrate.upgrade(db.engine)
     if args.token_cmd == "create":
         with db.write() as session:

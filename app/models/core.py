@@ -58,6 +58,10 @@ class Worker(Base):
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), nullable=True)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The request id of the last lease this worker was granted and its run: a repeated lease
+    # request (its answer was lost) gets the same run back instead of a second one.
+    lease_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Run(Base):
@@ -84,6 +88,11 @@ class Run(Base):
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     progress_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Leased at + the spec's time limit + grace: the reaper fails a run still running past it.
+    time_limit_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The request id of the last complete/fail/release applied and the status it produced.
+    transition_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    transition_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
     fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     digests: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -39,11 +39,14 @@ def register(body: WorkerRegistration, db: WriteDB, caller: WorkerCaller, settin
 @router.post(
     "/{worker_id}/lease",
     response_model=Lease,
-    responses={204: {"description": "nothing queued that this worker's labels can run"}},
+    responses={
+        204: {"description": "nothing queued that this worker's labels can run"},
+        429: {"description": "this worker holds STEADY_MAX_LEASES_PER_WORKER leases already"},
+    },
 )
 def lease(worker_id: int, body: LeaseRequest, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
     worker = service.get_for(db, worker_id, caller)
-    leased = runs.lease_next(db, worker, settings)
+    leased = runs.lease_next(db, worker, settings, body.request_id)
     if leased is None:
         return Response(status_code=204)
     return leased
