@@ -197,7 +197,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
         .order_by(Run.id)
         .limit(CANDIDATES_PER_LEASE)
     )
-    for run_id, required, *_ in _own_blocks_first(session, worker.id, session.execute(stmt).all()):
+    for run_id, required, study_id, *_ in _own_blocks_first(session, worker.id, session.execute(stmt).all()):
         if not set(required) <= labels:
             continue
         claimable = (
@@ -209,6 +209,9 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
             continue
         lease_id = uuid.uuid4().hex
         expires = now + timedelta(seconds=settings.lease_seconds)
+        study = session.get(Study, study_id)
+        assert study is not None
+        time_limit_s = float(study.spec.get("time_limit_s", 1800.0))
         result = session.execute(
             update(Run)
             .where(Run.id == run_id, Run.status == RunStatus.queued.value)
@@ -220,6 +223,10 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
                 worker_id=worker.id,
                 started_at=now,
                 progress_step=None,
+                # In this one UPDATE: a second UPDATE of the row in the same transaction makes
+                # PostgreSQL re-check its foreign keys, taking a KEY SHARE lock on the study row
+                # that refresh_status's FOR UPDATE then has to upgrade (deadlocks between leasers).
+                time_limit_at=now + timedelta(seconds=time_limit_s + settings.time_limit_grace_seconds),
             )
         )
         if result.rowcount != 1:
@@ -227,10 +234,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
         run = session.get(Run, run_id, populate_existing=True)
         assert run is not None
         metrics_repo.delete_other_attempts(session, run.id, run.attempt)
-        study = session.get(Study, run.study_id)
-        assert study is not None
         lease = _lease_of(run, study, settings)
-        run.time_limit_at = now + timedelta(seconds=lease.spec.time_limit_s + settings.time_limit_grace_seconds)
         worker.lease_request_id = request_id
         worker.lease_run_id = run.id
         session.flush()
