@@ -16,10 +16,13 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import pytest
 
 from tests.scale.conftest import all_runs, create_study
 from worker.client import NonRetryableError, SteadyClient
 from worker.protocol import Heartbeat, MetricBatch, RunFailure, RunRelease, RunResult, Series, WorkerRegistration
+
+pytestmark = pytest.mark.slow
 
 DROPS_WANTED = 1000
 DROP_RATE = 0.5
@@ -86,9 +89,9 @@ class AnswerDroppingProxy:
             return sum(self.dropped.values())
 
 
-def test_retries_through_dropped_answers_lease_once_and_never_report_a_false_lease_loss(live_server_factory):
+def test_retries_through_dropped_answers_lease_once_and_never_report_a_false_lease_loss(live_server_factory, backend_url):
     logging.getLogger("steady.worker.client").setLevel(logging.ERROR)  # a warning per retry otherwise
-    server = live_server_factory(lease_seconds=600, heartbeat_seconds=60, reaper_interval_seconds=1)
+    server = live_server_factory(backend_url, lease_seconds=600, heartbeat_seconds=60, reaper_interval_seconds=1)
     study_id = create_study(server, runs=600)
     rng = random.Random(7)
     leases: Counter[int] = Counter()  # run -> leases the client received
