@@ -74,7 +74,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from app.db import Database
 
     settings = _server_settings(args)
-    db = Database(settings.resolved_database_url)
+    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
     migrate.upgrade(db.engine)
     print(f"database at revision {migrate.current_revision(db.engine)}")
     return EXIT_OK
@@ -97,7 +97,7 @@ def _existing_database(settings):  # noqa: ANN001, ANN202
         where = url.database
         if not Path(url.database).is_file():
             raise CliError(f"no Steady database at {where}: {DATABASE_HINT}")
-    db = Database(settings.resolved_database_url)
+    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
     try:
         if migrate.current_revision(db.engine) is None:
             raise CliError(f"{where} holds no Steady database: {DATABASE_HINT}")
@@ -115,7 +115,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
     settings = _server_settings(args)
     if args.token_cmd == "create":  # the first token may come before the first `steady serve`
-        db = Database(settings.resolved_database_url)
+        db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         migrate.upgrade(db.engine)
     else:
         db = _existing_database(settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,12 +29,25 @@ class Settings(BaseSettings):
     reaper_interval_seconds: float = Field(5.0, gt=0)
     # Reports of settled studies are computed in the background and cached; 0 turns it off.
     report_cache_interval_seconds: float = Field(2.0, ge=0)
+    # Runs one worker may hold at once; a lease request beyond it is answered 429.
+    max_leases_per_worker: int = Field(8, ge=1)
+    # A run still running this long past its spec's time_limit_s is failed (kind timeout) by
+    # the server, whatever its worker's heartbeats say.
+    time_limit_grace_seconds: float = Field(60.0, ge=0)
 
     # Limits on input.
     max_runs_per_study: int = Field(2000, ge=1)
     max_batch_points: int = Field(200_000, ge=1)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_page_size: int = 500
+    # Per-run data: distinct metric keys and stored points (all keys) of one attempt.
+    max_keys_per_run: int = Field(256, ge=1)
+    max_points_per_run: int = Field(50_000_000, ge=1)
+
+    # SQLite only: PRAGMA synchronous. FULL: an acknowledged write survives power loss
+    # (fsync of the WAL at every commit). NORMAL: it survives a crash of the process, but the
+    # last commits before a power loss or kernel panic may be lost. See docs/deploy.md.
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
 
     # Dashboard: readable without a token when true (read-only).
     public_dashboard: bool = False

@@ -27,7 +27,7 @@ _WRITE_OPTION = "steady_write"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, sqlite_synchronous: str = "FULL") -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -38,19 +38,24 @@ def make_engine(url: str) -> Engine:
             pool_size=8,
             max_overflow=16,
         )
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, sqlite_synchronous)
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, synchronous: str) -> None:
+    if synchronous not in ("FULL", "NORMAL"):
+        raise ValueError(f"STEADY_SQLITE_SYNCHRONOUS must be FULL or NORMAL, not {synchronous!r}")
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):  # noqa: ANN001
         # Take over transaction control from pysqlite so BEGIN is ours to emit.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
+        # FULL (default): the WAL is fsynced at every commit, so an acknowledged write survives
+        # power loss. NORMAL: survives a process crash only (docs/deploy.md, "Durability").
+        cur.execute(f"PRAGMA synchronous={synchronous}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cur.close()
@@ -64,9 +69,9 @@ def _configure_sqlite(engine: Engine) -> None:
 class Database:
     """Owns the engine and the two session factories."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, sqlite_synchronous: str = "FULL") -> None:
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, sqlite_synchronous=sqlite_synchronous)
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         write_engine = self.engine.execution_options(**{_WRITE_OPTION: True})
         self._read = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)

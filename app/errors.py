@@ -6,9 +6,10 @@ from __future__ import annotations
 class SteadyError(Exception):
     status_code = 400
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.code = code  # machine-readable, sent next to ``detail`` when set
 
 
 class NotFound(SteadyError):
@@ -25,6 +26,13 @@ class Conflict(SteadyError):
     """The request is valid but the resource's state refuses it (lease lost, already done)."""
 
     status_code = 409
+
+
+class TooManyRequests(SteadyError):
+    """A per-caller limit is reached for now (e.g. leases held by one worker)."""
+
+    status_code = 429
+    retry_after_s = 5
 
 
 class Unavailable(SteadyError):

@@ -24,7 +24,7 @@ from app.auth.router import router as tokens_router
 from app.config import Settings, get_settings
 from app.dashboard.router import router as dashboard_router
 from app.db import Database
-from app.errors import Invalid, SteadyError
+from app.errors import Invalid, SteadyError, TooManyRequests
 from app.launches.router import router as launches_router
 from app.runs import service as runs_service
 from app.reports.background import ReportCacher
@@ -178,7 +178,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        database = Database(settings.resolved_database_url)
+        database = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         if database.check_integrity():
             log.error("database failed its integrity check, writes refused: %s", database.corruption)
         else:
@@ -209,7 +209,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if isinstance(exc, Invalid):
             detail = [{"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}]
             return JSONResponse({"detail": detail}, status_code=422)
-        return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+        body: dict[str, object] = {"detail": exc.message}
+        if exc.code is not None:
+            body["code"] = exc.code
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, TooManyRequests) else None
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(ValueError)
     async def _value_error(request: Request, exc: ValueError) -> JSONResponse:

@@ -183,6 +183,7 @@ class RunExecution:
         self.config = agent.config
         self.cancel = threading.Event()
         self.lease_lost = threading.Event()
+        self.refused: str | None = None  # why the server refused this run's metrics (a per-run limit)
         self.finished = threading.Event()
         self.release_requested = threading.Event()
         self.run_dir = os.path.join(self.config.work_dir, f"run-{lease.run_id}-attempt-{lease.attempt}-{lease.lease_id[:8]}")
@@ -230,6 +231,10 @@ class RunExecution:
             self.stream.flush(everything=everything, deadline_s=60.0 if everything else 10.0)
         except LeaseLostError:
             self.lease_lost.set()
+        except NonRetryableError as exc:  # e.g. 422 over STEADY_MAX_KEYS_PER_RUN: more data will not fit
+            if self.refused is None:
+                log.error("run %d: the server refused its metrics: %s", self.lease.run_id, exc)
+                self.refused = str(exc)
         except RetryableError as exc:
             log.warning("run %d: metrics not delivered yet (%s); will re-send seq %d", self.lease.run_id, exc, self.stream.seq)
 
@@ -246,6 +251,8 @@ class RunExecution:
                     self._flush()
                 if self.lease_lost.is_set():
                     self.proc.kill("lease_lost")
+                elif self.refused is not None:
+                    self.proc.kill(FailureKind.error.value)
                 elif self.cancel.is_set():
                     self.proc.kill(FailureKind.cancelled.value)
                 elif self.release_requested.is_set():
@@ -291,10 +298,15 @@ class RunExecution:
             self._try(lambda: self.client.release(run_id, RunRelease(lease_id=lease_id)))
             log.info("run %d: released back to the queue", run_id)
             return
-        self._flush(everything=True)
+        if self.refused is None:
+            self._flush(everything=True)
         if self.lease_lost.is_set():
             return
-        if self.stream.pending_points or self.stream.unsent is not None:
+        if self.refused is not None:
+            outcome.ok = False
+            outcome.kind = FailureKind.error.value
+            outcome.error = f"the server refused the run's metrics: {self.refused}"[:MAX_ERROR_LENGTH]
+        elif self.stream.pending_points or self.stream.unsent is not None:
             outcome.ok = False
             outcome.kind = FailureKind.error.value
             outcome.error = "could not deliver all metric points to the server"

@@ -3,8 +3,14 @@
 Errors are typed: :class:`RetryableError` (connection errors, timeouts, 429, 502, 503, 504)
 are retried with exponential backoff and full jitter until the call's deadline and raised
 only after it; :class:`NonRetryableError` is raised at once, with :class:`LeaseLostError`
-(409: the lease expired and the run was re-queued, or it completed elsewhere) and
-:class:`PayloadTooLargeError` (413) as the cases the agent handles specially.
+(409 ``lease_lost``: the lease expired and the run was re-queued or taken over),
+:class:`AlreadyFinishedError` (409 ``already_finished``: the run completed, failed or was
+cancelled) and :class:`PayloadTooLargeError` (413) as the cases the agent handles specially.
+
+Retries are safe: lease, complete, fail and release carry a ``request_id`` chosen here once
+per call and reused by every retry of it, and the server answers a repeat with the first
+answer. A lost answer therefore never leases a second run, and a retried ``complete`` whose
+first answer was lost gets that answer back rather than a conflict.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -63,8 +70,30 @@ class LeaseLostError(NonRetryableError):
     """409: this worker no longer holds the run's lease; stop the run, report nothing more."""
 
 
+class AlreadyFinishedError(NonRetryableError):
+    """409: the run already completed, failed or was cancelled (by another request id)."""
+
+
 class PayloadTooLargeError(NonRetryableError):
     """413: the metric batch is larger than the server accepts."""
+
+
+def _code(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("code") if isinstance(body, dict) else None
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _with_request_id(body: M) -> M:
+    if getattr(body, "request_id", "") is None:
+        return body.model_copy(update={"request_id": new_request_id()})
+    return body
 
 
 def _detail(response: httpx.Response) -> str:
@@ -128,6 +157,8 @@ class SteadyClient:
             err.retry_after = _retry_after(response)  # type: ignore[attr-defined]
             raise err
         if status == 409:
+            if _code(response) == "already_finished":
+                raise AlreadyFinishedError(message, status)
             raise LeaseLostError(message, status)
         if status == 413:
             raise PayloadTooLargeError(message, status)
@@ -162,7 +193,7 @@ class SteadyClient:
 
     def lease_or_idle(self, worker_id: int, *, deadline_s: float | None = None, study_id: int | None = None) -> LeaseAnswer:
         """A lease, or (nothing to lease) how many runs in scope still run elsewhere."""
-        body = LeaseRequest(worker_id=worker_id, study_id=study_id)
+        body = LeaseRequest(worker_id=worker_id, study_id=study_id, request_id=new_request_id())  # one id for all retries
         response = self.post(f"/api/v1/workers/{worker_id}/lease", body, deadline_s=deadline_s)
         if response.status_code == 204 or not response.content:
             raw = response.headers.get(PENDING_HEADER)
@@ -176,13 +207,13 @@ class SteadyClient:
         return self._call(f"/api/v1/runs/{run_id}/metrics", batch, BatchAck, deadline_s)
 
     def complete(self, run_id: int, result: RunResult, *, deadline_s: float | None = None) -> RunAck:
-        return self._call(f"/api/v1/runs/{run_id}/complete", result, RunAck, deadline_s)
+        return self._call(f"/api/v1/runs/{run_id}/complete", _with_request_id(result), RunAck, deadline_s)
 
     def fail(self, run_id: int, failure: RunFailure, *, deadline_s: float | None = None) -> RunAck:
-        return self._call(f"/api/v1/runs/{run_id}/fail", failure, RunAck, deadline_s)
+        return self._call(f"/api/v1/runs/{run_id}/fail", _with_request_id(failure), RunAck, deadline_s)
 
     def release(self, run_id: int, release: RunRelease, *, deadline_s: float | None = None) -> RunAck:
-        return self._call(f"/api/v1/runs/{run_id}/release", release, RunAck, deadline_s)
+        return self._call(f"/api/v1/runs/{run_id}/release", _with_request_id(release), RunAck, deadline_s)
 
 
 def _retry_after(response: httpx.Response) -> float | None:

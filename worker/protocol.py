@@ -33,6 +33,19 @@ MAX_ERROR_LENGTH = 65_536
 # Name of the series in which workers record the wall time of every training step (s).
 STEP_TIME_KEY = "step_time"
 
+# A client-chosen id of one logical request, reused by every retry of it: the server answers a
+# repeated lease, complete, fail or release with the acknowledgement of the first one.
+RequestId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+
+
+class ErrorCode(str, Enum):
+    """Machine-readable ``code`` of a 409 answer to a worker."""
+
+    lease_lost = "lease_lost"  # the run is no longer leased under this lease id
+    already_finished = "already_finished"  # the run already completed, failed or was cancelled
+    not_lease_holder = "not_lease_holder"  # another worker holds this run's lease
+
+
 MetricKey = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH, pattern=r"^[A-Za-z0-9_.:/\-]+$")]
 Label = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[A-Za-z0-9_.:/+=\-]+$")]
 
@@ -150,6 +163,7 @@ PENDING_HEADER = "X-Steady-Pending"
 class LeaseRequest(_Model):
     worker_id: int
     study_id: int | None = None  # lease only runs of this study (agents launched for one study)
+    request_id: RequestId | None = None
 
 
 class RunSpec(_Model):
@@ -285,6 +299,7 @@ class Digests(_Model):
 
 class RunResult(_FreeText):
     lease_id: str
+    request_id: RequestId | None = None
     final_metrics: dict[str, float] = {}
     digests: Digests = Digests()
     fingerprint: dict[str, Any] = {}
@@ -294,6 +309,7 @@ class RunResult(_FreeText):
 
 class RunFailure(_FreeText):
     lease_id: str
+    request_id: RequestId | None = None
     kind: FailureKind = FailureKind.error
     error: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)]
     stderr_tail: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)] = ""
@@ -305,8 +321,10 @@ class RunRelease(_Model):
     """Give a leased run back to the queue (agent shutting down); the attempt is not counted."""
 
     lease_id: str
+    request_id: RequestId | None = None
 
 
 class RunAck(_Model):
     run_id: int
     status: RunStatus
+    duplicate: bool = False  # true when this answers a repeat of an already applied request

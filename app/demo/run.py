@@ -88,7 +88,7 @@ def run_demo(args: argparse.Namespace) -> int:
         shutil.rmtree(data_dir)  # a demo starts from nothing each time
     data_dir.mkdir(parents=True)
     settings = Settings(data_dir=data_dir, database_url="")
-    db = Database(settings.resolved_database_url)
+    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
     migrate.upgrade(db.engine)
     with db.write() as session:
         user_token = create_token(session, name="demo-user", role=Role.admin)[1]

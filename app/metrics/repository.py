@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -90,6 +90,16 @@ def insert_chunks(
     except IntegrityError:
         return False
     return True
+
+
+def attempt_usage(session: Session, run_id: int, attempt: int) -> tuple[set[str], int]:
+    """The metric keys and the number of points stored for one attempt of a run."""
+    rows = session.execute(
+        select(MetricChunk.key, func.sum(MetricChunk.n))
+        .where(MetricChunk.run_id == run_id, MetricChunk.attempt == attempt)
+        .group_by(MetricChunk.key)
+    ).all()
+    return {key for key, _ in rows}, int(sum(n or 0 for _, n in rows))
 
 
 def delete_other_attempts(session: Session, run_id: int, keep_attempt: int) -> None:

@@ -77,6 +77,10 @@ class Worker(Base):
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), nullable=True)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The request id of the last lease this worker was granted and its run: a repeated lease
+    # request (its answer was lost) gets the same run back instead of a second one.
+    lease_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Run(Base):
@@ -105,6 +109,11 @@ class Run(Base):
     progress_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # the engine job (Slurm array task, pod) of the worker holding / last holding the lease
     engine: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Leased at + the spec's time limit + grace: the reaper fails a run still running past it.
+    time_limit_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The request id of the last complete/fail/release applied and the status it produced.
+    transition_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    transition_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
     fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     digests: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

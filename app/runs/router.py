@@ -86,24 +86,24 @@ def get_series(
 
 @router.post("/{run_id}/heartbeat", response_model=HeartbeatAck, tags=["worker protocol"])
 def heartbeat(run_id: int, body: Heartbeat, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
-    return service.heartbeat(db, run_id, body, settings)
+    return service.heartbeat(db, run_id, body, settings, caller)
 
 
 @router.post("/{run_id}/metrics", response_model=BatchAck, tags=["worker protocol"])
 def push_metrics(run_id: int, body: MetricBatch, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
-    return service.ingest_batch(db, run_id, body, settings)
+    return service.ingest_batch(db, run_id, body, settings, caller)
 
 
 @router.post("/{run_id}/complete", response_model=RunAck, tags=["worker protocol"])
 def complete(run_id: int, body: RunResult, db: WriteDB, caller: WorkerCaller):
-    return service.complete(db, run_id, body)
+    return service.complete(db, run_id, body, caller)
 
 
 @router.post("/{run_id}/fail", response_model=RunAck, tags=["worker protocol"])
 def fail(run_id: int, body: RunFailure, db: WriteDB, caller: WorkerCaller):
-    return service.fail(db, run_id, body)
+    return service.fail(db, run_id, body, caller)
 
 
 @router.post("/{run_id}/release", response_model=RunAck, tags=["worker protocol"])
 def release(run_id: int, body: RunRelease, db: WriteDB, caller: WorkerCaller):
-    return service.release(db, run_id, body)
+    return service.release(db, run_id, body, caller)

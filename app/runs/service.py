@@ -13,13 +13,17 @@ from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.errors import Conflict, NotFound, TooLarge
+from app.auth.service import Role
+from app.deps import Principal
+from app.errors import Conflict, Forbidden, Invalid, NotFound, TooLarge, TooManyRequests
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float, series_arrays
 from app.models import Run, Study, Worker, utcnow
 from app.studies import service as studies
 from worker.protocol import (
+    TERMINAL_RUN_STATUSES,
     BatchAck,
+    ErrorCode,
     Heartbeat,
     HeartbeatAck,
     Lease,
@@ -59,8 +63,26 @@ def reap_expired(session: Session, now: datetime | None = None) -> list[int]:
     Safe to run in every API process at once: each UPDATE only matches runs still expired.
     """
     now = now or utcnow()
+    overdue = and_(Run.status == RunStatus.running.value, Run.time_limit_at < now)
+    study_ids = set(session.scalars(select(Run.study_id).where(overdue)))
+    if study_ids:
+        # Past its time limit (plus grace) the run is failed whatever its heartbeats say: the
+        # agent's own limit is a courtesy, this one holds when the agent is broken or hostile.
+        session.execute(
+            update(Run)
+            .where(overdue)
+            .values(
+                status=RunStatus.failed.value,
+                lease_id=None,
+                lease_expires_at=None,
+                finished_at=now,
+                failure_kind="timeout",
+                error="ran past its time limit (time_limit_s plus STEADY_TIME_LIMIT_GRACE_SECONDS); "
+                "failed by the server",
+            )
+        )
     expired = and_(Run.status == RunStatus.running.value, Run.lease_expires_at < now)
-    study_ids = set(session.scalars(select(Run.study_id).where(expired)))
+    study_ids |= set(session.scalars(select(Run.study_id).where(expired)))
     if not study_ids:
         return []
     session.execute(
@@ -129,10 +151,52 @@ def running_in_scope(session: Session, study_id: int | None) -> int:
     return int(session.scalar(stmt) or 0)
 
 
-def lease_next(session: Session, worker: Worker, settings: Settings, *, study_id: int | None = None) -> Lease | None:
+def _lease_of(run: Run, study: Study, settings: Settings) -> Lease:
+    assert run.lease_id is not None and run.lease_expires_at is not None
+    return Lease(
+        run_id=run.id,
+        study_id=run.study_id,
+        attempt=run.attempt,
+        lease_id=run.lease_id,
+        lease_expires_at=run.lease_expires_at,
+        heartbeat_seconds=settings.heartbeat_seconds,
+        spec=_spec_for(run, study),
+    )
+
+
+def lease_next(session: Session, worker: Worker, settings: Settings, request_id: str | None = None, *,
+               study_id: int | None = None) -> Lease | None:
+    """Lease the next queued run this worker can run, or None.
+
+    A request repeating the ``request_id`` of this worker's last granted lease (its answer was
+    lost) gets that lease again while the worker still holds it, and never a second run.
+    ``study_id`` limits the lease to that study's runs (agents launched for one study).
+    """
     now = utcnow()
     reap_expired(session, now)
+    # Lock the worker row: one lease decision per worker at a time, so a retry racing its
+    # original and the per-worker cap cannot both pass.
+    locked = session.scalars(
+        select(Worker).where(Worker.id == worker.id).with_for_update().execution_options(populate_existing=True)
+    ).one()
+    worker = locked
     worker.last_seen_at = now
+    if request_id is not None and worker.lease_request_id == request_id and worker.lease_run_id is not None:
+        run = session.get(Run, worker.lease_run_id, populate_existing=True)
+        if run is not None and run.status == RunStatus.running.value and run.worker_id == worker.id:
+            study = session.get(Study, run.study_id)
+            assert study is not None
+            return _lease_of(run, study, settings)
+        return None  # that lease is gone already (expired and reaped, or finished)
+    held = session.scalar(
+        select(func.count()).select_from(Run).where(Run.status == RunStatus.running.value, Run.worker_id == worker.id)
+    )
+    if held >= settings.max_leases_per_worker:
+        raise TooManyRequests(
+            f"worker {worker.id} already holds {held} leases, the limit per worker "
+            f"(STEADY_MAX_LEASES_PER_WORKER={settings.max_leases_per_worker}); finish or release one first",
+            code="lease_cap",
+        )
     labels = set(worker.labels)
     # Candidates are read without locks: locking them all (FOR UPDATE SKIP LOCKED on the whole
     # page) made concurrent leasers on PostgreSQL skip every queued run and answer 204. Each
@@ -145,7 +209,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, *, study_id
     )
     if study_id is not None:
         stmt = stmt.where(Run.study_id == study_id)
-    for run_id, required, *_ in _own_blocks_first(session, worker.id, session.execute(stmt).all()):
+    for run_id, required, run_study_id, *_ in _own_blocks_first(session, worker.id, session.execute(stmt).all()):
         if not set(required) <= labels:
             continue
         claimable = (
@@ -157,6 +221,9 @@ def lease_next(session: Session, worker: Worker, settings: Settings, *, study_id
             continue
         lease_id = uuid.uuid4().hex
         expires = now + timedelta(seconds=settings.lease_seconds)
+        study = session.get(Study, run_study_id)
+        assert study is not None
+        time_limit_s = float(study.spec.get("time_limit_s", 1800.0))
         result = session.execute(
             update(Run)
             .where(Run.id == run_id, Run.status == RunStatus.queued.value)
@@ -169,6 +236,10 @@ def lease_next(session: Session, worker: Worker, settings: Settings, *, study_id
                 engine=worker.engine,
                 started_at=now,
                 progress_step=None,
+                # In this one UPDATE: a second UPDATE of the row in the same transaction makes
+                # PostgreSQL re-check its foreign keys, taking a KEY SHARE lock on the study row
+                # that refresh_status's FOR UPDATE then has to upgrade (deadlocks between leasers).
+                time_limit_at=now + timedelta(seconds=time_limit_s + settings.time_limit_grace_seconds),
             )
         )
         if result.rowcount != 1:
@@ -176,40 +247,52 @@ def lease_next(session: Session, worker: Worker, settings: Settings, *, study_id
         run = session.get(Run, run_id, populate_existing=True)
         assert run is not None
         metrics_repo.delete_other_attempts(session, run.id, run.attempt)
-        study = session.get(Study, run.study_id)
-        assert study is not None
+        lease = _lease_of(run, study, settings)
+        worker.lease_request_id = request_id
+        worker.lease_run_id = run.id
+        session.flush()
         if study.status != "running":  # a lease only ever moves a study from queued to running
             studies.refresh_status(session, study.id)
-        return Lease(
-            run_id=run.id,
-            study_id=run.study_id,
-            attempt=run.attempt,
-            lease_id=lease_id,
-            lease_expires_at=expires,
-            heartbeat_seconds=settings.heartbeat_seconds,
-            spec=_spec_for(run, study),
-        )
+        return lease
     return None
 
 
-def _leased_run(session: Session, run_id: int, lease_id: str, *, lock: bool = True) -> Run:
+def _already_finished(run: Run) -> Conflict:
+    return Conflict(f"run {run.id} is already {run.status}; nothing was changed", code=ErrorCode.already_finished.value)
+
+
+def _leased_run(session: Session, run_id: int, lease_id: str, principal: Principal, *, lock: bool = True) -> Run:
+    """The run, if ``lease_id`` is its live lease and the caller's token is the leasing worker's."""
     stmt = select(Run).where(Run.id == run_id)
     if lock:
         stmt = stmt.with_for_update()
     run = session.scalars(stmt).first()
     if run is None:
         raise NotFound(f"run {run_id} not found")
-    if run.lease_id != lease_id:
-        raise Conflict(f"lease lost: run {run_id} is no longer leased under this lease (it was re-queued or taken over)")
-    if run.status != RunStatus.running.value:
-        raise Conflict(f"run {run_id} is {run.status}, not running")
+    if run.status in {s.value for s in TERMINAL_RUN_STATUSES} and run.lease_id in (lease_id, None):
+        raise _already_finished(run)
+    if run.lease_id != lease_id or run.status != RunStatus.running.value:
+        raise Conflict(
+            f"lease lost: run {run_id} is no longer leased under this lease (it was re-queued or taken over)",
+            code=ErrorCode.lease_lost.value,
+        )
+    if principal.role is not Role.admin:
+        holder = session.scalar(select(Worker.token_id).where(Worker.id == run.worker_id))
+        if holder != principal.token_id:
+            raise Forbidden(
+                f"run {run_id} is leased by another worker; only the worker holding the lease may write to it",
+                code=ErrorCode.not_lease_holder.value,
+            )
     if run.lease_expires_at is not None and run.lease_expires_at < utcnow():
-        raise Conflict(f"lease lost: the lease of run {run_id} expired at {run.lease_expires_at.isoformat()}")
+        raise Conflict(
+            f"lease lost: the lease of run {run_id} expired at {run.lease_expires_at.isoformat()}",
+            code=ErrorCode.lease_lost.value,
+        )
     return run
 
 
-def heartbeat(session: Session, run_id: int, body: Heartbeat, settings: Settings) -> HeartbeatAck:
-    run = _leased_run(session, run_id, body.lease_id)
+def heartbeat(session: Session, run_id: int, body: Heartbeat, settings: Settings, principal: Principal) -> HeartbeatAck:
+    run = _leased_run(session, run_id, body.lease_id, principal)
     now = utcnow()
     run.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
     if body.step is not None:
@@ -220,22 +303,57 @@ def heartbeat(session: Session, run_id: int, body: Heartbeat, settings: Settings
     return HeartbeatAck(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
-def ingest_batch(session: Session, run_id: int, body: MetricBatch, settings: Settings) -> BatchAck:
+def ingest_batch(
+    session: Session, run_id: int, body: MetricBatch, settings: Settings, principal: Principal
+) -> BatchAck:
     points = sum(len(s) for s in body.series)
     if points > settings.max_batch_points:
         raise TooLarge(
             f"batch of {points} points is over the limit of {settings.max_batch_points} points (STEADY_MAX_BATCH_POINTS)"
         )
-    run = _leased_run(session, run_id, body.lease_id, lock=False)
+    run = _leased_run(session, run_id, body.lease_id, principal, lock=False)
     if metrics_repo.batch_exists(session, run.id, run.attempt, body.seq):
         return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=True)
+    _check_run_limits(session, run, body, points, settings)
     arrays = [(s.key, *series_arrays(s)) for s in body.series]
     stored = metrics_repo.insert_chunks(session, run.id, run.attempt, body.seq, arrays)
     return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=not stored)
 
 
-def complete(session: Session, run_id: int, body: RunResult) -> RunAck:
-    run = _finished_guard(session, run_id, body.lease_id)
+def _check_run_limits(session: Session, run: Run, body: MetricBatch, points: int, settings: Settings) -> None:
+    keys, stored = metrics_repo.attempt_usage(session, run.id, run.attempt)
+    new_keys = {s.key for s in body.series} - keys
+    if len(keys) + len(new_keys) > settings.max_keys_per_run:
+        raise Invalid(
+            ("body", "series"),
+            f"run {run.id} would have {len(keys) + len(new_keys)} metric keys, over the limit of "
+            f"{settings.max_keys_per_run} keys per run (STEADY_MAX_KEYS_PER_RUN)",
+        )
+    if stored + points > settings.max_points_per_run:
+        raise Invalid(
+            ("body", "series"),
+            f"run {run.id} would hold {stored + points} points, over the limit of "
+            f"{settings.max_points_per_run} points per run (STEADY_MAX_POINTS_PER_RUN)",
+        )
+
+
+def _duplicate(run: Run, request_id: str | None) -> RunAck | None:
+    """The original acknowledgement, when this transition repeats the last one applied."""
+    if request_id is not None and run.transition_request_id == request_id and run.transition_status:
+        return RunAck(run_id=run.id, status=RunStatus(run.transition_status), duplicate=True)
+    return None
+
+
+def _applied(run: Run, request_id: str | None) -> None:
+    run.transition_request_id = request_id
+    run.transition_status = run.status
+
+
+def complete(session: Session, run_id: int, body: RunResult, principal: Principal) -> RunAck:
+    run = _locked_run(session, run_id)
+    if (ack := _duplicate(run, body.request_id)) is not None:
+        return ack
+    run = _leased_run(session, run_id, body.lease_id, principal, lock=False)
     now = utcnow()
     run.status = RunStatus.completed.value
     run.final_metrics = {k: json_float(v) for k, v in body.final_metrics.items()}
@@ -245,14 +363,18 @@ def complete(session: Session, run_id: int, body: RunResult) -> RunAck:
     run.timings = {k: json_float(v) for k, v in body.timings.items()}
     run.finished_at = now
     run.lease_expires_at = None
+    _applied(run, body.request_id)
     metrics_repo.delete_other_attempts(session, run.id, run.attempt)
     session.flush()
     studies.refresh_status(session, run.study_id)
     return RunAck(run_id=run.id, status=RunStatus.completed)
 
 
-def fail(session: Session, run_id: int, body: RunFailure) -> RunAck:
-    run = _finished_guard(session, run_id, body.lease_id)
+def fail(session: Session, run_id: int, body: RunFailure, principal: Principal) -> RunAck:
+    run = _locked_run(session, run_id)
+    if (ack := _duplicate(run, body.request_id)) is not None:
+        return ack
+    run = _leased_run(session, run_id, body.lease_id, principal, lock=False)
     status = RunStatus.cancelled if body.kind.value == "cancelled" else RunStatus.failed
     run.status = status.value
     run.failure_kind = body.kind.value
@@ -264,14 +386,18 @@ def fail(session: Session, run_id: int, body: RunFailure) -> RunAck:
         run.determinism_applied = body.determinism_applied
     run.finished_at = utcnow()
     run.lease_expires_at = None
+    _applied(run, body.request_id)
     session.flush()
     studies.refresh_status(session, run.study_id)
     return RunAck(run_id=run.id, status=status)
 
 
-def release(session: Session, run_id: int, body: RunRelease) -> RunAck:
+def release(session: Session, run_id: int, body: RunRelease, principal: Principal) -> RunAck:
     """Give the run back to the queue; the attempt does not count and its points are dropped."""
-    run = _leased_run(session, run_id, body.lease_id)
+    run = _locked_run(session, run_id)
+    if (ack := _duplicate(run, body.request_id)) is not None:
+        return ack
+    run = _leased_run(session, run_id, body.lease_id, principal, lock=False)
     metrics_repo.delete_attempt(session, run.id, run.attempt)
     if run.cancel_requested:
         run.status = RunStatus.cancelled.value
@@ -282,15 +408,14 @@ def release(session: Session, run_id: int, body: RunRelease) -> RunAck:
     run.lease_id = None
     run.lease_expires_at = None
     run.worker_id = None
+    _applied(run, body.request_id)
     session.flush()
     studies.refresh_status(session, run.study_id)
     return RunAck(run_id=run.id, status=RunStatus(run.status))
 
 
-def _finished_guard(session: Session, run_id: int, lease_id: str) -> Run:
+def _locked_run(session: Session, run_id: int) -> Run:
     run = session.scalars(select(Run).where(Run.id == run_id).with_for_update()).first()
     if run is None:
         raise NotFound(f"run {run_id} not found")
-    if run.status in studies.TERMINAL:
-        raise Conflict(f"run {run_id} is already {run.status}; nothing was changed")
-    return _leased_run(session, run_id, lease_id, lock=False)
+    return run

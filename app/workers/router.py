@@ -40,15 +40,18 @@ def register(body: WorkerRegistration, db: WriteDB, caller: WorkerCaller, settin
 @router.post(
     "/{worker_id}/lease",
     response_model=Lease,
-    responses={204: {
-        "description": "nothing queued (in the request's study, if given) that this worker's labels can run",
-        "headers": {PENDING_HEADER: {"description": "runs in scope still running elsewhere; 0: nothing left",
-                                     "schema": {"type": "integer"}}},
-    }},
+    responses={
+        204: {
+            "description": "nothing queued (in the request's study, if given) that this worker's labels can run",
+            "headers": {PENDING_HEADER: {"description": "runs in scope still running elsewhere; 0: nothing left",
+                                         "schema": {"type": "integer"}}},
+        },
+        429: {"description": "this worker holds STEADY_MAX_LEASES_PER_WORKER leases already"},
+    },
 )
 def lease(worker_id: int, body: LeaseRequest, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
     worker = service.get_for(db, worker_id, caller)
-    leased = runs.lease_next(db, worker, settings, study_id=body.study_id)
+    leased = runs.lease_next(db, worker, settings, body.request_id, study_id=body.study_id)
     if leased is None:
         pending = runs.running_in_scope(db, body.study_id)
         return Response(status_code=204, headers={PENDING_HEADER: str(pending)})

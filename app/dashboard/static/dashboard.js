@@ -277,12 +277,20 @@
 
   /* ------------------------------------------------------------------ run page */
 
+  // A run may log hundreds of keys: each chart is fetched only when its figure comes near the
+  // viewport, with at most RUN_CHARTS_IN_FLIGHT requests at a time.
+  const RUN_CHARTS_IN_FLIGHT = 4;
+
   function initRun(main) {
     const runId = main.dataset.runId;
-    for (const figure of $$("figure[data-run-metric]")) {
+    const queue = [];
+    let inFlight = 0;
+
+    function load(figure) {
       const slot = new ChartSlot(figure);
       const key = figure.dataset.runMetric;
-      getJSON(`/dashboard/data/runs/${runId}/chart?${new URLSearchParams({ key })}`).then((d) => {
+      figure.dataset.requested = "true";
+      return getJSON(`/dashboard/data/runs/${runId}/chart?${new URLSearchParams({ key })}`).then((d) => {
         const data = [d.x, d.y];
         const opts = {
           width: plotWidth(slot.plotEl), height: 220, legend: { show: false },
@@ -298,6 +306,27 @@
         slot.show({ opts, data, lineCount: 1 }, summary, d.downsampled ? `${d.points} of ${d.total_steps} points` : "");
       }).catch((err) => slot.message(`Could not load the chart: ${err.message}`));
     }
+
+    function pump() {
+      while (inFlight < RUN_CHARTS_IN_FLIGHT && queue.length) {
+        inFlight += 1;
+        load(queue.shift()).finally(() => { inFlight -= 1; pump(); });
+      }
+    }
+
+    const figures = $$("figure[data-run-metric]");
+    for (const figure of figures) {
+      $("[data-summary]", figure).textContent = "The chart loads when scrolled into view.";
+    }
+    const observer = new IntersectionObserver((entries) => {
+      for (const entry of entries) {
+        if (!entry.isIntersecting) continue;
+        observer.unobserve(entry.target);
+        queue.push(entry.target);
+      }
+      pump();
+    }, { rootMargin: "200px 0px" });
+    figures.forEach((f) => observer.observe(f));
   }
 
   /* ------------------------------------------------------------------ studies list */

@@ -1,7 +1,7 @@
 """access hardening: owners, run exclusion, dashboard sessions
 
-Revision ID: 0006_access_hardening
-Revises: 0002
+Revision ID: 0005_access_hardening
+Revises: 0004_report_cache
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from alembic import op
 
 import app.models.base
 
-revision = "0006_access_hardening"
+revision = "0005_access_hardening"
 down_revision = '0004_report_cache'
 branch_labels = None
 depends_on = None
