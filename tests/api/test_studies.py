@@ -96,10 +96,12 @@ def test_cancel_study(api):
     assert lease(api, wid) is None
 
 
-def test_runs_are_leased_with_levels_interleaved(api):
+def test_runs_are_leased_with_levels_interleaved(make_api):
     """Runs of the compared determinism levels alternate in the queue (A B C, C B A, …), so a load
     drift over the study does not read as a cost of determinism (app.stats.cost)."""
     from tests.api.helpers import lease, register
+
+    api = make_api(max_leases_per_worker=13)  # one worker holds the whole queue, then asks once more
 
     levels = ["none", "seeded", "strict"]
     sid = api.post("/api/v1/studies", json=spec(seeds=[0, 1], repeats=2, determinism=levels)).json()["id"]
