@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
 from sqlalchemy import select
 
 from app.auth.service import GRANTS, Role, authenticate
@@ -179,8 +181,24 @@ def _group(group: dict) -> str:
     return f"{group.get('determinism')} · {group.get('stack')}"
 
 
+_MD_INLINE = re.compile(r"`([^`\n]+)`|\*\*([^*\n]+)\*\*|(?<![*\w])\*([^*\n]+)\*(?![*\w])")
+
+
+def _markdown_inline(text: object) -> Markup:
+    """The inline Markdown people write in descriptions (`code`, **bold**, *em*), escaped
+    first so nothing else in the text becomes markup; blank lines separate paragraphs."""
+    def one(m: re.Match) -> str:
+        code, bold, em = m.groups()
+        if code is not None:
+            return f"<code>{code}</code>"
+        return f"<strong>{bold}</strong>" if bold is not None else f"<em>{em}</em>"
+
+    paragraphs = re.split(r"\n\s*\n", str(text or "").strip())
+    return Markup("".join(f"<p>{_MD_INLINE.sub(one, str(escape(p)))}</p>" for p in paragraphs if p))
+
+
 templates.env.filters.update(ago=_ago, duration=_duration, short=_short, num=_num, pct=_pct, group=_group,
-                             tone=service.tone)
+                             tone=service.tone, markdown_inline=_markdown_inline)
 
 
 # --- login ------------------------------------------------------------------------------------

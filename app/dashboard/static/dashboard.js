@@ -315,7 +315,7 @@
           const b = badges && badges.find((x) => x.level === cell.dataset.level);
           if (b) {
             span.className = `verdict tone-${b.tone}`;
-            span.title = `worst of ${b.count} verdict(s)`;
+            span.title = b.hint || `worst of ${b.count} verdict(s)`;
             span.textContent = b.verdict.replace(/_/g, " ");
           } else {
             span.className = "muted small";
