@@ -1,0 +1,105 @@
+"""Issue #14 "readable at a glance": the headline says whether each level met its expectation,
+/docs and /redoc render offline, every page is screenshotted at desktop and phone width, and no
+page loads anything from another host."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import curve, shot, upload_external
+
+pytestmark = pytest.mark.browser
+
+WIDTHS = {"desktop": 1280, "phone": 420}
+
+
+def _demo_like_study(client: httpx.Client) -> tuple[int, list[dict]]:
+    """3 seeds × 2 repeats per level: strict and seeded repeats identical, `none` repeats vary."""
+    r = client.post("/api/v1/studies", json={
+        "name": "demo-like", "kind": "external",
+        "description": "Trains with `torch.use_deterministic_algorithms(True)` at **strict**.",
+        "metrics": [{"name": "loss", "max_std": 0.5, "margin": 0.5}]})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    runs = []
+    for det in ("none", "seeded", "strict"):
+        for seed in range(3):
+            for rep in range(2):
+                values = curve(seed, 120)
+                digest = "a"
+                if det == "none":
+                    values = [v + 1e-4 * ((rep * 7 + seed * 3 + i) % 5) for i, v in enumerate(values)]
+                    digest = "bcdef"[(seed * 2 + rep) % 5]
+                runs.append(upload_external(client, sid, seed=seed, repeat=rep, determinism=det, values=values,
+                                            step_times=[0.1 + 0.01 * (det == "strict")] * 30, digest=digest))
+    return sid, runs
+
+
+def _ignores_seed_study(client: httpx.Client) -> int:
+    """A script that seeds itself: every run, every seed, every level identical."""
+    r = client.post("/api/v1/studies", json={"name": "ignores-seed", "kind": "external",
+                                             "metrics": [{"name": "loss"}]})
+    sid = r.json()["id"]
+    for det in ("none", "seeded"):
+        for seed in range(2):
+            for rep in range(2):
+                upload_external(client, sid, seed=seed, repeat=rep, determinism=det, values=curve(0, 60))
+    return sid
+
+
+def _offsite(page, base: str) -> list[str]:
+    page.requests = []
+    page.on("request", lambda req: page.requests.append(req.url))
+    return page.requests
+
+
+def test_headline_met_expectations_and_suspicious(live_server, new_page):
+    with live_server.client() as c:
+        good, _ = _demo_like_study(c)
+        bad = _ignores_seed_study(c)
+        rep = c.get(f"/api/v1/studies/{good}/report").json()
+    assert [(h["determinism"], h["met"]) for h in rep["headline"]] == [("strict", True), ("seeded", True),
+                                                                         ("none", True)]
+    page = new_page(live_server)
+    page.goto(f"{live_server.url}/studies")
+    cell = lambda sid: page.locator(f"tr[data-study-id='{sid}'] td[data-level='repeatability'] .verdict")  # noqa: E731
+    cell(good).wait_for()
+    cell(bad).wait_for()
+    assert cell(good).inner_text() == "met expectations"
+    assert cell(bad).inner_text() == "suspicious"
+    assert "ignores Steady's seed" in cell(bad).get_attribute("title")
+
+    page.goto(f"{live_server.url}/studies/{good}")
+    head = page.locator("#headline")
+    assert head.locator("li[data-met='yes']").count() == 3 and "expected: varies" in head.inner_text()
+    # backticks and ** in the description are rendered, not shown raw
+    assert page.locator(".description code").inner_text() == "torch.use_deterministic_algorithms(True)"
+    assert "`" not in page.locator(".description").inner_text()
+    assert "does not apply" in page.locator("#variance").inner_text()
+
+    page.goto(f"{live_server.url}/studies/{bad}")
+    assert page.locator("#headline [data-suspicious]").count() >= 1
+    assert page.console_errors == [] and page.csp_violations == []
+
+
+def test_api_docs_render_offline(live_server, new_page):
+    page = new_page(live_server, logged_in=False)
+    requests = _offsite(page, live_server.url)
+    page.goto(f"{live_server.url}/docs")
+    page.wait_for_selector(".swagger-ui .opblock-summary-path")
+    assert "/api/v1/studies" in page.locator(".swagger-ui").inner_text()
+    shot(page, "docs-desktop", full_page=False)
+    console = []
+    page.on("console", lambda m: console.append(m.text))
+    page.goto(f"{live_server.url}/redoc")
+    try:
+        page.wait_for_function("() => document.body.innerText.includes('/api/v1/studies')")
+    except Exception:
+        raise AssertionError(f"redoc did not render: {console} {page.console_errors}") from None
+    shot(page, "redoc-desktop", full_page=False)
+    assert requests and all(u.startswith(live_server.url) or u.startswith(("data:", "blob:")) for u in requests), \
+        [u for u in requests if not u.startswith(live_server.url)]
+    assert page.console_errors == [] and page.csp_violations == []
+    with live_server.client() as c:
+        assert "unsafe-inline" not in c.get("/docs").headers["content-security-policy"]
