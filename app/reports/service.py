@@ -39,6 +39,7 @@ def completed_runs(session: Session, study_id: int) -> list[Run]:
 
 def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:
     series = metrics_repo.load_series(session, [r.id for r in runs], list(keys))
+    dtypes = metrics_repo.load_dtypes(session, [r.id for r in runs], list(keys))
     out = []
     for r in runs:
         out.append(
@@ -53,6 +54,7 @@ def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stac
                 status=r.status,
                 series={k: series[(r.id, k)] for k in keys if (r.id, k) in series},
                 worker=r.worker_id,
+                dtypes={k: dtypes[(r.id, k)] for k in keys if (r.id, k) in dtypes},
             )
         )
     return out

@@ -218,7 +218,7 @@ def ingest_batch(session: Session, run_id: int, body: MetricBatch, settings: Set
     run = _leased_run(session, run_id, body.lease_id, lock=False)
     if metrics_repo.batch_exists(session, run.id, run.attempt, body.seq):
         return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=True)
-    arrays = [(s.key, *series_arrays(s)) for s in body.series]
+    arrays = [(s.key, *series_arrays(s), s.dtype) for s in body.series]
     stored = metrics_repo.insert_chunks(session, run.id, run.attempt, body.seq, arrays)
     return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=not stored)
 

@@ -97,3 +97,13 @@ def test_nan_case_does_not_claim_zero_ulps():
     runs = [RepeatRun(np.arange(2), np.array([1.0, 2.0])), RepeatRun(np.arange(2), np.array([1.0, np.nan]))]
     r = repeatability(runs)
     assert "non-finite in one repeat" in r.reason and "max |Δ| inf, 0 ULPs" not in r.reason
+
+
+def test_sdk_records_the_logged_dtype():
+    from worker.sdk import float_dtype
+
+    assert float_dtype(1.0) == "float64" and float_dtype(3) == "float64"
+    assert float_dtype(np.float32(1)) == "float32" and float_dtype(np.array(1, np.float16)) == "float16"
+    torch = pytest.importorskip("torch")
+    assert float_dtype(torch.tensor(1.0)) == "float32"
+    assert float_dtype(torch.tensor(1.0, dtype=torch.bfloat16)) == "bfloat16"
