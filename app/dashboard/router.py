@@ -197,6 +197,7 @@ def _markdown_inline(text: object) -> Markup:
     return Markup("".join(f"<p>{_MD_INLINE.sub(one, str(escape(p)))}</p>" for p in paragraphs if p))
 
 
+templates.env.tests["loss_like"] = lambda name: bool(re.search(r"loss|mse|mae|rmse|error|perplexity|nll", str(name), re.I))
 templates.env.filters.update(ago=_ago, duration=_duration, short=_short, num=_num, pct=_pct, group=_group,
                              tone=service.tone, markdown_inline=_markdown_inline)
 

@@ -103,3 +103,71 @@ def test_api_docs_render_offline(live_server, new_page):
     assert page.console_errors == [] and page.csp_violations == []
     with live_server.client() as c:
         assert "unsafe-inline" not in c.get("/docs").headers["content-security-policy"]
+
+
+def _settle(page, path: str) -> None:
+    """Wait for what each page draws after loading (charts, badges, API docs)."""
+    if path.startswith("/studies/") and path != "/studies/999999":
+        page.wait_for_selector("main[data-charts-ready='true']")
+    elif path.startswith("/runs/"):
+        page.wait_for_selector("figure[data-run-metric][data-ready='true']")
+    elif path == "/studies":
+        page.wait_for_function("() => !document.querySelector('tr[data-badges-pending]')")
+    elif path == "/docs":
+        page.wait_for_selector(".swagger-ui .opblock-summary-path")
+    elif path == "/redoc":
+        page.wait_for_function("() => document.body.innerText.includes('/api/v1/studies')")
+
+
+def test_every_page_desktop_and_phone_screenshots(live_server, new_page):
+    """Screenshots of every page at 1280 and 420 px (kept under artifacts/screenshots); at 420 px
+    nothing overflows sideways; no page loads anything from another host."""
+    with live_server.client() as c:
+        sid, runs = _demo_like_study(c)
+    pages = {"login": "/login", "studies": "/studies", "study": f"/studies/{sid}", "run": f"/runs/{runs[0]['id']}",
+             "workers": "/workers", "alerts": "/alerts", "not-found": "/studies/999999", "docs": "/docs",
+             "redoc": "/redoc"}
+    overflow = {}
+    for size, width in WIDTHS.items():
+        for name, path in pages.items():
+            page = new_page(live_server, logged_in=name != "login")
+            requests = _offsite(page, live_server.url)
+            page.set_viewport_size({"width": width, "height": 900})
+            page.goto(f"{live_server.url}{path}")
+            _settle(page, path)
+            shot(page, f"page-{name}-{size}")
+            sw = page.evaluate("() => document.documentElement.scrollWidth")
+            if sw > width:
+                overflow[f"{name}@{width}"] = sw
+            offsite = [u for u in requests if not u.startswith((live_server.url, "data:", "blob:"))]
+            assert offsite == [], (name, offsite)
+            assert page.console_errors == [] and page.csp_violations == [], (name, page.console_errors,
+                                                                             page.csp_violations)
+            page.context.close()
+    assert overflow == {}, f"pages wider than the viewport: {overflow}"
+
+
+def test_hover_a_chart_reads_the_step_and_each_runs_value(live_server, new_page):
+    with live_server.client() as c:
+        sid, runs = _demo_like_study(c)
+    page = new_page(live_server)
+    page.goto(f"{live_server.url}/studies/{sid}")
+    page.wait_for_selector("main[data-charts-ready='true']")
+    page.select_option("#sel-level", "seeded")
+    page.wait_for_function("() => document.querySelector('figure[data-metric]').dataset.group === 'seeded · default'"
+                           " && document.querySelector('main').dataset.chartsReady === 'true'")
+    fig = page.locator("figure[data-metric='loss']")
+    over = fig.locator(".u-over")
+    box = over.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+    legend = fig.locator(".u-legend")
+    page.wait_for_function("f => /^\\d+$/.test(f.querySelector('.u-legend .u-series .u-value').textContent)",
+                           arg=fig.element_handle())
+    step = int(legend.locator(".u-series").first.locator(".u-value").inner_text())
+    seeded = [r for r in runs if r["determinism"] == "seeded"]
+    run = seeded[0]
+    row = legend.locator(".u-series", has_text=f"run {run['id']}")
+    shown = float(row.locator(".u-value").inner_text())
+    want = curve(run["seed"], 120)[step]
+    assert shown == pytest.approx(want, rel=1e-4), (step, shown, want)
+    shot(page, "study-hover", full_page=False)
