@@ -138,7 +138,10 @@ def test_every_page_desktop_and_phone_screenshots(live_server, new_page):
             shot(page, f"page-{name}-{size}")
             sw = page.evaluate("() => document.documentElement.scrollWidth")
             if sw > width:
-                overflow[f"{name}@{width}"] = sw
+                overflow[f"{name}@{width}"] = (sw, page.evaluate(
+                    "w => Array.from(document.querySelectorAll('body *')).filter(e => e.getBoundingClientRect().right > w)"
+                    ".slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))",
+                    width))
             offsite = [u for u in requests if not u.startswith((live_server.url, "data:", "blob:"))]
             assert offsite == [], (name, offsite)
             assert page.console_errors == [] and page.csp_violations == [], (name, page.console_errors,
