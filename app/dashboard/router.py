@@ -197,6 +197,14 @@ def _markdown_inline(text: object) -> Markup:
     return Markup("".join(f"<p>{_MD_INLINE.sub(one, str(escape(p)))}</p>" for p in paragraphs if p))
 
 
+def _when(value: datetime) -> str:
+    """A timestamp for people: UTC, to the second (no microseconds, no ISO 'T')."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+templates.env.filters["when"] = _when
 templates.env.tests["loss_like"] = lambda name: bool(re.search(r"loss|mse|mae|rmse|error|perplexity|nll", str(name), re.I))
 templates.env.filters.update(ago=_ago, duration=_duration, short=_short, num=_num, pct=_pct, group=_group,
                              tone=service.tone, markdown_inline=_markdown_inline)
@@ -298,7 +306,7 @@ def study_page(
         badges=service.badges(report) if report else None, verdicts_by_level=verdicts_by_level,
         level_titles=service.LEVEL_TITLES, runs=runs, n_runs=n_runs, runs_page=runs_page,
         runs_pages=max(1, math.ceil(n_runs / RUNS_PER_PAGE)), groups=groups,
-        levels_present=list(dict.fromkeys(d for d, _ in groups)),
+        levels_present=service.chart_levels(groups),
         stacks_present=list(dict.fromkeys(s for _, s in groups)),
         metrics=service.study_metrics(study), version=service.version_tag(version),
         cost_top=service.cost_scale(report),

@@ -240,6 +240,16 @@ def study_groups(session: Session, study_id: int) -> list[tuple[str, str]]:
                                                              if p[0] in DETERMINISM_LEVELS else 9, p[1]))
 
 
+# The chart opens on the level that answers a study's question (seeded: how wide is the seed
+# band?), then strict, and the noisiest (none) last.
+CHART_LEVEL_ORDER = ("seeded", "strict", "none")
+
+
+def chart_levels(groups: Sequence[tuple[str, str]]) -> list[str]:
+    present = list(dict.fromkeys(d for d, _ in groups))
+    return sorted(present, key=lambda d: CHART_LEVEL_ORDER.index(d) if d in CHART_LEVEL_ORDER else 9)
+
+
 def study_runs(session: Session, study_id: int, *, limit: int, offset: int) -> tuple[list[Run], int]:
     return studies_repo.list_runs(session, study_id, status=None, limit=limit, offset=offset)
 
