@@ -13,11 +13,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, DataError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app import __version__, migrate
-from app import apidocs
+from app import __version__, apidocs, migrate
 from app.alerts.dispatcher import Dispatcher
 from app.alerts.router import metrics_router
 from app.alerts.router import router as alerts_router
@@ -26,8 +25,8 @@ from app.config import Settings, get_settings
 from app.dashboard.router import router as dashboard_router
 from app.db import Database
 from app.errors import Invalid, SteadyError
-from app.runs import service as runs_service
 from app.reports.router import router as reports_router
+from app.runs import service as runs_service
 from app.runs.router import router as runs_router
 from app.studies.router import router as studies_router
 from app.workers.router import router as workers_router

@@ -205,7 +205,7 @@ def _when(value: datetime) -> str:
 
 
 templates.env.filters["when"] = _when
-templates.env.tests["loss_like"] = lambda name: bool(re.search(r"loss|mse|mae|rmse|error|perplexity|nll", str(name), re.I))
+templates.env.tests["loss_like"] = lambda name: bool(re.search(r"loss|mse|mae|rmse|error|perplexity|nll", str(name), re.IGNORECASE))
 templates.env.filters.update(ago=_ago, duration=_duration, short=_short, num=_num, pct=_pct, group=_group,
                              tone=service.tone, markdown_inline=_markdown_inline)
 

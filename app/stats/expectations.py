@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["EXPECTED", "Expectation", "LevelHeadline", "repeatability_expectation", "headline",
-           "IGNORES_SEED", "SEEDS_IDENTICAL"]
+__all__ = ["EXPECTED", "IGNORES_SEED", "SEEDS_IDENTICAL", "Expectation", "LevelHeadline", "headline",
+           "repeatability_expectation"]
 
 EXPECTED = {
     "strict": "identical",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.dashboard.conftest import curve, shot, upload_external
 
@@ -63,7 +64,9 @@ def test_headline_met_expectations_and_suspicious(live_server, new_page):
                                                                          ("none", True)]
     page = new_page(live_server)
     page.goto(f"{live_server.url}/studies")
-    cell = lambda sid: page.locator(f"tr[data-study-id='{sid}'] td[data-level='repeatability'] .verdict")  # noqa: E731
+    def cell(sid):
+        return page.locator(f"tr[data-study-id='{sid}'] td[data-level='repeatability'] .verdict")
+
     cell(good).wait_for()
     cell(bad).wait_for()
     assert cell(good).inner_text() == "met expectations"
@@ -95,10 +98,10 @@ def test_api_docs_render_offline(live_server, new_page):
     page.goto(f"{live_server.url}/redoc")
     try:
         page.wait_for_function("() => document.body.innerText.includes('/api/v1/studies')")
-    except Exception:
+    except PlaywrightTimeout:
         raise AssertionError(f"redoc did not render: {console} {page.console_errors}") from None
     shot(page, "redoc-desktop", full_page=False)
-    assert requests and all(u.startswith(live_server.url) or u.startswith(("data:", "blob:")) for u in requests), \
+    assert requests and all(u.startswith((live_server.url, "data:", "blob:")) for u in requests), \
         [u for u in requests if not u.startswith(live_server.url)]
     assert page.console_errors == [] and page.csp_violations == []
     with live_server.client() as c:

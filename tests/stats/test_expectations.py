@@ -2,7 +2,11 @@
 import numpy as np
 import pytest
 
-from app.stats.expectations import IGNORES_SEED, SEEDS_IDENTICAL, repeatability_expectation
+from app.stats.expectations import (
+    IGNORES_SEED,
+    SEEDS_IDENTICAL,
+    repeatability_expectation,
+)
 from app.stats.repeatability import RepeatRun, repeatability, ulp_distance
 from app.stats.report import MetricSpec, RunData, build_report
 
