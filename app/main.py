@@ -13,10 +13,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, DataError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app import __version__, migrate
+from app import __version__, apidocs, migrate
 from app.alerts.dispatcher import Dispatcher
 from app.alerts.router import metrics_router
 from app.alerts.router import router as alerts_router
@@ -36,13 +36,21 @@ from app.workers.router import router as workers_router
 log = logging.getLogger("steady")
 
 
-# The dashboard runs with no inline script or style: everything it needs comes from /static.
-# /docs and /redoc load Swagger UI / ReDoc from their CDN (issue #14 will vendor them); they get
-# the headers below but not this policy.
-CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                           "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
-                           "frame-ancestors 'none'")
-_CSP_EXEMPT = ("/docs", "/redoc")
+# The dashboard and /docs run with no inline script or style: everything comes from /static
+# (Swagger UI and ReDoc are vendored, app/apidocs.py). /redoc alone also allows the <style>
+# elements and blob: worker ReDoc creates at run time (apidocs.REDOC_CSP_EXTRA); no page may
+# load anything from another host.
+_CSP = {"default-src": "'self'", "script-src": "'self'", "style-src": "'self'", "img-src": "'self' data:",
+        "connect-src": "'self'", "object-src": "'none'", "base-uri": "'none'", "form-action": "'self'",
+        "frame-ancestors": "'none'"}
+
+
+def _policy(extra: dict[str, str] | None = None) -> str:
+    return "; ".join(f"{k} {v}" for k, v in {**_CSP, **(extra or {})}.items())
+
+
+CONTENT_SECURITY_POLICY = _policy()
+_REDOC_POLICY = _policy(apidocs.REDOC_CSP_EXTRA)
 
 
 class SecurityHeaders:
@@ -55,15 +63,14 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        csp = not scope["path"].startswith(_CSP_EXEMPT)
+        policy = _REDOC_POLICY if scope["path"] == "/redoc" else CONTENT_SECURITY_POLICY
 
         async def send_with_headers(message) -> None:  # noqa: ANN001
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers += [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
                             (b"referrer-policy", b"same-origin")]
-                if csp:
-                    headers.append((b"content-security-policy", CONTENT_SECURITY_POLICY.encode()))
+                headers.append((b"content-security-policy", policy.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -201,7 +208,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         summary="Is my training stable? Repeated runs, stability statistics and verdicts.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    apidocs.install(app)
     app.state.settings = settings
 
     @app.exception_handler(SteadyError)

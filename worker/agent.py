@@ -94,8 +94,10 @@ class MetricStream:
         self.unsent: MetricBatch | None = None  # a batch whose delivery is not confirmed yet
         self.last_flush = time.monotonic()
         self.points_sent = 0
+        self.dtypes: dict[str, str] = {}  # key -> logged float type, when not float64
 
-    def add(self, step: int, values: dict[str, float]) -> None:
+    def add(self, step: int, values: dict[str, float], dtypes: dict[str, str] | None = None) -> None:
+        self.dtypes.update(dtypes or {})
         for key, value in values.items():
             steps, vals = self.pending.setdefault(key, ([], []))
             steps.append(int(step))
@@ -116,7 +118,7 @@ class MetricStream:
                 break
             steps, vals = self.pending[key]
             take = min(len(steps), budget)
-            series.append(Series.packed(key, steps[:take], vals[:take]))
+            series.append(Series.packed(key, steps[:take], vals[:take], self.dtypes.get(key)))
             budget -= take
             if take == len(steps):
                 del self.pending[key]
@@ -222,7 +224,7 @@ class RunExecution:
     def _pump(self) -> None:
         for event in self.proc.poll():
             if event.get("e") == "m":
-                self.stream.add(event["s"], event["v"])
+                self.stream.add(event["s"], event["v"], event.get("t"))
 
     def _flush(self, everything: bool = False) -> None:
         if self.lease_lost.is_set():

@@ -17,7 +17,7 @@ import base64
 import struct
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -46,6 +46,7 @@ class ErrorCode(str, Enum):
     not_lease_holder = "not_lease_holder"  # another worker holds this run's lease
 
 
+FloatDtype = Literal["float64", "float32", "float16", "bfloat16"]
 MetricKey = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH, pattern=r"^[A-Za-z0-9_.:/\-]+$")]
 Label = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[A-Za-z0-9_.:/+=\-]+$")]
 
@@ -205,6 +206,9 @@ class HeartbeatAck(_Model):
 # --- metrics --------------------------------------------------------------------------------
 
 
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
 class Series(_Model):
     """One metric's points in a batch: either lists or packed little-endian arrays."""
 
@@ -213,6 +217,9 @@ class Series(_Model):
     values: list[float] | None = None
     steps_b64: str | None = None
     values_b64: str | None = None
+    # The type the values were logged in (values travel as float64 either way): ULPs between
+    # repeats are counted in it. None: float64 (a Python float).
+    dtype: FloatDtype | None = None
 
     @model_validator(mode="after")
     def _one_encoding(self) -> "Series":
@@ -243,11 +250,12 @@ class Series(_Model):
         return len(self.steps_b64 or "") * 3 // 4 // 8
 
     @classmethod
-    def packed(cls, key: str, steps: list[int], values: list[float]) -> "Series":
+    def packed(cls, key: str, steps: list[int], values: list[float], dtype: str | None = None) -> "Series":
         """Pack python lists without numpy (the SDK and agent may run without it)."""
         n = len(steps)
         return cls(
             key=key,
+            dtype=dtype if dtype in FLOAT_DTYPES and dtype != "float64" else None,
             steps_b64=base64.b64encode(struct.pack(f"<{n}q", *steps)).decode("ascii"),
             values_b64=base64.b64encode(struct.pack(f"<{n}d", *values)).decode("ascii"),
         )

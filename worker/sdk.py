@@ -128,6 +128,17 @@ def params() -> dict[str, Any]:
     return dict(_run.ctx.params) if _run else {}
 
 
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")  # = worker.protocol.FLOAT_DTYPES
+
+
+def float_dtype(value: Any) -> str:
+    """The float type a logged value carries: numpy / torch / TensorFlow scalars and 0-d
+    tensors name theirs (``float32``, ``torch.bfloat16`` …); Python numbers are float64."""
+    dtype = getattr(value, "dtype", None)
+    name = str(getattr(dtype, "name", dtype) or "float64").rsplit(".", 1)[-1]
+    return name if name in FLOAT_DTYPES else "float64"
+
+
 def _to_float(value: Any) -> float:
     if hasattr(value, "item"):
         value = value.item()
@@ -142,6 +153,7 @@ def log(step: int | None = None, **metrics: Any) -> None:
         return
     now = time.perf_counter()
     values = {k: _to_float(v) for k, v in metrics.items() if v is not None}
+    dtypes = {k: t for k, v in metrics.items() if v is not None and (t := float_dtype(v)) != "float64"}
     with run.lock:
         if step is None:
             step = 0 if run.last_step is None else run.last_step + 1
@@ -156,7 +168,7 @@ def log(step: int | None = None, **metrics: Any) -> None:
             run.step_times.append(values[STEP_TIME_KEY])
         run.last.update(values)
     if values:
-        run.writer.write({"e": "m", "s": step, "v": values})
+        run.writer.write({"e": "m", "s": step, "v": values, **({"t": dtypes} if dtypes else {})})
 
 
 def set_digest(kind: str, value: str, *, epoch: int | None = None) -> None:

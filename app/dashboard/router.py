@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
 from sqlalchemy import select
 
 from app.auth.service import GRANTS, Role, authenticate, create_session, revoke_session
@@ -190,8 +192,33 @@ def _group(group: dict) -> str:
     return f"{group.get('determinism')} · {group.get('stack')}"
 
 
+_MD_INLINE = re.compile(r"`([^`\n]+)`|\*\*([^*\n]+)\*\*|(?<![*\w])\*([^*\n]+)\*(?![*\w])")
+
+
+def _markdown_inline(text: object) -> Markup:
+    """The inline Markdown people write in descriptions (`code`, **bold**, *em*), escaped
+    first so nothing else in the text becomes markup; blank lines separate paragraphs."""
+    def one(m: re.Match) -> str:
+        code, bold, em = m.groups()
+        if code is not None:
+            return f"<code>{code}</code>"
+        return f"<strong>{bold}</strong>" if bold is not None else f"<em>{em}</em>"
+
+    paragraphs = re.split(r"\n\s*\n", str(text or "").strip())
+    return Markup("".join(f"<p>{_MD_INLINE.sub(one, str(escape(p)))}</p>" for p in paragraphs if p))
+
+
+def _when(value: datetime) -> str:
+    """A timestamp for people: UTC, to the second (no microseconds, no ISO 'T')."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+templates.env.filters["when"] = _when
+templates.env.tests["loss_like"] = lambda name: bool(re.search(r"loss|mse|mae|rmse|error|perplexity|nll", str(name), re.IGNORECASE))
 templates.env.filters.update(ago=_ago, duration=_duration, short=_short, num=_num, pct=_pct, group=_group,
-                             tone=service.tone)
+                             tone=service.tone, markdown_inline=_markdown_inline)
 
 
 # --- login ------------------------------------------------------------------------------------
@@ -300,7 +327,7 @@ def study_page(
         badges=service.badges(report) if report else None, verdicts_by_level=verdicts_by_level,
         level_titles=service.LEVEL_TITLES, runs=runs, n_runs=n_runs, runs_page=runs_page,
         runs_pages=max(1, math.ceil(n_runs / RUNS_PER_PAGE)), groups=groups,
-        levels_present=list(dict.fromkeys(d for d, _ in groups)),
+        levels_present=service.chart_levels(groups),
         stacks_present=list(dict.fromkeys(s for _, s in groups)),
         metrics=service.study_metrics(study), version=service.version_tag(version),
         cost_top=service.cost_scale(report),

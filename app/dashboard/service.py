@@ -139,15 +139,44 @@ class Badge:
     verdict: str
     tone: str
     count: int  # verdicts behind it
+    hint: str = ""  # the tooltip: what the badge sums up
 
     def as_dict(self) -> dict[str, Any]:
         return {"level": self.level, "title": self.title, "verdict": self.verdict, "tone": self.tone,
-                "count": self.count}
+                "count": self.count, "hint": self.hint or f"worst of {self.count} verdict(s)"}
+
+
+def repeatability_badge(report_: dict[str, Any]) -> Badge:
+    """Did every determinism level meet its expectation (``app.stats.expectations``)?
+
+    Not the worst verdict: at ``none`` repeats are expected to differ, and identical repeats
+    there are the suspicious case."""
+    head = report_.get("headline") or []
+    title = LEVEL_TITLES["repeatability"]
+    if not head:
+        return Badge("repeatability", title, "n/a", "none", 0)
+    parts = []
+    for h in head:
+        mark = {True: "met", False: "NOT met", None: "inconclusive"}[h["met"]]
+        parts.append(f"{h['determinism']}: expected {h['expected']} — {mark}" +
+                     (f" ({h['phrase']})" if h["met"] is False else ""))
+    hint = "; ".join(parts + [s for h in head for s in h.get("suspicious", [])])
+    count = sum(h["n_verdicts"] for h in head)
+    if any(h.get("suspicious") for h in head):
+        return Badge("repeatability", title, "suspicious", "bad", count, hint)
+    if any(h["met"] is False for h in head):
+        return Badge("repeatability", title, "expectation missed", "bad", count, hint)
+    if all(h["met"] is None for h in head):
+        return Badge("repeatability", title, "inconclusive", "unknown", count, hint)
+    return Badge("repeatability", title, "met expectations", "good", count, hint)
 
 
 def badges(report_: dict[str, Any]) -> list[Badge]:
     out = []
     for level in LEVELS:
+        if level == "repeatability":
+            out.append(repeatability_badge(report_))
+            continue
         verdicts = [v["verdict"] for v in report_.get("verdicts", []) if v["level"] == level]
         if not verdicts:
             out.append(Badge(level, LEVEL_TITLES[level], "n/a", "none", 0))
@@ -209,6 +238,16 @@ def study_groups(session: Session, study_id: int) -> list[tuple[str, str]]:
     pairs = session.execute(select(Run.determinism, Run.stack).where(Run.study_id == study_id).distinct()).all()
     return sorted({(d, s) for d, s in pairs}, key=lambda p: (DETERMINISM_LEVELS.index(p[0])
                                                              if p[0] in DETERMINISM_LEVELS else 9, p[1]))
+
+
+# The chart opens on the level that answers a study's question (seeded: how wide is the seed
+# band?), then strict, and the noisiest (none) last.
+CHART_LEVEL_ORDER = ("seeded", "strict", "none")
+
+
+def chart_levels(groups: Sequence[tuple[str, str]]) -> list[str]:
+    present = list(dict.fromkeys(d for d, _ in groups))
+    return sorted(present, key=lambda d: CHART_LEVEL_ORDER.index(d) if d in CHART_LEVEL_ORDER else 9)
 
 
 def study_runs(session: Session, study_id: int, *, limit: int, offset: int) -> tuple[list[Run], int]:

@@ -61,11 +61,13 @@ def insert_chunks(
     run_id: int,
     attempt: int,
     seq: int,
-    series: Iterable[tuple[str, np.ndarray, np.ndarray]],
+    series: Iterable[tuple],
 ) -> bool:
-    """Store one batch; False when this (run, attempt, seq) was already stored (a retry)."""
+    """Store one batch of (key, steps, values[, dtype]); False when this (run, attempt, seq) was
+    already stored (a retry). ``dtype``: the type the values were logged in, None for float64."""
     rows = []
-    for key, steps, values in series:
+    for key, steps, values, *rest in series:
+        dtype = rest[0] if rest and rest[0] != "float64" else None
         if len(steps) == 0:
             continue
         steps_b, values_b = encode(steps, values)
@@ -80,6 +82,7 @@ def insert_chunks(
                 "step_max": int(steps.max()),
                 "steps": steps_b,
                 "values": values_b,
+                "dtype": dtype,
             }
         )
     if not rows:
@@ -164,7 +167,23 @@ def load_series(
     return {rk: _assemble(chunks) for rk, chunks in parts.items()}
 
 
+def load_dtypes(session: Session, run_ids: Sequence[int], keys: Sequence[str] | None = None) -> dict[tuple[int, str], str]:
+    """{(run_id, key): dtype} of the series logged in a type other than float64 (current attempts)."""
+    if not run_ids:
+        return {}
+    table, runs = MetricChunk.__table__, Run.__table__
+    stmt = (
+        select(table.c.run_id, table.c.key, table.c.dtype).distinct()
+        .join(runs, (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt))
+        .where(table.c.run_id.in_(list(run_ids)), table.c.dtype.is_not(None))
+    )
+    if keys is not None:
+        stmt = stmt.where(table.c.key.in_(list(keys)))
+    return {(run_id, key): dtype for run_id, key, dtype in session.execute(stmt)}
+
+
 __all__ = [
+    "load_dtypes",
     "batch_exists",
     "delete_attempt",
     "delete_other_attempts",

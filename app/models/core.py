@@ -195,3 +195,5 @@ class MetricChunk(Base):
     step_max: Mapped[int] = mapped_column(BigInteger)
     steps: Mapped[bytes] = mapped_column(LargeBinary)
     values: Mapped[bytes] = mapped_column(LargeBinary)
+    # the type the values were logged in (stored as float64 either way); NULL: float64
+    dtype: Mapped[str | None] = mapped_column(String(16), nullable=True)

@@ -50,6 +50,18 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
         f"  runs judged: {report.get('n_runs_judged', 0)} completed of {progress.get('total', 0)}"
         f" (failed {progress.get('failed', 0)}, still running {progress.get('running', 0) + progress.get('queued', 0)})"
     )
+    headline = report.get("headline") or []
+    if headline:
+        lines.append("")
+        lines.append(_paint("Expectations", "1", color) + " — did each determinism level do what it should?")
+        for h in headline:
+            mark = {True: ("met", "32"), False: ("NOT met", "31"), None: ("inconclusive", "33")}[h.get("met")]
+            line = f"  {h['determinism']:<7} expected {h['expected']}: {_paint(mark[0], mark[1], color)}"
+            if h.get("met") is False:
+                line += f" ({h.get('phrase')})"
+            lines.append(line)
+            for s in h.get("suspicious") or []:
+                lines.append("          " + _paint(f"suspicious: {s}", "31", color))
     verdicts = report.get("verdicts", [])
     for level, title, question in LEVELS:
         rows = [v for v in verdicts if v.get("level") == level]
@@ -105,6 +117,8 @@ def _variance_line(v: dict[str, Any]) -> str:
     if not v.get("available"):
         return text + f"not available ({v.get('reason', 'too few runs')})"
     c = v["components"]
+    if v.get("between_seed_applies") is False:
+        return text + f"run-to-run var {_num(float(c['between']) + float(c['within']))}; {v.get('note')}"
     return (text + f"nondeterminism share {float(c['share_within']) * 100:.1f}%"
             f"  (between-seed var {_num(c['between'])}, within-seed var {_num(c['within'])})")
 

@@ -52,6 +52,7 @@ def excluded_runs(session: Session, study_id: int) -> list[dict[str, Any]]:
 
 def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:
     series = metrics_repo.load_series(session, [r.id for r in runs], list(keys))
+    dtypes = metrics_repo.load_dtypes(session, [r.id for r in runs], list(keys))
     out = []
     for r in runs:
         out.append(
@@ -66,6 +67,7 @@ def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stac
                 status=r.status,
                 series={k: series[(r.id, k)] for k in keys if (r.id, k) in series},
                 worker=r.worker_id,
+                dtypes={k: dtypes[(r.id, k)] for k in keys if (r.id, k) in dtypes},
             )
         )
     return out

@@ -315,7 +315,7 @@ def ingest_batch(
     if metrics_repo.batch_exists(session, run.id, run.attempt, body.seq):
         return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=True)
     _check_run_limits(session, run, body, points, settings)
-    arrays = [(s.key, *series_arrays(s)) for s in body.series]
+    arrays = [(s.key, *series_arrays(s), s.dtype) for s in body.series]
     stored = metrics_repo.insert_chunks(session, run.id, run.attempt, body.seq, arrays)
     return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=not stored)
 

@@ -15,17 +15,36 @@ VERDICT_ORDER = {IDENTICAL: 0, WITHIN: 1, OUT: 2}  # worst case = highest
 _SIGN = np.int64(-(2**63))
 
 
+FLOAT_DTYPES = {"float64": (np.float64, np.int64), "float32": (np.float32, np.int32),
+                "float16": (np.float16, np.int16), "bfloat16": None}
+
+
 def _ordered(bits: np.ndarray) -> np.ndarray:
     """Map float64 bit patterns to int64 so that integer order equals float order."""
     return np.where(bits < 0, _SIGN - bits, bits)
 
 
-def ulp_distance(a, b) -> np.ndarray:
-    """Number of representable float64 values between a and b (uint64; 0 where bitwise equal,
-    and +0/−0 are 0 apart). Meaningful for finite inputs only (Dawson, "Comparing floating
-    point numbers", 2012)."""
-    oa = _ordered(np.asarray(a, np.float64).view(np.int64))
-    ob = _ordered(np.asarray(b, np.float64).view(np.int64))
+def ulp_distance(a, b, dtype: str = "float64") -> np.ndarray:
+    """Number of representable values of ``dtype`` between a and b (uint64; 0 where bitwise
+    equal, and +0/−0 are 0 apart). Values are rounded to ``dtype`` first, so a series logged in
+    float32 and stored as float64 counts float32 ULPs (one float32 ULP is 2**29 float64 ULPs).
+    ``bfloat16`` counts float32 ULPs divided by 2**16 (its ULP is 2**16 float32 ULPs).
+    Meaningful for finite inputs only (Dawson, "Comparing floating point numbers", 2012)."""
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(FLOAT_DTYPES)}, got {dtype!r}")
+    if dtype == "bfloat16":
+        return ulp_distance(a, b, "float32") >> np.uint64(16)
+    ftype, itype = FLOAT_DTYPES[dtype]
+    with np.errstate(over="ignore", invalid="ignore"):
+        ia = np.asarray(a, np.float64).astype(ftype).view(itype).astype(np.int64)
+        ib = np.asarray(b, np.float64).astype(ftype).view(itype).astype(np.int64)
+    bits = np.iinfo(itype).bits
+    # sign-magnitude → two's complement ordering at the type's own width, then widen
+    sign = np.int64(1) << np.int64(bits - 1)
+    oa = np.where(ia < 0, -(ia & (sign - 1)), ia) if bits < 64 else _ordered(ia)
+    ob = np.where(ib < 0, -(ib & (sign - 1)), ib) if bits < 64 else _ordered(ib)
+    if bits < 64:
+        return np.abs(oa - ob).astype(np.uint64)
     ua, ub = oa.view(np.uint64), ob.view(np.uint64)
     return np.where(oa >= ob, ua - ub, ub - ua)
 
@@ -40,6 +59,7 @@ class RepeatRun:
     initial_weights: str | None = None
     data_order: Sequence[str] = ()
     other_digests: Mapping | None = None  # e.g. final_weights, optimizer_state
+    dtype: str | None = None  # the logged value's type (float32, …); None: float64
 
 
 @dataclass(frozen=True)
@@ -59,13 +79,15 @@ class Repeatability:
     source: str | None  # stack | seeding | data_order | numerics | None when identical
     data_order_epoch: int | None  # first epoch whose data-order digest differs
     reason: str
+    dtype: str = "float64"  # the type ULPs are counted in
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a.view(np.int64) == b.view(np.int64)
 
 
-def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float = 0.0) -> Repeatability:
+def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float = 0.0,
+                  dtype: str | None = None) -> Repeatability:
     """Compare repeats of one seed against the first run (the reference).
 
     Verdict ``identical`` when every logged value (compared by float64 bits, so NaN == NaN
@@ -77,7 +99,9 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
     The source of the first divergence is attributed in the order of the architecture brief:
     ``stack`` when fingerprints differ, else ``seeding`` when initial-weight digests differ,
     else ``data_order`` (with the first differing epoch) when data-order digests differ, else
-    ``numerics`` (kernels, reduction order, threads). Deltas in ULPs follow Dawson (2012).
+    ``numerics`` (kernels, reduction order, threads). Deltas in ULPs follow Dawson (2012),
+    counted in ``dtype`` (default: the reference run's ``dtype``, else float64); a pair of
+    values where one is non-finite has no ULP distance and is reported as such.
     """
     if atol < 0 or rtol < 0 or not np.isfinite(atol) or not np.isfinite(rtol):
         raise ValueError(f"atol and rtol must be finite and >= 0, got {atol!r}, {rtol!r}")
@@ -109,7 +133,10 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
         reld = np.where(finite & (absd > 0) & (scale == 0), np.inf, reld)
     ok = np.where(finite, absd <= atol + rtol * scale, bits_equal)
     ok &= present == ref_present[None, :]
-    ulps = np.where(finite, ulp_distance(others, np.broadcast_to(ref, others.shape)), 0)
+    dtype = dtype or runs[0].dtype or "float64"
+    if dtype not in FLOAT_DTYPES:
+        dtype = "float64"
+    ulps = np.where(finite, ulp_distance(others, np.broadcast_to(ref, others.shape), dtype), 0)
     nonfinite_mismatch = bool((both & ~finite & ~bits_equal).any())
 
     def first_bad(mask_ok):
@@ -147,8 +174,12 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
         if not steps_identical:
             where += "; logged steps differ"
         src = f"source: {source}" + (f", epoch {epoch}" if epoch is not None else "")
-        reason = f"{where} ({src}), max |Δ| {max_abs:.3g}, {max_ulps} ULPs"
+        size = (f"max |Δ| {max_abs:.3g}, {max_ulps} {dtype} ULPs" if not nonfinite_mismatch else
+                f"a value is non-finite in one repeat and not the other (max |Δ| of finite values "
+                f"{float(absd.max()) if absd.size else 0.0:.3g}, {max_ulps} {dtype} ULPs)")
+        reason = f"{where} ({src}), {size}"
         if verdict == OUT and first_oot is not None:
             reason += f"; outside atol={atol:g}/rtol={rtol:g} from step {first_oot}"
     return Repeatability(verdict, n, float(atol), float(rtol), values_identical, digests_identical,
-                         steps_identical, max_abs, max_rel, max_ulps, first_div, first_oot, source, epoch, reason)
+                         steps_identical, max_abs, max_rel, max_ulps, first_div, first_oot, source, epoch, reason,
+                         dtype)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.stats.align import align_series
-from app.stats import guarantees
+from app.stats import expectations, guarantees
 from app.stats.bands import DEFAULT_QUANTILES, Band, compute_band, out_of_band_curves
 from app.stats.cost import cost_ratio
 from app.stats.downsample import extreme_indices
@@ -49,6 +49,7 @@ class RunData:
     status: str = "succeeded"
     series: Mapping = field(default_factory=dict)
     worker: int | str | None = None  # who ran it (pairs the cost comparison when one worker ran both runs)
+    dtypes: Mapping = field(default_factory=dict)  # metric key -> logged value type ("float32"…); absent: float64
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,12 @@ class StudyReport:
     determinism_cost: tuple
     diverged: tuple
     options: Mapping
+    headline: tuple = ()  # expectations.LevelHeadline per determinism level (repeatability)
 
     def to_dict(self) -> dict:
         """JSON-safe plain data (NaN → None, ±Inf → "inf"/"-inf")."""
         out = {
+            "headline": to_plain(self.headline),
             "verdicts": [],
             "variance_by_source": to_plain(self.variance_by_source),
             "determinism_cost": to_plain(self.determinism_cost),
@@ -272,11 +275,8 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
         per_seed = {}
         for seed in sorted(by_seed):
             rs = sorted(by_seed[seed], key=lambda r: (r.repeat, r.run_id))
-            per_seed[seed] = (rs, repeatability([RepeatRun(
-                steps=_series(r, spec.name)[0], values=_series(r, spec.name)[1], fingerprint=r.fingerprint,
-                initial_weights=r.digests.get("initial_weights"), data_order=tuple(r.digests.get("data_order") or ()),
-                other_digests={k: r.digests.get(k) for k in ("final_weights", "optimizer_state")})
-                for r in rs], atol=spec.atol, rtol=spec.rtol))
+            per_seed[seed] = (rs, repeatability([_repeat_run(r, spec.name) for r in rs], atol=spec.atol,
+                                                rtol=spec.rtol))
         conclusive = {s: v for s, v in per_seed.items() if v[1].verdict in VERDICT_ORDER}
         n_runs = sum(len(v[0]) for v in per_seed.values())
         if not conclusive:
@@ -296,6 +296,11 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
             else:
                 reason = f"seed {worst_seed} (worst of {len(conclusive)}): {w.reason}"
         detail = [{"seed": s, "run_ids": [r.run_id for r in rs], **to_plain(res)} for s, (rs, res) in per_seed.items()]
+        firsts = [rs[0] for rs, _ in per_seed.values()]
+        seeds_identical = _all_identical(firsts, spec.name) if len(firsts) >= 2 else None
+        exp = expectations.repeatability_expectation(
+            det, verdict, source=conclusive[worst_seed][1].source if worst_seed is not None else None,
+            seeds_identical=seeds_identical)
         numbers = {}
         if worst_seed is not None:
             w = conclusive[worst_seed][1]
@@ -306,8 +311,37 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
                        "data_order_epoch": w.data_order_epoch}
         out.append(Verdict("repeatability", spec.name, {"determinism": det, "stack": stack}, verdict, n_runs, reason,
                            {**numbers, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail,
+                            "dtype": _dtype(group_runs, spec.name),
+                            "seeds_identical": seeds_identical, "n_seeds_compared": len(firsts),
+                            "expected": exp.expected, "met_expectation": exp.met, "expectation": exp.phrase,
+                            "suspicious": list(exp.suspicious),
                             "guarantee": guarantees.repeatability()}))
     return out
+
+
+def _dtype(runs: Sequence[RunData], metric: str) -> str:
+    found = {r.dtypes.get(metric) for r in runs if metric in r.series} - {None}
+    return found.pop() if len(found) == 1 else "float64"
+
+
+def _repeat_run(r: RunData, metric: str) -> RepeatRun:
+    steps, values = _series(r, metric)
+    return RepeatRun(steps=steps, values=values, fingerprint=r.fingerprint,
+                     initial_weights=r.digests.get("initial_weights"),
+                     data_order=tuple(r.digests.get("data_order") or ()),
+                     other_digests={k: r.digests.get(k) for k in ("final_weights", "optimizer_state")},
+                     dtype=r.dtypes.get(metric))
+
+
+def _all_identical(runs: Sequence[RunData], metric: str) -> bool:
+    """True when every run's series of ``metric`` has the same steps and bitwise the same values."""
+    ref_steps, ref_values = _series(runs[0], metric)
+    for r in runs[1:]:
+        steps, values = _series(r, metric)
+        if not (np.array_equal(steps, ref_steps) and values.shape == ref_values.shape
+                and np.array_equal(values.view(np.int64), ref_values.view(np.int64))):
+            return False
+    return ref_values.size > 0
 
 
 @dataclass(frozen=True)
@@ -499,9 +533,12 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     options = {"coverage": coverage, "confidence": confidence, "alpha": alpha, "reference_stack": reference_stack,
                "adjust_method": adjust_method, "false_alarm": false_alarm,
                "nonfinite_encoding": "NaN -> null, +/-Inf -> 'inf'/'-inf'"}
+    head = expectations.headline(
+        {"group": v.group, "met_expectation": v.details["met_expectation"], "expectation": v.details["expectation"],
+         "suspicious": v.details["suspicious"]} for v in verdicts if v.level == "repeatability")
     return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics)),
                        determinism_cost=tuple(_cost(runs, confidence=confidence, budget=cost_budget)),
-                       diverged=tuple(diverged), options=options)
+                       diverged=tuple(diverged), options=options, headline=head)
 
 
 def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
@@ -571,6 +608,14 @@ def _variance(groups, metrics) -> list[dict]:
                 vc = variance_components([by_seed[s] for s in sorted(by_seed)])
                 entry.update({"available": True, "components": to_plain(vc),
                               "estimator": "one-way random-effects ANOVA (method of moments, n0 for unbalanced)"})
+                if det == "none":
+                    # Seeds are not applied at `none`: seed labels are arbitrary, there is no
+                    # between-seed component, only run-to-run variation.
+                    entry.update({"between_seed_applies": False,
+                                  "note": "seeds are not applied at 'none': all variance is run to run; "
+                                          "the between-seed split does not apply"})
+                else:
+                    entry["between_seed_applies"] = True
             elif by_seed:
                 entry.update({"available": False, "reason": "need at least 2 seeds and a seed with 2+ repeats"})
             else:
@@ -613,15 +658,9 @@ def _same_seed(ref_runs, cand_runs, spec: MetricSpec):
     def first(runs):
         return {r.seed: r for r in reversed(sorted(_with_metric(runs, spec.name), key=lambda r: (r.repeat, r.run_id)))}
 
-    def repeat_run(r):
-        steps, values = _series(r, spec.name)
-        return RepeatRun(steps=steps, values=values, fingerprint=r.fingerprint,
-                         initial_weights=r.digests.get("initial_weights"),
-                         data_order=tuple(r.digests.get("data_order") or ()),
-                         other_digests={k: r.digests.get(k) for k in ("final_weights", "optimizer_state")})
-
     a, b = first(ref_runs), first(cand_runs)
-    return stack_pairs({s: (repeat_run(a[s]), repeat_run(b[s])) for s in sorted(a.keys() & b.keys())},
+    return stack_pairs({s: (_repeat_run(a[s], spec.name), _repeat_run(b[s], spec.name))
+                        for s in sorted(a.keys() & b.keys())},
                        atol=spec.atol, rtol=spec.rtol)
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app.alerts.schemas import AlertRuleSpec, check_spec_alerts
 from worker.protocol import (
+    FloatDtype,
     BUILTIN_WORKLOADS,
     MAX_NAME_LENGTH,
     Determinism,
@@ -228,6 +229,7 @@ class RunPage(BaseModel):
 class SeriesIn(_Spec):
     steps: list[int]
     values: list[float]
+    dtype: FloatDtype | None = None  # the type the values were logged in; ULPs are counted in it
 
     @model_validator(mode="after")
     def _same_length(self) -> SeriesIn:

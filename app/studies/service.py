@@ -248,7 +248,7 @@ def upload_external_run(
     session.add(run)
     session.flush()
     series = [
-        (key, np.asarray(s.steps, dtype=np.int64), np.asarray(s.values, dtype=np.float64))
+        (key, np.asarray(s.steps, dtype=np.int64), np.asarray(s.values, dtype=np.float64), s.dtype)
         for key, s in body.metrics.items()
     ]
     if body.step_times:

@@ -62,3 +62,14 @@ def test_evenly_spaced_steps_store_no_blob():
     steps_b, _ = repo.encode(np.array([0, 10, 21]), np.zeros(3))
     assert len(steps_b) == 24
     assert np.array_equal(repo.decode_steps(b"", 0, 990, 100), np.arange(0, 1000, 10))
+
+
+def test_series_dtype_is_stored_and_float64_is_implicit(run_id):
+    db, rid = run_id
+    with db.write() as s:
+        repo.insert_chunks(s, rid, 1, 0, [("loss", np.array([0, 1]), np.array([1.0, 2.0]), "float32"),
+                                          ("acc", np.array([0, 1]), np.array([0.5, 0.6]), "float64"),
+                                          ("lr", np.array([0, 1]), np.array([0.1, 0.1]))])
+    with db.read() as s:
+        assert repo.load_dtypes(s, [rid]) == {(rid, "loss"): "float32"}
+        assert repo.load_dtypes(s, [rid], ["acc"]) == {}

@@ -52,3 +52,20 @@ def test_render_shows_each_verdicts_guarantee():
     i = next(k for k, line in enumerate(lines) if "loss  seeded / cpu" in line and "stable" in line)
     assert "guarantee: each claim wrong ≤ 5%" in lines[i + 1]
     assert "out-of-band runs: false alarm ≤ 1% per study" in lines[i + 1]
+
+
+def test_render_headline_per_level_and_none_variance_note():
+    rng = np.random.default_rng(3)
+    runs, i = [], 0
+    for det in ("none", "seeded"):
+        for seed in (1, 2):
+            for rep in (0, 1):
+                i += 1
+                v = np.linspace(2, 1, 10) + 0.1 * seed + (rng.normal(0, 1e-3, 10) if det == "none" else 0)
+                runs.append(RunData(run_id=i, seed=seed, repeat=rep, determinism=det, stack="cpu",
+                                    series={"loss": (np.arange(10), v)}))
+    rep = build_report(runs, [MetricSpec("loss")], rng=np.random.default_rng(0)).to_dict()
+    text = render_report({"study": {"id": 1, "name": "s"}, **rep})
+    assert "seeded  expected identical unless kernels are known to vary: met" in text
+    assert "none    expected varies: met" in text
+    assert "the between-seed split does not apply" in text

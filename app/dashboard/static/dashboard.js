@@ -92,36 +92,100 @@
     return parts.join("; ") + ".";
   }
 
-  function bandOpts(d, width) {
+  /* Known bounds of a metric, by name: accuracies live in [0, 1]; losses, errors and times are >= 0. */
+  function metricBounds(name) {
+    const n = name.toLowerCase();
+    if (/(^|[_./-])(acc|accuracy|precision|recall|f1|auc)([_./-]|$)/.test(n)) return [0, 1];
+    if (/loss|mse|mae|rmse|error|perplexity|time|nll/.test(n)) return [0, Infinity];
+    return [-Infinity, Infinity];
+  }
+
+  function isLossLike(name) { return /loss|mse|mae|rmse|error|perplexity|nll/.test(name.toLowerCase()); }
+
+  /* The y range of the runs themselves (not of the tolerance interval, which with few seeds is
+     wide enough to swamp them), padded a little and clipped at the metric's known bounds. */
+  function runRange(arrays, name, log) {
+    let lo = Infinity, hi = -Infinity;
+    for (const arr of arrays) {
+      for (const v of arr) {
+        if (v === null || !Number.isFinite(v) || (log && v <= 0)) continue;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+      }
+    }
+    if (!Number.isFinite(lo)) return null;
+    if (log) return [lo / 1.15, hi * 1.15];
+    const pad = (hi - lo) * 0.06 || Math.abs(hi) * 0.01 || 1;
+    const [bmin, bmax] = metricBounds(name);
+    return [Math.max(bmin, lo - pad), Math.min(bmax, hi + pad)];
+  }
+
+  const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2.5e3, 5e3, 1e4, 2e4, 2.5e4, 5e4,
+    1e5, 2e5, 2.5e5, 5e5, 1e6, 2e6, 5e6, 1e7];
+
+  /* Tick labels: as few digits as tell neighbouring ticks apart (no repeated labels). */
+  function tickValues(u, splits) {
+    for (let p = 1; p <= 12; p++) {
+      const labels = splits.map((v) => (v === null ? "" : String(+v.toPrecision(p))));
+      if (new Set(labels).size === labels.length) return labels.map((l, i) => (Math.abs(splits[i]) >= 1e5 || (splits[i] !== 0 && Math.abs(splits[i]) < 1e-3) ? (+splits[i]).toExponential(Math.max(0, p - 1)) : l));
+    }
+    return splits.map(String);
+  }
+
+  /* Room for the widest tick label plus the axis title, so the title never sits on the labels. */
+  function axisSize(u, values, axisIdx, cycleNum) {
+    const longest = (values || []).reduce((m, v) => Math.max(m, String(v).length), 0);
+    return Math.ceil(longest * 7.2) + 34;
+  }
+
+  function yAxis(label, log) {
+    return { label: label + (log ? " (log)" : ""), size: axisSize, values: tickValues, gap: 4 };
+  }
+
+  function xAxis() {
+    return { label: "step", size: 44, incrs: STEP_INCRS, values: tickValues };
+  }
+
+  function unitLabel(key) { return key === "step_time" || /(_|^)time$/.test(key) ? `${key} (s)` : key; }
+
+  function positive(arr, log) { return log ? arr.map((v) => (v !== null && v > 0 ? v : null)) : arr; }
+
+  function valueFmt(u, v) { return v === null || v === undefined ? "—" : fmt(v); }
+
+  function bandOpts(d, width, log) {
     const data = [d.x];
-    const series = [{ label: "step" }];
-    // Faint lines: the more runs, the fainter each, so the band stays readable.
-    const alpha = Math.max(0.06, Math.min(0.3, 3 / Math.max(1, d.lines.length)));
-    d.lines.forEach((ln, i) => {
-      data.push(d.y[i]);
-      const running = ln.status === "running";
-      series.push(lineSeries(`run ${ln.run_id}`, running ? COLORS.running : `rgba(70,70,70,${alpha})`, running ? 1.5 : 1));
-    });
+    const series = [{ label: "step", value: (u, v) => (v === null || v === undefined ? "—" : String(v)) }];
     const bands = [];
+    // The band first, the runs on top: the tolerance interval never hides a run.
     if (d.series) {
-      const base = data.length;
-      data.push(d.series.max, d.series.min, d.series.ti_high, d.series.ti_low, d.series.mean);
+      const base = 1;
+      data.push(positive(d.series.max, log), positive(d.series.min, log), positive(d.series.ti_high, log),
+        positive(d.series.ti_low, log), positive(d.series.mean, log));
       series.push(
-        lineSeries("max", COLORS.edge, 0.5),
-        lineSeries("min", COLORS.edge, 0.5),
-        lineSeries("tolerance high", COLORS.mean, 1, { dash: [4, 3] }),
-        lineSeries("tolerance low", COLORS.mean, 1, { dash: [4, 3] }),
-        lineSeries("mean", COLORS.mean, 2),
+        lineSeries("max", COLORS.edge, 0.5, { value: valueFmt }),
+        lineSeries("min", COLORS.edge, 0.5, { value: valueFmt }),
+        lineSeries("tolerance high", COLORS.mean, 1, { dash: [4, 3], value: valueFmt }),
+        lineSeries("tolerance low", COLORS.mean, 1, { dash: [4, 3], value: valueFmt }),
+        lineSeries("mean", COLORS.mean, 2, { value: valueFmt }),
       );
       bands.push({ series: [base, base + 1], fill: COLORS.range }, { series: [base + 2, base + 3], fill: COLORS.ti });
     }
+    // Faint lines: the more runs, the fainter each, so the band stays readable.
+    const alpha = Math.max(0.12, Math.min(0.45, 4 / Math.max(1, d.lines.length)));
+    d.lines.forEach((ln, i) => {
+      data.push(positive(d.y[i], log));
+      const running = ln.status === "running";
+      series.push(lineSeries(`run ${ln.run_id}`, running ? COLORS.running : `rgba(70,70,70,${alpha})`,
+        running ? 1.5 : 1, { value: valueFmt }));
+    });
+    const range = runRange(d.lines.length ? d.y : [d.series ? d.series.mean : []], d.metric, log);
     return {
       opts: {
         width, height: 300, series, bands,
-        legend: { show: false },
+        legend: { show: true, live: true },
         cursor: { drag: { x: true, y: false }, points: { show: false } },
-        scales: { x: { time: false } },
-        axes: [{ label: "step", size: 40 }, { label: d.metric, size: 64 }],
+        scales: { x: { time: false }, y: Object.assign(log ? { distr: 3 } : {}, range ? { range: () => range } : {}) },
+        axes: [xAxis(), yAxis(unitLabel(d.metric), log)],
         hooks: { draw: [markerHook(d)] },
       },
       data,
@@ -156,6 +220,11 @@
 
     message(text) {
       this.show(null, text, "");
+    }
+
+    logScale() {
+      const box = $("input[data-log-scale]", this.figure);
+      return Boolean(box && box.checked);
     }
 
     resize() {
@@ -200,8 +269,14 @@
           const d = await getJSON(`/dashboard/data/studies/${studyId}/chart?${q}`);
           if (ticket !== drawing) return;
           slot.figure.dataset.group = group;
-          if (!d.x.length) { slot.message(`${metric}, ${group}: no points recorded yet.`); return; }
-          const built = bandOpts(d, plotWidth(slot.plotEl));
+          if (!d.x.length) {
+            const ended = ["failed", "cancelled", "completed"].includes(main.dataset.studyStatus);
+            slot.message(ended ? `${metric}, ${group}: no run of this group recorded a point (the study is ${main.dataset.studyStatus}; see the runs below).`
+              : `${metric}, ${group}: no points recorded yet.`);
+            return;
+          }
+          slot.last = { d, group };
+          const built = bandOpts(d, plotWidth(slot.plotEl), slot.logScale());
           built.lineCount = d.n_lines;
           const caption = `${group} · ${d.n_lines} run line(s)` + (d.band ? ` · band of ${d.band.n} seed(s)` : "");
           slot.show(built, bandSummary(d, group), caption);
@@ -210,6 +285,19 @@
         }
       }));
       if (ticket === drawing) main.dataset.chartsReady = "true";
+    }
+
+    function redraw(slot) {
+      if (!slot.last) return;
+      const { d, group } = slot.last;
+      const built = bandOpts(d, plotWidth(slot.plotEl), slot.logScale());
+      built.lineCount = d.n_lines;
+      slot.show(built, bandSummary(d, group), slot.captionEl.textContent);
+    }
+
+    for (const slot of slots) {
+      const box = $("input[data-log-scale]", slot.figure);
+      if (box) box.addEventListener("change", () => redraw(slot));
     }
 
     function bindSelectors() {
@@ -293,10 +381,10 @@
       return getJSON(`/dashboard/data/runs/${runId}/chart?${new URLSearchParams({ key })}`).then((d) => {
         const data = [d.x, d.y];
         const opts = {
-          width: plotWidth(slot.plotEl), height: 220, legend: { show: false },
-          series: [{ label: "step" }, lineSeries(key, COLORS.mean, 1.5)],
-          scales: { x: { time: false } },
-          axes: [{ label: "step", size: 40 }, { label: key, size: 64 }],
+          width: plotWidth(slot.plotEl), height: 220, legend: { show: true, live: true },
+          series: [{ label: "step" }, lineSeries(unitLabel(key), COLORS.mean, 1.5, { value: valueFmt })],
+          scales: { x: { time: false }, y: (() => { const r = runRange([d.y], key, false); return r ? { range: () => r } : {}; })() },
+          axes: [xAxis(), yAxis(unitLabel(key), false)],
           hooks: { draw: [markerHook({ first_divergent_step: null,
             lines: d.diverged_at === null ? [] : [{ diverged_at: d.diverged_at, diverged_value: null }] })] },
         };
@@ -344,7 +432,7 @@
           const b = badges && badges.find((x) => x.level === cell.dataset.level);
           if (b) {
             span.className = `verdict tone-${b.tone}`;
-            span.title = `worst of ${b.count} verdict(s)`;
+            span.title = b.hint || `worst of ${b.count} verdict(s)`;
             span.textContent = b.verdict.replace(/_/g, " ");
           } else {
             span.className = "muted small";

@@ -1,0 +1,179 @@
+"""Issue #14 "readable at a glance": the headline says whether each level met its expectation,
+/docs and /redoc render offline, every page is screenshotted at desktop and phone width, and no
+page loads anything from another host."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from tests.dashboard.conftest import curve, shot, upload_external
+
+pytestmark = pytest.mark.browser
+
+WIDTHS = {"desktop": 1280, "phone": 420}
+
+
+def _demo_like_study(client: httpx.Client) -> tuple[int, list[dict]]:
+    """3 seeds × 2 repeats per level: strict and seeded repeats identical, `none` repeats vary."""
+    r = client.post("/api/v1/studies", json={
+        "name": "demo-like", "kind": "external",
+        "description": "Trains with `torch.use_deterministic_algorithms(True)` at **strict**.",
+        "metrics": [{"name": "loss", "max_std": 0.5, "margin": 0.5}]})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    runs = []
+    for det in ("none", "seeded", "strict"):
+        for seed in range(3):
+            for rep in range(2):
+                values = curve(seed, 120)
+                digest = "a"
+                if det == "none":
+                    values = [v + 1e-4 * ((rep * 7 + seed * 3 + i) % 5) for i, v in enumerate(values)]
+                    digest = "bcdef"[(seed * 2 + rep) % 5]
+                runs.append(upload_external(client, sid, seed=seed, repeat=rep, determinism=det, values=values,
+                                            step_times=[0.1 + 0.01 * (det == "strict")] * 30, digest=digest))
+    return sid, runs
+
+
+def _ignores_seed_study(client: httpx.Client) -> int:
+    """A script that seeds itself: every run, every seed, every level identical."""
+    r = client.post("/api/v1/studies", json={"name": "ignores-seed", "kind": "external",
+                                             "metrics": [{"name": "loss"}]})
+    sid = r.json()["id"]
+    for det in ("none", "seeded"):
+        for seed in range(2):
+            for rep in range(2):
+                upload_external(client, sid, seed=seed, repeat=rep, determinism=det, values=curve(0, 60))
+    return sid
+
+
+def _offsite(page, base: str) -> list[str]:
+    page.requests = []
+    page.on("request", lambda req: page.requests.append(req.url))
+    return page.requests
+
+
+def test_headline_met_expectations_and_suspicious(live_server, new_page):
+    with live_server.client() as c:
+        good, _ = _demo_like_study(c)
+        bad = _ignores_seed_study(c)
+        rep = c.get(f"/api/v1/studies/{good}/report").json()
+    assert [(h["determinism"], h["met"]) for h in rep["headline"]] == [("strict", True), ("seeded", True),
+                                                                         ("none", True)]
+    page = new_page(live_server)
+    page.goto(f"{live_server.url}/studies")
+    def cell(sid):
+        return page.locator(f"tr[data-study-id='{sid}'] td[data-level='repeatability'] .verdict")
+
+    cell(good).wait_for()
+    cell(bad).wait_for()
+    assert cell(good).inner_text() == "met expectations"
+    assert cell(bad).inner_text() == "suspicious"
+    assert "ignores Steady's seed" in cell(bad).get_attribute("title")
+
+    page.goto(f"{live_server.url}/studies/{good}")
+    head = page.locator("#headline")
+    assert head.locator("li[data-met='yes']").count() == 3 and "expected: varies" in head.inner_text()
+    # backticks and ** in the description are rendered, not shown raw
+    assert page.locator(".description code").inner_text() == "torch.use_deterministic_algorithms(True)"
+    assert "`" not in page.locator(".description").inner_text()
+    assert "does not apply" in page.locator("#variance").inner_text()
+
+    page.goto(f"{live_server.url}/studies/{bad}")
+    assert page.locator("#headline [data-suspicious]").count() >= 1
+    assert page.console_errors == [] and page.csp_violations == []
+
+
+def test_api_docs_render_offline(live_server, new_page):
+    page = new_page(live_server, logged_in=False)
+    requests = _offsite(page, live_server.url)
+    page.goto(f"{live_server.url}/docs")
+    page.wait_for_selector(".swagger-ui .opblock-summary-path")
+    assert "/api/v1/studies" in page.locator(".swagger-ui").inner_text()
+    shot(page, "docs-desktop", full_page=False)
+    console = []
+    page.on("console", lambda m: console.append(m.text))
+    page.goto(f"{live_server.url}/redoc")
+    try:
+        page.wait_for_function("() => document.body.innerText.includes('/api/v1/studies')")
+    except PlaywrightTimeout:
+        raise AssertionError(f"redoc did not render: {console} {page.console_errors}") from None
+    shot(page, "redoc-desktop", full_page=False)
+    assert requests and all(u.startswith((live_server.url, "data:", "blob:")) for u in requests), \
+        [u for u in requests if not u.startswith(live_server.url)]
+    assert page.console_errors == [] and page.csp_violations == []
+    with live_server.client() as c:
+        assert "unsafe-inline" not in c.get("/docs").headers["content-security-policy"]
+
+
+def _settle(page, path: str) -> None:
+    """Wait for what each page draws after loading (charts, badges, API docs)."""
+    if path.startswith("/studies/") and path != "/studies/999999":
+        page.wait_for_selector("main[data-charts-ready='true']")
+    elif path.startswith("/runs/"):
+        page.wait_for_selector("figure[data-run-metric][data-ready='true']")
+    elif path == "/studies":
+        page.wait_for_function("() => !document.querySelector('tr[data-badges-pending]')")
+    elif path == "/docs":
+        page.wait_for_selector(".swagger-ui .opblock-summary-path")
+    elif path == "/redoc":
+        page.wait_for_function("() => document.body.innerText.includes('/api/v1/studies')")
+
+
+def test_every_page_desktop_and_phone_screenshots(live_server, new_page):
+    """Screenshots of every page at 1280 and 420 px (kept under artifacts/screenshots); at 420 px
+    nothing overflows sideways; no page loads anything from another host."""
+    with live_server.client() as c:
+        sid, runs = _demo_like_study(c)
+    pages = {"login": "/login", "studies": "/studies", "study": f"/studies/{sid}", "run": f"/runs/{runs[0]['id']}",
+             "workers": "/workers", "alerts": "/alerts", "not-found": "/studies/999999", "docs": "/docs",
+             "redoc": "/redoc"}
+    overflow = {}
+    for size, width in WIDTHS.items():
+        for name, path in pages.items():
+            page = new_page(live_server, logged_in=name != "login")
+            requests = _offsite(page, live_server.url)
+            page.set_viewport_size({"width": width, "height": 900})
+            page.goto(f"{live_server.url}{path}")
+            _settle(page, path)
+            shot(page, f"page-{name}-{size}")
+            sw = page.evaluate("() => document.documentElement.scrollWidth")
+            if sw > width:
+                overflow[f"{name}@{width}"] = (sw, page.evaluate(
+                    "w => Array.from(document.querySelectorAll('body *')).filter(e => e.getBoundingClientRect().right > w)"
+                    ".slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))",
+                    width))
+            offsite = [u for u in requests if not u.startswith((live_server.url, "data:", "blob:"))]
+            assert offsite == [], (name, offsite)
+            assert page.console_errors == [] and page.csp_violations == [], (name, page.console_errors,
+                                                                             page.csp_violations)
+            page.context.close()
+    assert overflow == {}, f"pages wider than the viewport: {overflow}"
+
+
+def test_hover_a_chart_reads_the_step_and_each_runs_value(live_server, new_page):
+    with live_server.client() as c:
+        sid, runs = _demo_like_study(c)
+    page = new_page(live_server)
+    page.goto(f"{live_server.url}/studies/{sid}")
+    page.wait_for_selector("main[data-charts-ready='true']")
+    page.select_option("#sel-level", "seeded")
+    page.wait_for_function("() => document.querySelector('figure[data-metric]').dataset.group === 'seeded · default'"
+                           " && document.querySelector('main').dataset.chartsReady === 'true'")
+    fig = page.locator("figure[data-metric='loss']")
+    over = fig.locator(".u-over")
+    box = over.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+    legend = fig.locator(".u-legend")
+    page.wait_for_function("f => /^\\d+$/.test(f.querySelector('.u-legend .u-series .u-value').textContent)",
+                           arg=fig.element_handle())
+    step = int(legend.locator(".u-series").first.locator(".u-value").inner_text())
+    seeded = [r for r in runs if r["determinism"] == "seeded"]
+    run = seeded[0]
+    row = legend.locator(".u-series", has_text=f"run {run['id']}")
+    shown = float(row.locator(".u-value").inner_text())
+    want = curve(run["seed"], 120)[step]
+    assert shown == pytest.approx(want, rel=1e-4), (step, shown, want)
+    shot(page, "study-hover", full_page=False)

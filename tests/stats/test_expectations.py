@@ -1,0 +1,113 @@
+"""Per-level expectations of the headline, and ULPs counted in the logged dtype."""
+import numpy as np
+import pytest
+
+from app.stats.expectations import (
+    IGNORES_SEED,
+    SEEDS_IDENTICAL,
+    repeatability_expectation,
+)
+from app.stats.repeatability import RepeatRun, repeatability, ulp_distance
+from app.stats.report import MetricSpec, RunData, build_report
+
+
+@pytest.mark.parametrize("det,verdict,source,met", [
+    ("strict", "identical", None, True),
+    ("strict", "within_tolerance", "numerics", False),
+    ("seeded", "identical", None, True),
+    ("seeded", "within_tolerance", "numerics", True),
+    ("seeded", "within_tolerance", "data_order", False),
+    ("seeded", "out_of_tolerance", "numerics", False),
+    ("none", "out_of_tolerance", "seeding", True),
+    ("none", "within_tolerance", "numerics", True),
+    ("none", "identical", None, False),
+    ("none", "inconclusive", None, None),
+])
+def test_expectation_per_level(det, verdict, source, met):
+    assert repeatability_expectation(det, verdict, source=source).met is met
+
+
+def test_none_identical_is_suspicious():
+    e = repeatability_expectation("none", "identical")
+    assert e.met is False and IGNORES_SEED in e.suspicious
+    e = repeatability_expectation("seeded", "identical", seeds_identical=True)
+    assert e.met is False and SEEDS_IDENTICAL in e.suspicious
+
+
+def _run(i, seed, repeat, det, values, dtype=None):
+    v = np.asarray(values, np.float64)
+    return RunData(run_id=i, seed=seed, repeat=repeat, determinism=det, stack="cpu",
+                   series={"loss": (np.arange(v.size), v)}, dtypes={"loss": dtype} if dtype else {})
+
+
+def _study(ignore_seed: bool):
+    """Two seeds × two repeats at each level; `none` varies unless the code ignores the seed."""
+    rng = np.random.default_rng(0)
+    runs, i = [], 0
+    base = {s: np.linspace(2, 1, 20) + 0.1 * s for s in (1, 2)}
+    for det in ("none", "seeded", "strict"):
+        for seed in (1, 2):
+            for rep in (0, 1):
+                i += 1
+                v = base[1 if ignore_seed else seed].copy()
+                if det == "none" and not ignore_seed:
+                    v = v + rng.normal(0, 1e-3, v.size)
+                runs.append(_run(i, seed, rep, det, v))
+    return build_report(runs, [MetricSpec("loss")], rng=np.random.default_rng(1)).to_dict()
+
+
+def test_demo_like_study_meets_every_expectation():
+    rep = _study(ignore_seed=False)
+    assert [h["determinism"] for h in rep["headline"]] == ["strict", "seeded", "none"]
+    assert all(h["met"] is True and not h["suspicious"] for h in rep["headline"])
+    none = next(v for v in rep["variance_by_source"] if v["group"]["determinism"] == "none")
+    assert none["between_seed_applies"] is False
+
+
+def test_code_ignoring_the_seed_is_flagged():
+    rep = _study(ignore_seed=True)
+    by = {h["determinism"]: h for h in rep["headline"]}
+    assert by["none"]["met"] is False and IGNORES_SEED in by["none"]["suspicious"]
+    assert by["seeded"]["met"] is False and SEEDS_IDENTICAL in by["seeded"]["suspicious"]
+
+
+def test_float32_ulps_match_nextafter():
+    x = np.float32(0.3)
+    up = np.nextafter(x, np.float32(1))
+    assert up - x == np.spacing(x)
+    assert ulp_distance(float(x), float(up), "float32") == 1
+    assert ulp_distance(float(x), float(up)) == 2**29  # the float64 count the issue complained about
+    three = np.nextafter(np.nextafter(up, np.float32(1)), np.float32(1))
+    assert ulp_distance(float(three), float(x), "float32") == 3
+    assert ulp_distance(float(np.float32(-0.0)), 0.0, "float32") == 0
+    lo = -np.float32(1e-45)  # across zero: -min subnormal to +min subnormal is 2 ULPs
+    assert ulp_distance(float(lo), float(-lo), "float32") == 2
+
+
+def test_repeatability_counts_ulps_in_the_series_dtype():
+    x = np.float32(0.3)
+    a = np.array([1.0, float(x)])
+    b = np.array([1.0, float(np.nextafter(x, np.float32(1)))])
+    runs = [RepeatRun(np.arange(2), a, dtype="float32"), RepeatRun(np.arange(2), b, dtype="float32")]
+    r = repeatability(runs)
+    assert r.max_ulps == 1 and r.dtype == "float32" and "1 float32 ULPs" in r.reason
+    rep = build_report([_run(1, 0, 0, "seeded", a, "float32"), _run(2, 0, 1, "seeded", b, "float32")],
+                       [MetricSpec("loss")], rng=np.random.default_rng(0)).to_dict()
+    v = rep["verdicts"][0]
+    assert v["max_ulps"] == 1 and v["dtype"] == "float32"
+
+
+def test_nan_case_does_not_claim_zero_ulps():
+    runs = [RepeatRun(np.arange(2), np.array([1.0, 2.0])), RepeatRun(np.arange(2), np.array([1.0, np.nan]))]
+    r = repeatability(runs)
+    assert "non-finite in one repeat" in r.reason and "max |Δ| inf, 0 ULPs" not in r.reason
+
+
+def test_sdk_records_the_logged_dtype():
+    from worker.sdk import float_dtype
+
+    assert float_dtype(1.0) == "float64" and float_dtype(3) == "float64"
+    assert float_dtype(np.float32(1)) == "float32" and float_dtype(np.array(1, np.float16)) == "float16"
+    torch = pytest.importorskip("torch")
+    assert float_dtype(torch.tensor(1.0)) == "float32"
+    assert float_dtype(torch.tensor(1.0, dtype=torch.bfloat16)) == "bfloat16"
