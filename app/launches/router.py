@@ -14,6 +14,8 @@ router = APIRouter(prefix="/api/v1", tags=["launches"])
 
 @router.post("/studies/{study_id}/launches", response_model=LaunchOut, status_code=status.HTTP_201_CREATED)
 def record_launch(study_id: int, body: LaunchIn, db: WriteDB, caller: UserCaller) -> LaunchOut:
+    """Record a batch job started for a study: its owner's (or an admin's) act, like cancelling it."""
+    studies.ensure_study_owner(studies.get_study(db, study_id), caller)
     return LaunchOut.model_validate(service.record(db, study_id, body), from_attributes=True)
 
 

@@ -13,7 +13,9 @@ from app.main import create_app
 from tests.api.helpers import batch, lease, register, spec
 
 # Routes anyone may call; any other route without a role check fails test_every_route_declares_a_role.
-PUBLIC = {("GET", "/healthz"), ("GET", "/"), ("GET", "/login"), ("POST", "/login"), ("POST", "/logout")}
+# /docs and /redoc serve the API reference (vendored Swagger UI / ReDoc), public like /openapi.json
+PUBLIC = {("GET", "/healthz"), ("GET", "/"), ("GET", "/login"), ("POST", "/login"), ("POST", "/logout"),
+          ("GET", "/docs"), ("GET", "/redoc")}
 # Guards other than require(role): the dashboard's viewer checks and /metrics admit user roles.
 USER_GUARDS = {"page_viewer", "data_viewer", "_metrics_access"}
 
@@ -154,6 +156,8 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:  # no
     return {
         ("POST", "/api/v1/studies"): ("/api/v1/studies", spec(seeds=[0], repeats=1, determinism=["seeded"], suite="nightly")),
         ("POST", "/api/v1/studies/{study_id}/cancel"): (f"/api/v1/studies/{sid}/cancel", None),
+        ("POST", "/api/v1/studies/{study_id}/launches"): (f"/api/v1/studies/{sid}/launches",
+                                                         {"engine": "slurm", "job_id": "123", "tasks": 2}),
         ("POST", "/api/v1/studies/{study_id}/runs"): (f"/api/v1/studies/{ext}/runs", run),
         ("POST", "/api/v1/runs/{run_id}/exclude"): (f"/api/v1/runs/{run_id}/exclude", {"reason": "bad data"}),
         ("DELETE", "/api/v1/runs/{run_id}/exclude"): (f"/api/v1/runs/{run_id}/exclude", None),
@@ -198,7 +202,7 @@ def test_the_owner_and_admins_change_it(api, who):
              ("POST", "/api/v1/alert-rules"), ("POST", "/api/v1/alerts/{alert_id}/ack"),
              ("POST", "/api/v1/studies/{study_id}/evaluate"), ("PUT", "/api/v1/suites/{suite}/baseline"),
              ("DELETE", "/api/v1/suites/{suite}/baseline"), ("DELETE", "/api/v1/alert-rules/{rule_id}"),
-             ("POST", "/api/v1/studies/{study_id}/cancel")]
+             ("POST", "/api/v1/studies/{study_id}/launches"), ("POST", "/api/v1/studies/{study_id}/cancel")]
     assert set(order) == set(targets)
     for key in order:
         url, body = targets[key]
