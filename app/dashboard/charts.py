@@ -15,6 +15,7 @@ default 1000 points). Series shorter than ``max_points`` are sent whole.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ import numpy as np
 
 from app.models import Run
 from app.stats.align import align_series
+from app.stats.downsample import extreme_indices
+from app.stats.repeatability import ulp_distance
 from app.stats.report import RunData, compute_bands
 
 BAND_FIELDS = ("mean", "min", "max", "ti_low", "ti_high", "ci_low", "ci_high")
@@ -184,3 +187,96 @@ def run_chart(steps: np.ndarray, values: np.ndarray, *, key: str, max_points: in
             "downsampled": bool(idx.size < len(steps)), "diverged_at": diverged_at}
     x = np.asarray(steps, dtype=np.int64)[idx]
     return json.dumps(head)[:-1] + f',"x":{_ints(x)},"y":{_nums(reduced[0])}}}'
+
+
+DIFFERENCE_UNITS = ("abs", "ulp")
+
+
+def difference_chart(
+    runs: Sequence[Run],
+    series: dict[int, tuple[np.ndarray, np.ndarray]],
+    dtypes: dict[int, str],
+    *,
+    metric: str,
+    unit: str,
+    max_points: int,
+) -> str:
+    """Each repeat's difference from its seed's reference repeat (the lowest), as JSON text.
+
+    For every seed with two or more repeats that have data, every other repeat minus the
+    reference at the steps both logged: the signed difference (``unit="abs"``) or the ULP
+    distance in the series' logged dtype (``unit="ulp"``). Decimated with
+    ``extreme_indices`` per line, plus each line's first nonzero step, so where the repeats
+    part and the largest difference stay on the chart. Non-finite points are gaps.
+    """
+    if unit not in DIFFERENCE_UNITS:
+        raise ValueError(f"unit must be one of {DIFFERENCE_UNITS}, got {unit!r}")
+    with_data = [r for r in runs if r.id in series and len(series[r.id][0])]
+    by_seed: dict[int, list[Run]] = {}
+    for r in sorted(with_data, key=lambda r: (r.seed, r.repeat, r.id)):
+        by_seed.setdefault(r.seed, []).append(r)
+    pairs = [(group[0], other) for group in by_seed.values() if len(group) > 1 for other in group[1:]]
+
+    lines_meta: list[dict[str, Any]] = []
+    diffs: list[tuple[np.ndarray, np.ndarray]] = []
+    for ref, other in pairs:
+        rs, rv = series[ref.id]
+        os_, ov = series[other.id]
+        steps, ri, oi = np.intersect1d(np.asarray(rs, np.int64), np.asarray(os_, np.int64), return_indices=True)
+        a, b = np.asarray(ov, np.float64)[oi], np.asarray(rv, np.float64)[ri]
+        finite = np.isfinite(a) & np.isfinite(b)
+        if unit == "abs":
+            d = np.where(finite, a - b, np.nan)
+        else:
+            dtype = dtypes.get(other.id) or dtypes.get(ref.id) or "float64"
+            d = np.where(finite, ulp_distance(np.where(finite, a, 0.0), np.where(finite, b, 0.0), dtype)
+                         .astype(np.float64), np.nan)
+        nonzero = np.flatnonzero(np.nan_to_num(d) != 0)
+        mag = np.abs(d[finite]) if finite.any() else np.zeros(0)
+        lines_meta.append({
+            "run_id": other.id, "reference_run_id": ref.id, "seed": other.seed, "repeat": other.repeat,
+            "reference_repeat": ref.repeat, "status": other.status,
+            "dtype": dtypes.get(other.id) or "float64",
+            "first_nonzero_step": int(steps[nonzero[0]]) if nonzero.size else None,
+            "max_abs": float(mag.max()) if mag.size else 0.0,
+            "max_abs_step": int(steps[finite][int(np.argmax(mag))]) if mag.size else None,
+        })
+        diffs.append((steps, d))
+
+    grid = np.unique(np.concatenate([s for s, _ in diffs])) if diffs else np.zeros(0, np.int64)
+    matrix = np.full((len(diffs), grid.size), np.nan)
+    keep: list[np.ndarray] = []
+    per_line = max(2, max_points // max(1, len(diffs)))
+    for i, (steps, d) in enumerate(diffs):
+        where = np.searchsorted(grid, steps)
+        matrix[i, where] = d
+        keep.append(where[extreme_indices(d, max_points=per_line)])
+        nonzero = np.flatnonzero(np.nan_to_num(d) != 0)
+        if nonzero.size:  # the step where the repeats part, and the one before it
+            keep.append(where[max(0, nonzero[0] - 1): nonzero[0] + 1])
+    idx = np.unique(np.concatenate(keep)) if keep else np.zeros(0, np.int64)
+    starts = [m["first_nonzero_step"] for m in lines_meta if m["first_nonzero_step"] is not None]
+    head = {
+        "metric": metric,
+        "unit": unit,
+        "total_steps": int(grid.size),
+        "points": int(idx.size),
+        "downsampled": bool(idx.size < grid.size),
+        "n_runs_with_data": len(with_data),
+        "n_seeds_with_repeats": sum(1 for g in by_seed.values() if len(g) > 1),
+        "n_lines": len(lines_meta),
+        "identical": bool(lines_meta) and all(m["max_abs"] == 0 for m in lines_meta),
+        "first_nonzero_step": min(starts) if starts else None,
+        "max_abs": max((m["max_abs"] for m in lines_meta), default=0.0),
+        "lines": lines_meta,
+    }
+    body = json.dumps(head, allow_nan=False)[:-1]
+    rows = ",".join(_diff_nums(matrix[i, idx], unit) for i in range(len(diffs)))
+    return body + f',"x":{_ints(grid[idx])},"y":[{rows}]}}'
+
+
+def _diff_nums(values: np.ndarray, unit: str) -> str:
+    """Differences keep 7 significant digits; ULP counts are integers and are sent whole."""
+    if unit == "abs":
+        return _nums(values)
+    return "[" + ",".join("null" if math.isnan(v) else str(int(v)) for v in values.tolist()) + "]"

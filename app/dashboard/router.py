@@ -422,6 +422,27 @@ def study_chart(
     return _json_text(request, text)
 
 
+@router.get("/dashboard/data/studies/{study_id}/difference")
+def study_difference(
+    request: Request,
+    study_id: int,
+    db: ReadDB,
+    viewer: DataViewer,
+    metric: Annotated[str, Query(min_length=1, max_length=200)],
+    determinism: Annotated[str, Query(min_length=1, max_length=16)],
+    stack: Annotated[str, Query(min_length=1, max_length=200)],
+    unit: Annotated[str, Query(pattern="^(abs|ulp)$")] = "abs",
+    max_points: Annotated[int, Query(ge=100, le=5000)] = 1000,
+) -> Response:
+    study = db.get(Study, study_id)
+    if study is None:
+        return JSONResponse({"detail": f"study {study_id} not found"}, status_code=404)
+    version = service.study_versions(db, [study])[study.id]
+    text = service.difference_chart(db, study, version, _db_key(request), metric=metric, determinism=determinism,
+                                    stack=stack, unit=unit, max_points=max_points)
+    return _json_text(request, text)
+
+
 @router.get("/dashboard/data/runs/{run_id}/chart")
 def run_chart(
     request: Request,

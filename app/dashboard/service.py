@@ -286,6 +286,24 @@ def group_chart(session: Session, study: Study, version: tuple, db_key: str, *, 
     return _charts.get_or_compute(key, compute)
 
 
+def difference_chart(session: Session, study: Study, version: tuple, db_key: str, *, metric: str, determinism: str,
+                     stack: str, unit: str, max_points: int) -> str:
+    """Each repeat minus its seed's reference repeat (absolute or in ULPs of the logged dtype)."""
+    def compute() -> str:
+        runs = list(session.scalars(
+            select(Run).where(Run.study_id == study.id, Run.determinism == determinism, Run.stack == stack,
+                              Run.status.in_(("completed", "running")), Run.excluded_at.is_(None)).order_by(Run.id)
+        ))
+        ids = [r.id for r in runs]
+        loaded = metrics_repo.load_series(session, ids, [metric])
+        series = {run_id: sv for (run_id, _), sv in loaded.items()}
+        dtypes = {run_id: dtype for (run_id, _), dtype in metrics_repo.load_dtypes(session, ids, [metric]).items()}
+        return charts.difference_chart(runs, series, dtypes, metric=metric, unit=unit, max_points=max_points)
+
+    key = ("difference", db_key, study.id, version, metric, determinism, stack, unit, max_points)
+    return _charts.get_or_compute(key, compute)
+
+
 def cost_scale(report_: dict[str, Any] | None) -> float:
     """The right end of the cost chart's axis: the largest ratio or CI bound, and at least 1×."""
     values = [1.0]

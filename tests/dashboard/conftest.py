@@ -72,7 +72,7 @@ def shot(page, name: str, full_page: bool = True) -> Path:
 
 def upload_external(client: httpx.Client, study_id: int, *, seed: int, repeat: int = 0, determinism: str = "seeded",
                     stack: str = "default", values: list[float], step_times: list[float] | None = None,
-                    digest: str = "a") -> dict:
+                    digest: str = "a", dtype: str | None = None) -> dict:
     body = {
         "seed": seed, "repeat": repeat, "determinism": determinism, "stack": {"name": stack},
         "metrics": {"loss": {"steps": list(range(len(values))), "values": values}},
@@ -80,6 +80,8 @@ def upload_external(client: httpx.Client, study_id: int, *, seed: int, repeat: i
     }
     if step_times is not None:
         body["step_times"] = step_times
+    if dtype is not None:
+        body["metrics"]["loss"]["dtype"] = dtype
     # json.dumps writes NaN literals, which the API accepts for diverged runs
     r = client.post(f"/api/v1/studies/{study_id}/runs", content=json.dumps(body),
                     headers={"content-type": "application/json"})

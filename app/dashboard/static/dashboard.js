@@ -192,6 +192,43 @@
     };
   }
 
+  const DIFF_COLORS = ["#1f4e79", "#b3261e", "#2e7d32", "#d9822b", "#6a1b9a", "#00838f", "#5d4037", "#c2185b"];
+
+  /* Each repeat minus its seed's reference repeat: one line per (seed, repeat), zero drawn. */
+  function diffOpts(d, width, height) {
+    const data = [d.x];
+    const series = [{ label: "step", value: (u, v) => (v === null || v === undefined ? "—" : String(v)) }];
+    const ulp = d.unit === "ulp";
+    d.lines.forEach((ln, i) => {
+      data.push(d.y[i]);
+      series.push(lineSeries(`run ${ln.run_id} − run ${ln.reference_run_id}`, DIFF_COLORS[i % DIFF_COLORS.length],
+        1.25, { value: ulp ? (u, v) => (v === null || v === undefined ? "—" : `${v} ULP`) : valueFmt }));
+    });
+    const marker = { first_divergent_step: d.first_nonzero_step, lines: [] };
+    const label = ulp ? `${d.metric}: ULPs from reference repeat` : `${d.metric}: Δ from reference repeat`;
+    return {
+      opts: {
+        width, height: height || 300, series,
+        legend: { show: true, live: true },
+        cursor: { drag: { x: true, y: false }, points: { show: false } },
+        scales: { x: { time: false }, y: { range: (u, lo, hi) => (lo === hi ? [lo - 1, hi + 1] : [Math.min(0, lo), Math.max(0, hi)]) } },
+        axes: [xAxis(), yAxis(label, false)],
+        hooks: { draw: [markerHook(marker)] },
+      },
+      data,
+    };
+  }
+
+  function diffSummary(d, group) {
+    const unit = d.unit === "ulp" ? "ULP distance" : "difference";
+    const parts = [`${d.metric}, ${group}: ${unit} of each repeat from its seed's reference repeat`];
+    parts.push(`${d.n_lines} repeat(s) over ${d.n_seeds_with_repeats} seed(s)`);
+    if (d.first_nonzero_step !== null) parts.push(`repeats first part at step ${d.first_nonzero_step}`);
+    parts.push(`largest |Δ| ${d.unit === "ulp" ? d.max_abs + " ULP" : fmt(d.max_abs)}`);
+    parts.push(`${d.points} of ${d.total_steps} steps plotted${d.downsampled ? " (decimated, extremes and first difference kept)" : ""}`);
+    return parts.join("; ") + ".";
+  }
+
   class ChartSlot {
     constructor(figure) {
       this.figure = figure;
@@ -201,9 +238,58 @@
       this.plot = null;
     }
 
-    show(built, summary, caption) {
+    clear() {
       if (this.plot) { this.plot.destroy(); this.plot = null; }
+      for (const p of this.minis || []) p.destroy();
+      this.minis = [];
       this.plotEl.replaceChildren();
+      delete this.figure.dataset.miniCount;
+    }
+
+    /* One small chart per item ({title, build(width) | message}), side by side, wrapping. */
+    showMany(items, summary, caption) {
+      this.clear();
+      this.plotEl.setAttribute("aria-label", summary);
+      this.summaryEl.textContent = summary;
+      this.captionEl.textContent = caption;
+      const row = document.createElement("div");
+      row.className = "multiples";
+      this.plotEl.append(row);
+      const pending = [];
+      for (const item of items) {
+        const cell = document.createElement("div");
+        cell.className = "mini";
+        cell.dataset.level = item.level;
+        const title = document.createElement("p");
+        title.className = "mini-title";
+        title.textContent = item.title;
+        cell.append(title);
+        row.append(cell);
+        if (!item.build) {
+          const msg = document.createElement("p");
+          msg.className = "empty small";
+          msg.textContent = item.message;
+          cell.append(msg);
+          continue;
+        }
+        const holder = document.createElement("div");
+        cell.append(holder);
+        pending.push([item, cell, holder]);
+      }
+      // Measure once every cell is laid out: each one's width is its share of the row.
+      const widths = pending.map(([, cell]) => Math.max(260, Math.floor(cell.getBoundingClientRect().width)));
+      pending.forEach(([item, , holder], i) => {
+        const built = item.build(widths[i]);
+        this.minis.push(new uPlot(built.opts, built.data, holder));
+      });
+      this.figure.dataset.miniCount = String(items.length);
+      this.figure.dataset.seriesCount = "0";
+      this.figure.dataset.lineCount = "0";
+      this.figure.dataset.ready = "true";
+    }
+
+    show(built, summary, caption) {
+      this.clear();
       this.plotEl.setAttribute("aria-label", summary);
       this.summaryEl.textContent = summary;
       this.captionEl.textContent = caption;
@@ -229,6 +315,9 @@
 
     resize() {
       if (this.plot) this.plot.setSize({ width: plotWidth(this.plotEl), height: this.plot.height });
+      for (const p of this.minis || []) {
+        p.setSize({ width: Math.max(260, Math.floor(p.root.parentElement.getBoundingClientRect().width)), height: p.height });
+      }
     }
   }
 
@@ -241,18 +330,67 @@
     let drawing = 0;
 
     function selection() {
-      const level = $("#sel-level"), stack = $("#sel-stack");
-      return { determinism: level ? level.value : null, stack: stack ? stack.value : null };
+      const level = $("#sel-level"), stack = $("#sel-stack"), view = $("#sel-view");
+      return { determinism: level ? level.value : null, stack: stack ? stack.value : null,
+               view: view ? view.value : "values" };
+    }
+
+    function levelsShown(sel) {
+      if (sel.determinism !== "all") return [sel.determinism];
+      return Array.from($("#sel-level").options).map((o) => o.value).filter((v) => v !== "all");
     }
 
     function syncStackOptions() {
       const level = $("#sel-level"), stack = $("#sel-stack");
       if (!level || !stack) return;
-      const available = new Set(groups.filter((g) => g[0] === level.value).map((g) => g[1]));
+      const available = new Set(groups.filter((g) => level.value === "all" || g[0] === level.value).map((g) => g[1]));
       for (const opt of stack.options) opt.disabled = !available.has(opt.value);
       if (stack.selectedOptions[0] && stack.selectedOptions[0].disabled) {
         const first = Array.from(stack.options).find((o) => !o.disabled);
         if (first) stack.value = first.value;
+      }
+    }
+
+    /* Fetch one group's chart in the selected view: {summary, caption, build(width, height)} or {message}. */
+    async function loadGroup(slot, metric, determinism, stack, view) {
+      const group = `${determinism} · ${stack}`;
+      const q = new URLSearchParams({ metric, determinism, stack });
+      if (view !== "values") {
+        q.set("unit", view);
+        const d = await getJSON(`/dashboard/data/studies/${studyId}/difference?${q}`);
+        const info = { d, group, firstNonzeroStep: d.first_nonzero_step, maxAbs: d.max_abs, identical: d.identical };
+        if (!d.n_lines) return Object.assign(info, { message: `${metric}, ${group}: no seed has two repeats with data, so there is no difference to draw.` });
+        if (d.identical) return Object.assign(info, { message: `${metric}, ${group}: repeats bitwise identical: no difference to draw (${d.n_lines} repeat(s) over ${d.n_seeds_with_repeats} seed(s)).` });
+        return Object.assign(info, {
+          summary: diffSummary(d, group), lineCount: d.n_lines,
+          caption: `${group} · ${d.n_lines} repeat(s) against their seed's reference` + (view === "ulp" ? " · in ULPs" : ""),
+          build: (width, height) => diffOpts(d, width, height),
+        });
+      }
+      const d = await getJSON(`/dashboard/data/studies/${studyId}/chart?${q}`);
+      if (!d.x.length) {
+        const ended = ["failed", "cancelled", "completed"].includes(main.dataset.studyStatus);
+        return { d, group, message: ended ? `${metric}, ${group}: no run of this group recorded a point (the study is ${main.dataset.studyStatus}; see the runs below).`
+          : `${metric}, ${group}: no points recorded yet.` };
+      }
+      return {
+        d, group, summary: bandSummary(d, group), lineCount: d.n_lines,
+        caption: `${group} · ${d.n_lines} run line(s)` + (d.band ? ` · band of ${d.band.n} seed(s)` : ""),
+        build: (width, height) => {
+          const built = bandOpts(d, width, slot.logScale());
+          if (height) built.opts.height = height;
+          return built;
+        },
+      };
+    }
+
+    function mark(slot, info) {
+      const ds = slot.figure.dataset;
+      for (const k of ["firstNonzeroStep", "maxAbs", "identical"]) delete ds[k];
+      if (info && info.maxAbs !== undefined) {
+        ds.firstNonzeroStep = info.firstNonzeroStep === null ? "" : String(info.firstNonzeroStep);
+        ds.maxAbs = String(info.maxAbs);
+        ds.identical = String(info.identical);
       }
     }
 
@@ -261,25 +399,36 @@
       const sel = selection();
       if (!sel.determinism) return;
       main.dataset.chartsReady = "false";
-      const group = `${sel.determinism} · ${sel.stack}`;
+      const levels = levelsShown(sel);
       await Promise.all(slots.map(async (slot) => {
         const metric = slot.figure.dataset.metric;
-        const q = new URLSearchParams({ metric, determinism: sel.determinism, stack: sel.stack });
+        slot.figure.dataset.view = sel.view;
+        const key = $("ul.legend", slot.figure);
+        if (key) key.hidden = sel.view !== "values";
         try {
-          const d = await getJSON(`/dashboard/data/studies/${studyId}/chart?${q}`);
-          if (ticket !== drawing) return;
-          slot.figure.dataset.group = group;
-          if (!d.x.length) {
-            const ended = ["failed", "cancelled", "completed"].includes(main.dataset.studyStatus);
-            slot.message(ended ? `${metric}, ${group}: no run of this group recorded a point (the study is ${main.dataset.studyStatus}; see the runs below).`
-              : `${metric}, ${group}: no points recorded yet.`);
+          if (levels.length === 1) {
+            const info = await loadGroup(slot, metric, levels[0], sel.stack, sel.view);
+            if (ticket !== drawing) return;
+            slot.figure.dataset.group = info.group;
+            mark(slot, info);
+            if (!info.build) { slot.last = null; slot.message(info.message); return; }
+            slot.last = info;
+            const built = info.build(plotWidth(slot.plotEl));
+            built.lineCount = info.lineCount;
+            slot.show(built, info.summary, info.caption);
             return;
           }
-          slot.last = { d, group };
-          const built = bandOpts(d, plotWidth(slot.plotEl), slot.logScale());
-          built.lineCount = d.n_lines;
-          const caption = `${group} · ${d.n_lines} run line(s)` + (d.band ? ` · band of ${d.band.n} seed(s)` : "");
-          slot.show(built, bandSummary(d, group), caption);
+          const infos = await Promise.all(levels.map((level) => loadGroup(slot, metric, level, sel.stack, sel.view)));
+          if (ticket !== drawing) return;
+          slot.last = null;
+          slot.figure.dataset.group = `all levels · ${sel.stack}`;
+          mark(slot, null);
+          const items = infos.map((info, i) => ({
+            level: levels[i], title: info.group, message: info.message,
+            build: info.build ? (width) => info.build(width, 220) : null,
+          }));
+          slot.showMany(items, infos.map((info) => info.summary || info.message).join(" "),
+            `${levels.join(", ")} side by side · ${sel.stack}`);
         } catch (err) {
           if (ticket === drawing) slot.message(`Could not load the chart: ${err.message}`);
         }
@@ -288,11 +437,10 @@
     }
 
     function redraw(slot) {
-      if (!slot.last) return;
-      const { d, group } = slot.last;
-      const built = bandOpts(d, plotWidth(slot.plotEl), slot.logScale());
-      built.lineCount = d.n_lines;
-      slot.show(built, bandSummary(d, group), slot.captionEl.textContent);
+      if (!slot.last) { drawAll(); return; }
+      const built = slot.last.build(plotWidth(slot.plotEl));
+      built.lineCount = slot.last.lineCount;
+      slot.show(built, slot.last.summary, slot.captionEl.textContent);
     }
 
     for (const slot of slots) {
@@ -301,9 +449,10 @@
     }
 
     function bindSelectors() {
-      const level = $("#sel-level"), stack = $("#sel-stack");
+      const level = $("#sel-level"), stack = $("#sel-stack"), view = $("#sel-view");
       if (level) level.addEventListener("change", () => { syncStackOptions(); drawAll(); });
       if (stack) stack.addEventListener("change", drawAll);
+      if (view) view.addEventListener("change", drawAll);
     }
 
     /* Swap the server-rendered sections for fresh ones; the markup comes from our own
@@ -328,6 +477,7 @@
           form.replaceWith(document.importNode(freshForm, true));
           if (sel.determinism) $("#sel-level").value = sel.determinism;
           if (sel.stack) $("#sel-stack").value = sel.stack;
+          if (sel.view && $("#sel-view")) $("#sel-view").value = sel.view;
           bindSelectors();
         }
       }
