@@ -177,3 +177,15 @@ def test_hover_a_chart_reads_the_step_and_each_runs_value(live_server, new_page)
     want = curve(run["seed"], 120)[step]
     assert shown == pytest.approx(want, rel=1e-4), (step, shown, want)
     shot(page, "study-hover", full_page=False)
+
+
+def test_tick_labels_say_each_ticks_value(live_server, new_page):
+    """uPlot draws ticks on the canvas; the labeller is checked on the page itself. With one
+    significant digit 150 printed as "200" and 0.75 as "0.8" (seen on the side-by-side charts)."""
+    page = new_page(live_server)
+    page.goto(live_server.url + "/studies")
+    label = "s => window.steady.tickLabels(null, s)"
+    assert page.evaluate(label, [0, 50, 100, 150, 200]) == ["0", "50", "100", "150", "200"]
+    assert page.evaluate(label, [0.25, 0.5, 0.75, 1]) == ["0.25", "0.5", "0.75", "1"]
+    assert page.evaluate(label, [0, 0.2, 0.4]) == ["0", "0.2", "0.4"]
+    assert page.evaluate(label, [1e-7, 2e-7]) == ["1e-7", "2e-7"]

@@ -123,11 +123,17 @@
   const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2.5e3, 5e3, 1e4, 2e4, 2.5e4, 5e4,
     1e5, 2e5, 2.5e5, 5e5, 1e6, 2e6, 5e6, 1e7];
 
-  /* Tick labels: as few digits as tell neighbouring ticks apart (no repeated labels). */
+  /* Tick labels: as few digits as say each tick's value (150 must not print as "200") and tell
+     neighbouring ticks apart (no repeated labels). */
   function tickValues(u, splits) {
+    const finite = splits.filter((v) => v !== null);
+    let gap = Infinity;
+    for (let i = 1; i < finite.length; i++) gap = Math.min(gap, Math.abs(finite[i] - finite[i - 1]));
+    const close = (label, v) => Math.abs(+label - v) <= 1e-6 * (Number.isFinite(gap) && gap > 0 ? gap : Math.abs(v) || 1);
     for (let p = 1; p <= 12; p++) {
       const labels = splits.map((v) => (v === null ? "" : String(+v.toPrecision(p))));
-      if (new Set(labels).size === labels.length) return labels.map((l, i) => (Math.abs(splits[i]) >= 1e5 || (splits[i] !== 0 && Math.abs(splits[i]) < 1e-3) ? (+splits[i]).toExponential(Math.max(0, p - 1)) : l));
+      const exact = splits.every((v, i) => v === null || close(labels[i], v));
+      if (exact && new Set(labels).size === labels.length) return labels.map((l, i) => (Math.abs(splits[i]) >= 1e5 || (splits[i] !== 0 && Math.abs(splits[i]) < 1e-3) ? (+splits[i]).toExponential(Math.max(0, p - 1)) : l));
     }
     return splits.map(String);
   }
@@ -596,6 +602,8 @@
       console.warn("badges:", err);
     }
   }
+
+  window.steady = { tickLabels: tickValues };  // for the browser tests and the console
 
   document.addEventListener("DOMContentLoaded", () => {
     // widths come as data attributes: the Content-Security-Policy allows no inline style
