@@ -300,7 +300,8 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
         seeds_identical = _all_identical(firsts, spec.name) if len(firsts) >= 2 else None
         exp = expectations.repeatability_expectation(
             det, verdict, source=conclusive[worst_seed][1].source if worst_seed is not None else None,
-            seeds_identical=seeds_identical)
+            seeds_identical=seeds_identical,
+            deltas_finite=all(np.isfinite(res.max_abs_delta) for _, res in conclusive.values()))
         numbers = {}
         if worst_seed is not None:
             w = conclusive[worst_seed][1]
