@@ -29,5 +29,10 @@ def test_demo_runs_a_whole_study(tmp_path):
     assert "source: seeding" in text  # `none` repeats differ from their first step
     assert "strict runs bitwise identical" in text
     assert "source: numerics" in text  # the kernel workload at `seeded`
+    # every level of every demo study met its expectation (none varies, seeded identical or kernel
+    # numerics, strict identical): the studies list shows them all as "met expectations"
+    expectation_lines = [line for line in text.splitlines() if line.startswith("  ") and " expected " in line
+                         and line.split()[0] in ("strict", "seeded", "none")]
+    assert len(expectation_lines) == 7 and all(line.endswith(": met") for line in expectation_lines), expectation_lines
     assert "Dashboard: http://127.0.0.1:" in text
     assert (tmp_path / "demo" / "token").stat().st_mode & 0o777 == 0o600
