@@ -26,6 +26,7 @@ import numpy as np
 from scipy import stats
 
 from app.stats.align import check_matrix
+from app.stats.bands import curve_levels
 from app.stats.intervals import std_bounds_from
 
 __all__ = ["BaselineCheck", "baseline_outliers", "baseline_curve_outliers", "BandCheck", "band_too_wide", "band_check", "NOMINAL",
@@ -139,9 +140,8 @@ def baseline_curve_outliers(baseline, candidates, *, alpha: float = 0.01) -> Bas
 
     ``baseline`` (n × T) and ``candidates`` (m × T) share one step grid (NaN where a run has no
     finite value). Each run is reduced to its whole-curve level over the steps where every run
-    has a finite value and the runs vary: ``level = mean_t x_t / s_t`` with s_t the sd over *all*
-    runs (baseline and candidates) at step t — the standardisation of
-    ``app.stats.bands.out_of_band_curves``. The weights are a symmetric function of every run, so
+    has a finite value and the runs vary, standardised by the sd over *all* runs (baseline and
+    candidates) at each step: ``app.stats.bands.curve_levels``, as ``out_of_band_curves`` does. The weights are a symmetric function of every run, so
     healthy runs give exchangeable levels (weights from the baseline alone made its own levels
     too tight: 1.5–2% false alarms at a nominal 1%). Averaging a curve into one number makes the
     step-to-step dependence irrelevant; the levels are then judged by ``baseline_outliers``
@@ -156,14 +156,11 @@ def baseline_curve_outliers(baseline, candidates, *, alpha: float = 0.01) -> Bas
         raise ValueError(f"baseline has {base.shape[1]} steps, candidates {cand.shape[1]}: align them first")
     if base.shape[0] < 2 or cand.shape[0] < 1:
         raise ValueError(f"need >= 2 baseline runs and >= 1 candidate, got {base.shape[0]} and {cand.shape[0]}")
-    shared = np.isfinite(base).all(axis=0) & np.isfinite(cand).all(axis=0)
-    s = np.vstack([base, cand])[:, shared].std(axis=0, ddof=1) if shared.any() else np.zeros(0)
-    informative = s > 0
-    if not informative.any():
+    levels, _ = curve_levels(np.vstack([base, cand]))
+    if levels is None:
         raise ValueError("no step where every run has a finite value and the runs vary")
-    w = 1.0 / s[informative]
-    level = lambda x: (x[:, shared][:, informative] * w).mean(axis=1)  # noqa: E731
-    return baseline_outliers(level(base), level(cand), alpha=alpha)
+    n = base.shape[0]
+    return baseline_outliers(levels[:n], levels[n:], alpha=alpha)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from app.stats.align import check_matrix
 from app.stats.intervals import normal_tolerance_factor
 
 __all__ = ["Band", "compute_band", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
-           "out_of_band_curves"]
+           "curve_levels", "out_of_band_curves"]
 
 DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -258,6 +258,25 @@ class CurveOutliers:
     method: str = "leave-one-out studentized deleted residual of the whole-curve level, t(n-2), Bonferroni"
 
 
+def curve_levels(x: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """Each run's whole-curve level, ``mean_t (x_it − m_t) / s_t`` over the steps every run logged
+    with a finite value, m_t and s_t the mean and sd over the runs (rows of ``x``) at step t; steps
+    where s_t = 0 carry no information and are skipped. Returns (levels, number of shared steps);
+    levels is None when no shared step varies (also when none is shared: then the count is 0).
+    The weights are a symmetric function of the runs, so exchangeable runs give exchangeable levels."""
+    shared = np.isfinite(x).all(axis=0)
+    k = int(shared.sum())
+    if k == 0 or x.shape[0] < 2:
+        return None, k
+    xs = x[:, shared]
+    s = xs.std(axis=0, ddof=1)
+    informative = s > 0
+    if not informative.any():
+        return None, k
+    m = xs.mean(axis=0)
+    return ((xs[:, informative] - m[informative]) / s[informative]).mean(axis=1), k
+
+
 def out_of_band_curves(matrix, *, false_alarm: float = 0.01) -> CurveOutliers:
     """Flag runs whose whole curve sits outside the band of the *other* runs.
 
@@ -295,19 +314,13 @@ def out_of_band_curves(matrix, *, false_alarm: float = 0.01) -> CurveOutliers:
 
     if n < 3:
         return untestable(f"{n} run(s): need at least 3 to compare a run with the others")
-    shared = np.isfinite(x).all(axis=0)
-    if not shared.any():
+    level, k = curve_levels(x)
+    if k == 0:
         return untestable("no step logged with a finite value by every run")
-    xs = x[:, shared]
-    m = xs.mean(axis=0)
-    s = xs.std(axis=0, ddof=1)
-    informative = s > 0
-    k = int(shared.sum())
-    if not informative.any():  # every run bit-identical at every shared step: exactly nothing to flag
+    if level is None:  # every run bit-identical at every shared step: exactly nothing to flag
         z = np.zeros(n)
         return CurveOutliers(True, z, z, n - 2, np.ones(n), np.ones(n), none, k, float(false_alarm), True,
                              f"all {n} runs identical at the {k} shared steps")
-    level = ((xs[:, informative] - m[informative]) / s[informative]).mean(axis=1)
     total, total2 = level.sum(), (level * level).sum()
     mean_o = (total - level) / (n - 1)
     var_o = np.maximum((total2 - level * level - (n - 1) * mean_o * mean_o) / (n - 2), 0.0)
