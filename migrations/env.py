@@ -25,7 +25,13 @@ if connection is not None:
 else:
     from app.db import make_engine
 
+    # The plain `alembic` CLI: the URL comes from alembic.ini if one is set there, else from the
+    # server's own settings (STEADY_DATABASE_URL, or the embedded SQLite file under STEADY_DATA_DIR).
     url = context.config.get_main_option("sqlalchemy.url")
+    if not url:
+        from app.config import Settings
+
+        url = Settings().resolved_database_url
     engine = make_engine(url)
     with engine.connect() as conn:
         _run(conn)

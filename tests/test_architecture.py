@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,20 @@ def test_worker_cli_does_not_import_server_or_frameworks():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_migrations_do_not_import_live_code():
+    # A migration is history: it must not change when a model or a type in app/ changes later.
+    for path in sorted((REPO / "migrations" / "versions").glob("*.py")):
+        bad = {n for n in _imports(path) if n.split(".")[0] in {"app", "worker"}}
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+def test_plain_alembic_cli_upgrades_the_configured_database(tmp_path):
+    # alembic.ini carries no URL: env.py falls back to the server's settings (STEADY_DATA_DIR here).
+    env = {**os.environ, "STEADY_DATA_DIR": str(tmp_path / "data")}
+    env.pop("STEADY_DATABASE_URL", None)
+    alembic = [sys.executable, "-m", "alembic", "-c", str(REPO / "alembic.ini")]
+    subprocess.run([*alembic, "upgrade", "head"], check=True, cwd=tmp_path, env=env, capture_output=True)
+    out = subprocess.run([*alembic, "current"], check=True, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert "(head)" in out.stdout, out.stdout + out.stderr

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-import app.models.base
 
 
 revision = '0001'
@@ -25,8 +24,8 @@ def upgrade() -> None:
     sa.Column('role', sa.String(length=16), nullable=False),
     sa.Column('token_hash', sa.String(length=64), nullable=False),
     sa.Column('prefix', sa.String(length=16), nullable=False),
-    sa.Column('created_at', app.models.base.UTCDateTime(), nullable=False),
-    sa.Column('revoked_at', app.models.base.UTCDateTime(), nullable=True),
+    sa.Column('created_at', sa.DateTime(), nullable=False),
+    sa.Column('revoked_at', sa.DateTime(), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_api_tokens')),
     sa.UniqueConstraint('token_hash', name=op.f('uq_api_tokens_token_hash'))
     )
@@ -37,9 +36,9 @@ def upgrade() -> None:
     sa.Column('status', sa.String(length=16), nullable=False),
     sa.Column('spec', sa.JSON(), nullable=False),
     sa.Column('suite', sa.String(length=200), nullable=True),
-    sa.Column('created_at', app.models.base.UTCDateTime(), nullable=False),
-    sa.Column('updated_at', app.models.base.UTCDateTime(), nullable=False),
-    sa.Column('finished_at', app.models.base.UTCDateTime(), nullable=True),
+    sa.Column('created_at', sa.DateTime(), nullable=False),
+    sa.Column('updated_at', sa.DateTime(), nullable=False),
+    sa.Column('finished_at', sa.DateTime(), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_studies'))
     )
     with op.batch_alter_table('studies', schema=None) as batch_op:
@@ -53,8 +52,8 @@ def upgrade() -> None:
     sa.Column('labels', sa.JSON(), nullable=False),
     sa.Column('fingerprint', sa.JSON(), nullable=False),
     sa.Column('token_id', sa.Integer(), nullable=True),
-    sa.Column('registered_at', app.models.base.UTCDateTime(), nullable=False),
-    sa.Column('last_seen_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('registered_at', sa.DateTime(), nullable=False),
+    sa.Column('last_seen_at', sa.DateTime(), nullable=False),
     sa.ForeignKeyConstraint(['token_id'], ['api_tokens.id'], name=op.f('fk_workers_token_id_api_tokens'), ondelete='SET NULL'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_workers'))
     )
@@ -74,7 +73,7 @@ def upgrade() -> None:
     sa.Column('attempt', sa.Integer(), nullable=False),
     sa.Column('max_attempts', sa.Integer(), nullable=False),
     sa.Column('lease_id', sa.String(length=64), nullable=True),
-    sa.Column('lease_expires_at', app.models.base.UTCDateTime(), nullable=True),
+    sa.Column('lease_expires_at', sa.DateTime(), nullable=True),
     sa.Column('worker_id', sa.Integer(), nullable=True),
     sa.Column('cancel_requested', sa.Boolean(), nullable=False),
     sa.Column('progress_step', sa.BigInteger(), nullable=True),
@@ -86,9 +85,9 @@ def upgrade() -> None:
     sa.Column('failure_kind', sa.String(length=16), nullable=True),
     sa.Column('error', sa.Text(), nullable=True),
     sa.Column('stderr_tail', sa.Text(), nullable=True),
-    sa.Column('created_at', app.models.base.UTCDateTime(), nullable=False),
-    sa.Column('started_at', app.models.base.UTCDateTime(), nullable=True),
-    sa.Column('finished_at', app.models.base.UTCDateTime(), nullable=True),
+    sa.Column('created_at', sa.DateTime(), nullable=False),
+    sa.Column('started_at', sa.DateTime(), nullable=True),
+    sa.Column('finished_at', sa.DateTime(), nullable=True),
     sa.ForeignKeyConstraint(['study_id'], ['studies.id'], name=op.f('fk_runs_study_id_studies'), ondelete='CASCADE'),
     sa.ForeignKeyConstraint(['worker_id'], ['workers.id'], name=op.f('fk_runs_worker_id_workers'), ondelete='SET NULL'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_runs'))

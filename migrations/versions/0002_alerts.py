@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-import app.models.base
 
 
 revision = '0002'
@@ -26,7 +25,7 @@ def upgrade() -> None:
     sa.Column('secret', sa.String(length=200), nullable=False),
     sa.Column('events', sa.JSON(), nullable=False),
     sa.Column('min_severity', sa.String(length=16), nullable=False),
-    sa.Column('created_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('created_at', sa.DateTime(), nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_webhooks'))
     )
     op.create_table('alert_rules',
@@ -39,7 +38,7 @@ def upgrade() -> None:
     sa.Column('study_id', sa.Integer(), nullable=True),
     sa.Column('suite', sa.String(length=200), nullable=True),
     sa.Column('source', sa.String(length=16), nullable=False),
-    sa.Column('created_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('created_at', sa.DateTime(), nullable=False),
     sa.ForeignKeyConstraint(['study_id'], ['studies.id'], name=op.f('fk_alert_rules_study_id_studies'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_alert_rules'))
     )
@@ -49,8 +48,8 @@ def upgrade() -> None:
     op.create_table('study_evaluations',
     sa.Column('study_id', sa.Integer(), nullable=False),
     sa.Column('state', sa.String(length=16), nullable=False),
-    sa.Column('requested_at', app.models.base.UTCDateTime(), nullable=False),
-    sa.Column('evaluated_at', app.models.base.UTCDateTime(), nullable=True),
+    sa.Column('requested_at', sa.DateTime(), nullable=False),
+    sa.Column('evaluated_at', sa.DateTime(), nullable=True),
     sa.Column('summary', sa.JSON(), nullable=False),
     sa.Column('error', sa.Text(), nullable=True),
     sa.ForeignKeyConstraint(['study_id'], ['studies.id'], name=op.f('fk_study_evaluations_study_id_studies'), ondelete='CASCADE'),
@@ -63,7 +62,7 @@ def upgrade() -> None:
     sa.Column('suite', sa.String(length=200), nullable=False),
     sa.Column('study_id', sa.Integer(), nullable=False),
     sa.Column('stack', sa.String(length=200), nullable=True),
-    sa.Column('set_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('set_at', sa.DateTime(), nullable=False),
     sa.ForeignKeyConstraint(['study_id'], ['studies.id'], name=op.f('fk_suite_baselines_study_id_studies'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('suite', name=op.f('pk_suite_baselines'))
     )
@@ -81,12 +80,12 @@ def upgrade() -> None:
     sa.Column('summary', sa.Text(), nullable=False),
     sa.Column('details', sa.JSON(), nullable=False),
     sa.Column('link', sa.String(length=500), nullable=False),
-    sa.Column('first_fired_at', app.models.base.UTCDateTime(), nullable=False),
-    sa.Column('last_fired_at', app.models.base.UTCDateTime(), nullable=False),
-    sa.Column('resolved_at', app.models.base.UTCDateTime(), nullable=True),
-    sa.Column('evaluated_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('first_fired_at', sa.DateTime(), nullable=False),
+    sa.Column('last_fired_at', sa.DateTime(), nullable=False),
+    sa.Column('resolved_at', sa.DateTime(), nullable=True),
+    sa.Column('evaluated_at', sa.DateTime(), nullable=False),
     sa.Column('fire_count', sa.Integer(), nullable=False),
-    sa.Column('acked_at', app.models.base.UTCDateTime(), nullable=True),
+    sa.Column('acked_at', sa.DateTime(), nullable=True),
     sa.Column('acked_by', sa.String(length=200), nullable=True),
     sa.ForeignKeyConstraint(['rule_id'], ['alert_rules.id'], name=op.f('fk_alerts_rule_id_alert_rules'), ondelete='CASCADE'),
     sa.ForeignKeyConstraint(['study_id'], ['studies.id'], name=op.f('fk_alerts_study_id_studies'), ondelete='SET NULL'),
@@ -108,13 +107,13 @@ def upgrade() -> None:
     sa.Column('body', sa.Text(), nullable=False),
     sa.Column('status', sa.String(length=16), nullable=False),
     sa.Column('attempts', sa.Integer(), nullable=False),
-    sa.Column('next_attempt_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('next_attempt_at', sa.DateTime(), nullable=False),
     sa.Column('lease_owner', sa.String(length=64), nullable=True),
-    sa.Column('lease_expires_at', app.models.base.UTCDateTime(), nullable=True),
+    sa.Column('lease_expires_at', sa.DateTime(), nullable=True),
     sa.Column('last_status_code', sa.Integer(), nullable=True),
     sa.Column('last_error', sa.Text(), nullable=True),
-    sa.Column('created_at', app.models.base.UTCDateTime(), nullable=False),
-    sa.Column('delivered_at', app.models.base.UTCDateTime(), nullable=True),
+    sa.Column('created_at', sa.DateTime(), nullable=False),
+    sa.Column('delivered_at', sa.DateTime(), nullable=True),
     sa.ForeignKeyConstraint(['alert_id'], ['alerts.id'], name=op.f('fk_alert_deliveries_alert_id_alerts'), ondelete='CASCADE'),
     sa.ForeignKeyConstraint(['webhook_id'], ['webhooks.id'], name=op.f('fk_alert_deliveries_webhook_id_webhooks'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_alert_deliveries')),

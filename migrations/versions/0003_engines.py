@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-import app.models.base
 
 
 revision = '0003_engines'
@@ -25,7 +24,7 @@ def upgrade() -> None:
     sa.Column('job_id', sa.String(length=200), nullable=False),
     sa.Column('tasks', sa.Integer(), nullable=False),
     sa.Column('detail', sa.JSON(), nullable=False),
-    sa.Column('created_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('created_at', sa.DateTime(), nullable=False),
     sa.ForeignKeyConstraint(['study_id'], ['studies.id'], name=op.f('fk_launches_study_id_studies'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_launches'))
     )

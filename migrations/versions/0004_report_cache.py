@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-import app.models.base
 
 
 revision = '0004_report_cache'
@@ -22,7 +21,7 @@ def upgrade() -> None:
     sa.Column('study_id', sa.Integer(), nullable=False),
     sa.Column('version', sa.String(length=500), nullable=False),
     sa.Column('body', sa.LargeBinary(), nullable=True),
-    sa.Column('computed_at', app.models.base.UTCDateTime(), nullable=False),
+    sa.Column('computed_at', sa.DateTime(), nullable=False),
     sa.Column('compute_seconds', sa.Float(), nullable=False),
     sa.ForeignKeyConstraint(['study_id'], ['studies.id'], name=op.f('fk_study_reports_study_id_studies'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('study_id', name=op.f('pk_study_reports'))

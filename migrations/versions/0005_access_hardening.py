@@ -8,7 +8,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.models.base
 
 revision = "0005_access_hardening"
 down_revision = '0004_report_cache'
@@ -33,9 +32,9 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("id_hash", sa.String(length=64), nullable=False),
         sa.Column("token_id", sa.Integer(), nullable=False),
-        sa.Column("created_at", app.models.base.UTCDateTime(), nullable=False),
-        sa.Column("expires_at", app.models.base.UTCDateTime(), nullable=False),
-        sa.Column("revoked_at", app.models.base.UTCDateTime(), nullable=True),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.Column("expires_at", sa.DateTime(), nullable=False),
+        sa.Column("revoked_at", sa.DateTime(), nullable=True),
         sa.ForeignKeyConstraint(["token_id"], ["api_tokens.id"], name=op.f("fk_dashboard_sessions_token_id_api_tokens"),
                                 ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_dashboard_sessions")),
@@ -47,7 +46,7 @@ def upgrade() -> None:
     _owner("alert_rules")
     _owner("suite_baselines")
     with op.batch_alter_table("runs", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("excluded_at", app.models.base.UTCDateTime(), nullable=True))
+        batch_op.add_column(sa.Column("excluded_at", sa.DateTime(), nullable=True))
         batch_op.add_column(sa.Column("excluded_by", sa.String(length=200), nullable=True))
         batch_op.add_column(sa.Column("excluded_reason", sa.Text(), nullable=True))
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-import app.models.base
 
 
 revision = '0006_protocol_hardening'
@@ -19,7 +18,7 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('time_limit_at', app.models.base.UTCDateTime(), nullable=True))
+        batch_op.add_column(sa.Column('time_limit_at', sa.DateTime(), nullable=True))
         batch_op.add_column(sa.Column('transition_request_id', sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column('transition_status', sa.String(length=16), nullable=True))
     with op.batch_alter_table('workers', schema=None) as batch_op:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from worker.protocol import BUILTIN_WORKLOADS
-
 WORKLOADS: dict[str, str] = {
     "torch_mlp": "worker.workloads.torch_mlp",
     "torch_cnn": "worker.workloads.torch_cnn",
@@ -23,9 +21,6 @@ WORKLOADS: dict[str, str] = {
     "keras_mlp": "worker.workloads.keras_mlp",
     "keras_controls": "worker.workloads.keras_controls",
 }
-
-# The server validates specs against the same table (the wire contract).
-WORKLOAD_FRAMEWORK: dict[str, str] = BUILTIN_WORKLOADS
 
 
 def load(name: str) -> ModuleType:
