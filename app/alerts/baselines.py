@@ -8,16 +8,21 @@ its final value — into one canonical JSON document, stored with its SHA-256 di
 adding a run of the baseline study afterwards changes no comparison. Moving the baseline is an
 explicit act that adds a version (who, when, why); older versions stay readable as history.
 
-Canonical JSON: keys sorted, no whitespace, UTF-8, floats as Python's shortest round-trip
-``repr`` (so every float64 is stored exactly), non-finite values as the strings ``"nan"``,
-``"inf"`` and ``"-inf"`` (the API's spelling).
+Canonical JSON: keys sorted, no whitespace, UTF-8. Final values are JSON numbers (Python's
+shortest round-trip ``repr``, so exact), non-finite ones the strings ``"nan"``, ``"inf"`` and
+``"-inf"`` (the API's spelling). A series is ``{"n", "steps", "values"}`` with steps as
+little-endian int64 and values as little-endian IEEE-754 float64, base64-encoded: exact bit
+for bit (NaN payloads and signed zeros included), and about 4x faster to snapshot than a
+list of decimal numbers (bench/baseline_snapshot_bench.py).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
+import threading
 import zlib
 from typing import Any
 
@@ -42,8 +47,8 @@ def _plain(x: float) -> float | str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
-def _number(x: float | str) -> float:
-    return float(x)  # float("nan"), float("inf"), float("-inf") read the strings back
+def _b64(a: np.ndarray) -> str:
+    return base64.b64encode(a.tobytes()).decode("ascii")
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
@@ -65,7 +70,8 @@ def snapshot_document(session: Session, study: Study, stack: str | None) -> dict
     for r in data:
         series, final = {}, {}
         for key, (steps, values) in sorted(r.series.items()):
-            series[key] = {"steps": [int(s) for s in steps], "values": [_plain(v) for v in values]}
+            series[key] = {"n": len(values), "steps": _b64(np.asarray(steps, dtype="<i8")),
+                           "values": _b64(np.asarray(values, dtype="<f8"))}
             if len(values):
                 final[key] = _plain(values[-1])
         out.append({"run_id": r.run_id, "seed": r.seed, "repeat": r.repeat, "determinism": r.determinism,
@@ -74,8 +80,22 @@ def snapshot_document(session: Session, study: Study, stack: str | None) -> dict
     return {"format": FORMAT, "study_id": study.id, "stack": stack, "metrics": metrics, "runs": out}
 
 
+_DECODED: dict[str, dict[str, Any]] = {}  # by digest: a snapshot never changes, so decoded ones are kept
+_DECODED_MAX = 8
+_DECODED_LOCK = threading.Lock()
+
+
 def document(snapshot: BaselineSnapshot) -> dict[str, Any]:
-    return json.loads(zlib.decompress(snapshot.body))
+    """The snapshot's content (read-only: it is shared between the evaluations of every rule)."""
+    with _DECODED_LOCK:
+        doc = _DECODED.get(snapshot.digest)
+    if doc is None:
+        doc = json.loads(zlib.decompress(snapshot.body))
+        with _DECODED_LOCK:
+            while len(_DECODED) >= _DECODED_MAX:
+                _DECODED.pop(next(iter(_DECODED)))
+            _DECODED[snapshot.digest] = doc
+    return doc
 
 
 def runs_of(doc: dict[str, Any], metric: str) -> list[RunData]:
@@ -85,8 +105,8 @@ def runs_of(doc: dict[str, Any], metric: str) -> list[RunData]:
         s = r["series"].get(metric)
         if s is None:
             continue
-        steps = np.asarray(s["steps"], dtype=np.int64)
-        values = np.asarray([_number(v) for v in s["values"]], dtype=np.float64)
+        steps = np.frombuffer(base64.b64decode(s["steps"]), dtype="<i8").astype(np.int64)
+        values = np.frombuffer(base64.b64decode(s["values"]), dtype="<f8").astype(np.float64)
         out.append(RunData(run_id=r["run_id"], seed=r["seed"], repeat=r["repeat"], determinism=r["determinism"],
                            stack=BASELINE_STACK, digests=r["digests"], status="completed",
                            series={metric: (steps, values)},

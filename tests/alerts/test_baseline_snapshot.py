@@ -47,6 +47,9 @@ def test_comparisons_read_the_snapshot_and_moving_it_records_a_version(alert_api
     doc = json.loads(raw)
     assert baselines.canonical(doc) == raw and len(doc["runs"]) == 8
     assert {r["seed"] for r in doc["runs"]} == set(range(8)) and all("loss" in r["final"] for r in doc["runs"])
+    decoded = baselines.runs_of(doc, "loss")
+    assert [float(r.series["loss"][1][-1]) for r in decoded] == [r["final"]["loss"] for r in doc["runs"]]
+    assert all(r.stack == "baseline" and len(r.series["loss"][0]) == 10 for r in decoded)
 
     shifted = external_study(api.post, suite="s", finals=(1.2 + 0.01 * rng.standard_normal(8)).tolist())
     before = _details(api, shifted)
