@@ -162,17 +162,18 @@ def compare(session: Session, suite: str, study_id: int, *, alpha: float = 0.05)
     if study is None:
         raise Invalid(("query", "study_id"), f"study {study_id} does not exist")
     snap = snapshot_of(session, baseline)
-    base_specs = {m.name: m for m in reports.metric_specs(baseline_study)} if (
-        baseline_study := session.get(Study, baseline.study_id)) is not None else {}
+    baseline_study = session.get(Study, baseline.study_id)
+    base_margins = {m.name: m.margin for m in reports.metric_specs(baseline_study)} if baseline_study else {}
+    # bootstraps seeded by what is compared, so the same comparison reads the same every time
+    seed = int(snap.digest[:8], 16) if snap is not None else baseline.study_id
     cand_runs = reports.completed_runs(session, study.id)
     verdicts = []
     for spec in reports.metric_specs(study):
-        margin = spec.margin if spec.margin is not None else getattr(base_specs.get(spec.name), "margin", None)
+        margin = spec.margin if spec.margin is not None else base_margins.get(spec.name)
         base = baseline_runs(session, baseline, spec.name)
         cand = [_relabel(r, f"candidate:{r.stack}") for r in reports.run_data(session, cand_runs, [spec.name])]
         if not base or not cand:
             continue
-        seed = int.from_bytes(bytes.fromhex(snap.digest[:8]), "big") if snap is not None else baseline.study_id
         cross = build_report([*base, *cand], [MetricSpec(name=spec.name, margin=margin)],
                              reference_stack=BASELINE_STACK, alpha=alpha,
                              rng=np.random.default_rng([0x57EAD, seed, study.id])).to_dict()
