@@ -99,3 +99,19 @@ def test_baseline_routes_refuse_bad_input_with_422(alert_api):
     assert r.status_code == 422 and "study_id" in r.text
     r = api.get("/api/v1/suites/s/baseline/compare", params={"study_id": 999})
     assert r.status_code == 422 and "does not exist" in r.text
+
+
+def test_a_baseline_from_before_snapshots_reads_the_live_runs_until_moved(alert_api):
+    api = alert_api
+    base = external_study(api.post, suite="s", finals=[1.0, 1.01, 0.99, 1.02, 0.98])
+    assert api.client.put("/api/v1/suites/s/baseline", headers=api.h(), json={"study_id": base}).status_code == 200
+    from app.models import SuiteBaseline
+
+    with api.app.state.database.write() as s:  # as migration 0008 leaves a baseline set before it
+        s.get(SuiteBaseline, "s").snapshot_id = None
+    legacy = api.get("/api/v1/suites/s/baseline").json()
+    assert legacy["study_id"] == base and legacy["digest"] is None and legacy["version"] is None
+    with api.app.state.database.read() as s:
+        assert len(baselines.baseline_runs(s, s.get(SuiteBaseline, "s"), "loss")) == 5
+    r = api.client.put("/api/v1/suites/s/baseline", headers=api.h(), json={"study_id": base, "reason": "freeze"})
+    assert r.json()["version"] == 2 and r.json()["digest"]
