@@ -1,4 +1,4 @@
-"""The one CLI, ``steady``: serve, worker, launch, login, submit, status, cancel, report, compare, demo,
+"""The one CLI, ``steady``: serve, worker, launch, login, submit, check, status, cancel, report, compare, demo,
 token, migrate, calibrate.
 
 Imports are lazy per command: ``steady worker`` on a GPU box imports neither FastAPI nor
@@ -212,6 +212,82 @@ def _verdict_summary(report: dict[str, Any], sid: int) -> int:
     else:
         print(f"steady: study {sid}: no failing verdict (`steady report {sid}`)", file=sys.stderr)
     return verdict_exit_code(report)
+
+
+def _study_to_check(api, target: str) -> int:  # noqa: ANN001
+    """A study id (digits that name no file) is used as it is; anything else is a spec to submit."""
+    if target.isdigit() and not Path(target).exists():
+        return int(target)
+    spec = load_spec(target)
+    study = api.post("/api/v1/studies", json=spec)
+    print(f"submitted study {study['id']} ({printable(study['name'])}): {study['progress']['total']} runs",
+          file=sys.stderr, flush=True)
+    return study["id"]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Steady as a CI gate: judge a study (submitting a spec first and waiting), exit 0/1/2."""
+    from app.cli_client import Api
+    from app.reports import gate
+
+    api = Api(args.server, args.token)
+    sid = _study_to_check(api, args.target)
+    study = api.get(f"/api/v1/studies/{sid}")
+    if study["status"] not in {"completed", "failed", "cancelled", "open"}:
+        try:
+            study = wait_for(api, sid)
+        except KeyboardInterrupt:
+            print(f"\nsteady: stopped waiting; study {sid} keeps running (`steady check {sid}` later)",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+    link = f"{api.server}/studies/{sid}"
+    title = f"study {sid} ({study['name']})"
+    if study["status"] in {"failed", "cancelled"}:
+        items = [gate.GateItem("study", f"study {sid}", gate.FAIL,
+                               f"the study {study['status']}: see `steady status {sid}`", "")]
+    else:
+        report = api.get(f"/api/v1/studies/{sid}/report")
+        comparison = None
+        if args.against:
+            from urllib.parse import quote
+
+            comparison = api.get(f"/api/v1/suites/{quote(args.against, safe='')}/baseline/compare",
+                                 params={"study_id": sid})
+            title += f" against the baseline of {args.against}"
+        items = gate.gate_items(report, comparison)
+    code = gate.exit_code(items)
+    rows = [[i.status.upper() if i.status == gate.FAIL else i.status, i.kind, printable(i.name), printable(i.reason)]
+            for i in items]
+    print(table(["STATUS", "CHECK", "NAME", "WHY"], rows))
+    print(f"steady check: {printable(title)}: {gate.outcome(code)} (exit {code}); {link}")
+    if args.junit:
+        from datetime import UTC, datetime
+
+        Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.junit).write_bytes(gate.junit_xml(items, suite_name=f"steady {title}", link=link,
+                                                    timestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")))
+    text = gate.markdown(items, title=title, link=link) if args.markdown or args.webhook else ""
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(text)
+    if args.webhook:
+        _post_summary(args.webhook, {"text": text, "exit_code": code, "outcome": gate.outcome(code),
+                                     "study_id": sid, "link": link,
+                                     "checks": [i.__dict__ for i in items]})
+    return code
+
+
+def _post_summary(url: str, body: dict[str, Any]) -> None:
+    """POST the summary as JSON (Slack/Mattermost read ``text``). A delivery problem is a warning:
+    the exit code stays the gate's verdict."""
+    import httpx
+
+    try:
+        r = httpx.post(url, json=body, timeout=15.0)
+        if r.status_code >= 400:
+            print(f"steady: warning: the webhook answered {r.status_code}", file=sys.stderr)
+    except httpx.HTTPError as exc:
+        print(f"steady: warning: could not post the summary to the webhook: {exc}", file=sys.stderr)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -486,6 +562,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true",
                    help="show progress until the study ends; exit 1 if it failed or a verdict failed")
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser(
+        "check", help="CI gate: judge a study (or submit a spec and wait); exit 0 pass, 1 fail, 2 inconclusive",
+        description="Judge a study as a CI gate. Given a spec file, submit it and wait for it (like "
+                    "`submit --wait`); given a study id, use that study (waiting if it still runs). Every level's "
+                    "expectation, every verdict, every cost budget and, with --against, every comparison with the "
+                    "suite's baseline snapshot is one check.",
+        epilog="Exit codes: 0 every check passed; 1 a check failed (or the study failed, or the server refused); "
+               "2 no check failed but one is inconclusive (too few runs, no margin or limit given). A failure "
+               "wins over an inconclusive check. argparse usage errors also exit 2.")
+    client_opts(p)
+    p.add_argument("target", metavar="SPEC_OR_STUDY", help="a study spec (YAML/JSON, - for stdin) or a study id")
+    p.add_argument("--against", metavar="SUITE",
+                   help="also compare the study's final metrics with SUITE's baseline snapshot (TOST within each "
+                        "metric's margin)")
+    p.add_argument("--junit", metavar="PATH", help="write a JUnit XML report (one testcase per check)")
+    p.add_argument("--markdown", metavar="PATH", help="write a Markdown summary (one line per check)")
+    p.add_argument("--webhook", metavar="URL", help='POST the summary as JSON {"text": markdown, ...}')
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("status", help="studies and their progress")
     client_opts(p)

@@ -13,6 +13,7 @@ from app.models import (
     Alert,
     AlertDelivery,
     AlertRule,
+    BaselineSnapshot,
     Run,
     Study,
     StudyEvaluation,
@@ -75,6 +76,17 @@ def final_metrics(session: Session, study_ids: Sequence[int]) -> list[tuple[int,
 
 def study_stacks(session: Session, study_id: int) -> list[str]:
     return list(session.scalars(select(Run.stack).where(Run.study_id == study_id).distinct()))
+
+
+def next_snapshot_version(session: Session, suite: str) -> int:
+    last = session.scalar(select(func.max(BaselineSnapshot.version)).where(BaselineSnapshot.suite == suite))
+    return (last or 0) + 1
+
+
+def snapshots_of_suite(session: Session, suite: str) -> list[BaselineSnapshot]:
+    """Every version of the suite's baseline, newest first ."""
+    stmt = select(BaselineSnapshot).where(BaselineSnapshot.suite == suite).order_by(BaselineSnapshot.version.desc())
+    return list(session.scalars(stmt))
 
 
 # --- alerts ----------------------------------------------------------------------------------

@@ -16,14 +16,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.alerts import prometheus, repository, service
+from app.alerts import baselines, prometheus, repository, service
 from app.alerts.schemas import (
     AlertOut,
     AlertPage,
     AlertRuleOut,
     AlertRuleSpec,
+    BaselineComparisonOut,
     BaselineIn,
     BaselineOut,
+    BaselineVersionOut,
     DeliveryOut,
     EvaluationOut,
     WebhookCreated,
@@ -83,12 +85,33 @@ def delete_rule(rule_id: int, db: WriteDB, caller: UserCaller) -> Response:
 
 @router.put("/suites/{suite}/baseline", response_model=BaselineOut)
 def set_baseline(suite: str, body: BaselineIn, db: WriteDB, caller: UserCaller) -> BaselineOut:
-    return BaselineOut.model_validate(service.set_baseline(db, suite, body, caller), from_attributes=True)
+    """Set or move the suite's baseline: its runs' results are frozen as a new snapshot version
+    (canonical JSON and its SHA-256), recorded with who moved it, when and why."""
+    return service.baseline_out(db, service.set_baseline(db, suite, body, caller))
 
 
 @router.get("/suites/{suite}/baseline", response_model=BaselineOut)
 def get_baseline(suite: str, db: ReadDB, caller: UserCaller) -> BaselineOut:
-    return BaselineOut.model_validate(service.get_baseline(db, suite), from_attributes=True)
+    return service.baseline_out(db, service.get_baseline(db, suite))
+
+
+@router.get("/suites/{suite}/baseline/history", response_model=list[BaselineVersionOut])
+def baseline_history(suite: str, db: ReadDB, caller: UserCaller) -> list[BaselineVersionOut]:
+    """Every version the suite's baseline has had, newest first."""
+    return [BaselineVersionOut.model_validate(s, from_attributes=True) for s in baselines.history(db, suite)]
+
+
+@router.get("/suites/{suite}/baseline/compare", response_model=BaselineComparisonOut)
+def compare_with_baseline(
+    suite: str,
+    db: ReadDB,
+    caller: UserCaller,
+    study_id: Annotated[int, Query(ge=1)],
+    alpha: Annotated[float, Query(gt=0, lt=1)] = 0.05,
+) -> BaselineComparisonOut:
+    """Each metric of the study against the suite's baseline snapshot: TOST equivalence of the final
+    values within the metric's margin, per determinism level and stack (false-alarm level ``alpha``)."""
+    return BaselineComparisonOut(**baselines.compare(db, suite, study_id, alpha=alpha))
 
 
 @router.delete("/suites/{suite}/baseline", status_code=status.HTTP_204_NO_CONTENT)

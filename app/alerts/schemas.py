@@ -161,6 +161,22 @@ class BaselineIn(BaseModel):
 
     study_id: Annotated[int, Field(ge=1)]
     stack: StackName | None = Field(None, description="one stack of the study; default: all its runs")
+    reason: Annotated[str, Field(max_length=2000)] | None = Field(
+        None, description="why the baseline is set or moved; kept in the baseline's history"
+    )
+
+
+class BaselineVersionOut(BaseModel):
+    """One frozen version of a suite's baseline: its runs' results as canonical JSON, and its SHA-256."""
+
+    version: int
+    study_id: int | None
+    stack: str | None
+    digest: str = Field(description="SHA-256 of the snapshot's canonical JSON")
+    n_runs: int
+    created_at: datetime
+    created_by: str | None
+    reason: str | None
 
 
 class BaselineOut(BaseModel):
@@ -169,6 +185,23 @@ class BaselineOut(BaseModel):
     stack: str | None
     set_at: datetime
     owner_token_id: int | None = None
+    version: int | None = Field(None, description="the snapshot version in force (None: set before snapshots)")
+    digest: str | None = Field(None, description="SHA-256 of the snapshot the comparisons read")
+    n_runs: int | None = None
+    set_by: str | None = None
+    reason: str | None = None
+
+
+class BaselineComparisonOut(BaseModel):
+    """A study's final metrics against its suite's baseline snapshot (stack-portability verdicts)."""
+
+    suite: str
+    study_id: int
+    baseline_study_id: int
+    baseline_version: int | None
+    baseline_digest: str | None
+    alpha: float
+    verdicts: list[dict[str, Any]]
 
 
 class WebhookIn(BaseModel):

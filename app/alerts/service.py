@@ -27,12 +27,13 @@ import numpy as np
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.alerts import egress, repository
+from app.alerts import baselines, egress, repository
 from app.alerts.schemas import (
     SEVERITY_ORDER,
     AlertOut,
     AlertRuleOut,
     BaselineIn,
+    BaselineOut,
     WebhookIn,
     _Rule,
     rule_adapter,
@@ -156,14 +157,27 @@ def set_baseline(session: Session, suite: str, body: BaselineIn, caller: Caller)
         if body.stack not in stacks:
             raise Invalid(("body", "stack"), f"study {study.id} has no runs on stack {body.stack!r}; it has {sorted(stacks)}")
     row = session.get(SuiteBaseline, suite)
+    if row is not None:
+        ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
+    # every set is a new frozen version: comparisons read it, never the live rows
+    snap = baselines.record_snapshot(session, suite, study, body.stack, caller, body.reason)
     if row is None:
-        row = SuiteBaseline(suite=suite, study_id=study.id, stack=body.stack, owner_token_id=caller.token_id)
+        row = SuiteBaseline(suite=suite, study_id=study.id, stack=body.stack, owner_token_id=caller.token_id,
+                            snapshot_id=snap.id)
         session.add(row)
     else:
-        ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
-        row.study_id, row.stack, row.set_at = study.id, body.stack, utcnow()
+        row.study_id, row.stack, row.set_at, row.snapshot_id = study.id, body.stack, utcnow(), snap.id
     session.flush()
     return row
+
+
+def baseline_out(session: Session, row: SuiteBaseline) -> BaselineOut:
+    out = BaselineOut.model_validate(row, from_attributes=True)
+    snap = baselines.snapshot_of(session, row)
+    if snap is not None:
+        out = out.model_copy(update={"version": snap.version, "digest": snap.digest, "n_runs": snap.n_runs,
+                                     "set_by": snap.created_by, "reason": snap.reason})
+    return out
 
 
 def delete_baseline(session: Session, suite: str, caller: Caller) -> None:
@@ -436,10 +450,7 @@ def _eval_cost(session, study, rule, spec, report, baseline) -> list[Finding]:
 
 
 def _baseline_runs(session: Session, baseline: SuiteBaseline, metric: str):
-    runs = reports.completed_runs(session, baseline.study_id)
-    if baseline.stack is not None:
-        runs = [r for r in runs if r.stack == baseline.stack]
-    return reports.run_data(session, runs, [metric], stack_as="baseline")
+    return baselines.baseline_runs(session, baseline, metric)
 
 
 def _eval_not_equivalent(session, study, rule, spec, report, baseline) -> list[Finding]:

@@ -1,9 +1,17 @@
 """ORM models. Migrations (``migrations/``) are the single source of the schema."""
 
 from app.models.base import Base, UTCDateTime, utcnow
-from app.models.alerts import Alert, AlertDelivery, AlertRule, StudyEvaluation, SuiteBaseline, Webhook
+from app.models.alerts import (
+    Alert,
+    AlertDelivery,
+    AlertRule,
+    BaselineSnapshot,
+    StudyEvaluation,
+    SuiteBaseline,
+    Webhook,
+)
 from app.models.core import ApiToken, DashboardSession, Launch, MetricChunk, Run, Study, StudyReport, Worker
 
 __all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "DashboardSession", "Launch", "MetricChunk", "Run", "Study",
-           "StudyReport", "Worker", "Alert", "AlertDelivery", "AlertRule", "StudyEvaluation", "SuiteBaseline",
+           "StudyReport", "Worker", "Alert", "AlertDelivery", "AlertRule", "BaselineSnapshot", "StudyEvaluation", "SuiteBaseline",
            "Webhook"]

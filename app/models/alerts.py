@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.models.base import Base, UTCDateTime, utcnow
@@ -40,6 +40,35 @@ class SuiteBaseline(Base):
     set_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     owner_token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"),
                                                        nullable=True)
+    # the frozen snapshot the comparisons read (None: a baseline set before snapshots existed)
+    snapshot_id: Mapped[int | None] = mapped_column(ForeignKey("baseline_snapshots.id", ondelete="SET NULL"),
+                                                    nullable=True)
+
+
+class BaselineSnapshot(Base):
+    """One version of a suite's baseline: its runs' results frozen as canonical JSON.
+
+    ``digest`` is the SHA-256 of the canonical JSON (``app.alerts.baselines.canonical``);
+    ``body`` is that JSON zlib-compressed. Rows are never updated: moving the baseline adds
+    a version, with who moved it, when and why.
+    """
+
+    __tablename__ = "baseline_snapshots"
+    __table_args__ = (UniqueConstraint("suite", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    suite: Mapped[str] = mapped_column(String(200), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="SET NULL"), nullable=True)
+    stack: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    n_runs: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    created_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_by_token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"),
+                                                            nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Alert(Base):

@@ -187,7 +187,8 @@ def test_a_user_cannot_change_another_users_objects(api):
     # reading stays open to every user
     sid = int(targets[("POST", "/api/v1/studies/{study_id}/cancel")][0].split("/")[4])
     for url in (f"/api/v1/studies/{sid}", "/api/v1/studies", "/api/v1/alert-rules", "/api/v1/alerts",
-                "/api/v1/suites/nightly/baseline", f"/api/v1/studies/{sid}/report"):
+                "/api/v1/suites/nightly/baseline", f"/api/v1/studies/{sid}/report",
+                "/api/v1/suites/nightly/baseline/history", f"/api/v1/suites/nightly/baseline/compare?study_id={sid}"):
         assert api.client.get(url, headers=other).status_code == 200, url
     # the study shows its owner; nothing was changed by the refused calls
     study = api.get(f"/api/v1/studies/{sid}").json()

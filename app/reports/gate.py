@@ -1,0 +1,188 @@
+"""Steady as a CI gate: a study report (and its comparisons with a suite baseline) as pass/fail/inconclusive
+checks, the exit code they give, and their JUnit XML and Markdown forms (``steady check``).
+
+``gate_items`` is the one place that reads the report's JSON (``build_report(...).to_dict()`` as served by
+``GET /api/v1/studies/{id}/report``) and ``GET /api/v1/suites/{suite}/baseline/compare``; everything else
+reads ``GateItem``s. Client-side: no FastAPI, no SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.terminal import printable
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}  # failure wins over inconclusive (see exit_code)
+
+_VERDICT_STATUS = {
+    "identical": PASS, "within_tolerance": PASS, "stable": PASS, "equivalent": PASS, "pass": PASS,
+    "out_of_tolerance": FAIL, "unstable": FAIL, "not_equivalent": FAIL, "fail": FAIL,
+    "inconclusive": INCONCLUSIVE,
+}
+_EXPECTATION_STATUS = {True: PASS, False: FAIL, None: INCONCLUSIVE}
+
+
+@dataclass(frozen=True)
+class GateItem:
+    """One check of the gate: a level's expectation, a verdict, a cost budget or a baseline comparison."""
+
+    kind: str  # expectation | repeatability | seed_stability | stack_portability | determinism_cost | baseline
+    name: str
+    status: str  # pass | fail | inconclusive
+    reason: str
+    guarantee: str  # the decision's stated false-alarm level, in words ("" when it has none)
+
+
+def _group(group: Mapping[str, Any]) -> str:
+    parts = [str(group.get("determinism", ""))]
+    if "candidate_stack" in group:
+        parts.append(f"{group.get('candidate_stack')} vs {group.get('reference_stack') or 'reference'}")
+    elif group.get("stack"):
+        parts.append(str(group["stack"]))
+    return "/".join(p for p in parts if p)
+
+
+def _guarantee(v: Mapping[str, Any]) -> str:
+    parts = [str(v["guarantee"])] if v.get("guarantee") else []
+    oob = v.get("out_of_band_test") or {}
+    if oob.get("guarantee"):
+        parts.append(f"out-of-band runs: {oob['guarantee']}")
+    return "; ".join(parts)
+
+
+def _verdict_status(verdict: Any) -> str:
+    return _VERDICT_STATUS.get(str(verdict), INCONCLUSIVE)
+
+
+def gate_items(report: Mapping[str, Any], comparison: Mapping[str, Any] | None = None) -> list[GateItem]:
+    """The report as gate checks, in report order: one per level expectation (headline), per verdict,
+    per cost-of-determinism budget and per comparison with the suite baseline.
+
+    A repeatability verdict passes when its level met its expectation (runs at ``none`` are expected
+    to differ), other verdicts by their value; anything not understood is inconclusive, never a pass.
+    A report with nothing to judge gives one inconclusive item: an empty gate does not pass.
+    """
+    items: list[GateItem] = []
+    verdicts = list(report.get("verdicts") or [])
+    for h in report.get("headline") or []:
+        det = h.get("determinism", "")
+        promise = next((str(v["guarantee"]) for v in verdicts if v.get("level") == "repeatability"
+                        and (v.get("group") or {}).get("determinism") == det and v.get("guarantee")), "")
+        reason = str(h.get("phrase", ""))
+        if h.get("suspicious"):
+            reason += "; suspicious: " + "; ".join(map(str, h["suspicious"]))
+        items.append(GateItem("expectation", f"{det}: {h.get('expected', '')}",
+                              _EXPECTATION_STATUS.get(h.get("met"), INCONCLUSIVE), reason, promise))
+    for v in verdicts:
+        level = str(v.get("level", ""))
+        if level == "repeatability" and "met_expectation" in v:
+            status = _EXPECTATION_STATUS.get(v["met_expectation"], INCONCLUSIVE)
+            reason = f"{v.get('verdict')}: {v.get('reason', '')} (expected: {v.get('expectation', '')})"
+        else:
+            status = _verdict_status(v.get("verdict"))
+            reason = f"{v.get('verdict')}: {v.get('reason', '')}"
+        items.append(GateItem(level, f"{v.get('metric', '')} {_group(v.get('group') or {})}", status, reason,
+                              _guarantee(v)))
+    for c in report.get("determinism_cost") or []:
+        if c.get("verdict") is None:  # no budget given: a measurement, not a check
+            continue
+        name = f"step time {c.get('numerator')}/{c.get('denominator')} {c.get('stack', '')}".rstrip()
+        reason = f"{c.get('verdict')}: ratio {c.get('ratio')} (CI {c.get('ci_low')}..{c.get('ci_high')}) against budget ×{c.get('budget')}"
+        items.append(GateItem("determinism_cost", name, _verdict_status(c["verdict"]),
+                              c.get("reason") or reason, str(c.get("guarantee") or "")))
+    if comparison is not None:
+        version = comparison.get("baseline_version")
+        against = f"baseline of {comparison.get('suite')}" + (f" v{version}" if version is not None else "")
+        for v in comparison.get("verdicts") or []:
+            items.append(GateItem("baseline", f"{v.get('metric', '')} {_group(v.get('group') or {})} vs {against}",
+                                  _verdict_status(v.get("verdict")), f"{v.get('verdict')}: {v.get('reason', '')}",
+                                  _guarantee(v)))
+        if not comparison.get("verdicts"):
+            items.append(GateItem("baseline", f"vs {against}", INCONCLUSIVE,
+                                  "no metric and determinism level in common with the baseline", ""))
+    if not items:
+        items.append(GateItem("report", "study", INCONCLUSIVE, "nothing to judge: no verdict in the report", ""))
+    return items
+
+
+def exit_code(items: Iterable[GateItem]) -> int:
+    """0 when every check passed, 1 when one failed, 2 when none failed and one is inconclusive."""
+    statuses = {i.status for i in items}
+    if FAIL in statuses:
+        return EXIT_CODES[FAIL]
+    if INCONCLUSIVE in statuses:
+        return EXIT_CODES[INCONCLUSIVE]
+    return EXIT_CODES[PASS]
+
+
+def outcome(code: int) -> str:
+    return {0: "passed", 1: "FAILED", 2: "inconclusive"}.get(code, f"exit {code}")
+
+
+# --- JUnit XML ---------------------------------------------------------------------------------
+
+
+def junit_xml(items: list[GateItem], *, suite_name: str, link: str = "", timestamp: str | None = None) -> bytes:
+    """One ``<testsuite>`` in ``<testsuites>``, one ``<testcase>`` per item (``classname`` ``steady.<kind>``):
+    a failure is ``<failure message type>``, an inconclusive check ``<skipped message>``; the guarantee and
+    the dashboard link go in ``<system-out>``. The shape Jenkins' and GitLab's JUnit readers accept."""
+    failures = sum(i.status == FAIL for i in items)
+    skipped = sum(i.status == INCONCLUSIVE for i in items)
+    counts = {"tests": str(len(items)), "failures": str(failures), "errors": "0", "skipped": str(skipped),
+              "time": "0"}
+    root = ET.Element("testsuites", {"name": "steady", **counts})
+    attrs = {"name": printable(suite_name), **counts}
+    if timestamp:
+        attrs["timestamp"] = timestamp
+    suite = ET.SubElement(root, "testsuite", attrs)
+    if link:
+        props = ET.SubElement(suite, "properties")
+        ET.SubElement(props, "property", {"name": "dashboard", "value": printable(link)})
+    for i in items:
+        case = ET.SubElement(suite, "testcase", {"classname": f"steady.{i.kind}", "name": printable(i.name),
+                                                 "time": "0"})
+        if i.status == FAIL:
+            node = ET.SubElement(case, "failure", {"message": printable(i.reason), "type": "steady." + i.kind})
+            node.text = printable(i.reason)
+        elif i.status == INCONCLUSIVE:
+            ET.SubElement(case, "skipped", {"message": "inconclusive: " + printable(i.reason)})
+        out = [f"{i.status}: {i.reason}"]
+        if i.guarantee:
+            out.append(f"guarantee: {i.guarantee}")
+        if link:
+            out.append(f"dashboard: {link}")
+        ET.SubElement(case, "system-out").text = printable("\n".join(out))
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+# --- Markdown ----------------------------------------------------------------------------------
+
+_MARK = {PASS: "✅ pass", FAIL: "❌ **fail**", INCONCLUSIVE: "⚠️ inconclusive"}
+
+
+def _md(text: str) -> str:
+    """User text inside a Markdown line: no control characters, no line breaks, no table/HTML syntax."""
+    return (printable(text).replace("\n", " ").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;"))
+
+
+def markdown(items: list[GateItem], *, title: str, link: str = "") -> str:
+    """A summary for a merge request or a chat: the outcome, then one line per check with its reason,
+    its guarantee and the dashboard link."""
+    code = exit_code(items)
+    head = f"### Steady gate: {_md(title)}: {outcome(code)} (exit {code})"
+    counts = {s: sum(i.status == s for i in items) for s in (PASS, FAIL, INCONCLUSIVE)}
+    lines = [head, "", f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[INCONCLUSIVE]} inconclusive"
+             + (f" — [dashboard]({link})" if link else ""), ""]
+    for i in items:
+        line = f"- {_MARK[i.status]} `{_md(i.kind)}` {_md(i.name)}: {_md(i.reason)}"
+        if i.guarantee:
+            line += f" _Guarantee: {_md(i.guarantee)}._"
+        if link:
+            line += f" [dashboard]({link})"
+        lines.append(line)
+    return "\n".join(lines) + "\n"

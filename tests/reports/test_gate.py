@@ -1,0 +1,119 @@
+"""The gate of `steady check` on reports built by the stats core (no server): exit codes, JUnit XML, Markdown."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import junitparser
+import numpy as np
+import pytest
+
+from app.reports import gate
+from app.stats.report import MetricSpec, RunData, build_report
+
+STEPS = np.arange(0, 60, 3, dtype=np.int64)
+
+
+def _report(*, repeat_noise: float = 0.0, max_std: float | None = 1.0, seeds: int = 6) -> dict:
+    """strict runs, ``seeds`` seeds × 2 repeats; repeats differ by ``repeat_noise`` (kernel-like, same digests)."""
+    rng = np.random.default_rng(3)
+    runs = []
+    for s in range(seeds):
+        base = 1.0 / (1 + STEPS / 20) + rng.normal(0, 0.01)
+        for rep in range(2):
+            v = base + (rng.normal(0, repeat_noise, STEPS.size) if rep and repeat_noise else 0.0)
+            runs.append(RunData(run_id=len(runs), seed=s, repeat=rep, determinism="strict", stack="cpu",
+                                digests={"initial_weights": f"w{s}", "data_order": [f"d{s}"]},
+                                series={"loss": (STEPS, np.asarray(v, dtype=np.float64))}))
+    report = build_report(runs, [MetricSpec(name="loss", max_std=max_std)], rng=np.random.default_rng(0))
+    return {"study": {"id": 7, "name": "unit"}, **report.to_dict()}
+
+
+def _comparison(verdict: str) -> dict:
+    return {"suite": "nightly", "study_id": 7, "baseline_study_id": 1, "baseline_version": 3, "baseline_digest": "ab",
+            "alpha": 0.05, "verdicts": [{"level": "stack_portability", "metric": "loss", "verdict": verdict,
+                                          "reason": f"{verdict} because", "guarantee": "≤ 5% false equivalence",
+                                          "group": {"determinism": "strict", "reference": "baseline",
+                                                    "reference_stack": None, "candidate_stack": "cpu"}}]}
+
+
+def test_every_check_passed_exits_0():
+    items = gate.gate_items(_report())
+    assert {i.kind for i in items} == {"expectation", "repeatability", "seed_stability"}
+    assert all(i.status == gate.PASS for i in items), items
+    assert all(i.guarantee for i in items)  # every decision states its false-alarm level
+    assert gate.exit_code(items) == 0
+    assert gate.exit_code(gate.gate_items(_report(), _comparison("equivalent"))) == 0
+
+
+def test_a_failed_expectation_or_comparison_exits_1_and_wins_over_inconclusive():
+    items = gate.gate_items(_report(repeat_noise=1e-3))
+    failed = {i.kind for i in items if i.status == gate.FAIL}
+    assert failed == {"expectation", "repeatability"}, items
+    assert gate.exit_code(items) == 1
+    # failing repeatability and an inconclusive band (no max_std): failure wins
+    items = gate.gate_items(_report(repeat_noise=1e-3, max_std=None))
+    assert {i.status for i in items} >= {gate.FAIL, gate.INCONCLUSIVE} and gate.exit_code(items) == 1
+    # a failing comparison with the baseline fails a study whose own verdicts pass
+    items = gate.gate_items(_report(), _comparison("not_equivalent"))
+    assert [i.kind for i in items if i.status == gate.FAIL] == ["baseline"] and gate.exit_code(items) == 1
+
+
+def test_inconclusive_exits_2():
+    items = gate.gate_items(_report(max_std=None))  # no limit on the seed spread: a band, no claim
+    (band,) = [i for i in items if i.kind == "seed_stability"]
+    assert band.status == gate.INCONCLUSIVE and "no max_std" in band.reason
+    assert gate.exit_code(items) == 2
+    assert gate.exit_code(gate.gate_items(_report(), _comparison("inconclusive"))) == 2
+    # an empty report or an unknown verdict is never a pass
+    assert gate.exit_code(gate.gate_items({"verdicts": []})) == 2
+    odd = {"verdicts": [{"level": "seed_stability", "metric": "loss", "group": {}, "verdict": "novel"}]}
+    assert gate.exit_code(gate.gate_items(odd)) == 2
+
+
+@pytest.mark.parametrize("noise,max_std", [(0.0, 1.0), (1e-3, None)])
+def test_junit_xml_has_the_shape_ci_servers_read(tmp_path, noise, max_std):
+    items = gate.gate_items(_report(repeat_noise=noise, max_std=max_std), _comparison("equivalent"))
+    raw = gate.junit_xml(items, suite_name="steady study 7 (<unit> & \x1b[31m)", link="http://h/studies/7",
+                         timestamp="2026-01-01T00:00:00")
+    root = ET.fromstring(raw)
+    assert root.tag == "testsuites"
+    (suite,) = root.findall("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == len(items) == int(suite.get("tests")) == int(root.get("tests"))
+    assert int(suite.get("failures")) == sum(i.status == gate.FAIL for i in items) == len(suite.findall("*/failure"))
+    assert int(suite.get("skipped")) == sum(i.status == gate.INCONCLUSIVE for i in items)
+    assert suite.get("errors") == "0" and "\x1b" not in suite.get("name")
+    for case, item in zip(cases, items, strict=True):
+        assert case.get("name") and case.get("classname", "").startswith("steady.")
+        children = [c.tag for c in case]
+        assert children[-1] == "system-out" and set(children) <= {"failure", "skipped", "system-out"}
+        if item.status == gate.FAIL:
+            assert case.find("failure").get("message") == item.reason and case.find("failure").get("type")
+        if item.status == gate.INCONCLUSIVE:
+            assert case.find("skipped").get("message").startswith("inconclusive: ")
+        assert "http://h/studies/7" in case.find("system-out").text
+    # read back as CI tools read it
+    path = tmp_path / "out.xml"
+    path.write_bytes(raw)
+    xml = junitparser.JUnitXml.fromfile(str(path))
+    (ts,) = list(xml)
+    assert ts.tests == len(items) and ts.failures == int(suite.get("failures"))
+    results = {(c.classname, c.name): [type(r).__name__ for r in c.result] for c in ts}
+    assert len(results) == len(items)  # (classname, name) names each check once
+    for item in items:
+        expected = {gate.PASS: [], gate.FAIL: ["Failure"], gate.INCONCLUSIVE: ["Skipped"]}[item.status]
+        assert results[(f"steady.{item.kind}", item.name)] == expected, item
+
+
+def test_markdown_has_one_line_per_check_with_reason_guarantee_and_link():
+    items = gate.gate_items(_report(repeat_noise=1e-3), _comparison("equivalent"))
+    text = gate.markdown(items, title="study 7 (unit | x)", link="http://h/studies/7")
+    head, *rest = text.splitlines()
+    assert head == "### Steady gate: study 7 (unit \\| x): FAILED (exit 1)"
+    lines = [line for line in rest if line.startswith("- ")]
+    assert len(lines) == len(items)
+    for line, item in zip(lines, items, strict=True):
+        assert item.name.split()[0] in line and "[dashboard](http://h/studies/7)" in line
+        assert ("**fail**" in line) == (item.status == gate.FAIL)
+        assert "_Guarantee: " in line
