@@ -11,7 +11,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import app.models.base
 
 revision = "0008_baseline_snapshots"
 down_revision = "0007_series_dtype"
@@ -30,7 +29,7 @@ def upgrade() -> None:
         sa.Column("digest", sa.String(length=64), nullable=False),
         sa.Column("body", sa.LargeBinary(), nullable=False),
         sa.Column("n_runs", sa.Integer(), nullable=False),
-        sa.Column("created_at", app.models.base.UTCDateTime(), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.Column("created_by", sa.String(length=200), nullable=True),
         sa.Column("created_by_token_id", sa.Integer(), nullable=True),
         sa.Column("reason", sa.Text(), nullable=True),
