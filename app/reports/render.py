@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.studies.arms import differ_by_phrase
 from app.terminal import printable_tree
 
 LEVELS = (
@@ -78,6 +79,8 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
             promise = _guarantee(v)
             if promise:
                 lines.append(" " * (width + 4) + _paint(f"guarantee: {promise}", "2", color))
+            if (v.get("group") or {}).get("differ_by") is not None:
+                lines.append(" " * (width + 4) + differ_by_phrase(v["group"]["differ_by"]))
     diverged = report.get("diverged") or []
     if diverged:
         lines.append("")

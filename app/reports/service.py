@@ -19,6 +19,7 @@ from app.models import Run, Study, utcnow
 from app.reports import repository
 from app.stats.report import MetricSpec, RunData, build_report, compute_bands
 from app.studies import repository as studies_repo
+from app.studies.arms import arm_differences, differences, effective_arms
 from app.studies import service as studies
 from worker.protocol import STEP_TIME_KEY, RunStatus
 
@@ -134,6 +135,7 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         rng=_rng(study_id),
         cost_budget=spec.get("cost_budget"),
     ).to_dict()
+    _name_arm_differences(report, spec)
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]
     return {
         "study": {"id": study.id, "name": study.name, "status": study.status, "kind": study.kind,
@@ -143,6 +145,18 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         "excluded_runs": excluded_runs(session, study_id),
         **report,
     }
+
+
+def _name_arm_differences(report: dict[str, Any], spec: dict[str, Any]) -> None:
+    """Each stack-portability verdict names what differs between its two arms (params, config,
+    code, stack); the report's ``arms`` lists every arm against the reference."""
+    report["arms"] = arm_differences(spec)
+    arms = effective_arms(spec)
+    for v in report.get("verdicts", []):
+        group = v.get("group") or {}
+        ref, cand = arms.get(group.get("reference_stack")), arms.get(group.get("candidate_stack"))
+        if v.get("level") == "stack_portability" and ref is not None and cand is not None:
+            group["differ_by"] = differences(ref, cand)
 
 
 def study_bands(

@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.alerts.schemas import AlertRuleSpec, check_spec_alerts
 from worker.protocol import (
@@ -65,6 +65,42 @@ class StackSpec(_Spec):
     )
 
 
+ConfigFileName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
+MAX_CONFIG_BYTES = 64 * 1024  # a config file travels with every lease of its arm's runs
+
+
+class ConfigFileSpec(_Spec):
+    """A named config file given to an arm's runs: the worker writes it into the run's directory and
+    sets STEADY_CONFIG_FILE to its path (the workload also gets the path as params['config_file'])."""
+
+    name: ConfigFileName
+    content: Annotated[str, Field(max_length=MAX_CONFIG_BYTES)]
+
+
+class ArmSpec(_Spec):
+    """One arm of a comparison: it may override the stack, workload parameters, a config file or the
+    code digest. Arms are compared by the stack-portability statistics, the first (or
+    ``reference_stack``) being the reference."""
+
+    name: StackName
+    stack: StackSpec | None = Field(None, description="where this arm runs (its labels select workers)")
+    params: dict[str, Any] = Field({}, description="overrides of workload.params (key by key)")
+    config: ConfigFileSpec | None = None
+    code: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        None, description="an opaque code digest or version label; only reported as a difference"
+    )
+
+    def effective(self, workload: WorkloadSpec | None) -> dict[str, Any]:
+        """What a run of this arm gets, as compared between arms."""
+        base = dict(workload.params) if workload is not None else {}
+        return {
+            "stack": self.stack.model_dump(mode="json") if self.stack is not None else None,
+            "params": {**base, **self.params},
+            "config": self.config.model_dump(mode="json") if self.config is not None else None,
+            "code": self.code,
+        }
+
+
 class MetricSpec(_Spec):
     name: MetricKey
     atol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
@@ -88,6 +124,12 @@ class StudySpec(_Spec):
     repeats: Annotated[int, Field(ge=1, le=1000)] = 1
     determinism: Annotated[list[Determinism], Field(min_length=1)] = [Determinism.seeded]
     stacks: Annotated[list[StackSpec], Field(min_length=1, max_length=100)] = [StackSpec(name="default")]
+    arms: Annotated[list[ArmSpec], Field(min_length=2, max_length=100)] | None = Field(
+        None,
+        description="arms that differ by stack, workload params, config file or code digest; instead of "
+        "'stacks' (which is shorthand for arms that differ only by stack). 'reference_stack' may name the "
+        "reference arm (default: the first)",
+    )
     reference_stack: StackName | None = None
     metrics: Annotated[list[MetricSpec], Field(min_length=1, max_length=100)] = [MetricSpec(name="loss")]
     threads: Annotated[int, Field(ge=1, le=1024)] = 2
@@ -133,8 +175,13 @@ class StudySpec(_Spec):
         names = [s.name for s in self.stacks]
         if len(set(names)) != len(names):
             raise ValueError("stack names must be distinct")
+        if self.arms is not None:
+            if "stacks" in self.model_fields_set and names != ["default"]:
+                raise ValueError("give either 'arms' or 'stacks', not both: an arm may set its own 'stack'")
+            names = [a.name for a in self.arms]
         if self.reference_stack is not None and self.reference_stack not in names:
-            raise ValueError(f"reference_stack {self.reference_stack!r} is not one of the stacks {names}")
+            kind = "arms" if self.arms is not None else "stacks"
+            raise ValueError(f"reference_stack {self.reference_stack!r} is not one of the {kind} {names}")
         metric_names = [m.name for m in self.metrics]
         if len(set(metric_names)) != len(metric_names):
             raise ValueError("metric names must be distinct")
@@ -146,9 +193,38 @@ class StudySpec(_Spec):
                 raise ValueError("'seeds' must name at least one seed")
         return self
 
+    @field_validator("arms")
+    @classmethod
+    def _distinct_arms(cls, value: list[ArmSpec] | None, info: ValidationInfo) -> list[ArmSpec] | None:
+        if value is None:
+            return value
+        names = [a.name for a in value]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"arm names must be distinct; repeated: {duplicates}")
+        workload = info.data.get("workload")
+        seen: dict[str, str] = {}
+        for arm in value:
+            key = json.dumps(arm.effective(workload), sort_keys=True, default=str)
+            if key in seen:
+                raise ValueError(
+                    f"arms {seen[key]!r} and {arm.name!r} are identical (same stack, params, config and code): "
+                    "arms must differ in something to be compared"
+                )
+            seen[key] = arm.name
+        return value
+
+    @property
+    def groups(self) -> list[StackSpec]:
+        """The groups runs are expanded over and compared between: the arms (as stacks named after
+        each arm, with the arm's stack labels) or the stacks."""
+        if self.arms is None:
+            return list(self.stacks)
+        return [StackSpec(name=a.name, labels=a.stack.labels if a.stack else []) for a in self.arms]
+
     @property
     def run_count(self) -> int:
-        return len(self.seeds) * self.repeats * len(self.determinism) * len(self.stacks)
+        return len(self.seeds) * self.repeats * len(self.determinism) * len(self.groups)
 
 
 class Progress(BaseModel):

@@ -47,8 +47,8 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
     if spec.kind == "managed" and spec.run_count > settings.max_runs_per_study:
         raise Invalid(
             ("body", "seeds"),
-            f"the matrix seeds × repeats × determinism × stacks is {len(spec.seeds)} × {spec.repeats} × "
-            f"{len(spec.determinism)} × {len(spec.stacks)} = {spec.run_count} runs, over the limit of "
+            f"the matrix seeds × repeats × determinism × {'arms' if spec.arms else 'stacks'} is {len(spec.seeds)} × "
+            f"{spec.repeats} × {len(spec.determinism)} × {len(spec.groups)} = {spec.run_count} runs, over the limit of "
             f"{settings.max_runs_per_study} runs per study (STEADY_MAX_RUNS_PER_STUDY)",
         )
     if spec.suite:
@@ -92,7 +92,7 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
                 "created_at": utcnow(),
             }
             for (seed, repeat), levels in zip(blocks, balanced_level_order(spec.determinism, len(blocks)))
-            for stack in spec.stacks
+            for stack in spec.groups
             for level in levels
         ]
         session.execute(Run.__table__.insert(), rows)
