@@ -92,8 +92,12 @@ class ConvergenceResult:
     p_value: float | None  # one-sided: P(T ≤ t) under "as fast as the reference"
 
     def to_dict(self) -> dict:
+        """Plain data; a run that never reached the target has steps_to_target "inf"."""
         d = asdict(self)
-        d["steps_to_target"] = [x if math.isfinite(x) else None for x in self.steps_to_target]
+        d["steps_to_target"] = [x if math.isfinite(x) else "inf" for x in self.steps_to_target]
+        for k, v in d.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                d[k] = None if math.isnan(v) else ("inf" if v > 0 else "-inf")
         return d
 
 

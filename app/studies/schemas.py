@@ -113,6 +113,40 @@ class MetricSpec(_Spec):
     )
 
 
+class ConvergenceReferenceSpec(_Spec):
+    """A reference convergence point: published numbers (an MLPerf RCP: olympic mean and standard
+    deviation of the steps to target, and the number of runs after trimming), or another study
+    whose completed runs form it."""
+
+    mean: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    std: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    n: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    study: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ConvergenceReferenceSpec:
+        numbers = [self.mean, self.std, self.n]
+        if self.study is not None:
+            if any(x is not None for x in numbers):
+                raise ValueError("give either {mean, std, n} or {study}, not both")
+        elif any(x is None for x in numbers):
+            raise ValueError("give {mean, std, n} (a published reference point) or {study} (a study's runs)")
+        return self
+
+
+class ConvergenceSpec(_Spec):
+    """Convergence against a reference, as MLPerf judges submissions (reference convergence points):
+    steps to reach ``target`` per run, olympic means, a one-sided pooled t-test at ``alpha``."""
+
+    metric: MetricKey
+    target: Annotated[float, Field(allow_inf_nan=False)]
+    direction: Literal["min", "max"] = Field(..., description="'min': reached when value <= target (a loss); "
+                                             "'max': when value >= target (an accuracy)")
+    reference: ConvergenceReferenceSpec
+    alpha: Annotated[float, Field(gt=0, le=0.5)] = 0.05
+    trim: Annotated[int, Field(ge=0, le=10)] = Field(1, description="runs dropped at each end (MLPerf: 1)")
+
+
 class StudySpec(_Spec):
     """What to run and how to judge it. The matrix seeds × repeats × determinism × stacks becomes runs."""
 
@@ -143,6 +177,9 @@ class StudySpec(_Spec):
         "over a less deterministic one (e.g. 1.5: strict may take at most 1.5× the step time of seeded). Each "
         "ratio is judged 'pass' (CI upper end ≤ budget), 'fail' (CI lower end > budget) or 'inconclusive'; "
         "false 'fail' and false 'pass' ≤ 2.5% each at 95% confidence. Without it only ratio and CI are reported",
+    )
+    convergence: ConvergenceSpec | None = Field(
+        None, description="judge the steps to reach a target against a reference (MLPerf RCP check)"
     )
     suite: Name | None = None
     alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(

@@ -53,6 +53,9 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
         )
     if spec.suite:
         ensure_suite_owner(session, spec.suite, caller)
+    ref_study = spec.convergence.reference.study if spec.convergence else None
+    if ref_study is not None and session.get(Study, ref_study) is None:
+        raise Invalid(("body", "convergence", "reference", "study"), f"study {ref_study} not found")
     study = Study(
         owner_token_id=caller.token_id,
         name=spec.name,
