@@ -111,6 +111,10 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _num6(x: Any) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
 CONVERGENCE_COLORS = {"pass": "32", "fail": "31", "inconclusive": "33"}
 
 
@@ -119,15 +123,15 @@ def _convergence_lines(c: dict[str, Any], color: bool) -> list[str]:
     op = "≤" if c.get("direction") == "min" else "≥"
     ref = c.get("reference") or {}
     source = f"study {ref.get('study')}" if ref.get("source") == "study" else "given"
-    head = (f"{c['metric']} {op} {_num(c['target'])}  {_group(c.get('group') or {})}  "
+    head = (f"{c['metric']} {op} {_num6(c['target'])}  {_group(c.get('group') or {})}  "
             + _paint(f"{c['verdict']:<12}", CONVERGENCE_COLORS.get(c["verdict"]), color)
             + f" runs={c.get('n_candidate_runs', 0)}")
     lines = [head, "  " + str(c.get("reason", ""))]
     if ref.get("mean") is not None:
-        nums = (f"  reference ({source}): mean {_num(ref['mean'])}, sd {_num(ref['std'])}, n={ref['n']}")
+        nums = (f"  reference ({source}): mean {_num6(ref['mean'])}, sd {_num6(ref['std'])}, n={ref['n']}")
         if c.get("min_acceptable_mean") is not None:
-            nums += (f"; candidate mean {_num(c['candidate_mean'])} (n={c['n_candidate']}), minimum acceptable "
-                     f"{_num(c['min_acceptable_mean'])}, max speed-up ×{float(c['max_speedup']):.4f}, "
+            nums += (f"; candidate mean {_num6(c['candidate_mean'])} (n={c['n_candidate']}), minimum acceptable "
+                     f"{_num6(c['min_acceptable_mean'])}, max speed-up ×{float(c['max_speedup']):.4f}, "
                      f"normalisation ×{float(c['normalization_factor']):.4f}")
         lines.append(nums)
     if c.get("n_unconverged"):
