@@ -43,6 +43,9 @@ def test_published_reference_point_fail_with_normalisation(api):
     assert "0.05" in c["guarantee"]
     text = render_report(report)
     assert "Convergence against a reference" in text and "fail" in text and "max speed-up ×1.0422" in text
+    page = api.client.get(f"/studies/{sid}", headers=api.h())
+    assert page.status_code == 200 and "Convergence against a reference" in page.text
+    assert "206333" in page.text and "×1.0422" in page.text
 
 
 def test_reference_from_another_study_passes(api):
