@@ -44,8 +44,18 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["ReferencePoint", "ConvergenceResult", "steps_to_target", "olympic_trim", "reference_from_runs",
-           "min_acceptable_mean", "check_convergence", "convergence_guarantee", "DEFAULT_ALPHA", "DEFAULT_TRIM"]
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_TRIM",
+    "ConvergenceResult",
+    "ReferencePoint",
+    "check_convergence",
+    "convergence_guarantee",
+    "min_acceptable_mean",
+    "olympic_trim",
+    "reference_from_runs",
+    "steps_to_target",
+]
 
 DEFAULT_ALPHA = 0.05
 DEFAULT_TRIM = 1
@@ -189,11 +199,12 @@ def check_convergence(candidate: Sequence[float], reference: ReferencePoint, *, 
         raise ValueError(f"reference needs a finite mean, a finite std >= 0 and n >= 1, got {reference}")
     unconverged = int(np.isinf(a).sum())
     kept = olympic_trim(a, trim=trim)
-    base = dict(guarantee=convergence_guarantee(alpha), alpha=alpha, trim=trim, reference_mean=reference.mean,
-                reference_std=reference.std, n_reference=reference.n, n_candidate=int(kept.size),
-                n_candidate_runs=int(a.size), n_unconverged=unconverged, steps_to_target=tuple(a.tolist()))
-    none = dict(df=None, t_quantile=None, min_acceptable_mean=None, max_speedup=None, normalization_factor=None,
-                t_statistic=None, p_value=None)
+    base = {"guarantee": convergence_guarantee(alpha), "alpha": alpha, "trim": trim,
+            "reference_mean": reference.mean, "reference_std": reference.std, "n_reference": reference.n,
+            "n_candidate": int(kept.size), "n_candidate_runs": int(a.size), "n_unconverged": unconverged,
+            "steps_to_target": tuple(a.tolist())}
+    none = {"df": None, "t_quantile": None, "min_acceptable_mean": None, "max_speedup": None,
+            "normalization_factor": None, "t_statistic": None, "p_value": None}
     if unconverged > trim:
         return ConvergenceResult(
             verdict="fail", candidate_mean=None, **base, **none,

@@ -14,7 +14,7 @@ ARMS = [
 ]
 
 
-def _finish_all(api, worker_id: int, final: dict[str, float]) -> list[dict]:  # noqa: ANN001
+def _finish_all(api, worker_id: int, final: dict[str, float]) -> list[dict]:
     """A fake worker: lease every run, log a short loss curve ending at the arm's final value, complete."""
     leases = []
     while (got := lease(api, worker_id)) is not None:

@@ -11,7 +11,7 @@ from tests.api.helpers import batch, lease, register, result, spec
 RCP = {"mean": 215040, "std": 11976.9, "n": 18}
 
 
-def _run_all(api, worker_id: int, hit_step) -> None:  # noqa: ANN001
+def _run_all(api, worker_id: int, hit_step) -> None:
     """A fake worker: each run's loss reaches 0.1 at ``hit_step(seed)`` (never when None)."""
     while (got := lease(api, worker_id)) is not None:
         lid, run_id, seed = got["lease_id"], got["run_id"], got["spec"]["seed"]

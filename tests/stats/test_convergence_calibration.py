@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.stats.calibration import measure, exceeds_nominal
+from app.stats.calibration import exceeds_nominal, measure
 from app.stats.calibration.rules import rule_by_name
 
 RULE = rule_by_name("convergence.rcp_fail")

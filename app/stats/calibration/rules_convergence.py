@@ -17,7 +17,11 @@ from functools import partial
 import numpy as np
 
 from app.stats.calibration import Rule, Scenario
-from app.stats.convergence import check_convergence, convergence_guarantee, reference_from_runs
+from app.stats.convergence import (
+    check_convergence,
+    convergence_guarantee,
+    reference_from_runs,
+)
 
 __all__ = ["RULES", "draw_steps"]
 
