@@ -23,9 +23,10 @@ rcp_checker.py``: ``get_submission_epochs``, ``_compute_rcp_stats``, ``_find_min
    ``min_mean = μ + t_{alpha, df} · σ · sqrt(1/n_R + 1/n_S)`` (``t_{alpha}`` < 0). MLPerf finds the
    same number by bisection; this is its closed form. The **maximum speed-up** is ``μ / min_mean``.
 5. **Verdict**: ``pass`` when the candidate's olympic mean ≥ ``min_mean`` (not significantly faster
-   than the reference); else ``fail``, and the candidate's score is normalised by the
-   **normalisation factor** ``min_mean / candidate mean`` (> 1: its time to train is scaled up as
-   if it had converged at the slowest still acceptable pace). ``inconclusive`` when fewer than two
+   than the reference), else ``fail``. The **normalisation factor** is the checker's
+   ``_find_norm_factor``: ``max(1, μ / candidate mean)``; a passing candidate that is faster than
+   the reference mean (within the allowed speed-up) has its score (time to train) multiplied by
+   it, as if it had converged at the reference's pace. ``inconclusive`` when fewer than two
    candidate runs remain after trimming.
 
 False alarm: a candidate that converges like the reference fails with probability ≈ ``alpha`` (the
@@ -97,7 +98,7 @@ class ConvergenceResult:
     t_quantile: float | None  # t_{alpha, df} (negative)
     min_acceptable_mean: float | None
     max_speedup: float | None
-    normalization_factor: float | None  # 1.0 on pass; min_acceptable_mean / candidate_mean on fail
+    normalization_factor: float | None  # max(1, reference mean / candidate mean), as the checker
     t_statistic: float | None
     p_value: float | None  # one-sided: P(T ≤ t) under "as fast as the reference"
 
@@ -221,15 +222,18 @@ def check_convergence(candidate: Sequence[float], reference: ReferencePoint, *, 
     t_stat = (cand - reference.mean) / se if se > 0 else (0.0 if cand == reference.mean else math.copysign(math.inf, cand - reference.mean))
     p = float(stats.t.cdf(t_stat, df))
     speedup = reference.mean / floor if floor > 0 else math.inf
+    factor = max(1.0, reference.mean / cand) if cand > 0 else math.inf
     if cand >= floor:
-        verdict, factor = "pass", 1.0
+        verdict = "pass"
         reason = (f"olympic mean {cand:.6g} steps ≥ minimum acceptable {floor:.6g} (reference {reference.mean:.6g}, "
                   f"max speed-up ×{speedup:.4f}): not significantly faster than the reference")
+        if factor > 1:
+            reason += f"; faster than the reference mean: score normalised by ×{factor:.4f}"
     else:
-        verdict, factor = "fail", floor / cand if cand > 0 else math.inf
+        verdict = "fail"
         reason = (f"olympic mean {cand:.6g} steps < minimum acceptable {floor:.6g} (reference {reference.mean:.6g}, "
                   f"max speed-up ×{speedup:.4f}): converges significantly faster than the reference "
-                  f"(p = {p:.3g}); normalisation factor ×{factor:.4f}")
+                  f"(p = {p:.3g})")
     return ConvergenceResult(verdict=verdict, reason=reason, candidate_mean=cand, df=df, t_quantile=t,
                              min_acceptable_mean=floor, max_speedup=speedup, normalization_factor=factor,
                              t_statistic=float(t_stat), p_value=p, **base)

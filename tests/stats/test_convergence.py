@@ -76,8 +76,12 @@ def test_pass_fail_normalisation_and_unconverged_runs():
     fast = [190000 + 1000 * i for i in range(10)]
     r = check_convergence(fast, REF)
     assert r.verdict == "fail" and r.candidate_mean == 194500.0
-    assert r.normalization_factor == pytest.approx(r.min_acceptable_mean / 194500.0)
-    assert r.p_value < 0.05 and "normalisation factor" in r.reason
+    assert r.normalization_factor == pytest.approx(215040 / 194500.0)  # the checker's _find_norm_factor
+    assert r.p_value < 0.05
+    within = [205000 + 1000 * i for i in range(10)]  # mean 209500: faster than 215040, within the speed-up
+    r = check_convergence(within, REF)
+    assert r.verdict == "pass" and r.normalization_factor == pytest.approx(215040 / 209500)
+    assert "normalised by ×1.0264" in r.reason
     one_never = slow[:-1] + [math.inf]  # the slowest run is dropped by the trimming: counted, judged
     r = check_convergence(one_never, REF)
     assert r.verdict == "pass" and r.n_unconverged == 1
