@@ -90,6 +90,14 @@ class ArmSpec(_Spec):
         None, description="an opaque code digest or version label; only reported as a difference"
     )
 
+    @field_validator("params")
+    @classmethod
+    def _params_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(value, separators=(",", ":"), default=str))
+        if size > MAX_PARAMS_BYTES:
+            raise ValueError(f"params take {size} bytes as JSON; the limit is {MAX_PARAMS_BYTES}")
+        return value
+
     def effective(self, workload: WorkloadSpec | None) -> dict[str, Any]:
         """What a run of this arm gets, as compared between arms."""
         base = dict(workload.params) if workload is not None else {}

@@ -96,6 +96,7 @@ def test_stacks_shorthand_reports_the_stack_difference(api):
         ([{"name": "a"}, {"name": "b", "code": "x"}], {"stacks": [{"name": "s1"}, {"name": "s2"}]}, "", "not both"),
         ([{"name": "a"}, {"name": "b", "code": "x"}], {"reference_stack": "c"}, "", "one of the arms"),
         ([{"name": "a"}, {"name": "b", "config": {"name": "../x", "content": ""}}], {}, "arms.1.config.name", "pattern"),
+        ([{"name": "a"}, {"name": "b", "params": {"x": "y" * 70_000}}], {}, "arms.1.params", "the limit is"),
     ],
 )
 def test_bad_arms_are_422_naming_the_field(api, arms, extra, field, needle):
