@@ -27,6 +27,7 @@ from typing import Any
 
 EVENTS_ENV = "STEADY_EVENTS_FILE"
 SPEC_ENV = "STEADY_RUN_SPEC"
+CONFIG_FILE_ENV = "STEADY_CONFIG_FILE"  # path of the arm's config file, when its study gives one
 
 
 class EventWriter:

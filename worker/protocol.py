@@ -167,6 +167,11 @@ class LeaseRequest(_Model):
     request_id: RequestId | None = None
 
 
+class ConfigFile(_Model):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
+    content: str = Field(max_length=64 * 1024)
+
+
 class RunSpec(_Model):
     """Everything a worker needs to execute one run."""
 
@@ -180,7 +185,9 @@ class RunSpec(_Model):
     threads: int = 2
     time_limit_s: float = 600.0
     metrics: list[str] = []
-    stack: str = "default"
+    stack: str = "default"  # the run's group: a stack name, or the arm's name in a study with arms
+    config_file: ConfigFile | None = None  # the arm's config file, written into the run's directory
+    code: str | None = None  # the arm's code digest label (opaque to the worker)
 
 
 class Lease(_Model):

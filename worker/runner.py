@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker import determinism
-from worker.events import EVENTS_ENV, SPEC_ENV, EventReader
+from worker.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader
 
 STDERR_TAIL_BYTES = 16_000
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,6 +127,8 @@ class RunProcess:
         env.update(device_env(self.device))
         env[EVENTS_ENV] = self.events_path
         env[SPEC_ENV] = self.spec_path
+        if self.spec.get("config_file"):
+            env[CONFIG_FILE_ENV] = os.path.join(self.run_dir, "config", os.path.basename(self.spec["config_file"]["name"]))
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.getcwd(), env.get("PYTHONPATH")) if p)
         return env
@@ -137,6 +139,13 @@ class RunProcess:
             if os.path.exists(path):
                 os.remove(path)
         spec = dict(self.spec, device=device_env(self.device)["STEADY_DEVICE"], work_dir=self.run_dir)
+        config = spec.get("config_file")
+        if config:  # an arm's config file: written per run, its path in the env and in params
+            path = os.path.join(self.run_dir, "config", os.path.basename(config["name"]))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(config["content"])
+            spec["params"] = dict(spec.get("params") or {}, config_file=path)
         with open(self.spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
         out = open(self.output_path, "wb")

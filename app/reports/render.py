@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.studies.arms import differ_by_phrase
 from app.terminal import printable_tree
 
 LEVELS = (
@@ -78,6 +79,8 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
             promise = _guarantee(v)
             if promise:
                 lines.append(" " * (width + 4) + _paint(f"guarantee: {promise}", "2", color))
+            if (v.get("group") or {}).get("differ_by") is not None:
+                lines.append(" " * (width + 4) + differ_by_phrase(v["group"]["differ_by"]))
     diverged = report.get("diverged") or []
     if diverged:
         lines.append("")
@@ -93,6 +96,12 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
         lines.append(_paint("Variance by source", "1", color) + " (final value: between seeds vs nondeterminism)")
         for v in variance:
             lines.append("  " + _variance_line(v))
+    convergence = report.get("convergence") or []
+    if convergence:
+        lines.append("")
+        lines.append(_paint("Convergence against a reference", "1", color) + " (MLPerf RCP: steps to target, olympic means)")
+        for c in convergence:
+            lines.extend("  " + line for line in _convergence_lines(c, color))
     cost = report.get("determinism_cost") or []
     if cost:
         lines.append("")
@@ -100,6 +109,36 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
         for c in cost:
             lines.append("  " + _cost_line(c))
     return "\n".join(lines)
+
+
+def _num6(x: Any) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+CONVERGENCE_COLORS = {"pass": "32", "fail": "31", "inconclusive": "33"}
+
+
+def _convergence_lines(c: dict[str, Any], color: bool) -> list[str]:
+    """One ``convergence`` entry of the report (``app.stats.convergence.ConvergenceResult`` plus its group)."""
+    op = "≤" if c.get("direction") == "min" else "≥"
+    ref = c.get("reference") or {}
+    source = f"study {ref.get('study')}" if ref.get("source") == "study" else "given"
+    head = (f"{c['metric']} {op} {_num6(c['target'])}  {_group(c.get('group') or {})}  "
+            + _paint(f"{c['verdict']:<12}", CONVERGENCE_COLORS.get(c["verdict"]), color)
+            + f" runs={c.get('n_candidate_runs', 0)}")
+    lines = [head, "  " + str(c.get("reason", ""))]
+    if ref.get("mean") is not None:
+        nums = (f"  reference ({source}): mean {_num6(ref['mean'])}, sd {_num6(ref['std'])}, n={ref['n']}")
+        if c.get("min_acceptable_mean") is not None:
+            nums += (f"; candidate mean {_num6(c['candidate_mean'])} (n={c['n_candidate']}), minimum acceptable "
+                     f"{_num6(c['min_acceptable_mean'])}, max speed-up ×{float(c['max_speedup']):.4f}, "
+                     f"normalisation ×{float(c['normalization_factor']):.4f}")
+        lines.append(nums)
+    if c.get("n_unconverged"):
+        lines.append(f"  {c['n_unconverged']} run(s) never reached the target")
+    if c.get("guarantee"):
+        lines.append("  " + _paint(f"guarantee: {c['guarantee']}", "2", color))
+    return lines
 
 
 def _guarantee(v: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import zlib
 from collections.abc import Sequence
@@ -17,8 +18,16 @@ from app.errors import Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.models import Run, Study, utcnow
 from app.reports import repository
-from app.stats.report import MetricSpec, RunData, build_report, compute_bands
+from app.stats.convergence import (
+    ReferencePoint,
+    check_convergence,
+    convergence_guarantee,
+    reference_from_runs,
+    steps_to_target,
+)
+from app.stats.report import MetricSpec, RunData, build_report, compute_bands, to_plain
 from app.studies import repository as studies_repo
+from app.studies.arms import arm_differences, differences, effective_arms
 from app.studies import service as studies
 from worker.protocol import STEP_TIME_KEY, RunStatus
 
@@ -123,8 +132,11 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
     study = studies.get_study(session, study_id)
     specs = metric_specs(study)
     runs = completed_runs(session, study_id)
-    data = run_data(session, runs, [m.name for m in specs] + [STEP_TIME_KEY])
     spec = study.spec
+    keys = [m.name for m in specs] + [STEP_TIME_KEY]
+    if spec.get("convergence") and spec["convergence"]["metric"] not in keys:
+        keys.append(spec["convergence"]["metric"])
+    data = run_data(session, runs, keys)
     report = build_report(
         data,
         specs,
@@ -134,6 +146,9 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         rng=_rng(study_id),
         cost_budget=spec.get("cost_budget"),
     ).to_dict()
+    _name_arm_differences(report, spec)
+    if spec.get("convergence"):
+        report["convergence"] = convergence_section(session, data, spec["convergence"])
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]
     return {
         "study": {"id": study.id, "name": study.name, "status": study.status, "kind": study.kind,
@@ -143,6 +158,63 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         "excluded_runs": excluded_runs(session, study_id),
         **report,
     }
+
+
+def _steps_to_target(data: Sequence[RunData], conv: dict[str, Any]) -> list[float]:
+    out = []
+    for d in data:
+        sv = d.series.get(conv["metric"])
+        out.append(math.inf if sv is None else
+                   steps_to_target(sv[0], sv[1], target=conv["target"], direction=conv["direction"]))
+    return out
+
+
+def _reference_point(session: Session, conv: dict[str, Any]) -> tuple[ReferencePoint | None, dict[str, Any]]:
+    """The reference as given (numbers) or formed from another study's completed runs (pooled)."""
+    ref = conv["reference"]
+    if ref.get("study") is None:
+        return ReferencePoint(mean=ref["mean"], std=ref["std"], n=ref["n"]), {"source": "numbers"}
+    runs = completed_runs(session, ref["study"])
+    data = run_data(session, runs, [conv["metric"]])
+    info: dict[str, Any] = {"source": "study", "study": ref["study"], "n_runs": len(runs)}
+    try:
+        return reference_from_runs(_steps_to_target(data, conv), trim=conv.get("trim", 1)), info
+    except ValueError as exc:
+        return None, {**info, "reason": f"reference study {ref['study']}: {exc}"}
+
+
+def convergence_section(session: Session, data: Sequence[RunData], conv: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per (determinism, stack/arm) group: its runs' steps to target judged against the reference
+    (``app.stats.convergence``, MLPerf RCP rules). Completed, non-excluded runs only."""
+    point, info = _reference_point(session, conv)
+    groups: dict[tuple[str, str], list[RunData]] = {}
+    for d in data:
+        groups.setdefault((d.determinism, d.stack), []).append(d)
+    alpha, trim = conv.get("alpha", 0.05), conv.get("trim", 1)
+    head = {"metric": conv["metric"], "target": conv["target"], "direction": conv["direction"]}
+    out = []
+    for (det, stack), rs in sorted(groups.items()):
+        group = {"determinism": det, "stack": stack}
+        if point is None:
+            out.append({**head, "group": group, "reference": info, "verdict": "inconclusive", "reason": info["reason"],
+                        "guarantee": convergence_guarantee(alpha), "n_candidate_runs": len(rs)})
+            continue
+        result = check_convergence(_steps_to_target(rs, conv), point, alpha=alpha, trim=trim)
+        reference = {**info, "mean": point.mean, "std": point.std, "n": point.n}
+        out.append({**head, "group": group, "reference": to_plain(reference), **result.to_dict()})
+    return out
+
+
+def _name_arm_differences(report: dict[str, Any], spec: dict[str, Any]) -> None:
+    """Each stack-portability verdict names what differs between its two arms (params, config,
+    code, stack); the report's ``arms`` lists every arm against the reference."""
+    report["arms"] = arm_differences(spec)
+    arms = effective_arms(spec)
+    for v in report.get("verdicts", []):
+        group = v.get("group") or {}
+        ref, cand = arms.get(group.get("reference_stack")), arms.get(group.get("candidate_stack"))
+        if v.get("level") == "stack_portability" and ref is not None and cand is not None:
+            group["differ_by"] = differences(ref, cand)
 
 
 def study_bands(

@@ -42,11 +42,16 @@ CANDIDATES_PER_LEASE = 200
 def _spec_for(run: Run, study: Study) -> RunSpec:
     spec = study.spec
     workload = spec["workload"]
+    params = dict(workload.get("params") or {})
+    arm = next((a for a in spec.get("arms") or [] if a.get("name") == run.stack), {})
+    params.update(arm.get("params") or {})
     return RunSpec(
         framework=run.framework,
         workload=workload.get("name"),
         entrypoint=workload.get("entrypoint"),
-        params=workload.get("params", {}),
+        params=params,
+        config_file=arm.get("config"),
+        code=arm.get("code"),
         seed=run.seed,
         repeat=run.repeat,
         determinism=run.determinism,

@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.alerts.schemas import AlertRuleSpec, check_spec_alerts
 from worker.protocol import (
@@ -65,6 +65,50 @@ class StackSpec(_Spec):
     )
 
 
+ConfigFileName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
+MAX_CONFIG_BYTES = 64 * 1024  # a config file travels with every lease of its arm's runs
+
+
+class ConfigFileSpec(_Spec):
+    """A named config file given to an arm's runs: the worker writes it into the run's directory and
+    sets STEADY_CONFIG_FILE to its path (the workload also gets the path as params['config_file'])."""
+
+    name: ConfigFileName
+    content: Annotated[str, Field(max_length=MAX_CONFIG_BYTES)]
+
+
+class ArmSpec(_Spec):
+    """One arm of a comparison: it may override the stack, workload parameters, a config file or the
+    code digest. Arms are compared by the stack-portability statistics, the first (or
+    ``reference_stack``) being the reference."""
+
+    name: StackName
+    stack: StackSpec | None = Field(None, description="where this arm runs (its labels select workers)")
+    params: dict[str, Any] = Field({}, description="overrides of workload.params (key by key)")
+    config: ConfigFileSpec | None = None
+    code: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        None, description="an opaque code digest or version label; only reported as a difference"
+    )
+
+    @field_validator("params")
+    @classmethod
+    def _params_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(value, separators=(",", ":"), default=str))
+        if size > MAX_PARAMS_BYTES:
+            raise ValueError(f"params take {size} bytes as JSON; the limit is {MAX_PARAMS_BYTES}")
+        return value
+
+    def effective(self, workload: WorkloadSpec | None) -> dict[str, Any]:
+        """What a run of this arm gets, as compared between arms."""
+        base = dict(workload.params) if workload is not None else {}
+        return {
+            "stack": self.stack.model_dump(mode="json") if self.stack is not None else None,
+            "params": {**base, **self.params},
+            "config": self.config.model_dump(mode="json") if self.config is not None else None,
+            "code": self.code,
+        }
+
+
 class MetricSpec(_Spec):
     name: MetricKey
     atol: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
@@ -75,6 +119,40 @@ class MetricSpec(_Spec):
     margin: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         None, description="stack portability: equivalence margin on the final value (absolute)"
     )
+
+
+class ConvergenceReferenceSpec(_Spec):
+    """A reference convergence point: published numbers (an MLPerf RCP: olympic mean and standard
+    deviation of the steps to target, and the number of runs after trimming), or another study
+    whose completed runs form it."""
+
+    mean: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    std: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    n: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    study: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ConvergenceReferenceSpec:
+        numbers = [self.mean, self.std, self.n]
+        if self.study is not None:
+            if any(x is not None for x in numbers):
+                raise ValueError("give either {mean, std, n} or {study}, not both")
+        elif any(x is None for x in numbers):
+            raise ValueError("give {mean, std, n} (a published reference point) or {study} (a study's runs)")
+        return self
+
+
+class ConvergenceSpec(_Spec):
+    """Convergence against a reference, as MLPerf judges submissions (reference convergence points):
+    steps to reach ``target`` per run, olympic means, a one-sided pooled t-test at ``alpha``."""
+
+    metric: MetricKey
+    target: Annotated[float, Field(allow_inf_nan=False)]
+    direction: Literal["min", "max"] = Field(..., description="'min': reached when value <= target (a loss); "
+                                             "'max': when value >= target (an accuracy)")
+    reference: ConvergenceReferenceSpec
+    alpha: Annotated[float, Field(gt=0, le=0.5)] = 0.05
+    trim: Annotated[int, Field(ge=0, le=10)] = Field(1, description="runs dropped at each end (MLPerf: 1)")
 
 
 class StudySpec(_Spec):
@@ -88,6 +166,12 @@ class StudySpec(_Spec):
     repeats: Annotated[int, Field(ge=1, le=1000)] = 1
     determinism: Annotated[list[Determinism], Field(min_length=1)] = [Determinism.seeded]
     stacks: Annotated[list[StackSpec], Field(min_length=1, max_length=100)] = [StackSpec(name="default")]
+    arms: Annotated[list[ArmSpec], Field(min_length=2, max_length=100)] | None = Field(
+        None,
+        description="arms that differ by stack, workload params, config file or code digest; instead of "
+        "'stacks' (which is shorthand for arms that differ only by stack). 'reference_stack' may name the "
+        "reference arm (default: the first)",
+    )
     reference_stack: StackName | None = None
     metrics: Annotated[list[MetricSpec], Field(min_length=1, max_length=100)] = [MetricSpec(name="loss")]
     threads: Annotated[int, Field(ge=1, le=1024)] = 2
@@ -101,6 +185,9 @@ class StudySpec(_Spec):
         "over a less deterministic one (e.g. 1.5: strict may take at most 1.5× the step time of seeded). Each "
         "ratio is judged 'pass' (CI upper end ≤ budget), 'fail' (CI lower end > budget) or 'inconclusive'; "
         "false 'fail' and false 'pass' ≤ 2.5% each at 95% confidence. Without it only ratio and CI are reported",
+    )
+    convergence: ConvergenceSpec | None = Field(
+        None, description="judge the steps to reach a target against a reference (MLPerf RCP check)"
     )
     suite: Name | None = None
     alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(
@@ -133,8 +220,13 @@ class StudySpec(_Spec):
         names = [s.name for s in self.stacks]
         if len(set(names)) != len(names):
             raise ValueError("stack names must be distinct")
+        if self.arms is not None:
+            if "stacks" in self.model_fields_set and names != ["default"]:
+                raise ValueError("give either 'arms' or 'stacks', not both: an arm may set its own 'stack'")
+            names = [a.name for a in self.arms]
         if self.reference_stack is not None and self.reference_stack not in names:
-            raise ValueError(f"reference_stack {self.reference_stack!r} is not one of the stacks {names}")
+            kind = "arms" if self.arms is not None else "stacks"
+            raise ValueError(f"reference_stack {self.reference_stack!r} is not one of the {kind} {names}")
         metric_names = [m.name for m in self.metrics]
         if len(set(metric_names)) != len(metric_names):
             raise ValueError("metric names must be distinct")
@@ -146,9 +238,38 @@ class StudySpec(_Spec):
                 raise ValueError("'seeds' must name at least one seed")
         return self
 
+    @field_validator("arms")
+    @classmethod
+    def _distinct_arms(cls, value: list[ArmSpec] | None, info: ValidationInfo) -> list[ArmSpec] | None:
+        if value is None:
+            return value
+        names = [a.name for a in value]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"arm names must be distinct; repeated: {duplicates}")
+        workload = info.data.get("workload")
+        seen: dict[str, str] = {}
+        for arm in value:
+            key = json.dumps(arm.effective(workload), sort_keys=True, default=str)
+            if key in seen:
+                raise ValueError(
+                    f"arms {seen[key]!r} and {arm.name!r} are identical (same stack, params, config and code): "
+                    "arms must differ in something to be compared"
+                )
+            seen[key] = arm.name
+        return value
+
+    @property
+    def groups(self) -> list[StackSpec]:
+        """The groups runs are expanded over and compared between: the arms (as stacks named after
+        each arm, with the arm's stack labels) or the stacks."""
+        if self.arms is None:
+            return list(self.stacks)
+        return [StackSpec(name=a.name, labels=a.stack.labels if a.stack else []) for a in self.arms]
+
     @property
     def run_count(self) -> int:
-        return len(self.seeds) * self.repeats * len(self.determinism) * len(self.stacks)
+        return len(self.seeds) * self.repeats * len(self.determinism) * len(self.groups)
 
 
 class Progress(BaseModel):

@@ -47,12 +47,15 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
     if spec.kind == "managed" and spec.run_count > settings.max_runs_per_study:
         raise Invalid(
             ("body", "seeds"),
-            f"the matrix seeds × repeats × determinism × stacks is {len(spec.seeds)} × {spec.repeats} × "
-            f"{len(spec.determinism)} × {len(spec.stacks)} = {spec.run_count} runs, over the limit of "
+            f"the matrix seeds × repeats × determinism × {'arms' if spec.arms else 'stacks'} is {len(spec.seeds)} × "
+            f"{spec.repeats} × {len(spec.determinism)} × {len(spec.groups)} = {spec.run_count} runs, over the limit of "
             f"{settings.max_runs_per_study} runs per study (STEADY_MAX_RUNS_PER_STUDY)",
         )
     if spec.suite:
         ensure_suite_owner(session, spec.suite, caller)
+    ref_study = spec.convergence.reference.study if spec.convergence else None
+    if ref_study is not None and session.get(Study, ref_study) is None:
+        raise Invalid(("body", "convergence", "reference", "study"), f"study {ref_study} not found")
     study = Study(
         owner_token_id=caller.token_id,
         name=spec.name,
@@ -92,7 +95,7 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
                 "created_at": utcnow(),
             }
             for (seed, repeat), levels in zip(blocks, balanced_level_order(spec.determinism, len(blocks)))
-            for stack in spec.stacks
+            for stack in spec.groups
             for level in levels
         ]
         session.execute(Run.__table__.insert(), rows)
