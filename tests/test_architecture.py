@@ -1,4 +1,4 @@
-"""Dependency rules: app -> worker.protocol only; worker never imports app; the stats core is pure."""
+"""Dependency rules: app -> worker.protocol (and the code archive format, worker.codepack) only; worker never imports app; the stats core is pure."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def test_worker_never_imports_the_server():
 
 def test_app_imports_only_the_protocol_of_the_worker():
     # The one CLI dispatches `steady worker` to the worker's own entry point: that is the only exception.
-    allowed = {"worker.protocol"}
+    # worker.codepack is the code archive format (stdlib only): part of the contract like the protocol.
+    allowed = {"worker.protocol", "worker.codepack"}
     for path in _files("app"):
         extra = {"worker.cli"} if path == REPO / "app" / "cli.py" else set()
         bad = {n for n in _imports(path) if n.startswith("worker") and n not in allowed | extra}
