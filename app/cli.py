@@ -296,6 +296,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = [[str(s["id"]).rjust(4), s["status"], _bar(s["progress"], 20), printable(s["name"])] for s in studies]
     print(table(["  ID", "STATUS", "PROGRESS", "NAME"], rows))
     for s in studies:
+        if args.study is not None and s.get("status_reason"):
+            print(f"study {s['id']}: {printable(s['status_reason'])}")
+        if args.study is not None and s.get("code_sha256"):
+            commit = f", git {s['code_git_commit'][:10]}" if s.get("code_git_commit") else ""
+            print(f"study {s['id']}: code {s['code_sha256'][:12]}{commit}{' (dirty)' if s.get('code_dirty') else ''}")
         lines = launch_lines([x for x in launches if x["study_id"] == s["id"]])
         if lines:
             print(f"study {s['id']}:")
