@@ -82,29 +82,29 @@ def pack(root: str, files: list[str] | None = None, *, max_bytes: int = DEFAULT_
         files, git_commit, dirty = list_files(root)
     buf = io.BytesIO()
     total = 0
-    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=_GZIP_LEVEL) as gz:
-        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for name in sorted(files):
-                check_name(name)
-                path = os.path.join(root, *name.split("/"))
-                real = os.path.realpath(path)
-                if os.path.commonpath([real, root]) != root:
-                    raise CodeError(f"{name} is a link to {real}, outside the code directory {root}")
-                st = os.stat(real)
-                if not stat.S_ISREG(st.st_mode):
-                    continue  # a directory symlink or a special file: not code
-                total += st.st_size
-                if total > max_bytes:
-                    raise CodeError(
-                        f"the code in {root} is over the limit of {max_bytes // (1024 * 1024)} MB "
-                        f"(STEADY_MAX_CODE_BYTES on the server, --max-code-mb for submit) at {name}: "
-                        "ship data separately or ignore it in .gitignore"
-                    )
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = st.st_size, 0, 0, 0, "", ""
-                info.mode = 0o755 if st.st_mode & 0o111 else 0o644
-                with open(real, "rb") as f:
-                    tar.addfile(info, f)
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=_GZIP_LEVEL) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(files):
+            check_name(name)
+            path = os.path.join(root, *name.split("/"))
+            real = os.path.realpath(path)
+            if os.path.commonpath([real, root]) != root:
+                raise CodeError(f"{name} is a link to {real}, outside the code directory {root}")
+            st = os.stat(real)
+            if not stat.S_ISREG(st.st_mode):
+                continue  # a directory symlink or a special file: not code
+            total += st.st_size
+            if total > max_bytes:
+                raise CodeError(
+                    f"the code in {root} is over the limit of {max_bytes // (1024 * 1024)} MB "
+                    f"(STEADY_MAX_CODE_BYTES on the server, --max-code-mb for submit) at {name}: "
+                    "ship data separately or ignore it in .gitignore"
+                )
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = st.st_size, 0, 0, 0, "", ""
+            info.mode = 0o755 if st.st_mode & 0o111 else 0o644
+            with open(real, "rb") as f:
+                tar.addfile(info, f)
     data = buf.getvalue()
     return Packed(data, hashlib.sha256(data).hexdigest(), sorted(files), git_commit, dirty)
 
@@ -196,6 +196,4 @@ def present(name: str, files: set[str] | list[str], workdir: str = ".") -> bool:
     path = posixpath.normpath(posixpath.join(workdir, name))
     if path in files:
         return True
-    if path.endswith(".py") and path[:-3] + "/__init__.py" in files:
-        return True
-    return False
+    return path.endswith(".py") and path[:-3] + "/__init__.py" in files

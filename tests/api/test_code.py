@@ -17,7 +17,7 @@ def archive(tmp_path):
     return codepack.pack(str(tmp_path / "src"))
 
 
-def _put(api, sha: str, data: bytes, role: str = "user"):  # noqa: ANN001, ANN202
+def _put(api, sha: str, data: bytes, role: str = "user"):
     return api.client.put(f"/api/v1/code/{sha}", content=data,
                           headers={**api.h(role), "Content-Type": "application/gzip"})
 
@@ -56,7 +56,7 @@ def test_an_unsafe_archive_is_refused(api, tmp_path):
 
 def test_a_spec_is_checked_against_its_code(api, archive):
     code = {"sha256": archive.sha256, "workdir": "exp", "git_commit": "a" * 40, "dirty": True}
-    user = lambda **w: spec(workload={"framework": "torch", **w}, seeds=[0], repeats=1, determinism=["seeded"],  # noqa: E731
+    user = lambda **w: spec(workload={"framework": "torch", **w}, seeds=[0], repeats=1, determinism=["seeded"],
                             code=code)
     r = api.post("/api/v1/studies", json=user(entrypoint="train.py:main"))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "code", "sha256"], r.text

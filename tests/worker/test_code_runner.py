@@ -51,7 +51,7 @@ def code(tmp_path):
     return str(dest)
 
 
-def _run(code: str, tmp_path, **spec):  # noqa: ANN001, ANN003, ANN202
+def _run(code: str, tmp_path, **spec):
     base = {"framework": "torch", "seed": 7, "determinism": "seeded", "time_limit_s": 120, "code_workdir": "exp"}
     return run_local({**base, **spec}, code_dir=code, work_dir=str(tmp_path / "run"))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.worker.test_worker_agent_e2e import runs, series, study_status, wait_for, workers  # noqa: F401
+from tests.worker.test_worker_agent_e2e import runs, series, workers  # noqa: F401 - workers is a fixture
 
 pytestmark = pytest.mark.slow
 
@@ -84,17 +84,17 @@ def _git_repo(root: Path) -> Path:
     return root / "exp"
 
 
-def _submit(server, spec: Path, *extra: str) -> subprocess.CompletedProcess:  # noqa: ANN001
+def _submit(server, spec: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
     env.update(PYTHONPATH=str(REPO), XDG_CONFIG_HOME=str(spec.parent / ".config"))
     return subprocess.run(
         [sys.executable, "-m", "app.cli", "submit", str(spec.name), "--server", server.url,
          "--token", server.tokens["user"], *extra],
-        cwd=spec.parent, env=env, capture_output=True, text=True, timeout=300,
+        cwd=spec.parent, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
 
 
-def test_shipped_code_runs_on_a_worker_elsewhere(live_server, workers, tmp_path):  # noqa: F811
+def test_shipped_code_runs_on_a_worker_elsewhere(live_server, workers, tmp_path):
     http = live_server.client()
     (tmp_path / "proj").mkdir()
     exp = _git_repo(tmp_path / "proj")
@@ -110,7 +110,7 @@ def test_shipped_code_runs_on_a_worker_elsewhere(live_server, workers, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr + w.log()
     sid = int(done.stdout.split("submitted study ")[1].split()[0])
     study = http.get(f"/api/v1/studies/{sid}").json()
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=exp, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=exp, capture_output=True, text=True, check=True).stdout.strip()
     assert study["code_git_commit"] == head and study["code_dirty"] is False and len(study["code_sha256"]) == 64
     assert study["spec"]["code"]["workdir"] == "exp"
     run = runs(http, sid)[0]
@@ -139,10 +139,10 @@ def test_shipped_code_runs_on_a_worker_elsewhere(live_server, workers, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     base = ["--server", live_server.url, "--token", live_server.tokens["user"]]
     logs = subprocess.run([sys.executable, "-m", "app.cli", "logs", str(run_id), *base], env=env,
-                          capture_output=True, text=True, cwd=tmp_path)
+                          capture_output=True, text=True, cwd=tmp_path, check=False)
     assert "Traceback" in logs.stdout and "RuntimeError: boom from user code" in logs.stdout, logs.stdout
     table = subprocess.run([sys.executable, "-m", "app.cli", "runs", str(bid), *base], env=env,
-                           capture_output=True, text=True, cwd=tmp_path)
+                           capture_output=True, text=True, cwd=tmp_path, check=False)
     assert f"{run_id}" in table.stdout and "failed" in table.stdout and "RuntimeError: boom" in table.stdout
 
     # a misspelt metric: the study fails, naming what was logged instead
