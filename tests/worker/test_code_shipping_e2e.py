@@ -94,7 +94,7 @@ def _submit(server, spec: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_shipped_code_runs_on_a_worker_elsewhere(live_server, workers, tmp_path):
+def test_shipped_code_runs_on_a_worker_elsewhere(live_server, workers, tmp_path):  # noqa: F811 - the fixture
     http = live_server.client()
     (tmp_path / "proj").mkdir()
     exp = _git_repo(tmp_path / "proj")
