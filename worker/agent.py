@@ -246,7 +246,13 @@ class RunExecution:
         try:
             if not self._prepare_code():
                 return
-            self.proc.start()
+            try:
+                self.proc.start()
+            except OSError as exc:  # e.g. a command workload whose program is not installed here
+                self._try(lambda: self.client.fail(run_id, RunFailure(
+                    lease_id=self.lease.lease_id, kind=FailureKind.error,
+                    error=f"could not start the run: {exc}"[:MAX_ERROR_LENGTH])))
+                return
             self.heartbeat_thread.start()
             log.info("run %d (attempt %d): started pid %s: %s", run_id, self.lease.attempt, self.proc.pid,
                      self.lease.spec.workload or self.lease.spec.entrypoint or " ".join(self.lease.spec.command or []))
