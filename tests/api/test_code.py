@@ -78,3 +78,37 @@ def test_unknown_placeholder_is_a_422_naming_it(api):
     r = api.post("/api/v1/studies", json=spec(workload={"framework": "torch", "command": ["python", "t.py", "{sed}"]}))
     assert r.status_code == 422
     assert "unknown placeholder(s) 'sed'" in r.text and "{seed}" in r.text
+
+
+def _finish_one(api, sid: int, keys: list[str] | None = None, error: str | None = None) -> None:
+    from tests.api.helpers import batch, lease, register, result
+
+    leased = lease(api, register(api))
+    assert leased["study_id"] == sid
+    lid, run_id = leased["lease_id"], leased["run_id"]
+    for seq, key in enumerate(keys or []):
+        assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(lid, seq, key, [0], [1.0])).status_code == 200
+    if error is None:
+        r = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid))
+    else:
+        r = api.post(f"/api/v1/runs/{run_id}/fail", role="worker", json={"lease_id": lid, "error": error})
+    assert r.status_code == 200, r.text
+
+
+def test_the_study_says_which_metrics_no_run_logged(api):
+    one = lambda **kw: spec(seeds=[0], repeats=1, determinism=["seeded"], max_attempts=1, **kw)
+    sid = api.post("/api/v1/studies", json=one(metrics=["loss", "acc"])).json()["id"]
+    _finish_one(api, sid, ["loss", "accuracy"])
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "completed"  # loss was logged: judged, with a note on acc
+    assert study["status_reason"] == "the spec names metric 'acc' but no run logged it; runs logged: accuracy, loss"
+    sid = api.post("/api/v1/studies", json=one(name="nothing")).json()["id"]
+    _finish_one(api, sid, [])
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "failed"
+    assert study["status_reason"] == ("no run logged any of the study's metrics: the spec names metric 'loss' but no "
+                                      "run logged it; runs logged: no metric at all")
+    sid = api.post("/api/v1/studies", json=one(name="boom")).json()["id"]
+    _finish_one(api, sid, error="RuntimeError: boom\nmore lines")
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "failed" and study["status_reason"].endswith(": RuntimeError: boom")
