@@ -9,8 +9,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from app.models.base import UTCDateTime
-
 revision = "0008_code"
 down_revision = "0007_series_dtype"
 branch_labels = None
@@ -24,7 +22,7 @@ def upgrade() -> None:
         sa.Column("size", sa.BigInteger(), nullable=False),
         sa.Column("files", sa.JSON(), nullable=False),
         sa.Column("store", sa.String(length=16), nullable=False),
-        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),  # as UTCDateTime stores it
         sa.PrimaryKeyConstraint("sha256", name=op.f("pk_code_archives")),
     )
     op.create_table(
