@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from app.models import CodeArchive, CodeChunk
@@ -23,7 +23,7 @@ def add(session: Session, sha256: str, size: int, files: list[str], store: str) 
 
 def put_chunks(session: Session, sha256: str, data: bytes) -> None:
     session.execute(
-        CodeChunk.__table__.insert(),
+        insert(CodeChunk),
         [{"sha256": sha256, "idx": i, "data": data[off:off + CHUNK_BYTES]}
          for i, off in enumerate(range(0, len(data), CHUNK_BYTES))] or [{"sha256": sha256, "idx": 0, "data": b""}],
     )
