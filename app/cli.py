@@ -178,8 +178,14 @@ def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) ->
 def cmd_submit(args: argparse.Namespace) -> int:
     from app.cli_client import Api
 
+    from app.cli_code import ship
+
     spec = load_spec(args.spec)
     api = Api(args.server, args.token)
+    if not args.no_code and "code" not in spec:
+        code = ship(api, spec, args.spec, code_dir=args.code, max_mb=args.max_code_mb)
+        if code is not None:
+            spec["code"] = code
     study = api.post("/api/v1/studies", json=spec)
     sid = study["id"]
     print(f"submitted study {sid} ({printable(study['name'])}): {study['progress']['total']} runs", flush=True)
@@ -195,11 +201,64 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"\nsteady: stopped waiting; study {sid} keeps running: follow it with `steady status {sid}`"
               f" or open {api.server}/studies/{sid} (`steady cancel {sid}` stops it)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if final.get("status_reason"):
+        print(f"steady: study {sid}: {printable(final['status_reason'])}", file=sys.stderr)
     if final["status"] != "completed":
-        print(f"steady: study {sid} {final['status']}: see `steady status {sid}` and {api.server}/studies/{sid}",
+        failed = api.get(f"/api/v1/studies/{sid}/runs", params={"status": "failed", "limit": 1})["items"]
+        if failed:
+            r = failed[0]
+            print(f"steady: run {r['id']} failed ({r.get('failure_kind') or 'error'}): {_first_line(r.get('error'))}"
+                  f" — `steady logs {r['id']}` shows its stderr", file=sys.stderr)
+        print(f"steady: study {sid} {final['status']}: `steady runs {sid}`, dashboard {api.server}/studies/{sid}",
               file=sys.stderr)
         return EXIT_FAIL
     return _verdict_summary(api.get(f"/api/v1/studies/{sid}/report"), sid)
+
+
+def _first_line(text: str | None) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return printable(lines[0][:200]) if lines else ""
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """A study's runs: id, status, attempt, seed, level, the first line of the error."""
+    from app.cli_client import Api
+
+    api = Api(args.server, args.token)
+    params: dict[str, Any] = {"limit": 500}
+    if args.status:
+        params["status"] = args.status
+    items: list[dict[str, Any]] = []
+    while True:
+        page = api.get(f"/api/v1/studies/{args.study}/runs", params={**params, "offset": len(items)})
+        items += page["items"]
+        if not page["items"] or len(items) >= page["total"]:
+            break
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return EXIT_OK
+    rows = [[str(r["id"]), r["status"], f"{r['attempt']}/{r['max_attempts']}", str(r["seed"]), r["determinism"],
+             printable(r["stack"]), _first_line(r.get("error"))] for r in items]
+    print(table(["RUN", "STATUS", "ATTEMPT", "SEED", "LEVEL", "STACK", "ERROR"], rows) if rows else "no runs")
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """A run's error and the tail of its output (stdout and stderr) as the worker captured it."""
+    from app.cli_client import Api
+
+    run = Api(args.server, args.token).get(f"/api/v1/runs/{args.run}")
+    print(f"run {run['id']} (study {run['study_id']}, seed {run['seed']}, {run['determinism']}): {run['status']}"
+          f", attempt {run['attempt']}/{run['max_attempts']}")
+    if run.get("error"):
+        print(f"error ({run.get('failure_kind') or 'error'}): {printable(run['error'])}")
+    tail = run.get("stderr_tail")
+    if tail:
+        print("--- output tail ---")
+        print(printable(tail[-args.tail:]) if args.tail else printable(tail))
+    elif run["status"] == "failed":
+        print("(the worker captured no output)")
+    return EXIT_OK
 
 
 def _verdict_summary(report: dict[str, Any], sid: int) -> int:
@@ -313,6 +372,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = [[str(s["id"]).rjust(4), s["status"], _bar(s["progress"], 20), printable(s["name"])] for s in studies]
     print(table(["  ID", "STATUS", "PROGRESS", "NAME"], rows))
     for s in studies:
+        if args.study is not None and s.get("status_reason"):
+            print(f"study {s['id']}: {printable(s['status_reason'])}")
+        if args.study is not None and s.get("code_sha256"):
+            commit = f", git {s['code_git_commit'][:10]}" if s.get("code_git_commit") else ""
+            print(f"study {s['id']}: code {s['code_sha256'][:12]}{commit}{' (dirty)' if s.get('code_dirty') else ''}")
         lines = launch_lines([x for x in launches if x["study_id"] == s["id"]])
         if lines:
             print(f"study {s['id']}:")
@@ -355,7 +419,11 @@ def _render_comparison(c: dict[str, Any]) -> str:
 
     margin = "none given" if c.get("margin") is None else f"{c['margin']:.4g}"
     lines = [f"baseline  {side(c['baseline'])}", f"candidate {side(c['candidate'])}",
-             f"final {printable(c['metric'])}, equivalence margin {margin}: {c['verdict']}", ""]
+             f"final {printable(c['metric'])}, equivalence margin {margin}: {c['verdict']}"]
+    code = c.get("code") or {}
+    if code.get("differs"):
+        lines.append(printable(code["note"]))
+    lines.append("")
     rows = [[str(v.get("group", {}).get("determinism", "")), v["verdict"], str(v.get("n_runs", 0)),
              printable(v.get("reason", ""))] for v in c.get("verdicts", [])]
     if rows:
@@ -561,6 +629,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="path to the spec, or - for stdin")
     p.add_argument("--wait", action="store_true",
                    help="show progress until the study ends; exit 1 if it failed or a verdict failed")
+    p.add_argument("--code", metavar="DIR", help="ship this folder as the study's code (default: the git work tree "
+                   "holding the spec, else the spec's folder)")
+    p.add_argument("--max-code-mb", type=float, default=50.0, help="refuse to ship more code than this (default 50)")
+    p.add_argument("--no-code", action="store_true",
+                   help="ship nothing: the entrypoint is resolved on each worker's own filesystem")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser(
@@ -581,6 +654,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="PATH", help="write a Markdown summary (one line per check)")
     p.add_argument("--webhook", metavar="URL", help='POST the summary as JSON {"text": markdown, ...}')
     p.set_defaults(func=cmd_check)
+    p = sub.add_parser("runs", help="a study's runs: status, attempt, seed, level, error")
+    client_opts(p)
+    p.add_argument("study", type=int)
+    p.add_argument("--status", choices=["queued", "running", "completed", "failed", "cancelled"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("logs", help="a run's error and the tail of its output")
+    client_opts(p)
+    p.add_argument("run", type=int)
+    p.add_argument("--tail", type=int, default=0, help="only the last N characters")
+    p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("status", help="studies and their progress")
     client_opts(p)

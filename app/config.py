@@ -44,6 +44,12 @@ class Settings(BaseSettings):
     max_keys_per_run: int = Field(256, ge=1)
     max_points_per_run: int = Field(50_000_000, ge=1)
 
+    # Study code archives (steady submit): where they are kept and how large one may be.
+    # "filesystem": <data_dir>/code/ (one machine, or a shared volume); "database": chunks in the
+    # database, so every API process behind a load balancer sees every archive (docs/deploy.md).
+    code_store: Literal["filesystem", "database"] = "filesystem"
+    max_code_bytes: int = Field(50 * 1024 * 1024, ge=1024)
+
     # SQLite only: PRAGMA synchronous. FULL: an acknowledged write survives power loss
     # (fsync of the WAL at every commit). NORMAL: it survives a crash of the process, but the
     # last commits before a power loss or kernel panic may be lost. See docs/deploy.md.

@@ -94,13 +94,14 @@ def get_principal(
         return Principal(token_id=row.id, name=row.name, role=Role(row.role))
 
 
-def require(role: Role):
-    allowed = GRANTS[role]
+def require(*roles: Role):
+    allowed = frozenset().union(*(GRANTS[r] for r in roles))
 
     def _check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if principal.role not in allowed:
             raise HTTPException(
-                status.HTTP_403_FORBIDDEN, f"a {principal.role.value} token cannot do this; it needs role {role.value}"
+                status.HTTP_403_FORBIDDEN, f"a {principal.role.value} token cannot do this; it needs role "
+                + " or ".join(r.value for r in roles)
             )
         return principal
 
@@ -110,3 +111,5 @@ def require(role: Role):
 AdminCaller = Annotated[Principal, Depends(require(Role.admin))]
 UserCaller = Annotated[Principal, Depends(require(Role.user))]
 WorkerCaller = Annotated[Principal, Depends(require(Role.worker))]
+# Code archives: users upload and read them, workers fetch them.
+CodeReader = Annotated[Principal, Depends(require(Role.user, Role.worker))]

@@ -21,6 +21,7 @@ from app.alerts.dispatcher import Dispatcher
 from app.alerts.router import metrics_router
 from app.alerts.router import router as alerts_router
 from app.auth.router import router as tokens_router
+from app.code.router import router as code_router
 from app.config import Settings, get_settings
 from app.dashboard.router import router as dashboard_router
 from app.db import Database
@@ -80,16 +81,19 @@ class SecurityHeaders:
 class BodyLimit:
     """Refuse request bodies over ``limit`` bytes with 413, whether or not Content-Length is sent."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, code_limit: int | None = None) -> None:
+        self.app, self.limit, self.code_limit = app, limit, code_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit
+        if self.code_limit is not None and scope["path"].startswith("/api/v1/code/"):
+            limit = max(limit, self.code_limit)  # code archives have their own limit (STEADY_MAX_CODE_BYTES)
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await _too_large(self.limit, send)
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await _too_large(limit, send)
                 return
         seen = 0
         started = over = False
@@ -99,7 +103,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
+                if seen > limit:
                     over = True
                     raise _BodyTooLarge
             return message
@@ -111,7 +115,7 @@ class BodyLimit:
                 # ("error parsing the body"): answer 413 naming the limit instead.
                 if message["type"] == "http.response.start" and not started:
                     started = True
-                    await _too_large(self.limit, send)
+                    await _too_large(limit, send)
                 return
             if message["type"] == "http.response.start":
                 started = True
@@ -121,7 +125,7 @@ class BodyLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await _too_large(self.limit, send)
+                await _too_large(limit, send)
 
 
 class _BodyTooLarge(Exception):
@@ -263,9 +267,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"status": "ok", "version": __version__})
 
     for router in (studies_router, runs_router, workers_router, tokens_router, reports_router, alerts_router,
-                   metrics_router, launches_router):
+                   metrics_router, launches_router, code_router):
         app.include_router(router)
     app.include_router(dashboard_router)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, code_limit=settings.max_code_bytes)
     app.add_middleware(SecurityHeaders)
     return app

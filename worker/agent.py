@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker import codecache, codepack
 from worker import engine as engines
 from worker.client import LeaseAnswer, LeaseLostError, NonRetryableError, PayloadTooLargeError, RetryableError, SteadyClient
 from worker.fingerprint import auto_labels, host_fingerprint
@@ -243,10 +244,18 @@ class RunExecution:
     def _main(self) -> None:
         run_id = self.lease.run_id
         try:
-            self.proc.start()
+            if not self._prepare_code():
+                return
+            try:
+                self.proc.start()
+            except OSError as exc:  # e.g. a command workload whose program is not installed here
+                error = f"could not start the run: {exc}"[:MAX_ERROR_LENGTH]
+                self._try(lambda: self.client.fail(run_id, RunFailure(
+                    lease_id=self.lease.lease_id, kind=FailureKind.error, error=error)))
+                return
             self.heartbeat_thread.start()
             log.info("run %d (attempt %d): started pid %s: %s", run_id, self.lease.attempt, self.proc.pid,
-                     self.lease.spec.workload or self.lease.spec.entrypoint)
+                     self.lease.spec.workload or self.lease.spec.entrypoint or " ".join(self.lease.spec.command or []))
             while self.proc.running():
                 self._pump()
                 if self.stream.due():
@@ -276,6 +285,22 @@ class RunExecution:
             self.finished.set()
             if not self.config.keep_run_dirs:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _prepare_code(self) -> bool:
+        """Unpack a fresh copy of the study's code for this run; on failure report the run failed."""
+        sha = self.lease.spec.code_sha256
+        if not sha:
+            return True
+        try:
+            self.proc.code_dir = codecache.unpack_for_run(
+                os.path.join(self.config.work_dir, "code-cache"), sha, self.run_dir, self.client.fetch_code)
+            return True
+        except (codepack.CodeError, RetryableError, NonRetryableError, OSError) as exc:
+            log.error("run %d: cannot prepare code %s: %s", self.lease.run_id, sha[:12], exc)
+            error = f"the worker could not fetch or unpack the study's code {sha[:12]}: {exc}"[:MAX_ERROR_LENGTH]
+            self._try(lambda: self.client.fail(self.lease.run_id, RunFailure(
+                lease_id=self.lease.lease_id, kind=FailureKind.error, error=error)))
+            return False
 
     def _try(self, call: Any) -> None:
         try:

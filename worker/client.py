@@ -212,6 +212,28 @@ class SteadyClient:
     def fail(self, run_id: int, failure: RunFailure, *, deadline_s: float | None = None) -> RunAck:
         return self._call(f"/api/v1/runs/{run_id}/fail", _with_request_id(failure), RunAck, deadline_s)
 
+    def fetch_code(self, sha256: str, *, deadline_s: float | None = None) -> bytes:
+        """A study's code archive (GET /api/v1/code/{sha256}), retried like every call; the caller verifies it."""
+        deadline = time.monotonic() + (self.retry_deadline_s if deadline_s is None else deadline_s)
+        path, attempt = f"/api/v1/code/{sha256}", 0
+        while True:
+            try:
+                response = self._http.get(path, timeout=max(60.0, self._http.timeout.read or 0))
+            except (httpx.TransportError, httpx.TimeoutException) as exc:
+                err: ClientError = RetryableError(f"GET {path}: {type(exc).__name__}: {exc}")
+            else:
+                if response.status_code < 300:
+                    return response.content
+                message = f"GET {path}: HTTP {response.status_code}: {_detail(response)}"
+                if response.status_code not in RETRYABLE_STATUS:
+                    raise NonRetryableError(message, response.status_code)
+                err = RetryableError(message, response.status_code)
+            attempt += 1
+            delay = random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2 ** min(attempt, 10)))
+            if time.monotonic() + delay > deadline:
+                raise err
+            time.sleep(delay)
+
     def release(self, run_id: int, release: RunRelease, *, deadline_s: float | None = None) -> RunAck:
         return self._call(f"/api/v1/runs/{run_id}/release", _with_request_id(release), RunAck, deadline_s)
 

@@ -25,28 +25,71 @@ from worker import sdk
 from worker.events import SPEC_ENV
 
 
+def _defines_main(path: str) -> bool:
+    import ast
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "main" for n in tree.body)
+
+
+def _load_file(path: str) -> Any:
+    """Import the file at ``path`` as a module named after it (its folder first on sys.path)."""
+    import importlib.util
+
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _call(func: Any, ctx: sdk.RunContext) -> Any:
+    try:
+        takes_ctx = len(inspect.signature(func).parameters) > 0
+    except (TypeError, ValueError):
+        takes_ctx = True
+    return func(ctx) if takes_ctx else func()
+
+
 def _call_entrypoint(entrypoint: str, ctx: sdk.RunContext) -> Any:
-    if entrypoint.endswith(".py") or os.sep in entrypoint and ":" not in entrypoint:
-        path = os.path.abspath(entrypoint)
-        sys.argv = [path]
+    """Run user code; paths are relative to the working directory (the spec's folder in the code).
+
+    ``path.py:fn`` imports the file and calls ``fn(ctx)``; bare ``path.py`` calls ``main(ctx)``
+    when the file defines a top-level ``main``, else runs it as ``__main__``;
+    ``package.module:fn`` imports the module (the code's folders are on sys.path) and calls ``fn``.
+    """
+    target, _, func_name = entrypoint.partition(":")
+    if target.endswith(".py"):
+        path = os.path.abspath(target)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"entrypoint file {target} not found in {os.getcwd()}")
         sys.path.insert(0, os.path.dirname(path))
+        sys.argv = [path]
+        if func_name or _defines_main(path):
+            module = _load_file(path)
+            return _call(_attribute(module, func_name or "main", entrypoint), ctx)
         try:
             runpy.run_path(path, run_name="__main__")
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 raise
         return None
-    module_name, _, func_name = entrypoint.partition(":")
     if not func_name:
         raise ValueError(f"entrypoint {entrypoint!r} is neither 'module:function' nor a path to a .py script")
-    func = importlib.import_module(module_name)
-    for part in func_name.split("."):
-        func = getattr(func, part)
-    try:
-        takes_ctx = len(inspect.signature(func).parameters) > 0
-    except (TypeError, ValueError):
-        takes_ctx = True
-    return func(ctx) if takes_ctx else func()
+    return _call(_attribute(importlib.import_module(target), func_name, entrypoint), ctx)
+
+
+def _attribute(module: Any, dotted: str, entrypoint: str) -> Any:
+    obj = module
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            raise AttributeError(f"entrypoint {entrypoint!r}: {getattr(module, '__name__', module)} has no {dotted!r}")
+        obj = getattr(obj, part)
+    return obj
 
 
 def _resolve_device(framework: str, wanted: str) -> str:

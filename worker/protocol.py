@@ -101,6 +101,10 @@ BUILTIN_WORKLOADS: dict[str, str] = {
 }
 
 
+# Placeholders a command workload's arguments may use (app.studies.schemas checks them).
+COMMAND_PLACEHOLDERS = ("seed", "repeat", "determinism", "device", "run_dir", "threads")
+
+
 class RunStatus(str, Enum):
     queued = "queued"
     running = "running"
@@ -177,7 +181,10 @@ class RunSpec(_Model):
 
     framework: Framework
     workload: str | None = None  # a built-in workload name
-    entrypoint: str | None = None  # "package.module:function" or "path/to/script.py"
+    entrypoint: str | None = None  # "package.module:function" or "path/to/script.py[:function]"
+    command: list[str] | None = None  # argv with COMMAND_PLACEHOLDERS, run in the code's directory
+    code_sha256: str | None = None  # the study's code archive (GET /api/v1/code/{sha256})
+    code_workdir: str = "."  # the run's working directory inside the unpacked archive
     params: dict[str, Any] = {}
     seed: int
     repeat: int

@@ -24,6 +24,8 @@ from worker.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader
 
 STDERR_TAIL_BYTES = 16_000
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
+COMMAND_SHIM_ENV = "STEADY_COMMAND_SHIM"
 
 
 def _die_with_parent() -> None:
@@ -121,6 +123,37 @@ class RunProcess:
         self._kill_reason: str | None = None
         self._outcome: Outcome | None = None
         self._unclaimed: list[dict[str, Any]] = []  # read by outcome(), not yet returned by poll()
+        self.code_dir: str | None = None  # the unpacked study code (worker.codecache), if it ships any
+
+    # --- the study's code: where the run starts and what it runs ------------------------------
+
+    def working_dir(self) -> str:
+        """The run's working directory: the spec's folder in its fresh copy of the code, else the agent's."""
+        if self.code_dir is None:
+            return os.getcwd()
+        return os.path.normpath(os.path.join(self.code_dir, self.spec.get("code_workdir") or "."))
+
+    def code_path(self) -> list[str]:
+        """PYTHONPATH entries for the code: its working directory, then the archive's top (modules)."""
+        if self.code_dir is None:
+            return [os.getcwd()]
+        return list(dict.fromkeys([self.working_dir(), self.code_dir]))
+
+    def argv(self) -> list[str]:
+        """The harness for built-in workloads and entrypoints; a command workload's own argv with
+        its placeholders filled (``python``/``python3`` as first word: the worker's interpreter)."""
+        command = self.spec.get("command")
+        if not command:
+            return [self.python, "-m", "worker.harness"]
+        values = {
+            "seed": self.spec["seed"], "repeat": self.spec.get("repeat") or 0, "determinism": self.spec["determinism"],
+            "device": device_env(self.device)["STEADY_DEVICE"], "run_dir": self.run_dir,
+            "threads": self.spec.get("threads") or 2,
+        }
+        argv = [arg.format(**values) for arg in command]
+        if argv[0] in ("python", "python3"):
+            argv[0] = self.python
+        return argv
 
     def environment(self) -> dict[str, str]:
         env = determinism.subprocess_env(self.spec["determinism"], int(self.spec["seed"]), int(self.spec.get("threads") or 2))
@@ -130,8 +163,15 @@ class RunProcess:
         if self.spec.get("config_file"):
             env[CONFIG_FILE_ENV] = os.path.join(self.run_dir, "config", os.path.basename(self.spec["config_file"]["name"]))
         env["PYTHONUNBUFFERED"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.getcwd(), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (*self.shim_path(), _PACKAGE_ROOT, *self.code_path(), env.get("PYTHONPATH")) if p)
+        if self.spec.get("command"):
+            env[COMMAND_SHIM_ENV] = "1"
         return env
+
+    def shim_path(self) -> list[str]:
+        """A command workload starts with worker/shim on PYTHONPATH: its ``sitecustomize`` applies
+        the determinism level in-process and records the fingerprint and result (worker.shim)."""
+        return [_SHIM_DIR] if self.spec.get("command") else []
 
     def start(self) -> None:
         os.makedirs(self.run_dir, exist_ok=True)
@@ -151,14 +191,14 @@ class RunProcess:
         out = open(self.output_path, "wb")
         try:
             self.proc = subprocess.Popen(
-                [self.python, "-m", "worker.harness"],
+                self.argv(),
                 env=self.environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: kill() reaches DataLoader workers too
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-                cwd=os.getcwd(),
+                cwd=self.working_dir(),
             )
         finally:
             out.close()
@@ -237,7 +277,7 @@ class RunProcess:
             out = Outcome(False, "timeout", f"run exceeded its time limit of {limit:g} s and was killed", tail, rc, wall)
         elif self._kill_reason is not None:
             out = Outcome(False, self._kill_reason, f"run was killed ({self._kill_reason})", tail, rc, wall)
-        elif rc == 0 and c.result is not None:
+        elif rc == 0 and (c.result is not None or self.spec.get("command")):  # a command need not use the SDK
             out = Outcome(True, None, "", tail, rc, wall)
         elif c.error is not None:
             out = Outcome(False, "error", c.error.get("error", "error"), tail, rc, wall)

@@ -130,6 +130,17 @@ def metric_keys(session: Session, run_ids: Sequence[int]) -> dict[int, list[str]
     return {k: sorted(v) for k, v in out.items()}
 
 
+def study_metric_keys(session: Session, study_id: int) -> set[str]:
+    """Keys logged by the study's completed runs (their current attempts)."""
+    stmt = (
+        select(MetricChunk.key)
+        .join(Run, (Run.id == MetricChunk.run_id) & (Run.attempt == MetricChunk.attempt))
+        .where(Run.study_id == study_id, Run.status == "completed")
+        .distinct()
+    )
+    return set(session.scalars(stmt))
+
+
 def _assemble(chunks: list[tuple[int, int, np.ndarray, bytes]]) -> tuple[np.ndarray, np.ndarray]:
     chunks.sort(key=lambda c: (c[0], c[1]))  # by first step, then batch seq
     steps = np.concatenate([c[2] for c in chunks]).astype(np.int64, copy=False)

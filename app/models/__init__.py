@@ -1,6 +1,5 @@
 """ORM models. Migrations (``migrations/``) are the single source of the schema."""
 
-from app.models.base import Base, UTCDateTime, utcnow
 from app.models.alerts import (
     Alert,
     AlertDelivery,
@@ -10,8 +9,21 @@ from app.models.alerts import (
     SuiteBaseline,
     Webhook,
 )
-from app.models.core import ApiToken, DashboardSession, Launch, MetricChunk, Run, Study, StudyReport, Worker
+from app.models.base import Base, UTCDateTime, utcnow
+from app.models.core import (
+    ApiToken,
+    CodeArchive,
+    CodeChunk,
+    DashboardSession,
+    Launch,
+    MetricChunk,
+    Run,
+    Study,
+    StudyReport,
+    Worker,
+)
 
-__all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "DashboardSession", "Launch", "MetricChunk", "Run", "Study",
-           "StudyReport", "Worker", "Alert", "AlertDelivery", "AlertRule", "BaselineSnapshot", "StudyEvaluation", "SuiteBaseline",
+__all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "CodeArchive", "CodeChunk", "DashboardSession", "Launch",
+           "MetricChunk", "Run", "Study", "StudyReport", "Worker", "Alert", "AlertDelivery", "AlertRule",
+           "BaselineSnapshot", "StudyEvaluation", "SuiteBaseline",
            "Webhook"]

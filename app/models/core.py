@@ -63,6 +63,14 @@ class Study(Base):
         ForeignKey("api_tokens.id", ondelete="SET NULL"), nullable=True, index=True
     )
 
+    # The study's code (a content-addressed archive, see CodeArchive), its git commit and whether
+    # the work tree had uncommitted changes; NULL for built-in workloads.
+    code_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    code_git_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    code_dirty: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    # Why the study ended as it did, or what is wrong with its data (e.g. metrics no run logged).
+    status_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
     runs: Mapped[list[Run]] = relationship(back_populates="study", lazy="raise", passive_deletes=True)
 
 
@@ -197,3 +205,30 @@ class MetricChunk(Base):
     values: Mapped[bytes] = mapped_column(LargeBinary)
     # the type the values were logged in (stored as float64 either way); NULL: float64
     dtype: Mapped[str | None] = mapped_column(String(16), nullable=True)
+
+
+class CodeArchive(Base):
+    """A study's code: a deterministic tar.gz named by its SHA-256 (worker.codepack).
+
+    ``files`` lists its regular files, so a spec's entrypoint is checked without reading the
+    archive. The bytes live in the store named by ``store``: ``filesystem`` (a file under the
+    data directory) or ``database`` (``code_chunks`` rows).
+    """
+
+    __tablename__ = "code_archives"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[list[str]] = mapped_column(JSON)
+    store: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class CodeChunk(Base):
+    """One piece (at most 1 MiB) of an archive kept in the database (STEADY_CODE_STORE=database)."""
+
+    __tablename__ = "code_chunks"
+
+    sha256: Mapped[str] = mapped_column(ForeignKey("code_archives.sha256", ondelete="CASCADE"), primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

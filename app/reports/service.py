@@ -278,7 +278,17 @@ def compare_studies(
         "margin": margin,
         "verdicts": verdicts,
         "verdict": _worst([v["verdict"] for v in verdicts]),
+        "code": _code_comparison(base_study, cand_study),
     }
+
+
+def _code_comparison(base: Any, cand: Any) -> dict[str, Any]:
+    """Different code makes two different arms: say so next to the verdict."""
+    a, b = base.code_sha256, cand.code_sha256
+    differs = a != b
+    short = lambda d: d[:12] if d else "none (built-in)"  # noqa: E731
+    return {"baseline": a, "candidate": b, "differs": differs,
+            "note": f"code differs: {short(a)} vs {short(b)}" if differs else "same code"}
 
 
 _PORTABILITY_ORDER = ("not_equivalent", "inconclusive", "equivalent")

@@ -53,3 +53,8 @@ def list_runs(
 
 def first_study_of_suite(session: Session, suite: str) -> Study | None:
     return session.scalars(select(Study).where(Study.suite == suite).order_by(Study.id).limit(1)).first()
+
+
+def first_failed_run(session: Session, study_id: int) -> Run | None:
+    stmt = select(Run).where(Run.study_id == study_id, Run.status == "failed").order_by(Run.finished_at, Run.id).limit(1)
+    return session.scalars(stmt).first()

@@ -6,12 +6,15 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+import string
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.alerts.schemas import AlertRuleSpec, check_spec_alerts
 from worker.protocol import (
     FloatDtype,
     BUILTIN_WORKLOADS,
+    COMMAND_PLACEHOLDERS,
     MAX_NAME_LENGTH,
     Determinism,
     Framework,
@@ -35,7 +38,25 @@ class WorkloadSpec(_Spec):
     entrypoint: Annotated[str, Field(min_length=1, max_length=500)] | None = Field(
         None, description="user code: 'package.module:function' or 'path/to/script.py'"
     )
+    command: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(min_length=1, max_length=200)] | None = Field(
+        None, description="user code as a command run in the code's directory, e.g. ['python', 'train.py', '--seed', "
+        "'{seed}']; placeholders: " + ", ".join("{" + p + "}" for p in COMMAND_PLACEHOLDERS),
+    )
     params: dict[str, Any] = Field({}, description=f"passed to the workload; at most {MAX_PARAMS_BYTES} bytes as JSON")
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, value: list[str] | None) -> list[str] | None:
+        for arg in value or []:
+            try:
+                fields = [f for _, f, _, _ in string.Formatter().parse(arg) if f is not None]
+            except ValueError as exc:
+                raise ValueError(f"command argument {arg!r}: {exc} (write {{{{ and }}}} for literal braces)") from None
+            unknown = [f for f in fields if f not in COMMAND_PLACEHOLDERS]
+            if unknown:
+                raise ValueError(f"command argument {arg!r} has unknown placeholder(s) {', '.join(map(repr, unknown))}; "
+                                 "known: " + ", ".join("{" + p + "}" for p in COMMAND_PLACEHOLDERS))
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
@@ -43,8 +64,8 @@ class WorkloadSpec(_Spec):
         if size > MAX_PARAMS_BYTES:
             raise ValueError(f"params take {size} bytes as JSON; the limit is {MAX_PARAMS_BYTES}: "
                              "ship large inputs as files with your code, not as parameters")
-        if (self.name is None) == (self.entrypoint is None):
-            raise ValueError("give exactly one of 'name' (a built-in workload) or 'entrypoint' (your code)")
+        if sum(x is not None for x in (self.name, self.entrypoint, self.command)) != 1:
+            raise ValueError("give exactly one of 'name' (a built-in workload), 'entrypoint' or 'command' (your code)")
         if self.name is not None:
             framework = BUILTIN_WORKLOADS.get(self.name)
             if framework is None:
@@ -56,6 +77,27 @@ class WorkloadSpec(_Spec):
         if self.entrypoint is not None and ":" not in self.entrypoint and not self.entrypoint.endswith(".py"):
             raise ValueError("entrypoint must be 'package.module:function' or a path ending in .py")
         return self
+
+
+class CodeRef(_Spec):
+    """The study's code: an archive uploaded with PUT /api/v1/code/{sha256} (``steady submit`` does this)."""
+
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    git_commit: Annotated[str, Field(pattern=r"^[0-9a-f]{7,64}$")] | None = None
+    dirty: bool = False
+    workdir: Annotated[str, Field(max_length=500)] = Field(
+        ".", description="the run's working directory inside the archive (the spec's folder), relative"
+    )
+
+    @field_validator("workdir")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        import posixpath
+
+        norm = posixpath.normpath(value or ".")
+        if norm == ".." or norm.startswith(("../", "/", "\\")):
+            raise ValueError("workdir must stay inside the archive")
+        return norm
 
 
 class StackSpec(_Spec):
@@ -162,6 +204,7 @@ class StudySpec(_Spec):
     kind: Literal["managed", "external"] = "managed"
     description: Annotated[str, Field(max_length=10_000)] = ""
     workload: WorkloadSpec | None = None
+    code: CodeRef | None = Field(None, description="the code the workload runs; set by `steady submit`")
     seeds: Annotated[list[Annotated[int, Field(ge=0, le=2**63 - 1)]], Field(max_length=10_000)] = []
     repeats: Annotated[int, Field(ge=1, le=1000)] = 1
     determinism: Annotated[list[Determinism], Field(min_length=1)] = [Determinism.seeded]
@@ -236,6 +279,8 @@ class StudySpec(_Spec):
                 raise ValueError("a managed study needs a 'workload'")
             if not self.seeds:
                 raise ValueError("'seeds' must name at least one seed")
+            if self.code is not None and self.workload.name is not None:
+                raise ValueError("built-in workloads ship no code: leave 'code' out")
         return self
 
     @field_validator("arms")
@@ -294,6 +339,10 @@ class StudySummary(BaseModel):
     finished_at: datetime | None
     progress: Progress
     owner_token_id: int | None = Field(None, description="the token that created it; it and admins may change it")
+    code_sha256: str | None = Field(None, description="digest of the study's code archive")
+    code_git_commit: str | None = None
+    code_dirty: bool | None = Field(None, description="the work tree had uncommitted changes when submitted")
+    status_reason: str | None = Field(None, description="why the study failed, or what its data lacks")
 
 
 class StudyOut(StudySummary):

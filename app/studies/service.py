@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from itertools import product
@@ -11,6 +12,7 @@ import numpy as np
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+import worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
 from app.auth.service import Caller, Role, ensure_may_change
 from app.config import Settings
 from app.errors import Conflict, Forbidden, Invalid, NotFound
@@ -56,6 +58,9 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
     ref_study = spec.convergence.reference.study if spec.convergence else None
     if ref_study is not None and session.get(Study, ref_study) is None:
         raise Invalid(("body", "convergence", "reference", "study"), f"study {ref_study} not found")
+    if spec.workload is not None:
+        check_code(session, spec)
+    code = spec.code
     study = Study(
         owner_token_id=caller.token_id,
         name=spec.name,
@@ -63,6 +68,9 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
         status="open" if spec.kind == "external" else "queued",
         spec=spec.model_dump(mode="json"),
         suite=spec.suite,
+        code_sha256=code.sha256 if code else None,
+        code_git_commit=code.git_commit if code else None,
+        code_dirty=code.dirty if code else None,
     )
     session.add(study)
     session.flush()
@@ -102,6 +110,36 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
     return study
 
 
+def check_code(session: Session, spec: StudySpec) -> None:
+    """With shipped code: the archive is uploaded, and the entrypoint's file or the command's
+    script is in it (relative to the spec's folder, or a module from the archive's top)."""
+    from app.code import repository as code_repo  # the code domain sits beside this one
+
+    workload, code = spec.workload, spec.code
+    assert workload is not None
+    if code is None:
+        return  # built-in, or code already on every worker (resolved in the worker's directory)
+    archive = code_repo.get(session, code.sha256)
+    if archive is None:
+        raise Invalid(("body", "code", "sha256"), f"no code archive {code.sha256} on the server: upload it first "
+                      "with PUT /api/v1/code/{sha256} (steady submit does)")
+    files = set(archive.files)
+    if workload.entrypoint is not None:
+        target = codepack.entrypoint_file(workload.entrypoint)
+        module = not workload.entrypoint.partition(":")[0].endswith(".py")
+        found = codepack.present(target, files, code.workdir) or (module and codepack.present(target, files))
+        if not found:
+            raise Invalid(("body", "workload", "entrypoint"),
+                          f"{target} is not in the study's code (archive {code.sha256[:12]}, directory "
+                          f"{code.workdir!r}, {len(files)} files)")
+    if workload.command is not None:
+        script = codepack.script_of(workload.command)
+        if script is not None and not codepack.present(script, files, code.workdir):
+            raise Invalid(("body", "workload", "command"),
+                          f"the command's script {script} is not in the study's code (archive "
+                          f"{code.sha256[:12]}, directory {code.workdir!r}, {len(files)} files)")
+
+
 def get_study(session: Session, study_id: int) -> Study:
     study = session.get(Study, study_id)
     if study is None:
@@ -132,6 +170,10 @@ def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> 
             finished_at=s.finished_at,
             progress=progress[s.id],
             owner_token_id=s.owner_token_id,
+            code_sha256=s.code_sha256,
+            code_git_commit=s.code_git_commit,
+            code_dirty=s.code_dirty,
+            status_reason=s.status_reason,
             **({} if summary else {"spec": s.spec}),
         )
         for s in studies
@@ -166,6 +208,8 @@ def refresh_status(session: Session, study_id: int) -> Study:
         status = "running"
     else:
         status = "queued"
+    if status in {"completed", "failed"} and before not in TERMINAL_STUDY_STATUSES:
+        status, study.status_reason = _judge_outcome(session, study, status)
     if status != before:
         study.status = status
         if status in TERMINAL_STUDY_STATUSES:
@@ -174,6 +218,32 @@ def refresh_status(session: Session, study_id: int) -> Study:
         if status in {"completed", "failed"} and before not in TERMINAL_STUDY_STATUSES:
             on_study_finished(session, study)
     return study
+
+
+def _judge_outcome(session: Session, study: Study, status: str) -> tuple[str, str | None]:
+    """The final status and its reason: a study whose runs all failed names the first error; one
+    whose completed runs logged none of its metrics fails; a metric no run logged is named with
+    the keys that were logged instead."""
+    if status == "failed":
+        first = repository.first_failed_run(session, study.id)
+        if first is None:
+            return status, None
+        line = (first.error or "no error text").strip().splitlines()[0] if (first.error or "").strip() else "no error text"
+        return status, f"every run failed; first: run {first.id}: {line[:500]}"
+    wanted = [m["name"] for m in study.spec.get("metrics", [])]
+    logged = sorted(metrics_repo.study_metric_keys(session, study.id) - {STEP_TIME_KEY})
+    missing = [m for m in wanted if m not in logged]
+    if not missing:
+        return status, None
+    parts = []
+    for m in missing:
+        close = difflib.get_close_matches(m, logged, n=1)
+        parts.append(f"metric {close[0]!r} was logged where the spec names {m!r}" if close
+                     else f"the spec names metric {m!r} but no run logged it")
+    reason = "; ".join(parts) + f"; runs logged: {', '.join(logged) if logged else 'no metric at all'}"
+    if len(missing) == len(wanted):
+        return "failed", "no run logged any of the study's metrics: " + reason
+    return status, reason
 
 
 def on_study_finished(session: Session, study: Study) -> None:

@@ -16,6 +16,9 @@ from tests.api.helpers import batch, lease, register, spec
 # /docs and /redoc serve the API reference (vendored Swagger UI / ReDoc), public like /openapi.json
 PUBLIC = {("GET", "/healthz"), ("GET", "/"), ("GET", "/login"), ("POST", "/login"), ("POST", "/logout"),
           ("GET", "/docs"), ("GET", "/redoc")}
+# User writes of no one's object: a code archive is named by its content, so re-uploading it
+# (any user) changes nothing; checked in test_code_upload_belongs_to_no_one.
+SHARED_WRITES = {("PUT", "/api/v1/code/{sha256}")}
 # Guards other than require(role): the dashboard's viewer checks and /metrics admit user roles.
 USER_GUARDS = {"page_viewer", "data_viewer", "_metrics_access"}
 
@@ -174,7 +177,7 @@ def test_a_user_cannot_change_another_users_objects(api):
     """Every state-changing route open to users: another user gets 403 naming the owner rule; reading stays open."""
     targets = _owned_objects(api)
     user_writes = {(m, p) for m, p, r in _routes()
-                   if (roles := _roles(r)) is not None and Role.user in roles and m not in ("GET", "HEAD")}
+                   if (roles := _roles(r)) is not None and Role.user in roles and m not in ("GET", "HEAD")} - SHARED_WRITES
     assert user_writes == set(targets), f"add the new user write routes to _owned_objects: {user_writes ^ set(targets)}"
     other = _second_user(api)
     # a global rule watches everyone's studies: admins only
@@ -222,3 +225,21 @@ def test_objects_without_an_owner_are_changed_by_admins_only(api):
         s.get(Study, sid).owner_token_id = None
     assert api.post(f"/api/v1/studies/{sid}/cancel").status_code == 403
     assert api.post(f"/api/v1/studies/{sid}/cancel", role="admin").status_code == 200
+
+
+def test_code_upload_belongs_to_no_one(api):
+    """The same archive uploaded by another user: accepted, nothing changes (content-addressed)."""
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("train.py")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"pass"))
+    data = buf.getvalue()
+    url = f"/api/v1/code/{hashlib.sha256(data).hexdigest()}"
+    assert api.client.put(url, content=data, headers=api.h()).json()["created"] is True
+    again = api.client.put(url, content=data, headers=_second_user(api))
+    assert again.status_code == 200 and again.json()["created"] is False

@@ -20,12 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Worker:
-    def __init__(self, server, tmp_path: Path, name: str, *extra: str) -> None:  # noqa: ANN001
+    def __init__(self, server, tmp_path: Path, name: str, *extra: str, cwd: Path = REPO) -> None:  # noqa: ANN001
         self.log_path = tmp_path / f"{name}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker", "--server", server.url, "--token", server.tokens["worker"],
              "--name", name, "--poll-max", "0.5", "--grace", "5", "--work-dir", str(tmp_path / name), *extra],
-            cwd=REPO, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            cwd=cwd, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )
 
@@ -46,8 +46,8 @@ class Worker:
 def workers(tmp_path):
     started: list[Worker] = []
 
-    def start(server, name: str = "w1", *extra: str) -> Worker:  # noqa: ANN001
-        w = Worker(server, tmp_path, name, *extra)
+    def start(server, name: str = "w1", *extra: str, cwd: Path = REPO) -> Worker:  # noqa: ANN001
+        w = Worker(server, tmp_path, name, *extra, cwd=cwd)
         started.append(w)
         return w
 

@@ -1,0 +1,114 @@
+"""Code archives over the API: upload by digest (verified), fetch, and specs checked against them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.helpers import spec
+from worker import codepack
+
+
+@pytest.fixture
+def archive(tmp_path):
+    (tmp_path / "src" / "exp").mkdir(parents=True)
+    (tmp_path / "src" / "exp" / "train.py").write_text("def main(ctx):\n    ctx.log(step=0, loss=1.0)\n")
+    (tmp_path / "src" / "pkg").mkdir()
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text("")
+    return codepack.pack(str(tmp_path / "src"))
+
+
+def _put(api, sha: str, data: bytes, role: str = "user"):
+    return api.client.put(f"/api/v1/code/{sha}", content=data,
+                          headers={**api.h(role), "Content-Type": "application/gzip"})
+
+
+@pytest.mark.parametrize("store", ["filesystem", "database"])
+def test_upload_is_verified_idempotent_and_fetched_by_workers(make_api, archive, store):
+    api = make_api(code_store=store)
+    bad = _put(api, "0" * 64, archive.data)
+    assert bad.status_code == 422 and "SHA-256" in bad.text and bad.json()["detail"][0]["loc"] == ["path", "sha256"]
+    first = _put(api, archive.sha256, archive.data)
+    assert first.status_code == 200 and first.json() == {"sha256": archive.sha256, "size": len(archive.data),
+                                                         "files": 2, "created": True}
+    assert _put(api, archive.sha256, archive.data).json()["created"] is False
+    for role in ("worker", "user"):
+        head = api.client.head(f"/api/v1/code/{archive.sha256}", headers=api.h(role))
+        assert head.status_code == 200 and int(head.headers["content-length"]) == len(archive.data)
+        got = api.client.get(f"/api/v1/code/{archive.sha256}", headers=api.h(role))
+        assert got.status_code == 200 and got.content == archive.data
+    assert api.client.get(f"/api/v1/code/{'1' * 64}", headers=api.h("worker")).status_code == 404
+    assert _put(api, archive.sha256, archive.data, role="worker").status_code == 403
+
+
+def test_an_unsafe_archive_is_refused(api, tmp_path):
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../escape.py")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    data = buf.getvalue()
+    r = _put(api, codepack.sha256_of(data), data)
+    assert r.status_code == 422 and "'..'" in r.text
+
+
+def test_a_spec_is_checked_against_its_code(api, archive):
+    code = {"sha256": archive.sha256, "workdir": "exp", "git_commit": "a" * 40, "dirty": True}
+    user = lambda **w: spec(workload={"framework": "torch", **w}, seeds=[0], repeats=1, determinism=["seeded"],
+                            code=code)
+    r = api.post("/api/v1/studies", json=user(entrypoint="train.py:main"))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "code", "sha256"], r.text
+    assert _put(api, archive.sha256, archive.data).status_code == 200
+    missing = api.post("/api/v1/studies", json=user(entrypoint="missing.py:main"))
+    assert missing.status_code == 422, missing.text
+    assert missing.json()["detail"][0]["loc"] == ["body", "workload", "entrypoint"]
+    assert "missing.py is not in the study's code" in missing.json()["detail"][0]["msg"]
+    no_script = api.post("/api/v1/studies", json=user(command=["python", "nope.py", "--seed", "{seed}"]))
+    assert no_script.status_code == 422 and no_script.json()["detail"][0]["loc"] == ["body", "workload", "command"]
+    ok = api.post("/api/v1/studies", json=user(command=["python", "train.py", "--seed", "{seed}", "--device", "{device}"]))
+    assert ok.status_code == 201, ok.text
+    body = ok.json()
+    assert (body["code_sha256"], body["code_git_commit"], body["code_dirty"]) == (archive.sha256, "a" * 40, True)
+    assert api.post("/api/v1/studies", json=user(entrypoint="pkg:main")).status_code == 201  # a module at the top
+
+
+def test_unknown_placeholder_is_a_422_naming_it(api):
+    r = api.post("/api/v1/studies", json=spec(workload={"framework": "torch", "command": ["python", "t.py", "{sed}"]}))
+    assert r.status_code == 422
+    assert "unknown placeholder(s) 'sed'" in r.text and "{seed}" in r.text
+
+
+def _finish_one(api, sid: int, keys: list[str] | None = None, error: str | None = None) -> None:
+    from tests.api.helpers import batch, lease, register, result
+
+    leased = lease(api, register(api))
+    assert leased["study_id"] == sid
+    lid, run_id = leased["lease_id"], leased["run_id"]
+    for seq, key in enumerate(keys or []):
+        assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(lid, seq, key, [0], [1.0])).status_code == 200
+    if error is None:
+        r = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid))
+    else:
+        r = api.post(f"/api/v1/runs/{run_id}/fail", role="worker", json={"lease_id": lid, "error": error})
+    assert r.status_code == 200, r.text
+
+
+def test_the_study_says_which_metrics_no_run_logged(api):
+    one = lambda **kw: spec(seeds=[0], repeats=1, determinism=["seeded"], max_attempts=1, **kw)
+    sid = api.post("/api/v1/studies", json=one(metrics=["loss", "acc"])).json()["id"]
+    _finish_one(api, sid, ["loss", "accuracy"])
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "completed"  # loss was logged: judged, with a note on acc
+    assert study["status_reason"] == "the spec names metric 'acc' but no run logged it; runs logged: accuracy, loss"
+    sid = api.post("/api/v1/studies", json=one(name="nothing")).json()["id"]
+    _finish_one(api, sid, [])
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "failed"
+    assert study["status_reason"] == ("no run logged any of the study's metrics: the spec names metric 'loss' but no "
+                                      "run logged it; runs logged: no metric at all")
+    sid = api.post("/api/v1/studies", json=one(name="boom")).json()["id"]
+    _finish_one(api, sid, error="RuntimeError: boom\nmore lines")
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "failed" and study["status_reason"].endswith(": RuntimeError: boom")

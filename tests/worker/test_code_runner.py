@@ -1,0 +1,74 @@
+"""User code resolved against an unpacked code copy: the entrypoint forms and command workloads."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from worker import codepack
+from worker.local import run_local
+
+pytestmark = pytest.mark.slow
+
+CODE = {
+    "exp/as_main.py": """
+        import sys
+        from worker import sdk
+        if __name__ == "__main__":
+            sdk.log(step=0, loss=float(len(sys.argv)))
+    """,
+    "exp/fit.py": """
+        def fit(ctx):
+            ctx.log(step=0, loss=ctx.seed + 0.25)
+    """,
+    "mypkg/__init__.py": "",
+    "mypkg/train.py": """
+        import os
+        def main(ctx):
+            ctx.log(step=0, loss=float(os.path.exists("fit.py")))
+    """,
+    "exp/cmd.py": """
+        import sys
+        from worker import sdk
+        seed, device, run_dir = sys.argv[1:4]
+        sdk.log(step=0, loss=float(seed))
+        if seed == "13":
+            print("bad seed", file=sys.stderr)
+            sys.exit(3)
+    """,
+}
+
+
+@pytest.fixture
+def code(tmp_path):
+    src = tmp_path / "src"
+    for name, body in CODE.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(textwrap.dedent(body))
+    dest = tmp_path / "run" / "code"
+    codepack.extract(codepack.pack(str(src)).data, str(dest))
+    return str(dest)
+
+
+def _run(code: str, tmp_path, **spec):
+    base = {"framework": "torch", "seed": 7, "determinism": "seeded", "time_limit_s": 120, "code_workdir": "exp"}
+    return run_local({**base, **spec}, code_dir=code, work_dir=str(tmp_path / "run"))
+
+
+def test_entrypoint_forms_resolve_against_the_code(code, tmp_path):
+    r = _run(code, tmp_path, entrypoint="as_main.py")  # no main(): runs as __main__
+    assert r.ok, r.stderr_tail
+    assert r.series["loss"] == ([0], [1.0])
+    r = _run(code, tmp_path, entrypoint="fit.py:fit")
+    assert r.ok and r.series["loss"] == ([0], [7.25]), r.stderr_tail
+    r = _run(code, tmp_path, entrypoint="mypkg.train:main")  # a module from the code's top; cwd = exp/
+    assert r.ok and r.series["loss"] == ([0], [1.0]), r.stderr_tail
+
+
+def test_command_gets_placeholders_and_its_failure_is_reported(code, tmp_path):
+    r = _run(code, tmp_path, command=["python", "cmd.py", "{seed}", "{device}", "{run_dir}"])
+    assert r.ok, r.stderr_tail
+    assert r.series["loss"] == ([0], [7.0]) and r.final_metrics == {"loss": 7.0}
+    r = _run(code, tmp_path, seed=13, command=["python", "cmd.py", "{seed}", "{device}", "{run_dir}"])
+    assert not r.ok and "exited with status 3" in r.error and "bad seed" in r.stderr_tail

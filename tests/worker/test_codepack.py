@@ -1,0 +1,106 @@
+"""The code archive format: deterministic packing, safe listing and unpacking."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+
+import pytest
+
+from worker import codepack
+
+
+def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def _file(name: str, data: bytes = b"x") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info, None
+
+
+def test_same_tree_same_digest_whatever_the_mtimes_and_modes(tmp_path):
+    for d in ("a", "b"):
+        (tmp_path / d / "pkg").mkdir(parents=True)
+        (tmp_path / d / "train.py").write_text("def main(ctx):\n    pass\n")
+        (tmp_path / d / "pkg" / "m.py").write_text("X = 1\n")
+    os.utime(tmp_path / "b" / "train.py", (1, 1))
+    os.chmod(tmp_path / "b" / "pkg" / "m.py", 0o600)
+    a, b = codepack.pack(str(tmp_path / "a")), codepack.pack(str(tmp_path / "b"))
+    assert a.sha256 == b.sha256 == codepack.sha256_of(a.data)
+    assert a.files == ["pkg/m.py", "train.py"] == codepack.file_list(a.data)
+    with tarfile.open(fileobj=io.BytesIO(a.data)) as tar:
+        assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in tar.getmembers()} == {(0, 0, 0, "", 0o644)}
+    (tmp_path / "a" / "train.py").write_text("changed\n")
+    assert codepack.pack(str(tmp_path / "a")).sha256 != b.sha256
+
+
+def test_git_tree_ships_tracked_and_untracked_but_not_ignored(tmp_path):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("data/\n")
+    (tmp_path / "train.py").write_text("pass\n")
+    subprocess.run([*git, "add", "-A"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], cwd=tmp_path, check=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "big.bin").write_bytes(b"0" * 100)
+    (tmp_path / "new.py").write_text("pass\n")
+    packed = codepack.pack(str(tmp_path))
+    assert packed.files == [".gitignore", "new.py", "train.py"]
+    assert packed.git_commit and len(packed.git_commit) == 40 and packed.dirty
+
+
+def test_size_limit_names_the_setting(tmp_path):
+    (tmp_path / "big.bin").write_bytes(b"0" * 5000)
+    with pytest.raises(codepack.CodeError, match="over the limit.*STEADY_MAX_CODE_BYTES"):
+        codepack.pack(str(tmp_path), max_bytes=4096)
+
+
+@pytest.mark.parametrize("member, reason", [
+    (_file("../evil.py"), "'..'"),
+    (_file("a/../../evil.py"), "'..'"),
+    (_file("/etc/evil"), "absolute"),
+    (_link("link", "/etc/passwd"), "link"),
+    (_link("hard", "../x", tarfile.LNKTYPE), "link"),
+    (_link("dev", "", tarfile.CHRTYPE), "device"),
+])
+def test_unsafe_archives_are_refused(tmp_path, member, reason):
+    data = _tar([_file("ok.py"), member])
+    with pytest.raises(codepack.CodeError, match=reason):
+        codepack.file_list(data)
+    with pytest.raises(codepack.CodeError, match=reason):
+        codepack.extract(data, str(tmp_path / "out"))
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_extract_writes_a_fresh_copy(tmp_path):
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "m.py").write_text("X = 1\n")
+    packed = codepack.pack(str(tmp_path / "src"))
+    assert codepack.extract(packed.data, str(tmp_path / "run" / "code")) == ["pkg/m.py"]
+    assert (tmp_path / "run" / "code" / "pkg" / "m.py").read_text() == "X = 1\n"
+    with pytest.raises(FileExistsError):  # one fresh copy per run, never unpacked over another
+        codepack.extract(packed.data, str(tmp_path / "run" / "code"))
+
+
+def test_entrypoint_and_script_lookup():
+    files = ["exp/train.py", "pkg/__init__.py", "pkg/mod.py", "pkg2/sub/__init__.py"]
+    assert codepack.present(codepack.entrypoint_file("train.py:main"), files, "exp")
+    assert not codepack.present(codepack.entrypoint_file("train.py"), files, ".")
+    assert codepack.present(codepack.entrypoint_file("pkg.mod:run"), files)
+    assert codepack.present(codepack.entrypoint_file("pkg2.sub:run"), files)
+    assert codepack.script_of(["python", "train.py", "--seed", "{seed}"]) == "train.py"
+    assert codepack.script_of(["bash", "run.sh"]) is None

@@ -1,0 +1,56 @@
+"""In-process set-up of a command workload (called from worker/shim/sitecustomize.py).
+
+What the worker applies to a command: the determinism environment (``PYTHONHASHSEED``,
+``CUBLAS_WORKSPACE_CONFIG``, ``TF_DETERMINISTIC_OPS``, thread counts, ``CUDA_VISIBLE_DEVICES``)
+before the interpreter starts, always; and, when the command is a Python interpreter that
+imports this shim, the in-process switches of :func:`worker.determinism.apply` (seeds of
+``random``, NumPy and the framework; ``torch.use_deterministic_algorithms`` and cuDNN flags
+at ``strict``), the fingerprint, and a result event at exit with the SDK's final values.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+
+from worker import sdk
+from worker.events import SPEC_ENV
+
+
+def context(spec: dict) -> sdk.RunContext:
+    return sdk.RunContext(
+        seed=int(spec["seed"]),
+        determinism=spec["determinism"],
+        framework=spec["framework"],
+        params=dict(spec.get("params") or {}),
+        threads=int(spec.get("threads") or 2),
+        repeat=int(spec.get("repeat") or 0),
+        device=spec.get("device") or "auto",
+        work_dir=spec.get("work_dir") or os.getcwd(),
+    )
+
+
+def start() -> None:
+    from worker import determinism, fingerprint
+    from worker.harness import _resolve_device
+
+    t0 = time.perf_counter()
+    with open(os.environ[SPEC_ENV], encoding="utf-8") as f:
+        spec = json.load(f)
+    ctx = context(spec)
+    sdk._start(ctx)
+    applied = determinism.apply(ctx.determinism, ctx.seed, ctx.framework, ctx.threads)
+    ctx.device = _resolve_device(ctx.framework, ctx.device)
+    applied["device"] = ctx.device
+    applied["applied_by"] = "command shim (sitecustomize)"
+    sdk.emit({"e": "determinism", "value": applied})
+    sdk.emit({"e": "fingerprint", "value": fingerprint.run_fingerprint(ctx.framework)})
+
+    def finish() -> None:
+        final, timings = sdk._summary()
+        timings["harness_s"] = time.perf_counter() - t0
+        sdk.emit({"e": "result", "final_metrics": final, "timings": timings})
+
+    atexit.register(finish)
