@@ -19,6 +19,7 @@ from app.models import Run, Study, utcnow
 from app.reports import repository
 from app.stats.report import MetricSpec, RunData, build_report, compute_bands
 from app.studies import repository as studies_repo
+from app.studies import adaptive
 from app.studies import service as studies
 from worker.protocol import STEP_TIME_KEY, RunStatus
 
@@ -133,6 +134,7 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         reference_stack=spec.get("reference_stack"),
         rng=_rng(study_id),
         cost_budget=spec.get("cost_budget"),
+        stages=adaptive.seed_stages(session, study),
     ).to_dict()
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]
     return {
@@ -141,6 +143,7 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         "metrics": [m.__dict__ for m in specs],
         "n_runs_judged": len(runs),
         "excluded_runs": excluded_runs(session, study_id),
+        "stages": adaptive.stages_out(session, study),
         **report,
     }
 

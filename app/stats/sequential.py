@@ -25,6 +25,7 @@ Pure numpy/scipy: arrays and numbers in, frozen dataclasses out.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -149,6 +150,14 @@ def spending_boundaries(info_fractions: Sequence[float], *, alpha: float = 0.05,
     t = _check_info(info_fractions)
     if t[-1] > 1.0 + 1e-12:
         raise ValueError(f"information fractions must be ≤ 1, got {info_fractions!r}")
+    if spending not in SPENDING_FUNCTIONS:
+        raise ValueError(f"spending must be one of {SPENDING_FUNCTIONS}, got {spending!r}")
+    return _boundaries(tuple(float(x) for x in t), float(alpha), spending, bool(two_sided))
+
+
+@lru_cache(maxsize=1024)
+def _boundaries(fractions: tuple, alpha: float, spending: str, two_sided: bool) -> Boundaries:
+    t = np.asarray(fractions)
     rec = _Recursion(t, two_sided)
     side = 2.0 if two_sided else 1.0
     cs, spent_before = [], 0.0

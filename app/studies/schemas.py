@@ -77,6 +77,25 @@ class MetricSpec(_Spec):
     )
 
 
+class BudgetSpec(_Spec):
+    """Adaptive seeds: while a seed-stability verdict is inconclusive, add seeds in stages."""
+
+    max_seeds: Annotated[int, Field(ge=2, le=10_000)] = Field(
+        ..., description="the most seeds the study may use in all, the spec's seeds included"
+    )
+    max_runs: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="the most runs the study may use in all (each seed runs repeats × determinism × stacks)"
+    )
+    stage_seeds: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
+        None, description="seeds added per stage (default: as many as the spec names)"
+    )
+    spending: Literal["pocock", "obrien_fleming"] = Field(
+        "pocock",
+        description="alpha-spending function of the group-sequential design (Lan–DeMets Pocock or "
+        "O'Brien–Fleming type): each claim stays wrong ≤ 5% over all stages together",
+    )
+
+
 class StudySpec(_Spec):
     """What to run and how to judge it. The matrix seeds × repeats × determinism × stacks becomes runs."""
 
@@ -103,6 +122,11 @@ class StudySpec(_Spec):
         "false 'fail' and false 'pass' ≤ 2.5% each at 95% confidence. Without it only ratio and CI are reported",
     )
     suite: Name | None = None
+    budget: BudgetSpec | None = Field(
+        None,
+        description="adaptive seeds: when a seed-stability verdict is inconclusive, the server adds seeds in "
+        "stages (group-sequential, alpha spending) until it is conclusive or the budget is spent",
+    )
     alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(
         [], description="alert rules; scoped to the suite when the study has one, else to the study"
     )
@@ -144,7 +168,33 @@ class StudySpec(_Spec):
                 raise ValueError("a managed study needs a 'workload'")
             if not self.seeds:
                 raise ValueError("'seeds' must name at least one seed")
+        if self.budget is not None:
+            self._check_budget(self.budget)
         return self
+
+    def _check_budget(self, budget: BudgetSpec) -> None:
+        if self.kind != "managed":
+            raise ValueError("budget: only a managed study can add seeds (an external study's runs are uploaded)")
+        if not any(m.max_std is not None for m in self.metrics):
+            raise ValueError("budget: no metric has a 'max_std', so no seed-stability verdict can become conclusive")
+        if budget.max_seeds < len(self.seeds):
+            raise ValueError(f"budget: max_seeds {budget.max_seeds} is below the {len(self.seeds)} seeds of the spec")
+        if budget.max_runs is not None and budget.max_runs < self.run_count:
+            raise ValueError(f"budget: max_runs {budget.max_runs} is below the {self.run_count} runs of the spec")
+
+    @property
+    def runs_per_seed(self) -> int:
+        return self.repeats * len(self.determinism) * len(self.stacks)
+
+    @property
+    def max_seeds(self) -> int:
+        """The most seeds the budget allows (the spec's seeds without a budget)."""
+        if self.budget is None:
+            return len(self.seeds)
+        n = self.budget.max_seeds
+        if self.budget.max_runs is not None:
+            n = min(n, self.budget.max_runs // self.runs_per_seed)
+        return max(n, len(self.seeds))
 
     @property
     def run_count(self) -> int:
@@ -160,6 +210,15 @@ class Progress(BaseModel):
     cancelled: int = 0
 
 
+class StageInfo(BaseModel):
+    """Where an adaptive study stands: its current stage, of at most ``last_stage``."""
+
+    stage: int
+    last_stage: int
+    seeds: int = Field(description="seeds of all stages so far")
+    max_seeds: int
+
+
 class StudySummary(BaseModel):
     """A study in a list: everything but its spec (GET /studies/{id} has the spec)."""
 
@@ -173,6 +232,7 @@ class StudySummary(BaseModel):
     finished_at: datetime | None
     progress: Progress
     owner_token_id: int | None = Field(None, description="the token that created it; it and admins may change it")
+    stage: StageInfo | None = Field(None, description="adaptive seeds (a study with a budget): the current stage")
 
 
 class StudyOut(StudySummary):
