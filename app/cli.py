@@ -237,6 +237,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = [[str(s["id"]).rjust(4), s["status"], _bar(s["progress"], 20), printable(s["name"])] for s in studies]
     print(table(["  ID", "STATUS", "PROGRESS", "NAME"], rows))
     for s in studies:
+        if s.get("stage"):
+            st = s["stage"]
+            print(f"study {s['id']}: adaptive seeds, stage {st['stage']} of at most {st['last_stage']} "
+                  f"({st['seeds']} of at most {st['max_seeds']} seeds)")
+    for s in studies:
         lines = launch_lines([x for x in launches if x["study_id"] == s["id"]])
         if lines:
             print(f"study {s['id']}:")

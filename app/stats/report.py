@@ -400,6 +400,9 @@ def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
                   [r.run_id for r, (steps, _) in ok if int(steps[-1]) < longest])
 
 
+_SPENDING_NAMES = {"pocock": "Pocock-type", "obrien_fleming": "O'Brien–Fleming-type"}
+
+
 def _sequential(chosen, fin: Finals, spec: MetricSpec, stages: SeedStages, *, alpha: float):
     seed_of = {r.run_id: r.seed for r in chosen}
     by_stage = [[] for _ in range(stages.current)]
@@ -411,7 +414,7 @@ def _sequential(chosen, fin: Finals, spec: MetricSpec, stages: SeedStages, *, al
 
 def _sequential_reason(d, stages: SeedStages, alpha: float) -> str:
     head = (f"group-sequential over {len(d.stages)} stage(s) of at most {stages.last_stage} "
-            f"({stages.spending.replace('_', '–')}-type alpha spending, each claim ≤ {alpha:g} over all stages)")
+            f"({_SPENDING_NAMES.get(stages.spending, stages.spending)} alpha spending, each claim ≤ {alpha:g} over all stages)")
     if not d.stages:
         return head + ": no stage had a final value"
     look = d.stages[d.decided_at - 1] if d.decided_at else d.stages[-1]
@@ -442,7 +445,8 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         if stages is not None and spec.max_std is not None and not bad and fin.step is not None:
             sequential = _sequential(chosen, fin, spec, stages, alpha=alpha)
             verdict = sequential.verdict
-            reason = _sequential_reason(sequential, stages, alpha) + f"; all {spread.n} seeds: {spread.reason}"
+            reason = (_sequential_reason(sequential, stages, alpha)
+                      + f"; for reference, the fixed-sample rule on all {spread.n} seeds: {spread.reason}")
         if fin.step is not None:
             reason += f"; final values at step {fin.step}"
             if fin.short_run_ids:
