@@ -46,9 +46,9 @@ def test_unequal_fractions_spend_exactly_alpha_by_scipy_multivariate_normal(spen
     b = spending_boundaries(t, alpha=0.05, spending=spending)
     corr = np.sqrt(np.minimum.outer(t, t) / np.maximum.outer(t, t))
     for k in range(1, t.size + 1):
-        mvn = stats.multivariate_normal(mean=np.zeros(k), cov=corr[:k, :k])
-        stay = mvn.cdf(np.array(b.boundaries[:k]), abseps=1e-7, releps=1e-7,
-                       rng=np.random.default_rng(1))
+        mvn = stats.multivariate_normal(mean=np.zeros(k), cov=corr[:k, :k], abseps=1e-7, releps=1e-7,
+                                        maxpts=200_000 * k)
+        stay = mvn.cdf(np.array(b.boundaries[:k]), rng=np.random.default_rng(1))
         assert 1.0 - stay == pytest.approx(spent_alpha(t[k - 1], alpha=0.05, spending=spending), abs=2e-4)
     probs = crossing_probabilities(b.boundaries, t)
     assert probs.sum() == pytest.approx(0.05, abs=1e-6)
