@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-from app.stats.seed_stability import KURTOSIS_FLOOR, MIN_SEEDS, seed_spread
+from app.stats.seed_stability import KURTOSIS_FLOOR, MIN_SEEDS, spread_decision
 
 __all__ = ["SPENDING_FUNCTIONS", "spent_alpha", "crossing_probabilities", "spending_boundaries", "Boundaries",
            "pocock_constant", "obrien_fleming_constant", "StageLook", "SequentialDecision",
@@ -255,7 +255,7 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
     ``values_by_stage``: per stage, the finite final values of the seeds *added* at that stage
     (stage k is judged on stages 1..k). ``last_stage``: the number of the last stage the budget
     allows (1-based): it spends the remaining error. At each stage the rule of
-    ``app.stats.seed_stability.seed_spread`` (robust one-sided σ bounds) is applied at the stage's
+    ``app.stats.seed_stability.seed_spread`` (robust one-sided σ bounds; ``spread_decision``) is applied at the stage's
     nominal level α_k = 1 − Φ(c_k) instead of α: ``stable`` if the upper bound < max_std,
     ``unstable`` if the lower bound > max_std. The first stage that decides ends the test; later
     data do not change it. A stage with fewer than 5 seeds, or whose boundary needs more seeds than
@@ -291,10 +291,9 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
         lower = upper = None
         v = "inconclusive"
         if testable:
-            sp = seed_spread(x, max_std=max_std, alpha=a_k, kurtosis_floor=floor)
-            if sp.decision_bounds is not None:
-                lower, upper = sp.decision_bounds.lower, sp.decision_bounds.upper
-            v = sp.verdict
+            v, db = spread_decision(x, max_std=max_std, alpha=a_k, kurtosis_floor=floor)
+            if db is not None:
+                lower, upper = db.lower, db.upper
         looks.append(StageLook(k, n, b.info_fractions[k - 1], float(c), a_k, b.cumulative_alpha[k - 1], std, lower,
                                upper, v))
         if v != "inconclusive":

@@ -115,6 +115,7 @@ def test_adaptive_power_as_stated(rule, scenario):
     assert rate.high >= STATED_POWER[f"{rule.name}/{scenario.name}"]
 
 
+@pytest.mark.slow
 def test_without_spending_the_false_alarm_rate_grows():
     """The reason for the design: re-judging each of 8 stages at α itself fires more often than α
     allows, where the spending design keeps to it (same simulated studies)."""
