@@ -123,3 +123,12 @@ def test_without_spending_the_false_alarm_rate_grows():
     naive = next(s for s in rule.scenarios if s.name == "naive-normal-5+5to40")
     rate = measure(rule, naive, n=300, rng=_rng("naive"))
     assert rate.low > rule.nominal, f"{rate.k}/{rate.n}"
+
+
+def test_adaptive_rules_are_registered_with_healthy_planted_and_a_guarantee():
+    from app.stats.calibration.rules import all_rules
+
+    names = {r.name for r in all_rules()}
+    assert {"seed_stability:adaptive:unstable", "seed_stability:adaptive:stable"} <= names
+    for r in RULES:
+        assert {"healthy", "planted", "stress"} == {s.kind for s in r.scenarios} and "all stages" in r.guarantee
