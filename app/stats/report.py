@@ -417,7 +417,7 @@ def _sequential_reason(d, stages: SeedStages, alpha: float) -> str:
             f"({_SPENDING_NAMES.get(stages.spending, stages.spending)} alpha spending, each claim ≤ {alpha:g} over all stages)")
     if not d.stages:
         return head + ": no stage had a final value"
-    look = d.stages[d.decided_at - 1] if d.decided_at else d.stages[-1]
+    look = d.stages[-1]  # the test stops at the look that decides
     bounds = "" if look.upper is None else f", σ bounds [{look.lower:.3g}, {look.upper:.3g}]"
     what = {"stable": "stable", "unstable": "unstable"}.get(d.verdict)
     if what:

@@ -91,16 +91,16 @@ class _Recursion:
 
     def advance(self, k: int, c: float) -> None:
         """Fix stage k's boundary ``c`` and carry the density to the continuation region below it."""
-        lo = -c if self.two_sided else _LOW
         if not math.isfinite(c):
             c = -_LOW
+        lo = -c if self.two_sided else _LOW
         if k == 0:
             z, w = _simpson(lo, c, 0.02)
             f = stats.norm.pdf(z)
         else:
             i0, i1 = self.info[k - 1], self.info[k]
             d = math.sqrt(i1 - i0)
-            h = min(0.02, d / math.sqrt(i1) / 6.0)
+            h = max(min(0.02, d / math.sqrt(i1) / 6.0), 1e-3)  # ≤ 18k grid points
             z, w = _simpson(lo, c, h)
             kern = stats.norm.pdf((z[:, None] * math.sqrt(i1) - self.z[None, :] * math.sqrt(i0)) / d)
             f = (kern * (self.w * self.f)[None, :]).sum(axis=1) * math.sqrt(i1) / d
@@ -268,24 +268,27 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
     if last_stage < 1 or len(values_by_stage) > last_stage:
         raise ValueError(f"last_stage must be ≥ 1 and ≥ the stages given, got {last_stage}")
     floor = KURTOSIS_FLOOR if kurtosis_floor is None else kurtosis_floor
-    looks, fractions, cum_values = [], [], []
+    looks, fractions, cum_values, look_stage = [], [], [], []
     pooled = np.zeros(0)
     for k, vals in enumerate(values_by_stage, start=1):
         pooled = np.concatenate([pooled, np.asarray(vals, dtype=np.float64).ravel()])
         t = information_fraction(pooled.size, max_seeds, last=(k == last_stage))
-        if fractions and t <= fractions[-1]:  # no new information this stage (all its runs failed)
-            t = min(fractions[-1] + 1e-6, 1.0) if k != last_stage else 1.0
-            if t <= fractions[-1]:
-                break
+        if cum_values and pooled.size == cum_values[-1].size:
+            # no new seed this stage (its runs all failed): no new look; at the last stage the
+            # previous look becomes the final analysis and spends what is left
+            if k == last_stage:
+                fractions[-1] = 1.0
+            continue
         fractions.append(t)
         cum_values.append(pooled.copy())
+        look_stage.append(k)
     if not fractions:
         return SequentialDecision("inconclusive", None, False, (), alpha, spending, max_seeds)
     b = spending_boundaries(fractions, alpha=alpha, spending=spending)
     verdict, decided = "inconclusive", None
-    for k, (x, c) in enumerate(zip(cum_values, b.boundaries), start=1):
+    for j, (x, c, k) in enumerate(zip(cum_values, b.boundaries, look_stage)):
         n = x.size
-        a_k = b.nominal_alpha[k - 1]
+        a_k = b.nominal_alpha[j]
         testable = n >= MIN_SEEDS and math.isfinite(c) and n > c + 1.0 and a_k > 0
         std = float(x.std(ddof=1)) if n >= 2 else None
         lower = upper = None
@@ -294,8 +297,8 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
             v, db = spread_decision(x, max_std=max_std, alpha=a_k, kurtosis_floor=floor)
             if db is not None:
                 lower, upper = db.lower, db.upper
-        looks.append(StageLook(k, n, b.info_fractions[k - 1], float(c), a_k, b.cumulative_alpha[k - 1], std, lower,
-                               upper, v))
+        looks.append(StageLook(k, n, b.info_fractions[j], float(c), a_k, b.cumulative_alpha[j], std, lower, upper,
+                               v))
         if v != "inconclusive":
             verdict, decided = v, k
             break

@@ -19,7 +19,8 @@ from worker.protocol import (
     MetricKey,
 )
 
-MAX_PARAMS_BYTES = 64 * 1024  # workload.params travel with every lease of the study's runs
+MAX_PARAMS_BYTES = 64 * 1024
+MAX_STAGES = 20  # adaptive seeds: looks of the group-sequential design  # workload.params travel with every lease of the study's runs
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
 StackName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:+\-]+$")]
@@ -181,6 +182,11 @@ class StudySpec(_Spec):
             raise ValueError(f"budget: max_seeds {budget.max_seeds} is below the {len(self.seeds)} seeds of the spec")
         if budget.max_runs is not None and budget.max_runs < self.run_count:
             raise ValueError(f"budget: max_runs {budget.max_runs} is below the {self.run_count} runs of the spec")
+        step = budget.stage_seeds or len(self.seeds)
+        stages = 1 + -(-(self.max_seeds - len(self.seeds)) // step)
+        if stages > MAX_STAGES:
+            raise ValueError(f"budget: {stages} stages of {step} seeds; at most {MAX_STAGES} stages — "
+                             "raise stage_seeds or lower max_seeds")
 
     @property
     def runs_per_seed(self) -> int:

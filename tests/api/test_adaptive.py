@@ -83,6 +83,7 @@ def test_study_whose_budget_is_spent_ends_inconclusive(api):
         ({"budget": {"max_seeds": 10, "spending": "haybittle"}}, "spending", "pocock"),
         ({"budget": {"max_seeds": 10}, "metrics": ["loss"]}, "", "max_std"),
         ({"budget": {"max_seeds": 10, "stage_seeds": 0}}, "stage_seeds", "greater than or equal to 1"),
+        ({"budget": {"max_seeds": 100, "stage_seeds": 1}}, "", "at most 20 stages"),
     ],
 )
 def test_bad_budgets_are_422_naming_the_field(api, change, field, needle):

@@ -86,6 +86,9 @@ def test_first_decisive_stage_ends_the_test_and_the_last_stage_spends_all():
     assert all(s.nominal_alpha < 0.05 for s in d.stages)
     d = sequential_seed_decision([wide[:5]], max_std=1.0, max_seeds=10, last_stage=2)
     assert not d.final
+    # a last stage whose runs all failed adds no look: the previous look becomes the final one
+    d = sequential_seed_decision([wide[:5], wide[5:], []], max_std=1.0, max_seeds=15, last_stage=3)
+    assert [s.stage for s in d.stages] == [1, 2] and d.stages[-1].info_fraction == 1.0 and d.final
     with pytest.raises(ValueError):
         sequential_seed_decision([wide[:5]], max_std=0.0, max_seeds=10, last_stage=2)
 
