@@ -25,18 +25,29 @@ Pure numpy/scipy: arrays and numbers in, frozen dataclasses out.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy import optimize, stats
 
 from app.stats.seed_stability import KURTOSIS_FLOOR, MIN_SEEDS, spread_decision
 
-__all__ = ["SPENDING_FUNCTIONS", "spent_alpha", "crossing_probabilities", "spending_boundaries", "Boundaries",
-           "pocock_constant", "obrien_fleming_constant", "StageLook", "SequentialDecision",
-           "sequential_seed_decision", "stage_sizes", "information_fraction"]
+__all__ = [
+    "SPENDING_FUNCTIONS",
+    "Boundaries",
+    "SequentialDecision",
+    "StageLook",
+    "crossing_probabilities",
+    "information_fraction",
+    "obrien_fleming_constant",
+    "pocock_constant",
+    "sequential_seed_decision",
+    "spending_boundaries",
+    "spent_alpha",
+    "stage_sizes",
+]
 
 SPENDING_FUNCTIONS = ("pocock", "obrien_fleming")
 _LOW = -9.0  # the continuation region's lower end in one-sided designs: Φ(−9) ≈ 1e-19
@@ -57,7 +68,7 @@ def spent_alpha(t: float, *, alpha: float, spending: str) -> float:
 
 
 def _simpson(a: float, b: float, h: float) -> tuple[np.ndarray, np.ndarray]:
-    m = max(2, int(math.ceil((b - a) / h)))
+    m = max(2, math.ceil((b - a) / h))
     m += m % 2  # Simpson needs an even number of intervals
     z = np.linspace(a, b, m + 1)
     w = np.ones(m + 1)
@@ -167,12 +178,13 @@ def _boundaries(fractions: tuple, alpha: float, spending: str, two_sided: bool) 
         if target <= 1e-15:
             c = math.inf
         else:
-            g = lambda c: rec.cross(k, c) - target  # noqa: E731
-            lo, hi = 0.0, 12.0
-            if g(lo) < 0:  # cannot spend that much even at c = 0 (never happens for α ≤ 0.5)
-                c = lo
+            def excess(c: float, k: int = k, target: float = target) -> float:
+                return rec.cross(k, c) - target
+
+            if excess(0.0) < 0:  # cannot spend that much even at c = 0 (never happens for α ≤ 0.5)
+                c = 0.0
             else:
-                c = float(optimize.brentq(g, lo, hi, xtol=1e-10))
+                c = float(optimize.brentq(excess, 0.0, 12.0, xtol=1e-10))
         cs.append(c)
         spent_before = cum[k]
         rec.advance(k, c)

@@ -77,7 +77,9 @@ def _decisions(report: dict[str, Any], stage: int) -> tuple[list[dict[str, Any]]
 
 def judge_stage(session: Session, study: Study) -> bool:
     """The study's current stage has settled: record its decisions; True when a next stage was queued."""
-    from app.reports import service as reports  # lazy: app.reports imports the studies service
+    from app.reports import (
+        service as reports,  # lazy: app.reports imports the studies service
+    )
     from app.studies.service import insert_runs
 
     if not study.spec.get("budget") or study.kind != "managed":

@@ -10,9 +10,16 @@ from scipy import stats
 
 from app.stats.calibration import exceeds_nominal, measure
 from app.stats.calibration.rules_adaptive import RULES, STATED_POWER
-from app.stats.sequential import (crossing_probabilities, information_fraction, obrien_fleming_constant,
-                                  pocock_constant, sequential_seed_decision, spending_boundaries, spent_alpha,
-                                  stage_sizes)
+from app.stats.sequential import (
+    crossing_probabilities,
+    information_fraction,
+    obrien_fleming_constant,
+    pocock_constant,
+    sequential_seed_decision,
+    spending_boundaries,
+    spent_alpha,
+    stage_sizes,
+)
 
 # Jennison & Turnbull (2000), Group Sequential Methods, Table 2.1 (Pocock C_P) and Table 2.3
 # (O'Brien–Fleming C_B), two-sided α = 0.05, K equally spaced analyses.
