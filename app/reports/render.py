@@ -127,6 +127,8 @@ def stage_lines(report: dict[str, Any], *, color: bool = False) -> list[str]:
             if d.get("upper") is not None:
                 stat += f" in [{_num(d['lower'])}, {_num(d['upper'])}]"
             decision = _paint(str(d.get("decision")), COLORS.get(d.get("decision")), color)
+            if d.get("decided_at") and d["decided_at"] != s["stage"]:
+                decision += f" (decided at stage {d['decided_at']})"
             out.append(f"    {d.get('metric')}  {_group(d)}: n={d.get('n_seeds')} t={_num(d.get('info_fraction'))}"
                        f" boundary {bound}: {stat} → {decision}")
     return out

@@ -99,3 +99,11 @@ def test_budget_over_the_run_cap_is_refused(make_api):
     assert r.status_code == 422
     (d,) = r.json()["detail"]
     assert d["loc"] == ["body", "budget", "max_seeds"] and "limit of 20" in d["msg"]
+
+
+def test_max_runs_caps_the_seeds():
+    from app.studies.adaptive import planned_sizes
+    from app.studies.schemas import StudySpec
+
+    spec = StudySpec.model_validate({**_spec(max_seeds=30, max_runs=26), "determinism": ["seeded", "strict"]})
+    assert spec.runs_per_seed == 2 and spec.max_seeds == 13 and planned_sizes(spec) == (5, 10, 13)
