@@ -377,6 +377,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.study is not None and s.get("code_sha256"):
             commit = f", git {s['code_git_commit'][:10]}" if s.get("code_git_commit") else ""
             print(f"study {s['id']}: code {s['code_sha256'][:12]}{commit}{' (dirty)' if s.get('code_dirty') else ''}")
+        if s.get("stage"):
+            st = s["stage"]
+            print(f"study {s['id']}: adaptive seeds, stage {st['stage']} of at most {st['last_stage']} "
+                  f"({st['seeds']} of at most {st['max_seeds']} seeds)")
         lines = launch_lines([x for x in launches if x["study_id"] == s["id"]])
         if lines:
             print(f"study {s['id']}:")

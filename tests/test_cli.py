@@ -309,3 +309,12 @@ def test_submit_wait_exits_1_when_a_verdict_fails(live_server, tmp_path):
             proc.kill()
     assert proc.returncode == 1, err
     assert f"steady: study {sid}: 1 failing verdict(s) (seed_stability unstable): `steady report {sid}`" in err
+
+
+def test_status_shows_the_stage_of_an_adaptive_study(live_server, tmp_path):
+    spec = tmp_path / "study.yaml"
+    spec.write_text("name: adaptive\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0, 1, 2, 3, 4]\n"
+                    "determinism: [seeded]\nmetrics: [{name: loss, max_std: 0.1}]\nbudget: {max_seeds: 12}\n")
+    sid = int(steady(live_server, "submit", str(spec)).stdout.split()[2])
+    out = steady(live_server, "status", str(sid)).stdout
+    assert f"study {sid}: adaptive seeds, stage 1 of at most 3 (5 of at most 12 seeds)" in out

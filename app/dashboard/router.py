@@ -331,6 +331,7 @@ def study_page(
         stacks_present=list(dict.fromkeys(s for _, s in groups)),
         metrics=service.study_metrics(study), version=service.version_tag(version),
         cost_top=service.cost_scale(report),
+        stages=service.study_stages(db, study),
         live=study.status in service.ACTIVE_STATUSES or study.status == "open",
     )
 

@@ -23,8 +23,9 @@ from app.metrics import repository as metrics_repo
 from app.models import MetricChunk, Run, Study
 from app.reports import service as reports
 from app.stats.report import DETERMINISM_LEVELS
+from app.studies import adaptive
 from app.studies import repository as studies_repo
-from app.studies.schemas import Progress
+from app.studies.schemas import Progress, StudySpec
 from worker.protocol import STEP_TIME_KEY
 
 LEVELS = ("repeatability", "seed_stability", "stack_portability")
@@ -347,3 +348,15 @@ def list_alerts(session: Session, limit: int = 200) -> tuple[list[Any], list[Any
         return rows
 
     return of("firing"), of("resolved")
+
+
+def study_stages(session: Session, study: Study) -> dict[str, Any] | None:
+    """An adaptive study's stages (``app.studies.adaptive``) with its design; None for other studies."""
+    if not study.spec.get("budget"):
+        return None
+    rows = adaptive.stages_out(session, study)
+    if not rows:
+        return None
+    spec = StudySpec.model_validate(study.spec)
+    return {"rows": rows, "last_stage": len(adaptive.planned_sizes(spec)), "max_seeds": spec.max_seeds,
+            "spending": {"pocock": "Pocock-type", "obrien_fleming": "O'Brien–Fleming-type"}[spec.budget.spending]}

@@ -20,10 +20,11 @@ from app.models.core import (
     Run,
     Study,
     StudyReport,
+    StudyStage,
     Worker,
 )
 
 __all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "CodeArchive", "CodeChunk", "DashboardSession", "Launch",
-           "MetricChunk", "Run", "Study", "StudyReport", "Worker", "Alert", "AlertDelivery", "AlertRule",
+           "MetricChunk", "Run", "Study", "StudyReport", "StudyStage", "Worker", "Alert", "AlertDelivery", "AlertRule",
            "BaselineSnapshot", "StudyEvaluation", "SuiteBaseline",
            "Webhook"]

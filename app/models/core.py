@@ -232,3 +232,25 @@ class CodeChunk(Base):
     sha256: Mapped[str] = mapped_column(ForeignKey("code_archives.sha256", ondelete="CASCADE"), primary_key=True)
     idx: Mapped[int] = mapped_column(Integer, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class StudyStage(Base):
+    """One stage of an adaptive study (a study with a seed budget, ``app.studies.adaptive``).
+
+    Stage 1 holds the spec's seeds; each later stage the seeds the server added after the
+    previous stage's seed-stability verdict stayed inconclusive. ``decisions`` is what the stage
+    decided per (metric, determinism, stack): seeds judged, information fraction, boundary,
+    statistic and decision; ``outcome`` is "continue", "conclusive" or "budget_spent" once judged.
+    """
+
+    __tablename__ = "study_stages"
+    __table_args__ = (UniqueConstraint("study_id", "stage"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), index=True)
+    stage: Mapped[int] = mapped_column(Integer)
+    seeds: Mapped[list[int]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    judged_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    decisions: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)

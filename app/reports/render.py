@@ -51,6 +51,10 @@ def render_report(report: dict[str, Any], *, color: bool = False) -> str:
         f"  runs judged: {report.get('n_runs_judged', 0)} completed of {progress.get('total', 0)}"
         f" (failed {progress.get('failed', 0)}, still running {progress.get('running', 0) + progress.get('queued', 0)})"
     )
+    stages = report.get("stages") or []
+    if stages:
+        lines.append("")
+        lines.extend(stage_lines(report, color=color))
     headline = report.get("headline") or []
     if headline:
         lines.append("")
@@ -139,6 +143,38 @@ def _convergence_lines(c: dict[str, Any], color: bool) -> list[str]:
     if c.get("guarantee"):
         lines.append("  " + _paint(f"guarantee: {c['guarantee']}", "2", color))
     return lines
+
+
+def stage_lines(report: dict[str, Any], *, color: bool = False) -> list[str]:
+    """The stages of an adaptive study: per stage, its seeds and what each seed-stability verdict did."""
+    seq = (report.get("options") or {}).get("sequential") or {}
+    stages = report.get("stages") or []
+    last = seq.get("last_stage", "?")
+    out = [_paint("Adaptive seeds", "1", color) + f" — stage {stages[-1]['stage']} of at most {last}, "
+           f"{_spending(seq.get('spending'))} alpha spending, at most {seq.get('max_seeds', '?')} seeds"]
+    for s in stages:
+        seeds = s.get("seeds") or []
+        span = f"{seeds[0]}..{seeds[-1]}" if len(seeds) > 2 else ", ".join(map(str, seeds))
+        out.append(f"  stage {s['stage']}: +{len(seeds)} seeds ({span}) → {s.get('outcome') or 'running'}")
+        for d in s.get("decisions") or []:
+            if "error" in d:
+                out.append(f"    {d['error']}")
+                continue
+            bound = d.get("boundary")
+            bound = "not testable" if bound in (None, "inf") else f"|z| ≥ {float(bound):.3f}"
+            stat = "" if d.get("std") is None else f"std {_num(d['std'])}"
+            if d.get("upper") is not None:
+                stat += f" in [{_num(d['lower'])}, {_num(d['upper'])}]"
+            decision = _paint(str(d.get("decision")), COLORS.get(d.get("decision")), color)
+            if d.get("decided_at") and d["decided_at"] != s["stage"]:
+                decision += f" (decided at stage {d['decided_at']})"
+            out.append(f"    {d.get('metric')}  {_group(d)}: n={d.get('n_seeds')} t={_num(d.get('info_fraction'))}"
+                       f" boundary {bound}: {stat} → {decision}")
+    return out
+
+
+def _spending(name: Any) -> str:
+    return {"pocock": "Pocock-type", "obrien_fleming": "O'Brien–Fleming-type"}.get(name, str(name))
 
 
 def _guarantee(v: dict[str, Any]) -> str:

@@ -26,9 +26,10 @@ from app.stats.convergence import (
     steps_to_target,
 )
 from app.stats.report import MetricSpec, RunData, build_report, compute_bands, to_plain
+from app.studies import adaptive
 from app.studies import repository as studies_repo
-from app.studies.arms import arm_differences, differences, effective_arms
 from app.studies import service as studies
+from app.studies.arms import arm_differences, differences, effective_arms
 from worker.protocol import STEP_TIME_KEY, RunStatus
 
 
@@ -145,6 +146,7 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         reference_stack=spec.get("reference_stack"),
         rng=_rng(study_id),
         cost_budget=spec.get("cost_budget"),
+        stages=adaptive.seed_stages(session, study),
     ).to_dict()
     _name_arm_differences(report, spec)
     if spec.get("convergence"):
@@ -156,6 +158,7 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         "metrics": [m.__dict__ for m in specs],
         "n_runs_judged": len(runs),
         "excluded_runs": excluded_runs(session, study_id),
+        "stages": adaptive.stages_out(session, study),
         **report,
     }
 

@@ -15,7 +15,10 @@ def repeatability() -> str:
     return "exact (bitwise or atol/rtol comparison, no false alarm)"
 
 
-def seed_stability(alpha: float = 0.05) -> str:
+def seed_stability(alpha: float = 0.05, *, sequential: bool = False) -> str:
+    if sequential:
+        return (f"each claim wrong ≤ {_pct(alpha)} over all stages (group-sequential, alpha spending; robust σ "
+                "bounds); diverged seeds exact")
     return f"each claim wrong ≤ {_pct(alpha)} (robust σ bounds); diverged seeds exact"
 
 

@@ -24,11 +24,12 @@ from app.stats.downsample import extreme_indices
 from app.stats.portability import adjust, band_containment, compare_stacks
 from app.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
 from app.stats.seed_stability import seed_spread
+from app.stats.sequential import sequential_seed_decision
 from app.stats.stack_pairs import stack_pairs
 from app.stats.variance import variance_components
 
 __all__ = ["RunData", "MetricSpec", "Verdict", "StudyReport", "GroupBand", "build_report", "compute_bands",
-           "to_plain", "STEP_TIME_KEY", "DETERMINISM_LEVELS", "Finals", "common_finals"]
+           "to_plain", "STEP_TIME_KEY", "DETERMINISM_LEVELS", "Finals", "common_finals", "SeedStages"]
 
 STEP_TIME_KEY = "step_time"
 DETERMINISM_LEVELS = ("none", "seeded", "strict")
@@ -61,6 +62,22 @@ class MetricSpec:
     rtol: float = 0.0
     max_std: float | None = None
     margin: float | None = None
+
+
+@dataclass(frozen=True)
+class SeedStages:
+    """An adaptive study's stages: seed-stability verdicts are then group-sequential
+    (``app.stats.sequential.sequential_seed_decision``). ``stage_of_seed`` maps each seed to the
+    stage that added it (1-based); ``last_stage`` is the last stage the budget allows."""
+
+    stage_of_seed: Mapping
+    last_stage: int
+    max_seeds: int
+    spending: str = "pocock"
+
+    @property
+    def current(self) -> int:
+        return max(self.stage_of_seed.values(), default=1)
 
 
 @dataclass(frozen=True)
@@ -383,7 +400,36 @@ def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
                   [r.run_id for r, (steps, _) in ok if int(steps[-1]) < longest])
 
 
-def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, false_alarm) -> list[Verdict]:
+_SPENDING_NAMES = {"pocock": "Pocock-type", "obrien_fleming": "O'Brien–Fleming-type"}
+
+
+def _sequential(chosen, fin: Finals, spec: MetricSpec, stages: SeedStages, *, alpha: float):
+    seed_of = {r.run_id: r.seed for r in chosen}
+    by_stage = [[] for _ in range(stages.current)]
+    for v, i in zip(fin.values, fin.run_ids):
+        by_stage[int(stages.stage_of_seed.get(seed_of[i], 1)) - 1].append(v)
+    return sequential_seed_decision(by_stage, max_std=spec.max_std, max_seeds=stages.max_seeds,
+                                    last_stage=stages.last_stage, alpha=alpha, spending=stages.spending)
+
+
+def _sequential_reason(d, stages: SeedStages, alpha: float) -> str:
+    head = (f"group-sequential over {len(d.stages)} stage(s) of at most {stages.last_stage} "
+            f"({_SPENDING_NAMES.get(stages.spending, stages.spending)} alpha spending, each claim ≤ {alpha:g} over all stages)")
+    if not d.stages:
+        return head + ": no stage had a final value"
+    look = d.stages[-1]  # the test stops at the look that decides
+    bounds = "" if look.upper is None else f", σ bounds [{look.lower:.3g}, {look.upper:.3g}]"
+    what = {"stable": "stable", "unstable": "unstable"}.get(d.verdict)
+    if what:
+        return (f"{head}: {what} at stage {look.stage} with {look.n_seeds} seeds (boundary z {look.boundary:.3f}, "
+                f"nominal level {look.nominal_alpha:.3g}{bounds})")
+    tail = "budget spent" if d.final else "more seeds come in the next stage"
+    return (f"{head}: inconclusive at stage {look.stage} with {look.n_seeds} seeds (boundary z "
+            f"{look.boundary:.3f}{bounds}); {tail}")
+
+
+def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, false_alarm,
+                   stages: SeedStages | None = None) -> list[Verdict]:
     out = []
     for (det, stack), group_runs in groups.items():
         chosen, aligned, band = _group_band(group_runs, spec.name, coverage=coverage, confidence=confidence,
@@ -395,6 +441,12 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         spread = seed_spread(values, max_std=spec.max_std, coverage=coverage, confidence=confidence, alpha=alpha,
                              n_diverged=len(bad))
         reason = spread.reason
+        verdict, sequential = spread.verdict, None
+        if stages is not None and spec.max_std is not None and not bad and fin.step is not None:
+            sequential = _sequential(chosen, fin, spec, stages, alpha=alpha)
+            verdict = sequential.verdict
+            reason = (_sequential_reason(sequential, stages, alpha)
+                      + f"; for reference, the fixed-sample rule on all {spread.n} seeds: {spread.reason}")
         if fin.step is not None:
             reason += f"; final values at step {fin.step}"
             if fin.short_run_ids:
@@ -421,13 +473,14 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
             if flagged:
                 reason += (f"; out of band: run(s) {', '.join(map(str, flagged))} "
                            f"(whole curve vs the other runs, false alarm ≤ {false_alarm:g} per study)")
-        out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, spread.verdict,
+        out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, verdict,
                            len(chosen), reason,
                            {"spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
                             "final_step": fin.step, "short_run_ids": fin.short_run_ids,
                             "one_run_per_seed": per_seed, "n_needed": spread.n_needed,
                             "out_of_band": flagged, "out_of_band_test": oob_info,
-                            "guarantee": guarantees.seed_stability(alpha)}))
+                            "sequential": sequential,
+                            "guarantee": guarantees.seed_stability(alpha, sequential=sequential is not None)}))
     return out
 
 
@@ -477,7 +530,7 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
 def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, coverage: float = 0.9,
                  confidence: float = 0.95, alpha: float = 0.05, reference_stack: str | None = None,
                  rng: np.random.Generator, adjust_method: str = "holm", false_alarm: float = 0.01,
-                 cost_budget: float | None = None) -> StudyReport:
+                 cost_budget: float | None = None, stages: SeedStages | None = None) -> StudyReport:
     """Build the study report: the three verdict levels, variance by source, cost, divergences.
 
     Groups are (determinism, stack).
@@ -502,6 +555,8 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
       Seeds run on both stacks are also compared step by step (``same_seed``,
       ``app.stats.stack_pairs``): the named source (``stack`` when fingerprints differ), the
       first divergent step and the size of the difference.
+    ``stages`` (an adaptive study): seed-stability verdicts with a ``max_std`` are judged
+      group-sequentially over the stages (``SeedStages``; details carry ``sequential``).
     ``rng`` drives every bootstrap (portability CI). ``cost_budget``: the largest acceptable
     step-time ratio between determinism levels; the cost entries then carry a
     ``pass``/``fail``/``inconclusive`` verdict (``app.stats.cost``).
@@ -519,7 +574,7 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     for spec in metrics:
         verdicts += _repeatability_verdicts(groups, spec)
         verdicts += _seed_verdicts(groups, spec, coverage=coverage, confidence=confidence, alpha=alpha,
-                                   false_alarm=false_alarm)
+                                   false_alarm=false_alarm, stages=stages)
         pending_port += [(spec, *p) for p in _portability_verdicts(groups, spec, reference_stack=reference_stack,
                                                                    alpha=alpha, rng=rng, coverage=coverage,
                                                                    confidence=confidence)]
@@ -533,6 +588,8 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
                                  "stack": r.stack, "seed": r.seed})
     options = {"coverage": coverage, "confidence": confidence, "alpha": alpha, "reference_stack": reference_stack,
                "adjust_method": adjust_method, "false_alarm": false_alarm,
+               "sequential": None if stages is None else {"last_stage": stages.last_stage, "max_seeds": stages.max_seeds,
+                                                          "spending": stages.spending, "stage": stages.current},
                "nonfinite_encoding": "NaN -> null, +/-Inf -> 'inf'/'-inf'"}
     head = expectations.headline(
         {"group": v.group, "met_expectation": v.details["met_expectation"], "expectation": v.details["expectation"],

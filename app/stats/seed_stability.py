@@ -12,7 +12,7 @@ from app.stats.intervals import (MeanCI, OrderStatisticTolerance, PredictionInte
                                  order_statistic_tolerance, prediction_interval, std_confidence_bounds)
 from app.stats.planning import INDISTINGUISHABLE, seeds_for_std_claim
 
-__all__ = ["SeedSpread", "seed_spread", "MIN_SEEDS", "KURTOSIS_FLOOR", "divergence_rate_ci"]
+__all__ = ["SeedSpread", "seed_spread", "spread_decision", "MIN_SEEDS", "KURTOSIS_FLOOR", "divergence_rate_ci"]
 
 MIN_SEEDS = 5
 KURTOSIS_FLOOR = 9.0  # the "stable" bound assumes the final value's kurtosis is at most this (t5: 9)
@@ -111,10 +111,7 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
     sb = std_confidence_bounds(x, alpha=alpha)
     s = sb.std
     rb = bonett_std_bounds(x, alpha=alpha) if n >= MIN_SEEDS else None
-    db = None
-    if rb is not None:
-        floored = _bonett_upper(x, alpha=alpha, kurtosis_floor=kurtosis_floor) if s > 0 else 0.0
-        db = StdBounds(n=n, std=s, lower=min(sb.lower, rb.lower), upper=max(sb.upper, floored), alpha=sb.alpha)
+    db = _decision_bounds(x, sb, rb, alpha=alpha, kurtosis_floor=kurtosis_floor) if rb is not None else None
     needed = plan = None
     if n_diverged:
         verdict, reason = "unstable", div_reason + f"; std {s:.3g} over the {n} finite seeds"
@@ -147,6 +144,32 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
                       normal_tolerance_interval(x, coverage=coverage, confidence=confidence), osti,
                       prediction_interval(x, confidence=confidence), needed, robust_bounds=rb, decision_bounds=db,
                       n_diverged=n_diverged, divergence_rate_ci=div_ci, plan=plan)
+
+
+def _decision_bounds(x: np.ndarray, sb: StdBounds, rb: RobustStdBounds, *, alpha: float,
+                     kurtosis_floor: float) -> StdBounds:
+    """The one-sided bounds the verdict compares with max_std (see ``seed_spread``)."""
+    floored = _bonett_upper(x, alpha=alpha, kurtosis_floor=kurtosis_floor) if sb.std > 0 else 0.0
+    return StdBounds(n=x.size, std=sb.std, lower=min(sb.lower, rb.lower), upper=max(sb.upper, floored),
+                     alpha=sb.alpha)
+
+
+def spread_decision(final_values, *, max_std: float, alpha: float = 0.05,
+                    kurtosis_floor: float = KURTOSIS_FLOOR) -> tuple[str, StdBounds | None]:
+    """Only the verdict of ``seed_spread`` and its decision bounds, for finite values and a limit
+    (no intervals, no planning): what the sequential rule applies at each stage."""
+    x = np.asarray(final_values, dtype=np.float64)
+    if x.ndim != 1 or not np.all(np.isfinite(x)):
+        raise ValueError("final_values must be 1-D and finite")
+    if x.size < MIN_SEEDS:
+        return "inconclusive", None
+    sb = std_confidence_bounds(x, alpha=alpha)
+    db = _decision_bounds(x, sb, bonett_std_bounds(x, alpha=alpha), alpha=alpha, kurtosis_floor=kurtosis_floor)
+    if sb.std == 0.0 or db.upper < max_std:
+        return "stable", db
+    if db.lower > max_std:
+        return "unstable", db
+    return "inconclusive", db
 
 
 def _bonett_upper(x: np.ndarray, *, alpha: float, kurtosis_floor: float) -> float:

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.models import Run, Study
+from app.models import Run, Study, StudyStage
 from app.studies.schemas import Progress
 
 
@@ -58,3 +58,27 @@ def first_study_of_suite(session: Session, suite: str) -> Study | None:
 def first_failed_run(session: Session, study_id: int) -> Run | None:
     stmt = select(Run).where(Run.study_id == study_id, Run.status == "failed").order_by(Run.finished_at, Run.id).limit(1)
     return session.scalars(stmt).first()
+
+
+def stages_of(session: Session, study_id: int) -> list[StudyStage]:
+    return list(session.scalars(select(StudyStage).where(StudyStage.study_id == study_id).order_by(StudyStage.stage)))
+
+
+def current_stages(session: Session, study_ids: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """Per adaptive study: (its latest stage, the seeds of all its stages)."""
+    if not study_ids:
+        return {}
+    out: dict[int, tuple[int, int]] = {}
+    rows = session.execute(select(StudyStage.study_id, StudyStage.stage, StudyStage.seeds)
+                           .where(StudyStage.study_id.in_(list(study_ids))).order_by(StudyStage.stage))
+    for study_id, stage, seeds in rows:
+        _, n = out.get(study_id, (0, 0))
+        out[study_id] = (stage, n + len(seeds or []))
+    return out
+
+
+def add_stage(session: Session, study_id: int, stage: int, seeds: list[int]) -> StudyStage:
+    row = StudyStage(study_id=study_id, stage=stage, seeds=list(seeds), decisions=[])
+    session.add(row)
+    session.flush()
+    return row

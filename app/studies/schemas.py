@@ -22,7 +22,8 @@ from worker.protocol import (
     MetricKey,
 )
 
-MAX_PARAMS_BYTES = 64 * 1024  # workload.params travel with every lease of the study's runs
+MAX_PARAMS_BYTES = 64 * 1024
+MAX_STAGES = 20  # adaptive seeds: looks of the group-sequential design  # workload.params travel with every lease of the study's runs
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
 StackName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:+\-]+$")]
@@ -197,6 +198,25 @@ class ConvergenceSpec(_Spec):
     trim: Annotated[int, Field(ge=0, le=10)] = Field(1, description="runs dropped at each end (MLPerf: 1)")
 
 
+class BudgetSpec(_Spec):
+    """Adaptive seeds: while a seed-stability verdict is inconclusive, add seeds in stages."""
+
+    max_seeds: Annotated[int, Field(ge=2, le=10_000)] = Field(
+        ..., description="the most seeds the study may use in all, the spec's seeds included"
+    )
+    max_runs: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="the most runs the study may use in all (each seed runs repeats × determinism × stacks)"
+    )
+    stage_seeds: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
+        None, description="seeds added per stage (default: as many as the spec names)"
+    )
+    spending: Literal["pocock", "obrien_fleming"] = Field(
+        "pocock",
+        description="alpha-spending function of the group-sequential design (Lan–DeMets Pocock or "
+        "O'Brien–Fleming type): each claim stays wrong ≤ 5% over all stages together",
+    )
+
+
 class StudySpec(_Spec):
     """What to run and how to judge it. The matrix seeds × repeats × determinism × stacks becomes runs."""
 
@@ -233,6 +253,11 @@ class StudySpec(_Spec):
         None, description="judge the steps to reach a target against a reference (MLPerf RCP check)"
     )
     suite: Name | None = None
+    budget: BudgetSpec | None = Field(
+        None,
+        description="adaptive seeds: when a seed-stability verdict is inconclusive, the server adds seeds in "
+        "stages (group-sequential, alpha spending) until it is conclusive or the budget is spent",
+    )
     alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(
         [], description="alert rules; scoped to the suite when the study has one, else to the study"
     )
@@ -281,6 +306,8 @@ class StudySpec(_Spec):
                 raise ValueError("'seeds' must name at least one seed")
             if self.code is not None and self.workload.name is not None:
                 raise ValueError("built-in workloads ship no code: leave 'code' out")
+        if self.budget is not None:
+            self._check_budget(self.budget)
         return self
 
     @field_validator("arms")
@@ -312,6 +339,35 @@ class StudySpec(_Spec):
             return list(self.stacks)
         return [StackSpec(name=a.name, labels=a.stack.labels if a.stack else []) for a in self.arms]
 
+    def _check_budget(self, budget: BudgetSpec) -> None:
+        if self.kind != "managed":
+            raise ValueError("budget: only a managed study can add seeds (an external study's runs are uploaded)")
+        if not any(m.max_std is not None for m in self.metrics):
+            raise ValueError("budget: no metric has a 'max_std', so no seed-stability verdict can become conclusive")
+        if budget.max_seeds < len(self.seeds):
+            raise ValueError(f"budget: max_seeds {budget.max_seeds} is below the {len(self.seeds)} seeds of the spec")
+        if budget.max_runs is not None and budget.max_runs < self.run_count:
+            raise ValueError(f"budget: max_runs {budget.max_runs} is below the {self.run_count} runs of the spec")
+        step = budget.stage_seeds or len(self.seeds)
+        stages = 1 + -(-(self.max_seeds - len(self.seeds)) // step)
+        if stages > MAX_STAGES:
+            raise ValueError(f"budget: {stages} stages of {step} seeds; at most {MAX_STAGES} stages — "
+                             "raise stage_seeds or lower max_seeds")
+
+    @property
+    def runs_per_seed(self) -> int:
+        return self.repeats * len(self.determinism) * len(self.groups)
+
+    @property
+    def max_seeds(self) -> int:
+        """The most seeds the budget allows (the spec's seeds without a budget)."""
+        if self.budget is None:
+            return len(self.seeds)
+        n = self.budget.max_seeds
+        if self.budget.max_runs is not None:
+            n = min(n, self.budget.max_runs // self.runs_per_seed)
+        return max(n, len(self.seeds))
+
     @property
     def run_count(self) -> int:
         return len(self.seeds) * self.repeats * len(self.determinism) * len(self.groups)
@@ -324,6 +380,15 @@ class Progress(BaseModel):
     completed: int = 0
     failed: int = 0
     cancelled: int = 0
+
+
+class StageInfo(BaseModel):
+    """Where an adaptive study stands: its current stage, of at most ``last_stage``."""
+
+    stage: int
+    last_stage: int
+    seeds: int = Field(description="seeds of all stages so far")
+    max_seeds: int
 
 
 class StudySummary(BaseModel):
@@ -343,6 +408,7 @@ class StudySummary(BaseModel):
     code_git_commit: str | None = None
     code_dirty: bool | None = Field(None, description="the work tree had uncommitted changes when submitted")
     status_reason: str | None = Field(None, description="why the study failed, or what its data lacks")
+    stage: StageInfo | None = Field(None, description="adaptive seeds (a study with a budget): the current stage")
 
 
 class StudyOut(StudySummary):

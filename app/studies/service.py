@@ -20,7 +20,7 @@ from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float
 from app.models import Run, Study, utcnow
 from app.stats.cost import balanced_level_order
-from app.studies import repository
+from app.studies import adaptive, repository
 from app.studies.schemas import ExternalRunIn, StudyOut, StudySpec, StudySummary
 from worker.protocol import STEP_TIME_KEY, TERMINAL_RUN_STATUSES, RunStatus
 
@@ -46,6 +46,14 @@ def ensure_study_owner(study: Study, caller: Caller) -> None:
 
 
 def create_study(session: Session, spec: StudySpec, settings: Settings, caller: Caller) -> Study:
+    if spec.kind == "managed" and spec.budget is not None and (
+            spec.max_seeds * spec.runs_per_seed > settings.max_runs_per_study):
+        raise Invalid(
+            ("body", "budget", "max_seeds"),
+            f"the budget allows {spec.max_seeds} seeds × {spec.runs_per_seed} runs per seed = "
+            f"{spec.max_seeds * spec.runs_per_seed} runs, over the limit of {settings.max_runs_per_study} runs per "
+            "study (STEADY_MAX_RUNS_PER_STUDY): lower max_seeds or set max_runs",
+        )
     if spec.kind == "managed" and spec.run_count > settings.max_runs_per_study:
         raise Invalid(
             ("body", "seeds"),
@@ -75,39 +83,45 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
     session.add(study)
     session.flush()
     if spec.kind == "managed":
-        assert spec.workload is not None
-        framework = spec.workload.framework.value
-        # Runs are leased in id order, so the insert order is the execution order. The levels
-        # are interleaved (one block per seed × repeat, alternating direction: A B C, C B A, …)
-        # so that a drift in machine load over the study does not read as a cost of determinism
-        # (app.stats.cost). Before, every run of one level ran as one block.
-        blocks = list(product(spec.seeds, range(spec.repeats)))
-        rows = [
-            {
-                "study_id": study.id,
-                "seed": seed,
-                "repeat": repeat,
-                "determinism": level.value,
-                "stack": stack.name,
-                "framework": framework,
-                "required_labels": sorted({framework, *stack.labels}),
-                "status": RunStatus.queued.value,
-                "attempt": 0,
-                "max_attempts": spec.max_attempts,
-                "cancel_requested": False,
-                "fingerprint": {},
-                "digests": {},
-                "determinism_applied": {},
-                "timings": {},
-                "final_metrics": {},
-                "created_at": utcnow(),
-            }
-            for (seed, repeat), levels in zip(blocks, balanced_level_order(spec.determinism, len(blocks)))
-            for stack in spec.groups
-            for level in levels
-        ]
-        session.execute(Run.__table__.insert(), rows)
+        insert_runs(session, study, spec, spec.seeds)
+        adaptive.start(session, study, spec)
     return study
+
+
+def insert_runs(session: Session, study: Study, spec: StudySpec, seeds: list[int]) -> None:
+    """Queue the runs of ``seeds``: each seed × repeat × group (stack or arm) × determinism level."""
+    assert spec.workload is not None
+    framework = spec.workload.framework.value
+    # Runs are leased in id order, so the insert order is the execution order. The levels
+    # are interleaved (one block per seed × repeat, alternating direction: A B C, C B A, …)
+    # so that a drift in machine load over the study does not read as a cost of determinism
+    # (app.stats.cost). Before, every run of one level ran as one block.
+    blocks = list(product(seeds, range(spec.repeats)))
+    rows = [
+        {
+            "study_id": study.id,
+            "seed": seed,
+            "repeat": repeat,
+            "determinism": level.value,
+            "stack": stack.name,
+            "framework": framework,
+            "required_labels": sorted({framework, *stack.labels}),
+            "status": RunStatus.queued.value,
+            "attempt": 0,
+            "max_attempts": spec.max_attempts,
+            "cancel_requested": False,
+            "fingerprint": {},
+            "digests": {},
+            "determinism_applied": {},
+            "timings": {},
+            "final_metrics": {},
+            "created_at": utcnow(),
+        }
+        for (seed, repeat), levels in zip(blocks, balanced_level_order(spec.determinism, len(blocks)))
+        for stack in spec.groups
+        for level in levels
+    ]
+    session.execute(Run.__table__.insert(), rows)
 
 
 def check_code(session: Session, spec: StudySpec) -> None:
@@ -157,6 +171,7 @@ def get_run(session: Session, run_id: int) -> Run:
 def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> list[StudySummary]:
     """API views of ``studies``; ``summary`` leaves the spec out (lists)."""
     progress = repository.progress_by_study(session, [s.id for s in studies])
+    stages = repository.current_stages(session, [s.id for s in studies if s.spec.get("budget")])
     cls = StudySummary if summary else StudyOut
     return [
         cls(
@@ -174,6 +189,7 @@ def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> 
             code_git_commit=s.code_git_commit,
             code_dirty=s.code_dirty,
             status_reason=s.status_reason,
+            stage=adaptive.stage_info(s, *stages[s.id]) if s.id in stages else None,
             **({} if summary else {"spec": s.spec}),
         )
         for s in studies
@@ -200,6 +216,8 @@ def refresh_status(session: Session, study_id: int) -> Study:
             status = "cancelled"
         elif p.failed == p.total:
             status = "failed"
+        elif adaptive.judge_stage(session, study):
+            status = "running"  # the next stage's seeds are queued
         else:
             status = "completed"
     elif study.status == "cancelled":

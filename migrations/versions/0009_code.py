@@ -2,7 +2,7 @@
 study's code digest, git commit, dirty flag and a status reason
 
 Revision ID: 0009_code
-Revises: 0007_series_dtype
+Revises: 0008_baseline_snapshots
 """
 from __future__ import annotations
 

@@ -1,0 +1,118 @@
+"""Adaptive seeds: a study with a budget grows in stages while its seed-stability verdict is inconclusive.
+
+When the last run of a stage ends, the stage is judged (``app.stats.sequential`` through the
+report): if some seed-stability verdict with a ``max_std`` is still inconclusive and the budget
+allows another stage, the next stage's runs (new seeds) are queued and the study stays running;
+else the study completes. Every stage and what it decided is recorded (``study_stages``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.models import Study, utcnow
+from app.stats.report import SeedStages
+from app.stats.sequential import stage_sizes
+from app.studies import repository
+from app.studies.schemas import StageInfo, StudySpec
+
+
+def planned_sizes(spec: StudySpec) -> tuple:
+    """Cumulative seed counts of the stages the budget allows (one stage without a budget)."""
+    first = len(spec.seeds)
+    if spec.budget is None:
+        return (first,)
+    return stage_sizes(first, spec.budget.stage_seeds or first, spec.max_seeds)
+
+
+def start(session: Session, study: Study, spec: StudySpec) -> None:
+    """Record stage 1 (the spec's seeds) of a study with a budget."""
+    if spec.budget is not None and spec.kind == "managed":
+        repository.add_stage(session, study.id, 1, list(spec.seeds))
+
+
+def stage_info(study: Study, stage: int, seeds: int) -> StageInfo:
+    spec = StudySpec.model_validate(study.spec)
+    return StageInfo(stage=stage, last_stage=len(planned_sizes(spec)), seeds=seeds, max_seeds=spec.max_seeds)
+
+
+def seed_stages(session: Session, study: Study) -> SeedStages | None:
+    """The stages behind an adaptive study's sequential verdicts (None: not adaptive)."""
+    if not study.spec.get("budget"):
+        return None
+    rows = repository.stages_of(session, study.id)
+    if not rows:
+        return None
+    spec = StudySpec.model_validate(study.spec)
+    assert spec.budget is not None
+    return SeedStages(stage_of_seed={s: row.stage for row in rows for s in row.seeds},
+                      last_stage=len(planned_sizes(spec)), max_seeds=spec.max_seeds,
+                      spending=spec.budget.spending)
+
+
+def stages_out(session: Session, study: Study) -> list[dict[str, Any]]:
+    return [{"stage": r.stage, "seeds": list(r.seeds), "created_at": r.created_at.isoformat(),
+             "judged_at": r.judged_at.isoformat() if r.judged_at else None, "outcome": r.outcome,
+             "decisions": r.decisions} for r in repository.stages_of(session, study.id)]
+
+
+def _decisions(report: dict[str, Any], stage: int) -> tuple[list[dict[str, Any]], bool]:
+    """What ``stage`` decided per seed-stability verdict, and whether another stage is wanted."""
+    out, more = [], False
+    for v in report.get("verdicts", []):
+        seq = v.get("sequential") if v["level"] == "seed_stability" else None
+        if not seq:
+            continue
+        looks = seq["stages"]
+        look = next((x for x in looks if x["stage"] == stage), looks[-1] if looks else None)
+        out.append({"metric": v["metric"], **v["group"], "verdict": v["verdict"], "decided_at": seq["decided_at"],
+                    **({k: look[k] for k in ("n_seeds", "info_fraction", "boundary", "nominal_alpha",
+                                             "cumulative_alpha", "std", "lower", "upper")} if look else {}),
+                    "decision": look["verdict"] if look and look["stage"] == stage else v["verdict"]})
+        more = more or (v["verdict"] == "inconclusive" and not seq["final"])
+    return out, more
+
+
+def judge_stage(session: Session, study: Study) -> bool:
+    """The study's current stage has settled: record its decisions; True when a next stage was queued."""
+    from app.reports import (
+        service as reports,  # lazy: app.reports imports the studies service
+    )
+    from app.studies.service import insert_runs
+
+    if not study.spec.get("budget") or study.kind != "managed":
+        return False
+    rows = repository.stages_of(session, study.id)
+    if not rows or rows[-1].judged_at is not None:
+        return False
+    current = rows[-1]
+    spec = StudySpec.model_validate(study.spec)
+    sizes = planned_sizes(spec)
+    try:
+        report = reports.compute_report(session, study.id)
+    except ValueError as exc:  # data the stats core cannot judge: no reason to spend more seeds
+        current.decisions, current.outcome, current.judged_at = [{"error": str(exc)}], "budget_spent", utcnow()
+        return False
+    decisions, more = _decisions(report, current.stage)
+    current.decisions, current.judged_at = decisions, utcnow()
+    if not more or current.stage >= len(sizes):
+        current.outcome = "budget_spent" if more or any(d["verdict"] == "inconclusive" for d in decisions) \
+            else "conclusive"
+        session.flush()
+        return False
+    used = {s for r in rows for s in r.seeds}
+    n_new = sizes[current.stage] - len(used)
+    seeds = []
+    candidate = 0
+    while len(seeds) < n_new:  # the smallest seeds not used yet
+        if candidate not in used:
+            seeds.append(candidate)
+        candidate += 1
+    current.outcome = "continue"
+    repository.add_stage(session, study.id, current.stage + 1, seeds)
+    insert_runs(session, study, spec, seeds)
+    study.updated_at = utcnow()
+    session.flush()
+    return True
