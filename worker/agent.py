@@ -32,6 +32,7 @@ from typing import Any
 
 from worker import engine as engines
 from worker.client import LeaseAnswer, LeaseLostError, NonRetryableError, PayloadTooLargeError, RetryableError, SteadyClient
+from worker.events import READ_CHUNK_BYTES
 from worker.fingerprint import auto_labels, host_fingerprint
 from worker.protocol import (
     FLOAT_DTYPES,
@@ -54,7 +55,7 @@ from worker.protocol import (
 from worker.runner import RunProcess
 
 log = logging.getLogger("steady.worker")
-READ_CHUNK_BYTES = 1 << 20  # events read from the run's file per poll
+
 
 
 @dataclass
