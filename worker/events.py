@@ -52,7 +52,7 @@ class EventWriter:
             pass
 
 
-READ_CHUNK_BYTES = 1 << 20  # what one bounded read takes from the file
+READ_CHUNK_BYTES = 1 << 18  # what one bounded read takes from the file (~3,500 metric events)
 _METRIC_PREFIX = b'{"e":"m",'  # how EventWriter starts every metric line (compact separators, "e" first)
 
 
