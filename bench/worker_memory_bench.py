@@ -21,7 +21,6 @@ import base64
 import glob
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -122,8 +121,8 @@ def check_series(server: Server, run_id: int, key: str, first: int, n: int, expe
     values = np.frombuffer(base64.b64decode(body["values_b64"]), "<f8")
     want = np.arange(first, n, dtype=np.int64)
     unique = np.unique(steps)
-    out = {"points": int(len(steps)), "expected": int(len(want)), "duplicates": int(len(steps) - len(unique)),
-           "lost": int(len(np.setdiff1d(want, unique, assume_unique=True)))}
+    out = {"points": len(steps), "expected": len(want), "duplicates": len(steps) - len(unique),
+           "lost": len(np.setdiff1d(want, unique, assume_unique=True))}
     if expected is not None:
         order = np.argsort(steps, kind="stable")
         ok_steps = len(steps) == len(want) and np.array_equal(steps[order], want)

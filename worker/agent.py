@@ -57,7 +57,6 @@ from worker.runner import RunProcess
 log = logging.getLogger("steady.worker")
 
 
-
 @dataclass
 class AgentConfig:
     server: str
@@ -142,6 +141,7 @@ class MetricStream:
 
     @property
     def max_points(self) -> int:
+        """The steady batch size (halved with the limit after a 413)."""
         return self.steady
 
     def wants_more(self) -> bool:

@@ -109,7 +109,7 @@ def control_events(path: str, offset: int = 0, *, chunk_bytes: int = READ_CHUNK_
     What a run reported about itself (result, error, digests, fingerprint) is found without
     holding its metric backlog in memory: metric lines are skipped by their prefix, unparsed.
     """
-    control = re.compile(rb"^(?!" + re.escape(_METRIC_PREFIX) + rb")[^\n]*\S[^\n]*$", re.M)
+    control = re.compile(rb"^(?!" + re.escape(_METRIC_PREFIX) + rb")[^\n]*\S[^\n]*$", re.MULTILINE)
     partial = b""
     try:
         with open(path, "rb") as f:

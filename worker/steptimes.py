@@ -93,7 +93,7 @@ class StepTimes:
         return _radix_select(self, k, np)
 
 
-def _keys(values, np):  # noqa: ANN001, ANN202
+def _keys(values, np):
     """Order-preserving uint64 keys of float64 values (NaN excluded): negative values have
     all bits flipped, others get the sign bit set."""
     bits = np.frombuffer(values, dtype=np.float64).view(np.uint64) if len(values) else np.empty(0, np.uint64)
@@ -101,7 +101,7 @@ def _keys(values, np):  # noqa: ANN001, ANN202
     return np.where(negative, ~bits, bits | np.uint64(1 << 63))
 
 
-def _radix_select(store: StepTimes, k: int, np) -> float:  # noqa: ANN001
+def _radix_select(store: StepTimes, k: int, np) -> float:
     prefix, shift = 0, 64
     while True:
         shift -= 16
