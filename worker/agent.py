@@ -15,6 +15,7 @@ second signal kills and releases at once.
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import os
@@ -22,16 +23,21 @@ import random
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker import codecache, codepack
 from worker import engine as engines
 from worker.client import LeaseAnswer, LeaseLostError, NonRetryableError, PayloadTooLargeError, RetryableError, SteadyClient
+from worker.events import READ_CHUNK_BYTES
 from worker.fingerprint import auto_labels, host_fingerprint
 from worker.protocol import (
+    FLOAT_DTYPES,
+    MAX_BATCH_POINTS,
     MAX_ERROR_LENGTH,
     MAX_SERIES_PER_BATCH,
     Digests,
@@ -50,7 +56,6 @@ from worker.protocol import (
 from worker.runner import RunProcess
 
 log = logging.getLogger("steady.worker")
-MAX_POINTS_PER_BATCH = 50_000
 
 
 @dataclass
@@ -81,50 +86,105 @@ class AgentConfig:
         self.concurrency = max(1, int(self.concurrency))
 
 
-class MetricStream:
-    """Buffers metric points and sends them as batches (seq from 0 per lease)."""
+def batch_size(pending: int, *, backlog: bool, steady: int, limit: int) -> int:
+    """Points in the next batch.
 
-    def __init__(self, client: SteadyClient, lease: Lease, *, interval_s: float, max_points: int) -> None:
+    At steady state the agent keeps up: a batch is what is waiting, at most ``steady`` points
+    (a batch goes out every ``interval_s`` or as soon as ``steady`` points wait). With a
+    backlog (events still unread in the file, or more than one steady batch waiting, e.g.
+    after the server stalled) it sends what is waiting up to ``limit`` (the server's batch
+    limit), so it catches up in fewer, larger requests.
+    """
+    if backlog or pending > steady:
+        return min(pending, limit)
+    return min(pending, steady)
+
+
+def _packed(key: str, steps: array, values: array, dtype: str | None) -> Series:
+    """A packed series straight from int64/float64 arrays (the wire is little-endian)."""
+    if sys.byteorder != "little":
+        steps, values = array("q", steps), array("d", values)
+        steps.byteswap()
+        values.byteswap()
+    return Series(
+        key=key,
+        dtype=dtype if dtype in FLOAT_DTYPES and dtype != "float64" else None,
+        steps_b64=base64.b64encode(steps.tobytes()).decode("ascii"),
+        values_b64=base64.b64encode(values.tobytes()).decode("ascii"),
+    )
+
+
+class MetricStream:
+    """Buffers metric points and sends them as batches (seq from 0 per lease).
+
+    Points wait in int64/float64 arrays (16 B a point). The caller reads events only while
+    :meth:`wants_more` (the rest stays in the run's event file), so at most about one batch
+    limit of points is held however far the server falls behind. A batch whose delivery is not
+    confirmed is kept as it is and re-sent with the same ``seq``: the server stores each seq once.
+    """
+
+    def __init__(self, client: SteadyClient, lease: Lease, *, interval_s: float, max_points: int,
+                 steady_points: int | None = None) -> None:
         self.client = client
         self.lease = lease
         self.interval_s = interval_s
-        self.max_points = min(max_points, MAX_POINTS_PER_BATCH)
-        self.pending: dict[str, tuple[list[int], list[float]]] = {}
+        self.limit = max(1, min(max_points, MAX_BATCH_POINTS))  # largest batch; halved on 413
+        self.steady = self.limit if steady_points is None else max(1, min(steady_points, self.limit))
+        self.backlog = False  # events wait unread in the file (set by the reader)
+        self.pending: dict[str, tuple[array, array]] = {}
         self.pending_points = 0
         self.seq = 0
         self.unsent: MetricBatch | None = None  # a batch whose delivery is not confirmed yet
         self.last_flush = time.monotonic()
         self.points_sent = 0
+        self.batches_sent = 0
         self.dtypes: dict[str, str] = {}  # key -> logged float type, when not float64
 
+    @property
+    def max_points(self) -> int:
+        """The steady batch size (halved with the limit after a 413)."""
+        return self.steady
+
+    def wants_more(self) -> bool:
+        """Whether the reader should take more events from the file (the window is not full)."""
+        return self.pending_points < self.limit
+
     def add(self, step: int, values: dict[str, float], dtypes: dict[str, str] | None = None) -> None:
-        self.dtypes.update(dtypes or {})
+        if dtypes:
+            self.dtypes.update(dtypes)
+        step = int(step)
+        pending = self.pending
         for key, value in values.items():
-            steps, vals = self.pending.setdefault(key, ([], []))
-            steps.append(int(step))
-            vals.append(float(value))
-            self.pending_points += 1
+            entry = pending.get(key)
+            if entry is None:
+                entry = pending[key] = (array("q"), array("d"))
+            entry[0].append(step)
+            entry[1].append(float(value))
+        self.pending_points += len(values)
 
     def due(self) -> bool:
-        return self.unsent is not None or self.pending_points >= self.max_points or (
+        return self.unsent is not None or self.pending_points >= self.steady or (
             self.pending_points > 0 and time.monotonic() - self.last_flush >= self.interval_s
         )
 
     def _next_batch(self) -> MetricBatch | None:
         if not self.pending_points:
             return None
-        series, budget = [], self.max_points
+        budget = batch_size(self.pending_points, backlog=self.backlog, steady=self.steady, limit=self.limit)
+        series = []
         for key in sorted(self.pending):
             if budget <= 0 or len(series) >= MAX_SERIES_PER_BATCH:
                 break
             steps, vals = self.pending[key]
             take = min(len(steps), budget)
-            series.append(Series.packed(key, steps[:take], vals[:take], self.dtypes.get(key)))
-            budget -= take
             if take == len(steps):
+                series.append(_packed(key, steps, vals, self.dtypes.get(key)))
                 del self.pending[key]
             else:
-                self.pending[key] = (steps[take:], vals[take:])
+                series.append(_packed(key, steps[:take], vals[:take], self.dtypes.get(key)))
+                del steps[:take]  # one memmove of at most a window: no quadratic re-slicing
+                del vals[:take]
+            budget -= take
             self.pending_points -= take
         return MetricBatch(lease_id=self.lease.lease_id, seq=self.seq, series=series)
 
@@ -139,23 +199,26 @@ class MetricStream:
             try:
                 self.client.send_metrics(self.lease.run_id, self.unsent, deadline_s=deadline_s)
             except PayloadTooLargeError:
-                if self.max_points <= 1:
+                points = sum(len(s) for s in self.unsent.series)
+                if points <= 1:
                     raise
                 self._requeue(self.unsent)  # the seq was not accepted: split and reuse it
                 self.unsent = None
-                self.max_points = max(1, self.max_points // 2)
+                self.limit = max(1, points // 2)
+                self.steady = min(self.steady, self.limit)
                 continue
             self.points_sent += sum(len(s) for s in self.unsent.series)
+            self.batches_sent += 1
             self.unsent = None
             self.seq += 1
-            if not everything and self.pending_points < self.max_points:
+            if not everything and self.pending_points < self.steady:
                 return
 
     def _requeue(self, batch: MetricBatch) -> None:
-        restored: dict[str, tuple[list[int], list[float]]] = {}
+        restored: dict[str, tuple[array, array]] = {}
         for s in batch.series:
             steps, vals = s.unpacked()
-            restored[s.key] = (steps, vals)
+            restored[s.key] = (array("q", steps), array("d", vals))
         for key, (steps, vals) in self.pending.items():
             if key in restored:
                 restored[key][0].extend(steps)
@@ -191,7 +254,8 @@ class RunExecution:
         self.release_requested = threading.Event()
         self.run_dir = os.path.join(self.config.work_dir, f"run-{lease.run_id}-attempt-{lease.attempt}-{lease.lease_id[:8]}")
         self.proc = RunProcess(lease.spec.model_dump(mode="json"), run_dir=self.run_dir, device=self.config.device)
-        self.stream = MetricStream(self.client, lease, interval_s=self.config.batch_interval_s, max_points=self.config.batch_points)
+        self.stream = MetricStream(self.client, lease, interval_s=self.config.batch_interval_s,
+                                   max_points=MAX_BATCH_POINTS, steady_points=self.config.batch_points)
         self.thread = threading.Thread(target=self._main, name=f"run-{lease.run_id}", daemon=True)
         self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{lease.run_id}", daemon=True)
 
@@ -222,10 +286,32 @@ class RunExecution:
 
     # --- run -------------------------------------------------------------------------------
 
-    def _pump(self) -> None:
-        for event in self.proc.poll():
-            if event.get("e") == "m":
-                self.stream.add(event["s"], event["v"], event.get("t"))
+    def _pump(self) -> int:
+        """Read events while the stream has room (what does not fit stays in the run's event
+        file, to be read once batches went out); returns how many were read."""
+        read = 0
+        while self.stream.wants_more():
+            events = self.proc.poll(READ_CHUNK_BYTES)
+            if not events:
+                break
+            read += len(events)
+            for event in events:
+                if event.get("e") == "m":
+                    self.stream.add(event["s"], event["v"], event.get("t"))
+        self.stream.backlog = self.proc.unread_bytes() > 0
+        return read
+
+    def _deliver_all(self) -> bool:
+        """Once the run ended: send every point it logged, one window at a time. False when
+        some could not be delivered (server unreachable past the deadline, refused, lease lost)."""
+        while not self.lease_lost.is_set() and self.refused is None:
+            read = self._pump()
+            if not read and not self.stream.pending_points and self.stream.unsent is None:
+                return True
+            self._flush(everything=True)
+            if self.stream.pending_points or self.stream.unsent is not None:
+                return False
+        return False
 
     def _flush(self, everything: bool = False) -> None:
         if self.lease_lost.is_set():
@@ -325,15 +411,14 @@ class RunExecution:
             self._try(lambda: self.client.release(run_id, RunRelease(lease_id=lease_id)))
             log.info("run %d: released back to the queue", run_id)
             return
-        if self.refused is None:
-            self._flush(everything=True)
+        delivered = self._deliver_all() if self.refused is None else False
         if self.lease_lost.is_set():
             return
         if self.refused is not None:
             outcome.ok = False
             outcome.kind = FailureKind.error.value
             outcome.error = f"the server refused the run's metrics: {self.refused}"[:MAX_ERROR_LENGTH]
-        elif self.stream.pending_points or self.stream.unsent is not None:
+        elif not delivered:
             outcome.ok = False
             outcome.kind = FailureKind.error.value
             outcome.error = "could not deliver all metric points to the server"
@@ -350,7 +435,8 @@ class RunExecution:
                 timings=timings,
             )
             self._try(lambda: self.client.complete(run_id, body))
-            log.info("run %d: completed (%d points, %.1f s)", run_id, self.stream.points_sent, outcome.wall_s)
+            log.info("run %d: completed (%d points in %d batches, %.1f s)", run_id, self.stream.points_sent,
+                     self.stream.batches_sent, outcome.wall_s)
         else:
             kind = outcome.kind if outcome.kind in FailureKind._value2member_map_ else FailureKind.error.value
             body = RunFailure(

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 EVENTS_ENV = "STEADY_EVENTS_FILE"
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=True)  # = json.dumps(..., separators, allow_nan), built once
 SPEC_ENV = "STEADY_RUN_SPEC"
 CONFIG_FILE_ENV = "STEADY_CONFIG_FILE"  # path of the arm's config file, when its study gives one
 
@@ -39,7 +42,7 @@ class EventWriter:
     def write(self, event: dict[str, Any]) -> None:
         if os.getpid() != self._pid:  # a forked DataLoader worker: only the run process reports
             return
-        line = (json.dumps(event, separators=(",", ":"), allow_nan=True) + "\n").encode()
+        line = (_ENCODER.encode(event) + "\n").encode()
         with self._lock:
             os.write(self._fd, line)
 
@@ -50,30 +53,73 @@ class EventWriter:
             pass
 
 
-class EventReader:
-    """Reads complete lines appended since the last call; tolerates a torn last line."""
+READ_CHUNK_BYTES = 1 << 18  # what one bounded read takes from the file (~3,500 metric events)
+_METRIC_PREFIX = b'{"e":"m",'  # how EventWriter starts every metric line (compact separators, "e" first)
 
-    def __init__(self, path: str) -> None:
+
+def _parse(line: bytes) -> dict[str, Any]:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return {"e": "corrupt", "line": line[:200].decode("utf-8", "replace")}
+
+
+class EventReader:
+    """Reads complete lines appended since the last call; tolerates a torn last line.
+
+    The file is the buffer: ``read_new(max_bytes=...)`` takes at most that many bytes, so a
+    reader that falls behind a fast writer holds a bounded window in memory and resumes from
+    :attr:`offset` (the byte after the last complete line it returned) on the next call.
+    """
+
+    def __init__(self, path: str, offset: int = 0) -> None:
         self.path = path
-        self._offset = 0
+        self._offset = offset  # bytes read from the file so far (complete lines + the partial one)
         self._partial = b""
 
-    def read_new(self) -> list[dict[str, Any]]:
+    @property
+    def offset(self) -> int:
+        """File offset of the first byte not yet returned as part of a complete line."""
+        return self._offset - len(self._partial)
+
+    def unread_bytes(self) -> int:
+        """Bytes in the file after :attr:`offset` (0 when the file does not exist yet)."""
+        try:
+            return max(0, os.path.getsize(self.path) - self.offset)
+        except OSError:
+            return 0
+
+    def read_new(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
+        """Complete events appended since the last call; at most about ``max_bytes`` of them
+        (``None``: everything, for callers that keep it all anyway)."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
-                chunk = f.read()
+                chunk = f.read() if max_bytes is None else f.read(max(1, int(max_bytes)))
         except FileNotFoundError:
             return []
         self._offset += len(chunk)
         data = self._partial + chunk
         *lines, self._partial = data.split(b"\n")
-        events = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                events.append({"e": "corrupt", "line": line[:200].decode("utf-8", "replace")})
-        return events
+        return [_parse(line) for line in lines if line.strip()]
+
+
+def control_events(path: str, offset: int = 0, *, chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[dict[str, Any]]:
+    """Every complete event after ``offset`` except metric points, read in bounded chunks.
+
+    What a run reported about itself (result, error, digests, fingerprint) is found without
+    holding its metric backlog in memory: metric lines are skipped by their prefix, unparsed.
+    """
+    control = re.compile(rb"^(?!" + re.escape(_METRIC_PREFIX) + rb")[^\n]*\S[^\n]*$", re.MULTILINE)
+    partial = b""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            while chunk := f.read(chunk_bytes):
+                data = partial + chunk
+                cut = data.rfind(b"\n") + 1
+                data, partial = data[:cut], data[cut:]
+                for match in control.finditer(data):
+                    yield _parse(match.group(0))
+    except FileNotFoundError:
+        return

@@ -28,6 +28,9 @@ MAX_KEY_LENGTH = 200
 MAX_NAME_LENGTH = 200
 MAX_LABELS = 64
 MAX_SERIES_PER_BATCH = 256
+# Points in one metric batch: the server's default STEADY_MAX_BATCH_POINTS. A server configured
+# lower answers 413 and the worker halves its batches.
+MAX_BATCH_POINTS = 200_000
 MAX_ERROR_LENGTH = 65_536
 
 # Name of the series in which workers record the wall time of every training step (s).

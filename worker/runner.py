@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker import determinism
-from worker.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader
+from worker.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
 
 STDERR_TAIL_BYTES = 16_000
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,7 +122,6 @@ class RunProcess:
         self.started_at = 0.0
         self._kill_reason: str | None = None
         self._outcome: Outcome | None = None
-        self._unclaimed: list[dict[str, Any]] = []  # read by outcome(), not yet returned by poll()
         self.code_dir: str | None = None  # the unpacked study code (worker.codecache), if it ships any
 
     # --- the study's code: where the run starts and what it runs ------------------------------
@@ -211,13 +210,17 @@ class RunProcess:
     def elapsed(self) -> float:
         return time.monotonic() - self.started_at if self.started_at else 0.0
 
-    def poll(self) -> list[dict[str, Any]]:
-        """New events since the last call (also absorbed into :attr:`collected`)."""
-        events = self.reader.read_new()
+    def poll(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
+        """New events since the last call (also absorbed into :attr:`collected`); at most about
+        ``max_bytes`` of the file per call (``None``: all of it). The rest stays in the file."""
+        events = self.reader.read_new(max_bytes)
         for event in events:
             self.collected.absorb(event)
-        events, self._unclaimed = self._unclaimed + events, []
         return events
+
+    def unread_bytes(self) -> int:
+        """Bytes of events the run wrote that :meth:`poll` has not returned yet."""
+        return self.reader.unread_bytes()
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -267,8 +270,11 @@ class RunProcess:
         assert self.proc is not None
         rc = self.proc.wait()
         self._killpg()  # leftover children (e.g. DataLoader workers) of an exited run
-        pending = self.poll()  # (not .extend(self.poll()): poll() rebinds the list)
-        self._unclaimed = pending
+        # What the run reported about itself may lie behind a metric backlog that poll() has not
+        # reached: read it without the metric lines (absorbing an event twice changes nothing),
+        # and leave those to later poll() calls.
+        for event in control_events(self.events_path, self.reader.offset):
+            self.collected.absorb(event)
         wall = self.elapsed()
         tail = self.stderr_tail()
         c = self.collected

@@ -19,7 +19,6 @@ time the training step precisely).
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
@@ -29,6 +28,7 @@ from typing import Any
 
 from worker.digests import file_digest, order_digest, state_digest
 from worker.events import EVENTS_ENV, EventWriter
+from worker.steptimes import StepTimes
 
 STEP_TIME_KEY = "step_time"  # same value as worker.protocol.STEP_TIME_KEY (no pydantic import here)
 DIGEST_KINDS = ("initial_weights", "final_weights", "optimizer_state", "data_order")
@@ -78,13 +78,16 @@ class RunContext:
         set_digest(kind, value, epoch=epoch)
 
 
+STEP_TIMES_FILE = "step_times.f64"  # next to the event file: the run's step times, float64
+
+
 class _ActiveRun:
-    def __init__(self, writer: EventWriter, ctx: RunContext) -> None:
+    def __init__(self, writer: EventWriter, ctx: RunContext, step_times_path: str) -> None:
         self.writer = writer
         self.ctx = ctx
         self.lock = threading.Lock()
         self.last: dict[str, float] = {}
-        self.step_times: list[float] = []
+        self.step_times = StepTimes(step_times_path)  # bounded memory; exact summary at the end
         self.last_step: int | None = None
         self.last_log_t: float | None = None
         self.digests: dict[str, Any] = {}
@@ -105,7 +108,10 @@ def _start(ctx: RunContext, events_path: str | None = None) -> _ActiveRun:
     """Called by the harness only."""
     global _run
     path = events_path or os.environ[EVENTS_ENV]
-    _run = _ActiveRun(EventWriter(path), ctx)
+    step_times_path = os.path.join(os.path.dirname(os.path.abspath(path)), STEP_TIMES_FILE)
+    if os.path.exists(step_times_path):
+        os.remove(step_times_path)
+    _run = _ActiveRun(EventWriter(path), ctx, step_times_path)
     return _run
 
 
@@ -152,8 +158,16 @@ def log(step: int | None = None, **metrics: Any) -> None:
         _notice()
         return
     now = time.perf_counter()
-    values = {k: _to_float(v) for k, v in metrics.items() if v is not None}
-    dtypes = {k: t for k, v in metrics.items() if v is not None and (t := float_dtype(v)) != "float64"}
+    values: dict[str, float] = {}
+    dtypes: dict[str, str] = {}
+    for k, v in metrics.items():
+        cls = type(v)
+        if cls is float or cls is int:  # the common case, without the dtype probing below
+            values[k] = float(v)
+        elif v is not None:
+            values[k] = _to_float(v)
+            if (t := float_dtype(v)) != "float64":
+                dtypes[k] = t
     with run.lock:
         if step is None:
             step = 0 if run.last_step is None else run.last_step + 1
@@ -165,7 +179,7 @@ def log(step: int | None = None, **metrics: Any) -> None:
             run.last_log_t = now
             run.last_step = step
         if STEP_TIME_KEY in values:
-            run.step_times.append(values[STEP_TIME_KEY])
+            run.step_times.add(values[STEP_TIME_KEY])
         run.last.update(values)
     if values:
         run.writer.write({"e": "m", "s": step, "v": values, **({"t": dtypes} if dtypes else {})})
@@ -227,16 +241,10 @@ def digest_file(path: str) -> str:
 
 
 def _summary() -> tuple[dict[str, float], dict[str, float]]:
-    """Final metrics (last value of every key but step_time) and step-time statistics."""
+    """Final metrics (last value of every key but step_time) and step-time statistics
+    (:meth:`worker.steptimes.StepTimes.summary`: exact median, correctly rounded sum)."""
     run = _run
     if run is None:
         return {}, {}
     final = {k: v for k, v in run.last.items() if k != STEP_TIME_KEY}
-    timings: dict[str, float] = {}
-    st = sorted(t for t in run.step_times if math.isfinite(t))
-    if st:
-        timings["steps"] = float(len(st))
-        timings["step_time_mean_s"] = sum(st) / len(st)
-        timings["step_time_median_s"] = st[len(st) // 2] if len(st) % 2 else (st[len(st) // 2 - 1] + st[len(st) // 2]) / 2
-        timings["train_s"] = sum(st)
-    return final, timings
+    return final, run.step_times.summary()
