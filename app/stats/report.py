@@ -108,7 +108,7 @@ def to_plain(obj):
     if isinstance(obj, Mapping):
         return {str(k): to_plain(v) for k, v in obj.items()}
     if isinstance(obj, np.ndarray):
-        return [to_plain(v) for v in obj.tolist()]
+        return _array_plain(obj)
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     if isinstance(obj, (bool, np.bool_)):
@@ -125,6 +125,26 @@ def to_plain(obj):
     if obj is None or isinstance(obj, str):
         return obj
     return str(obj)
+
+
+_NONFINITE = {True: "inf", False: "-inf"}
+
+
+def _array_plain(arr: np.ndarray) -> list:
+    """``to_plain`` of an array, whole rows at a time: ``tolist()`` gives exactly the Python
+    numbers the per-element path gives, and only the non-finite cells are patched (NaN → None,
+    ±Inf → "inf"/"-inf")."""
+    if arr.ndim == 0 or arr.dtype.kind not in "biuf":
+        return [to_plain(v) for v in arr.tolist()]  # object, complex, strings…: element by element
+    if arr.ndim > 1:
+        return [_array_plain(row) for row in arr]
+    out = arr.tolist()
+    if arr.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr))
+        for i in bad.tolist():
+            x = out[i]
+            out[i] = None if x != x else _NONFINITE[x > 0]
+    return out
 
 
 # --------------------------------------------------------------------------- validation
