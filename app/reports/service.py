@@ -51,7 +51,7 @@ def excluded_runs(session: Session, study_id: int) -> list[dict[str, Any]]:
 
 
 def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:
-    series = metrics_repo.load_series(session, [r.id for r in runs], list(keys))
+    series = metrics_repo.load_series_shared(session, [r.id for r in runs], list(keys))
     dtypes = metrics_repo.load_dtypes(session, [r.id for r in runs], list(keys))
     out = []
     for r in runs:
