@@ -393,6 +393,8 @@ def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
         return Finals(np.zeros(0), [], [r.run_id for r, _ in bad], None, [])
     common = ok[0][1][0]
     for _, (steps, _) in ok[1:]:
+        if steps is common or (steps.shape == common.shape and np.array_equal(steps, common)):
+            continue  # the usual case, runs on one step grid: no sort
         common = np.intersect1d(common, steps, assume_unique=True)
     if common.size == 0:
         return Finals(np.zeros(0), [], [r.run_id for r, _ in bad], None, [])
@@ -430,7 +432,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         oob_info = None
         keep = ~aligned.diverged
         if keep.sum() >= 3:
-            oob = out_of_band_curves(aligned.values[keep], false_alarm=false_alarm)
+            oob = out_of_band_curves(aligned.values if keep.all() else aligned.values[keep], false_alarm=false_alarm)
             kept_ids = [r.run_id for r, k in zip(chosen, keep) if k]
             flagged = [i for i, f in zip(kept_ids, oob.flagged) if f]
             oob_info = {"run_ids": kept_ids, "testable": oob.testable, "level_score": oob.level_score,
