@@ -25,7 +25,7 @@ from app.models import Run
 from app.stats.align import align_series
 from app.stats.downsample import extreme_indices
 from app.stats.repeatability import ulp_distance
-from app.stats.report import RunData, compute_bands
+from app.stats.report import GroupBand, RunData, compute_bands
 
 BAND_FIELDS = ("mean", "min", "max", "ti_low", "ti_high", "ci_low", "ci_high")
 
@@ -87,16 +87,22 @@ def group_chart(
     max_points: int,
     max_lines: int,
     first_divergent_step: int | None = None,
+    band: GroupBand | None = None,
+    n_runs_with_data: int | None = None,
 ) -> str:
     """The chart of one (determinism, stack) group as JSON text.
 
     ``runs`` are the group's completed and running runs; ``series`` maps run id to its
     (steps, values) of ``metric``. The band uses the completed runs (one per seed, diverged
     runs excluded, as the API's bands); lines show up to ``max_lines`` runs.
+
+    ``band``: the group's band when already computed (the report's); ``series`` then needs only
+    the runs drawn as lines, and ``n_runs_with_data`` counts the runs with data among ``runs``.
     """
     with_data = [r for r in runs if r.id in series and len(series[r.id][0])]
     completed = [r for r in with_data if r.status == "completed"]
-    band = None
+    if band is not None:
+        completed = []  # given: not computed here
     if completed:
         data = [RunData(run_id=r.id, seed=r.seed, repeat=r.repeat, determinism=r.determinism, stack="g",
                         series={metric: series[r.id]}) for r in completed]
@@ -132,9 +138,9 @@ def group_chart(
         "points": int(x.size),
         "downsampled": bool(x.size < grid.size),
         "n_runs": len(runs),
-        "n_runs_with_data": len(with_data),
+        "n_runs_with_data": len(with_data) if n_runs_with_data is None else n_runs_with_data,
         "n_lines": len(lines),
-        "lines_capped": len(with_data) > len(lines),
+        "lines_capped": (len(with_data) if n_runs_with_data is None else n_runs_with_data) > len(lines),
         "first_divergent_step": first_divergent_step,
         "band": None,
         "lines": [],

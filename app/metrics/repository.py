@@ -254,6 +254,19 @@ def _load_matrix(session: Session, run_ids: list[int], key: str,
     return out
 
 
+def runs_with_key(session: Session, run_ids: Sequence[int], key: str) -> set[int]:
+    """The runs whose current attempt logged ``key`` (no blob is read)."""
+    if not run_ids:
+        return set()
+    table, runs = MetricChunk.__table__, Run.__table__
+    stmt = (
+        select(table.c.run_id).distinct()
+        .join(runs, (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt))
+        .where(table.c.run_id.in_(list(run_ids)), table.c.key == key)
+    )
+    return set(session.scalars(stmt))
+
+
 def load_dtypes(session: Session, run_ids: Sequence[int], keys: Sequence[str] | None = None) -> dict[tuple[int, str], str]:
     """{(run_id, key): dtype} of the series logged in a type other than float64 (current attempts)."""
     if not run_ids:
@@ -278,5 +291,6 @@ __all__ = [
     "insert_chunks",
     "load_series",
     "load_series_shared",
+    "runs_with_key",
     "metric_keys",
 ]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +19,7 @@ from app.errors import Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.models import Run, Study, utcnow
 from app.reports import repository
-from app.stats.report import MetricSpec, RunData, build_report, compute_bands
+from app.stats.report import GroupBand, MetricSpec, RunData, build_report, compute_bands
 from app.studies import repository as studies_repo
 from app.studies import service as studies
 from worker.protocol import STEP_TIME_KEY, RunStatus
@@ -119,13 +121,51 @@ def refresh_cached_reports(session: Session, *, limit: int = 5) -> list[int]:
     return stored
 
 
+class _Bands:
+    """The full-resolution bands of the last few reports computed by this process, so the
+    dashboard's chart draws the report's band instead of reloading every series and computing it
+    again. Keyed by database, study and the study's version (``repository.study_version``)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size, self._data, self._lock = size, OrderedDict(), threading.Lock()
+
+    def put(self, key: tuple, bands: tuple[GroupBand, ...]) -> None:
+        with self._lock:
+            self._data[key] = bands
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def get(self, key: tuple) -> tuple[GroupBand, ...] | None:
+        with self._lock:
+            return self._data.get(key)
+
+
+_bands = _Bands()
+
+
+def _bands_key(session: Session, study: Study) -> tuple:
+    return str(session.get_bind().url), study.id, repository.study_version(session, study)
+
+
+def report_band(session: Session, study_id: int, *, metric: str, determinism: str, stack: str) -> GroupBand | None:
+    """The band of one (metric, group) from the report this process computed for the study's
+    current version (coverage and confidence of the study's spec), or None."""
+    study = studies.get_study(session, study_id)
+    for b in _bands.get(_bands_key(session, study)) or ():
+        if b.metric == metric and b.group == {"determinism": determinism, "stack": stack}:
+            return b
+    return None
+
+
 def compute_report(session: Session, study_id: int) -> dict[str, Any]:
     study = studies.get_study(session, study_id)
+    bands_key = _bands_key(session, study)  # before reading: a change meanwhile makes the key stale, not the data
     specs = metric_specs(study)
     runs = completed_runs(session, study_id)
     data = run_data(session, runs, [m.name for m in specs] + [STEP_TIME_KEY])
     spec = study.spec
-    report = build_report(
+    built = build_report(
         data,
         specs,
         coverage=spec.get("coverage", 0.9),
@@ -133,7 +173,10 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         reference_stack=spec.get("reference_stack"),
         rng=_rng(study_id),
         cost_budget=spec.get("cost_budget"),
-    ).to_dict()
+    )
+    del data  # the series: the bands below are all that is kept
+    _bands.put(bands_key, built.bands)
+    report = built.to_dict()
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]
     return {
         "study": {"id": study.id, "name": study.name, "status": study.status, "kind": study.kind,

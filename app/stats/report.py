@@ -82,6 +82,9 @@ class StudyReport:
     diverged: tuple
     options: Mapping
     headline: tuple = ()  # expectations.LevelHeadline per determinism level (repeatability)
+    # The full-resolution seed band (GroupBand) of every (metric, group) behind the seed-stability
+    # verdicts, for consumers that draw it; not part of ``to_dict``.
+    bands: tuple = ()
 
     def to_dict(self) -> dict:
         """JSON-safe plain data (NaN → None, ±Inf → "inf"/"-inf")."""
@@ -405,7 +408,8 @@ def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
                   [r.run_id for r, (steps, _) in ok if int(steps[-1]) < longest])
 
 
-def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, false_alarm) -> list[Verdict]:
+def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, false_alarm,
+                   bands: list | None = None) -> list[Verdict]:
     out = []
     for (det, stack), group_runs in groups.items():
         chosen, aligned, band = _group_band(group_runs, spec.name, coverage=coverage, confidence=confidence,
@@ -428,6 +432,12 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         per_seed = len(chosen) < len(_with_metric(group_runs, spec.name))
         if per_seed:
             reason += "; one run per seed (first repeat)"
+        if bands is not None:  # the same GroupBand as compute_bands gives for this group
+            chosen_ids = [int(r.run_id) for r in chosen]
+            bands.append(GroupBand(group={"determinism": det, "stack": stack}, metric=spec.name,
+                                   run_ids=tuple(i for i, d in zip(chosen_ids, aligned.diverged) if not d),
+                                   excluded_run_ids=tuple(i for i, d in zip(chosen_ids, aligned.diverged) if d),
+                                   one_run_per_seed=per_seed, downsampled=False, band=band))
         flagged = []
         oob_info = None
         keep = ~aligned.diverged
@@ -537,11 +547,12 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     runs = _validate(runs, metrics)
     groups = _groups(runs)
     verdicts: list[Verdict] = []
+    bands: list[GroupBand] = []
     pending_port = []
     for spec in metrics:
         verdicts += _repeatability_verdicts(groups, spec)
         verdicts += _seed_verdicts(groups, spec, coverage=coverage, confidence=confidence, alpha=alpha,
-                                   false_alarm=false_alarm)
+                                   false_alarm=false_alarm, bands=bands)
         pending_port += [(spec, *p) for p in _portability_verdicts(groups, spec, reference_stack=reference_stack,
                                                                    alpha=alpha, rng=rng, coverage=coverage,
                                                                    confidence=confidence)]
@@ -561,7 +572,7 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
          "suspicious": v.details["suspicious"]} for v in verdicts if v.level == "repeatability")
     return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics)),
                        determinism_cost=tuple(_cost(runs, confidence=confidence, budget=cost_budget)),
-                       diverged=tuple(diverged), options=options, headline=head)
+                       diverged=tuple(diverged), options=options, headline=head, bands=tuple(bands))
 
 
 def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
