@@ -275,12 +275,18 @@ def curve_levels(x: np.ndarray) -> tuple[np.ndarray | None, int]:
         k += int(shared.sum())
         if runs < 2 or not shared.any():
             continue
-        xs = xb[:, shared]
-        s = xs.std(axis=0, ddof=1)
+        xs = xb if shared.all() else xb[:, shared]
+        d = xs - xs.mean(axis=0)  # the deviations and sd exactly as ``xs.std(axis=0, ddof=1)`` forms them
+        s = np.sqrt(np.einsum("ij,ij->j", d, d) / (runs - 1))
         informative = s > 0
-        if informative.any():
-            total += ((xs[:, informative] - xs[:, informative].mean(axis=0)) / s[informative]).sum(axis=1)
-            used += int(informative.sum())
+        if informative.all():
+            d /= s
+        elif informative.any():
+            d = d[:, informative] / s[informative]
+        else:
+            continue
+        total += d.sum(axis=1)
+        used += int(informative.sum())
     if k == 0 or runs < 2 or used == 0:
         return None, k
     return total / used, k
