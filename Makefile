@@ -61,6 +61,7 @@ bench: setup $(MLFLOW_VENV)/.installed
 	$(BIN)/python bench/calibration_bench.py
 	$(BIN)/python bench/capacity_bench.py
 	$(BIN)/python bench/report_cache_bench.py
+	$(BIN)/python bench/report_bench.py
 
 serve: $(STAMP)
 	$(BIN)/steady serve
