@@ -10,6 +10,8 @@ cold) and measured:
 
 * ``seconds``: the client's time for the whole response (server on loopback), and
   ``first_byte_s`` (time to the response headers);
+* ``server_cpu_s``: the server process's CPU time (user + system, ``/proc/<pid>/stat``) for the
+  request — on a shared, loaded machine wall time stretches with the load, CPU time much less;
 * ``peak_rss_increase_bytes``: the server's peak resident memory (``VmHWM`` of
   ``/proc/<pid>/status``) minus its resident memory just before the request, and that increase
   as a multiple of the raw data (runs × steps × 8 bytes).
@@ -92,6 +94,13 @@ def checkout(ref: str, into: Path) -> Path:
     return src
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of the process so far (all its threads): the server's own work,
+    which a loaded machine stretches in wall time but not in CPU time."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _status_kb(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -157,16 +166,21 @@ def measure(src: Path, url: str, token: str, study_id: int, kind: str, raw: int,
     with Serve(src, url, workdir) as srv, httpx.Client(base_url=srv.base, timeout=600,
                                                        headers={"Authorization": f"Bearer {token}"}) as client:
         client.get(f"/api/v1/studies/{study_id}").raise_for_status()  # warm: imports, connection, auth
-        before = _status_kb(srv.proc.pid, "VmRSS")
+        before, cpu0 = _status_kb(srv.proc.pid, "VmRSS"), _cpu_seconds(srv.proc.pid)
         seconds, first, size = timed_get(client, path_of(kind, study_id))
-        peak = _status_kb(srv.proc.pid, "VmHWM")
-        out = {"seconds": seconds, "first_byte_s": first, "response_bytes": size, "rss_before_bytes": before,
+        peak, cpu = _status_kb(srv.proc.pid, "VmHWM"), _cpu_seconds(srv.proc.pid) - cpu0
+        out = {"seconds": seconds, "first_byte_s": first, "server_cpu_s": cpu, "response_bytes": size,
+               "load_average": os.getloadavg()[0], "rss_before_bytes": before,
                "peak_rss_bytes": peak, "peak_rss_increase_bytes": peak - before,
                "peak_increase_over_raw": (peak - before) / raw}
         if kind == "bands" and repeat:
-            warm = [timed_get(client, path_of(kind, study_id))[0] for _ in range(repeat)]
-            out["warm_seconds"] = warm
-            out["warm_median_s"] = statistics.median(warm)
+            warm, warm_cpu = [], []
+            for _ in range(repeat):
+                cpu0 = _cpu_seconds(srv.proc.pid)
+                warm.append(timed_get(client, path_of(kind, study_id))[0])
+                warm_cpu.append(_cpu_seconds(srv.proc.pid) - cpu0)
+            out.update({"warm_seconds": warm, "warm_median_s": statistics.median(warm),
+                        "warm_server_cpu_s": warm_cpu, "warm_median_server_cpu_s": statistics.median(warm_cpu)})
     return out
 
 
@@ -202,12 +216,14 @@ def main() -> None:
             entry[name] = {kind: measure(src, url, token, study_id, kind, raw, args.repeat, tmp) for kind in REQUESTS}
             for kind in REQUESTS:
                 m = entry[name][kind]
-                print(f"{runs}x{steps} {name:6s} {kind:6s} {m['seconds']:7.2f} s (first byte {m['first_byte_s']:.2f} s)"
+                print(f"{runs}x{steps} {name:6s} {kind:6s} {m['seconds']:7.2f} s (first byte {m['first_byte_s']:.2f} s,"
+                      f" server CPU {m['server_cpu_s']:.2f} s, load {m['load_average']:.0f})"
                       f"  peak +{m['peak_rss_increase_bytes'] / 2**20:7.0f} MiB = {m['peak_increase_over_raw']:.2f}× raw"
                       + (f"  warm median {m['warm_median_s']:.2f} s" if "warm_median_s" in m else ""), flush=True)
         if "before" in entry:
             entry["after_over_before"] = {
                 kind: {"seconds": entry["after"][kind]["seconds"] / entry["before"][kind]["seconds"],
+                       "server_cpu_s": entry["after"][kind]["server_cpu_s"] / entry["before"][kind]["server_cpu_s"],
                        "peak_rss_increase": entry["after"][kind]["peak_rss_increase_bytes"]
                        / max(1, entry["before"][kind]["peak_rss_increase_bytes"])}
                 for kind in REQUESTS}

@@ -36,27 +36,30 @@ def bucket_extremes(matrix: np.ndarray, max_points: int) -> tuple[np.ndarray, np
     Returns (grid indices of the kept x positions, values). Non-finite cells are treated as
     missing; a bucket where a series has no finite value gives NaN for it.
     """
-    values = np.where(np.isfinite(matrix), matrix, np.nan)
-    n_series, m = values.shape
+    n_series, m = matrix.shape
     if m <= max_points:
-        return np.arange(m), values
+        return np.arange(m), np.where(np.isfinite(matrix), matrix, np.nan)
     buckets = max_points // 2
     edges = np.linspace(0, m, buckets + 1).astype(np.int64)
     width = int(np.max(np.diff(edges)))
     pos = edges[:-1, None] + np.arange(width)[None, :]
     valid = pos < edges[1:, None]
-    cells = values[:, np.minimum(pos, m - 1)]  # series × buckets × width
-    cells = np.where(valid[None], cells, np.nan)
-    empty = np.all(np.isnan(cells), axis=2)
-    lo = np.argmin(np.where(np.isnan(cells), np.inf, cells), axis=2)
-    hi = np.argmax(np.where(np.isnan(cells), -np.inf, cells), axis=2)
-    first, second = np.minimum(lo, hi), np.maximum(lo, hi)
-    take = lambda idx: np.take_along_axis(cells, idx[..., None], axis=2)[..., 0]  # noqa: E731
-    v_first, v_second = take(first), take(second)
-    v_first[empty] = np.nan
-    v_second[empty] = np.nan
+    pos = np.minimum(pos, m - 1)
     out = np.empty((n_series, 2 * buckets))
-    out[:, 0::2], out[:, 1::2] = v_first, v_second
+    for i in range(n_series):  # one series at a time: temporaries of one row, not of the matrix
+        row = matrix[i]
+        cells = np.where(valid, row[pos], np.nan)  # buckets × width
+        cells[~np.isfinite(cells)] = np.nan
+        missing = np.isnan(cells)
+        empty = missing.all(axis=1)
+        lo = np.argmin(np.where(missing, np.inf, cells), axis=1)
+        hi = np.argmax(np.where(missing, -np.inf, cells), axis=1)
+        first, second = np.minimum(lo, hi), np.maximum(lo, hi)
+        v_first = np.take_along_axis(cells, first[:, None], axis=1)[:, 0]
+        v_second = np.take_along_axis(cells, second[:, None], axis=1)[:, 0]
+        v_first[empty] = np.nan
+        v_second[empty] = np.nan
+        out[i, 0::2], out[i, 1::2] = v_first, v_second
     xs = np.empty(2 * buckets, dtype=np.int64)
     xs[0::2], xs[1::2] = edges[:-1], edges[1:] - 1
     return xs, out
@@ -115,20 +118,15 @@ def group_chart(
         grids.append(np.asarray(band.band.steps, dtype=np.int64))
     grid = np.unique(np.concatenate(grids)) if grids else np.zeros(0, np.int64)
 
-    rows: list[np.ndarray] = []
+    n_band = len(BAND_FIELDS) if band is not None else 0
+    matrix = np.full((n_band + len(lines), grid.size), np.nan)  # every drawn series on the shared grid
     if band is not None:
         where = np.searchsorted(grid, band.band.steps)
-        for name in BAND_FIELDS:
-            row = np.full(grid.size, np.nan)
-            row[where] = np.asarray(getattr(band.band, name), dtype=np.float64)
-            rows.append(row)
+        for j, name in enumerate(BAND_FIELDS):
+            matrix[j, where] = np.asarray(getattr(band.band, name), dtype=np.float64)
     if aligned is not None:
         where = np.searchsorted(grid, aligned.steps)
-        for i in range(len(lines)):
-            row = np.full(grid.size, np.nan)
-            row[where] = aligned.values[i]
-            rows.append(row)
-    matrix = np.vstack(rows) if rows else np.zeros((0, grid.size))
+        matrix[n_band:, where] = aligned.values
     idx, reduced = bucket_extremes(matrix, max_points)
     x = grid[idx] if grid.size else grid
 
