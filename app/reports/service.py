@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -19,6 +20,7 @@ from app.errors import Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.models import Run, Study, utcnow
 from app.reports import repository
+from app.stats.downsample import extreme_indices
 from app.stats.report import GroupBand, MetricSpec, RunData, build_report, compute_bands
 from app.studies import repository as studies_repo
 from app.studies import service as studies
@@ -158,6 +160,29 @@ def report_band(session: Session, study_id: int, *, metric: str, determinism: st
     return None
 
 
+def _report_bands(session: Session, study: Study, *, metric: str, coverage: float, confidence: float,
+                  max_points: int | None) -> tuple[GroupBand, ...] | None:
+    """The bands of ``metric`` from the report this process computed for the study's current
+    version, when they are what was asked (the spec's coverage and confidence, a judged metric);
+    else None. Decimated as ``compute_bands`` does."""
+    spec = study.spec
+    if (coverage != spec.get("coverage", 0.9) or confidence != spec.get("confidence", 0.95)
+            or metric not in {m.name for m in metric_specs(study)}):
+        return None
+    cached = _bands.get(_bands_key(session, study))
+    if cached is None:
+        return None
+    out = []
+    for g in cached:
+        if g.metric != metric:
+            continue
+        if max_points is not None and g.band.steps.size > max_points:
+            g = dataclasses.replace(g, downsampled=True, band=g.band.take(
+                extreme_indices(g.band.min, g.band.max, max_points=int(max_points))))
+        out.append(g)
+    return tuple(out) if out else None
+
+
 def compute_report(session: Session, study_id: int) -> dict[str, Any]:
     study = studies.get_study(session, study_id)
     bands_key = _bands_key(session, study)  # before reading: a change meanwhile makes the key stale, not the data
@@ -197,12 +222,15 @@ def study_bands(
     confidence: float,
     max_points: int | None,
 ) -> dict[str, Any]:
-    studies.get_study(session, study_id)
-    runs = completed_runs(session, study_id)
-    data = run_data(session, runs, [metric])
-    if runs and not any(metric in d.series for d in data):
-        raise NotFound(f"no completed run of study {study_id} has metric {metric!r}")
-    groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points)
+    study = studies.get_study(session, study_id)
+    groups = _report_bands(session, study, metric=metric, coverage=coverage, confidence=confidence,
+                           max_points=max_points)
+    if groups is None:
+        runs = completed_runs(session, study_id)
+        data = run_data(session, runs, [metric])
+        if runs and not any(metric in d.series for d in data):
+            raise NotFound(f"no completed run of study {study_id} has metric {metric!r}")
+        groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points)
     return {"study_id": study_id, "metric": metric, "coverage": coverage, "confidence": confidence,
             "groups": [g.to_dict() for g in groups]}
 

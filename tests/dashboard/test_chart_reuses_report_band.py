@@ -3,6 +3,8 @@ series, with only the lines' series loaded."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from sqlalchemy import select
 
@@ -57,5 +59,23 @@ def test_chart_from_the_reports_band_equals_the_chart_from_every_series(db_url):
                                       max_lines=4, first_divergent_step=dashboard.first_divergent_step(
                                           rep, "loss", "seeded", "a"))
         assert got == want
+    finally:
+        db.dispose()
+
+
+def test_bands_after_a_report_are_the_reports_and_equal_computed_ones(db_url):
+    db = Database(db_url)
+    study_id = _study(db)
+    try:
+        with db.read() as s:
+            fresh = {mp: json.dumps(reports.study_bands(s, study_id, metric="loss", coverage=0.8, confidence=0.9,
+                                                        max_points=mp)) for mp in (None, 100)}
+            reports.compute_report(s, study_id)
+            assert reports.report_band(s, study_id, metric="loss", determinism="seeded", stack="a") is not None
+            for mp in (None, 100):
+                assert json.dumps(reports.study_bands(s, study_id, metric="loss", coverage=0.8, confidence=0.9,
+                                                      max_points=mp)) == fresh[mp]
+            other = reports.study_bands(s, study_id, metric="loss", coverage=0.9, confidence=0.9, max_points=None)
+            assert other["groups"][0]["coverage"] == 0.9  # not the report's: computed
     finally:
         db.dispose()
