@@ -1,7 +1,8 @@
 """Chart payloads: a group's seed band and its runs' lines on one shared, decimated step axis.
 
 The statistics come from the stats core (``compute_bands`` over the completed runs, exactly
-as ``GET /api/v1/studies/{id}/bands``); this module only shapes them for drawing.
+as ``GET /api/v1/studies/{id}/bands``, or the same band as the study report computed it);
+this module only shapes them for drawing.
 
 Decimation keeps extremes. The aligned step grid is cut into ``max_points // 2`` buckets; each
 bucket is drawn at two x positions (its first and last step) and every series — band mean,
