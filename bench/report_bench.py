@@ -45,6 +45,9 @@ from bench.common import free_port, write_result  # noqa: E402
 
 CHUNK = 10_000
 REQUESTS = ("report", "bands", "chart")
+# Also measurable (``--requests``): /bands asked right after the report in the same process,
+# which serves the report's band instead of loading and computing it again.
+EXTRA_REQUESTS = ("bands_after_report",)
 
 
 def build_study(url: str, runs: int, steps: int) -> int:
@@ -159,6 +162,7 @@ def timed_get(client: httpx.Client, url: str) -> tuple[float, float, int]:
 def path_of(kind: str, study_id: int) -> str:
     return {"report": f"/api/v1/studies/{study_id}/report",
             "bands": f"/api/v1/studies/{study_id}/bands?metric=loss",
+            "bands_after_report": f"/api/v1/studies/{study_id}/bands?metric=loss",
             "chart": f"/dashboard/data/studies/{study_id}/chart?metric=loss&determinism=seeded&stack=a100-cu121"}[kind]
 
 
@@ -166,6 +170,8 @@ def measure(src: Path, url: str, token: str, study_id: int, kind: str, raw: int,
     with Serve(src, url, workdir) as srv, httpx.Client(base_url=srv.base, timeout=600,
                                                        headers={"Authorization": f"Bearer {token}"}) as client:
         client.get(f"/api/v1/studies/{study_id}").raise_for_status()  # warm: imports, connection, auth
+        if kind == "bands_after_report":
+            client.get(path_of("report", study_id)).raise_for_status()
         before, cpu0 = _status_kb(srv.proc.pid, "VmRSS"), _cpu_seconds(srv.proc.pid)
         seconds, first, size = timed_get(client, path_of(kind, study_id))
         peak, cpu = _status_kb(srv.proc.pid, "VmHWM"), _cpu_seconds(srv.proc.pid) - cpu0
@@ -173,7 +179,7 @@ def measure(src: Path, url: str, token: str, study_id: int, kind: str, raw: int,
                "load_average": os.getloadavg()[0], "rss_before_bytes": before,
                "peak_rss_bytes": peak, "peak_rss_increase_bytes": peak - before,
                "peak_increase_over_raw": (peak - before) / raw}
-        if kind == "bands" and repeat:
+        if kind.startswith("bands") and repeat:
             warm, warm_cpu = [], []
             for _ in range(repeat):
                 cpu0 = _cpu_seconds(srv.proc.pid)
@@ -191,6 +197,8 @@ def main() -> None:
     parser.add_argument("--no-before", action="store_true", help="measure this checkout only")
     parser.add_argument("--repeat", type=int, default=3, help="warm /bands requests after the cold one")
     parser.add_argument("--out", default="report")
+    parser.add_argument("--requests", default=",".join(REQUESTS + EXTRA_REQUESTS),
+                        help=f"comma separated, of {', '.join(REQUESTS + EXTRA_REQUESTS)}")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="steady-report-bench-"))
     versions = {"after": REPO}
@@ -199,6 +207,7 @@ def main() -> None:
         ref = args.before_ref or subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=REPO, capture_output=True,
                                                 text=True, check=True).stdout.strip()
         versions = {"before": checkout(ref, tmp), "after": REPO}
+    requests = tuple(args.requests.split(","))
     results = []
     for size in args.sizes.split(","):
         runs, steps = (int(v) for v in size.lower().split("x"))
@@ -213,8 +222,8 @@ def main() -> None:
         raw = runs * steps * 8
         entry = {"runs": runs, "steps": steps, "raw_bytes": raw, "build_s": build_s}
         for name, src in versions.items():
-            entry[name] = {kind: measure(src, url, token, study_id, kind, raw, args.repeat, tmp) for kind in REQUESTS}
-            for kind in REQUESTS:
+            entry[name] = {kind: measure(src, url, token, study_id, kind, raw, args.repeat, tmp) for kind in requests}
+            for kind in requests:
                 m = entry[name][kind]
                 print(f"{runs}x{steps} {name:6s} {kind:6s} {m['seconds']:7.2f} s (first byte {m['first_byte_s']:.2f} s,"
                       f" server CPU {m['server_cpu_s']:.2f} s, load {m['load_average']:.0f})"
@@ -226,7 +235,7 @@ def main() -> None:
                        "server_cpu_s": entry["after"][kind]["server_cpu_s"] / entry["before"][kind]["server_cpu_s"],
                        "peak_rss_increase": entry["after"][kind]["peak_rss_increase_bytes"]
                        / max(1, entry["before"][kind]["peak_rss_increase_bytes"])}
-                for kind in REQUESTS}
+                for kind in requests}
         Path(url.removeprefix("sqlite:///")).unlink()
         results.append(entry)
     path = write_result(args.out, {
