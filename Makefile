@@ -63,6 +63,7 @@ bench: setup $(MLFLOW_VENV)/.installed
 	$(BIN)/python bench/report_cache_bench.py
 	$(BIN)/python bench/baseline_snapshot_bench.py
 	$(BIN)/python bench/worker_memory_bench.py
+	$(BIN)/python bench/report_bench.py
 
 serve: $(STAMP)
 	$(BIN)/steady serve

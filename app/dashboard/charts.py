@@ -1,7 +1,8 @@
 """Chart payloads: a group's seed band and its runs' lines on one shared, decimated step axis.
 
 The statistics come from the stats core (``compute_bands`` over the completed runs, exactly
-as ``GET /api/v1/studies/{id}/bands``); this module only shapes them for drawing.
+as ``GET /api/v1/studies/{id}/bands``, or the same band as the study report computed it);
+this module only shapes them for drawing.
 
 Decimation keeps extremes. The aligned step grid is cut into ``max_points // 2`` buckets; each
 bucket is drawn at two x positions (its first and last step) and every series — band mean,
@@ -25,7 +26,7 @@ from app.models import Run
 from app.stats.align import align_series
 from app.stats.downsample import extreme_indices
 from app.stats.repeatability import ulp_distance
-from app.stats.report import RunData, compute_bands
+from app.stats.report import GroupBand, RunData, compute_bands
 
 BAND_FIELDS = ("mean", "min", "max", "ti_low", "ti_high", "ci_low", "ci_high")
 
@@ -36,27 +37,30 @@ def bucket_extremes(matrix: np.ndarray, max_points: int) -> tuple[np.ndarray, np
     Returns (grid indices of the kept x positions, values). Non-finite cells are treated as
     missing; a bucket where a series has no finite value gives NaN for it.
     """
-    values = np.where(np.isfinite(matrix), matrix, np.nan)
-    n_series, m = values.shape
+    n_series, m = matrix.shape
     if m <= max_points:
-        return np.arange(m), values
+        return np.arange(m), np.where(np.isfinite(matrix), matrix, np.nan)
     buckets = max_points // 2
     edges = np.linspace(0, m, buckets + 1).astype(np.int64)
     width = int(np.max(np.diff(edges)))
     pos = edges[:-1, None] + np.arange(width)[None, :]
     valid = pos < edges[1:, None]
-    cells = values[:, np.minimum(pos, m - 1)]  # series × buckets × width
-    cells = np.where(valid[None], cells, np.nan)
-    empty = np.all(np.isnan(cells), axis=2)
-    lo = np.argmin(np.where(np.isnan(cells), np.inf, cells), axis=2)
-    hi = np.argmax(np.where(np.isnan(cells), -np.inf, cells), axis=2)
-    first, second = np.minimum(lo, hi), np.maximum(lo, hi)
-    take = lambda idx: np.take_along_axis(cells, idx[..., None], axis=2)[..., 0]  # noqa: E731
-    v_first, v_second = take(first), take(second)
-    v_first[empty] = np.nan
-    v_second[empty] = np.nan
+    pos = np.minimum(pos, m - 1)
     out = np.empty((n_series, 2 * buckets))
-    out[:, 0::2], out[:, 1::2] = v_first, v_second
+    for i in range(n_series):  # one series at a time: temporaries of one row, not of the matrix
+        row = matrix[i]
+        cells = np.where(valid, row[pos], np.nan)  # buckets × width
+        cells[~np.isfinite(cells)] = np.nan
+        missing = np.isnan(cells)
+        empty = missing.all(axis=1)
+        lo = np.argmin(np.where(missing, np.inf, cells), axis=1)
+        hi = np.argmax(np.where(missing, -np.inf, cells), axis=1)
+        first, second = np.minimum(lo, hi), np.maximum(lo, hi)
+        v_first = np.take_along_axis(cells, first[:, None], axis=1)[:, 0]
+        v_second = np.take_along_axis(cells, second[:, None], axis=1)[:, 0]
+        v_first[empty] = np.nan
+        v_second[empty] = np.nan
+        out[i, 0::2], out[i, 1::2] = v_first, v_second
     xs = np.empty(2 * buckets, dtype=np.int64)
     xs[0::2], xs[1::2] = edges[:-1], edges[1:] - 1
     return xs, out
@@ -87,16 +91,22 @@ def group_chart(
     max_points: int,
     max_lines: int,
     first_divergent_step: int | None = None,
+    band: GroupBand | None = None,
+    n_runs_with_data: int | None = None,
 ) -> str:
     """The chart of one (determinism, stack) group as JSON text.
 
     ``runs`` are the group's completed and running runs; ``series`` maps run id to its
     (steps, values) of ``metric``. The band uses the completed runs (one per seed, diverged
     runs excluded, as the API's bands); lines show up to ``max_lines`` runs.
+
+    ``band``: the group's band when already computed (the report's); ``series`` then needs only
+    the runs drawn as lines, and ``n_runs_with_data`` counts the runs with data among ``runs``.
     """
     with_data = [r for r in runs if r.id in series and len(series[r.id][0])]
     completed = [r for r in with_data if r.status == "completed"]
-    band = None
+    if band is not None:
+        completed = []  # given: not computed here
     if completed:
         data = [RunData(run_id=r.id, seed=r.seed, repeat=r.repeat, determinism=r.determinism, stack="g",
                         series={metric: series[r.id]}) for r in completed]
@@ -109,20 +119,15 @@ def group_chart(
         grids.append(np.asarray(band.band.steps, dtype=np.int64))
     grid = np.unique(np.concatenate(grids)) if grids else np.zeros(0, np.int64)
 
-    rows: list[np.ndarray] = []
+    n_band = len(BAND_FIELDS) if band is not None else 0
+    matrix = np.full((n_band + len(lines), grid.size), np.nan)  # every drawn series on the shared grid
     if band is not None:
         where = np.searchsorted(grid, band.band.steps)
-        for name in BAND_FIELDS:
-            row = np.full(grid.size, np.nan)
-            row[where] = np.asarray(getattr(band.band, name), dtype=np.float64)
-            rows.append(row)
+        for j, name in enumerate(BAND_FIELDS):
+            matrix[j, where] = np.asarray(getattr(band.band, name), dtype=np.float64)
     if aligned is not None:
         where = np.searchsorted(grid, aligned.steps)
-        for i in range(len(lines)):
-            row = np.full(grid.size, np.nan)
-            row[where] = aligned.values[i]
-            rows.append(row)
-    matrix = np.vstack(rows) if rows else np.zeros((0, grid.size))
+        matrix[n_band:, where] = aligned.values
     idx, reduced = bucket_extremes(matrix, max_points)
     x = grid[idx] if grid.size else grid
 
@@ -132,9 +137,9 @@ def group_chart(
         "points": int(x.size),
         "downsampled": bool(x.size < grid.size),
         "n_runs": len(runs),
-        "n_runs_with_data": len(with_data),
+        "n_runs_with_data": len(with_data) if n_runs_with_data is None else n_runs_with_data,
         "n_lines": len(lines),
-        "lines_capped": len(with_data) > len(lines),
+        "lines_capped": (len(with_data) if n_runs_with_data is None else n_runs_with_data) > len(lines),
         "first_divergent_step": first_divergent_step,
         "band": None,
         "lines": [],

@@ -273,14 +273,25 @@ def group_chart(session: Session, study: Study, version: tuple, db_key: str, *, 
             select(Run).where(Run.study_id == study.id, Run.determinism == determinism, Run.stack == stack,
                               Run.status.in_(("completed", "running")), Run.excluded_at.is_(None)).order_by(Run.id)
         ))
-        loaded = metrics_repo.load_series(session, [r.id for r in runs], [metric])
-        series = {run_id: sv for (run_id, _), sv in loaded.items()}
         settled = is_settled(studies_repo.progress_by_study(session, [study.id])[study.id])
         rep = report(session, study, version, db_key) if settled else cached_report(study, version, db_key)
+        # A settled study's band is the report's (when this process computed it): only the runs
+        # drawn as lines are loaded then, not every series of the group.
+        band = reports.report_band(session, study.id, metric=metric, determinism=determinism,
+                                   stack=stack) if settled else None
+        n_with_data = None
+        ids = [r.id for r in runs]
+        if band is not None:
+            has = metrics_repo.runs_with_key(session, ids, metric)
+            n_with_data = len(has)
+            ids = [r.id for r in charts.pick_lines([r for r in runs if r.id in has], max_lines)]
+        loaded = metrics_repo.load_series_shared(session, ids, [metric])
+        series = {run_id: sv for (run_id, _), sv in loaded.items()}
         return charts.group_chart(
             runs, series, metric=metric, coverage=study.spec.get("coverage", 0.9),
             confidence=study.spec.get("confidence", 0.95), max_points=max_points, max_lines=max_lines,
             first_divergent_step=first_divergent_step(rep, metric, determinism, stack),
+            band=band, n_runs_with_data=n_with_data,
         )
 
     key = (db_key, study.id, version, metric, determinism, stack, max_points, max_lines)

@@ -178,6 +178,106 @@ def load_series(
     return {rk: _assemble(chunks) for rk, chunks in parts.items()}
 
 
+def load_series_shared(
+    session: Session, run_ids: Sequence[int], keys: Sequence[str]
+) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
+    """``load_series``, read straight into one ``runs × steps`` matrix per key.
+
+    A first query reads the chunks' extents (no blobs); the step grid of a key is the union of
+    its evenly spaced chunks' steps, rebuilt from (step_min, step_max, n) once per distinct
+    extent. The values are then copied chunk by chunk into a preallocated matrix, so a load
+    holds the data once (plus one chunk) instead of per-run arrays, joined chunks and a stack of
+    them. A run that logged every step of the grid gets ``(grid, matrix[i])`` — the one grid array
+    shared by all runs and a row *view* of the matrix; a run with gaps gets copies of its logged
+    steps. Runs with unevenly spaced or overlapping chunks (a step re-logged) go through
+    ``load_series`` (sort, keep the last write). Same result as ``load_series``, bit for bit.
+    """
+    if not run_ids:
+        return {}
+    table, runs = MetricChunk.__table__, Run.__table__
+    current = (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt)
+    stmt = (
+        select(table.c.run_id, table.c.key, table.c.step_min, table.c.step_max, table.c.n,
+               func.length(table.c.steps))
+        .join(runs, current)
+        .where(table.c.run_id.in_(list(run_ids)), table.c.key.in_(list(keys)))
+    )
+    extents: dict[str, dict[int, list[tuple[int, int, int]]]] = defaultdict(lambda: defaultdict(list))
+    slow: dict[str, list[int]] = defaultdict(list)
+    for run_id, key, step_min, step_max, n, steps_len in session.execute(stmt):
+        if steps_len:  # steps stored explicitly: not rebuilt from the extent
+            slow[key].append(run_id)
+        extents[key][run_id].append((step_min, step_max, n))
+    out: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+    for key, by_run in extents.items():
+        fast = []
+        for run_id, ext in by_run.items():
+            ext.sort()
+            if run_id in slow[key] or any(b[0] <= a[1] for a, b in zip(ext, ext[1:])):
+                slow[key].append(run_id)
+            else:
+                fast.append(run_id)
+        fast.sort()
+        if fast:
+            out.update(_load_matrix(session, fast, key, {r: by_run[r] for r in fast}))
+        redo = sorted(set(slow[key]))
+        if redo:
+            out.update(load_series(session, redo, [key]))
+    return out
+
+
+def _load_matrix(session: Session, run_ids: list[int], key: str,
+                 extents: dict[int, list[tuple[int, int, int]]]) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
+    distinct = sorted({e for ext in extents.values() for e in ext})
+    grid = np.unique(np.concatenate([decode_steps(b"", lo, hi, n) for lo, hi, n in distinct]))
+    row_of = {r: i for i, r in enumerate(run_ids)}
+    full = {r: sum(n for _, _, n in extents[r]) == grid.size for r in run_ids}
+    matrix = np.empty((len(run_ids), grid.size), dtype=np.float64)
+    gaps = {r: np.zeros(grid.size, dtype=bool) for r in run_ids if not full[r]}
+    for r in gaps:
+        matrix[row_of[r]] = np.nan
+    table, runs = MetricChunk.__table__, Run.__table__
+    stmt = (
+        select(table.c.run_id, table.c.step_min, table.c.step_max, table.c.n, table.c["values"])
+        .join(runs, (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt))
+        .where(table.c.run_id.in_(run_ids), table.c.key == key)
+    )
+    for run_id, step_min, step_max, n, values_b in session.execute(stmt):
+        values = np.frombuffer(values_b, dtype=VALUE_DTYPE)
+        i0 = int(np.searchsorted(grid, step_min))
+        # The chunk's n evenly spaced steps lie in the grid (the union), so when the grid holds
+        # exactly n points from step_min to step_max they are those points: a slice.
+        if i0 + n <= grid.size and grid[i0 + n - 1] == step_max:
+            where: slice | np.ndarray = slice(i0, i0 + n)
+        else:
+            where = np.searchsorted(grid, decode_steps(b"", step_min, step_max, n))
+        matrix[row_of[run_id], where] = values
+        if run_id in gaps:
+            gaps[run_id][where] = True
+    out = {}
+    for r in run_ids:
+        row = matrix[row_of[r]]
+        if full[r]:
+            out[(r, key)] = (grid, row)
+        else:
+            logged = gaps[r]
+            out[(r, key)] = (grid[logged], row[logged])
+    return out
+
+
+def runs_with_key(session: Session, run_ids: Sequence[int], key: str) -> set[int]:
+    """The runs whose current attempt logged ``key`` (no blob is read)."""
+    if not run_ids:
+        return set()
+    table, runs = MetricChunk.__table__, Run.__table__
+    stmt = (
+        select(table.c.run_id).distinct()
+        .join(runs, (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt))
+        .where(table.c.run_id.in_(list(run_ids)), table.c.key == key)
+    )
+    return set(session.scalars(stmt))
+
+
 def load_dtypes(session: Session, run_ids: Sequence[int], keys: Sequence[str] | None = None) -> dict[tuple[int, str], str]:
     """{(run_id, key): dtype} of the series logged in a type other than float64 (current attempts)."""
     if not run_ids:
@@ -201,5 +301,7 @@ __all__ = [
     "encode",
     "insert_chunks",
     "load_series",
+    "load_series_shared",
+    "runs_with_key",
     "metric_keys",
 ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
 
 from app.deps import ReadDB, UserCaller
 from app.reports import service
@@ -18,7 +19,9 @@ def study_report(study_id: int, db: ReadDB, caller: UserCaller) -> dict[str, Any
     return service.study_report(db, study_id)
 
 
-@router.get("/studies/{study_id}/bands")
+# Full-resolution bands are millions of numbers, already plain JSON data: they are rendered as
+# they are (the same bytes), not validated and copied again against ``dict[str, Any]``.
+@router.get("/studies/{study_id}/bands", response_model=dict[str, Any])
 def study_bands(
     study_id: int,
     db: ReadDB,
@@ -27,11 +30,11 @@ def study_bands(
     coverage: Probability = 0.9,
     confidence: Probability = 0.95,
     max_points: Annotated[int | None, Query(ge=2, le=1_000_000)] = None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     """Per-step seed bands of one metric for every (determinism, stack) group."""
-    return service.study_bands(
+    return JSONResponse(service.study_bands(
         db, study_id, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points
-    )
+    ))
 
 
 @router.get("/compare")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
+import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +28,8 @@ from app.stats.convergence import (
     reference_from_runs,
     steps_to_target,
 )
-from app.stats.report import MetricSpec, RunData, build_report, compute_bands, to_plain
+from app.stats.downsample import extreme_indices
+from app.stats.report import GroupBand, MetricSpec, RunData, build_report, compute_bands, to_plain
 from app.studies import adaptive
 from app.studies import repository as studies_repo
 from app.studies import service as studies
@@ -61,7 +65,7 @@ def excluded_runs(session: Session, study_id: int) -> list[dict[str, Any]]:
 
 
 def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:
-    series = metrics_repo.load_series(session, [r.id for r in runs], list(keys))
+    series = metrics_repo.load_series_shared(session, [r.id for r in runs], list(keys))
     dtypes = metrics_repo.load_dtypes(session, [r.id for r in runs], list(keys))
     out = []
     for r in runs:
@@ -129,8 +133,69 @@ def refresh_cached_reports(session: Session, *, limit: int = 5) -> list[int]:
     return stored
 
 
+class _Bands:
+    """The full-resolution bands of the last few reports computed by this process, so the
+    dashboard's chart draws the report's band instead of reloading every series and computing it
+    again. Keyed by database, study and the study's version (``repository.study_version``)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size, self._data, self._lock = size, OrderedDict(), threading.Lock()
+
+    def put(self, key: tuple, bands: tuple[GroupBand, ...]) -> None:
+        with self._lock:
+            self._data[key] = bands
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def get(self, key: tuple) -> tuple[GroupBand, ...] | None:
+        with self._lock:
+            return self._data.get(key)
+
+
+_bands = _Bands()
+
+
+def _bands_key(session: Session, study: Study) -> tuple:
+    return str(session.get_bind().url), study.id, repository.study_version(session, study)
+
+
+def report_band(session: Session, study_id: int, *, metric: str, determinism: str, stack: str) -> GroupBand | None:
+    """The band of one (metric, group) from the report this process computed for the study's
+    current version (coverage and confidence of the study's spec), or None."""
+    study = studies.get_study(session, study_id)
+    for b in _bands.get(_bands_key(session, study)) or ():
+        if b.metric == metric and b.group == {"determinism": determinism, "stack": stack}:
+            return b
+    return None
+
+
+def _report_bands(session: Session, study: Study, *, metric: str, coverage: float, confidence: float,
+                  max_points: int | None) -> tuple[GroupBand, ...] | None:
+    """The bands of ``metric`` from the report this process computed for the study's current
+    version, when they are what was asked (the spec's coverage and confidence, a judged metric);
+    else None. Decimated as ``compute_bands`` does."""
+    spec = study.spec
+    if (coverage != spec.get("coverage", 0.9) or confidence != spec.get("confidence", 0.95)
+            or metric not in {m.name for m in metric_specs(study)}):
+        return None
+    cached = _bands.get(_bands_key(session, study))
+    if cached is None:
+        return None
+    out = []
+    for g in cached:
+        if g.metric != metric:
+            continue
+        if max_points is not None and g.band.steps.size > max_points:
+            g = dataclasses.replace(g, downsampled=True, band=g.band.take(
+                extreme_indices(g.band.min, g.band.max, max_points=int(max_points))))
+        out.append(g)
+    return tuple(out) if out else None
+
+
 def compute_report(session: Session, study_id: int) -> dict[str, Any]:
     study = studies.get_study(session, study_id)
+    bands_key = _bands_key(session, study)  # before reading: a change meanwhile makes the key stale, not the data
     specs = metric_specs(study)
     runs = completed_runs(session, study_id)
     spec = study.spec
@@ -138,7 +203,7 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
     if spec.get("convergence") and spec["convergence"]["metric"] not in keys:
         keys.append(spec["convergence"]["metric"])
     data = run_data(session, runs, keys)
-    report = build_report(
+    built = build_report(
         data,
         specs,
         coverage=spec.get("coverage", 0.9),
@@ -147,10 +212,13 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         rng=_rng(study_id),
         cost_budget=spec.get("cost_budget"),
         stages=adaptive.seed_stages(session, study),
-    ).to_dict()
+    )
+    report = built.to_dict()
     _name_arm_differences(report, spec)
     if spec.get("convergence"):
         report["convergence"] = convergence_section(session, data, spec["convergence"])
+    del data  # the series: the bands below are all that is kept
+    _bands.put(bands_key, built.bands)
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]
     return {
         "study": {"id": study.id, "name": study.name, "status": study.status, "kind": study.kind,
@@ -229,12 +297,15 @@ def study_bands(
     confidence: float,
     max_points: int | None,
 ) -> dict[str, Any]:
-    studies.get_study(session, study_id)
-    runs = completed_runs(session, study_id)
-    data = run_data(session, runs, [metric])
-    if runs and not any(metric in d.series for d in data):
-        raise NotFound(f"no completed run of study {study_id} has metric {metric!r}")
-    groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points)
+    study = studies.get_study(session, study_id)
+    groups = _report_bands(session, study, metric=metric, coverage=coverage, confidence=confidence,
+                           max_points=max_points)
+    if groups is None:
+        runs = completed_runs(session, study_id)
+        data = run_data(session, runs, [metric])
+        if runs and not any(metric in d.series for d in data):
+            raise NotFound(f"no completed run of study {study_id} has metric {metric!r}")
+        groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points)
     return {"study_id": study_id, "metric": metric, "coverage": coverage, "confidence": confidence,
             "groups": [g.to_dict() for g in groups]}
 

@@ -59,6 +59,24 @@ class Aligned:
         return np.array([d is not None for d in self.diverged_at], dtype=bool)
 
 
+def _rows_of_one_matrix(rows: list[np.ndarray]) -> np.ndarray | None:
+    """The matrix whose rows, in order, are exactly ``rows`` (views), or None.
+
+    A loader that reads every run into one ``runs × steps`` matrix hands out row views; aligning
+    them then needs no copy. The matrix is returned read-only so no consumer can change the runs."""
+    base = rows[0].base
+    if not (isinstance(base, np.ndarray) and base.ndim == 2 and base.dtype == np.float64
+            and base.flags.c_contiguous and base.shape == (len(rows), rows[0].size) and base.size):
+        return None
+    start, stride = base.__array_interface__["data"][0], base.strides[0]
+    for i, r in enumerate(rows):
+        if r.base is not base or r.__array_interface__["data"][0] != start + i * stride or r.strides != base.strides[1:]:
+            return None
+    view = base.view()
+    view.flags.writeable = False
+    return view
+
+
 def align_series(series: Mapping[Hashable, tuple]) -> Aligned:
     """Align ``{key: (steps, values)}`` on the union of steps (missing points are NaN).
 
@@ -71,10 +89,13 @@ def align_series(series: Mapping[Hashable, tuple]) -> Aligned:
                        present=np.zeros((0, 0), bool), diverged_at=())
     all_steps = [s for s, _ in checked.values()]
     first = all_steps[0]
-    if all(s.shape == first.shape and np.array_equal(s, first) for s in all_steps):
+    if all(s is first or (s.shape == first.shape and np.array_equal(s, first)) for s in all_steps):
         union = first.copy()
-        values = np.vstack([v for _, v in checked.values()]) if first.size else np.zeros((len(keys), 0))
-        present = np.ones(values.shape, dtype=bool)
+        rows = [v for _, v in checked.values()]
+        values = _rows_of_one_matrix(rows)
+        if values is None:
+            values = np.vstack(rows) if first.size else np.zeros((len(keys), 0))
+        present = np.broadcast_to(np.True_, values.shape)  # read-only, no memory
     else:
         union = np.unique(np.concatenate(all_steps))
         values = np.full((len(keys), union.size), np.nan)

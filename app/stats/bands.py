@@ -264,17 +264,32 @@ def curve_levels(x: np.ndarray) -> tuple[np.ndarray | None, int]:
     where s_t = 0 carry no information and are skipped. Returns (levels, number of shared steps);
     levels is None when no shared step varies (also when none is shared: then the count is 0).
     The weights are a symmetric function of the runs, so exchangeable runs give exchangeable levels."""
-    shared = np.isfinite(x).all(axis=0)
-    k = int(shared.sum())
-    if k == 0 or x.shape[0] < 2:
+    runs, m = x.shape
+    total = np.zeros(runs)
+    k = used = 0
+    # Column blocks: temporaries stay a few MB however long the curves are.
+    block = max(256, (1 << 19) // max(runs, 1))
+    for c0 in range(0, m, block):
+        xb = x[:, c0:c0 + block]
+        shared = np.isfinite(xb).all(axis=0)
+        k += int(shared.sum())
+        if runs < 2 or not shared.any():
+            continue
+        xs = xb if shared.all() else xb[:, shared]
+        d = xs - xs.mean(axis=0)  # the deviations and sd exactly as ``xs.std(axis=0, ddof=1)`` forms them
+        s = np.sqrt(np.einsum("ij,ij->j", d, d) / (runs - 1))
+        informative = s > 0
+        if informative.all():
+            d /= s
+        elif informative.any():
+            d = d[:, informative] / s[informative]
+        else:
+            continue
+        total += d.sum(axis=1)
+        used += int(informative.sum())
+    if k == 0 or runs < 2 or used == 0:
         return None, k
-    xs = x[:, shared]
-    s = xs.std(axis=0, ddof=1)
-    informative = s > 0
-    if not informative.any():
-        return None, k
-    m = xs.mean(axis=0)
-    return ((xs[:, informative] - m[informative]) / s[informative]).mean(axis=1), k
+    return total / used, k
 
 
 def out_of_band_curves(matrix, *, false_alarm: float = 0.01) -> CurveOutliers:

@@ -99,6 +99,9 @@ class StudyReport:
     diverged: tuple
     options: Mapping
     headline: tuple = ()  # expectations.LevelHeadline per determinism level (repeatability)
+    # The full-resolution seed band (GroupBand) of every (metric, group) behind the seed-stability
+    # verdicts, for consumers that draw it; not part of ``to_dict``.
+    bands: tuple = ()
 
     def to_dict(self) -> dict:
         """JSON-safe plain data (NaN → None, ±Inf → "inf"/"-inf")."""
@@ -125,7 +128,7 @@ def to_plain(obj):
     if isinstance(obj, Mapping):
         return {str(k): to_plain(v) for k, v in obj.items()}
     if isinstance(obj, np.ndarray):
-        return [to_plain(v) for v in obj.tolist()]
+        return _array_plain(obj)
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     if isinstance(obj, (bool, np.bool_)):
@@ -142,6 +145,26 @@ def to_plain(obj):
     if obj is None or isinstance(obj, str):
         return obj
     return str(obj)
+
+
+_NONFINITE = {True: "inf", False: "-inf"}
+
+
+def _array_plain(arr: np.ndarray) -> list:
+    """``to_plain`` of an array, whole rows at a time: ``tolist()`` gives exactly the Python
+    numbers the per-element path gives, and only the non-finite cells are patched (NaN → None,
+    ±Inf → "inf"/"-inf")."""
+    if arr.ndim == 0 or arr.dtype.kind not in "biuf":
+        return [to_plain(v) for v in arr.tolist()]  # object, complex, strings…: element by element
+    if arr.ndim > 1:
+        return [_array_plain(row) for row in arr]
+    out = arr.tolist()
+    if arr.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr))
+        for i in bad.tolist():
+            x = out[i]
+            out[i] = None if x != x else _NONFINITE[x > 0]
+    return out
 
 
 # --------------------------------------------------------------------------- validation
@@ -390,6 +413,8 @@ def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
         return Finals(np.zeros(0), [], [r.run_id for r, _ in bad], None, [])
     common = ok[0][1][0]
     for _, (steps, _) in ok[1:]:
+        if steps is common or (steps.shape == common.shape and np.array_equal(steps, common)):
+            continue  # the usual case, runs on one step grid: no sort
         common = np.intersect1d(common, steps, assume_unique=True)
     if common.size == 0:
         return Finals(np.zeros(0), [], [r.run_id for r, _ in bad], None, [])
@@ -429,7 +454,7 @@ def _sequential_reason(d, stages: SeedStages, alpha: float) -> str:
 
 
 def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, false_alarm,
-                   stages: SeedStages | None = None) -> list[Verdict]:
+                   stages: SeedStages | None = None, bands: list | None = None) -> list[Verdict]:
     out = []
     for (det, stack), group_runs in groups.items():
         chosen, aligned, band = _group_band(group_runs, spec.name, coverage=coverage, confidence=confidence,
@@ -458,11 +483,17 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         per_seed = len(chosen) < len(_with_metric(group_runs, spec.name))
         if per_seed:
             reason += "; one run per seed (first repeat)"
+        if bands is not None:  # the same GroupBand as compute_bands gives for this group
+            chosen_ids = [int(r.run_id) for r in chosen]
+            bands.append(GroupBand(group={"determinism": det, "stack": stack}, metric=spec.name,
+                                   run_ids=tuple(i for i, d in zip(chosen_ids, aligned.diverged) if not d),
+                                   excluded_run_ids=tuple(i for i, d in zip(chosen_ids, aligned.diverged) if d),
+                                   one_run_per_seed=per_seed, downsampled=False, band=band))
         flagged = []
         oob_info = None
         keep = ~aligned.diverged
         if keep.sum() >= 3:
-            oob = out_of_band_curves(aligned.values[keep], false_alarm=false_alarm)
+            oob = out_of_band_curves(aligned.values if keep.all() else aligned.values[keep], false_alarm=false_alarm)
             kept_ids = [r.run_id for r, k in zip(chosen, keep) if k]
             flagged = [i for i, f in zip(kept_ids, oob.flagged) if f]
             oob_info = {"run_ids": kept_ids, "testable": oob.testable, "level_score": oob.level_score,
@@ -570,11 +601,12 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     runs = _validate(runs, metrics)
     groups = _groups(runs)
     verdicts: list[Verdict] = []
+    bands: list[GroupBand] = []
     pending_port = []
     for spec in metrics:
         verdicts += _repeatability_verdicts(groups, spec)
         verdicts += _seed_verdicts(groups, spec, coverage=coverage, confidence=confidence, alpha=alpha,
-                                   false_alarm=false_alarm, stages=stages)
+                                   false_alarm=false_alarm, stages=stages, bands=bands)
         pending_port += [(spec, *p) for p in _portability_verdicts(groups, spec, reference_stack=reference_stack,
                                                                    alpha=alpha, rng=rng, coverage=coverage,
                                                                    confidence=confidence)]
@@ -596,7 +628,7 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
          "suspicious": v.details["suspicious"]} for v in verdicts if v.level == "repeatability")
     return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics)),
                        determinism_cost=tuple(_cost(runs, confidence=confidence, budget=cost_budget)),
-                       diverged=tuple(diverged), options=options, headline=head)
+                       diverged=tuple(diverged), options=options, headline=head, bands=tuple(bands))
 
 
 def _finish_portability(pending, *, alpha, method) -> list[Verdict]:

@@ -73,3 +73,48 @@ def test_series_dtype_is_stored_and_float64_is_implicit(run_id):
     with db.read() as s:
         assert repo.load_dtypes(s, [rid]) == {(rid, "loss"): "float32"}
         assert repo.load_dtypes(s, [rid], ["acc"]) == {}
+
+
+def test_shared_load_matches_load_series_bit_for_bit(db_url):
+    """One matrix per key (row views on a shared grid) gives exactly ``load_series``'s series:
+    full runs, runs with gaps or a later start, irregular steps, a re-logged step, NaN payloads."""
+    db = Database(db_url)
+    layouts = [
+        [np.arange(0, 50), np.arange(50, 100)],  # the usual: full, evenly spaced
+        [np.arange(50, 100), np.arange(0, 50)],  # batches stored out of order
+        [np.arange(0, 30)],  # stopped early
+        [np.arange(10, 100, 2)],  # logged every other step, later start
+        [np.array([0, 5, 7, 99])],  # irregular: steps stored explicitly
+        [np.arange(0, 60), np.arange(59, 100)],  # step 59 logged twice: the later batch wins
+        [np.array([7])],  # a single point
+    ]
+    rng = np.random.default_rng(5)
+    payload_nan = np.array([0x7FF8000000000ABC], dtype=np.uint64).view(np.float64)[0]
+    with db.write() as s:
+        study = Study(name="s", kind="external", status="open", spec={})
+        s.add(study)
+        s.flush()
+        ids = []
+        for i, chunks in enumerate(layouts):
+            run = Run(study_id=study.id, seed=i, repeat=0, determinism="seeded", stack="x", framework="torch",
+                      required_labels=[], status="completed", attempt=1, max_attempts=1, fingerprint={},
+                      digests={}, determinism_applied={}, timings={}, final_metrics={}, created_at=utcnow())
+            s.add(run)
+            s.flush()
+            ids.append(run.id)
+            for seq, steps in enumerate(chunks):
+                values = rng.standard_normal(steps.size)
+                values[0] = [np.nan, payload_nan, np.inf, -0.0][seq % 4]
+                repo.insert_chunks(s, run.id, 1, seq, [("loss", steps, values), ("acc", steps, values * 2)])
+    with db.read() as s:
+        want = repo.load_series(s, ids, ["loss", "acc"])
+        got = repo.load_series_shared(s, ids, ["loss", "acc", "absent"])
+    db.dispose()
+    assert got.keys() == want.keys()
+    for k, (steps, values) in want.items():
+        assert np.array_equal(got[k][0], steps), k
+        assert got[k][0].dtype == np.int64 and got[k][1].dtype == np.float64
+        assert got[k][1].tobytes() == values.tobytes(), k
+    full = [got[(i, "loss")] for i in ids[:2]]
+    assert full[0][0] is full[1][0]  # one grid shared by the full runs
+    assert full[0][1].base is not None and full[0][1].base is full[1][1].base  # rows of one matrix
