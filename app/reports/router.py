@@ -3,10 +3,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
-
 from app.deps import ReadDB, UserCaller
 from app.reports import service
+from app.responses import NumbersJSONResponse
 
 router = APIRouter(prefix="/api/v1", tags=["reports"])
 
@@ -20,7 +19,7 @@ def study_report(study_id: int, db: ReadDB, caller: UserCaller) -> dict[str, Any
 
 
 # Full-resolution bands are millions of numbers, already plain JSON data: they are rendered as
-# they are (the same bytes), not validated and copied again against ``dict[str, Any]``.
+# they are (by orjson), not validated and copied again against ``dict[str, Any]``.
 @router.get("/studies/{study_id}/bands", response_model=dict[str, Any])
 def study_bands(
     study_id: int,
@@ -30,9 +29,9 @@ def study_bands(
     coverage: Probability = 0.9,
     confidence: Probability = 0.95,
     max_points: Annotated[int | None, Query(ge=2, le=1_000_000)] = None,
-) -> JSONResponse:
+) -> NumbersJSONResponse:
     """Per-step seed bands of one metric for every (determinism, stack) group."""
-    return JSONResponse(service.study_bands(
+    return NumbersJSONResponse(service.study_bands(
         db, study_id, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points
     ))
 
