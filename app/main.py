@@ -20,6 +20,7 @@ from app import __version__, apidocs, migrate
 from app.alerts.dispatcher import Dispatcher
 from app.alerts.router import metrics_router
 from app.alerts.router import router as alerts_router
+from app.auth.cache import TokenCache
 from app.auth.router import router as tokens_router
 from app.config import Settings, get_settings
 from app.dashboard.router import router as dashboard_router
@@ -213,6 +214,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     apidocs.install(app)
     app.state.settings = settings
+    app.state.token_cache = TokenCache(settings.token_cache_seconds)
 
     @app.exception_handler(SteadyError)
     async def _steady_error(request: Request, exc: SteadyError) -> JSONResponse:
