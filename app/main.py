@@ -159,7 +159,7 @@ class Reaper:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                with self.database.write() as session:
+                with self.database.write(queue=True) as session:  # in line with the protocol's writes
                     runs_service.reap_expired(session)
             except Exception as exc:  # the database may be down; try again next tick
                 log.warning("lease reaper: %s", exc)
