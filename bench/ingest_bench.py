@@ -223,6 +223,23 @@ def print_row(system: str, backend: str, row: dict) -> None:
           f"load {row['load_before']['loadavg_1m']}", flush=True)
 
 
+def compare(before: dict, after: dict, label: str) -> dict:
+    """Steady's throughput and server CPU per 5,000-point request, before and after, per backend and client count."""
+    out: dict = {"after_label": label}
+    for backend, rows in after["steady"].items():
+        old = {r["clients"]: r for r in before["steady"].get(backend, [])}
+        out[backend] = [
+            {"clients": r["clients"],
+             "points_per_s": [old[r["clients"]]["points_per_s"], r["points_per_s"]],
+             "server_cpu_ms_per_request": [old[r["clients"]]["server_cpu_ms_per_batch"], r["server_cpu_ms_per_batch"]],
+             "ratio_vs_mlflow_same_run": [before["ratio_vs_mlflow"][backend][str(r["clients"])],
+                                          after["ratio_vs_mlflow"][backend][str(r["clients"])]],
+             "loadavg_1m": [old[r["clients"]]["load_before"]["loadavg_1m"], r["load_before"]["loadavg_1m"]]}
+            for r in rows if r["clients"] in old
+        ]
+    return out
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_client":
         client_main(sys.argv[2:])
@@ -273,6 +290,8 @@ def main() -> int:
     doc = json.loads(path.read_text()) if path.exists() else {}
     doc.setdefault("runs", {})[a.label] = run
     doc["target"] = "Steady / MLflow >= 100 at 8 clients, agent batch size"
+    if "before" in doc["runs"] and a.label != "before":
+        doc["before_after"] = compare(doc["runs"]["before"], run, a.label)
     path.write_text(json.dumps(doc, indent=2))
     print(f"wrote {path} (runs.{a.label})")
     return 0
