@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     public_dashboard: bool = False
     # A dashboard login lasts this long (a server-side session, revoked on logout).
     session_ttl_seconds: float = Field(12 * 3600.0, gt=0)
+    # Each API process remembers a bearer token it has checked for this long, so a request does not
+    # look its token up again (0: look it up every time). Revoking a token through the API takes
+    # effect at once in the process that revoked it and within this many seconds in the others
+    # (and in a server when the token is revoked with the CLI). Created tokens work at once.
+    token_cache_seconds: float = Field(5.0, ge=0, le=60)
     # Proxies trusted for X-Forwarded-Proto/-For (comma-separated addresses or networks, "*" for
     # any): only behind them does a request count as https (Secure cookie) or get a client address.
     forwarded_allow_ips: str = "127.0.0.1"

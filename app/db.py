@@ -5,10 +5,21 @@ handler cannot write by accident: a read session is always rolled back. A write 
 commits when the request succeeds and rolls back on error; services ``flush()`` and never
 ``commit()``. On SQLite, write transactions start with ``BEGIN IMMEDIATE`` so concurrent
 writers queue on the busy timeout instead of failing with "database is locked".
+
+SQLite has one writer at a time, and a writer waiting in its busy handler sleeps in steps
+(up to 100 ms) and polls, so with many concurrent writers most of their time is spent
+asleep while the lock is free. ``write(queue=True)`` first takes a lock of this process, so
+writers of one API process wait their turn in line and start the moment it is free; the
+busy handler then only arbitrates between processes (and writers that do not queue). Only
+code that holds the session in one thread from start to commit may queue: the metric
+ingestion route and background jobs, not a FastAPI dependency (whose setup, endpoint and
+teardown may run on different pool threads, so waiters could take every thread the lock
+holder needs to finish).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,6 +88,7 @@ class Database:
         self._read = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
         self._write = sessionmaker(write_engine, expire_on_commit=False)
         self.corruption: str | None = None  # why the SQLite file failed its integrity check
+        self._write_queue = threading.Lock() if self.is_sqlite else None
 
     def check_integrity(self) -> str | None:
         """SQLite: ``PRAGMA quick_check`` (every page and index structure, O(file size)); on failure
@@ -106,19 +118,28 @@ class Database:
             session.close()
 
     @contextmanager
-    def write(self) -> Iterator[WriteSession]:
+    def write(self, *, queue: bool = False) -> Iterator[WriteSession]:
+        """A write session, committed on success. ``queue``: on SQLite, wait for this process's
+        write lock first (see the module docstring); only for a session used in one thread."""
         if self.corruption:
             raise Unavailable(f"the database file failed its integrity check ({self.corruption}); writes are "
                               "refused: stop the server and restore the file from a backup")
-        session = self._write()
+        queued = queue and self._write_queue is not None
+        if queued and not self._write_queue.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+            raise Unavailable("the database stayed busy with other writes; retry shortly")
         try:
-            yield WriteSession(session)
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
+            session = self._write()
+            try:
+                yield WriteSession(session)
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+            finally:
+                session.close()
         finally:
-            session.close()
+            if queued:
+                self._write_queue.release()
 
     def dispose(self) -> None:
         self.engine.dispose()

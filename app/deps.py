@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.auth.service import GRANTS, Role, authenticate, session_token
+from app.auth.cache import TokenCache
+from app.auth.service import GRANTS, Role, authenticate, hash_token, session_token
 from app.config import Settings
 from app.db import Database, ReadSession, WriteSession
 from app.models import ApiToken
@@ -19,11 +21,12 @@ SESSION_COOKIE = "steady_session"
 _bearer = HTTPBearer(auto_error=False)
 
 
-def get_database(request: Request) -> Database:
+# async: FastAPI runs a plain ``def`` dependency in the thread pool, a hop per dependency per request.
+async def get_database(request: Request) -> Database:
     return request.app.state.database
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -75,11 +78,18 @@ def caller_token(session: Session, request: Request, creds: HTTPAuthorizationCre
     return authenticate(session, secret) if kind == "bearer" else session_token(session, secret)
 
 
+def _unauthorized() -> HTTPException:
+    return HTTPException(
+        status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token or session", headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
 def get_principal(
     request: Request,
     db: Annotated[Database, Depends(get_database)],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
+    """The caller, looked up in the database (blocking; see ``current_principal`` for the dependency)."""
     if _credentials(request, creds) is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
@@ -87,17 +97,46 @@ def get_principal(
     with db.read() as session:
         row = caller_token(session, request, creds)
         if row is None:
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token or session",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            raise _unauthorized()
         return Principal(token_id=row.id, name=row.name, role=Role(row.role))
+
+
+def token_cache(request: Request) -> TokenCache[Principal]:
+    return request.app.state.token_cache
+
+
+def forget_tokens(request: Request) -> None:
+    """After a token was revoked (and committed): no request of this process accepts it any more."""
+    token_cache(request).invalidate()
+
+
+async def current_principal(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """The caller. A bearer token checked less than STEADY_TOKEN_CACHE_SECONDS ago in this process is
+    not looked up again (no database query, no thread-pool hop); see app/auth/cache.py for revocation."""
+    found = _credentials(request, creds)
+    if found is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
+    if found[0] != "bearer":
+        return await run_in_threadpool(get_principal, request, request.app.state.database, creds)
+    cache = token_cache(request)
+    digest = hash_token(found[1])
+    principal = cache.get(digest)
+    if principal is None:
+        generation = cache.generation
+        principal = await run_in_threadpool(get_principal, request, request.app.state.database, creds)
+        cache.put(digest, principal, generation)
+    return principal
 
 
 def require(*roles: Role):
     allowed = frozenset().union(*(GRANTS[r] for r in roles))
 
-    def _check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    async def _check(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
         if principal.role not in allowed:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN, f"a {principal.role.value} token cannot do this; it needs role "

@@ -20,6 +20,7 @@ from app import __version__, apidocs, migrate
 from app.alerts.dispatcher import Dispatcher
 from app.alerts.router import metrics_router
 from app.alerts.router import router as alerts_router
+from app.auth.cache import TokenCache
 from app.auth.router import router as tokens_router
 from app.code.router import router as code_router
 from app.config import Settings, get_settings
@@ -162,7 +163,7 @@ class Reaper:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                with self.database.write() as session:
+                with self.database.write(queue=True) as session:  # in line with the protocol's writes
                     runs_service.reap_expired(session)
             except Exception as exc:  # the database may be down; try again next tick
                 log.warning("lease reaper: %s", exc)
@@ -217,6 +218,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     apidocs.install(app)
     app.state.settings = settings
+    app.state.token_cache = TokenCache(settings.token_cache_seconds)
 
     @app.exception_handler(SteadyError)
     async def _steady_error(request: Request, exc: SteadyError) -> JSONResponse:

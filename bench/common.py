@@ -113,9 +113,9 @@ class Server:
         return r.json()["id"]
 
 
-def run_clients(script: Path, n_procs: int, args: list[list[str]], timeout: float) -> list[dict]:
+def run_clients(script: Path, n_procs: int, args: list[list[str]], timeout: float, python: str | None = None) -> list[dict]:
     """Start client processes (``script`` with per-process args), each printing one JSON line; collect them."""
-    procs = [subprocess.Popen([sys.executable, str(script), "_client", *a], cwd=REPO, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([python or sys.executable, str(script), "_client", *a], cwd=REPO, stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "PYTHONPATH": str(REPO)}) for a in args[:n_procs]]
     out = []
     for p in procs:
@@ -126,8 +126,70 @@ def run_clients(script: Path, n_procs: int, args: list[list[str]], timeout: floa
     return out
 
 
+def load() -> dict:
+    """The machine's load right now: 1/5/15-minute load averages and the CPU count."""
+    one, five, fifteen = os.getloadavg()
+    return {"loadavg_1m": round(one, 2), "loadavg_5m": round(five, 2), "loadavg_15m": round(fifteen, 2),
+            "cpus": os.cpu_count()}
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds used so far by a process and all its live descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            total += stats[p][1]
+        todo.extend(child for child, (ppid, _) in stats.items() if ppid == p)
+    return total
+
+
 def write_result(name: str, data: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), "when": time.strftime("%Y-%m-%dT%H:%M:%S"), **data}, indent=2))
     return path
+
+
+def run_synced_clients(cmd_per_proc: list[list[str]], timeout: float, lead_s: float = 0.5, on_start=None) -> list[dict]:
+    """Start client processes that set up (import, register, lease), print ``ready``, then read the
+    common start time (epoch seconds) from stdin; collect the one JSON line each prints at the end.
+
+    Starting only once every client is ready keeps slow start-up (imports on a loaded machine)
+    out of the measured window.
+    """
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}) for cmd in cmd_per_proc]
+    try:
+        for p in procs:
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"client did not get ready (exit {p.poll()}): {line[:500]!r}")
+        if on_start is not None:
+            on_start()  # e.g. read the server's CPU time once set-up requests are done
+        start_at = time.time() + lead_s
+        for p in procs:
+            p.stdin.write(f"{start_at}\n")
+            p.stdin.flush()
+        out = []
+        for p in procs:
+            stdout, _ = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"client exited {p.returncode}")
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()

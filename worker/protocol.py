@@ -19,7 +19,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 PROTOCOL_VERSION = 1
 
@@ -237,6 +237,8 @@ class Series(_Model):
     # The type the values were logged in (values travel as float64 either way): ULPs between
     # repeats are counted in it. None: float64 (a Python float).
     dtype: FloatDtype | None = None
+    # The packed arrays' bytes, decoded once by the validation below (not part of the message).
+    _packed_bytes: tuple[bytes, bytes] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _one_encoding(self) -> "Series":
@@ -259,7 +261,14 @@ class Series(_Model):
                 raise ValueError(f"invalid base64: {exc}") from None
             if len(steps) % 8 or len(values) % 8 or len(steps) != len(values):
                 raise ValueError("packed steps and values must be int64/float64 arrays of equal length")
+            self._packed_bytes = (steps, values)
         return self
+
+    def packed_bytes(self) -> tuple[bytes, bytes]:
+        """Little-endian int64 steps and float64 values of a packed series, as bytes."""
+        if self._packed_bytes is None:
+            self._packed_bytes = (base64.b64decode(self.steps_b64 or ""), base64.b64decode(self.values_b64 or ""))
+        return self._packed_bytes
 
     def __len__(self) -> int:
         if self.steps is not None:

@@ -3,12 +3,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Request, status
 from pydantic import BaseModel, Field
 
 from app.auth import service
 from app.auth.service import Role
-from app.deps import AdminCaller, ReadDB, WriteDB
+from app.deps import AdminCaller, ReadDB, WriteDB, forget_tokens
 from app.errors import NotFound
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
@@ -44,8 +44,12 @@ def list_tokens(db: ReadDB, caller: AdminCaller) -> list[TokenOut]:
 
 
 @router.delete("/{token_id}", response_model=TokenOut)
-def revoke_token(token_id: int, db: WriteDB, caller: AdminCaller) -> TokenOut:
-    row = service.revoke_token(db, token_id)
-    if row is None:
-        raise NotFound(f"token {token_id} not found")
-    return TokenOut.model_validate(row, from_attributes=True)
+def revoke_token(token_id: int, request: Request, caller: AdminCaller) -> TokenOut:
+    # Refused at once by this API process, within STEADY_TOKEN_CACHE_SECONDS by the others.
+    with request.app.state.database.write() as db:  # committed before this process forgets the token
+        row = service.revoke_token(db, token_id)
+        if row is None:
+            raise NotFound(f"token {token_id} not found")
+        out = TokenOut.model_validate(row, from_attributes=True)
+    forget_tokens(request)
+    return out

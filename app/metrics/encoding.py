@@ -7,7 +7,6 @@ into NumPy arrays, bit for bit.
 
 from __future__ import annotations
 
-import base64
 import math
 from typing import Any
 
@@ -34,7 +33,9 @@ def json_values(values: np.ndarray) -> list[float | str]:
 def series_arrays(series: Series) -> tuple[np.ndarray, np.ndarray]:
     """(steps int64, values float64) of a batch's series, whichever encoding it came in."""
     if series.steps_b64 is not None and series.values_b64 is not None:
-        steps = np.frombuffer(base64.b64decode(series.steps_b64), dtype="<i8").astype(np.int64)
-        values = np.frombuffer(base64.b64decode(series.values_b64), dtype="<f8").astype(np.float64)
+        steps_b, values_b = series.packed_bytes()  # decoded once, when the batch was validated
+        # read-only views of the request's bytes: nothing downstream writes into them
+        steps = np.frombuffer(steps_b, dtype="<i8").astype(np.int64, copy=False)
+        values = np.frombuffer(values_b, dtype="<f8").astype(np.float64, copy=False)
         return steps, values
     return np.asarray(series.steps, dtype=np.int64), np.asarray(series.values, dtype=np.float64)

@@ -49,13 +49,6 @@ def decode_steps(blob: bytes, step_min: int, step_max: int, n: int) -> np.ndarra
     return step_min + (step_max - step_min) // (n - 1) * np.arange(n, dtype=np.int64)
 
 
-def batch_exists(session: Session, run_id: int, attempt: int, seq: int) -> bool:
-    stmt = select(MetricChunk.id).where(
-        MetricChunk.run_id == run_id, MetricChunk.attempt == attempt, MetricChunk.seq == seq
-    )
-    return session.execute(stmt.limit(1)).first() is not None
-
-
 def insert_chunks(
     session: Session,
     run_id: int,
@@ -93,16 +86,6 @@ def insert_chunks(
     except IntegrityError:
         return False
     return True
-
-
-def attempt_usage(session: Session, run_id: int, attempt: int) -> tuple[set[str], int]:
-    """The metric keys and the number of points stored for one attempt of a run."""
-    rows = session.execute(
-        select(MetricChunk.key, func.sum(MetricChunk.n))
-        .where(MetricChunk.run_id == run_id, MetricChunk.attempt == attempt)
-        .group_by(MetricChunk.key)
-    ).all()
-    return {key for key, _ in rows}, int(sum(n or 0 for _, n in rows))
 
 
 def delete_other_attempts(session: Session, run_id: int, keep_attempt: int) -> None:
@@ -295,7 +278,6 @@ def load_dtypes(session: Session, run_ids: Sequence[int], keys: Sequence[str] | 
 
 __all__ = [
     "load_dtypes",
-    "batch_exists",
     "delete_attempt",
     "delete_other_attempts",
     "encode",

@@ -191,6 +191,8 @@ class MetricChunk(Base):
     __table_args__ = (
         UniqueConstraint("run_id", "attempt", "seq", "key"),
         Index("ix_metric_chunks_run_id_key", "run_id", "key"),
+        # covers the per-attempt usage a metric batch checks (sum of n, distinct keys)
+        Index("ix_metric_chunks_usage", "run_id", "attempt", "key", "n"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
@@ -84,14 +85,31 @@ def get_series(
 # --- worker side ----------------------------------------------------------------------------
 
 
+# Heartbeats and metric batches, the hot path of the protocol, are async routes that do all
+# their database work in one thread-pool call: the caller comes from an async dependency
+# (usually from the token cache), and the write session is opened, used and committed in that
+# one thread. So they may queue for the process's SQLite write lock (``Database.write``),
+# which a session spread over a dependency's several thread-pool calls may not.
+
+
+def _in_one_write(request: Request, work, *args):  # noqa: ANN001, ANN002, ANN202
+    database = request.app.state.database
+
+    def call():  # noqa: ANN202
+        with database.write(queue=True) as db:
+            return work(db, *args)
+
+    return run_in_threadpool(call)
+
+
 @router.post("/{run_id}/heartbeat", response_model=HeartbeatAck, tags=["worker protocol"])
-def heartbeat(run_id: int, body: Heartbeat, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
-    return service.heartbeat(db, run_id, body, settings, caller)
+async def heartbeat(run_id: int, body: Heartbeat, request: Request, caller: WorkerCaller, settings: AppSettings):
+    return await _in_one_write(request, service.heartbeat, run_id, body, settings, caller)
 
 
 @router.post("/{run_id}/metrics", response_model=BatchAck, tags=["worker protocol"])
-def push_metrics(run_id: int, body: MetricBatch, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
-    return service.ingest_batch(db, run_id, body, settings, caller)
+async def push_metrics(run_id: int, body: MetricBatch, request: Request, caller: WorkerCaller, settings: AppSettings):
+    return await _in_one_write(request, service.ingest_batch, run_id, body, settings, caller)
 
 
 @router.post("/{run_id}/complete", response_model=RunAck, tags=["worker protocol"])

@@ -7,6 +7,7 @@ exactly one caller however many API processes and workers race for it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, func, select, update
@@ -18,6 +19,7 @@ from app.deps import Principal
 from app.errors import Conflict, Forbidden, Invalid, NotFound, TooLarge, TooManyRequests
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float, series_arrays
+from app.runs import repository as runs_repo
 from app.models import Run, Study, Worker, utcnow
 from app.studies import service as studies
 from worker.protocol import (
@@ -266,7 +268,36 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
 
 
 def _already_finished(run: Run) -> Conflict:
-    return Conflict(f"run {run.id} is already {run.status}; nothing was changed", code=ErrorCode.already_finished.value)
+    return _finished(run.id, run.status)
+
+
+def _finished(run_id: int, status: str) -> Conflict:
+    return Conflict(f"run {run_id} is already {status}; nothing was changed", code=ErrorCode.already_finished.value)
+
+
+_TERMINAL = frozenset(s.value for s in TERMINAL_RUN_STATUSES)
+
+
+def _verify_lease(run_id: int, status: str, run_lease_id: str | None, lease_expires_at: datetime | None,
+                  holder_token_id: Callable[[], int | None], lease_id: str, principal: Principal) -> None:
+    """Raise unless ``lease_id`` is the run's live lease and the caller's token is the leasing worker's."""
+    if status in _TERMINAL and run_lease_id in (lease_id, None):
+        raise _finished(run_id, status)
+    if run_lease_id != lease_id or status != RunStatus.running.value:
+        raise Conflict(
+            f"lease lost: run {run_id} is no longer leased under this lease (it was re-queued or taken over)",
+            code=ErrorCode.lease_lost.value,
+        )
+    if principal.role is not Role.admin and holder_token_id() != principal.token_id:
+        raise Forbidden(
+            f"run {run_id} is leased by another worker; only the worker holding the lease may write to it",
+            code=ErrorCode.not_lease_holder.value,
+        )
+    if lease_expires_at is not None and lease_expires_at < utcnow():
+        raise Conflict(
+            f"lease lost: the lease of run {run_id} expired at {lease_expires_at.isoformat()}",
+            code=ErrorCode.lease_lost.value,
+        )
 
 
 def _leased_run(session: Session, run_id: int, lease_id: str, principal: Principal, *, lock: bool = True) -> Run:
@@ -277,25 +308,8 @@ def _leased_run(session: Session, run_id: int, lease_id: str, principal: Princip
     run = session.scalars(stmt).first()
     if run is None:
         raise NotFound(f"run {run_id} not found")
-    if run.status in {s.value for s in TERMINAL_RUN_STATUSES} and run.lease_id in (lease_id, None):
-        raise _already_finished(run)
-    if run.lease_id != lease_id or run.status != RunStatus.running.value:
-        raise Conflict(
-            f"lease lost: run {run_id} is no longer leased under this lease (it was re-queued or taken over)",
-            code=ErrorCode.lease_lost.value,
-        )
-    if principal.role is not Role.admin:
-        holder = session.scalar(select(Worker.token_id).where(Worker.id == run.worker_id))
-        if holder != principal.token_id:
-            raise Forbidden(
-                f"run {run_id} is leased by another worker; only the worker holding the lease may write to it",
-                code=ErrorCode.not_lease_holder.value,
-            )
-    if run.lease_expires_at is not None and run.lease_expires_at < utcnow():
-        raise Conflict(
-            f"lease lost: the lease of run {run_id} expired at {run.lease_expires_at.isoformat()}",
-            code=ErrorCode.lease_lost.value,
-        )
+    _verify_lease(run.id, run.status, run.lease_id, run.lease_expires_at,
+                  lambda: session.scalar(select(Worker.token_id).where(Worker.id == run.worker_id)), lease_id, principal)
     return run
 
 
@@ -314,33 +328,39 @@ def heartbeat(session: Session, run_id: int, body: Heartbeat, settings: Settings
 def ingest_batch(
     session: Session, run_id: int, body: MetricBatch, settings: Settings, principal: Principal
 ) -> BatchAck:
+    """Store one metric batch. One query (lease, holder, usage, retry) before the insert; a batch
+    re-sent with the same seq is acknowledged as a duplicate and stored once."""
     points = sum(len(s) for s in body.series)
     if points > settings.max_batch_points:
         raise TooLarge(
             f"batch of {points} points is over the limit of {settings.max_batch_points} points (STEADY_MAX_BATCH_POINTS)"
         )
-    run = _leased_run(session, run_id, body.lease_id, principal, lock=False)
-    if metrics_repo.batch_exists(session, run.id, run.attempt, body.seq):
-        return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=True)
-    _check_run_limits(session, run, body, points, settings)
+    keys = [s.key for s in body.series]
+    ctx = runs_repo.batch_context(session, run_id, body.seq, keys)
+    if ctx is None:
+        raise NotFound(f"run {run_id} not found")
+    _verify_lease(ctx.run_id, ctx.status, ctx.lease_id, ctx.lease_expires_at, lambda: ctx.holder_token_id,
+                  body.lease_id, principal)
+    if ctx.seq_stored:
+        return BatchAck(run_id=run_id, seq=body.seq, points=points, duplicate=True)
+    _check_run_limits(run_id, ctx.stored_keys + len(keys) - ctx.known_keys, ctx.stored_points + points, settings)
     arrays = [(s.key, *series_arrays(s), s.dtype) for s in body.series]
-    stored = metrics_repo.insert_chunks(session, run.id, run.attempt, body.seq, arrays)
-    return BatchAck(run_id=run.id, seq=body.seq, points=points, duplicate=not stored)
+    stored = metrics_repo.insert_chunks(session, run_id, ctx.attempt, body.seq, arrays)
+    return BatchAck(run_id=run_id, seq=body.seq, points=points, duplicate=not stored)
 
 
-def _check_run_limits(session: Session, run: Run, body: MetricBatch, points: int, settings: Settings) -> None:
-    keys, stored = metrics_repo.attempt_usage(session, run.id, run.attempt)
-    new_keys = {s.key for s in body.series} - keys
-    if len(keys) + len(new_keys) > settings.max_keys_per_run:
+def _check_run_limits(run_id: int, keys: int, points: int, settings: Settings) -> None:
+    """``keys`` and ``points``: what the run's attempt would hold with the batch."""
+    if keys > settings.max_keys_per_run:
         raise Invalid(
             ("body", "series"),
-            f"run {run.id} would have {len(keys) + len(new_keys)} metric keys, over the limit of "
+            f"run {run_id} would have {keys} metric keys, over the limit of "
             f"{settings.max_keys_per_run} keys per run (STEADY_MAX_KEYS_PER_RUN)",
         )
-    if stored + points > settings.max_points_per_run:
+    if points > settings.max_points_per_run:
         raise Invalid(
             ("body", "series"),
-            f"run {run.id} would hold {stored + points} points, over the limit of "
+            f"run {run_id} would hold {points} points, over the limit of "
             f"{settings.max_points_per_run} points per run (STEADY_MAX_POINTS_PER_RUN)",
         )
 

@@ -156,3 +156,50 @@ def test_ended_sessions_are_dropped_as_new_ones_start(api):
     api.client.cookies.clear()
     with api.app.state.database.read() as s:
         assert s.query(DashboardSession).count() == 1
+
+
+# --- the per-process token cache (STEADY_TOKEN_CACHE_SECONDS) ---------------------------------
+
+
+def test_revocation_is_immediate_here_and_within_the_cache_ttl_in_another_process(make_api):
+    """Two apps on one database stand for two API processes; each remembers checked tokens for 1 s."""
+    import time
+
+    from tests.conftest import wait_until
+
+    here, elsewhere = make_api(token_cache_seconds=1.0), make_api(token_cache_seconds=1.0)
+    secret = here.post("/api/v1/tokens", role="admin", json={"name": "doomed", "role": "user"}).json()
+    headers = {"Authorization": f"Bearer {secret['token']}"}
+    for app in (here, elsewhere):  # both processes have now checked (and remembered) the token
+        assert app.client.get("/api/v1/studies", headers=headers).status_code == 200
+    assert here.delete(f"/api/v1/tokens/{secret['id']}", role="admin").status_code == 200
+    revoked = time.monotonic()
+    assert here.client.get("/api/v1/studies", headers=headers).status_code == 401  # at once where it was revoked
+    wait_until(lambda: elsewhere.client.get("/api/v1/studies", headers=headers).status_code == 401, timeout=10,
+               interval=0.05, what="the other process to refuse the revoked token")
+    assert time.monotonic() - revoked < 1.0 + 2.0  # the TTL, plus slack for a loaded machine
+
+
+def test_without_the_cache_every_request_looks_its_token_up(make_api):
+    from app.models import ApiToken, utcnow
+
+    api = make_api(token_cache_seconds=0)
+    assert api.get("/api/v1/studies").status_code == 200
+    with api.app.state.database.write() as s:  # revoked behind the API's back (e.g. by the CLI)
+        s.query(ApiToken).filter(ApiToken.name == "test-user").one().revoked_at = utcnow()
+    assert api.get("/api/v1/studies").status_code == 401
+
+
+def test_a_lookup_that_raced_a_revocation_is_not_remembered():
+    from app.auth.cache import TokenCache
+
+    now = [0.0]
+    cache: TokenCache[str] = TokenCache(5.0, clock=lambda: now[0])
+    generation = cache.generation  # a lookup starts, reads the token as valid ...
+    cache.invalidate()  # ... a revocation commits meanwhile
+    cache.put("digest", "principal", generation)
+    assert cache.get("digest") is None
+    cache.put("digest", "principal", cache.generation)
+    assert cache.get("digest") == "principal"
+    now[0] = 5.0
+    assert cache.get("digest") is None  # expired after the TTL
