@@ -165,6 +165,7 @@ class LeaseRequest(_Model):
     worker_id: int
     study_id: int | None = None  # lease only runs of this study (agents launched for one study)
     request_id: RequestId | None = None
+    builtin_only: bool = False  # lease only runs of built-in workloads, never user code
 
 
 class RunSpec(_Model):
@@ -191,6 +192,9 @@ class Lease(_Model):
     lease_expires_at: datetime
     heartbeat_seconds: float
     spec: RunSpec
+    # A credential for this run alone, valid while this lease is: the run subprocess gets it
+    # (never the worker's token) for its own writes, e.g. the MLflow-compatible endpoint.
+    run_token: str | None = None
 
 
 class Heartbeat(_Model):

@@ -104,6 +104,8 @@ class Run(Base):
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # SHA-256 of the run-scoped credential issued with the current lease (app.runs.credentials)
+    run_token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     progress_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -19,6 +19,7 @@ from app.errors import Conflict, Forbidden, Invalid, NotFound, TooLarge, TooMany
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float, series_arrays
 from app.models import Run, Study, Worker, utcnow
+from app.runs import credentials
 from app.studies import service as studies
 from worker.protocol import (
     TERMINAL_RUN_STATUSES,
@@ -161,11 +162,17 @@ def _lease_of(run: Run, study: Study, settings: Settings) -> Lease:
         lease_expires_at=run.lease_expires_at,
         heartbeat_seconds=settings.heartbeat_seconds,
         spec=_spec_for(run, study),
+        run_token=credentials.issue(run),  # a new one per answer: only its hash is kept
     )
 
 
+def _is_user_code(study: Study) -> bool:
+    """The study runs code its submitter supplied (not a built-in workload)."""
+    return not (study.spec.get("workload") or {}).get("name")
+
+
 def lease_next(session: Session, worker: Worker, settings: Settings, request_id: str | None = None, *,
-               study_id: int | None = None) -> Lease | None:
+               study_id: int | None = None, builtin_only: bool = False) -> Lease | None:
     """Lease the next queued run this worker can run, or None.
 
     A request repeating the ``request_id`` of this worker's last granted lease (its answer was
@@ -212,6 +219,10 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
     for run_id, required, run_study_id, *_ in _own_blocks_first(session, worker.id, session.execute(stmt).all()):
         if not set(required) <= labels:
             continue
+        if builtin_only:
+            candidate_study = session.get(Study, run_study_id)
+            if candidate_study is None or _is_user_code(candidate_study):
+                continue
         claimable = (
             select(Run.id)
             .where(Run.id == run_id, Run.status == RunStatus.queued.value)

@@ -1,0 +1,24 @@
+"""runs.run_token_hash: the SHA-256 of the run-scoped credential issued with the current lease
+
+Revision ID: 0008_run_token
+Revises: 0007_series_dtype
+"""
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0008_run_token"
+down_revision = "0007_series_dtype"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("run_token_hash", sa.String(length=64), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_column("run_token_hash")
