@@ -56,13 +56,16 @@ def run_local(
     poll_interval: float = 0.05,
     on_start: Any = None,
     python: str | None = None,
+    **process_options: Any,
 ) -> LocalResult:
     """Execute ``spec`` (a RunSpec or a dict with its fields) in a fresh subprocess and wait.
 
     ``on_start(proc)`` is called once the subprocess runs (tests use it to kill it); ``python``
-    is the interpreter of the run (default: this one), e.g. another virtual environment's."""
+    is the interpreter of the run (default: this one), e.g. another virtual environment's;
+    ``process_options`` go to :class:`~worker.runner.RunProcess` (``run_vars``, ``secrets``,
+    ``run_as``, ``pass_env``)."""
     run_dir = work_dir or tempfile.mkdtemp(prefix="steady-run-")
-    proc = RunProcess(_spec_dict(spec), run_dir=run_dir, device=device, python=python)
+    proc = RunProcess(_spec_dict(spec), run_dir=run_dir, device=device, python=python, **process_options)
     series: dict[str, tuple[list[int], list[float]]] = {}
 
     def drain() -> None:
