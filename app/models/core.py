@@ -122,6 +122,8 @@ class Run(Base):
     determinism_applied: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     final_metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # params, tags, run name and client-side status written through the MLflow-compatible endpoint
+    mlflow: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     stderr_tail: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -332,8 +332,13 @@ def ingest_batch(
 
 
 def _check_run_limits(session: Session, run: Run, body: MetricBatch, points: int, settings: Settings) -> None:
+    check_limits(session, run, {s.key for s in body.series}, points, settings)
+
+
+def check_limits(session: Session, run: Run, batch_keys: set[str], points: int, settings: Settings) -> None:
+    """Refuse (422) a write that would take the run's current attempt over its key or point limit."""
     keys, stored = metrics_repo.attempt_usage(session, run.id, run.attempt)
-    new_keys = {s.key for s in body.series} - keys
+    new_keys = batch_keys - keys
     if len(keys) + len(new_keys) > settings.max_keys_per_run:
         raise Invalid(
             ("body", "series"),

@@ -1,6 +1,7 @@
-"""runs.run_token_hash: the SHA-256 of the run-scoped credential issued with the current lease
+"""runs.run_token_hash (the run-scoped credential of the current lease) and runs.mlflow
+(params, tags, name and status written through the MLflow-compatible endpoint)
 
-Revision ID: 0008_run_token
+Revision ID: 0008_run_credentials
 Revises: 0007_series_dtype
 """
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_run_token"
+revision = "0008_run_credentials"
 down_revision = "0007_series_dtype"
 branch_labels = None
 depends_on = None
@@ -17,8 +18,10 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("runs") as batch:
         batch.add_column(sa.Column("run_token_hash", sa.String(length=64), nullable=True))
+        batch.add_column(sa.Column("mlflow", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("runs") as batch:
+        batch.drop_column("mlflow")
         batch.drop_column("run_token_hash")
