@@ -124,7 +124,7 @@ def create_experiment(body: CreateExperimentIn, db: WriteDB, caller: Caller, set
 
 
 @router.api_route("/{method:path}", methods=["GET", "POST", "PATCH", "DELETE"], include_in_schema=False)
-def unsupported(method: str, request: Request) -> None:
+def unsupported(method: str, request: Request, caller: Caller) -> None:
     raise MlflowError(
         501, "NOT_IMPLEMENTED",
         f"{request.method} /api/2.0/mlflow/{method} is not supported by Steady's MLflow-compatible endpoint "
