@@ -2,8 +2,8 @@
 
 Installed by the harness in the run subprocess before user code runs (:func:`install`):
 
-* **PyTorch** — global optimizer hooks (``torch.optim.Optimizer.register_optimizer_step_pre_hook``
-  / ``register_optimizer_step_post_hook``): the parameters an optimizer updates are digested
+* **PyTorch** — a global optimizer hook (``torch.optim.optimizer.register_optimizer_step_pre_hook``,
+  PyTorch >= 2.0, applies to every optimizer): the parameters an optimizer updates are digested
   just before its first ``step()`` (``initial_weights``), and those of every optimizer that
   stepped are digested when the run ends (``final_weights``).
 * **Keras** — ``keras.Model.fit`` is wrapped: the model's weights are digested when the first
@@ -68,10 +68,10 @@ class _TorchHooks:
 
 
 def _install_torch() -> Any:
-    import torch
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     hooks = _TorchHooks()
-    hooks.handles.append(torch.optim.Optimizer.register_optimizer_step_pre_hook(hooks.pre))
+    hooks.handles.append(register_optimizer_step_pre_hook(hooks.pre))
     return hooks.finish
 
 
