@@ -34,7 +34,7 @@ INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVIC
 REDACTED = "[redacted]"
 
 
-def scrub(text: str, secrets: "list[str] | tuple[str, ...]") -> str:
+def scrub(text: str, secrets: list[str] | tuple[str, ...]) -> str:
     """``text`` with every occurrence of each secret replaced, so Steady's own credentials never
     end up in a run record (error text, stderr tail)."""
     for secret in secrets:
@@ -49,7 +49,7 @@ def run_environment(
     run_dir: str,
     device: str | None,
     run_vars: dict[str, str] | None = None,
-    pass_env: "tuple[str, ...] | list[str]" = (),
+    pass_env: tuple[str, ...] | list[str] = (),
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The whole environment of a run subprocess, built from an allow-list.
@@ -82,7 +82,7 @@ class RunAs:
     groups: tuple[int, ...]
 
     @classmethod
-    def lookup(cls, name: str) -> "RunAs":
+    def lookup(cls, name: str) -> RunAs:
         try:
             pw = pwd.getpwnam(name)
         except KeyError:
@@ -187,9 +187,9 @@ class RunProcess:
         device: str | None = None,
         python: str | None = None,
         run_vars: dict[str, str] | None = None,
-        secrets: "list[str] | tuple[str, ...]" = (),
+        secrets: list[str] | tuple[str, ...] = (),
         run_as: RunAs | None = None,
-        pass_env: "tuple[str, ...] | list[str]" = (),
+        pass_env: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.spec = dict(spec)
         self.run_vars = dict(run_vars or {})
