@@ -375,10 +375,13 @@ class Agent:
         self.executions: list[RunExecution] = []
         self.runs_started = 0
         self.last_poll = 0.0
-        os.makedirs(config.work_dir, exist_ok=True)
         # The agent's files are its own (0700); with --run-as the run user may only pass through
-        # (0711) to its own run directory, which it cannot list its way to either.
-        os.chmod(config.work_dir, 0o711 if config.run_as is not None else 0o700)
+        # (0711) to its own run directory, which it cannot list its way to either. A directory
+        # that already existed keeps its mode (it may be shared, e.g. --work-dir /tmp): then
+        # each run directory alone is 0700.
+        if not os.path.isdir(config.work_dir):
+            os.makedirs(config.work_dir, exist_ok=True)
+            os.chmod(config.work_dir, 0o711 if config.run_as is not None else 0o700)
 
     # --- lifecycle -------------------------------------------------------------------------
 
