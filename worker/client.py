@@ -195,7 +195,7 @@ class SteadyClient:
                       builtin_only: bool = False) -> LeaseAnswer:
         """A lease, or (nothing to lease) how many runs in scope still run elsewhere."""
         body = LeaseRequest(worker_id=worker_id, study_id=study_id, request_id=new_request_id(),  # one id for all retries
-                            builtin_only=builtin_only)
+                            builtin_only=True if builtin_only else None, run_credential=True)
         response = self.post(f"/api/v1/workers/{worker_id}/lease", body, deadline_s=deadline_s)
         if response.status_code == 204 or not response.content:
             raw = response.headers.get(PENDING_HEADER)

@@ -165,7 +165,12 @@ class LeaseRequest(_Model):
     worker_id: int
     study_id: int | None = None  # lease only runs of this study (agents launched for one study)
     request_id: RequestId | None = None
-    builtin_only: bool = False  # lease only runs of built-in workloads, never user code
+    # lease only runs of built-in workloads, never user code; None (left out): any run, so a
+    # worker that does not ask for it still speaks to older servers, which forbid the field
+    builtin_only: bool | None = None
+    # ask for a run-scoped credential with the lease (Lease.run_token); a worker that does not
+    # ask (older ones, whose Lease model forbids the field) gets a lease without it
+    run_credential: bool | None = None
 
 
 class RunSpec(_Model):

@@ -152,7 +152,7 @@ def running_in_scope(session: Session, study_id: int | None) -> int:
     return int(session.scalar(stmt) or 0)
 
 
-def _lease_of(run: Run, study: Study, settings: Settings) -> Lease:
+def _lease_of(run: Run, study: Study, settings: Settings, *, run_credential: bool = True) -> Lease:
     assert run.lease_id is not None and run.lease_expires_at is not None
     return Lease(
         run_id=run.id,
@@ -162,7 +162,7 @@ def _lease_of(run: Run, study: Study, settings: Settings) -> Lease:
         lease_expires_at=run.lease_expires_at,
         heartbeat_seconds=settings.heartbeat_seconds,
         spec=_spec_for(run, study),
-        run_token=credentials.issue(run),  # a new one per answer: only its hash is kept
+        run_token=credentials.issue(run) if run_credential else None,  # new per answer; only its hash is kept
     )
 
 
@@ -172,7 +172,7 @@ def _is_user_code(study: Study) -> bool:
 
 
 def lease_next(session: Session, worker: Worker, settings: Settings, request_id: str | None = None, *,
-               study_id: int | None = None, builtin_only: bool = False) -> Lease | None:
+               study_id: int | None = None, builtin_only: bool = False, run_credential: bool = False) -> Lease | None:
     """Lease the next queued run this worker can run, or None.
 
     A request repeating the ``request_id`` of this worker's last granted lease (its answer was
@@ -193,7 +193,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
         if run is not None and run.status == RunStatus.running.value and run.worker_id == worker.id:
             study = session.get(Study, run.study_id)
             assert study is not None
-            return _lease_of(run, study, settings)
+            return _lease_of(run, study, settings, run_credential=run_credential)
         return None  # that lease is gone already (expired and reaped, or finished)
     held = session.scalar(
         select(func.count()).select_from(Run).where(Run.status == RunStatus.running.value, Run.worker_id == worker.id)
@@ -258,7 +258,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
         run = session.get(Run, run_id, populate_existing=True)
         assert run is not None
         metrics_repo.delete_other_attempts(session, run.id, run.attempt)
-        lease = _lease_of(run, study, settings)
+        lease = _lease_of(run, study, settings, run_credential=run_credential)
         worker.lease_request_id = request_id
         worker.lease_run_id = run.id
         session.flush()
