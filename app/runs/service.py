@@ -154,6 +154,8 @@ def running_in_scope(session: Session, study_id: int | None) -> int:
 
 def _lease_of(run: Run, study: Study, settings: Settings, *, run_credential: bool = True) -> Lease:
     assert run.lease_id is not None and run.lease_expires_at is not None
+    if not run_credential:
+        run.run_token_hash = None  # a credential of an earlier lease must not outlive it
     return Lease(
         run_id=run.id,
         study_id=run.study_id,

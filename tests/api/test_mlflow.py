@@ -157,3 +157,20 @@ def test_mlflow_calls_inside_a_steady_run_land_in_it(live_server, tmp_path):
     run = http.get(f"/api/v1/studies/{sid}/runs").json()["items"][0]
     assert run["status"] == "completed", (run, proc.stderr[-3000:])
     assert _series(http, run["id"], "mlflow_loss") == ([0, 1, 2, 3, 4], [1.0, 0.5, 1 / 3, 0.25, 0.2])
+
+
+def test_a_run_credential_dies_with_its_lease(api):
+    """Re-queued and leased again (here to a worker that asks for no credential): the first
+    lease's credential writes nothing."""
+    from tests.api.helpers import spec
+
+    api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"]))
+    wid = register(api)
+    first = api.post(f"/api/v1/workers/{wid}/lease", role="worker", json={"worker_id": wid, "run_credential": True}).json()
+    release = api.post(f"/api/v1/runs/{first['run_id']}/release", role="worker", json={"lease_id": first["lease_id"]})
+    assert release.status_code == 200
+    again = api.post(f"/api/v1/workers/{wid}/lease", role="worker", json={"worker_id": wid}).json()
+    assert again["run_id"] == first["run_id"] and "run_token" not in again
+    r = api.client.post("/mlflow/api/2.0/mlflow/runs/log-metric", headers={"Authorization": f"Bearer {first['run_token']}"},
+                        json={"run_id": str(first["run_id"]), "key": "mlf", "value": 1.0, "step": 0})
+    assert r.status_code == 401 and r.json()["error_code"] == "UNAUTHENTICATED"
