@@ -51,6 +51,7 @@ def run_environment(
     run_vars: dict[str, str] | None = None,
     pass_env: tuple[str, ...] | list[str] = (),
     base: dict[str, str] | None = None,
+    python_path: tuple[str, ...] | list[str] = (),
 ) -> dict[str, str]:
     """The whole environment of a run subprocess, built from an allow-list.
 
@@ -58,7 +59,8 @@ def run_environment(
     ``pass_env`` names are copied; then HOME and TMPDIR point into the run directory, the
     determinism level's variables are set, ``device`` narrows CUDA_VISIBLE_DEVICES, and
     ``run_vars`` (events file, spec file, run-scoped credential) are added. PYTHONPATH is the
-    worker package plus the agent's PYTHONPATH entries, never the agent's working directory."""
+    worker package, then ``python_path`` (e.g. the run's unpacked code), then the agent's
+    PYTHONPATH entries; never the agent's working directory."""
     base = dict(os.environ if base is None else base)
     inherited = {k: base[k] for k in (*INHERITED_ENV, *pass_env) if k in base}
     env = determinism.subprocess_env(spec["determinism"], int(spec["seed"]), int(spec.get("threads") or 2), base=inherited)
@@ -67,7 +69,7 @@ def run_environment(
     env["TMPDIR"] = os.path.join(run_dir, "tmp")
     env.update(device_env(device))
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, base.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, *python_path, base.get("PYTHONPATH")) if p)
     env.update(run_vars or {})
     return env
 
