@@ -12,6 +12,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -28,6 +31,9 @@ from app.dashboard.router import router as dashboard_router
 from app.db import Database
 from app.errors import Invalid, SteadyError, TooManyRequests
 from app.launches.router import router as launches_router
+from app.mlflow.router import PREFIX as _MLFLOW_API
+from app.mlflow.router import router as mlflow_router
+from app.mlflow.service import MlflowError
 from app.runs import service as runs_service
 from app.reports.background import ReportCacher
 from app.reports.router import router as reports_router
@@ -170,6 +176,7 @@ class Reaper:
 
 
 SUPERVISOR_PID_ENV = "STEADY_SUPERVISOR_PID"
+MLFLOW_PATH = _MLFLOW_API.split("/api/")[0] + "/"  # "/mlflow/": errors there take MLflow's shape
 _PR_SET_PDEATHSIG = 1
 
 
@@ -220,8 +227,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
 
+    @app.exception_handler(MlflowError)
+    async def _mlflow_error(request: Request, exc: MlflowError) -> JSONResponse:
+        return JSONResponse({"error_code": exc.error_code, "message": exc.message}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.url.path.startswith(MLFLOW_PATH):  # MLflow clients read error_code + message
+            first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            return JSONResponse({"error_code": "INVALID_PARAMETER_VALUE", "message": f"{where}: {first['msg']}",
+                                 "detail": jsonable_encoder(exc.errors())}, status_code=422)
+        return await request_validation_exception_handler(request, exc)
+
     @app.exception_handler(SteadyError)
     async def _steady_error(request: Request, exc: SteadyError) -> JSONResponse:
+        if request.url.path.startswith(MLFLOW_PATH):
+            code = {404: "RESOURCE_DOES_NOT_EXIST", 403: "PERMISSION_DENIED", 409: "INVALID_STATE",
+                    422: "INVALID_PARAMETER_VALUE", 413: "INVALID_PARAMETER_VALUE"}.get(exc.status_code, "BAD_REQUEST")
+            return JSONResponse({"error_code": code, "message": exc.message}, status_code=exc.status_code)
         if isinstance(exc, Invalid):
             detail = [{"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}]
             return JSONResponse({"detail": detail}, status_code=422)
@@ -269,7 +293,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"status": "ok", "version": __version__})
 
     for router in (studies_router, runs_router, workers_router, tokens_router, reports_router, alerts_router,
-                   metrics_router, launches_router, code_router):
+                   metrics_router, launches_router, code_router, mlflow_router):
         app.include_router(router)
     app.include_router(dashboard_router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, code_limit=settings.max_code_bytes)

@@ -79,6 +79,9 @@ class AgentConfig:
     engine: EngineJob | None = None  # the batch job this agent runs in (default: detected)
     keep_run_dirs: bool = False
     health_file: str | None = None
+    run_as: Any = None  # worker.runner.RunAs: run user code as this unprivileged user
+    builtin_only: bool = False  # lease built-in workloads only
+    pass_env: tuple[str, ...] = ()  # extra environment names the runs inherit
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -229,6 +232,18 @@ class MetricStream:
         self.pending_points = sum(len(s) for s, _ in restored.values())
 
 
+def run_variables(server: str, lease: Lease) -> dict[str, str]:
+    """What a run learns about Steady: its id and its run-scoped credential (valid for this run
+    and lease only), also as the MLflow client's settings so ``mlflow.log_metric`` lands here."""
+    out = {"STEADY_RUN_ID": str(lease.run_id), "STEADY_SERVER": server}
+    if lease.run_token:
+        out["STEADY_RUN_TOKEN"] = lease.run_token
+        out["MLFLOW_TRACKING_URI"] = server.rstrip("/") + "/mlflow"
+        out["MLFLOW_TRACKING_TOKEN"] = lease.run_token
+        out["MLFLOW_RUN_ID"] = str(lease.run_id)
+    return out
+
+
 def _finite_or_none(values: dict[str, Any]) -> dict[str, float]:
     out = {}
     for k, v in values.items():
@@ -253,7 +268,11 @@ class RunExecution:
         self.finished = threading.Event()
         self.release_requested = threading.Event()
         self.run_dir = os.path.join(self.config.work_dir, f"run-{lease.run_id}-attempt-{lease.attempt}-{lease.lease_id[:8]}")
-        self.proc = RunProcess(lease.spec.model_dump(mode="json"), run_dir=self.run_dir, device=self.config.device)
+        self.proc = RunProcess(
+            lease.spec.model_dump(mode="json"), run_dir=self.run_dir, device=self.config.device,
+            run_vars=run_variables(self.config.server, lease), secrets=(self.config.token,),
+            run_as=self.config.run_as, pass_env=self.config.pass_env,
+        )
         self.stream = MetricStream(self.client, lease, interval_s=self.config.batch_interval_s,
                                    max_points=MAX_BATCH_POINTS, steady_points=self.config.batch_points)
         self.thread = threading.Thread(target=self._main, name=f"run-{lease.run_id}", daemon=True)
@@ -330,6 +349,12 @@ class RunExecution:
     def _main(self) -> None:
         run_id = self.lease.run_id
         try:
+            if self.config.builtin_only and not self.lease.spec.workload:
+                # the server leases built-in runs only to such a worker; an older server might not
+                self._try(lambda: self.client.fail(run_id, RunFailure(
+                    lease_id=self.lease.lease_id, kind=FailureKind.error,
+                    error="this worker runs built-in workloads only (--builtin-only); it does not execute user code")))
+                return
             if not self._prepare_code():
                 return
             try:
@@ -461,7 +486,13 @@ class Agent:
         self.executions: list[RunExecution] = []
         self.runs_started = 0
         self.last_poll = 0.0
-        os.makedirs(config.work_dir, exist_ok=True)
+        # The agent's files are its own (0700); with --run-as the run user may only pass through
+        # (0711) to its own run directory, which it cannot list its way to either. A directory
+        # that already existed keeps its mode (it may be shared, e.g. --work-dir /tmp): then
+        # each run directory alone is 0700.
+        if not os.path.isdir(config.work_dir):
+            os.makedirs(config.work_dir, exist_ok=True)
+            os.chmod(config.work_dir, 0o711 if config.run_as is not None else 0o700)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -506,7 +537,8 @@ class Agent:
     def _touch_health(self) -> None:
         self.last_poll = time.time()
         if self.config.health_file:
-            with open(self.config.health_file, "w", encoding="utf-8") as f:
+            with open(os.open(self.config.health_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                      "w", encoding="utf-8") as f:
                 f.write(f"{self.last_poll}\n")
 
     def _active(self) -> list[RunExecution]:
@@ -519,7 +551,8 @@ class Agent:
     def _poll(self) -> LeaseAnswer:
         assert self.registered is not None
         self._touch_health()
-        return self.client.lease_or_idle(self.registered.worker_id, deadline_s=30.0, study_id=self.config.study_id)
+        return self.client.lease_or_idle(self.registered.worker_id, deadline_s=30.0, study_id=self.config.study_id,
+                                         builtin_only=self.config.builtin_only)
 
     def _idle_exit(self, answer: LeaseAnswer) -> bool:
         """--exit-when-idle: nothing to lease, none of ours executing, none running elsewhere.

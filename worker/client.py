@@ -191,9 +191,11 @@ class SteadyClient:
     def lease(self, worker_id: int, *, deadline_s: float | None = None, study_id: int | None = None) -> Lease | None:
         return self.lease_or_idle(worker_id, deadline_s=deadline_s, study_id=study_id).lease
 
-    def lease_or_idle(self, worker_id: int, *, deadline_s: float | None = None, study_id: int | None = None) -> LeaseAnswer:
+    def lease_or_idle(self, worker_id: int, *, deadline_s: float | None = None, study_id: int | None = None,
+                      builtin_only: bool = False) -> LeaseAnswer:
         """A lease, or (nothing to lease) how many runs in scope still run elsewhere."""
-        body = LeaseRequest(worker_id=worker_id, study_id=study_id, request_id=new_request_id())  # one id for all retries
+        body = LeaseRequest(worker_id=worker_id, study_id=study_id, request_id=new_request_id(),  # one id for all retries
+                            builtin_only=True if builtin_only else None, run_credential=True)
         response = self.post(f"/api/v1/workers/{worker_id}/lease", body, deadline_s=deadline_s)
         if response.status_code == 204 or not response.content:
             raw = response.headers.get(PENDING_HEADER)

@@ -138,7 +138,11 @@ def run(spec: dict[str, Any]) -> int:
         if workload is not None:
             returned = workload.run(ctx)
         else:
+            from worker import autodigest
+
+            finish_digests = autodigest.install(ctx.framework)
             returned = _call_entrypoint(spec["entrypoint"], ctx)
+            finish_digests()
         t_end = time.perf_counter()
         final, timings = sdk._summary()
         if isinstance(returned, dict):

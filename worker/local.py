@@ -57,14 +57,17 @@ def run_local(
     on_start: Any = None,
     python: str | None = None,
     code_dir: str | None = None,
+    **process_options: Any,
 ) -> LocalResult:
     """Execute ``spec`` (a RunSpec or a dict with its fields) in a fresh subprocess and wait.
 
     ``on_start(proc)`` is called once the subprocess runs (tests use it to kill it); ``python``
     is the interpreter of the run (default: this one), e.g. another virtual environment's;
-    ``code_dir`` an unpacked code archive the run starts in (its ``code_workdir`` inside it)."""
+    ``code_dir`` an unpacked code archive the run starts in (its ``code_workdir`` inside it);
+    ``process_options`` go to :class:`~worker.runner.RunProcess` (``run_vars``, ``secrets``,
+    ``run_as``, ``pass_env``)."""
     run_dir = work_dir or tempfile.mkdtemp(prefix="steady-run-")
-    proc = RunProcess(_spec_dict(spec), run_dir=run_dir, device=device, python=python)
+    proc = RunProcess(_spec_dict(spec), run_dir=run_dir, device=device, python=python, **process_options)
     proc.code_dir = code_dir
     series: dict[str, tuple[list[int], list[float]]] = {}
 

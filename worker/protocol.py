@@ -172,6 +172,12 @@ class LeaseRequest(_Model):
     worker_id: int
     study_id: int | None = None  # lease only runs of this study (agents launched for one study)
     request_id: RequestId | None = None
+    # lease only runs of built-in workloads, never user code; None (left out): any run, so a
+    # worker that does not ask for it still speaks to older servers, which forbid the field
+    builtin_only: bool | None = None
+    # ask for a run-scoped credential with the lease (Lease.run_token); a worker that does not
+    # ask (older ones, whose Lease model forbids the field) gets a lease without it
+    run_credential: bool | None = None
 
 
 class ConfigFile(_Model):
@@ -208,6 +214,9 @@ class Lease(_Model):
     lease_expires_at: datetime
     heartbeat_seconds: float
     spec: RunSpec
+    # A credential for this run alone, valid while this lease is: the run subprocess gets it
+    # (never the worker's token) for its own writes, e.g. the MLflow-compatible endpoint.
+    run_token: str | None = None
 
 
 class Heartbeat(_Model):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -26,6 +27,80 @@ STDERR_TAIL_BYTES = 16_000
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
 COMMAND_SHIM_ENV = "STEADY_COMMAND_SHIM"
+
+# The only names a run subprocess inherits from the agent's environment (``--pass-env`` adds
+# more). Everything else it gets is set here: HOME (its run directory), the determinism
+# variables, the device narrowing and the run-scoped variables. The worker's own token never
+# reaches it.
+INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
+REDACTED = "[redacted]"
+
+
+def scrub(text: str, secrets: list[str] | tuple[str, ...]) -> str:
+    """``text`` with every occurrence of each secret replaced, so Steady's own credentials never
+    end up in a run record (error text, stderr tail)."""
+    for secret in secrets:
+        if secret and len(secret) >= 8:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def run_environment(
+    spec: dict[str, Any],
+    *,
+    run_dir: str,
+    device: str | None,
+    run_vars: dict[str, str] | None = None,
+    pass_env: tuple[str, ...] | list[str] = (),
+    base: dict[str, str] | None = None,
+    python_path: tuple[str, ...] | list[str] = (),
+) -> dict[str, str]:
+    """The whole environment of a run subprocess, built from an allow-list.
+
+    From ``base`` (the agent's environment) only :data:`INHERITED_ENV` and the operator's
+    ``pass_env`` names are copied; then HOME and TMPDIR point into the run directory, the
+    determinism level's variables are set, ``device`` narrows CUDA_VISIBLE_DEVICES, and
+    ``run_vars`` (events file, spec file, run-scoped credential) are added. PYTHONPATH is the
+    worker package, then ``python_path`` (e.g. the run's unpacked code), then the agent's
+    PYTHONPATH entries; never the agent's working directory."""
+    base = dict(os.environ if base is None else base)
+    inherited = {k: base[k] for k in (*INHERITED_ENV, *pass_env) if k in base}
+    env = determinism.subprocess_env(spec["determinism"], int(spec["seed"]), int(spec.get("threads") or 2), base=inherited)
+    env.setdefault("PATH", os.defpath)
+    env["HOME"] = run_dir
+    env["TMPDIR"] = os.path.join(run_dir, "tmp")
+    env.update(device_env(device))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, *python_path, base.get("PYTHONPATH")) if p)
+    env.update(run_vars or {})
+    return env
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """An unprivileged account the run subprocess becomes (``steady worker --run-as USER``)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @classmethod
+    def lookup(cls, name: str) -> RunAs:
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            raise ValueError(f"--run-as: no such user {name!r}") from None
+        if pw.pw_uid == 0:
+            raise ValueError("--run-as: the run user must not be root")
+        return cls(name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(name, pw.pw_gid)))
+
+
+def _chown_tree(path: str, uid: int, gid: int) -> None:
+    os.chown(path, uid, gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
 
 
 def _die_with_parent() -> None:
@@ -108,8 +183,24 @@ class Outcome:
 
 
 class RunProcess:
-    def __init__(self, spec: dict[str, Any], *, run_dir: str, device: str | None = None, python: str | None = None) -> None:
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        *,
+        run_dir: str,
+        device: str | None = None,
+        python: str | None = None,
+        run_vars: dict[str, str] | None = None,
+        secrets: list[str] | tuple[str, ...] = (),
+        run_as: RunAs | None = None,
+        pass_env: tuple[str, ...] | list[str] = (),
+    ) -> None:
         self.spec = dict(spec)
+        self.run_vars = dict(run_vars or {})
+        # never written into a record: the worker token and the run token
+        self.secrets = tuple(s for s in (*secrets, *self.run_vars.get("STEADY_RUN_TOKEN", "").split()) if s)
+        self.run_as = run_as
+        self.pass_env = tuple(pass_env)
         self.run_dir = os.path.abspath(run_dir)
         self.device = device
         self.python = python or sys.executable
@@ -127,15 +218,16 @@ class RunProcess:
     # --- the study's code: where the run starts and what it runs ------------------------------
 
     def working_dir(self) -> str:
-        """The run's working directory: the spec's folder in its fresh copy of the code, else the agent's."""
+        """The run's working directory: the spec's folder in its fresh copy of the code, else the run's
+        own directory (never the agent's: user code must not see the agent's files)."""
         if self.code_dir is None:
-            return os.getcwd()
+            return self.run_dir
         return os.path.normpath(os.path.join(self.code_dir, self.spec.get("code_workdir") or "."))
 
     def code_path(self) -> list[str]:
         """PYTHONPATH entries for the code: its working directory, then the archive's top (modules)."""
         if self.code_dir is None:
-            return [os.getcwd()]
+            return []
         return list(dict.fromkeys([self.working_dir(), self.code_dir]))
 
     def argv(self) -> list[str]:
@@ -155,14 +247,13 @@ class RunProcess:
         return argv
 
     def environment(self) -> dict[str, str]:
-        env = determinism.subprocess_env(self.spec["determinism"], int(self.spec["seed"]), int(self.spec.get("threads") or 2))
-        env.update(device_env(self.device))
-        env[EVENTS_ENV] = self.events_path
-        env[SPEC_ENV] = self.spec_path
+        env = run_environment(
+            self.spec, run_dir=self.run_dir, device=self.device, pass_env=self.pass_env,
+            run_vars={**self.run_vars, EVENTS_ENV: self.events_path, SPEC_ENV: self.spec_path},
+            python_path=(*self.shim_path(), *self.code_path()),
+        )
         if self.spec.get("config_file"):
             env[CONFIG_FILE_ENV] = os.path.join(self.run_dir, "config", os.path.basename(self.spec["config_file"]["name"]))
-        env["PYTHONUNBUFFERED"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (*self.shim_path(), _PACKAGE_ROOT, *self.code_path(), env.get("PYTHONPATH")) if p)
         if self.spec.get("command"):
             env[COMMAND_SHIM_ENV] = "1"
         return env
@@ -173,10 +264,12 @@ class RunProcess:
         return [_SHIM_DIR] if self.spec.get("command") else []
 
     def start(self) -> None:
-        os.makedirs(self.run_dir, exist_ok=True)
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
         for path in (self.events_path, self.output_path):
             if os.path.exists(path):
                 os.remove(path)
+        os.makedirs(os.path.join(self.run_dir, "tmp"), mode=0o700, exist_ok=True)
         spec = dict(self.spec, device=device_env(self.device)["STEADY_DEVICE"], work_dir=self.run_dir)
         config = spec.get("config_file")
         if config:  # an arm's config file: written per run, its path in the env and in params
@@ -187,6 +280,11 @@ class RunProcess:
             spec["params"] = dict(spec.get("params") or {}, config_file=path)
         with open(self.spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
+        identity: dict[str, Any] = {}
+        if self.run_as is not None:
+            _chown_tree(self.run_dir, self.run_as.uid, self.run_as.gid)
+            # setgid + initgroups + setuid in the child, before exec (the agent stays root)
+            identity = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.run_as.groups)}
         out = open(self.output_path, "wb")
         try:
             self.proc = subprocess.Popen(
@@ -197,7 +295,8 @@ class RunProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: kill() reaches DataLoader workers too
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-                cwd=self.working_dir(),
+                cwd=self.working_dir(),  # its own directory (or its code's), never the agent's
+                **identity,
             )
         finally:
             out.close()
@@ -251,8 +350,8 @@ class RunProcess:
             with open(self.output_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
-                f.seek(max(0, size - limit))
-                return f.read().decode("utf-8", "replace")
+                f.seek(max(0, size - limit - 512))  # margin: a secret cut by the window is still whole
+                return scrub(f.read().decode("utf-8", "replace"), self.secrets)[-limit:]
         except OSError:
             return ""
 
@@ -286,7 +385,7 @@ class RunProcess:
         elif rc == 0 and (c.result is not None or self.spec.get("command")):  # a command need not use the SDK
             out = Outcome(True, None, "", tail, rc, wall)
         elif c.error is not None:
-            out = Outcome(False, "error", c.error.get("error", "error"), tail, rc, wall)
+            out = Outcome(False, "error", scrub(c.error.get("error", "error"), self.secrets), tail, rc, wall)
         elif rc is not None and rc < 0:
             try:
                 name = signal.Signals(-rc).name

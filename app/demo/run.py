@@ -113,9 +113,8 @@ def run_demo(args: argparse.Namespace) -> int:
         _wait_healthy(url, server, server_log)
         print("steady demo: starting a local worker (runs each training run in a fresh subprocess) …", flush=True)
         worker = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--server", url, "--token", worker_token,
-             "--work-dir", str(data_dir / "work")],
-            env=env, stdout=open(worker_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
+            [sys.executable, "-m", "app.cli", "worker", "--server", url, "--work-dir", str(data_dir / "work")],
+            env={**env, "STEADY_TOKEN": worker_token}, stdout=open(worker_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
         )
         api = Api(url, user_token, timeout=120)
         study_ids = []

@@ -88,6 +88,16 @@ def insert_chunks(
     return True
 
 
+def attempt_usage(session: Session, run_id: int, attempt: int) -> tuple[set[str], int]:
+    """The metric keys and the number of points stored for one attempt of a run."""
+    rows = session.execute(
+        select(MetricChunk.key, func.sum(MetricChunk.n))
+        .where(MetricChunk.run_id == run_id, MetricChunk.attempt == attempt)
+        .group_by(MetricChunk.key)
+    ).all()
+    return {key for key, _ in rows}, int(sum(n or 0 for _, n in rows))
+
+
 def delete_other_attempts(session: Session, run_id: int, keep_attempt: int) -> None:
     session.execute(
         delete(MetricChunk).where(MetricChunk.run_id == run_id, MetricChunk.attempt != keep_attempt)

@@ -112,6 +112,8 @@ class Run(Base):
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # SHA-256 of the run-scoped credential issued with the current lease (app.runs.credentials)
+    run_token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     progress_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -128,6 +130,8 @@ class Run(Base):
     determinism_applied: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     final_metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # params, tags, run name and client-side status written through the MLflow-compatible endpoint
+    mlflow: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     stderr_tail: Mapped[str | None] = mapped_column(Text, nullable=True)

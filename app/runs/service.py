@@ -21,6 +21,7 @@ from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float, series_arrays
 from app.runs import repository as runs_repo
 from app.models import Run, Study, Worker, utcnow
+from app.runs import credentials
 from app.studies import service as studies
 from worker.protocol import (
     TERMINAL_RUN_STATUSES,
@@ -161,8 +162,10 @@ def running_in_scope(session: Session, study_id: int | None) -> int:
     return int(session.scalar(stmt) or 0)
 
 
-def _lease_of(run: Run, study: Study, settings: Settings) -> Lease:
+def _lease_of(run: Run, study: Study, settings: Settings, *, run_credential: bool = True) -> Lease:
     assert run.lease_id is not None and run.lease_expires_at is not None
+    if not run_credential:
+        run.run_token_hash = None  # a credential of an earlier lease must not outlive it
     return Lease(
         run_id=run.id,
         study_id=run.study_id,
@@ -171,11 +174,17 @@ def _lease_of(run: Run, study: Study, settings: Settings) -> Lease:
         lease_expires_at=run.lease_expires_at,
         heartbeat_seconds=settings.heartbeat_seconds,
         spec=_spec_for(run, study),
+        run_token=credentials.issue(run) if run_credential else None,  # new per answer; only its hash is kept
     )
 
 
+def _is_user_code(study: Study) -> bool:
+    """The study runs code its submitter supplied (not a built-in workload)."""
+    return not (study.spec.get("workload") or {}).get("name")
+
+
 def lease_next(session: Session, worker: Worker, settings: Settings, request_id: str | None = None, *,
-               study_id: int | None = None) -> Lease | None:
+               study_id: int | None = None, builtin_only: bool = False, run_credential: bool = False) -> Lease | None:
     """Lease the next queued run this worker can run, or None.
 
     A request repeating the ``request_id`` of this worker's last granted lease (its answer was
@@ -196,7 +205,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
         if run is not None and run.status == RunStatus.running.value and run.worker_id == worker.id:
             study = session.get(Study, run.study_id)
             assert study is not None
-            return _lease_of(run, study, settings)
+            return _lease_of(run, study, settings, run_credential=run_credential)
         return None  # that lease is gone already (expired and reaped, or finished)
     held = session.scalar(
         select(func.count()).select_from(Run).where(Run.status == RunStatus.running.value, Run.worker_id == worker.id)
@@ -222,6 +231,10 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
     for run_id, required, run_study_id, *_ in _own_blocks_first(session, worker.id, session.execute(stmt).all()):
         if not set(required) <= labels:
             continue
+        if builtin_only:
+            candidate_study = session.get(Study, run_study_id)
+            if candidate_study is None or _is_user_code(candidate_study):
+                continue
         claimable = (
             select(Run.id)
             .where(Run.id == run_id, Run.status == RunStatus.queued.value)
@@ -257,7 +270,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
         run = session.get(Run, run_id, populate_existing=True)
         assert run is not None
         metrics_repo.delete_other_attempts(session, run.id, run.attempt)
-        lease = _lease_of(run, study, settings)
+        lease = _lease_of(run, study, settings, run_credential=run_credential)
         worker.lease_request_id = request_id
         worker.lease_run_id = run.id
         session.flush()
@@ -347,6 +360,13 @@ def ingest_batch(
     arrays = [(s.key, *series_arrays(s), s.dtype) for s in body.series]
     stored = metrics_repo.insert_chunks(session, run_id, ctx.attempt, body.seq, arrays)
     return BatchAck(run_id=run_id, seq=body.seq, points=points, duplicate=not stored)
+
+
+def check_limits(session: Session, run: Run, batch_keys: set[str], points: int, settings: Settings) -> None:
+    """Refuse (422) a write that would take the run's current attempt over its key or point limit
+    (writes outside the worker's batch path, e.g. the MLflow-compatible endpoint)."""
+    keys, stored = metrics_repo.attempt_usage(session, run.id, run.attempt)
+    _check_run_limits(run.id, len(keys | batch_keys), stored + points, settings)
 
 
 def _check_run_limits(run_id: int, keys: int, points: int, settings: Settings) -> None:

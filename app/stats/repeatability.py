@@ -86,8 +86,12 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a.view(np.int64) == b.view(np.int64)
 
 
+UNSEEDED_INIT = ("no initial-weight digest to go on, and at determinism level none nothing is seeded: a "
+                 "difference from the first logged step is unseeded initialisation, not kernels")
+
+
 def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float = 0.0,
-                  dtype: str | None = None) -> Repeatability:
+                  dtype: str | None = None, determinism: str | None = None) -> Repeatability:
     """Compare repeats of one seed against the first run (the reference).
 
     Verdict ``identical`` when every logged value (compared by float64 bits, so NaN == NaN
@@ -99,7 +103,11 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
     The source of the first divergence is attributed in the order of the architecture brief:
     ``stack`` when fingerprints differ, else ``seeding`` when initial-weight digests differ,
     else ``data_order`` (with the first differing epoch) when data-order digests differ, else
-    ``numerics`` (kernels, reduction order, threads). Deltas in ULPs follow Dawson (2012),
+    ``numerics`` (kernels, reduction order, threads). One exception: at ``determinism="none"``
+    (Steady applied no seed) with no initial-weight digest in any run, a divergence already at
+    the first logged step is attributed to ``seeding`` (unseeded initialisation makes every
+    value differ from the start; kernel nondeterminism needs a computation to act on first),
+    and the reason says so. Deltas in ULPs follow Dawson (2012),
     counted in ``dtype`` (default: the reference run's ``dtype``, else float64); a pair of
     values where one is non-finite has no ULP distance and is reported as such.
     """
@@ -161,6 +169,9 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
             source = "data_order"
             epoch = min(next((e for e, (a, b) in enumerate(zip(orders[0], o)) if a != b), min(len(o), len(orders[0])))
                         for o in orders[1:] if o != orders[0])
+        elif (determinism == "none" and all(i is None for i in inits) and first_div is not None
+              and al.steps.size and first_div == int(al.steps[0])):
+            source = "seeding"
         else:
             source = "numerics"
 
@@ -174,6 +185,8 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
         if not steps_identical:
             where += "; logged steps differ"
         src = f"source: {source}" + (f", epoch {epoch}" if epoch is not None else "")
+        if source == "seeding" and all(i is None for i in inits):
+            src += f"; {UNSEEDED_INIT}"
         size = (f"max |Δ| {max_abs:.3g}, {max_ulps} {dtype} ULPs" if not nonfinite_mismatch else
                 f"a value is non-finite in one repeat and not the other (max |Δ| of finite values "
                 f"{float(absd.max()) if absd.size else 0.0:.3g}, {max_ulps} {dtype} ULPs)")

@@ -316,7 +316,7 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
         for seed in sorted(by_seed):
             rs = sorted(by_seed[seed], key=lambda r: (r.repeat, r.run_id))
             per_seed[seed] = (rs, repeatability([_repeat_run(r, spec.name) for r in rs], atol=spec.atol,
-                                                rtol=spec.rtol))
+                                                rtol=spec.rtol, determinism=det))
         conclusive = {s: v for s, v in per_seed.items() if v[1].verdict in VERDICT_ORDER}
         n_runs = sum(len(v[0]) for v in per_seed.values())
         if not conclusive:

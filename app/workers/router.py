@@ -51,10 +51,13 @@ def register(body: WorkerRegistration, db: WriteDB, caller: WorkerCaller, settin
 )
 def lease(worker_id: int, body: LeaseRequest, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
     worker = service.get_for(db, worker_id, caller)
-    leased = runs.lease_next(db, worker, settings, body.request_id, study_id=body.study_id)
+    leased = runs.lease_next(db, worker, settings, body.request_id, study_id=body.study_id,
+                             builtin_only=bool(body.builtin_only), run_credential=bool(body.run_credential))
     if leased is None:
         pending = runs.running_in_scope(db, body.study_id)
         return Response(status_code=204, headers={PENDING_HEADER: str(pending)})
+    if leased.run_token is None:  # a worker that did not ask: its Lease model has no such field
+        return Response(leased.model_dump_json(exclude={"run_token"}), media_type="application/json")
     return leased
 
 

@@ -25,7 +25,7 @@ def register(api, name: str = "w1", labels: tuple[str, ...] = ("torch", "cpu")) 
 
 
 def lease(api, worker_id: int):  # noqa: ANN001, ANN201
-    r = api.post(f"/api/v1/workers/{worker_id}/lease", role="worker", json={"worker_id": worker_id})
+    r = api.post(f"/api/v1/workers/{worker_id}/lease", role="worker", json={"worker_id": worker_id, "run_credential": True})
     assert r.status_code in (200, 204), r.text
     return r.json() if r.status_code == 200 else None
 

@@ -215,3 +215,19 @@ def test_external_study_upload(api):
     assert bad.status_code == 422
     managed = api.post("/api/v1/studies", json=spec()).json()["id"]
     assert api.post(f"/api/v1/studies/{managed}/runs", json=run).status_code == 409
+
+
+def test_builtin_only_worker_never_leases_user_code(api):
+    user_code = api.post("/api/v1/studies", json=spec(
+        name="byoc", seeds=[0], repeats=1, determinism=["none"],
+        workload={"framework": "torch", "entrypoint": "train.py"})).json()["id"]
+    builtin = _one_run_study(api)
+    wid = register(api)
+    r = api.post(f"/api/v1/workers/{wid}/lease", role="worker", json={"worker_id": wid, "builtin_only": True})
+    assert r.status_code == 200 and r.json()["study_id"] == builtin and r.json()["spec"]["workload"] == "torch_mlp"
+    assert "run_token" not in r.json()  # not asked for: an older worker's Lease model forbids the field
+    r = api.post(f"/api/v1/workers/{wid}/lease", role="worker", json={"worker_id": wid, "builtin_only": True})
+    assert r.status_code == 204  # the user-code run stays queued for a worker that runs user code
+    taken = lease(api, wid)
+    assert taken["study_id"] == user_code and taken["spec"]["entrypoint"] == "train.py"
+    assert taken["run_token"].startswith(f"stdr_{taken['run_id']}_")

@@ -20,7 +20,13 @@ PUBLIC = {("GET", "/healthz"), ("GET", "/"), ("GET", "/login"), ("POST", "/login
 # (any user) changes nothing; checked in test_code_upload_belongs_to_no_one.
 SHARED_WRITES = {("PUT", "/api/v1/code/{sha256}")}
 # Guards other than require(role): the dashboard's viewer checks and /metrics admit user roles.
-USER_GUARDS = {"page_viewer", "data_viewer", "_metrics_access"}
+# mlflow_caller: a user/admin token, or a run's own credential for that run (app.mlflow.router).
+USER_GUARDS = {"page_viewer", "data_viewer", "_metrics_access", "mlflow_caller"}
+MLFLOW = "/mlflow/api/2.0/mlflow"
+# User writes that touch nobody's objects: creating an experiment (an external study of the
+# caller's own) and the 501 answer to MLflow methods Steady does not implement.
+OWNERLESS_WRITES = {("POST", f"{MLFLOW}/experiments/create"),
+                    *((m, MLFLOW + "/{method:path}") for m in ("POST", "PATCH", "DELETE"))}
 
 
 def _roles(route: APIRoute) -> frozenset[Role] | None:
@@ -156,7 +162,19 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:  # no
         s.add(alert)
         s.flush()
         alert_id = alert.id
+    mlf = api.client.post(f"{MLFLOW}/runs/create", json={"experiment_id": str(ext)}, headers=api.h())
+    assert mlf.status_code == 200, mlf.text
+    mlf_run = mlf.json()["run"]["info"]["run_id"]
     return {
+        ("POST", f"{MLFLOW}/runs/create"): (f"{MLFLOW}/runs/create", {"experiment_id": str(ext)}),
+        ("POST", f"{MLFLOW}/runs/log-metric"): (f"{MLFLOW}/runs/log-metric",
+                                              {"run_id": mlf_run, "key": "loss", "value": 1.0, "step": 0}),
+        ("POST", f"{MLFLOW}/runs/log-batch"): (f"{MLFLOW}/runs/log-batch", {"run_id": mlf_run, "params": [
+            {"key": "seed", "value": "0"}]}),
+        ("POST", f"{MLFLOW}/runs/log-parameter"): (f"{MLFLOW}/runs/log-parameter",
+                                                 {"run_id": mlf_run, "key": "lr", "value": "0.1"}),
+        ("POST", f"{MLFLOW}/runs/set-tag"): (f"{MLFLOW}/runs/set-tag", {"run_id": mlf_run, "key": "t", "value": "v"}),
+        ("POST", f"{MLFLOW}/runs/update"): (f"{MLFLOW}/runs/update", {"run_id": mlf_run, "status": "FINISHED"}),
         ("POST", "/api/v1/studies"): ("/api/v1/studies", spec(seeds=[0], repeats=1, determinism=["seeded"], suite="nightly")),
         ("POST", "/api/v1/studies/{study_id}/cancel"): (f"/api/v1/studies/{sid}/cancel", None),
         ("POST", "/api/v1/studies/{study_id}/launches"): (f"/api/v1/studies/{sid}/launches",
@@ -178,15 +196,20 @@ def test_a_user_cannot_change_another_users_objects(api):
     targets = _owned_objects(api)
     user_writes = {(m, p) for m, p, r in _routes()
                    if (roles := _roles(r)) is not None and Role.user in roles and m not in ("GET", "HEAD")} - SHARED_WRITES
-    assert user_writes == set(targets), f"add the new user write routes to _owned_objects: {user_writes ^ set(targets)}"
+    assert user_writes - OWNERLESS_WRITES == set(targets), (
+        f"add the new user write routes to _owned_objects: {(user_writes - OWNERLESS_WRITES) ^ set(targets)}")
     other = _second_user(api)
+    created = api.client.post(f"{MLFLOW}/experiments/create", json={"name": "theirs"}, headers=other)
+    assert created.status_code == 200, created.text  # their own external study
+    assert api.client.post(f"{MLFLOW}/runs/search", json={}, headers=other).status_code == 501
     # a global rule watches everyone's studies: admins only
     r = api.client.post("/api/v1/alert-rules", json={**BAND_RULE, "name": "global"}, headers=other)
     assert r.status_code == 403 and "admin" in r.json()["detail"]
     for (method, path), (url, body) in targets.items():
         r = api.client.request(method, url, json=body, headers=other)
         assert r.status_code == 403, (method, path, r.status_code, r.text[:300])
-        assert "another user" in r.json()["detail"], (method, path, r.text)
+        body = r.json()
+        assert "another user" in body.get("detail", body.get("message", "")), (method, path, r.text)
     # reading stays open to every user
     sid = int(targets[("POST", "/api/v1/studies/{study_id}/cancel")][0].split("/")[4])
     for url in (f"/api/v1/studies/{sid}", "/api/v1/studies", "/api/v1/alert-rules", "/api/v1/alerts",
@@ -206,7 +229,10 @@ def test_the_owner_and_admins_change_it(api, who):
              ("POST", "/api/v1/alert-rules"), ("POST", "/api/v1/alerts/{alert_id}/ack"),
              ("POST", "/api/v1/studies/{study_id}/evaluate"), ("PUT", "/api/v1/suites/{suite}/baseline"),
              ("DELETE", "/api/v1/suites/{suite}/baseline"), ("DELETE", "/api/v1/alert-rules/{rule_id}"),
-             ("POST", "/api/v1/studies/{study_id}/launches"), ("POST", "/api/v1/studies/{study_id}/cancel")]
+             ("POST", "/api/v1/studies/{study_id}/launches"), ("POST", "/api/v1/studies/{study_id}/cancel"),
+             ("POST", f"{MLFLOW}/runs/create"), ("POST", f"{MLFLOW}/runs/log-metric"),
+             ("POST", f"{MLFLOW}/runs/log-batch"), ("POST", f"{MLFLOW}/runs/log-parameter"),
+             ("POST", f"{MLFLOW}/runs/set-tag"), ("POST", f"{MLFLOW}/runs/update")]
     assert set(order) == set(targets)
     for key in order:
         url, body = targets[key]

@@ -86,3 +86,23 @@ def test_nan_against_number_is_out():
 def test_validation():
     with pytest.raises(ValueError):
         repeatability([run(np.ones(S.size))] * 2, atol=-1)
+
+
+def test_unseeded_initialisation_at_none_without_digests_is_seeding():
+    """A script that only logs (no digest) at ``none``: different from its first logged step is
+    unseeded initialisation, named as such; a later divergence still reads as numerics."""
+    steps = np.arange(5)
+    a = RepeatRun(steps=steps, values=np.array([1.0, 0.9, 0.8, 0.7, 0.6]))
+    b = RepeatRun(steps=steps, values=np.array([1.1, 0.95, 0.82, 0.71, 0.61]))
+    res = repeatability([a, b], determinism="none")
+    assert res.source == "seeding" and res.first_divergent_step == 0
+    assert "no initial-weight digest" in res.reason and "unseeded initialisation" in res.reason
+    # same data at seeded (Steady seeded the code) or without the level: kernels, as before
+    assert repeatability([a, b], determinism="seeded").source == "numerics"
+    assert repeatability([a, b]).source == "numerics"
+    # a first difference later on is not initialisation
+    late = RepeatRun(steps=steps, values=np.array([1.0, 0.9, 0.8, 0.7, 0.65]))
+    assert repeatability([a, late], determinism="none").source == "numerics"
+    # with digests to go on, they decide
+    same_init = [RepeatRun(steps=steps, values=r.values, initial_weights="d" * 64) for r in (a, b)]
+    assert repeatability(same_init, determinism="none").source == "numerics"

@@ -23,10 +23,10 @@ class Worker:
     def __init__(self, server, tmp_path: Path, name: str, *extra: str, cwd: Path = REPO) -> None:  # noqa: ANN001
         self.log_path = tmp_path / f"{name}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "--server", server.url, "--token", server.tokens["worker"],
+            [sys.executable, "-m", "worker", "--server", server.url,
              "--name", name, "--poll-max", "0.5", "--grace", "5", "--work-dir", str(tmp_path / name), *extra],
             cwd=cwd, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": str(REPO), "STEADY_TOKEN": server.tokens["worker"]},
         )
 
     def log(self) -> str:

@@ -62,7 +62,8 @@ def test_exit_when_idle_waits_while_runs_of_the_study_run_elsewhere(tmp_path, mo
     assert _agent(server, tmp_path, study_id=3, exit_when_idle=True).run() == 0
     assert server.pending == []  # polled until nothing was left, and no further
     bodies = server.leases()
-    assert all({k: v for k, v in b.items() if k != "request_id"} == {"worker_id": 5, "study_id": 3} for b in bodies)
+    assert all({k: v for k, v in b.items() if k != "request_id"} == {"worker_id": 5, "study_id": 3,
+                                                                    "run_credential": True} for b in bodies)
     assert len({b["request_id"] for b in bodies}) == len(bodies)  # each lease call has its own request id
     registration = server.requests[0][1]
     assert registration["engine"]["engine"] == "slurm" and registration["engine"]["job_id"] == "8_1"
@@ -72,7 +73,8 @@ def test_once_asks_once(tmp_path):
     server = Server([3, 3])
     assert _agent(server, tmp_path, once=True).run() == 0
     (body,) = server.leases()
-    assert body.keys() == {"worker_id", "request_id"}  # no study: the field is left out (older servers forbid it)
+    # no study: the field is left out (older servers forbid it); the run credential is asked for
+    assert body.keys() == {"worker_id", "request_id", "run_credential"}
 
 
 def test_exit_when_idle_keeps_polling_an_old_server_that_does_not_say(tmp_path, monkeypatch):
