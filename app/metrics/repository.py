@@ -88,6 +88,13 @@ def insert_chunks(
     return True
 
 
+def batch_exists(session: Session, run_id: int, attempt: int, seq: int) -> bool:
+    stmt = select(MetricChunk.id).where(
+        MetricChunk.run_id == run_id, MetricChunk.attempt == attempt, MetricChunk.seq == seq
+    )
+    return session.execute(stmt.limit(1)).first() is not None
+
+
 def attempt_usage(session: Session, run_id: int, attempt: int) -> tuple[set[str], int]:
     """The metric keys and the number of points stored for one attempt of a run."""
     rows = session.execute(
