@@ -19,7 +19,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PROTOCOL_VERSION = 1
 
@@ -179,6 +179,28 @@ class ConfigFile(_Model):
     content: str = Field(max_length=64 * 1024)
 
 
+class CaptureSpec(_Model):
+    """What the worker captures from a run besides the SDK (worker.capture): scalars of
+    TensorBoard event files written under the run's directory, and stdout/stderr lines matched
+    by ``patterns`` (regexes with a named group ``step`` and one per metric; none given: the
+    default ``step N ... loss X`` pattern)."""
+
+    tensorboard: bool = True
+    stdout: bool = True
+    patterns: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(max_length=32)] = []
+
+    @field_validator("patterns")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        from worker.capture import check_pattern
+
+        for i, pattern in enumerate(value):
+            why = check_pattern(pattern)
+            if why:
+                raise ValueError(f"pattern {i} {pattern!r}: {why}")
+        return value
+
+
 class RunSpec(_Model):
     """Everything a worker needs to execute one run."""
 
@@ -198,6 +220,7 @@ class RunSpec(_Model):
     stack: str = "default"  # the run's group: a stack name, or the arm's name in a study with arms
     config_file: ConfigFile | None = None  # the arm's config file, written into the run's directory
     code: str | None = None  # the arm's code digest label (opaque to the worker)
+    capture: CaptureSpec | None = None  # None: a command workload gets the default capture, others none
 
 
 class Lease(_Model):
