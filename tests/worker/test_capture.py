@@ -10,11 +10,18 @@ import glob
 import os
 import re
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from worker.capture import DEFAULT_PATTERN, Capture, TFRecordTail, check_pattern, read_scalars
+from worker.capture import (
+    DEFAULT_PATTERN,
+    Capture,
+    TFRecordTail,
+    check_pattern,
+    read_scalars,
+)
 
 
 def _reference(path: str) -> list[tuple[int, str, float]]:
@@ -71,7 +78,7 @@ def test_a_torn_record_is_read_once_complete(tmp_path):
         w.add_scalar("x", step / 7, step)
     w.close()
     (src,) = glob.glob(str(tmp_path / "src" / "*tfevents*"))
-    data = open(src, "rb").read()
+    data = Path(src).read_bytes()
     part = tmp_path / "part.tfevents"
     part.write_bytes(data[:-7])
     tail = TFRecordTail(str(part))
