@@ -22,12 +22,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from worker.events import EventWriter
+from worker.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
+from worker.protocol import check_capture_pattern as check_pattern
 
-# step N ... loss X: "step 100 | loss 2.31", "Step 100: loss=2.31", "iter 100, loss: 2.31",
-# "Epoch 3 step 100 loss 2.31e-1". The metric's name is the key (lower-cased words as written).
-_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
-DEFAULT_PATTERN = (r"(?i)\b(?:step|iter|iteration|it)\b\s*[:=#]?\s*(?P<step>\d+)\b"
-                   r"[^\n]*?\bloss\b\s*[:=]?\s*(?P<loss>" + _NUMBER + r")")
+__all__ = ["DEFAULT_PATTERN", "Capture", "TFRecordTail", "check_pattern", "parse_event", "read_scalars"]
+
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_.:/\-]")
 MAX_LINE_BYTES = 64 * 1024  # a longer line (a progress bar without newlines) is cut
 READ_BYTES = 1 << 20  # per file per pass
@@ -37,19 +36,6 @@ SCAN_INTERVAL_S = 0.5
 def metric_key(name: str) -> str:
     """A TensorBoard tag or group name as a metric key (characters the server refuses -> '_')."""
     return _KEY_BAD.sub("_", name.strip())[:200] or "_"
-
-
-def check_pattern(pattern: str) -> str | None:
-    """Why ``pattern`` cannot capture metrics, or None (used at submit and by the worker)."""
-    try:
-        rx = re.compile(pattern)
-    except re.error as exc:
-        return f"not a valid regular expression: {exc}"
-    if "step" not in rx.groupindex:
-        return "needs a named group 'step', e.g. (?P<step>\\d+)"
-    if len(rx.groupindex) < 2:
-        return "needs a named group per metric besides 'step', e.g. (?P<loss>[-+.\\deE]+)"
-    return None
 
 
 # --- TensorBoard: TFRecord framing + the few protobuf fields of Event/Summary/TensorProto ----

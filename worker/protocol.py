@@ -14,6 +14,7 @@ float64 (``<i8`` / ``<f8``), which is what the worker sends.
 from __future__ import annotations
 
 import base64
+import re
 import struct
 from datetime import datetime
 from enum import Enum
@@ -179,6 +180,26 @@ class ConfigFile(_Model):
     content: str = Field(max_length=64 * 1024)
 
 
+# step N ... loss X: "step 100 | loss 2.31", "Step 100: loss=2.31", "iter 100, loss: 2.31",
+# "Epoch 3 step 100 loss 2.31e-1", captured as the metric ``loss`` (worker.capture).
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
+DEFAULT_CAPTURE_PATTERN = (r"(?i)\b(?:step|iter|iteration|it)\b\s*[:=#]?\s*(?P<step>\d+)\b"
+                           r"[^\n]*?\bloss\b\s*[:=]?\s*(?P<loss>" + _NUMBER + r")")
+
+
+def check_capture_pattern(pattern: str) -> str | None:
+    """Why ``pattern`` cannot capture metrics, or None (used at submit and by the worker)."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        return f"not a valid regular expression: {exc}"
+    if "step" not in rx.groupindex:
+        return "needs a named group 'step', e.g. (?P<step>\\d+)"
+    if len(rx.groupindex) < 2:
+        return "needs a named group per metric besides 'step', e.g. (?P<loss>[-+.\\deE]+)"
+    return None
+
+
 class CaptureSpec(_Model):
     """What the worker captures from a run besides the SDK (worker.capture): scalars of
     TensorBoard event files written under the run's directory, and stdout/stderr lines matched
@@ -192,10 +213,8 @@ class CaptureSpec(_Model):
     @field_validator("patterns")
     @classmethod
     def _regexes(cls, value: list[str]) -> list[str]:
-        from worker.capture import check_pattern
-
         for i, pattern in enumerate(value):
-            why = check_pattern(pattern)
+            why = check_capture_pattern(pattern)
             if why:
                 raise ValueError(f"pattern {i} {pattern!r}: {why}")
         return value
