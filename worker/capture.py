@@ -195,6 +195,7 @@ class Capture:
         self.last: dict[str, float] = {}  # last captured value of every key (final metrics)
         self.keys_by_source: dict[str, set[str]] = {"tensorboard": set(), "stdout": set()}
         self.sdk_keys: set[str] = set()  # keys the run logs through the SDK: those win
+        self._before = set(self._event_files()) if tensorboard else set()  # shipped with the code: not this run's
 
     def _emit(self, source: str, step: int, values: dict[str, float], dtypes: dict[str, str]) -> None:
         if self.sdk_keys:
@@ -262,15 +263,18 @@ class Capture:
             self._emit("stdout", step, values, {})
 
     # TensorBoard
-    def _pump_tensorboard(self) -> None:
+    def _event_files(self) -> Iterator[str]:
         for root in self.roots:
             for folder, dirs, files in os.walk(root):
                 dirs.sort()
                 for name in sorted(files):
                     if "tfevents" in name:
-                        path = os.path.join(folder, name)
-                        if path not in self._tails:
-                            self._tails[path] = TFRecordTail(path)
+                        yield os.path.join(folder, name)
+
+    def _pump_tensorboard(self) -> None:
+        for path in self._event_files():
+            if path not in self._tails and path not in self._before:
+                self._tails[path] = TFRecordTail(path)
         for path, tail in self._tails.items():
             while True:
                 records = tail.read_new()

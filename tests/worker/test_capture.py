@@ -160,8 +160,12 @@ def test_a_command_workload_is_captured_without_the_sdk(tmp_path):
     from worker.local import run_local
 
     code = tmp_path / "run" / "code"
-    code.mkdir(parents=True)
+    (code / "old").mkdir(parents=True)
     (code / "train.py").write_text(textwrap.dedent(SCRIPT))
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(code / "old")) as w:  # an event file shipped with the code is not this run's
+        w.add_scalar("loss", 99.0, 0)
     spec = {"framework": "torch", "seed": 1, "determinism": "seeded", "time_limit_s": 120,
             "command": ["python", "train.py"]}
     r = run_local(spec, code_dir=str(code), work_dir=str(tmp_path / "run"))
