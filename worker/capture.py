@@ -213,13 +213,19 @@ class Capture:
         self.keys_by_source[source].update(values)
 
     def pump(self) -> None:
-        if self.patterns:
-            self._pump_output()
+        """One pass while the run goes: at most 16 reads of its output (the rest on later passes)."""
+        for _ in range(16 if self.patterns else 0):
+            if not self._pump_output():
+                break
         if self.tensorboard:
             self._pump_tensorboard()
 
     def close(self) -> None:
-        self.pump()
+        """The last pass, once the run exited: everything left in its files."""
+        while self.patterns and self._pump_output():
+            pass
+        if self.tensorboard:
+            self._pump_tensorboard()
         if self.patterns and self._partial:  # a last line without a newline
             self._match(self._partial)
             self._partial = b""
@@ -228,19 +234,20 @@ class Capture:
             self._writer = None
 
     # stdout / stderr
-    def _pump_output(self) -> None:
+    def _pump_output(self) -> int:
         try:
             with open(self.output_path, "rb") as f:
                 f.seek(self._out_offset)
                 chunk = f.read(READ_BYTES)
         except OSError:
-            return
+            return 0
         self._out_offset += len(chunk)
         data = self._partial + chunk
         lines = re.split(rb"\r\n|\r|\n", data)
         self._partial = lines.pop()[-MAX_LINE_BYTES:]
         for line in lines:
             self._match(line[:MAX_LINE_BYTES])
+        return len(chunk)
 
     def _match(self, raw: bytes) -> None:
         line = raw.decode("utf-8", "replace")

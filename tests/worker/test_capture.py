@@ -177,3 +177,20 @@ def test_a_command_workload_is_captured_without_the_sdk(tmp_path):
                     work_dir=str(tmp_path / "run"))
     assert off.ok and "loss" not in off.series and "Loss/train" not in off.series
     assert os.path.isdir(code / "tb")
+
+
+def test_everything_left_is_read_at_the_end(tmp_path, monkeypatch):
+    from worker import capture
+
+    monkeypatch.setattr(capture, "READ_BYTES", 64)  # many reads per pass
+    out = tmp_path / "output.log"
+    out.write_text("".join(f"iter {i}, loss: {i / 8}\n" for i in range(200)))
+    cap = Capture(events_path=str(tmp_path / "events.jsonl"), output_path=str(out), roots=[], tensorboard=False,
+                  patterns=[DEFAULT_PATTERN])
+    cap.pump()  # bounded reads while the run goes
+    assert 0 < len((tmp_path / "events.jsonl").read_text().splitlines()) < 200
+    cap.close()
+    import json
+
+    steps = [json.loads(line)["s"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert steps == list(range(200)) and cap.last == {"loss": 199 / 8}
