@@ -30,6 +30,7 @@ __all__ = ["DEFAULT_PATTERN", "Capture", "TFRecordTail", "check_pattern", "parse
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_.:/\-]")
 MAX_LINE_BYTES = 64 * 1024  # a longer line (a progress bar without newlines) is cut
 READ_BYTES = 1 << 20  # per file per pass
+MAX_RECORD_BYTES = 64 << 20  # an event record larger than this means the file is not one
 SCAN_INTERVAL_S = 0.5
 
 
@@ -152,6 +153,9 @@ class TFRecordTail:
         records, i = [], 0
         while len(data) - i >= 12:
             (length,) = struct.unpack_from("<Q", data, i)
+            if length > MAX_RECORD_BYTES:  # not a TFRecord file (or a corrupt one): read no further
+                self.offset = 1 << 62
+                return records
             end = i + 12 + length + 4
             if end > len(data):
                 if 12 + length + 4 > max_bytes:  # a record larger than a read: read it alone

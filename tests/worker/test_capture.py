@@ -86,6 +86,9 @@ def test_a_torn_record_is_read_once_complete(tmp_path):
     with open(part, "ab") as f:
         f.write(data[-7:])
     assert len(first) + len(tail.read_new()) == len(TFRecordTail(src).read_new())
+    junk = tmp_path / "junk.tfevents"
+    junk.write_bytes(b"\xff" * 64)  # a huge record length: not read, no error
+    assert TFRecordTail(str(junk)).read_new() == [] and read_scalars(str(junk)) == []
 
 
 @pytest.mark.parametrize("line, step, loss", [
