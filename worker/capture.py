@@ -57,6 +57,7 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value) of a protobuf message: ints for varints, bytes for
     length-delimited fields, raw 8/4 bytes for fixed64/fixed32."""
     i, n = 0, len(buf)
+    value: Any
     while i < n:
         key, i = _varint(buf, i)
         num, wire = key >> 3, key & 7
@@ -78,7 +79,11 @@ _DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64, _DT_HALF = 1, 2, 3, 9, 19
 
 
 def _tensor_scalar(buf: bytes) -> tuple[float, str] | None:
-    dtype, content, floats, doubles, ints, halves = 0, b"", [], [], [], []
+    dtype, content = 0, b""
+    floats: list[float] = []
+    doubles: list[float] = []
+    ints: list[int] = []
+    halves: list[int] = []
     for num, wire, value in _fields(buf):
         if num == 1:
             dtype = value
@@ -150,7 +155,8 @@ class TFRecordTail:
                 data = f.read(max_bytes)
         except OSError:
             return []
-        records, i = [], 0
+        records: list[bytes] = []
+        i = 0
         while len(data) - i >= 12:
             (length,) = struct.unpack_from("<Q", data, i)
             if length > MAX_RECORD_BYTES:  # not a TFRecord file (or a corrupt one): read no further
@@ -171,7 +177,8 @@ class TFRecordTail:
 
 def read_scalars(path: str) -> list[tuple[int, str, float, str]]:
     """Every scalar of one event file as (step, tag, value, dtype) (for tests and tools)."""
-    out, tail = [], TFRecordTail(path)
+    out: list[tuple[int, str, float, str]] = []
+    tail = TFRecordTail(path)
     while records := tail.read_new():
         for record in records:
             step, values = parse_event(record)
