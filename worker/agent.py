@@ -453,7 +453,7 @@ class RunExecution:
             timings["wall_s"] = outcome.wall_s
             body = RunResult(
                 lease_id=lease_id,
-                final_metrics=_finite_or_none(result.get("final_metrics") or {}),
+                final_metrics=_finite_or_none({**c.captured, **(result.get("final_metrics") or {})}),
                 digests=Digests(**c.digests_model()),
                 fingerprint=c.fingerprint,
                 determinism_applied=c.determinism_applied,

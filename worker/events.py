@@ -8,7 +8,9 @@ disk; the reader only consumes complete lines. Floats are written with ``repr`` 
 
 Event kinds (field ``e``):
 
-``m``            metric points at one step: ``{"e": "m", "s": step, "v": {key: value}}``
+``m``            metric points at one step: ``{"e": "m", "s": step, "v": {key: value}}``; the agent
+                 appends those it captures itself with ``"c": "tensorboard" | "stdout"``
+                 (:mod:`worker.capture`)
 ``digest``       ``{"e": "digest", "kind": "initial_weights" | "final_weights" |
                  "optimizer_state" | "data_order", "value": hex, "epoch": int | null}``
 ``fingerprint``  ``{"e": "fingerprint", "value": {...}}``

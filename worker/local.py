@@ -99,7 +99,7 @@ def run_local(
             digests=c.digests_model(),
             fingerprint=c.fingerprint,
             determinism_applied=c.determinism_applied,
-            final_metrics=dict(result.get("final_metrics") or {}),
+            final_metrics={**c.captured, **(result.get("final_metrics") or {})},
             timings=timings,
             failure_kind=outcome.kind,
             error=outcome.error,

@@ -14,12 +14,13 @@ float64 (``<i8`` / ``<f8``), which is what the worker sends.
 from __future__ import annotations
 
 import base64
+import re
 import struct
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 PROTOCOL_VERSION = 1
 
@@ -185,6 +186,46 @@ class ConfigFile(_Model):
     content: str = Field(max_length=64 * 1024)
 
 
+# step N ... loss X: "step 100 | loss 2.31", "Step 100: loss=2.31", "iter 100, loss: 2.31",
+# "Epoch 3 step 100 loss 2.31e-1", captured as the metric ``loss`` (worker.capture).
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
+DEFAULT_CAPTURE_PATTERN = (r"(?i)\b(?:step|iter|iteration|it)\b\s*[:=#]?\s*(?P<step>\d+)\b"
+                           r"[^\n]*?\bloss\b\s*[:=]?\s*(?P<loss>" + _NUMBER + r")")
+
+
+def check_capture_pattern(pattern: str) -> str | None:
+    """Why ``pattern`` cannot capture metrics, or None (used at submit and by the worker)."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        return f"not a valid regular expression: {exc}"
+    if "step" not in rx.groupindex:
+        return "needs a named group 'step', e.g. (?P<step>\\d+)"
+    if len(rx.groupindex) < 2:
+        return "needs a named group per metric besides 'step', e.g. (?P<loss>[-+.\\deE]+)"
+    return None
+
+
+class CaptureSpec(_Model):
+    """What the worker captures from a run besides the SDK (worker.capture): scalars of
+    TensorBoard event files written under the run's directory, and stdout/stderr lines matched
+    by ``patterns`` (regexes with a named group ``step`` and one per metric; none given: the
+    default ``step N ... loss X`` pattern)."""
+
+    tensorboard: bool = True
+    stdout: bool = True
+    patterns: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(max_length=32)] = []
+
+    @field_validator("patterns")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        for i, pattern in enumerate(value):
+            why = check_capture_pattern(pattern)
+            if why:
+                raise ValueError(f"pattern {i} {pattern!r}: {why}")
+        return value
+
+
 class RunSpec(_Model):
     """Everything a worker needs to execute one run."""
 
@@ -204,6 +245,7 @@ class RunSpec(_Model):
     stack: str = "default"  # the run's group: a stack name, or the arm's name in a study with arms
     config_file: ConfigFile | None = None  # the arm's config file, written into the run's directory
     code: str | None = None  # the arm's code digest label (opaque to the worker)
+    capture: CaptureSpec | None = None  # None: a command workload gets the default capture, others none
 
 
 class Lease(_Model):

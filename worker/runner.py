@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker import determinism
+from worker.capture import DEFAULT_PATTERN, SCAN_INTERVAL_S, Capture
 from worker.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
 
 STDERR_TAIL_BYTES = 16_000
@@ -141,6 +142,7 @@ class Collected:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     last_step: int | None = None
+    captured: dict[str, float] = field(default_factory=dict)  # last values captured without the SDK
 
     def absorb(self, event: dict[str, Any]) -> None:
         kind = event.get("e")
@@ -214,6 +216,8 @@ class RunProcess:
         self._kill_reason: str | None = None
         self._outcome: Outcome | None = None
         self.code_dir: str | None = None  # the unpacked study code (worker.codecache), if it ships any
+        self.capture: Capture | None = None
+        self._captured_at = 0.0
 
     # --- the study's code: where the run starts and what it runs ------------------------------
 
@@ -285,6 +289,7 @@ class RunProcess:
             _chown_tree(self.run_dir, self.run_as.uid, self.run_as.gid)
             # setgid + initgroups + setuid in the child, before exec (the agent stays root)
             identity = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.run_as.groups)}
+        self.capture = self._capture()
         out = open(self.output_path, "wb")
         try:
             self.proc = subprocess.Popen(
@@ -302,6 +307,26 @@ class RunProcess:
             out.close()
         self.started_at = time.monotonic()
 
+    def _capture(self) -> Capture | None:
+        """TensorBoard files under the run's directory (the code's copy is inside it) and
+        output lines matching the spec's patterns; a command gets both by default."""
+        spec = self.spec.get("capture")
+        if spec is None:
+            if not self.spec.get("command"):
+                return None
+            spec = {}
+        tensorboard = spec.get("tensorboard", True)
+        patterns = (spec.get("patterns") or [DEFAULT_PATTERN]) if spec.get("stdout", True) else []
+        if not tensorboard and not patterns:
+            return None
+        return Capture(events_path=self.events_path, output_path=self.output_path, roots=[self.run_dir],
+                       tensorboard=tensorboard, patterns=patterns)
+
+    def _pump_capture(self) -> None:
+        if self.capture is not None and time.monotonic() - self._captured_at >= SCAN_INTERVAL_S:
+            self._captured_at = time.monotonic()
+            self.capture.pump()
+
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
@@ -312,9 +337,12 @@ class RunProcess:
     def poll(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
         """New events since the last call (also absorbed into :attr:`collected`); at most about
         ``max_bytes`` of the file per call (``None``: all of it). The rest stays in the file."""
+        self._pump_capture()
         events = self.reader.read_new(max_bytes)
         for event in events:
             self.collected.absorb(event)
+            if self.capture is not None and event.get("e") == "m" and "c" not in event:
+                self.capture.sdk_keys.update(event["v"])  # a key the run logs itself is not captured
         return events
 
     def unread_bytes(self) -> int:
@@ -369,6 +397,9 @@ class RunProcess:
         assert self.proc is not None
         rc = self.proc.wait()
         self._killpg()  # leftover children (e.g. DataLoader workers) of an exited run
+        if self.capture is not None:  # what the run wrote last, appended before the last reads
+            self.capture.close()
+            self.collected.captured = dict(self.capture.last)
         # What the run reported about itself may lie behind a metric backlog that poll() has not
         # reached: read it without the metric lines (absorbing an event twice changes nothing),
         # and leave those to later poll() calls.

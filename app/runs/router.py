@@ -58,7 +58,7 @@ def include_run(run_id: int, db: WriteDB, caller: UserCaller) -> RunOut:
     return RunOut.model_validate(studies.include_run(db, run_id, caller), from_attributes=True)
 
 
-@router.get("/{run_id}/metrics/{key}", response_model=SeriesOut)
+@router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut)  # keys may hold "/" (TensorBoard tags)
 def get_series(
     run_id: int,
     key: str,

@@ -53,6 +53,7 @@ def _spec_for(run: Run, study: Study) -> RunSpec:
         workload=workload.get("name"),
         entrypoint=workload.get("entrypoint"),
         command=workload.get("command"),
+        capture=workload.get("capture"),
         code_sha256=(spec.get("code") or {}).get("sha256"),
         code_workdir=(spec.get("code") or {}).get("workdir") or ".",
         params=params,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from app.alerts.schemas import AlertRuleSpec, check_spec_alerts
 from worker.protocol import (
+    CaptureSpec,
     FloatDtype,
     BUILTIN_WORKLOADS,
     COMMAND_PLACEHOLDERS,
@@ -44,6 +45,11 @@ class WorkloadSpec(_Spec):
         "'{seed}']; placeholders: " + ", ".join("{" + p + "}" for p in COMMAND_PLACEHOLDERS),
     )
     params: dict[str, Any] = Field({}, description=f"passed to the workload; at most {MAX_PARAMS_BYTES} bytes as JSON")
+    capture: CaptureSpec | None = Field(
+        None, description="metrics captured without the SDK: TensorBoard scalars under the run's directory and "
+        "stdout/stderr lines matched by regexes with a named group 'step' (default for a command: both, with "
+        "the pattern 'step N ... loss X')",
+    )
 
     @field_validator("command")
     @classmethod

@@ -112,3 +112,21 @@ def test_the_study_says_which_metrics_no_run_logged(api):
     _finish_one(api, sid, error="RuntimeError: boom\nmore lines")
     study = api.get(f"/api/v1/studies/{sid}").json()
     assert study["status"] == "failed" and study["status_reason"].endswith(": RuntimeError: boom")
+
+
+def test_capture_patterns_are_checked_at_submit(api):
+    def submit(capture):
+        return api.post("/api/v1/studies", json=spec(workload={
+            "framework": "torch", "name": "torch_mlp", "capture": capture}))
+
+    bad = submit({"patterns": ["step (?P<step>\\d+ loss (?P<loss>\\S+)"]})
+    assert bad.status_code == 422, bad.text
+    detail = bad.json()["detail"][0]
+    assert detail["loc"] == ["body", "workload", "capture", "patterns"]
+    assert "pattern 0" in detail["msg"] and "not a valid regular expression" in detail["msg"]
+    no_step = submit({"patterns": ["loss (?P<loss>\\S+)"]})
+    assert no_step.status_code == 422 and "named group 'step'" in no_step.text
+    assert no_step.json()["detail"][0]["loc"][:4] == ["body", "workload", "capture", "patterns"]
+    ok = submit({"tensorboard": False, "patterns": ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)"]})
+    assert ok.status_code in (200, 201), ok.text
+    assert ok.json()["spec"]["workload"]["capture"]["patterns"] == ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)"]
