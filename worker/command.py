@@ -19,27 +19,14 @@ from worker import sdk
 from worker.events import SPEC_ENV
 
 
-def context(spec: dict) -> sdk.RunContext:
-    return sdk.RunContext(
-        seed=int(spec["seed"]),
-        determinism=spec["determinism"],
-        framework=spec["framework"],
-        params=dict(spec.get("params") or {}),
-        threads=int(spec.get("threads") or 2),
-        repeat=int(spec.get("repeat") or 0),
-        device=spec.get("device") or "auto",
-        work_dir=spec.get("work_dir") or os.getcwd(),
-    )
-
-
 def start() -> None:
-    from worker import determinism, fingerprint
+    from worker import autodigest, determinism, fingerprint
     from worker.harness import _resolve_device
 
     t0 = time.perf_counter()
     with open(os.environ[SPEC_ENV], encoding="utf-8") as f:
         spec = json.load(f)
-    ctx = context(spec)
+    ctx = sdk.RunContext.from_spec(spec)
     sdk._start(ctx)
     applied = determinism.apply(ctx.determinism, ctx.seed, ctx.framework, ctx.threads)
     ctx.device = _resolve_device(ctx.framework, ctx.device)
@@ -47,8 +34,11 @@ def start() -> None:
     applied["applied_by"] = "command shim (sitecustomize)"
     sdk.emit({"e": "determinism", "value": applied})
     sdk.emit({"e": "fingerprint", "value": fingerprint.run_fingerprint(ctx.framework)})
+    # the weights at the first optimizer step and at exit, without any call in the user's code
+    finish_digests = autodigest.install(ctx.framework)
 
     def finish() -> None:
+        finish_digests()
         final, timings = sdk._summary()
         timings["harness_s"] = time.perf_counter() - t0
         sdk.emit({"e": "result", "final_metrics": final, "timings": timings})

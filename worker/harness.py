@@ -106,16 +106,7 @@ def _resolve_device(framework: str, wanted: str) -> str:
 
 def run(spec: dict[str, Any]) -> int:
     t0 = time.perf_counter()
-    ctx = sdk.RunContext(
-        seed=int(spec["seed"]),
-        determinism=spec["determinism"],
-        framework=spec["framework"],
-        params=dict(spec.get("params") or {}),
-        threads=int(spec.get("threads") or 2),
-        repeat=int(spec.get("repeat") or 0),
-        device=spec.get("device") or "auto",
-        work_dir=spec.get("work_dir") or os.getcwd(),
-    )
+    ctx = sdk.RunContext.from_spec(spec)
     sdk._start(ctx)
     try:
         from worker import determinism, fingerprint

@@ -47,6 +47,20 @@ class RunContext:
     device: str = "cpu"  # "cpu" or "cuda" (CUDA_VISIBLE_DEVICES already narrowed to one GPU)
     work_dir: str = "."
 
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> RunContext:
+        """The context of a run from its spec file (``worker.events.SPEC_ENV``)."""
+        return cls(
+            seed=int(spec["seed"]),
+            determinism=spec["determinism"],
+            framework=spec["framework"],
+            params=dict(spec.get("params") or {}),
+            threads=int(spec.get("threads") or 2),
+            repeat=int(spec.get("repeat") or 0),
+            device=spec.get("device") or "auto",
+            work_dir=spec.get("work_dir") or os.getcwd(),
+        )
+
     @property
     def seeded(self) -> bool:
         return self.determinism in ("seeded", "strict")
