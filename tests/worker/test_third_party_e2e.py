@@ -58,7 +58,7 @@ def _repo(root: Path) -> Path:
     return root
 
 
-def _submit_wait(server, spec: Path) -> subprocess.CompletedProcess:  # noqa: ANN001
+def _submit_wait(server, spec: Path) -> subprocess.CompletedProcess:
     # as tests.worker.test_code_shipping_e2e._submit, with room for six ~20 s runs on a loaded machine
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
     env.update(PYTHONPATH=str(REPO), XDG_CONFIG_HOME=str(spec.parent / ".config"))
