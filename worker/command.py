@@ -5,7 +5,9 @@ What the worker applies to a command: the determinism environment (``PYTHONHASHS
 before the interpreter starts, always; and, when the command is a Python interpreter that
 imports this shim, the in-process switches of :func:`worker.determinism.apply` (seeds of
 ``random``, NumPy and the framework; ``torch.use_deterministic_algorithms`` and cuDNN flags
-at ``strict``), the fingerprint, and a result event at exit with the SDK's final values.
+at ``strict``), the fingerprint, the automatic digests of :mod:`worker.autodigest` (torch's
+optimizer hook, Keras' ``fit``: initial weights before the first step, final weights at exit),
+and a result event at exit with the SDK's final values.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def start() -> None:
     applied["applied_by"] = "command shim (sitecustomize)"
     sdk.emit({"e": "determinism", "value": applied})
     sdk.emit({"e": "fingerprint", "value": fingerprint.run_fingerprint(ctx.framework)})
-    # the weights at the first optimizer step and at exit, without any call in the user's code
-    finish_digests = autodigest.install(ctx.framework)
+    # never raises; only for the frameworks it hooks (importing TensorFlow for another is slow)
+    finish_digests = (autodigest.install(ctx.framework) if ctx.framework in ("torch", "tensorflow")
+                      else (lambda: None))
 
     def finish() -> None:
         finish_digests()

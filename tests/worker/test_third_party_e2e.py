@@ -1,0 +1,107 @@
+"""A third-party training script, vendored byte for byte from a published package
+(``examples/third_party/e3nn_tetris``: e3nn 0.6.0's ``examples/tetris.py``, MIT), is judged
+without a change: copied into a fresh git repository, submitted as a command workload with
+``steady submit --wait`` to a worker that runs in another directory. The script seeds nothing and
+only prints ``epoch N | loss X | A% accuracy`` lines; a capture pattern reads them. The worker's
+shim seeds torch at ``seeded``/``strict`` (repeats identical on CPU); at ``none`` the repeats
+differ and the automatic digests of the optimizer hook blame seeding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.worker.test_worker_agent_e2e import runs, series, workers  # noqa: F401 - workers is a fixture
+
+pytestmark = pytest.mark.slow
+
+VENDORED = REPO / "examples" / "third_party" / "e3nn_tetris"
+TETRIS_SHA256 = "fd2c02c59108f00acf408ae9404d9a496bcb6cac0b4a951fca3844992ed6f4db"  # e3nn-0.6.0/examples/tetris.py
+
+SPEC = r"""
+    name: e3nn tetris, unmodified
+    workload:
+      framework: torch
+      command: ["python", "tetris.py"]
+      capture:
+        patterns:
+          - 'epoch\s+(?P<step>\d+) \| loss (?P<loss>[-+.\deE]+)\s+\|\s+(?P<accuracy>[.\d]+)% accuracy'
+    seeds: [1]
+    repeats: 2
+    determinism: [none, seeded, strict]
+    threads: 1
+    max_attempts: 1
+    metrics: [loss]
+"""
+
+
+def test_the_vendored_script_is_the_published_one():
+    assert hashlib.sha256((VENDORED / "tetris.py").read_bytes()).hexdigest() == TETRIS_SHA256
+
+
+def _repo(root: Path) -> Path:
+    shutil.copytree(VENDORED, root)
+    (root / "study.yaml").write_text(textwrap.dedent(SPEC).lstrip())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "e3nn tetris example, unmodified"], cwd=root, check=True)
+    return root
+
+
+def _submit_wait(server, spec: Path) -> subprocess.CompletedProcess:
+    # as tests.worker.test_code_shipping_e2e._submit, with room for six ~20 s runs on a loaded machine
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
+    env.update(PYTHONPATH=str(REPO), XDG_CONFIG_HOME=str(spec.parent / ".config"))
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "submit", spec.name, "--server", server.url,
+         "--token", server.tokens["user"], "--wait"],
+        cwd=spec.parent, env=env, capture_output=True, text=True, timeout=1200, check=False,
+    )
+
+
+@pytest.mark.timeout(1200)  # six ~20 s runs, one after another, on a loaded machine
+def test_an_unmodified_third_party_script_is_judged(live_server, workers, tmp_path):  # noqa: F811
+    pytest.importorskip("e3nn")
+    pytest.importorskip("torch_geometric")
+    http = live_server.client()
+    repo = _repo(tmp_path / "proj")
+    (tmp_path / "worker-home").mkdir()
+    w = workers(live_server, "w1", cwd=tmp_path / "worker-home")
+    done = _submit_wait(live_server, repo / "study.yaml")
+    # judged: `none` repeats differ (one failing repeatability verdict), the others are identical
+    assert done.returncode == 1, done.stdout + done.stderr + w.log()
+    assert "1 failing verdict(s) (repeatability out_of_tolerance)" in done.stderr, done.stderr
+    sid = int(done.stdout.split("submitted study ")[1].split()[0])
+    items = runs(http, sid)
+    assert len(items) == 6 and {r["status"] for r in items} == {"completed"}, items
+    by_level: dict[str, list] = {}
+    for r in items:
+        loss, acc = series(http, r["id"], "loss"), series(http, r["id"], "accuracy")
+        assert loss[0] == acc[0] == list(range(0, 300, 10))  # 300 Adam steps, every 10th printed
+        assert r["final_metrics"]["loss"] == loss[1][-1]
+        assert r["digests"]["initial_weights"], r  # recorded by the optimizer hook, no SDK involved
+        by_level.setdefault(r["determinism"], []).append((r, loss, acc))
+    for level in ("seeded", "strict"):
+        (ra, la, aa), (rb, lb, ab) = by_level[level]
+        assert la == lb and aa == ab, level  # the shim's seeding made the unchanged script repeatable
+        assert ra["digests"]["initial_weights"] == rb["digests"]["initial_weights"], level
+    (ra, la, _), (rb, lb, _) = by_level["none"]
+    assert la[1] != lb[1]
+    assert ra["digests"]["initial_weights"] != rb["digests"]["initial_weights"]
+    report = http.get(f"/api/v1/studies/{sid}/report").json()
+    judged = {v["group"]["determinism"]: v for v in report["verdicts"]
+              if v["level"] == "repeatability" and v["metric"] == "loss"}
+    assert judged["seeded"]["verdict"] == judged["strict"]["verdict"] == "identical"
+    none = judged["none"]
+    assert none["verdict"] == "out_of_tolerance" and none["expectation"] == "varies, as expected"
+    assert none["source"] == "seeding" and none["dtype"] == "float64"
