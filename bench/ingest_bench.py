@@ -45,13 +45,12 @@ from bench.common import (  # noqa: E402
     REPO,
     RESULTS,
     Server,
-    load,
     machine,
     percentile,
     postgres_database,
-    process_tree_cpu_s,
     run_synced_clients,
 )
+from bench.procstat import load, process_tree_cpu_s  # noqa: E402
 
 KEYS = ("loss", "acc", "lr", "grad_norm", "step_time")
 MLFLOW_BATCH = 1000  # MLflow's maximum number of metrics per log_batch request

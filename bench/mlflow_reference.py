@@ -29,6 +29,9 @@ import time
 import urllib.request
 import uuid
 
+# run as a script by MLflow's interpreter: bench/ is sys.path[0]
+from procstat import load, process_tree_cpu_s
+
 KEYS = ("loss", "acc", "lr", "grad_norm", "step_time")
 
 
@@ -41,32 +44,6 @@ def free_port() -> int:
 def pct(v: list[float], q: float) -> float:
     s = sorted(v)
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
-
-
-def load() -> dict:
-    one, five, fifteen = os.getloadavg()
-    return {"loadavg_1m": round(one, 2), "loadavg_5m": round(five, 2), "loadavg_15m": round(fifteen, 2),
-            "cpus": os.cpu_count()}
-
-
-def process_tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its live descendants (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        total += stats.get(p, (0, 0.0))[1]
-        todo.extend(c for c, (ppid, _) in stats.items() if ppid == p)
-    return total
 
 
 def client_main(argv: list[str]) -> None:

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, status
@@ -402,6 +402,14 @@ def study_state(study_id: int, db: ReadDB, viewer: DataViewer) -> JSONResponse:
                         headers={"Cache-Control": "no-store"})
 
 
+def _versioned_study(db: ReadDB, study_id: int) -> tuple[Study, Any]:
+    """The study (404 if there is none) and its version, the key of its cached charts."""
+    study = db.get(Study, study_id)
+    if study is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} not found")
+    return study, service.study_versions(db, [study])[study.id]
+
+
 @router.get("/dashboard/data/studies/{study_id}/chart")
 def study_chart(
     request: Request,
@@ -414,10 +422,7 @@ def study_chart(
     max_points: Annotated[int, Query(ge=100, le=5000)] = 1000,
     max_lines: Annotated[int, Query(ge=0, le=200)] = 40,
 ) -> Response:
-    study = db.get(Study, study_id)
-    if study is None:
-        return JSONResponse({"detail": f"study {study_id} not found"}, status_code=404)
-    version = service.study_versions(db, [study])[study.id]
+    study, version = _versioned_study(db, study_id)
     text = service.group_chart(db, study, version, _db_key(request), metric=metric, determinism=determinism,
                                stack=stack, max_points=max_points, max_lines=max_lines)
     return _json_text(request, text)
@@ -435,10 +440,7 @@ def study_difference(
     unit: Annotated[str, Query(pattern="^(abs|ulp)$")] = "abs",
     max_points: Annotated[int, Query(ge=100, le=5000)] = 1000,
 ) -> Response:
-    study = db.get(Study, study_id)
-    if study is None:
-        return JSONResponse({"detail": f"study {study_id} not found"}, status_code=404)
-    version = service.study_versions(db, [study])[study.id]
+    study, version = _versioned_study(db, study_id)
     text = service.difference_chart(db, study, version, _db_key(request), metric=metric, determinism=determinism,
                                     stack=stack, unit=unit, max_points=max_points)
     return _json_text(request, text)
