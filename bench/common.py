@@ -117,6 +117,11 @@ def run_clients(script: Path, n_procs: int, args: list[list[str]], timeout: floa
     """Start client processes (``script`` with per-process args), each printing one JSON line; collect them."""
     procs = [subprocess.Popen([python or sys.executable, str(script), "_client", *a], cwd=REPO, stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "PYTHONPATH": str(REPO)}) for a in args[:n_procs]]
+    return _collect(procs, timeout)
+
+
+def _collect(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
+    """The one JSON line each client process prints last; a client that fails fails the benchmark."""
     out = []
     for p in procs:
         stdout, _ = p.communicate(timeout=timeout)
@@ -153,13 +158,7 @@ def run_synced_clients(cmd_per_proc: list[list[str]], timeout: float, lead_s: fl
         for p in procs:
             p.stdin.write(f"{start_at}\n")
             p.stdin.flush()
-        out = []
-        for p in procs:
-            stdout, _ = p.communicate(timeout=timeout)
-            if p.returncode != 0:
-                raise RuntimeError(f"client exited {p.returncode}")
-            out.append(json.loads(stdout.strip().splitlines()[-1]))
-        return out
+        return _collect(procs, timeout)
     finally:
         for p in procs:
             if p.poll() is None:
