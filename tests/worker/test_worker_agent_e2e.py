@@ -109,9 +109,13 @@ def test_a_full_study_completes(live_server, workers):
     assert w.stop() == 0
 
 
+# Long enough that the agent is killed mid-run on any machine (60 epochs finished first on CI).
+EPOCHS = 300
+
+
 def test_sigkilled_worker_run_is_requeued_and_completed_by_another(live_server, workers):
     http = live_server.client()
-    study = submit(http, name="kill", workload={"framework": "torch", "name": "torch_mlp", "params": {"epochs": 60}},
+    study = submit(http, name="kill", workload={"framework": "torch", "name": "torch_mlp", "params": {"epochs": EPOCHS}},
                    seeds=[1], repeats=1, determinism=["seeded"], max_attempts=3)
     a = workers(live_server, "wa")
     run_id = wait_for(lambda: [r["id"] for r in runs(http, study) if r["status"] == "running" and r["progress_step"]],
@@ -119,12 +123,14 @@ def test_sigkilled_worker_run_is_requeued_and_completed_by_another(live_server, 
     wait_for(lambda: "loss" in (http.get(f"/api/v1/runs/{run_id}").json().get("metric_keys") or []), 30, "first metrics")
     a.proc.send_signal(signal.SIGKILL)
     a.proc.wait()
+    # The premise: the kill lands mid-run (a fast machine must not finish the run first).
+    assert http.get(f"/api/v1/runs/{run_id}").json()["status"] == "running"
     b = workers(live_server, "wb")
     wait_for(lambda: study_status(http, study) == "completed", 180, f"completion by the second worker\n{b.log()}")
     run = http.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == "completed" and run["attempt"] >= 2
     steps, values = series(http, run_id, "loss")
-    assert steps == list(range(60 * 23)), "missing or duplicate steps"
+    assert steps == list(range(EPOCHS * 23)), "missing or duplicate steps"
     assert run["final_metrics"]["loss"] == values[-1]
 
 
