@@ -1,0 +1,321 @@
+"""The three verdict levels of the study report, one builder each: repeatability (per seed,
+repeats against the lowest repeat), seed stability (the band and the final-value spread) and
+stack portability (every stack against the reference, adjusted over the report's comparisons).
+``app.stats.report.build_report`` puts them together."""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from app.stats import expectations, guarantees
+from app.stats.bands import DEFAULT_QUANTILES, out_of_band_curves
+from app.stats.portability import adjust, band_containment, compare_stacks
+from app.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
+from app.stats.report_data import (
+    Finals,
+    GroupBand,
+    MetricSpec,
+    RunData,
+    SeedStages,
+    Verdict,
+    _group_band,
+    _one_per_seed,
+    _series,
+    _with_metric,
+    common_finals,
+)
+from app.stats.seed_stability import seed_spread
+from app.stats.sequential import sequential_seed_decision
+from app.stats.serialize import to_plain
+from app.stats.stack_pairs import stack_pairs
+
+
+def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
+    out = []
+    for (det, stack), group_runs in groups.items():
+        by_seed: dict[int, list[RunData]] = defaultdict(list)
+        for r in group_runs:
+            if spec.name in r.series:
+                by_seed[r.seed].append(r)
+        if not by_seed:
+            continue
+        per_seed = {}
+        for seed in sorted(by_seed):
+            rs = sorted(by_seed[seed], key=lambda r: (r.repeat, r.run_id))
+            per_seed[seed] = (rs, repeatability([_repeat_run(r, spec.name) for r in rs], atol=spec.atol,
+                                                rtol=spec.rtol, determinism=det))
+        conclusive = {s: v for s, v in per_seed.items() if v[1].verdict in VERDICT_ORDER}
+        n_runs = sum(len(v[0]) for v in per_seed.values())
+        if not conclusive:
+            verdict = "inconclusive"
+            reason = f"{det} runs: no seed has 2 or more repeats ({len(per_seed)} seed(s)); need at least 2"
+            worst_seed = None
+        else:
+            worst_seed = max(conclusive, key=lambda s: (VERDICT_ORDER[conclusive[s][1].verdict],
+                                                        conclusive[s][1].max_abs_delta, -s))
+            w = conclusive[worst_seed][1]
+            verdict = w.verdict
+            if verdict == "identical":
+                if len(conclusive) == 1:
+                    reason = f"{det} runs of seed {worst_seed} bitwise identical across {w.n_runs} repeats"
+                else:
+                    reason = f"{det} runs bitwise identical across repeats for all {len(conclusive)} seeds"
+            else:
+                reason = f"seed {worst_seed} (worst of {len(conclusive)}): {w.reason}"
+        detail = [{"seed": s, "run_ids": [r.run_id for r in rs], **to_plain(res)} for s, (rs, res) in per_seed.items()]
+        firsts = [rs[0] for rs, _ in per_seed.values()]
+        seeds_identical = _all_identical(firsts, spec.name) if len(firsts) >= 2 else None
+        exp = expectations.repeatability_expectation(
+            det, verdict, source=conclusive[worst_seed][1].source if worst_seed is not None else None,
+            seeds_identical=seeds_identical,
+            deltas_finite=all(np.isfinite(res.max_abs_delta) for _, res in conclusive.values()))
+        numbers = {}
+        if worst_seed is not None:
+            w = conclusive[worst_seed][1]
+            numbers = {"worst_seed": worst_seed, "max_abs_delta": max(v[1].max_abs_delta for v in conclusive.values()),
+                       "max_rel_delta": max(v[1].max_rel_delta for v in conclusive.values()),
+                       "max_ulps": max(v[1].max_ulps for v in conclusive.values()),
+                       "first_divergent_step": w.first_divergent_step, "source": w.source,
+                       "data_order_epoch": w.data_order_epoch}
+        out.append(Verdict("repeatability", spec.name, {"determinism": det, "stack": stack}, verdict, n_runs, reason,
+                           {**numbers, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail,
+                            "dtype": _dtype(group_runs, spec.name),
+                            "seeds_identical": seeds_identical, "n_seeds_compared": len(firsts),
+                            "expected": exp.expected, "met_expectation": exp.met, "expectation": exp.phrase,
+                            "suspicious": list(exp.suspicious),
+                            "guarantee": guarantees.repeatability()}))
+    return out
+
+
+def _dtype(runs: Sequence[RunData], metric: str) -> str:
+    found = {r.dtypes.get(metric) for r in runs if metric in r.series} - {None}
+    return found.pop() if len(found) == 1 else "float64"
+
+
+def _repeat_run(r: RunData, metric: str) -> RepeatRun:
+    steps, values = _series(r, metric)
+    return RepeatRun(steps=steps, values=values, fingerprint=r.fingerprint,
+                     initial_weights=r.digests.get("initial_weights"),
+                     data_order=tuple(r.digests.get("data_order") or ()),
+                     other_digests={k: r.digests.get(k) for k in ("final_weights", "optimizer_state")},
+                     dtype=r.dtypes.get(metric))
+
+
+def _all_identical(runs: Sequence[RunData], metric: str) -> bool:
+    """True when every run's series of ``metric`` has the same steps and bitwise the same values."""
+    ref_steps, ref_values = _series(runs[0], metric)
+    for r in runs[1:]:
+        steps, values = _series(r, metric)
+        if not (np.array_equal(steps, ref_steps) and values.shape == ref_values.shape
+                and np.array_equal(values.view(np.int64), ref_values.view(np.int64))):
+            return False
+    return ref_values.size > 0
+
+
+_SPENDING_NAMES = {"pocock": "Pocock-type", "obrien_fleming": "O'Brien–Fleming-type"}
+
+
+def _sequential(chosen, fin: Finals, spec: MetricSpec, stages: SeedStages, *, alpha: float):
+    seed_of = {r.run_id: r.seed for r in chosen}
+    by_stage = [[] for _ in range(stages.current)]
+    for v, i in zip(fin.values, fin.run_ids):
+        by_stage[int(stages.stage_of_seed.get(seed_of[i], 1)) - 1].append(v)
+    return sequential_seed_decision(by_stage, max_std=spec.max_std, max_seeds=stages.max_seeds,
+                                    last_stage=stages.last_stage, alpha=alpha, spending=stages.spending)
+
+
+def _sequential_reason(d, stages: SeedStages, alpha: float) -> str:
+    head = (f"group-sequential over {len(d.stages)} stage(s) of at most {stages.last_stage} "
+            f"({_SPENDING_NAMES.get(stages.spending, stages.spending)} alpha spending, each claim ≤ {alpha:g} over all stages)")
+    if not d.stages:
+        return head + ": no stage had a final value"
+    look = d.stages[-1]  # the test stops at the look that decides
+    bounds = "" if look.upper is None else f", σ bounds [{look.lower:.3g}, {look.upper:.3g}]"
+    what = {"stable": "stable", "unstable": "unstable"}.get(d.verdict)
+    if what:
+        return (f"{head}: {what} at stage {look.stage} with {look.n_seeds} seeds (boundary z {look.boundary:.3f}, "
+                f"nominal level {look.nominal_alpha:.3g}{bounds})")
+    tail = "budget spent" if d.final else "more seeds come in the next stage"
+    return (f"{head}: inconclusive at stage {look.stage} with {look.n_seeds} seeds (boundary z "
+            f"{look.boundary:.3f}{bounds}); {tail}")
+
+
+def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, false_alarm,
+                   stages: SeedStages | None = None, bands: list | None = None) -> list[Verdict]:
+    out = []
+    for (det, stack), group_runs in groups.items():
+        chosen, aligned, band = _group_band(group_runs, spec.name, coverage=coverage, confidence=confidence,
+                                            quantiles=DEFAULT_QUANTILES)
+        if not chosen:
+            continue
+        fin = common_finals(chosen, spec.name)
+        values, ids, bad = fin.values, fin.run_ids, fin.diverged_run_ids
+        spread = seed_spread(values, max_std=spec.max_std, coverage=coverage, confidence=confidence, alpha=alpha,
+                             n_diverged=len(bad))
+        reason = spread.reason
+        verdict, sequential = spread.verdict, None
+        if stages is not None and spec.max_std is not None and not bad and fin.step is not None:
+            sequential = _sequential(chosen, fin, spec, stages, alpha=alpha)
+            verdict = sequential.verdict
+            reason = (_sequential_reason(sequential, stages, alpha)
+                      + f"; for reference, the fixed-sample rule on all {spread.n} seeds: {spread.reason}")
+        if fin.step is not None:
+            reason += f"; final values at step {fin.step}"
+            if fin.short_run_ids:
+                reason += f" (the last step all runs reached; run(s) {', '.join(map(str, fin.short_run_ids))} stopped early)"
+        elif ids == [] and len(bad) == 0:
+            reason += "; the runs share no logged step"
+        if bad:
+            reason += f"; diverged run(s) {', '.join(map(str, bad))} excluded from the band"
+        per_seed = len(chosen) < len(_with_metric(group_runs, spec.name))
+        if per_seed:
+            reason += "; one run per seed (first repeat)"
+        if bands is not None:  # the same GroupBand as compute_bands gives for this group
+            chosen_ids = [int(r.run_id) for r in chosen]
+            bands.append(GroupBand(group={"determinism": det, "stack": stack}, metric=spec.name,
+                                   run_ids=tuple(i for i, d in zip(chosen_ids, aligned.diverged) if not d),
+                                   excluded_run_ids=tuple(i for i, d in zip(chosen_ids, aligned.diverged) if d),
+                                   one_run_per_seed=per_seed, downsampled=False, band=band))
+        flagged = []
+        oob_info = None
+        keep = ~aligned.diverged
+        if keep.sum() >= 3:
+            oob = out_of_band_curves(aligned.values if keep.all() else aligned.values[keep], false_alarm=false_alarm)
+            kept_ids = [r.run_id for r, k in zip(chosen, keep) if k]
+            flagged = [i for i, f in zip(kept_ids, oob.flagged) if f]
+            oob_info = {"run_ids": kept_ids, "testable": oob.testable, "level_score": oob.level_score,
+                        "statistic": oob.statistic, "df": oob.df, "p_value": oob.p_value,
+                        "p_adjusted": oob.p_adjusted, "steps_used": oob.steps_used, "false_alarm": oob.false_alarm,
+                        "exact": oob.exact, "method": oob.method, "reason": oob.reason,
+                        "guarantee": guarantees.out_of_band(false_alarm)}
+            if flagged:
+                reason += (f"; out of band: run(s) {', '.join(map(str, flagged))} "
+                           f"(whole curve vs the other runs, false alarm ≤ {false_alarm:g} per study)")
+        out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, verdict,
+                           len(chosen), reason,
+                           {"spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
+                            "final_step": fin.step, "short_run_ids": fin.short_run_ids,
+                            "one_run_per_seed": per_seed, "n_needed": spread.n_needed,
+                            "out_of_band": flagged, "out_of_band_test": oob_info,
+                            "sequential": sequential,
+                            "guarantee": guarantees.seed_stability(alpha, sequential=sequential is not None)}))
+    return out
+
+
+def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, rng, coverage, confidence):
+    pending = []
+    by_level: dict[str, dict[str, list[RunData]]] = defaultdict(dict)
+    for (det, stack), rs in groups.items():
+        by_level[det][stack] = rs
+    for det, stacks in by_level.items():
+        if len(stacks) < 2:
+            continue
+        order = list(stacks)
+        ref = reference_stack if reference_stack is not None else min(
+            order, key=lambda s: min(r.run_id for r in stacks[s]))
+        if ref not in stacks:
+            continue
+        _, _, ref_band = _group_band(stacks[ref], spec.name, coverage=coverage, confidence=confidence, quantiles=(0.5,))
+        ref_runs = _one_per_seed(stacks[ref], spec.name)
+        for cand in order:
+            if cand == ref:
+                continue
+            _, _, cand_band = _group_band(stacks[cand], spec.name, coverage=coverage, confidence=confidence,
+                                          quantiles=(0.5,))
+            cand_runs = _one_per_seed(stacks[cand], spec.name)
+            both = common_finals(ref_runs + cand_runs, spec.name)  # one common final step for both stacks
+            ref_ids = {r.run_id for r in ref_runs}
+            ref_vals = np.array([v for v, i in zip(both.values, both.run_ids) if i in ref_ids])
+            cand_vals = np.array([v for v, i in zip(both.values, both.run_ids) if i not in ref_ids])
+            ref_bad = [i for i in both.diverged_run_ids if i in ref_ids]
+            cand_bad = [i for i in both.diverged_run_ids if i not in ref_ids]
+            group = {"determinism": det, "reference_stack": ref, "candidate_stack": cand}
+            common, ia, ib = np.intersect1d(ref_band.steps, cand_band.steps, return_indices=True)
+            share, k = band_containment(cand_band.mean[ib], ref_band.ti_low[ia], ref_band.ti_high[ia]) \
+                if common.size else (float("nan"), 0)
+            base = {"n_reference": ref_vals.size, "n_candidate": cand_vals.size,
+                    "diverged_run_ids": ref_bad + cand_bad, "band_containment": share, "band_steps_compared": k,
+                    "margin": spec.margin, "final_step": both.step, "short_run_ids": both.short_run_ids,
+                    "same_seed": _same_seed(stacks[ref], stacks[cand], spec)}
+            if ref_vals.size < 2 or cand_vals.size < 2:
+                pending.append((group, None, base))
+            else:
+                pending.append((group, compare_stacks(ref_vals, cand_vals, margin=spec.margin, rng=rng, alpha=alpha),
+                                base))
+    return pending
+
+
+def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
+    tost_idx = [i for i, (_, _, res, _) in enumerate(pending) if res is not None and res.tost is not None]
+    welch_idx = [i for i, (_, _, res, _) in enumerate(pending) if res is not None]
+    tost_adj = dict(zip(tost_idx, adjust([pending[i][2].tost.p_value for i in tost_idx], method=method))) \
+        if tost_idx else {}
+    welch_adj = dict(zip(welch_idx, adjust([pending[i][2].welch.p_value for i in welch_idx], method=method))) \
+        if welch_idx else {}
+    out = []
+    for i, (spec, group, res, base) in enumerate(pending):
+        n_runs = base["n_reference"] + base["n_candidate"]
+        details = {**base, "adjust_method": method, "n_comparisons_tost": len(tost_idx),
+                   "n_comparisons_welch": len(welch_idx), "guarantee": guarantees.stack_portability(alpha, method)}
+        if res is None:
+            out.append(Verdict("stack_portability", spec.name, group, "inconclusive", n_runs,
+                               f"need at least 2 finite runs per stack (reference {base['n_reference']}, "
+                               f"candidate {base['n_candidate']})", {**details, "n_needed": 2}))
+            continue
+        details.update({"result": res, "tost_p_adjusted": tost_adj.get(i), "welch_p_adjusted": welch_adj.get(i),
+                        "n_needed": res.n_needed})
+        m = spec.margin
+        d = f"Δmean {res.diff:.3g} (CI {res.diff_ci_low:.3g}..{res.diff_ci_high:.3g})"
+        if res.tost is not None and res.tost.exact:
+            exact = f"both stacks' final values constant: Δmean {res.diff:.3g} exactly"
+            if abs(res.diff) < m:
+                verdict, reason = "equivalent", f"{exact}, within ±{m:g} (exact, zero variance)"
+            elif abs(res.diff) > m:
+                verdict, reason = "not_equivalent", f"{exact}, outside ±{m:g} (exact, zero variance)"
+            else:
+                verdict, reason = "inconclusive", f"{exact}, on the margin ±{m:g}"
+        elif m is not None:
+            if tost_adj[i] < alpha:
+                verdict, reason = "equivalent", f"{d} within ±{m:g}: TOST p={tost_adj[i]:.3g} ({method})"
+            elif res.diff_ci_low > m or res.diff_ci_high < -m:
+                verdict, reason = "not_equivalent", f"{d} entirely outside ±{m:g}"
+            else:
+                verdict = "inconclusive"
+                reason = f"{d}, TOST p={tost_adj[i]:.3g} ({method}) ≥ {alpha:g}" + (
+                    "; indistinguishable from the margin at this precision" if
+                    res.diff_ci_low <= m <= res.diff_ci_high or res.diff_ci_low <= -m <= res.diff_ci_high else "") + (
+                    f"; {res.plan}" if res.plan else "")
+        else:
+            if welch_adj[i] < alpha:
+                verdict, reason = "not_equivalent", f"no margin given; {d}, Welch p={welch_adj[i]:.3g} ({method})"
+            else:
+                verdict, reason = "inconclusive", f"no margin given, equivalence cannot be claimed; {d}"
+        if base["diverged_run_ids"]:
+            reason += f"; {len(base['diverged_run_ids'])} diverged run(s) excluded"
+        reason += _same_seed_phrase(base["same_seed"])
+        out.append(Verdict("stack_portability", spec.name, group, verdict, n_runs, reason, details))
+    return out
+
+
+def _same_seed(ref_runs, cand_runs, spec: MetricSpec):
+    """Each seed run on both stacks (lowest repeat) compared step by step: the named source
+    (``stack`` when the fingerprints differ), the first divergent step and the deltas."""
+    def first(runs):
+        return {r.seed: r for r in reversed(sorted(_with_metric(runs, spec.name), key=lambda r: (r.repeat, r.run_id)))}
+
+    a, b = first(ref_runs), first(cand_runs)
+    return stack_pairs({s: (_repeat_run(a[s], spec.name), _repeat_run(b[s], spec.name))
+                        for s in sorted(a.keys() & b.keys())},
+                       atol=spec.atol, rtol=spec.rtol)
+
+
+def _same_seed_phrase(pairs) -> str:
+    if pairs.n_pairs == 0:
+        return ""
+    if pairs.verdict == "identical":
+        return f"; same seed on both stacks: bitwise identical ({pairs.n_pairs} seed(s))"
+    return (f"; same seed on both stacks: source {pairs.source}, first divergence at step "
+            f"{pairs.first_divergent_step}, max |Δ| {pairs.max_abs_delta:.3g} ({pairs.max_ulps} ULPs)")
+
