@@ -12,60 +12,55 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["to_plain", "to_data"]
+__all__ = ["to_plain", "to_data", "LEGACY"]
+
+LEGACY = (None, "inf", "-inf")  # how ``to_plain`` spells NaN, +Inf, -Inf by default
 
 
-def to_plain(obj, *, keep_nonfinite: bool = False):
-    """Recursively convert dataclasses, mappings, sequences, numpy values to JSON-safe data
-    (NaN → None, ±Inf → "inf"/"-inf"; kept as floats with ``keep_nonfinite``)."""
+def to_plain(obj, *, spelling: tuple | None = LEGACY):
+    """Recursively convert dataclasses, mappings, sequences, numpy values to JSON-safe data.
+    ``spelling`` gives (NaN, +Inf, -Inf): by default (None, "inf", "-inf"); ``None`` keeps them as floats."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name), keep_nonfinite=keep_nonfinite)
+        return {f.name: to_plain(getattr(obj, f.name), spelling=spelling)
                 for f in dataclasses.fields(obj)}
     if isinstance(obj, Mapping):
-        return {str(k): to_plain(v, keep_nonfinite=keep_nonfinite) for k, v in obj.items()}
+        return {str(k): to_plain(v, spelling=spelling) for k, v in obj.items()}
     if isinstance(obj, np.ndarray):
-        return _array_plain(obj, keep_nonfinite)
+        return _array_plain(obj, spelling)
     if isinstance(obj, (list, tuple)):
-        return [to_plain(v, keep_nonfinite=keep_nonfinite) for v in obj]
+        return [to_plain(v, spelling=spelling) for v in obj]
     if isinstance(obj, (bool, np.bool_)):
         return bool(obj)
     if isinstance(obj, (int, np.integer)):
         return int(obj)
     if isinstance(obj, (float, np.floating)):
         x = float(obj)
-        if keep_nonfinite:
+        if spelling is None or math.isfinite(x):
             return x
-        if math.isnan(x):
-            return None
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return x
+        return spelling[0] if math.isnan(x) else spelling[1] if x > 0 else spelling[2]
     if obj is None or isinstance(obj, str):
         return obj
     return str(obj)
 
 
-_NONFINITE = {True: "inf", False: "-inf"}
-
-
-def _array_plain(arr: np.ndarray, keep_nonfinite: bool = False) -> list:
+def _array_plain(arr: np.ndarray, spelling: tuple | None = LEGACY) -> list:
     """``to_plain`` of an array, whole rows at a time: ``tolist()`` gives exactly the Python
-    numbers the per-element path gives, and only the non-finite cells are patched (NaN → None,
-    ±Inf → "inf"/"-inf")."""
+    numbers the per-element path gives, and only the non-finite cells are patched (spelled as
+    ``spelling``)."""
     if arr.ndim == 0 or arr.dtype.kind not in "biuf":
-        return [to_plain(v, keep_nonfinite=keep_nonfinite) for v in arr.tolist()]  # object, complex, strings…: element by element
+        return [to_plain(v, spelling=spelling) for v in arr.tolist()]  # object, complex, strings…: element by element
     if arr.ndim > 1:
-        return [_array_plain(row, keep_nonfinite) for row in arr]
+        return [_array_plain(row, spelling) for row in arr]
     out = arr.tolist()
-    if arr.dtype.kind == "f" and not keep_nonfinite:
+    if arr.dtype.kind == "f" and spelling is not None:
         bad = np.flatnonzero(~np.isfinite(arr))
         for i in bad.tolist():
             x = out[i]
-            out[i] = None if x != x else _NONFINITE[x > 0]
+            out[i] = spelling[0] if x != x else spelling[1] if x > 0 else spelling[2]
     return out
 
 
 
 def to_data(obj):
     """``to_plain`` with non-finite floats kept as floats."""
-    return to_plain(obj, keep_nonfinite=True)
+    return to_plain(obj, spelling=None)

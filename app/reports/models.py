@@ -1,0 +1,287 @@
+"""The report, bands and compare responses as typed models: what the routes declare and every
+consumer (alerts, dashboard, terminal, Prometheus, CLI gate) reads.
+
+A verdict is one of three models, told apart by ``level`` (a discriminated union): each level has
+its own ``Literal`` verdict values (``app.stats.vocabulary``) and its own numbers. The stats core
+stays plain dataclasses; ``Report.model_validate`` reads ``StudyReport.to_data()`` plus the
+study's header.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeVar, overload
+
+from pydantic import Field
+
+from app.reports.parts import (
+    Convergence,
+    DeterminismCost,
+    DivergedRun,
+    LevelHeadline,
+    OutOfBandTest,
+    PairGroup,
+    Part,
+    Portability,
+    ReportOptions,
+    SeedRepeats,
+    SeedSpread,
+    SequentialDecision,
+    StackGroup,
+    StackPairs,
+    VarianceBySource,
+)
+from app.stats.vocabulary import (
+    Determinism,
+    Level,
+    PortabilityValue,
+    RepeatabilityValue,
+    SeedStabilityValue,
+    VerdictValue,
+    severity,
+)
+from app.studies.schemas import Progress
+from app.wire import WireFloat
+
+__all__ = [
+    "RepeatabilityVerdict", "SeedStabilityVerdict", "PortabilityVerdict", "Verdict", "Report", "StudyHeader",
+    "JudgedMetric", "ExcludedRun", "Stage", "StageDecision", "ArmDifference", "BandGroup", "Bands", "Compare",
+    "CompareStudy", "CodeComparison", "worst", "verdicts_of",
+]
+
+
+class _VerdictBase(Part):
+    metric: str
+    n_runs: int
+    reason: str
+    guarantee: str = Field(description="the verdict's false-alarm level, in one phrase")
+
+
+class RepeatabilityVerdict(_VerdictBase):
+    """Level 1: same seed, same stack — are repeats bitwise identical? The worst seed decides."""
+
+    level: Literal["repeatability"] = "repeatability"
+    group: StackGroup
+    verdict: RepeatabilityValue
+    worst_seed: int | None = None
+    max_abs_delta: WireFloat | None = None
+    max_rel_delta: WireFloat | None = None
+    max_ulps: int | None = None
+    first_divergent_step: int | None = None
+    source: str | None = Field(None, description="what diverged first: seeding, input pipeline or kernels")
+    data_order_epoch: int | None = None
+    atol: WireFloat
+    rtol: WireFloat
+    per_seed: list[SeedRepeats]
+    dtype: str
+    seeds_identical: bool | None
+    n_seeds_compared: int
+    expected: str
+    met_expectation: bool | None
+    expectation: str
+    suspicious: list[str]
+
+
+class SeedStabilityVerdict(_VerdictBase):
+    """Level 2: different seeds, same stack — the final-value spread against ``max_std``."""
+
+    level: Literal["seed_stability"] = "seed_stability"
+    group: StackGroup
+    verdict: SeedStabilityValue
+    spread: SeedSpread
+    final_values: list[WireFloat]
+    final_run_ids: list[int]
+    diverged_run_ids: list[int]
+    final_step: int | None
+    short_run_ids: list[int]
+    one_run_per_seed: bool
+    n_needed: int | None
+    out_of_band: list[int] = Field(description="runs whose whole curve lies outside the others' band")
+    out_of_band_test: OutOfBandTest | None
+    sequential: SequentialDecision | None
+
+
+class PortabilityVerdict(_VerdictBase):
+    """Level 3: one stack against the reference — equivalent within the margin (TOST)?"""
+
+    level: Literal["stack_portability"] = "stack_portability"
+    group: PairGroup
+    verdict: PortabilityValue
+    n_reference: int
+    n_candidate: int
+    diverged_run_ids: list[int]
+    band_containment: WireFloat
+    band_steps_compared: int
+    margin: WireFloat | None
+    final_step: int | None
+    short_run_ids: list[int]
+    same_seed: StackPairs
+    adjust_method: str
+    n_comparisons_tost: int
+    n_comparisons_welch: int
+    n_needed: int | None
+    result: Portability | None = None
+    tost_p_adjusted: WireFloat | None = None
+    welch_p_adjusted: WireFloat | None = None
+
+
+Verdict = Annotated[RepeatabilityVerdict | SeedStabilityVerdict | PortabilityVerdict, Field(discriminator="level")]
+V = TypeVar("V", RepeatabilityVerdict, SeedStabilityVerdict, PortabilityVerdict)
+
+
+def worst(values: list[VerdictValue] | list[PortabilityValue]) -> str:
+    """The most severe of ``values`` (``inconclusive`` when there is none)."""
+    return max(values, key=severity, default="inconclusive")
+
+
+class StudyHeader(Part):
+    id: int
+    name: str
+    status: str
+    kind: str
+    suite: str | None
+    progress: Progress
+
+
+class JudgedMetric(Part):
+    name: str
+    atol: WireFloat
+    rtol: WireFloat
+    max_std: WireFloat | None
+    margin: WireFloat | None
+
+
+class ExcludedRun(Part):
+    run_id: int
+    excluded_at: str
+    excluded_by: str | None
+    reason: str | None
+
+
+class StageDecision(Part):
+    """What one stage of an adaptive study decided for one seed-stability verdict (or why it could not)."""
+
+    metric: str | None = None
+    determinism: Determinism | None = None
+    stack: str | None = None
+    verdict: SeedStabilityValue | None = None
+    decided_at: int | None = None
+    n_seeds: int | None = None
+    info_fraction: WireFloat | None = None
+    boundary: WireFloat | None = None
+    nominal_alpha: WireFloat | None = None
+    cumulative_alpha: WireFloat | None = None
+    std: WireFloat | None = None
+    lower: WireFloat | None = None
+    upper: WireFloat | None = None
+    decision: SeedStabilityValue | None = None
+    error: str | None = None
+
+
+class Stage(Part):
+    stage: int
+    seeds: list[int]
+    created_at: str
+    judged_at: str | None
+    outcome: str | None
+    decisions: list[StageDecision]
+
+
+class ArmDifference(Part):
+    reference: str
+    candidate: str
+    differ_by: list[str]
+
+
+class Report(Part):
+    """A study's report: verdicts per level, metric and group, with the numbers behind them."""
+
+    study: StudyHeader
+    metrics: list[JudgedMetric]
+    n_runs_judged: int
+    excluded_runs: list[ExcludedRun]
+    stages: list[Stage]
+    headline: list[LevelHeadline]
+    verdicts: list[Verdict]
+    variance_by_source: list[VarianceBySource]
+    determinism_cost: list[DeterminismCost]
+    diverged: list[DivergedRun]
+    options: ReportOptions
+    arms: list[ArmDifference]
+    convergence: list[Convergence] | None = None
+
+    @overload
+    def of_level(self, level: Literal["repeatability"], metric: str | None = None) -> list[RepeatabilityVerdict]: ...
+    @overload
+    def of_level(self, level: Literal["seed_stability"], metric: str | None = None) -> list[SeedStabilityVerdict]: ...
+    @overload
+    def of_level(self, level: Literal["stack_portability"], metric: str | None = None) -> list[PortabilityVerdict]: ...
+    def of_level(self, level: Level, metric: str | None = None) -> list:
+        """The verdicts of one level (and metric), typed as that level's model."""
+        return verdicts_of(self.verdicts, level, metric)
+
+
+def verdicts_of(verdicts: list, level: Level, metric: str | None = None) -> list:
+    return [v for v in verdicts if v.level == level and (metric is None or v.metric == metric)]
+
+
+# --------------------------------------------------------------------------- bands
+
+
+class BandGroup(Part):
+    """Per-step seed band of one metric in one (determinism, stack) group (``app.stats.bands``)."""
+
+    group: StackGroup
+    metric: str
+    run_ids: list[int]
+    excluded_run_ids: list[int]
+    one_run_per_seed: bool
+    downsampled: bool
+    coverage: WireFloat
+    confidence: WireFloat
+    steps: list[int]
+    n: list[int]
+    mean: list[WireFloat]
+    std: list[WireFloat]
+    min: list[WireFloat]
+    max: list[WireFloat]
+    quantiles: dict[str, list[WireFloat]] = Field(description="quantile level (e.g. '0.05') → per-step values")
+    ci_low: list[WireFloat]
+    ci_high: list[WireFloat]
+    ti_low: list[WireFloat]
+    ti_high: list[WireFloat]
+
+
+class Bands(Part):
+    study_id: int
+    metric: str
+    coverage: WireFloat
+    confidence: WireFloat
+    groups: list[BandGroup]
+
+
+# --------------------------------------------------------------------------- compare
+
+
+class CompareStudy(Part):
+    id: int
+    name: str
+    n_runs: int
+
+
+class CodeComparison(Part):
+    baseline: str | None
+    candidate: str | None
+    differs: bool
+    note: str
+
+
+class Compare(Part):
+    """Stack portability of two studies, their runs relabelled ``baseline`` and ``candidate``."""
+
+    baseline: CompareStudy
+    candidate: CompareStudy
+    metric: str
+    margin: WireFloat | None
+    verdicts: list[PortabilityVerdict]
+    verdict: PortabilityValue
+    code: CodeComparison

@@ -1,0 +1,387 @@
+"""The numbers behind the verdicts as response models: one model per result dataclass of the
+stats core (``app.stats.intervals``, ``seed_stability``, ``repeatability``, ``portability``,
+``stack_pairs``, ``sequential``, ``cost``, ``variance``, ``expectations``, ``convergence``).
+
+Field names are the dataclasses' own: a report is validated from
+``app.stats.report.StudyReport.to_data()``. Every float is a ``WireFloat``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict
+
+from app.stats.vocabulary import CheckValue, Determinism, RepeatabilityValue, SeedStabilityValue
+from app.wire import WireFloat, WireModel
+
+
+class Part(WireModel):
+    """A part of a report: its fields are exactly those listed (an unknown key is an error)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StackGroup(Part):
+    """Runs of one determinism level on one stack (or arm)."""
+
+    determinism: Determinism
+    stack: str
+
+
+class PairGroup(Part):
+    """A candidate stack against a reference stack, at one determinism level."""
+
+    determinism: Determinism
+    reference_stack: str
+    candidate_stack: str
+    reference: str | None = None  # "baseline" when the reference is a suite's baseline
+    differ_by: list[str] | None = None  # what differs between the two arms, when the study has arms
+
+
+# --------------------------------------------------------------------------- intervals
+
+
+class MeanCI(Part):
+    n: int
+    mean: WireFloat
+    std: WireFloat
+    low: WireFloat
+    high: WireFloat
+    confidence: WireFloat
+
+
+class ToleranceInterval(Part):
+    n: int
+    mean: WireFloat
+    std: WireFloat
+    k: WireFloat
+    low: WireFloat
+    high: WireFloat
+    coverage: WireFloat
+    confidence: WireFloat
+
+
+class OrderStatisticTolerance(Part):
+    n: int
+    coverage: WireFloat
+    confidence: WireFloat
+    achieved_confidence: WireFloat
+    sufficient: bool
+    n_needed: int
+
+
+class PredictionInterval(Part):
+    n: int
+    mean: WireFloat
+    std: WireFloat
+    low: WireFloat
+    high: WireFloat
+    confidence: WireFloat
+
+
+class StdBounds(Part):
+    n: int
+    std: WireFloat
+    lower: WireFloat
+    upper: WireFloat
+    alpha: WireFloat
+
+
+class RobustStdBounds(StdBounds):
+    kurtosis: WireFloat
+    method: str
+
+
+class SeedSpread(Part):
+    """``app.stats.seed_stability.SeedSpread``: the final-value spread of one group's seeds."""
+
+    verdict: SeedStabilityValue
+    reason: str
+    n: int
+    mean: WireFloat | None
+    std: WireFloat | None
+    min: WireFloat | None
+    max: WireFloat | None
+    max_std: WireFloat | None
+    std_bounds: StdBounds | None
+    mean_ci: MeanCI | None
+    tolerance: ToleranceInterval | None
+    order_statistic: OrderStatisticTolerance
+    prediction: PredictionInterval | None
+    n_needed: int | None
+    robust_bounds: RobustStdBounds | None = None
+    decision_bounds: StdBounds | None = None
+    n_diverged: int = 0
+    divergence_rate_ci: list[WireFloat] | None = None
+    plan: str | None = None
+
+
+class OutOfBandTest(Part):
+    """The whole-curve leave-one-out test behind a seed-stability verdict's ``out_of_band`` runs."""
+
+    run_ids: list[int]
+    testable: bool
+    level_score: list[WireFloat]
+    statistic: list[WireFloat]
+    df: int
+    p_value: list[WireFloat]
+    p_adjusted: list[WireFloat]
+    steps_used: int
+    false_alarm: WireFloat
+    exact: bool
+    method: str
+    reason: str
+    guarantee: str
+
+
+class StageLook(Part):
+    stage: int
+    n_seeds: int
+    info_fraction: WireFloat
+    boundary: WireFloat
+    nominal_alpha: WireFloat
+    cumulative_alpha: WireFloat
+    std: WireFloat | None
+    lower: WireFloat | None
+    upper: WireFloat | None
+    verdict: SeedStabilityValue
+
+
+class SequentialDecision(Part):
+    verdict: SeedStabilityValue
+    decided_at: int | None
+    final: bool
+    stages: list[StageLook]
+    alpha: WireFloat
+    spending: str
+    max_seeds: int
+
+
+# --------------------------------------------------------------------------- repeatability
+
+
+class RepeatabilityResult(Part):
+    """``app.stats.repeatability.Repeatability`` of one seed's repeats."""
+
+    verdict: RepeatabilityValue
+    n_runs: int
+    atol: WireFloat
+    rtol: WireFloat
+    values_identical: bool
+    digests_identical: bool
+    steps_identical: bool
+    max_abs_delta: WireFloat
+    max_rel_delta: WireFloat
+    max_ulps: int
+    first_divergent_step: int | None
+    first_out_of_tolerance_step: int | None
+    source: str | None
+    data_order_epoch: int | None
+    reason: str
+    dtype: str = "float64"
+
+
+class SeedRepeats(RepeatabilityResult):
+    seed: int
+    run_ids: list[int]
+
+
+class StackPairs(Part):
+    """Seeds run on both stacks compared step by step (``app.stats.stack_pairs``)."""
+
+    n_pairs: int
+    verdict: RepeatabilityValue
+    source: str | None
+    worst_seed: int | None
+    first_divergent_step: int | None
+    max_abs_delta: WireFloat
+    max_rel_delta: WireFloat
+    max_ulps: int
+    reason: str
+
+
+# --------------------------------------------------------------------------- portability
+
+
+class TestResult(Part):
+    __test__ = False  # not a pytest class
+
+    statistic: WireFloat
+    p_value: WireFloat
+    df: WireFloat | None = None
+
+
+class Tost(Part):
+    diff: WireFloat
+    se: WireFloat
+    df: WireFloat
+    margin: WireFloat
+    p_lower: WireFloat
+    p_upper: WireFloat
+    p_value: WireFloat
+    exact: bool = False
+
+
+class BootstrapCI(Part):
+    estimate: WireFloat
+    low: WireFloat
+    high: WireFloat
+    confidence: WireFloat
+    n_resamples: int
+    method: str = "percentile"
+
+
+class Portability(Part):
+    """``app.stats.portability.Portability``: one candidate stack against the reference."""
+
+    n_reference: int
+    n_candidate: int
+    mean_reference: WireFloat
+    mean_candidate: WireFloat
+    diff: WireFloat
+    diff_ci_low: WireFloat
+    diff_ci_high: WireFloat
+    margin: WireFloat | None
+    welch: TestResult
+    tost: Tost | None
+    brown_forsythe: TestResult
+    mann_whitney: TestResult
+    ks: TestResult
+    bootstrap: BootstrapCI
+    hedges_g: WireFloat
+    n_needed: int | None
+    plan: str | None = None
+
+
+# --------------------------------------------------------------------------- the rest of a report
+
+
+class LevelHeadline(Part):
+    """Did a determinism level do what it should (``app.stats.expectations``)?"""
+
+    determinism: Determinism
+    expected: str
+    met: bool | None
+    phrase: str
+    n_verdicts: int
+    suspicious: list[str]
+
+
+class VarianceComponents(Part):
+    n_groups: int
+    n_total: int
+    group_sizes: list[int]
+    n0: WireFloat
+    ms_between: WireFloat
+    ms_within: WireFloat
+    between: WireFloat
+    within: WireFloat
+    share_between: WireFloat
+    share_within: WireFloat
+    method: str = "anova"
+
+
+class VarianceBySource(Part):
+    """Final-value variance of one (metric, group): between seeds against run to run."""
+
+    metric: str
+    group: StackGroup
+    n_seeds: int
+    n_runs: int
+    final_step: int | None
+    available: bool
+    components: VarianceComponents | None = None
+    estimator: str | None = None
+    between_seed_applies: bool | None = None
+    note: str | None = None
+    reason: str | None = None
+
+
+class DeterminismCost(Part):
+    """``app.stats.cost.CostRatio`` of one stack: step time of one determinism level over another's."""
+
+    stack: str
+    numerator: Determinism
+    denominator: Determinism
+    ratio: WireFloat
+    ci_low: WireFloat | None
+    ci_high: WireFloat | None
+    confidence: WireFloat
+    n_numerator: int
+    n_denominator: int
+    design: str
+    df: WireFloat | None
+    warmup_fraction: WireFloat
+    budget: WireFloat | None
+    verdict: CheckValue | None
+    reason: str
+    guarantee: str
+    method: str
+
+
+class DivergedRun(Part):
+    run_id: int
+    metric: str
+    step: int
+    determinism: Determinism
+    stack: str
+    seed: int
+
+
+class SequentialOptions(Part):
+    last_stage: int
+    max_seeds: int
+    spending: str
+    stage: int
+
+
+class ReportOptions(Part):
+    coverage: WireFloat
+    confidence: WireFloat
+    alpha: WireFloat
+    reference_stack: str | None
+    adjust_method: str
+    false_alarm: WireFloat
+    sequential: SequentialOptions | None
+    nonfinite_encoding: str
+
+
+class ConvergenceReference(Part):
+    source: Literal["numbers", "study"]
+    study: int | None = None
+    n_runs: int | None = None
+    reason: str | None = None
+    mean: WireFloat | None = None
+    std: WireFloat | None = None
+    n: int | None = None
+
+
+class Convergence(Part):
+    """One group's steps to target against the reference (``app.stats.convergence``)."""
+
+    metric: str
+    target: WireFloat
+    direction: Literal["min", "max"]
+    group: StackGroup
+    reference: ConvergenceReference
+    verdict: CheckValue
+    reason: str
+    guarantee: str
+    n_candidate_runs: int
+    alpha: WireFloat | None = None
+    trim: int | None = None
+    reference_mean: WireFloat | None = None
+    reference_std: WireFloat | None = None
+    n_reference: int | None = None
+    candidate_mean: WireFloat | None = None
+    n_candidate: int | None = None
+    n_unconverged: int | None = None
+    steps_to_target: list[WireFloat] | None = None
+    df: int | None = None
+    t_quantile: WireFloat | None = None
+    min_acceptable_mean: WireFloat | None = None
+    max_speedup: WireFloat | None = None
+    normalization_factor: WireFloat | None = None
+    t_statistic: WireFloat | None = None
+    p_value: WireFloat | None = None
