@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import __version__
 from app.cli_support import (
@@ -24,11 +24,15 @@ from app.cli_support import (
     EXIT_USAGE,
     CliError,
     failing_verdicts,
+    get_report,
     load_spec,
     table,
     verdict_exit_code,
 )
 from app.terminal import printable
+
+if TYPE_CHECKING:
+    from app.reports.models import Report
 
 
 def _server_settings(args: argparse.Namespace):  # noqa: ANN202
@@ -177,7 +181,6 @@ def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) ->
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from app.cli_client import Api
-
     from app.cli_code import ship
 
     spec = load_spec(args.spec)
@@ -212,7 +215,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"steady: study {sid} {final['status']}: `steady runs {sid}`, dashboard {api.server}/studies/{sid}",
               file=sys.stderr)
         return EXIT_FAIL
-    return _verdict_summary(api.get(f"/api/v1/studies/{sid}/report"), sid)
+    return _verdict_summary(get_report(api, sid), sid)
 
 
 def _first_line(text: str | None) -> str:
@@ -261,11 +264,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _verdict_summary(report: dict[str, Any], sid: int) -> int:
+def _verdict_summary(report: Report, sid: int) -> int:
     """One line on stderr naming the failing verdicts; the exit code that goes with them."""
     failing = failing_verdicts(report)
     if failing:
-        names = ", ".join(sorted({f"{v.get('level', 'cost')} {v['verdict']}" for v in failing}))
+        names = ", ".join(sorted({f"{what} {verdict}" for what, verdict in failing}))
         print(f"steady: study {sid}: {len(failing)} failing verdict(s) ({printable(names)}): `steady report {sid}`",
               file=sys.stderr)
     else:
@@ -305,13 +308,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         items = [gate.GateItem("study", f"study {sid}", gate.FAIL,
                                f"the study {study['status']}: see `steady status {sid}`", "")]
     else:
-        report = api.get(f"/api/v1/studies/{sid}/report")
+        report = get_report(api, sid)
         comparison = None
         if args.against:
             from urllib.parse import quote
 
-            comparison = api.get(f"/api/v1/suites/{quote(args.against, safe='')}/baseline/compare",
-                                 params={"study_id": sid})
+            from app.alerts.schemas import BaselineComparisonOut
+
+            comparison = BaselineComparisonOut.model_validate(api.get(
+                f"/api/v1/suites/{quote(args.against, safe='')}/baseline/compare", params={"study_id": sid}))
             title += f" against the baseline of {args.against}"
         items = gate.gate_items(report, comparison)
     code = gate.exit_code(items)
@@ -479,9 +484,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from app.reports.render import render_report
 
     api = Api(args.server, args.token)
-    report = api.get(f"/api/v1/studies/{args.study}/report")
+    report = get_report(api, args.study)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(report.model_dump_json(indent=2))
     else:
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         print(render_report(report, color=color))

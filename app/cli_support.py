@@ -9,7 +9,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.reports.models import Report
 
 # Exit codes, for every command (README, "Exit codes").
 EXIT_OK = 0  # done; for report / submit --wait / compare: no verdict failed
@@ -19,8 +22,6 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_BROKEN_PIPE = 141  # the reader of stdout went away, e.g. `steady status --json | head` (128 + SIGPIPE)
 
 # Verdicts that mean "not stable": out of tolerance, unstable, not equivalent, over the cost budget.
-FAILING_VERDICTS = frozenset({"out_of_tolerance", "unstable", "not_equivalent", "fail"})
-
 LOGIN_HINT = "run `steady login URL`, or pass --token / set STEADY_TOKEN"
 
 
@@ -106,14 +107,24 @@ def load_spec(path: str) -> dict[str, Any]:
 # --- verdicts -------------------------------------------------------------------------------
 
 
-def failing_verdicts(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The report's verdicts (and cost-of-determinism verdicts) that say "not stable"."""
-    rows = [v for v in report.get("verdicts", []) if v.get("verdict") in FAILING_VERDICTS]
-    rows += [c for c in report.get("determinism_cost") or [] if c.get("verdict") in FAILING_VERDICTS]
+def get_report(api: Any, study_id: int) -> Report:
+    """A study's report from the server, read as the typed ``Report``."""
+    from app.reports.models import Report
+
+    return Report.model_validate(api.get(f"/api/v1/studies/{study_id}/report"))
+
+
+def failing_verdicts(report: Report) -> list[tuple[str, str]]:
+    """(what, verdict) of the report's verdicts (and cost-of-determinism verdicts) that say "not stable"."""
+    from app.stats.vocabulary import SEVERITY
+
+    bad = SEVERITY["unstable"]
+    rows = [(v.level, v.verdict) for v in report.verdicts if SEVERITY.get(v.verdict) == bad]
+    rows += [("cost", c.verdict) for c in report.determinism_cost if c.verdict and SEVERITY.get(c.verdict) == bad]
     return rows
 
 
-def verdict_exit_code(report: dict[str, Any]) -> int:
+def verdict_exit_code(report: Report) -> int:
     return EXIT_FAIL if failing_verdicts(report) else EXIT_OK
 
 

@@ -34,6 +34,8 @@ from app.auth.service import Caller
 from app.errors import Invalid, NotFound
 from app.models import BaselineSnapshot, Study, SuiteBaseline
 from app.reports import service as reports
+from app.reports.models import typed_verdicts, verdicts_of
+from app.reports.parts import PairGroup
 from app.stats.report import MetricSpec, RunData, build_report
 
 FORMAT = 1
@@ -176,13 +178,10 @@ def compare(session: Session, suite: str, study_id: int, *, alpha: float = 0.05)
             continue
         cross = build_report([*base, *cand], [MetricSpec(name=spec.name, margin=margin)],
                              reference_stack=BASELINE_STACK, alpha=alpha,
-                             rng=np.random.default_rng([0x57EAD, seed, study.id])).to_dict()
-        for v in cross["verdicts"]:
-            if v["level"] != "stack_portability":
-                continue
-            v["group"] = {"determinism": v["group"]["determinism"], "reference": "baseline",
-                          "reference_stack": baseline.stack,
-                          "candidate_stack": v["group"]["candidate_stack"].split(":", 1)[1]}
+                             rng=np.random.default_rng([0x57EAD, seed, study.id]))
+        for v in verdicts_of(typed_verdicts(cross), "stack_portability"):
+            v.group = PairGroup(determinism=v.group.determinism, reference="baseline", reference_stack=baseline.stack,
+                                candidate_stack=v.group.candidate_stack.split(":", 1)[1])
             verdicts.append(v)
     return {"suite": suite, "study_id": study.id, "baseline_study_id": baseline.study_id,
             "baseline_version": snap.version if snap is not None else None,

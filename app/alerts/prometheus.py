@@ -18,10 +18,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy.orm import Session
 
 from app.alerts import repository
-from app.alerts.service import VERDICT_CODES
 from app.alerts.settings import AlertSettings
 from app.config import Settings
 from app.models import utcnow
+from app.reports.summary import ReportSummary
+from app.stats import vocabulary
 
 RUN_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
 
@@ -47,16 +48,14 @@ class SnapshotCollector:
         )
         for study, summary in snap["evaluations"]:
             base = [str(study["id"]), study["name"], study["suite"] or ""]
-            for v in summary.get("verdicts", []):
-                g = v["group"]
-                group = ",".join(f"{k}={g[k]}" for k in sorted(g))
-                verdict.add_metric([*base, v["level"], v["metric"], group], VERDICT_CODES.get(v["verdict"], 2))
-                if v["level"] == "seed_stability":
-                    labels = [*base, v["metric"], g.get("determinism", ""), g.get("stack", "")]
-                    if v.get("std") is not None:
-                        std.add_metric(labels, float(v["std"]))
-                    if v.get("ti_width") is not None:
-                        width.add_metric(labels, float(v["ti_width"]))
+            for v in summary.verdicts:
+                verdict.add_metric([*base, v.level, v.metric, v.group_label], vocabulary.severity(v.verdict))
+                if v.level == "seed_stability":
+                    labels = [*base, v.metric, str(v.group.get("determinism", "")), str(v.group.get("stack", ""))]
+                    if v.std is not None:
+                        std.add_metric(labels, v.std)
+                    if v.ti_width is not None:
+                        width.add_metric(labels, v.ti_width)
         yield from (std, width, verdict)
 
         runs = GaugeMetricFamily("steady_study_runs", "Runs of a study by status", labels=[*study_labels, "status"])
@@ -92,7 +91,7 @@ class SnapshotCollector:
 def snapshot(session: Session, settings: Settings, cfg: AlertSettings) -> dict[str, Any]:
     evaluations = []
     for ev, study in repository.latest_evaluations(session, cfg.metrics_max_studies):
-        evaluations.append(({"id": study.id, "name": study.name, "suite": study.suite}, ev.summary or {}))
+        evaluations.append(({"id": study.id, "name": study.name, "suite": study.suite}, ReportSummary.read(ev.summary)))
     studies = {s.id: {"id": s.id, "name": s.name, "suite": s.suite}
                for s in repository.recent_studies(session, cfg.metrics_max_studies)}
     counts: dict[int, dict[str, int]] = {}

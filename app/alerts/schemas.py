@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from app.reports.models import PortabilityVerdict
 from worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
 
 Severity = Literal["info", "warning", "critical"]
@@ -201,7 +202,7 @@ class BaselineComparisonOut(BaseModel):
     baseline_version: int | None
     baseline_digest: str | None
     alpha: float
-    verdicts: list[dict[str, Any]]
+    verdicts: list[PortabilityVerdict]
 
 
 class WebhookIn(BaseModel):

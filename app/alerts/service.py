@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -42,10 +43,13 @@ from app.auth.service import Caller, Role, ensure_may_change
 from app.errors import Forbidden, Invalid, NotFound
 from app.models import Alert, AlertDelivery, AlertRule, Study, StudyEvaluation, SuiteBaseline, Webhook, utcnow
 from app.reports import service as reports
+from app.reports.models import Report, typed_verdicts, verdicts_of
+from app.reports.summary import ReportSummary
 from app.stats.align import align_series
 from app.stats.alert_rules import band_check, baseline_curve_outliers, baseline_outliers, guarantee
 from app.stats.changepoint import sequential_shift
 from app.stats.report import MetricSpec, build_report, common_finals
+from app.stats.vocabulary import Level
 from app.studies import service as studies
 
 log = logging.getLogger("steady.alerts")
@@ -265,16 +269,6 @@ class Evaluation:
     summary: dict[str, Any]
 
 
-_GOOD = {"identical", "stable", "equivalent"}
-_BAD = {"out_of_tolerance", "unstable", "not_equivalent"}
-VERDICT_CODES = {"identical": 0, "stable": 0, "equivalent": 0, "within_tolerance": 1, "inconclusive": 2,
-                 "out_of_tolerance": 3, "unstable": 3, "not_equivalent": 3}
-
-
-def _num(x: Any) -> float | None:
-    if x is None or isinstance(x, str):
-        return None if x is None else float(x)  # "inf" / "-inf"
-    return float(x)
 
 
 def _group_ok(spec: _Rule, group: dict[str, Any], default_levels: tuple[str, ...] | None = None) -> bool:
@@ -288,20 +282,9 @@ def _group_ok(spec: _Rule, group: dict[str, Any], default_levels: tuple[str, ...
     return True
 
 
-def _summary_of(report: dict[str, Any]) -> dict[str, Any]:
-    """Compact verdict numbers kept per study for /metrics."""
-    rows = []
-    for v in report.get("verdicts", []):
-        row = {"level": v["level"], "metric": v["metric"], "group": v["group"], "verdict": v["verdict"],
-               "n_runs": v["n_runs"]}
-        if v["level"] == "seed_stability":
-            spread = v.get("spread") or {}
-            ti = spread.get("tolerance") or {}
-            row["std"] = spread.get("std")
-            if ti.get("low") is not None and ti.get("high") is not None:
-                row["ti_width"] = _num(ti["high"]) - _num(ti["low"])
-        rows.append(row)
-    return {"verdicts": rows}
+def _summary_of(report: Report) -> dict[str, Any]:
+    """Compact verdict numbers kept per study for /metrics (``app.reports.summary.ReportSummary``)."""
+    return ReportSummary.of(report).model_dump(mode="json")
 
 
 def compute_findings(session: Session, study: Study) -> Evaluation:
@@ -322,8 +305,8 @@ def compute_findings(session: Session, study: Study) -> Evaluation:
     return Evaluation(study, rules, findings, summary)
 
 
-def _verdicts(report, level, metric):
-    return [v for v in report.get("verdicts", []) if v["level"] == level and v["metric"] == metric]
+def _verdicts(report: Report, level: Level, metric: str) -> list:
+    return report.of_level(level, metric)
 
 
 def _label(group: dict[str, Any]) -> str:
@@ -334,24 +317,24 @@ def _eval_band_width(session, study, rule, spec, report, baseline) -> list[Findi
     out = []
     promise = guarantee("band_width", alpha=spec.alpha, stat=spec.stat)
     for v in _verdicts(report, "seed_stability", spec.metric):
-        if not _group_ok(spec, v["group"]):
+        group = v.group.as_dict()
+        if not _group_ok(spec, group):
             continue
-        spread = v.get("spread") or {}
-        n = spread.get("n")
+        spread = v.spread
+        n = spread.n
         check = None
         if spec.stat == "std":
-            value = _num(spread.get("std"))
-            if value is not None and n is not None and n >= 2:
+            value = spread.std
+            if value is not None and n >= 2:
                 check = band_check(value, int(n), limit=spec.max, alpha=spec.alpha)
         else:
-            ti = spread.get("tolerance") or {}
-            value = None if ti.get("low") is None else _num(ti["high"]) - _num(ti["low"])
+            ti = spread.tolerance
+            value = None if ti is None else ti.high - ti.low
         numbers = {"stat": spec.stat, "value": value, "max": spec.max, "n_seeds": n,
-                   "mean": spread.get("mean"), "std": spread.get("std"), "verdict": v["verdict"],
-                   "final_run_ids": v.get("final_run_ids"), "tolerance": spread.get("tolerance"),
-                   "guarantee": promise}
+                   **spread.model_dump(mode="json", include={"mean", "std", "tolerance"}), "verdict": v.verdict,
+                   "final_run_ids": v.final_run_ids, "guarantee": promise}
         if value is None or (spec.stat == "std" and check is None):
-            out.append(Finding(rule, spec.metric, v["group"], UNKNOWN, f"too few seeds for a {spec.stat}", numbers))
+            out.append(Finding(rule, spec.metric, group, UNKNOWN, f"too few seeds for a {spec.stat}", numbers))
             continue
         if check is not None:
             numbers.update(lower_bound=check.lower, alpha=spec.alpha,
@@ -362,8 +345,8 @@ def _eval_band_width(session, study, rule, spec, report, baseline) -> list[Findi
             firing = value > spec.max
             detail = f"{'>' if firing else '≤'} {spec.max:g}"
         what = "std over seeds" if spec.stat == "std" else "tolerance-interval width"
-        out.append(Finding(rule, spec.metric, v["group"], firing,
-                           f"{what} of final {spec.metric} ({_label(v['group'])}) is {value:.4g}, "
+        out.append(Finding(rule, spec.metric, group, firing,
+                           f"{what} of final {spec.metric} ({_label(group)}) is {value:.4g}, "
                            f"{detail} over {n} seeds", numbers))
     return out
 
@@ -371,35 +354,34 @@ def _eval_band_width(session, study, rule, spec, report, baseline) -> list[Findi
 def _eval_repeatability(session, study, rule, spec, report, baseline) -> list[Finding]:
     out = []
     for v in _verdicts(report, "repeatability", spec.metric):
-        if not _group_ok(spec, v["group"], default_levels=("strict",)):
+        group = v.group.as_dict()
+        if not _group_ok(spec, group, default_levels=("strict",)):
             continue
-        numbers = {k: v.get(k) for k in ("verdict", "max_abs_delta", "max_rel_delta", "max_ulps", "worst_seed",
-                                          "first_divergent_step", "source", "data_order_epoch")}
+        numbers = v.numbers("verdict", "max_abs_delta", "max_rel_delta", "max_ulps", "worst_seed",
+                            "first_divergent_step", "source", "data_order_epoch")
         numbers["guarantee"] = guarantee("repeatability_lost")
-        if v["verdict"] == "inconclusive":
-            out.append(Finding(rule, spec.metric, v["group"], UNKNOWN, v["reason"], numbers))
+        if v.verdict == "inconclusive":
+            out.append(Finding(rule, spec.metric, group, UNKNOWN, v.reason, numbers))
             continue
-        firing = v["verdict"] != "identical"
-        text = (f"{_label(v['group'])} runs of {spec.metric} are no longer bitwise identical: {v['reason']}"
-                if firing else f"{_label(v['group'])} runs of {spec.metric} are bitwise identical")
-        out.append(Finding(rule, spec.metric, v["group"], firing, text, numbers))
+        firing = v.verdict != "identical"
+        text = (f"{_label(group)} runs of {spec.metric} are no longer bitwise identical: {v.reason}"
+                if firing else f"{_label(group)} runs of {spec.metric} are bitwise identical")
+        out.append(Finding(rule, spec.metric, group, firing, text, numbers))
     return out
 
 
-def _groups_of(report) -> list[dict[str, Any]]:
+def _groups_of(report: Report) -> list[dict[str, Any]]:
     seen = {}
-    for v in report.get("verdicts", []):
-        if v["level"] == "seed_stability":
-            g = v["group"]
-            seen[(g["determinism"], g["stack"])] = g
+    for v in report.of_level("seed_stability"):
+        seen[(v.group.determinism, v.group.stack)] = v.group.as_dict()
     return list(seen.values())
 
 
 def _eval_diverged(session, study, rule, spec, report, baseline) -> list[Finding]:
     by_group = defaultdict(list)
-    for d in report.get("diverged", []):
-        if d["metric"] == spec.metric:
-            by_group[(d["determinism"], d["stack"])].append(d)
+    for d in report.diverged:
+        if d.metric == spec.metric:
+            by_group[(d.determinism, d.stack)].append(d.model_dump(mode="json"))
     groups = {(g["determinism"], g["stack"]): g for g in _groups_of(report)}
     for key in by_group:
         groups.setdefault(key, {"determinism": key[0], "stack": key[1]})
@@ -421,18 +403,19 @@ def _eval_diverged(session, study, rule, spec, report, baseline) -> list[Finding
 
 def _eval_cost(session, study, rule, spec, report, baseline) -> list[Finding]:
     out = []
-    for c in report.get("determinism_cost", []):
-        if c["numerator"] != spec.numerator.value:
+    for cost in report.determinism_cost:
+        if cost.numerator != spec.numerator.value:
             continue
-        if spec.denominator is not None and c["denominator"] != spec.denominator.value:
+        if spec.denominator is not None and cost.denominator != spec.denominator.value:
             continue
-        if spec.stack is not None and c["stack"] != spec.stack:
+        if spec.stack is not None and cost.stack != spec.stack:
             continue
-        group = {"stack": c["stack"], "numerator": c["numerator"], "denominator": c["denominator"]}
-        ratio = _num(c.get("ratio"))
-        if ratio is None:
+        group = {"stack": cost.stack, "numerator": cost.numerator, "denominator": cost.denominator}
+        ratio = cost.ratio
+        if math.isnan(ratio):
             continue
-        low, high = _num(c.get("ci_low")), _num(c.get("ci_high"))
+        low, high = cost.ci_low, cost.ci_high
+        c = cost.model_dump(mode="json")
         details = {**c, "guarantee": guarantee("determinism_cost")}
         if low is None or high is None:
             out.append(Finding(rule, None, group, UNKNOWN,
@@ -456,15 +439,16 @@ def _baseline_runs(session: Session, baseline: SuiteBaseline, metric: str):
 def _eval_not_equivalent(session, study, rule, spec, report, baseline) -> list[Finding]:
     out = []
     for v in _verdicts(report, "stack_portability", spec.metric):
-        if not _group_ok(spec, v["group"]):
+        group = v.group.as_dict()
+        if not _group_ok(spec, group):
             continue
-        numbers = {k: v.get(k) for k in ("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
-                                          "welch_p_adjusted", "band_containment")}
+        numbers = v.numbers("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
+                            "welch_p_adjusted", "band_containment")
         numbers["guarantee"] = guarantee("not_equivalent")
-        firing = {"not_equivalent": BAD, "equivalent": OK}.get(v["verdict"], UNKNOWN)
-        out.append(Finding(rule, spec.metric, {**v["group"], "reference": "study"}, firing,
-                           f"stack {v['group']['candidate_stack']} vs {v['group']['reference_stack']} "
-                           f"({v['group']['determinism']}): {v['verdict']}: {v['reason']}", numbers))
+        firing = {"not_equivalent": BAD, "equivalent": OK}.get(v.verdict, UNKNOWN)
+        out.append(Finding(rule, spec.metric, {**group, "reference": "study"}, firing,
+                           f"stack {v.group.candidate_stack} vs {v.group.reference_stack} "
+                           f"({v.group.determinism}): {v.verdict}: {v.reason}", numbers))
     if baseline is None or baseline.study_id == study.id:
         return out
     margin = spec.margin
@@ -476,22 +460,22 @@ def _eval_not_equivalent(session, study, rule, spec, report, baseline) -> list[F
     if not base or not cand:
         return out
     cross = build_report([*base, *cand], [MetricSpec(name=spec.metric, margin=margin)], reference_stack="baseline",
-                         alpha=spec.alpha, rng=np.random.default_rng([0x57EAD, baseline.study_id, study.id])).to_dict()
-    for v in _verdicts(cross, "stack_portability", spec.metric):
-        stack = v["group"]["candidate_stack"].split(":", 1)[1]
-        group = {"determinism": v["group"]["determinism"], "reference": "baseline",
+                         alpha=spec.alpha, rng=np.random.default_rng([0x57EAD, baseline.study_id, study.id]))
+    for v in verdicts_of(typed_verdicts(cross), "stack_portability", spec.metric):
+        stack = v.group.candidate_stack.split(":", 1)[1]
+        group = {"determinism": v.group.determinism, "reference": "baseline",
                  "reference_stack": baseline.stack, "candidate_stack": stack}
         if not _group_ok(spec, group):
             continue
-        firing = {"not_equivalent": BAD, "equivalent": OK}.get(v["verdict"], UNKNOWN)
-        numbers = {k: v.get(k) for k in ("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
-                                          "welch_p_adjusted", "band_containment")}
+        firing = {"not_equivalent": BAD, "equivalent": OK}.get(v.verdict, UNKNOWN)
+        numbers = v.numbers("verdict", "margin", "n_reference", "n_candidate", "tost_p_adjusted",
+                            "welch_p_adjusted", "band_containment")
         numbers["baseline_study_id"] = baseline.study_id
         numbers["guarantee"] = guarantee("not_equivalent")
         out.append(Finding(rule, spec.metric, group, firing,
                            f"stack {stack} ({group['determinism']}) vs the suite baseline (study "
                            f"{baseline.study_id}{', ' + baseline.stack if baseline.stack else ''}): "
-                           f"{v['verdict']}: {v['reason']}", numbers))
+                           f"{v.verdict}: {v.reason}", numbers))
     return out
 
 

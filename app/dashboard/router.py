@@ -31,6 +31,7 @@ from app.dashboard import service
 from app.deps import SESSION_COOKIE, ReadDB, _bearer, _credentials, caller_token
 from app.launches import hints
 from app.models import Run, Study, Worker
+from app.reports.parts import PairGroup, StackGroup
 from app.workers import service as workers_service
 
 HERE = Path(__file__).parent
@@ -178,15 +179,23 @@ def _num(value: object, digits: int = 4) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
         return f"{value:.{digits}g}" if math.isfinite(value) else str(value)
     return str(value)
 
 
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _pct(value: object) -> str:
-    return f"{value * 100:.0f} %" if isinstance(value, (int, float)) else "—"
+    return f"{value * 100:.0f} %" if _finite(value) else "—"
 
 
-def _group(group: dict) -> str:
+def _group(group: dict | StackGroup | PairGroup) -> str:
+    if isinstance(group, (StackGroup, PairGroup)):
+        group = group.as_dict()
     if "candidate_stack" in group:
         return f"{group.get('determinism')}: {group.get('candidate_stack')} vs {group.get('reference_stack')}"
     return f"{group.get('determinism')} · {group.get('stack')}"
@@ -216,6 +225,7 @@ def _when(value: datetime) -> str:
 
 
 templates.env.filters["when"] = _when
+templates.env.tests["finite"] = _finite
 templates.env.tests["loss_like"] = lambda name: bool(re.search(r"loss|mse|mae|rmse|error|perplexity|nll", str(name), re.IGNORECASE))
 templates.env.filters.update(ago=_ago, duration=_duration, short=_short, num=_num, pct=_pct, group=_group,
                              tone=service.tone, markdown_inline=_markdown_inline)
@@ -320,8 +330,7 @@ def study_page(
         report = service.report(db, study, version, _db_key(request))
     runs, n_runs = service.study_runs(db, study.id, limit=RUNS_PER_PAGE, offset=(runs_page - 1) * RUNS_PER_PAGE)
     groups = service.study_groups(db, study.id)
-    verdicts_by_level = {level: [v for v in (report or {}).get("verdicts", []) if v["level"] == level]
-                         for level in service.LEVELS}
+    verdicts_by_level = {level: report.of_level(level) if report else [] for level in service.LEVELS}
     return _render(
         request, "study.html", viewer, study=study, progress=progress, report=report,
         badges=service.badges(report) if report else None, verdicts_by_level=verdicts_by_level,

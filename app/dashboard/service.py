@@ -9,6 +9,7 @@ list shows cached badges at once and fetches the missing ones afterwards.
 from __future__ import annotations
 
 import importlib.util
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -22,22 +23,14 @@ from app.dashboard import charts
 from app.metrics import repository as metrics_repo
 from app.models import MetricChunk, Run, Study
 from app.reports import service as reports
-from app.stats.report import DETERMINISM_LEVELS
+from app.reports.models import Report
+from app.stats.vocabulary import DETERMINISM_LEVELS, LEVEL_TITLES, LEVELS, severity
 from app.studies import adaptive
 from app.studies import repository as studies_repo
 from app.studies.schemas import Progress, StudySpec
 from worker.protocol import STEP_TIME_KEY
 
-LEVELS = ("repeatability", "seed_stability", "stack_portability")
-LEVEL_TITLES = {"repeatability": "Repeatability", "seed_stability": "Seed stability",
-                "stack_portability": "Stack portability"}
-# Worst first: a level's badge is the worst verdict among its metrics and groups.
-SEVERITY = {
-    "out_of_tolerance": 3, "unstable": 3, "not_equivalent": 3,
-    "inconclusive": 2,
-    "within_tolerance": 1,
-    "identical": 0, "stable": 0, "equivalent": 0,
-}
+# A level's badge is the worst verdict among its metrics and groups (app.stats.vocabulary.severity).
 TONE = {3: "bad", 2: "unknown", 1: "ok", 0: "good"}
 ACTIVE_STATUSES = {"queued", "running"}
 
@@ -120,12 +113,12 @@ def _report_key(db_key: str, study: Study, version: tuple) -> tuple:
     return db_key, study.id, version[:-1]
 
 
-def report(session: Session, study: Study, version: tuple, db_key: str) -> dict[str, Any]:
+def report(session: Session, study: Study, version: tuple, db_key: str) -> Report:
     return _reports.get_or_compute(_report_key(db_key, study, version),
                                    lambda: reports.study_report(session, study.id))
 
 
-def cached_report(study: Study, version: tuple, db_key: str) -> dict[str, Any] | None:
+def cached_report(study: Study, version: tuple, db_key: str) -> Report | None:
     return _reports.get(_report_key(db_key, study, version))
 
 
@@ -147,48 +140,47 @@ class Badge:
                 "count": self.count, "hint": self.hint or f"worst of {self.count} verdict(s)"}
 
 
-def repeatability_badge(report_: dict[str, Any]) -> Badge:
+def repeatability_badge(report_: Report) -> Badge:
     """Did every determinism level meet its expectation (``app.stats.expectations``)?
 
     Not the worst verdict: at ``none`` repeats are expected to differ, and identical repeats
     there are the suspicious case."""
-    head = report_.get("headline") or []
+    head = report_.headline
     title = LEVEL_TITLES["repeatability"]
     if not head:
         return Badge("repeatability", title, "n/a", "none", 0)
     parts = []
     for h in head:
-        mark = {True: "met", False: "NOT met", None: "inconclusive"}[h["met"]]
-        parts.append(f"{h['determinism']}: expected {h['expected']} — {mark}" +
-                     (f" ({h['phrase']})" if h["met"] is False else ""))
-    hint = "; ".join(parts + [s for h in head for s in h.get("suspicious", [])])
-    count = sum(h["n_verdicts"] for h in head)
-    if any(h.get("suspicious") for h in head):
+        mark = {True: "met", False: "NOT met", None: "inconclusive"}[h.met]
+        parts.append(f"{h.determinism}: expected {h.expected} — {mark}" + (f" ({h.phrase})" if h.met is False else ""))
+    hint = "; ".join(parts + [s for h in head for s in h.suspicious])
+    count = sum(h.n_verdicts for h in head)
+    if any(h.suspicious for h in head):
         return Badge("repeatability", title, "suspicious", "bad", count, hint)
-    if any(h["met"] is False for h in head):
+    if any(h.met is False for h in head):
         return Badge("repeatability", title, "expectation missed", "bad", count, hint)
-    if all(h["met"] is None for h in head):
+    if all(h.met is None for h in head):
         return Badge("repeatability", title, "inconclusive", "unknown", count, hint)
     return Badge("repeatability", title, "met expectations", "good", count, hint)
 
 
-def badges(report_: dict[str, Any]) -> list[Badge]:
+def badges(report_: Report) -> list[Badge]:
     out = []
     for level in LEVELS:
         if level == "repeatability":
             out.append(repeatability_badge(report_))
             continue
-        verdicts = [v["verdict"] for v in report_.get("verdicts", []) if v["level"] == level]
+        verdicts = [v.verdict for v in report_.of_level(level)]
         if not verdicts:
             out.append(Badge(level, LEVEL_TITLES[level], "n/a", "none", 0))
             continue
-        worst = max(verdicts, key=lambda v: SEVERITY.get(v, 2))
-        out.append(Badge(level, LEVEL_TITLES[level], worst, TONE[SEVERITY.get(worst, 2)], len(verdicts)))
+        worst = max(verdicts, key=severity)
+        out.append(Badge(level, LEVEL_TITLES[level], worst, TONE[severity(worst)], len(verdicts)))
     return out
 
 
 def tone(verdict: str) -> str:
-    return TONE[SEVERITY.get(verdict, 2)]
+    return TONE[severity(verdict)]
 
 
 # --- the studies list ------------------------------------------------------------------------
@@ -255,14 +247,12 @@ def study_runs(session: Session, study_id: int, *, limit: int, offset: int) -> t
     return studies_repo.list_runs(session, study_id, status=None, limit=limit, offset=offset)
 
 
-def first_divergent_step(report_: dict[str, Any] | None, metric: str, determinism: str, stack: str) -> int | None:
+def first_divergent_step(report_: Report | None, metric: str, determinism: str, stack: str) -> int | None:
     if report_ is None:
         return None
-    for v in report_.get("verdicts", []):
-        g = v.get("group", {})
-        if (v["level"] == "repeatability" and v["metric"] == metric and g.get("determinism") == determinism
-                and g.get("stack") == stack):
-            return v.get("first_divergent_step")
+    for v in report_.of_level("repeatability", metric):
+        if v.group.determinism == determinism and v.group.stack == stack:
+            return v.first_divergent_step
     return None
 
 
@@ -316,11 +306,11 @@ def difference_chart(session: Session, study: Study, version: tuple, db_key: str
     return _charts.get_or_compute(key, compute)
 
 
-def cost_scale(report_: dict[str, Any] | None) -> float:
+def cost_scale(report_: Report | None) -> float:
     """The right end of the cost chart's axis: the largest ratio or CI bound, and at least 1×."""
     values = [1.0]
-    for c in (report_ or {}).get("determinism_cost", []):
-        values += [v for v in (c.get("ratio"), c.get("ci_high")) if isinstance(v, (int, float))]
+    for c in report_.determinism_cost if report_ is not None else []:
+        values += [v for v in (c.ratio, c.ci_high) if v is not None and math.isfinite(v)]
     return max(values) * 1.15
 
 

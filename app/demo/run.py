@@ -75,12 +75,13 @@ def _stop(proc: subprocess.Popen | None) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from app import migrate
     from app.auth.service import Role, create_token
     from app.cli import wait_for
     from app.cli_client import Api
     from app.config import Settings
     from app.db import Database
-    from app import migrate
+    from app.reports.models import Report
     from app.reports.render import render_report
 
     data_dir = Path(args.data_dir).resolve()
@@ -133,7 +134,7 @@ def run_demo(args: argparse.Namespace) -> int:
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         for sid in study_ids:
             print()
-            print(render_report(api.get(f"/api/v1/studies/{sid}/report"), color=color))
+            print(render_report(Report.model_validate(api.get(f"/api/v1/studies/{sid}/report")), color=color))
         print()
         print(f"Dashboard: {url}/studies/{study_ids[0]}   (log in with the token in {data_dir / 'token'})")
         print(f"API:       {url}/docs")

@@ -1,28 +1,31 @@
 """Steady as a CI gate: a study report (and its comparisons with a suite baseline) as pass/fail/inconclusive
 checks, the exit code they give, and their JUnit XML and Markdown forms (``steady check``).
 
-``gate_items`` is the one place that reads the report's JSON (``build_report(...).to_dict()`` as served by
-``GET /api/v1/studies/{id}/report``) and ``GET /api/v1/suites/{suite}/baseline/compare``; everything else
-reads ``GateItem``s. Client-side: no FastAPI, no SQLAlchemy.
+``gate_items`` is the one place that reads the report (``app.reports.models.Report``, as served by
+``GET /api/v1/studies/{id}/report``) and the comparison of ``GET /api/v1/suites/{suite}/baseline/compare``;
+everything else reads ``GateItem``s. Client-side: no FastAPI, no SQLAlchemy.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
+from app.alerts.schemas import BaselineComparisonOut
+from app.reports.models import (
+    RepeatabilityVerdict,
+    Report,
+    SeedStabilityVerdict,
+    Verdict,
+)
+from app.reports.parts import PairGroup, StackGroup
+from app.stats.vocabulary import severity
 from app.terminal import printable
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}  # failure wins over inconclusive (see exit_code)
 
-_VERDICT_STATUS = {
-    "identical": PASS, "within_tolerance": PASS, "stable": PASS, "equivalent": PASS, "pass": PASS,
-    "out_of_tolerance": FAIL, "unstable": FAIL, "not_equivalent": FAIL, "fail": FAIL,
-    "inconclusive": INCONCLUSIVE,
-}
 _EXPECTATION_STATUS = {True: PASS, False: FAIL, None: INCONCLUSIVE}
 
 
@@ -37,28 +40,25 @@ class GateItem:
     guarantee: str  # the decision's stated false-alarm level, in words ("" when it has none)
 
 
-def _group(group: Mapping[str, Any]) -> str:
-    parts = [str(group.get("determinism", ""))]
-    if "candidate_stack" in group:
-        parts.append(f"{group.get('candidate_stack')} vs {group.get('reference_stack') or 'reference'}")
-    elif group.get("stack"):
-        parts.append(str(group["stack"]))
-    return "/".join(p for p in parts if p)
+def _group(group: StackGroup | PairGroup) -> str:
+    if isinstance(group, PairGroup):
+        return f"{group.determinism}/{group.candidate_stack} vs {group.reference_stack or 'reference'}"
+    return "/".join(p for p in (group.determinism, group.stack) if p)
 
 
-def _guarantee(v: Mapping[str, Any]) -> str:
-    parts = [str(v["guarantee"])] if v.get("guarantee") else []
-    oob = v.get("out_of_band_test") or {}
-    if oob.get("guarantee"):
-        parts.append(f"out-of-band runs: {oob['guarantee']}")
+def _guarantee(v: Verdict) -> str:
+    parts = [v.guarantee] if v.guarantee else []
+    if isinstance(v, SeedStabilityVerdict) and v.out_of_band_test is not None and v.out_of_band_test.guarantee:
+        parts.append(f"out-of-band runs: {v.out_of_band_test.guarantee}")
     return "; ".join(parts)
 
 
-def _verdict_status(verdict: Any) -> str:
-    return _VERDICT_STATUS.get(str(verdict), INCONCLUSIVE)
+def _verdict_status(verdict: str | None) -> str:
+    """Good and within-tolerance values pass, bad ones fail; anything else is inconclusive, never a pass."""
+    return {0: PASS, 1: PASS, 3: FAIL}.get(severity(verdict), INCONCLUSIVE)
 
 
-def gate_items(report: Mapping[str, Any], comparison: Mapping[str, Any] | None = None) -> list[GateItem]:
+def gate_items(report: Report, comparison: BaselineComparisonOut | None = None) -> list[GateItem]:
     """The report as gate checks, in report order: one per level expectation (headline), per verdict,
     per cost-of-determinism budget and per comparison with the suite baseline.
 
@@ -67,41 +67,35 @@ def gate_items(report: Mapping[str, Any], comparison: Mapping[str, Any] | None =
     A report with nothing to judge gives one inconclusive item: an empty gate does not pass.
     """
     items: list[GateItem] = []
-    verdicts = list(report.get("verdicts") or [])
-    for h in report.get("headline") or []:
-        det = h.get("determinism", "")
-        promise = next((str(v["guarantee"]) for v in verdicts if v.get("level") == "repeatability"
-                        and (v.get("group") or {}).get("determinism") == det and v.get("guarantee")), "")
-        reason = str(h.get("phrase", ""))
-        if h.get("suspicious"):
-            reason += "; suspicious: " + "; ".join(map(str, h["suspicious"]))
-        items.append(GateItem("expectation", f"{det}: {h.get('expected', '')}",
-                              _EXPECTATION_STATUS.get(h.get("met"), INCONCLUSIVE), reason, promise))
-    for v in verdicts:
-        level = str(v.get("level", ""))
-        if level == "repeatability" and "met_expectation" in v:
-            status = _EXPECTATION_STATUS.get(v["met_expectation"], INCONCLUSIVE)
-            reason = f"{v.get('verdict')}: {v.get('reason', '')} (expected: {v.get('expectation', '')})"
+    for h in report.headline:
+        promise = next((v.guarantee for v in report.of_level("repeatability")
+                        if v.group.determinism == h.determinism and v.guarantee), "")
+        reason = h.phrase
+        if h.suspicious:
+            reason += "; suspicious: " + "; ".join(h.suspicious)
+        items.append(GateItem("expectation", f"{h.determinism}: {h.expected}",
+                              _EXPECTATION_STATUS[h.met], reason, promise))
+    for v in report.verdicts:
+        if isinstance(v, RepeatabilityVerdict):
+            status = _EXPECTATION_STATUS[v.met_expectation]
+            reason = f"{v.verdict}: {v.reason} (expected: {v.expectation})"
         else:
-            status = _verdict_status(v.get("verdict"))
-            reason = f"{v.get('verdict')}: {v.get('reason', '')}"
-        items.append(GateItem(level, f"{v.get('metric', '')} {_group(v.get('group') or {})}", status, reason,
-                              _guarantee(v)))
-    for c in report.get("determinism_cost") or []:
-        if c.get("verdict") is None:  # no budget given: a measurement, not a check
+            status = _verdict_status(v.verdict)
+            reason = f"{v.verdict}: {v.reason}"
+        items.append(GateItem(v.level, f"{v.metric} {_group(v.group)}", status, reason, _guarantee(v)))
+    for c in report.determinism_cost:
+        if c.verdict is None:  # no budget given: a measurement, not a check
             continue
-        name = f"step time {c.get('numerator')}/{c.get('denominator')} {c.get('stack', '')}".rstrip()
-        reason = f"{c.get('verdict')}: ratio {c.get('ratio')} (CI {c.get('ci_low')}..{c.get('ci_high')}) against budget ×{c.get('budget')}"
-        items.append(GateItem("determinism_cost", name, _verdict_status(c["verdict"]),
-                              c.get("reason") or reason, str(c.get("guarantee") or "")))
+        name = f"step time {c.numerator}/{c.denominator} {c.stack}".rstrip()
+        reason = f"{c.verdict}: ratio {c.ratio} (CI {c.ci_low}..{c.ci_high}) against budget ×{c.budget}"
+        items.append(GateItem("determinism_cost", name, _verdict_status(c.verdict), c.reason or reason, c.guarantee))
     if comparison is not None:
-        version = comparison.get("baseline_version")
-        against = f"baseline of {comparison.get('suite')}" + (f" v{version}" if version is not None else "")
-        for v in comparison.get("verdicts") or []:
-            items.append(GateItem("baseline", f"{v.get('metric', '')} {_group(v.get('group') or {})} vs {against}",
-                                  _verdict_status(v.get("verdict")), f"{v.get('verdict')}: {v.get('reason', '')}",
-                                  _guarantee(v)))
-        if not comparison.get("verdicts"):
+        version = comparison.baseline_version
+        against = f"baseline of {comparison.suite}" + (f" v{version}" if version is not None else "")
+        for pv in comparison.verdicts:
+            items.append(GateItem("baseline", f"{pv.metric} {_group(pv.group)} vs {against}",
+                                  _verdict_status(pv.verdict), f"{pv.verdict}: {pv.reason}", _guarantee(pv)))
+        if not comparison.verdicts:
             items.append(GateItem("baseline", f"vs {against}", INCONCLUSIVE,
                                   "no metric and determinism level in common with the baseline", ""))
     if not items:

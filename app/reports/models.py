@@ -9,9 +9,9 @@ study's header.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter
 
 from app.reports.parts import (
     Convergence,
@@ -39,13 +39,17 @@ from app.stats.vocabulary import (
     VerdictValue,
     severity,
 )
-from app.studies.schemas import Progress
-from app.wire import WireFloat
+from app.wire import NONFINITE_SPELLING, WireFloat
+
+if TYPE_CHECKING:
+    from app.stats.report import StudyReport
+
+NONFINITE_ENCODING = "NaN, +Inf, -Inf -> " + ", ".join(f'"{s}"' for s in NONFINITE_SPELLING) + "; null: absent"
 
 __all__ = [
     "RepeatabilityVerdict", "SeedStabilityVerdict", "PortabilityVerdict", "Verdict", "Report", "StudyHeader",
     "JudgedMetric", "ExcludedRun", "Stage", "StageDecision", "ArmDifference", "BandGroup", "Bands", "Compare",
-    "CompareStudy", "CodeComparison", "worst", "verdicts_of",
+    "CompareStudy", "CodeComparison", "Progress", "worst", "verdicts_of", "typed_verdicts",
 ]
 
 
@@ -54,6 +58,11 @@ class _VerdictBase(Part):
     n_runs: int
     reason: str
     guarantee: str = Field(description="the verdict's false-alarm level, in one phrase")
+
+    def numbers(self, *fields: str) -> dict[str, Any]:
+        """The named fields as JSON data (non-finite floats spelled as the API spells them), in order."""
+        data = self.model_dump(mode="json", include=set(fields))
+        return {f: data.get(f) for f in fields}
 
 
 class RepeatabilityVerdict(_VerdictBase):
@@ -125,7 +134,6 @@ class PortabilityVerdict(_VerdictBase):
 
 
 Verdict = Annotated[RepeatabilityVerdict | SeedStabilityVerdict | PortabilityVerdict, Field(discriminator="level")]
-V = TypeVar("V", RepeatabilityVerdict, SeedStabilityVerdict, PortabilityVerdict)
 
 
 def worst(values: list[VerdictValue] | list[PortabilityValue]) -> str:
@@ -133,13 +141,24 @@ def worst(values: list[VerdictValue] | list[PortabilityValue]) -> str:
     return max(values, key=severity, default="inconclusive")
 
 
+class Progress(Part):
+    """The study's runs by status."""
+
+    total: int = 0
+    queued: int = 0
+    running: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
 class StudyHeader(Part):
     id: int
     name: str
     status: str
-    kind: str
-    suite: str | None
-    progress: Progress
+    kind: str = "managed"
+    suite: str | None = None
+    progress: Progress = Field(default_factory=Progress)
 
 
 class JudgedMetric(Part):
@@ -209,6 +228,18 @@ class Report(Part):
     arms: list[ArmDifference]
     convergence: list[Convergence] | None = None
 
+    @classmethod
+    def assemble(cls, built: StudyReport, *, study: StudyHeader | dict, metrics: list | tuple = (),
+                 n_runs_judged: int = 0, excluded_runs: list | tuple = (), stages: list | tuple = (),
+                 arms: list | tuple = (), convergence: list | None = None,
+                 nonfinite_encoding: str = NONFINITE_ENCODING) -> Report:
+        """The report of ``built`` (the stats core's result) under the study's header."""
+        body = built.to_data()
+        body["options"]["nonfinite_encoding"] = nonfinite_encoding
+        return cls.model_validate({"study": study, "metrics": list(metrics), "n_runs_judged": n_runs_judged,
+                                   "excluded_runs": list(excluded_runs), "stages": list(stages),
+                                   "arms": list(arms), "convergence": convergence, **body})
+
     @overload
     def of_level(self, level: Literal["repeatability"], metric: str | None = None) -> list[RepeatabilityVerdict]: ...
     @overload
@@ -222,6 +253,14 @@ class Report(Part):
 
 def verdicts_of(verdicts: list, level: Level, metric: str | None = None) -> list:
     return [v for v in verdicts if v.level == level and (metric is None or v.metric == metric)]
+
+
+_VERDICT: TypeAdapter[Verdict] = TypeAdapter(Verdict)
+
+
+def typed_verdicts(built: StudyReport) -> list[Verdict]:
+    """The verdicts of a report of the stats core (not a study's: a comparison, a cross-check) as models."""
+    return [_VERDICT.validate_python(v) for v in built.to_data()["verdicts"]]
 
 
 # --------------------------------------------------------------------------- bands

@@ -8,11 +8,16 @@ Field names are the dataclasses' own: a report is validated from
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict
 
-from app.stats.vocabulary import CheckValue, Determinism, RepeatabilityValue, SeedStabilityValue
+from app.stats.vocabulary import (
+    CheckValue,
+    Determinism,
+    RepeatabilityValue,
+    SeedStabilityValue,
+)
 from app.wire import WireFloat, WireModel
 
 
@@ -22,18 +27,24 @@ class Part(WireModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class StackGroup(Part):
+class _Group(Part):
+    def as_dict(self) -> dict[str, Any]:
+        """The group as plain data, absent fields left out (how alerts key and label a group)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class StackGroup(_Group):
     """Runs of one determinism level on one stack (or arm)."""
 
     determinism: Determinism
     stack: str
 
 
-class PairGroup(Part):
+class PairGroup(_Group):
     """A candidate stack against a reference stack, at one determinism level."""
 
     determinism: Determinism
-    reference_stack: str
+    reference_stack: str | None  # None: a suite baseline recorded without a stack
     candidate_stack: str
     reference: str | None = None  # "baseline" when the reference is a suite's baseline
     differ_by: list[str] | None = None  # what differs between the two arms, when the study has arms

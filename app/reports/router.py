@@ -1,10 +1,12 @@
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
+
 from app.deps import ReadDB, UserCaller
 from app.reports import service
+from app.reports.models import Bands, Compare, Report
 from app.responses import NumbersJSONResponse
 
 router = APIRouter(prefix="/api/v1", tags=["reports"])
@@ -13,14 +15,15 @@ Probability = Annotated[float, Query(gt=0, lt=1)]
 
 
 @router.get("/studies/{study_id}/report")
-def study_report(study_id: int, db: ReadDB, caller: UserCaller) -> dict[str, Any]:
+def study_report(study_id: int, db: ReadDB, caller: UserCaller) -> Report:
     """Verdicts per level, metric and group, with the numbers behind them."""
     return service.study_report(db, study_id)
 
 
-# Full-resolution bands are millions of numbers, already plain JSON data: they are rendered as
-# they are (by orjson), not validated and copied again against ``dict[str, Any]``.
-@router.get("/studies/{study_id}/bands", response_model=dict[str, Any])
+# Full-resolution bands are millions of numbers, already plain JSON data in the API's spelling of
+# non-finite floats: they are rendered as they are (by orjson), not validated and copied again;
+# ``Bands`` describes them in the OpenAPI document.
+@router.get("/studies/{study_id}/bands", response_model=Bands)
 def study_bands(
     study_id: int,
     db: ReadDB,
@@ -45,7 +48,7 @@ def compare(
     metric: Annotated[str, Query(min_length=1, max_length=200)] = "loss",
     margin: Annotated[float | None, Query(gt=0, description="absolute equivalence margin")] = None,
     relative_margin: Annotated[float | None, Query(gt=0, description="margin as a share of the baseline mean")] = None,
-) -> dict[str, Any]:
+) -> Compare:
     """Stack portability of two studies (e.g. last week's stack against today's)."""
     return service.compare_studies(
         db, baseline=baseline, candidate=candidate, metric=metric, margin=margin, relative_margin=relative_margin

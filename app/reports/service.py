@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import threading
@@ -14,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -21,6 +21,7 @@ from app.errors import Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.models import Run, Study, utcnow
 from app.reports import repository
+from app.reports.models import Compare, Report, worst
 from app.stats.convergence import (
     ReferencePoint,
     check_convergence,
@@ -29,11 +30,19 @@ from app.stats.convergence import (
     steps_to_target,
 )
 from app.stats.downsample import extreme_indices
-from app.stats.report import GroupBand, MetricSpec, RunData, build_report, compute_bands, to_plain
+from app.stats.report import (
+    GroupBand,
+    MetricSpec,
+    RunData,
+    build_report,
+    compute_bands,
+    to_data,
+)
 from app.studies import adaptive
 from app.studies import repository as studies_repo
 from app.studies import service as studies
 from app.studies.arms import arm_differences, differences, effective_arms
+from app.wire import NONFINITE_SPELLING
 from worker.protocol import STEP_TIME_KEY, RunStatus
 
 
@@ -95,12 +104,17 @@ def _rng(*parts: int) -> np.random.Generator:
 log = logging.getLogger("steady.reports")
 
 
-def study_report(session: Session, study_id: int) -> dict[str, Any]:
-    """The study's report: from the cache when it was computed for the study's current version."""
+def study_report(session: Session, study_id: int) -> Report:
+    """The study's report: from the cache when it was computed for the study's current version
+    (and still reads as a ``Report``: a body cached in an older shape is computed again)."""
     study = studies.get_study(session, study_id)
     cached = repository.get(session, study_id)
     if cached is not None and cached.body is not None and cached.version == repository.study_version(session, study):
-        return json.loads(zlib.decompress(cached.body))
+        try:
+            return Report.model_validate_json(zlib.decompress(cached.body))
+        except ValidationError as exc:
+            log.info("cached report of study %d is in an older shape (%d error(s)): computing it again",
+                     study_id, exc.error_count())
     return compute_report(session, study_id)
 
 
@@ -122,7 +136,7 @@ def refresh_cached_reports(session: Session, *, limit: int = 5) -> list[int]:
         t0 = time.perf_counter()
         if p.queued == 0 and p.running == 0 and p.completed > 0:
             try:
-                body = zlib.compress(json.dumps(compute_report(session, study_id)).encode(), 6)
+                body = zlib.compress(compute_report(session, study_id).model_dump_json().encode(), 6)
             except ValueError as exc:  # data the stats core cannot judge: readers get the same 422
                 log.warning("report of study %d not cached: %s", study_id, exc)
         seconds = time.perf_counter() - t0
@@ -193,7 +207,7 @@ def _report_bands(session: Session, study: Study, *, metric: str, coverage: floa
     return tuple(out) if out else None
 
 
-def compute_report(session: Session, study_id: int) -> dict[str, Any]:
+def compute_report(session: Session, study_id: int) -> Report:
     study = studies.get_study(session, study_id)
     bands_key = _bands_key(session, study)  # before reading: a change meanwhile makes the key stale, not the data
     specs = metric_specs(study)
@@ -213,22 +227,23 @@ def compute_report(session: Session, study_id: int) -> dict[str, Any]:
         cost_budget=spec.get("cost_budget"),
         stages=adaptive.seed_stages(session, study),
     )
-    report = built.to_dict()
-    _name_arm_differences(report, spec)
-    if spec.get("convergence"):
-        report["convergence"] = convergence_section(session, data, spec["convergence"])
+    convergence = convergence_section(session, data, spec["convergence"]) if spec.get("convergence") else None
     del data  # the series: the bands below are all that is kept
     _bands.put(bands_key, built.bands)
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]
-    return {
-        "study": {"id": study.id, "name": study.name, "status": study.status, "kind": study.kind,
-                  "suite": study.suite, "progress": progress.model_dump()},
-        "metrics": [m.__dict__ for m in specs],
-        "n_runs_judged": len(runs),
-        "excluded_runs": excluded_runs(session, study_id),
-        "stages": adaptive.stages_out(session, study),
-        **report,
-    }
+    report = Report.assemble(
+        built,
+        study={"id": study.id, "name": study.name, "status": study.status, "kind": study.kind,
+               "suite": study.suite, "progress": progress.model_dump()},
+        metrics=[m.__dict__ for m in specs],
+        n_runs_judged=len(runs),
+        excluded_runs=excluded_runs(session, study_id),
+        stages=adaptive.stages_out(session, study),
+        arms=arm_differences(spec),
+        convergence=convergence,
+    )
+    _name_arm_differences(report, spec)
+    return report
 
 
 def _steps_to_target(data: Sequence[RunData], conv: dict[str, Any]) -> list[float]:
@@ -272,20 +287,18 @@ def convergence_section(session: Session, data: Sequence[RunData], conv: dict[st
             continue
         result = check_convergence(_steps_to_target(rs, conv), point, alpha=alpha, trim=trim)
         reference = {**info, "mean": point.mean, "std": point.std, "n": point.n}
-        out.append({**head, "group": group, "reference": to_plain(reference), **result.to_dict()})
+        out.append({**head, "group": group, "reference": reference, **to_data(result)})
     return out
 
 
-def _name_arm_differences(report: dict[str, Any], spec: dict[str, Any]) -> None:
+def _name_arm_differences(report: Report, spec: dict[str, Any]) -> None:
     """Each stack-portability verdict names what differs between its two arms (params, config,
     code, stack); the report's ``arms`` lists every arm against the reference."""
-    report["arms"] = arm_differences(spec)
     arms = effective_arms(spec)
-    for v in report.get("verdicts", []):
-        group = v.get("group") or {}
-        ref, cand = arms.get(group.get("reference_stack")), arms.get(group.get("candidate_stack"))
-        if v.get("level") == "stack_portability" and ref is not None and cand is not None:
-            group["differ_by"] = differences(ref, cand)
+    for v in report.of_level("stack_portability"):
+        ref, cand = arms.get(v.group.reference_stack), arms.get(v.group.candidate_stack)
+        if ref is not None and cand is not None:
+            v.group.differ_by = differences(ref, cand)
 
 
 def study_bands(
@@ -297,6 +310,8 @@ def study_bands(
     confidence: float,
     max_points: int | None,
 ) -> dict[str, Any]:
+    """The ``Bands`` of ``metric`` as plain JSON data (non-finite floats spelled as the API spells
+    them): millions of numbers are rendered as they are, not validated into models first."""
     study = studies.get_study(session, study_id)
     groups = _report_bands(session, study, metric=metric, coverage=coverage, confidence=confidence,
                            max_points=max_points)
@@ -307,7 +322,7 @@ def study_bands(
             raise NotFound(f"no completed run of study {study_id} has metric {metric!r}")
         groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points)
     return {"study_id": study_id, "metric": metric, "coverage": coverage, "confidence": confidence,
-            "groups": [g.to_dict() for g in groups]}
+            "groups": [g.to_dict(spelling=NONFINITE_SPELLING) for g in groups]}
 
 
 def compare_studies(
@@ -318,7 +333,7 @@ def compare_studies(
     metric: str,
     margin: float | None,
     relative_margin: float | None,
-) -> dict[str, Any]:
+) -> Compare:
     """Stack portability between two studies on the final value of each run's series.
 
     Both studies' runs are relabelled as two stacks, ``baseline`` and ``candidate``, and
@@ -343,17 +358,19 @@ def compare_studies(
         [MetricSpec(name=metric, margin=margin)],
         reference_stack="baseline",
         rng=_rng(baseline, candidate, zlib.crc32(metric.encode())),
-    ).to_dict()
+    ).to_data()
     verdicts = [v for v in report["verdicts"] if v["level"] == "stack_portability"]
-    return {
+    compared = Compare.model_validate({
         "baseline": {"id": base_study.id, "name": base_study.name, "n_runs": len(base_runs)},
         "candidate": {"id": cand_study.id, "name": cand_study.name, "n_runs": len(cand_runs)},
         "metric": metric,
         "margin": margin,
         "verdicts": verdicts,
-        "verdict": _worst([v["verdict"] for v in verdicts]),
+        "verdict": "inconclusive",
         "code": _code_comparison(base_study, cand_study),
-    }
+    })
+    compared.verdict = worst([v.verdict for v in compared.verdicts])
+    return compared
 
 
 def _code_comparison(base: Any, cand: Any) -> dict[str, Any]:
@@ -363,13 +380,3 @@ def _code_comparison(base: Any, cand: Any) -> dict[str, Any]:
     short = lambda d: d[:12] if d else "none (built-in)"  # noqa: E731
     return {"baseline": a, "candidate": b, "differs": differs,
             "note": f"code differs: {short(a)} vs {short(b)}" if differs else "same code"}
-
-
-_PORTABILITY_ORDER = ("not_equivalent", "inconclusive", "equivalent")
-
-
-def _worst(verdicts: list[str]) -> str:
-    for v in _PORTABILITY_ORDER:
-        if v in verdicts:
-            return v
-    return "inconclusive"

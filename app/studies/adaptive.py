@@ -8,7 +8,7 @@ else the study completes. Every stage and what it decided is recorded (``study_s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -17,6 +17,9 @@ from app.stats.report import SeedStages
 from app.stats.sequential import stage_sizes
 from app.studies import repository
 from app.studies.schemas import StageInfo, StudySpec
+
+if TYPE_CHECKING:
+    from app.reports.models import Report
 
 
 def planned_sizes(spec: StudySpec) -> tuple:
@@ -58,20 +61,21 @@ def stages_out(session: Session, study: Study) -> list[dict[str, Any]]:
              "decisions": r.decisions} for r in repository.stages_of(session, study.id)]
 
 
-def _decisions(report: dict[str, Any], stage: int) -> tuple[list[dict[str, Any]], bool]:
-    """What ``stage`` decided per seed-stability verdict, and whether another stage is wanted."""
+def _decisions(report: Report, stage: int) -> tuple[list[dict[str, Any]], bool]:
+    """What ``stage`` decided per seed-stability verdict, and whether another stage is wanted
+    (``app.reports.models.StageDecision`` as JSON data)."""
     out, more = [], False
-    for v in report.get("verdicts", []):
-        seq = v.get("sequential") if v["level"] == "seed_stability" else None
-        if not seq:
+    for v in report.of_level("seed_stability"):
+        seq = v.sequential
+        if seq is None:
             continue
-        looks = seq["stages"]
-        look = next((x for x in looks if x["stage"] == stage), looks[-1] if looks else None)
-        out.append({"metric": v["metric"], **v["group"], "verdict": v["verdict"], "decided_at": seq["decided_at"],
-                    **({k: look[k] for k in ("n_seeds", "info_fraction", "boundary", "nominal_alpha",
-                                             "cumulative_alpha", "std", "lower", "upper")} if look else {}),
-                    "decision": look["verdict"] if look and look["stage"] == stage else v["verdict"]})
-        more = more or (v["verdict"] == "inconclusive" and not seq["final"])
+        looks = seq.stages
+        look = next((x for x in looks if x.stage == stage), looks[-1] if looks else None)
+        numbers = look.model_dump(mode="json", include={"n_seeds", "info_fraction", "boundary", "nominal_alpha",
+                                                        "cumulative_alpha", "std", "lower", "upper"}) if look else {}
+        out.append({"metric": v.metric, **v.group.as_dict(), "verdict": v.verdict, "decided_at": seq.decided_at,
+                    **numbers, "decision": look.verdict if look and look.stage == stage else v.verdict})
+        more = more or (v.verdict == "inconclusive" and not seq.final)
     return out, more
 
 
