@@ -49,7 +49,7 @@ NONFINITE_ENCODING = "NaN, +Inf, -Inf -> " + ", ".join(f'"{s}"' for s in NONFINI
 __all__ = [
     "RepeatabilityVerdict", "SeedStabilityVerdict", "PortabilityVerdict", "Verdict", "Report", "StudyHeader",
     "JudgedMetric", "ExcludedRun", "Stage", "StageDecision", "ArmDifference", "BandGroup", "Bands", "Compare",
-    "CompareStudy", "CodeComparison", "Progress", "worst", "verdicts_of", "typed_verdicts",
+    "CompareStudy", "CodeComparison", "RunCounts", "worst", "verdicts_of", "typed_verdicts",
 ]
 
 
@@ -141,7 +141,7 @@ def worst(values: list[VerdictValue] | list[PortabilityValue]) -> str:
     return max(values, key=severity, default="inconclusive")
 
 
-class Progress(Part):
+class RunCounts(Part):
     """The study's runs by status."""
 
     total: int = 0
@@ -158,7 +158,7 @@ class StudyHeader(Part):
     status: str
     kind: str = "managed"
     suite: str | None = None
-    progress: Progress = Field(default_factory=Progress)
+    progress: RunCounts = Field(default_factory=RunCounts)
 
 
 class JudgedMetric(Part):

@@ -135,7 +135,7 @@ def _variance(groups, metrics) -> list[dict]:
                      "n_seeds": len(by_seed), "n_runs": sum(map(len, by_seed.values())), "final_step": fin.step}
             if len(by_seed) >= 2 and any(len(v) >= 2 for v in by_seed.values()):
                 vc = variance_components([by_seed[s] for s in sorted(by_seed)])
-                entry.update({"available": True, "components": to_plain(vc),
+                entry.update({"available": True, "components": to_data(vc),
                               "estimator": "one-way random-effects ANOVA (method of moments, n0 for unbalanced)"})
                 if det == "none":
                     # Seeds are not applied at `none`: seed labels are arbitrary, there is no
@@ -177,7 +177,7 @@ def _cost(runs, *, confidence, budget=None) -> list[dict]:
                           and all(wa is not None and wa == wb for (_, _, wa), (_, _, wb) in zip(a, b)))
                 cr = cost_ratio([t for _, t, _ in a], [t for _, t, _ in b], numerator=num, denominator=den,
                                 confidence=confidence, paired=paired, budget=budget)
-                out.append({"stack": stack, **to_plain(cr)})
+                out.append({"stack": stack, **to_data(cr)})
     return out
 
 

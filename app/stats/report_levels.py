@@ -28,7 +28,7 @@ from app.stats.report_data import (
 )
 from app.stats.seed_stability import seed_spread
 from app.stats.sequential import sequential_seed_decision
-from app.stats.serialize import to_plain
+from app.stats.serialize import to_data
 from app.stats.stack_pairs import stack_pairs
 
 
@@ -64,7 +64,7 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
                     reason = f"{det} runs bitwise identical across repeats for all {len(conclusive)} seeds"
             else:
                 reason = f"seed {worst_seed} (worst of {len(conclusive)}): {w.reason}"
-        detail = [{"seed": s, "run_ids": [r.run_id for r in rs], **to_plain(res)} for s, (rs, res) in per_seed.items()]
+        detail = [{"seed": s, "run_ids": [r.run_id for r in rs], **to_data(res)} for s, (rs, res) in per_seed.items()]
         firsts = [rs[0] for rs, _ in per_seed.values()]
         seeds_identical = _all_identical(firsts, spec.name) if len(firsts) >= 2 else None
         exp = expectations.repeatability_expectation(

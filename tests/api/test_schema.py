@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
@@ -13,6 +14,7 @@ from sqlalchemy import create_engine
 from app.models import Base
 
 SNAPSHOT = Path(__file__).with_name("openapi.json")
+UPDATE = "STEADY_UPDATE_SNAPSHOT=1 pytest tests/api/test_schema.py"
 
 
 def test_migrations_match_models(db_url):
@@ -39,12 +41,60 @@ def test_server_refuses_database_not_at_head(tmp_path):
 
 
 def test_openapi_snapshot(tmp_path):
-    """Every wire change is deliberate: regenerate with STEADY_UPDATE_SNAPSHOT=1 and review the diff."""
+    """Every wire change is deliberate: a missing or different snapshot fails; regenerate it with
+    STEADY_UPDATE_SNAPSHOT=1 and review the diff."""
+    current = json.dumps(_openapi(tmp_path), indent=1, sort_keys=True) + "\n"
+    if os.environ.get("STEADY_UPDATE_SNAPSHOT") == "1":
+        SNAPSHOT.write_text(current)
+    assert SNAPSHOT.exists(), f"no OpenAPI snapshot at {SNAPSHOT}: {UPDATE}"
+    assert current == SNAPSHOT.read_text(), f"the OpenAPI document changed: {UPDATE}"
+
+
+def _openapi(tmp_path) -> dict:
     from app.config import Settings
     from app.main import create_app
 
-    doc = create_app(Settings(data_dir=tmp_path)).openapi()
-    current = json.dumps(doc, indent=1, sort_keys=True) + "\n"
-    if os.environ.get("STEADY_UPDATE_SNAPSHOT") == "1" or not SNAPSHOT.exists():
-        SNAPSHOT.write_text(current)
-    assert current == SNAPSHOT.read_text(), "the OpenAPI document changed: STEADY_UPDATE_SNAPSHOT=1 pytest tests/api/test_schema.py"
+    return create_app(Settings(data_dir=tmp_path)).openapi()
+
+
+def _bare_objects(schema: object, components: dict, path: str, seen: set[str]) -> list[str]:
+    """Where ``schema`` (resolving $refs) has an object with no declared properties: free-form data."""
+    if isinstance(schema, list):
+        return [p for i, s in enumerate(schema) for p in _bare_objects(s, components, f"{path}[{i}]", seen)]
+    if not isinstance(schema, dict):
+        return []
+    ref = schema.get("$ref")
+    if ref is not None:
+        name = ref.rsplit("/", 1)[1]
+        if name in seen:
+            return []
+        return _bare_objects(components[name], components, f"{path}->{name}", seen | {name})
+    found = []
+    if schema.get("type") == "object" and not schema.get("properties"):
+        extra = schema.get("additionalProperties", True)
+        if extra is True or extra == {}:  # a map of known values (additionalProperties: {schema}) is typed
+            found.append(path)
+    for key, sub in schema.items():
+        if key in {"properties", "items", "anyOf", "oneOf", "allOf", "additionalProperties", "prefixItems"}:
+            if key == "properties":
+                found += [p for k, s in sub.items() for p in _bare_objects(s, components, f"{path}.{k}", seen)]
+            else:
+                found += _bare_objects(sub, components, f"{path}.{key}", seen)
+    return found
+
+
+@pytest.mark.parametrize("route", ["/api/v1/studies/{study_id}/report", "/api/v1/studies/{study_id}/bands",
+                                   "/api/v1/compare", "/api/v1/suites/{suite}/baseline/compare"])
+def test_report_responses_describe_every_field(tmp_path, route):
+    """The report, bands and compare responses are typed all the way down: no free-form object where
+    the fields are known, and every verdict names its level and its level's verdict values."""
+    doc = _openapi(tmp_path)
+    components = doc["components"]["schemas"]
+    schema = doc["paths"][route]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert "$ref" in schema, schema
+    assert _bare_objects(schema, components, route, set()) == []
+    if route.endswith("/report"):
+        verdicts = components["Report"]["properties"]["verdicts"]["items"]
+        assert set(verdicts["discriminator"]["mapping"]) == {"repeatability", "seed_stability", "stack_portability"}
+        seed = components["SeedStabilityVerdict"]["properties"]["verdict"]
+        assert set(seed["enum"]) == {"stable", "unstable", "inconclusive"}

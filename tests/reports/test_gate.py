@@ -7,14 +7,18 @@ import xml.etree.ElementTree as ET
 import junitparser
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from app.alerts.schemas import BaselineComparisonOut
 from app.reports import gate
+from app.reports.models import Report, typed_verdicts
+from app.reports.parts import PairGroup
 from app.stats.report import MetricSpec, RunData, build_report
 
 STEPS = np.arange(0, 60, 3, dtype=np.int64)
 
 
-def _report(*, repeat_noise: float = 0.0, max_std: float | None = 1.0, seeds: int = 6) -> dict:
+def _runs(*, repeat_noise: float = 0.0, seeds: int = 6, stack: str = "cpu", first_id: int = 0) -> list[RunData]:
     """strict runs, ``seeds`` seeds × 2 repeats; repeats differ by ``repeat_noise`` (kernel-like, same digests)."""
     rng = np.random.default_rng(3)
     runs = []
@@ -22,19 +26,29 @@ def _report(*, repeat_noise: float = 0.0, max_std: float | None = 1.0, seeds: in
         base = 1.0 / (1 + STEPS / 20) + rng.normal(0, 0.01)
         for rep in range(2):
             v = base + (rng.normal(0, repeat_noise, STEPS.size) if rep and repeat_noise else 0.0)
-            runs.append(RunData(run_id=len(runs), seed=s, repeat=rep, determinism="strict", stack="cpu",
+            runs.append(RunData(run_id=first_id + len(runs), seed=s, repeat=rep, determinism="strict", stack=stack,
                                 digests={"initial_weights": f"w{s}", "data_order": [f"d{s}"]},
                                 series={"loss": (STEPS, np.asarray(v, dtype=np.float64))}))
-    report = build_report(runs, [MetricSpec(name="loss", max_std=max_std)], rng=np.random.default_rng(0))
-    return {"study": {"id": 7, "name": "unit"}, **report.to_dict()}
+    return runs
 
 
-def _comparison(verdict: str) -> dict:
-    return {"suite": "nightly", "study_id": 7, "baseline_study_id": 1, "baseline_version": 3, "baseline_digest": "ab",
-            "alpha": 0.05, "verdicts": [{"level": "stack_portability", "metric": "loss", "verdict": verdict,
-                                          "reason": f"{verdict} because", "guarantee": "≤ 5% false equivalence",
-                                          "group": {"determinism": "strict", "reference": "baseline",
-                                                    "reference_stack": None, "candidate_stack": "cpu"}}]}
+def _report(*, repeat_noise: float = 0.0, max_std: float | None = 1.0, seeds: int = 6) -> Report:
+    report = build_report(_runs(repeat_noise=repeat_noise, seeds=seeds), [MetricSpec(name="loss", max_std=max_std)],
+                          rng=np.random.default_rng(0))
+    return Report.assemble(report, study={"id": 7, "name": "unit", "status": "completed"})
+
+
+def _comparison(verdict: str) -> BaselineComparisonOut:
+    """A real stack-portability verdict (baseline against candidate), its value set to ``verdict``."""
+    cross = build_report([*_runs(stack="baseline"), *_runs(stack="candidate:cpu", first_id=100)],
+                         [MetricSpec(name="loss", margin=0.05)], reference_stack="baseline",
+                         rng=np.random.default_rng(0))
+    (v,) = [v for v in typed_verdicts(cross) if v.level == "stack_portability"]
+    v = v.model_copy(update={"verdict": verdict, "reason": f"{verdict} because",
+                             "group": PairGroup(determinism="strict", reference="baseline", reference_stack=None,
+                                                candidate_stack="cpu")})
+    return BaselineComparisonOut(suite="nightly", study_id=7, baseline_study_id=1, baseline_version=3,
+                                 baseline_digest="ab", alpha=0.05, verdicts=[v])
 
 
 def test_every_check_passed_exits_0():
@@ -65,10 +79,13 @@ def test_inconclusive_exits_2():
     assert band.status == gate.INCONCLUSIVE and "no max_std" in band.reason
     assert gate.exit_code(items) == 2
     assert gate.exit_code(gate.gate_items(_report(), _comparison("inconclusive"))) == 2
-    # an empty report or an unknown verdict is never a pass
-    assert gate.exit_code(gate.gate_items({"verdicts": []})) == 2
-    odd = {"verdicts": [{"level": "seed_stability", "metric": "loss", "group": {}, "verdict": "novel"}]}
-    assert gate.exit_code(gate.gate_items(odd)) == 2
+    # an empty report is never a pass; an unknown verdict does not even read as a report
+    empty = build_report([], [MetricSpec(name="loss")], rng=np.random.default_rng(0))
+    assert gate.exit_code(gate.gate_items(Report.assemble(empty, study={"id": 7, "name": "u", "status": "open"}))) == 2
+    odd = _report().model_dump(mode="json")
+    odd["verdicts"][0]["verdict"] = "novel"
+    with pytest.raises(ValidationError, match="verdict"):
+        Report.model_validate(odd)
 
 
 @pytest.mark.parametrize("noise,max_std", [(0.0, 1.0), (1e-3, None)])

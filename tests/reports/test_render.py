@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.reports.models import Report
+from app.reports.parts import DeterminismCost
 from app.reports.render import render_report
 from app.stats.report import MetricSpec, RunData, build_report
+
+STUDY = {"id": 1, "name": "s", "status": "completed"}
 
 
 def test_render_variance_and_cost_from_a_real_report():
@@ -18,8 +22,8 @@ def test_render_variance_and_cost_from_a_real_report():
                 loss = np.linspace(1, 0.1, 20) + 0.01 * seed + rng.normal(0, 1e-3, 20)
                 runs.append(RunData(run_id=len(runs) + 1, seed=seed, repeat=repeat, determinism=level, stack="cpu",
                                     series={"loss": (steps, loss), "step_time": (steps, slow * (0.01 + rng.normal(0, 1e-4, 20)))}))
-    report = build_report(runs, [MetricSpec(name="loss")], rng=np.random.default_rng(1)).to_dict()
-    text = render_report({"study": {"id": 1, "name": "s", "status": "completed"}, **report})
+    report = build_report(runs, [MetricSpec(name="loss")], rng=np.random.default_rng(1))
+    text = render_report(Report.assemble(report, study=STUDY))
     assert "loss  seeded / cpu: nondeterminism share" in text and "within-seed var" in text
     (line,) = [x for x in text.splitlines() if "strict / seeded (cpu): ×" in x]
     assert abs(float(line.split("×")[1].split()[0]) - 1.5) < 0.02 and "(95% CI " in line
@@ -31,12 +35,13 @@ def test_render_cost_verdict_against_budget():
 
     slow = [np.full(20, 0.03) * f for f in (1.0, 1.02, 0.98)]
     fast = [np.full(20, 0.01) * f for f in (1.0, 1.01, 0.99)]
-    entry = {"stack": "cpu", **cost_ratio(slow, fast, numerator="strict", denominator="seeded", budget=1.5).__dict__}
+    entry = DeterminismCost(stack="cpu", **cost_ratio(slow, fast, numerator="strict", denominator="seeded",
+                                                      budget=1.5).__dict__)
     line = _cost_line(entry)
     assert line.startswith("strict / seeded (cpu): ×3.0") and "(95% CI " in line
     assert "fail against budget ×1.5" in line and "false 'fail' ≤ 2.5%" in line
-    assert "against budget" not in _cost_line({**entry, "verdict": None, "budget": None})
-    assert _cost_line({"stack": "cpu", "numerator": "strict", "denominator": "seeded", "ratio": None}).endswith(
+    assert "against budget" not in _cost_line(entry.model_copy(update={"verdict": None, "budget": None}))
+    assert _cost_line(entry.model_copy(update={"ratio": float("nan")})).endswith(
         "not available")
 
 
@@ -46,8 +51,8 @@ def test_render_shows_each_verdicts_guarantee():
     runs = [RunData(run_id=i + 1, seed=i, repeat=0, determinism="seeded", stack="cpu",
                     series={"loss": (steps, np.linspace(1, 0.1, 30) + rng.normal(0, 0.01) + rng.normal(0, 1e-3, 30))})
             for i in range(6)]
-    report = build_report(runs, [MetricSpec(name="loss", max_std=0.5)], rng=np.random.default_rng(1)).to_dict()
-    text = render_report({"study": {"id": 1, "name": "s", "status": "completed"}, **report})
+    report = build_report(runs, [MetricSpec(name="loss", max_std=0.5)], rng=np.random.default_rng(1))
+    text = render_report(Report.assemble(report, study=STUDY))
     lines = text.splitlines()
     i = next(k for k, line in enumerate(lines) if "loss  seeded / cpu" in line and "stable" in line)
     assert "guarantee: each claim wrong ≤ 5%" in lines[i + 1]
@@ -64,8 +69,8 @@ def test_render_headline_per_level_and_none_variance_note():
                 v = np.linspace(2, 1, 10) + 0.1 * seed + (rng.normal(0, 1e-3, 10) if det == "none" else 0)
                 runs.append(RunData(run_id=i, seed=seed, repeat=rep, determinism=det, stack="cpu",
                                     series={"loss": (np.arange(10), v)}))
-    rep = build_report(runs, [MetricSpec("loss")], rng=np.random.default_rng(0)).to_dict()
-    text = render_report({"study": {"id": 1, "name": "s"}, **rep})
+    rep = build_report(runs, [MetricSpec("loss")], rng=np.random.default_rng(0))
+    text = render_report(Report.assemble(rep, study=STUDY))
     assert "seeded  expected identical unless kernels are known to vary: met" in text
     assert "none    expected varies: met" in text
     assert "the between-seed split does not apply" in text
