@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.reports.models import Verdict, typed_verdicts, verdicts_of
 from app.stats.report import MetricSpec, RunData, build_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,9 +167,9 @@ def _spec(control: Control, *, level: str, seed: int, repeat: int, threads: int,
             "determinism": level, "threads": threads, "params": params, "time_limit_s": 300}
 
 
-def _verdict(report: dict, level: str, **group) -> dict:
-    for v in report["verdicts"]:
-        if v["level"] == level and v["metric"] == METRIC and all(v["group"].get(k) == x for k, x in group.items()):
+def _verdict(verdicts: list[Verdict], level: str, **group) -> Verdict:
+    for v in verdicts_of(verdicts, level, METRIC):
+        if all(getattr(v.group, k) == x for k, x in group.items()):
             return v
     raise LookupError(f"no {level} verdict for {group} in the report")
 
@@ -208,38 +209,37 @@ def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache
             repeat += 1
         if control.strict_identical:
             add([entry("strict", 0, r, control.threads) for r in range(2)])
-    report = build_report(runs, [MetricSpec(name=METRIC, margin=MARGIN)], rng=np.random.default_rng(0)).to_dict()
+    report = typed_verdicts(build_report(runs, [MetricSpec(name=METRIC, margin=MARGIN)], rng=np.random.default_rng(0)))
     seconds = time.monotonic() - t0
     if control.stacks:
         ref, cand = control.stacks[0].label, control.stacks[1].label
         v = _verdict(report, "stack_portability", determinism=control.level, reference_stack=ref,
                      candidate_stack=cand)
-        pairs = v["same_seed"]
-        res = v.get("result") or {}
-        size = f"max abs Δ {_g(pairs['max_abs_delta'])}, rel {_g(pairs['max_rel_delta'])}"
-        if res:
-            size += f"; Δmean {_g(res['diff'])}"
-        return Row(control.name, control.expected, control.level, v["verdict"], pairs["source"],
-                   pairs["first_divergent_step"], size, pairs["source"] == control.expected, v["reason"],
+        pairs = v.same_seed
+        size = f"max abs Δ {_g(pairs.max_abs_delta)}, rel {_g(pairs.max_rel_delta)}"
+        if v.result is not None:
+            size += f"; Δmean {_g(v.result.diff)}"
+        return Row(control.name, control.expected, control.level, v.verdict, pairs.source,
+                   pairs.first_divergent_step, size, pairs.source == control.expected, v.reason,
                    len(runs), seconds)
     stack_label = runs[0].stack
     v = _verdict(report, "repeatability", determinism=control.level, stack=stack_label)
-    verdict, ok = v["verdict"], v.get("source") == control.expected
+    verdict, ok = v.verdict, v.source == control.expected
     extra = {"device": stack_label}
     if len({r.stack for r in runs}) > 1:
         raise RuntimeError(f"{control.name}: repeats ran on different devices {sorted({r.stack for r in runs})}")
     if control.strict_identical:
         strict = _verdict(report, "repeatability", determinism="strict", stack=stack_label)
-        verdict += f" (strict: {strict['verdict']})"
-        ok = ok and strict["verdict"] == "identical"
-        extra["strict_reason"] = strict["reason"]
-    size = f"max abs Δ {_g(v.get('max_abs_delta'))}, rel {_g(v.get('max_rel_delta'))}"
-    return Row(control.name, control.expected, control.level, verdict, v.get("source"), v.get("first_divergent_step"),
-               size, ok, v["reason"], len(runs), seconds, extra)
+        verdict += f" (strict: {strict.verdict})"
+        ok = ok and strict.verdict == "identical"
+        extra["strict_reason"] = strict.reason
+    size = f"max abs Δ {_g(v.max_abs_delta)}, rel {_g(v.max_rel_delta)}"
+    return Row(control.name, control.expected, control.level, verdict, v.source, v.first_divergent_step,
+               size, ok, v.reason, len(runs), seconds, extra)
 
 
 def _g(x) -> str:
-    return "n/a" if x is None else f"{float(x):.2g}" if isinstance(x, (int, float)) else str(x)
+    return "n/a" if x is None or x != x else f"{float(x):.2g}" if isinstance(x, (int, float)) else str(x)
 
 
 def run_controls(controls: Sequence[Control] = CONTROLS, *, device: str = "cpu", steps: int = 24,

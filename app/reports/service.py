@@ -21,7 +21,7 @@ from app.errors import Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.models import Run, Study, utcnow
 from app.reports import repository
-from app.reports.models import Compare, Report, worst
+from app.reports.models import Compare, Report, typed_verdicts, verdicts_of, worst
 from app.stats.convergence import (
     ReferencePoint,
     check_convergence,
@@ -358,19 +358,17 @@ def compare_studies(
         [MetricSpec(name=metric, margin=margin)],
         reference_stack="baseline",
         rng=_rng(baseline, candidate, zlib.crc32(metric.encode())),
-    ).to_data()
-    verdicts = [v for v in report["verdicts"] if v["level"] == "stack_portability"]
-    compared = Compare.model_validate({
+    )
+    verdicts = verdicts_of(typed_verdicts(report), "stack_portability")
+    return Compare.model_validate({
         "baseline": {"id": base_study.id, "name": base_study.name, "n_runs": len(base_runs)},
         "candidate": {"id": cand_study.id, "name": cand_study.name, "n_runs": len(cand_runs)},
         "metric": metric,
         "margin": margin,
         "verdicts": verdicts,
-        "verdict": "inconclusive",
+        "verdict": worst([v.verdict for v in verdicts]),
         "code": _code_comparison(base_study, cand_study),
     })
-    compared.verdict = worst([v.verdict for v in compared.verdicts])
-    return compared
 
 
 def _code_comparison(base: Any, cand: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.reports.models import Report
 from app.reports.render import render_report
 from app.stats.sequential import sequential_seed_decision, stage_sizes
 from tests.api.helpers import batch, lease, register, result
@@ -55,7 +56,7 @@ def test_inconclusive_study_grows_until_conclusive(api):
                                                                                   "stable"]
     assert len(stage_sizes(5, 5, 30)) == 6
     # shown by `steady report` and on the dashboard's study page
-    text = render_report(report)
+    text = render_report(Report.model_validate(report))
     assert "Adaptive seeds — stage 3 of at most 6" in text and "stage 3: +5 seeds (10..14) → conclusive" in text
     page = api.get(f"/studies/{sid}")
     assert page.status_code == 200 and page.text.count('data-stage="') == 3 and "Adaptive seeds" in page.text

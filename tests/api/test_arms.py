@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.reports.models import Report
 from app.reports.render import render_report
 from tests.api.helpers import batch, lease, register, result, spec
 
@@ -56,7 +57,7 @@ def test_arms_run_with_their_overrides_and_the_report_names_the_difference(api):
     assert any(d.startswith("config (none vs train.yaml sha256:") for d in differ), differ
     assert "code (sha256:aaaa vs sha256:bbbb)" in differ
     assert report["arms"] == [{"reference": "old", "candidate": "new", "differ_by": differ}]
-    text = render_report(report)
+    text = render_report(Report.model_validate(report))
     assert "arms differ by: params.lr (0.1 vs 0.2); config (none vs train.yaml" in text
 
     page = api.client.get(f"/studies/{study['id']}", headers=api.h())

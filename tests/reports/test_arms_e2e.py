@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.reports.models import Report
 from app.reports.render import render_report
 from tests.reports.test_report_e2e import _wait_done
 from tests.worker.test_worker_agent_e2e import Worker
@@ -31,7 +32,7 @@ def test_arms_with_real_runs(live_server, tmp_path):
             (v,) = [v for v in report["verdicts"] if v["level"] == "stack_portability"]
             assert v["n_runs"] == 4 and v["verdict"] in {"equivalent", "not_equivalent", "inconclusive"}
             assert v["group"]["differ_by"][0] == "params.lr (0.001 vs 0.003)", v["group"]
-            assert "arms differ by: params.lr (0.001 vs 0.003); config (none vs arm.yaml" in render_report(report)
+            assert "arms differ by: params.lr (0.001 vs 0.003); config (none vs arm.yaml" in render_report(Report.model_validate(report))
             runs = http.get(f"/api/v1/studies/{sid}/runs").json()["items"]
             assert sorted(r["stack"] for r in runs) == ["new", "new", "old", "old"]
             assert {r["status"] for r in runs} == {"completed"}

@@ -82,3 +82,19 @@ def test_the_background_task_caches_a_settled_study(make_api):
             return row is not None and row.body is not None
 
     wait_until(cached, 30, 0.1, "the background task to cache the report")
+
+
+def test_a_cached_body_in_an_older_shape_is_computed_again(make_api):
+    api = make_api(report_cache_interval_seconds=0)
+    sid = _external_study(api)
+    assert _refresh(api) == [sid]
+    fresh = api.get(f"/api/v1/studies/{sid}/report").json()
+    old = {**fresh, "n_runs_judged": 999}
+    del old["arms"]  # a field the older shape did not have
+    old["verdicts"] = [{**v, "spread": {**v["spread"], "mean": "not a number"}} if v["level"] == "seed_stability"
+                       else v for v in old["verdicts"]]
+    with api.app.state.database.write() as session:
+        session.execute(update(StudyReport).where(StudyReport.study_id == sid)
+                        .values(body=zlib.compress(json.dumps(old).encode())))
+    r = api.get(f"/api/v1/studies/{sid}/report")
+    assert r.status_code == 200 and r.json() == fresh  # computed again, not the stale body, not a 500
