@@ -32,7 +32,7 @@ from app.cli_support import (
 from app.terminal import printable
 
 if TYPE_CHECKING:
-    from app.reports.models import Report
+    from app.reports.models import Compare, CompareStudy, Report
 
 
 def _server_settings(args: argparse.Namespace):  # noqa: ANN202
@@ -414,27 +414,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
         params["margin"] = args.margin
     if args.relative_margin is not None:
         params["relative_margin"] = args.relative_margin
-    result = api.get("/api/v1/compare", params=params)
+    from app.reports.models import Compare
+
+    result = Compare.model_validate(api.get("/api/v1/compare", params=params))
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(result.model_dump_json(indent=2))
     else:
         print(_render_comparison(result))
-    return EXIT_FAIL if result["verdict"] == "not_equivalent" else EXIT_OK
+    return EXIT_FAIL if result.verdict == "not_equivalent" else EXIT_OK
 
 
-def _render_comparison(c: dict[str, Any]) -> str:
-    def side(s: dict[str, Any]) -> str:
-        return f"study {s['id']} ({printable(s['name'])}, {s['n_runs']} runs)"
+def _render_comparison(c: Compare) -> str:
+    def side(s: CompareStudy) -> str:
+        return f"study {s.id} ({printable(s.name)}, {s.n_runs} runs)"
 
-    margin = "none given" if c.get("margin") is None else f"{c['margin']:.4g}"
-    lines = [f"baseline  {side(c['baseline'])}", f"candidate {side(c['candidate'])}",
-             f"final {printable(c['metric'])}, equivalence margin {margin}: {c['verdict']}"]
-    code = c.get("code") or {}
-    if code.get("differs"):
-        lines.append(printable(code["note"]))
+    margin = "none given" if c.margin is None else f"{c.margin:.4g}"
+    lines = [f"baseline  {side(c.baseline)}", f"candidate {side(c.candidate)}",
+             f"final {printable(c.metric)}, equivalence margin {margin}: {c.verdict}"]
+    if c.code.differs:
+        lines.append(printable(c.code.note))
     lines.append("")
-    rows = [[str(v.get("group", {}).get("determinism", "")), v["verdict"], str(v.get("n_runs", 0)),
-             printable(v.get("reason", ""))] for v in c.get("verdicts", [])]
+    rows = [[v.group.determinism, v.verdict, str(v.n_runs), printable(v.reason)] for v in c.verdicts]
     if rows:
         lines.append(table(["DETERMINISM", "VERDICT", "RUNS", "WHY"], rows))
     else:
