@@ -119,7 +119,7 @@ def failing_verdicts(report: Report) -> list[tuple[str, str]]:
     from app.stats.vocabulary import SEVERITY
 
     bad = SEVERITY["unstable"]
-    rows = [(v.level, v.verdict) for v in report.verdicts if SEVERITY.get(v.verdict) == bad]
+    rows: list[tuple[str, str]] = [(v.level, v.verdict) for v in report.verdicts if SEVERITY.get(v.verdict) == bad]
     rows += [("cost", c.verdict) for c in report.determinism_cost if c.verdict and SEVERITY.get(c.verdict) == bad]
     return rows
 

@@ -13,7 +13,7 @@ class NumbersJSONResponse(JSONResponse):
 
     Floats come out in their shortest round-trip form (``1e-05`` is written ``0.00001``): the
     same doubles after parsing, not the same bytes as ``json.dumps``. The content must already
-    be plain JSON data with the API's spelling of non-finite floats (``app.stats.report.to_plain``).
+    be plain JSON data with the API's spelling of non-finite floats (``app.wire.NONFINITE_SPELLING``).
     """
 
     def render(self, content: Any) -> bytes:

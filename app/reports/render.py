@@ -104,8 +104,8 @@ def render_report(report: Report, *, color: bool = False) -> str:
     if report.determinism_cost:
         lines.append("")
         lines.append(_paint("Cost of determinism", "1", color) + " (step time ratio, with CI)")
-        for c in report.determinism_cost:
-            lines.append("  " + _cost_line(c))
+        for cost in report.determinism_cost:
+            lines.append("  " + _cost_line(cost))
     return "\n".join(lines)
 
 
@@ -151,8 +151,8 @@ def stage_lines(report: Report, *, color: bool = False) -> list[str]:
             if d.error is not None:
                 out.append(f"    {d.error}")
                 continue
-            bound = d.boundary
-            bound = "not testable" if bound is None or math.isinf(bound) else f"|z| ≥ {bound:.3f}"
+            z = d.boundary
+            bound = "not testable" if z is None or math.isinf(z) else f"|z| ≥ {z:.3f}"
             stat = "" if d.std is None else f"std {_num(d.std)}"
             if d.upper is not None:
                 stat += f" in [{_num(d.lower)}, {_num(d.upper)}]"

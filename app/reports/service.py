@@ -296,7 +296,7 @@ def _name_arm_differences(report: Report, spec: dict[str, Any]) -> None:
     code, stack); the report's ``arms`` lists every arm against the reference."""
     arms = effective_arms(spec)
     for v in report.of_level("stack_portability"):
-        ref, cand = arms.get(v.group.reference_stack), arms.get(v.group.candidate_stack)
+        ref, cand = arms.get(v.group.reference_stack or ""), arms.get(v.group.candidate_stack)
         if ref is not None and cand is not None:
             v.group.differ_by = differences(ref, cand)
 
