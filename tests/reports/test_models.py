@@ -137,3 +137,20 @@ def test_typed_verdicts_of_a_cross_report():
     cross = build_report(RUNS, [MetricSpec("loss", margin=0.02)], rng=np.random.default_rng(1),
                          reference_stack="torch2.3-cu121")
     assert [v.level for v in typed_verdicts(cross)] == [v.level for v in cross.verdicts]
+
+
+def test_bands_data_is_what_the_bands_model_describes():
+    """The /bands route renders plain data (no validation, for speed): it must read as ``Bands``."""
+    from app.reports.models import Bands
+    from app.stats.report import compute_bands
+    from app.wire import NONFINITE_SPELLING
+
+    groups = compute_bands(RUNS[:3], metric="loss")  # one seed: std and intervals are NaN at every step
+    body = {"study_id": 1, "metric": "loss", "coverage": 0.9, "confidence": 0.95,
+            "groups": [g.to_dict(spelling=NONFINITE_SPELLING) for g in groups]}
+    text = json.dumps(body, allow_nan=False)
+    assert '"NaN"' in text
+    bands = Bands.model_validate_json(text)
+    (g,) = bands.groups
+    assert g.n == [1] * len(g.steps) and all(math.isnan(x) for x in g.std)
+    assert json.loads(bands.model_dump_json()) == body
