@@ -47,6 +47,7 @@ from app.stats.alert_rules import band_check, baseline_curve_outliers, baseline_
 from app.stats.changepoint import sequential_shift
 from app.stats.report import MetricSpec, build_report, common_finals
 from app.studies import service as studies
+from app import wire
 
 log = logging.getLogger("steady.alerts")
 
@@ -273,7 +274,7 @@ VERDICT_CODES = {"identical": 0, "stable": 0, "equivalent": 0, "within_tolerance
 
 def _num(x: Any) -> float | None:
     if x is None or isinstance(x, str):
-        return None if x is None else float(x)  # "inf" / "-inf"
+        return None if x is None else float(x)  # "NaN" / "Infinity" / "-Infinity"
     return float(x)
 
 
@@ -534,8 +535,7 @@ def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[
             outside = []
             for i in check.outside:
                 r, f = runs[i], cand_finals[i]
-                outside.append({"run_id": r.run_id, "seed": r.seed, "final": f if f is None or np.isfinite(f)
-                                else str(f)})
+                outside.append({"run_id": r.run_id, "seed": r.seed, "final": wire.plain(f)})
             numbers = {**common, "interval": [check.low, check.high], "n_baseline": check.n_baseline,
                        "outside": outside, "n_runs": len(runs), "alpha": spec.alpha,
                        "per_run_alpha": check.per_run_alpha,
@@ -749,7 +749,7 @@ def payload(alert: Alert, event: str) -> str:
     where = f"suite {alert.suite!r}, " if alert.suite else ""
     text = slack_escape(f"[{tag}] {alert.severity}: {alert.summary} ({where}study {alert.study_id}) {alert.link}")
     body = {"text": text, "event": event, "alert": alert_out(alert).model_dump(mode="json")}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+    return wire.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def enqueue(session: Session, alert: Alert, event: str) -> int:

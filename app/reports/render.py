@@ -161,7 +161,7 @@ def stage_lines(report: dict[str, Any], *, color: bool = False) -> list[str]:
                 out.append(f"    {d['error']}")
                 continue
             bound = d.get("boundary")
-            bound = "not testable" if bound in (None, "inf") else f"|z| ≥ {float(bound):.3f}"
+            bound = "not testable" if bound in (None, "Infinity") else f"|z| ≥ {float(bound):.3f}"
             stat = "" if d.get("std") is None else f"std {_num(d['std'])}"
             if d.get("upper") is not None:
                 stat += f" in [{_num(d['lower'])}, {_num(d['upper'])}]"

@@ -3,8 +3,8 @@
 ``build_report`` turns a sequence of ``RunData`` and ``MetricSpec`` into a frozen
 ``StudyReport``; ``compute_bands`` gives the per-step bands behind the ``/bands`` route.
 ``StudyReport.to_dict()`` and ``GroupBand.to_dict()`` return JSON-safe plain data: numpy
-scalars become Python numbers, arrays become lists, **NaN becomes None and ±Inf become the
-strings "inf" / "-inf"**.
+scalars become Python numbers, arrays become lists, **NaN and ±Inf become the strings "NaN",
+"Infinity" and "-Infinity"** (the API's one spelling, ``app.wire``); None stays None ("absent").
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class StudyReport:
     bands: tuple = ()
 
     def to_dict(self) -> dict:
-        """JSON-safe plain data (NaN → None, ±Inf → "inf"/"-inf")."""
+        """JSON-safe plain data (NaN, ±Inf → "NaN", "Infinity", "-Infinity")."""
         out = {
             "headline": to_plain(self.headline),
             "verdicts": [],
@@ -137,23 +137,21 @@ def to_plain(obj):
         return int(obj)
     if isinstance(obj, (float, np.floating)):
         x = float(obj)
-        if math.isnan(x):
-            return None
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return x
+        return x if math.isfinite(x) else nonfinite_name(x)
     if obj is None or isinstance(obj, str):
         return obj
     return str(obj)
 
 
-_NONFINITE = {True: "inf", False: "-inf"}
+def nonfinite_name(x: float) -> str:
+    """The API's string for a non-finite float (the same as ``app.wire``, which the stats core cannot import)."""
+    return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
 
 
 def _array_plain(arr: np.ndarray) -> list:
     """``to_plain`` of an array, whole rows at a time: ``tolist()`` gives exactly the Python
-    numbers the per-element path gives, and only the non-finite cells are patched (NaN → None,
-    ±Inf → "inf"/"-inf")."""
+    numbers the per-element path gives, and only the non-finite cells are patched (NaN, ±Inf →
+    "NaN", "Infinity", "-Infinity")."""
     if arr.ndim == 0 or arr.dtype.kind not in "biuf":
         return [to_plain(v) for v in arr.tolist()]  # object, complex, strings…: element by element
     if arr.ndim > 1:
@@ -162,8 +160,7 @@ def _array_plain(arr: np.ndarray) -> list:
     if arr.dtype.kind == "f":
         bad = np.flatnonzero(~np.isfinite(arr))
         for i in bad.tolist():
-            x = out[i]
-            out[i] = None if x != x else _NONFINITE[x > 0]
+            out[i] = nonfinite_name(out[i])
     return out
 
 
@@ -622,7 +619,7 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
                "adjust_method": adjust_method, "false_alarm": false_alarm,
                "sequential": None if stages is None else {"last_stage": stages.last_stage, "max_seeds": stages.max_seeds,
                                                           "spending": stages.spending, "stage": stages.current},
-               "nonfinite_encoding": "NaN -> null, +/-Inf -> 'inf'/'-inf'"}
+               "nonfinite_encoding": "NaN, +/-Inf -> 'NaN', 'Infinity', '-Infinity'; null: absent"}
     head = expectations.headline(
         {"group": v.group, "met_expectation": v.details["met_expectation"], "expectation": v.details["expectation"],
          "suspicious": v.details["suspicious"]} for v in verdicts if v.level == "repeatability")
