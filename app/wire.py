@@ -70,15 +70,15 @@ def plain(obj: Any) -> Any:
     """``obj`` (JSON-like data: dicts, lists, tuples, numbers, strings, None, numpy scalars)
     with every non-finite float written as the API's string. Parts that need no change are
     returned as they are, not copied: a list of a million finite floats costs one ``sum``."""
-    if isinstance(obj, float):
-        return wire_float(obj)
+    if isinstance(obj, float):  # numpy's float64 too (a subclass): a plain float out
+        return wire_float(float(obj))
     if isinstance(obj, Mapping):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         if obj and isinstance(obj[0], (int, float)) and _finite_sum(obj):
             return obj
         return [plain(v) for v in obj]
-    if isinstance(obj, np.floating):
+    if isinstance(obj, np.floating):  # float32, float16
         return wire_float(float(obj))
     if isinstance(obj, np.integer):
         return int(obj)

@@ -77,7 +77,7 @@ NONFINITE: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity
 
 def wire_float(value: float) -> float | str:
     """``value`` for JSON: a finite float as it is, NaN and ±Inf as ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"``."""
-    if value - value == 0.0:  # finite (NaN - NaN and inf - inf are NaN)
+    if math.isfinite(value):
         return value
     return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
 
