@@ -82,3 +82,21 @@ def test_the_background_task_caches_a_settled_study(make_api):
             return row is not None and row.body is not None
 
     wait_until(cached, 30, 0.1, "the background task to cache the report")
+
+
+def test_a_report_cached_in_an_older_json_format_is_stale(make_api):
+    """Reports cached before the one spelling of non-finite floats (null / "inf") are not served,
+    and the background recomputes them."""
+    api = make_api(report_cache_interval_seconds=0)
+    sid = _external_study(api)
+    fresh = api.get(f"/api/v1/studies/{sid}/report").json()
+    assert _refresh(api) == [sid]
+    with api.app.state.database.write() as session:
+        old_version = repository.study_version(session, service.studies.get_study(session, sid)).split("|", 1)[1]
+        session.execute(update(StudyReport).where(StudyReport.study_id == sid).values(version=old_version))
+    _marked(api, sid, fresh)
+    assert api.get(f"/api/v1/studies/{sid}/report").json() == fresh  # computed afresh, not the old cache
+    assert _refresh(api) == [sid]
+    assert _refresh(api) == []
+    with api.app.state.database.read() as session:
+        assert repository.get(session, sid).version.startswith(repository.REPORT_FORMAT + "|")
