@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pytest
 
 from tests.api.helpers import bare_constant as _bare_constant
