@@ -13,13 +13,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app import __version__, apidocs, migrate
+from app import __version__, apidocs, migrate, wire
 from app.alerts.dispatcher import Dispatcher
 from app.alerts.router import metrics_router
 from app.alerts.router import router as alerts_router
@@ -237,8 +236,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
             where = ".".join(str(p) for p in first.get("loc", ()))
             return JSONResponse({"error_code": "INVALID_PARAMETER_VALUE", "message": f"{where}: {first['msg']}",
-                                 "detail": jsonable_encoder(exc.errors())}, status_code=422)
-        return await request_validation_exception_handler(request, exc)
+                                 "detail": wire.plain(jsonable_encoder(exc.errors()))}, status_code=422)
+        # the errors echo the input, which may hold a bare NaN token an old client sent: answered as "NaN"
+        return JSONResponse({"detail": wire.plain(jsonable_encoder(exc.errors()))}, status_code=422)
 
     @app.exception_handler(SteadyError)
     async def _steady_error(request: Request, exc: SteadyError) -> JSONResponse:

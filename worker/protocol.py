@@ -4,9 +4,11 @@ This module is the single source of truth for lease, heartbeat, metric batch and
 messages. It depends on pydantic only: the server imports it (``app -> worker.protocol``),
 the worker never imports the server.
 
-Floats travel exactly. In JSON a value may be a number, ``NaN``, ``Infinity`` or
-``-Infinity`` (Python's ``json`` writes these), or the strings ``"NaN"``, ``"Infinity"``
-and ``"-Infinity"``. For speed and bit-exactness a series may instead be *packed*:
+Floats travel exactly, as strict JSON: a finite value is a number, NaN and ±Inf are the strings
+``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (``WireFloat``, the one spelling of the whole
+API); ``null`` only ever means "absent". For one release the server still accepts the bare
+``NaN`` / ``Infinity`` tokens that workers before this change wrote (not valid JSON).
+For speed and bit-exactness a series may instead be *packed*:
 ``steps_b64`` is base64 of little-endian int64 and ``values_b64`` base64 of little-endian
 float64 (``<i8`` / ``<f8``), which is what the worker sends.
 """
@@ -14,13 +16,24 @@ float64 (``<i8`` / ``<f8``), which is what the worker sends.
 from __future__ import annotations
 
 import base64
+import math
 import re
 import struct
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -55,8 +68,48 @@ MetricKey = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH, patter
 Label = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[A-Za-z0-9_.:/+=\-]+$")]
 
 
+# --- floats -----------------------------------------------------------------------------------
+
+# JSON has no NaN or ±Inf. The API's one spelling of them (JavaScript's names, as MLflow and
+# proto3 JSON write them): these strings, both ways; null is never a number, only "absent".
+NONFINITE: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def wire_float(value: float) -> float | str:
+    """``value`` for JSON: a finite float as it is, NaN and ±Inf as ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"``."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _from_wire(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return NONFINITE[value]
+        except KeyError:
+            raise ValueError(f"a number, or one of 'NaN', 'Infinity', '-Infinity'; got the string {value[:40]!r}") from None
+    return value
+
+
+def _to_wire(value: Any) -> Any:
+    return wire_float(value) if isinstance(value, float) else value
+
+
+# A float field of the API: validates numbers and the three strings (no other string, and no
+# null unless the field says ``WireFloat | None``); writes non-finite values as the strings in
+# JSON (Python-mode dumps keep the float).
+WireFloat = Annotated[
+    float,
+    BeforeValidator(_from_wire),
+    PlainSerializer(_to_wire, when_used="json"),
+    WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "string", "enum": list(NONFINITE)}],
+                    "description": "a number; NaN and ±Inf as the strings 'NaN', 'Infinity', '-Infinity'"}),
+]
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+    # non-finite floats in untyped fields (params, fingerprints) are written as the strings too
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
 
 def _without_nul(value: Any) -> Any:
@@ -282,7 +335,7 @@ class Series(_Model):
 
     key: MetricKey
     steps: list[int] | None = None
-    values: list[float] | None = None
+    values: list[WireFloat] | None = None
     steps_b64: str | None = None
     values_b64: str | None = None
     # The type the values were logged in (values travel as float64 either way): ULPs between
@@ -385,11 +438,11 @@ class Digests(_Model):
 class RunResult(_FreeText):
     lease_id: str
     request_id: RequestId | None = None
-    final_metrics: dict[str, float] = {}
+    final_metrics: dict[str, WireFloat] = {}
     digests: Digests = Digests()
     fingerprint: dict[str, Any] = {}
     determinism_applied: dict[str, Any] = {}
-    timings: dict[str, float] = {}  # wall_s, step_time_mean_s, ...
+    timings: dict[str, WireFloat] = {}  # wall_s, step_time_mean_s, ...
 
 
 class RunFailure(_FreeText):

@@ -10,7 +10,8 @@ explicit act that adds a version (who, when, why); older versions stay readable 
 
 Canonical JSON: keys sorted, no whitespace, UTF-8. Final values are JSON numbers (Python's
 shortest round-trip ``repr``, so exact), non-finite ones the strings ``"nan"``, ``"inf"`` and
-``"-inf"`` (the API's spelling). A series is ``{"n", "steps", "values"}`` with steps as
+``"-inf"`` (this stored format's own spelling, kept so equal content keeps its digest; snapshots
+are not served as they are, and the API spells these as ``app.wire`` does). A series is ``{"n", "steps", "values"}`` with steps as
 little-endian int64 and values as little-endian IEEE-754 float64, base64-encoded: exact bit
 for bit (NaN payloads and signed zeros included), and about 4x faster to snapshot than a
 list of decimal numbers (bench/baseline_snapshot_bench.py).

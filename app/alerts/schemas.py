@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from app.reports.models import PortabilityVerdict
+from app.wire import WireModel
 from worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
 
 Severity = Literal["info", "warning", "critical"]
@@ -143,7 +144,7 @@ RULE_KINDS = ("band_width", "out_of_baseline", "repeatability_lost", "diverged",
 rule_adapter: TypeAdapter = TypeAdapter(AlertRuleSpec)
 
 
-class AlertRuleOut(BaseModel):
+class AlertRuleOut(WireModel):
     id: int
     name: str
     kind: str
@@ -167,7 +168,7 @@ class BaselineIn(BaseModel):
     )
 
 
-class BaselineVersionOut(BaseModel):
+class BaselineVersionOut(WireModel):
     """One frozen version of a suite's baseline: its runs' results as canonical JSON, and its SHA-256."""
 
     version: int
@@ -180,7 +181,7 @@ class BaselineVersionOut(BaseModel):
     reason: str | None
 
 
-class BaselineOut(BaseModel):
+class BaselineOut(WireModel):
     suite: str
     study_id: int
     stack: str | None
@@ -193,7 +194,7 @@ class BaselineOut(BaseModel):
     reason: str | None = None
 
 
-class BaselineComparisonOut(BaseModel):
+class BaselineComparisonOut(WireModel):
     """A study's final metrics against its suite's baseline snapshot (stack-portability verdicts)."""
 
     suite: str
@@ -217,7 +218,7 @@ class WebhookIn(BaseModel):
     min_severity: Severity = "info"
 
 
-class WebhookOut(BaseModel):
+class WebhookOut(WireModel):
     id: int
     name: str
     url: str
@@ -230,7 +231,7 @@ class WebhookCreated(WebhookOut):
     secret: str = Field(description="the HMAC key; shown only in this answer, store it now")
 
 
-class AlertOut(BaseModel):
+class AlertOut(WireModel):
     id: int
     rule_id: int
     kind: str
@@ -252,14 +253,14 @@ class AlertOut(BaseModel):
     acked_by: str | None
 
 
-class AlertPage(BaseModel):
+class AlertPage(WireModel):
     items: list[AlertOut]
     total: int
     limit: int
     offset: int
 
 
-class DeliveryOut(BaseModel):
+class DeliveryOut(WireModel):
     id: int
     webhook_id: int
     alert_id: int
@@ -273,7 +274,7 @@ class DeliveryOut(BaseModel):
     delivered_at: datetime | None
 
 
-class EvaluationOut(BaseModel):
+class EvaluationOut(WireModel):
     study_id: int
     rules: int
     firing: list[AlertOut]

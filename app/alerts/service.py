@@ -51,6 +51,7 @@ from app.stats.changepoint import sequential_shift
 from app.stats.report import MetricSpec, build_report, common_finals
 from app.stats.vocabulary import Level
 from app.studies import service as studies
+from app import wire
 
 log = logging.getLogger("steady.alerts")
 
@@ -518,8 +519,7 @@ def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[
             outside = []
             for i in check.outside:
                 r, f = runs[i], cand_finals[i]
-                outside.append({"run_id": r.run_id, "seed": r.seed, "final": f if f is None or np.isfinite(f)
-                                else str(f)})
+                outside.append({"run_id": r.run_id, "seed": r.seed, "final": wire.plain(f)})
             numbers = {**common, "interval": [check.low, check.high], "n_baseline": check.n_baseline,
                        "outside": outside, "n_runs": len(runs), "alpha": spec.alpha,
                        "per_run_alpha": check.per_run_alpha,
@@ -733,7 +733,7 @@ def payload(alert: Alert, event: str) -> str:
     where = f"suite {alert.suite!r}, " if alert.suite else ""
     text = slack_escape(f"[{tag}] {alert.severity}: {alert.summary} ({where}study {alert.study_id}) {alert.link}")
     body = {"text": text, "event": event, "alert": alert_out(alert).model_dump(mode="json")}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+    return wire.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def enqueue(session: Session, alert: Alert, event: str) -> int:

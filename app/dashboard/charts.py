@@ -11,6 +11,12 @@ within the bucket there, in the order they occurred. So every series keeps every
 extremes exactly (a spike in one run survives), all series share one x array (what uPlot
 wants), and a point is displaced by less than one bucket (< 0.2 % of the axis at the
 default 1000 points). Series shorter than ``max_points`` are sent whole.
+
+Values follow the API's spelling (``app.wire``): a point a run logged as NaN or ±Inf is the
+string ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"`` (a bucket with no finite value shows the
+first non-finite one logged there), ``null`` is a point a series does not have (a step a run
+did not log, a band statistic that cannot be computed, a difference with a non-finite side).
+The dashboard draws both as gaps.
 """
 
 from __future__ import annotations
@@ -31,15 +37,21 @@ from app.stats.report import GroupBand, RunData, compute_bands
 BAND_FIELDS = ("mean", "min", "max", "ti_low", "ti_high", "ci_low", "ci_high")
 
 
-def bucket_extremes(matrix: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+def bucket_extremes(
+    matrix: np.ndarray, max_points: int, present: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Decimate ``series × steps`` to ``series × ≤max_points`` keeping each bucket's min and max.
 
-    Returns (grid indices of the kept x positions, values). Non-finite cells are treated as
-    missing; a bucket where a series has no finite value gives NaN for it.
+    ``present`` (default: every cell) marks the cells a series has. Returns (grid indices of the
+    kept x positions, values, absent). Non-finite cells take no part in the extremes; a bucket
+    where a series has no finite value gives the first non-finite value it has there, or is
+    ``absent`` (True) when it has no cell there at all.
     """
     n_series, m = matrix.shape
+    if present is None:
+        present = np.ones(matrix.shape, dtype=bool)
     if m <= max_points:
-        return np.arange(m), np.where(np.isfinite(matrix), matrix, np.nan)
+        return np.arange(m), matrix, ~present
     buckets = max_points // 2
     edges = np.linspace(0, m, buckets + 1).astype(np.int64)
     width = int(np.max(np.diff(edges)))
@@ -47,23 +59,29 @@ def bucket_extremes(matrix: np.ndarray, max_points: int) -> tuple[np.ndarray, np
     valid = pos < edges[1:, None]
     pos = np.minimum(pos, m - 1)
     out = np.empty((n_series, 2 * buckets))
+    absent = np.zeros((n_series, 2 * buckets), dtype=bool)
     for i in range(n_series):  # one series at a time: temporaries of one row, not of the matrix
         row = matrix[i]
-        cells = np.where(valid, row[pos], np.nan)  # buckets × width
-        cells[~np.isfinite(cells)] = np.nan
-        missing = np.isnan(cells)
+        raw = np.where(valid, row[pos], np.nan)  # buckets × width
+        finite = np.isfinite(raw)
+        cells = np.where(finite, raw, np.nan)
+        missing = ~finite
         empty = missing.all(axis=1)
         lo = np.argmin(np.where(missing, np.inf, cells), axis=1)
         hi = np.argmax(np.where(missing, -np.inf, cells), axis=1)
         first, second = np.minimum(lo, hi), np.maximum(lo, hi)
         v_first = np.take_along_axis(cells, first[:, None], axis=1)[:, 0]
         v_second = np.take_along_axis(cells, second[:, None], axis=1)[:, 0]
-        v_first[empty] = np.nan
-        v_second[empty] = np.nan
+        if empty.any():  # no finite value: the first non-finite one the series has there, else absent
+            logged = valid & present[i][pos] & ~finite
+            has = logged.any(axis=1)
+            fill = np.where(has, np.take_along_axis(raw, np.argmax(logged, axis=1)[:, None], axis=1)[:, 0], np.nan)
+            v_first[empty] = v_second[empty] = fill[empty]
+            absent[i, 0::2] = absent[i, 1::2] = empty & ~has
         out[i, 0::2], out[i, 1::2] = v_first, v_second
     xs = np.empty(2 * buckets, dtype=np.int64)
     xs[0::2], xs[1::2] = edges[:-1], edges[1:] - 1
-    return xs, out
+    return xs, out, absent
 
 
 def pick_lines(runs: Sequence[Run], max_lines: int) -> list[Run]:
@@ -76,9 +94,18 @@ def _ints(values: np.ndarray) -> str:
     return "[" + ",".join(map(str, values.tolist())) + "]"
 
 
-def _nums(values: np.ndarray) -> str:
-    """A JSON array of 7-significant-digit numbers, ``null`` for missing — compact for the wire."""
-    return "[" + ",".join("null" if v != v else f"{v:.7g}" for v in values.tolist()) + "]"
+_NONFINITE_JSON = {"nan": '"NaN"', "inf": '"Infinity"', "-inf": '"-Infinity"'}
+
+
+def _nums(values: np.ndarray, absent: np.ndarray | None = None) -> str:
+    """A JSON array of 7-significant-digit numbers, the API's strings for NaN and ±Inf, ``null``
+    where ``absent`` (default: NaN, for series whose NaN means "no value") — compact for the wire."""
+    text = [f"{v:.7g}" for v in values.tolist()]  # 'nan', 'inf', '-inf' for the non-finite
+    if absent is None:
+        absent = np.isnan(values)
+    for i in np.flatnonzero(absent | ~np.isfinite(values)).tolist():
+        text[i] = "null" if absent[i] else _NONFINITE_JSON[text[i]]
+    return "[" + ",".join(text) + "]"
 
 
 def group_chart(
@@ -121,14 +148,17 @@ def group_chart(
 
     n_band = len(BAND_FIELDS) if band is not None else 0
     matrix = np.full((n_band + len(lines), grid.size), np.nan)  # every drawn series on the shared grid
+    present = np.zeros(matrix.shape, dtype=bool)  # a band statistic that is NaN could not be computed: absent
     if band is not None:
         where = np.searchsorted(grid, band.band.steps)
         for j, name in enumerate(BAND_FIELDS):
             matrix[j, where] = np.asarray(getattr(band.band, name), dtype=np.float64)
+            present[j, where] = ~np.isnan(matrix[j, where])
     if aligned is not None:
         where = np.searchsorted(grid, aligned.steps)
         matrix[n_band:, where] = aligned.values
-    idx, reduced = bucket_extremes(matrix, max_points)
+        present[n_band:, where] = aligned.present
+    idx, reduced, absent = bucket_extremes(matrix, max_points, present)
     x = grid[idx] if grid.size else grid
 
     head: dict[str, Any] = {
@@ -175,23 +205,23 @@ def group_chart(
     body = json.dumps(head, allow_nan=False)[:-1]
     parts = [f',"x":{_ints(x)}']
     if band is not None:
-        parts.append(',"series":{' + ",".join(f'"{name}":{_nums(reduced[j])}' for j, name in enumerate(BAND_FIELDS))
+        parts.append(',"series":{' + ",".join(f'"{name}":{_nums(reduced[j], absent[j])}' for j, name in enumerate(BAND_FIELDS))
                      + "}")
     else:
         parts.append(',"series":null')
-    parts.append(',"y":[' + ",".join(_nums(reduced[k + i]) for i in range(len(lines))) + "]")
+    parts.append(',"y":[' + ",".join(_nums(reduced[k + i], absent[k + i]) for i in range(len(lines))) + "]")
     return body + "".join(parts) + "}"
 
 
 def run_chart(steps: np.ndarray, values: np.ndarray, *, key: str, max_points: int) -> str:
     """One run's series of ``key``, decimated keeping extremes, as JSON text."""
-    idx, reduced = bucket_extremes(np.asarray(values, dtype=np.float64)[None, :], max_points)
+    idx, reduced, absent = bucket_extremes(np.asarray(values, dtype=np.float64)[None, :], max_points)
     finite = np.isfinite(values)
     diverged_at = None if finite.all() else int(steps[int(np.argmin(finite))])
     head = {"key": key, "total_steps": int(len(steps)), "points": int(idx.size),
             "downsampled": bool(idx.size < len(steps)), "diverged_at": diverged_at}
     x = np.asarray(steps, dtype=np.int64)[idx]
-    return json.dumps(head)[:-1] + f',"x":{_ints(x)},"y":{_nums(reduced[0])}}}'
+    return json.dumps(head)[:-1] + f',"x":{_ints(x)},"y":{_nums(reduced[0], absent[0])}}}'
 
 
 DIFFERENCE_UNITS = ("abs", "ulp")

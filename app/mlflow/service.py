@@ -31,7 +31,7 @@ from app.auth.service import Role, ensure_may_change
 from app.config import Settings
 from app.deps import Principal
 from app.metrics import repository as metrics_repo
-from app.metrics.encoding import json_float
+from app.wire import from_wire, wire_float
 from app.mlflow.schemas import CreateExperimentIn, CreateRunIn, LogBatchIn, MetricIn, ParamIn, TagIn, UpdateRunIn
 from app.models import Run, Study, utcnow
 from app.runs.credentials import RunCredential
@@ -104,27 +104,19 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
     series = metrics_repo.load_series(session, [run.id], None) if run.status == RunStatus.running.value else {}
     latest = {key: (int(steps[-1]), float(values[-1])) for (_, key), (steps, values) in series.items() if len(steps)}
     if not latest:
-        latest = {k: (0, float(v)) for k, v in (run.final_metrics or {}).items() if isinstance(v, (int, float))}
+        latest = {k: (0, from_wire(v)) for k, v in (run.final_metrics or {}).items()}
     tags = dict(meta.get("tags") or {})
     tags.setdefault(RUN_NAME_TAG, run_info(run)["run_name"])
     return {
         "info": run_info(run),
         "data": {
-            "metrics": [{"key": k, "value": _json_double(v), "step": str(s), "timestamp": "0"}
+            "metrics": [{"key": k, "value": wire_float(v), "step": str(s), "timestamp": "0"}
                         for k, (s, v) in sorted(latest.items())],
             "params": [{"key": k, "value": v} for k, v in sorted((meta.get("params") or {}).items())],
             "tags": [{"key": k, "value": v} for k, v in sorted(tags.items())],
         },
         "inputs": {},
     }
-
-
-def _json_double(value: float) -> float | str:
-    if np.isnan(value):
-        return "NaN"
-    if np.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
 
 
 def experiment_view(study: Study) -> dict[str, Any]:
@@ -295,7 +287,7 @@ def _finish_external(session: Session, run: Run, status: str) -> None:
             raise _invalid(f"param 'determinism' must be one of {[d.value for d in Determinism]}, got {level!r}")
         run.determinism = level
     series = metrics_repo.load_series(session, [run.id], None)
-    run.final_metrics = {key: json_float(float(values[-1])) for (_, key), (steps, values) in series.items() if len(steps)}
+    run.final_metrics = {key: wire_float(float(values[-1])) for (_, key), (steps, values) in series.items() if len(steps)}
     run.status = RunStatus.completed.value if status == "FINISHED" else RunStatus.failed.value
     if status != "FINISHED":
         run.failure_kind = "error"

@@ -13,13 +13,16 @@ from app.models import Run, Study, StudyReport
 from app.studies import repository as studies_repo
 
 SETTLED_STUDY_STATUSES = ("completed", "failed", "cancelled")
+# The report's JSON format, part of every cached version: a cache written in an older format is
+# stale (2: NaN and ±Inf spelled "NaN" / "Infinity" / "-Infinity", app.wire; 1 wrote null / "inf").
+REPORT_FORMAT = "f2"
 
 
 def study_version(session: Session, study: Study) -> str:
     """Names everything a report reads: status, last change, run counts, last finish."""
     p = studies_repo.progress_by_study(session, [study.id])[study.id]
     finished = session.scalar(select(func.max(Run.finished_at)).where(Run.study_id == study.id))
-    parts = (study.status, study.updated_at.isoformat() if study.updated_at else "", p.total, p.queued, p.running,
+    parts = (REPORT_FORMAT, study.status, study.updated_at.isoformat() if study.updated_at else "", p.total, p.queued, p.running,
              p.completed, p.failed, p.cancelled, finished.isoformat() if finished else "")
     return "|".join(str(x) for x in parts)
 
@@ -34,7 +37,8 @@ def stale_settled_studies(session: Session, limit: int) -> list[int]:
         select(Study.id)
         .outerjoin(StudyReport, StudyReport.study_id == Study.id)
         .where(or_(Study.status.in_(SETTLED_STUDY_STATUSES), Study.kind == "external"))
-        .where(or_(StudyReport.study_id.is_(None), StudyReport.computed_at < Study.updated_at))
+        .where(or_(StudyReport.study_id.is_(None), StudyReport.computed_at < Study.updated_at,
+                   ~StudyReport.version.startswith(REPORT_FORMAT + "|", autoescape=True)))
         .order_by(Study.updated_at)
         .limit(limit)
     )

@@ -18,7 +18,8 @@ from app.auth.service import Role
 from app.deps import Principal
 from app.errors import Conflict, Forbidden, Invalid, NotFound, TooLarge, TooManyRequests
 from app.metrics import repository as metrics_repo
-from app.metrics.encoding import json_float, series_arrays
+from app.metrics.encoding import series_arrays
+from app.wire import wire_float
 from app.runs import repository as runs_repo
 from app.models import Run, Study, Worker, utcnow
 from app.runs import credentials
@@ -405,11 +406,11 @@ def complete(session: Session, run_id: int, body: RunResult, principal: Principa
     run = _leased_run(session, run_id, body.lease_id, principal, lock=False)
     now = utcnow()
     run.status = RunStatus.completed.value
-    run.final_metrics = {k: json_float(v) for k, v in body.final_metrics.items()}
+    run.final_metrics = {k: wire_float(v) for k, v in body.final_metrics.items()}
     run.digests = body.digests.model_dump(mode="json")
     run.fingerprint = body.fingerprint
     run.determinism_applied = body.determinism_applied
-    run.timings = {k: json_float(v) for k, v in body.timings.items()}
+    run.timings = {k: wire_float(v) for k, v in body.timings.items()}
     run.finished_at = now
     run.lease_expires_at = None
     _applied(run, body.request_id)

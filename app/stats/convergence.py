@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
+
+from app.stats.report import to_plain
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -103,13 +105,8 @@ class ConvergenceResult:
     p_value: float | None  # one-sided: P(T ≤ t) under "as fast as the reference"
 
     def to_dict(self) -> dict:
-        """Plain data; a run that never reached the target has steps_to_target "inf"."""
-        d = asdict(self)
-        d["steps_to_target"] = [x if math.isfinite(x) else "inf" for x in self.steps_to_target]
-        for k, v in d.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                d[k] = None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-        return d
+        """Plain data; a run that never reached the target has steps_to_target "Infinity"."""
+        return to_plain(self)
 
 
 def steps_to_target(steps: Sequence[float], values: Sequence[float], *, target: float, direction: str) -> float:

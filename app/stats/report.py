@@ -5,8 +5,8 @@
 The level builders live in ``app.stats.report_levels``, the dataclasses and shared helpers in
 ``app.stats.report_data``, plain-data conversion in ``app.stats.serialize``.
 ``StudyReport.to_dict()`` and ``GroupBand.to_dict()`` return JSON-safe plain data: numpy
-scalars become Python numbers, arrays become lists, **NaN becomes None and ±Inf become the
-strings "inf" / "-inf"**; ``StudyReport.to_data()`` keeps non-finite floats as floats.
+scalars become Python numbers, arrays become lists, **NaN and ±Inf become the strings "NaN",
+"Infinity" and "-Infinity"** (the API's one spelling, ``app.wire``); None stays None ("absent"); ``StudyReport.to_data()`` keeps non-finite floats as floats.
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
                "adjust_method": adjust_method, "false_alarm": false_alarm,
                "sequential": None if stages is None else {"last_stage": stages.last_stage, "max_seeds": stages.max_seeds,
                                                           "spending": stages.spending, "stage": stages.current},
-               "nonfinite_encoding": "NaN -> null, +/-Inf -> 'inf'/'-inf'"}
+               "nonfinite_encoding": "NaN, +/-Inf -> 'NaN', 'Infinity', '-Infinity'; null: absent"}
     head = expectations.headline(
         {"group": v.group, "met_expectation": v.details["met_expectation"], "expectation": v.details["expectation"],
          "suspicious": v.details["suspicious"]} for v in verdicts if v.level == "repeatability")

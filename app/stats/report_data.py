@@ -12,7 +12,7 @@ import numpy as np
 from app.stats.align import align_series
 from app.stats.bands import DEFAULT_QUANTILES, Band, compute_band
 from app.stats.downsample import extreme_indices
-from app.stats.serialize import LEGACY, to_data, to_plain
+from app.stats.serialize import WIRE, to_data, to_plain
 from app.stats.vocabulary import DETERMINISM_LEVELS
 
 STEP_TIME_KEY = "step_time"
@@ -86,7 +86,7 @@ class StudyReport:
     bands: tuple = ()
 
     def to_dict(self) -> dict:
-        """JSON-safe plain data (NaN → None, ±Inf → "inf"/"-inf")."""
+        """JSON-safe plain data (NaN, ±Inf → "NaN", "Infinity", "-Infinity")."""
         return self._plain(to_plain)
 
     def to_data(self) -> dict:
@@ -234,8 +234,8 @@ class GroupBand:
     downsampled: bool
     band: Band
 
-    def to_dict(self, *, spelling: tuple = LEGACY) -> dict:
-        """JSON-safe plain data (NaN, +Inf, -Inf spelled as ``spelling``: None, "inf", "-inf" by default)."""
+    def to_dict(self, *, spelling: tuple = WIRE) -> dict:
+        """JSON-safe plain data (NaN, +Inf, -Inf spelled as ``spelling``: the API's strings by default)."""
         return to_plain(self._fields(), spelling=spelling)
 
     def to_data(self) -> dict:

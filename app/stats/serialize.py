@@ -1,7 +1,8 @@
 """Stats results as JSON-safe plain data.
 
 ``to_plain`` turns dataclasses, mappings, sequences and numpy values into plain Python data with
-NaN as None and ±Inf as "inf"/"-inf"; ``to_data`` does the same but keeps non-finite floats as
+NaN and ±Inf as the API's strings "NaN", "Infinity", "-Infinity" (``app.wire``, which the stats
+core cannot import; a test keeps the two equal); ``to_data`` does the same but keeps non-finite floats as
 floats, for a caller that spells them itself (the API's response models do).
 """
 from __future__ import annotations
@@ -12,14 +13,19 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["to_plain", "to_data", "LEGACY"]
+__all__ = ["to_plain", "to_data", "WIRE", "nonfinite_name"]
 
-LEGACY = (None, "inf", "-inf")  # how ``to_plain`` spells NaN, +Inf, -Inf by default
+WIRE = ("NaN", "Infinity", "-Infinity")  # how ``to_plain`` spells NaN, +Inf, -Inf by default
 
 
-def to_plain(obj, *, spelling: tuple | None = LEGACY):
+def nonfinite_name(x: float) -> str:
+    """The API's string for a non-finite float."""
+    return WIRE[0] if x != x else WIRE[1] if x > 0 else WIRE[2]
+
+
+def to_plain(obj, *, spelling: tuple | None = WIRE):
     """Recursively convert dataclasses, mappings, sequences, numpy values to JSON-safe data.
-    ``spelling`` gives (NaN, +Inf, -Inf): by default (None, "inf", "-inf"); ``None`` keeps them as floats."""
+    ``spelling`` gives (NaN, +Inf, -Inf): by default the API's strings; ``None`` keeps them as floats."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_plain(getattr(obj, f.name), spelling=spelling)
                 for f in dataclasses.fields(obj)}
@@ -43,7 +49,7 @@ def to_plain(obj, *, spelling: tuple | None = LEGACY):
     return str(obj)
 
 
-def _array_plain(arr: np.ndarray, spelling: tuple | None = LEGACY) -> list:
+def _array_plain(arr: np.ndarray, spelling: tuple | None = WIRE) -> list:
     """``to_plain`` of an array, whole rows at a time: ``tolist()`` gives exactly the Python
     numbers the per-element path gives, and only the non-finite cells are patched (spelled as
     ``spelling``)."""

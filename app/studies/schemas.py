@@ -11,6 +11,7 @@ import string
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.alerts.schemas import AlertRuleSpec, check_spec_alerts
+from app.wire import WireFloat, WireModel
 from worker.protocol import (
     CaptureSpec,
     FloatDtype,
@@ -379,7 +380,7 @@ class StudySpec(_Spec):
         return len(self.seeds) * self.repeats * len(self.determinism) * len(self.groups)
 
 
-class Progress(BaseModel):
+class Progress(WireModel):
     total: int = 0
     queued: int = 0
     running: int = 0
@@ -388,7 +389,7 @@ class Progress(BaseModel):
     cancelled: int = 0
 
 
-class StageInfo(BaseModel):
+class StageInfo(WireModel):
     """Where an adaptive study stands: its current stage, of at most ``last_stage``."""
 
     stage: int
@@ -397,7 +398,7 @@ class StageInfo(BaseModel):
     max_seeds: int
 
 
-class StudySummary(BaseModel):
+class StudySummary(WireModel):
     """A study in a list: everything but its spec (GET /studies/{id} has the spec)."""
 
     id: int
@@ -421,14 +422,14 @@ class StudyOut(StudySummary):
     spec: dict[str, Any]
 
 
-class StudyPage(BaseModel):
+class StudyPage(WireModel):
     items: list[StudySummary]
     total: int
     limit: int
     offset: int
 
 
-class RunOut(BaseModel):
+class RunOut(WireModel):
     id: int
     study_id: int
     seed: int
@@ -448,7 +449,7 @@ class RunOut(BaseModel):
     digests: dict[str, Any]
     determinism_applied: dict[str, Any]
     timings: dict[str, Any]
-    final_metrics: dict[str, Any]
+    final_metrics: dict[str, WireFloat]  # the last logged value of each metric
     failure_kind: str | None
     error: str | None
     stderr_tail: str | None
@@ -461,7 +462,7 @@ class RunOut(BaseModel):
     metric_keys: list[str] | None = None
 
 
-class RunPage(BaseModel):
+class RunPage(WireModel):
     items: list[RunOut]
     total: int
     limit: int
@@ -470,7 +471,7 @@ class RunPage(BaseModel):
 
 class SeriesIn(_Spec):
     steps: list[int]
-    values: list[float]
+    values: list[WireFloat]  # NaN and ±Inf as "NaN", "Infinity", "-Infinity"; null is not a value
     dtype: FloatDtype | None = None  # the type the values were logged in; ULPs are counted in it
 
     @model_validator(mode="after")
@@ -489,5 +490,5 @@ class ExternalRunIn(_Spec):
     stack: dict[str, Any] = Field({}, description="the stack fingerprint; its 'name' (or a hash) names the group")
     metrics: Annotated[dict[MetricKey, SeriesIn], Field(min_length=1, max_length=256)]
     digests: dict[str, Any] = {}
-    step_times: list[float] | None = None
+    step_times: list[WireFloat] | None = None
     framework: Annotated[str, Field(max_length=32)] = "external"

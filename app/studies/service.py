@@ -17,7 +17,7 @@ from app.auth.service import Caller, Role, ensure_may_change
 from app.config import Settings
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.metrics import repository as metrics_repo
-from app.metrics.encoding import json_float
+from app.wire import wire_float
 from app.models import Run, Study, utcnow
 from app.stats.cost import balanced_level_order
 from app.studies import adaptive, repository
@@ -332,7 +332,7 @@ def upload_external_run(
         max_attempts=1,
         fingerprint=body.stack,
         digests=body.digests,
-        final_metrics={k: json_float(v) for k, v in final.items()},
+        final_metrics={k: wire_float(v) for k, v in final.items()},
         started_at=utcnow(),
         finished_at=utcnow(),
     )

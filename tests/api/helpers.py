@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from worker.protocol import Series
@@ -46,3 +47,13 @@ def result(lease_id: str, **overrides: Any) -> dict[str, Any]:
     }
     body.update(overrides)
     return body
+
+
+def bare_constant(name: str) -> None:
+    raise AssertionError(f"bare {name} token in a response: not JSON")
+
+
+def strict(r) -> Any:  # noqa: ANN001
+    """A successful response's body parsed as strict JSON: a bare NaN or Infinity token fails the test."""
+    assert r.status_code < 300, r.text
+    return json.loads(r.text, parse_constant=bare_constant)

@@ -98,3 +98,21 @@ def test_a_cached_body_in_an_older_shape_is_computed_again(make_api):
                         .values(body=zlib.compress(json.dumps(old).encode())))
     r = api.get(f"/api/v1/studies/{sid}/report")
     assert r.status_code == 200 and r.json() == fresh  # computed again, not the stale body, not a 500
+
+
+def test_a_report_cached_in_an_older_json_format_is_stale(make_api):
+    """Reports cached before the one spelling of non-finite floats (null / "inf") are not served,
+    and the background recomputes them."""
+    api = make_api(report_cache_interval_seconds=0)
+    sid = _external_study(api)
+    fresh = api.get(f"/api/v1/studies/{sid}/report").json()
+    assert _refresh(api) == [sid]
+    with api.app.state.database.write() as session:
+        old_version = repository.study_version(session, service.studies.get_study(session, sid)).split("|", 1)[1]
+        session.execute(update(StudyReport).where(StudyReport.study_id == sid).values(version=old_version))
+    _marked(api, sid, fresh)
+    assert api.get(f"/api/v1/studies/{sid}/report").json() == fresh  # computed afresh, not the old cache
+    assert _refresh(api) == [sid]
+    assert _refresh(api) == []
+    with api.app.state.database.read() as session:
+        assert repository.get(session, sid).version.startswith(repository.REPORT_FORMAT + "|")

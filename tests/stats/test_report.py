@@ -68,7 +68,7 @@ def test_repeatability_verdicts(report):
     assert none["first_divergent_step"] == 0 and 0 < none["max_abs_delta"] < 1e-5
     diverged = _find(report, "repeatability", determinism="none", stack="torch2.3-cu121")[0]
     assert diverged["verdict"] == "out_of_tolerance" and diverged["worst_seed"] == 7
-    assert diverged["max_abs_delta"] == "inf"
+    assert diverged["max_abs_delta"] == "Infinity"
 
 
 def test_seed_stability_and_divergence(report):

@@ -14,7 +14,7 @@ from app.stats.report import GroupBand, to_plain
 
 
 def _reference(obj):
-    """The previous implementation, one float at a time."""
+    """The previous implementation, one float at a time (with the API's spelling of NaN and ±Inf)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: _reference(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, Mapping):
@@ -30,9 +30,9 @@ def _reference(obj):
     if isinstance(obj, (float, np.floating)):
         x = float(obj)
         if math.isnan(x):
-            return None
+            return "NaN"
         if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
+            return "Infinity" if x > 0 else "-Infinity"
         return x
     if obj is None or isinstance(obj, str):
         return obj

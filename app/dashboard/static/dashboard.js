@@ -21,6 +21,7 @@
   }
 
   function fmt(v) {
+    if (typeof v === "string") return v;  // "NaN", "Infinity", "-Infinity": the API's non-finite values
     if (v === null || v === undefined || Number.isNaN(v)) return "—";
     const a = Math.abs(v);
     if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(3);
@@ -154,7 +155,11 @@
 
   function unitLabel(key) { return key === "step_time" || /(_|^)time$/.test(key) ? `${key} (s)` : key; }
 
-  function positive(arr, log) { return log ? arr.map((v) => (v !== null && v > 0 ? v : null)) : arr; }
+  /* Chart values are numbers, the strings "NaN" / "Infinity" / "-Infinity" (a logged non-finite
+     value) or null (no point): uPlot draws numbers, and a gap for everything else. */
+  function drawable(arr) { return arr.map((v) => (typeof v === "number" ? v : null)); }
+
+  function positive(arr, log) { const a = drawable(arr); return log ? a.map((v) => (v !== null && v > 0 ? v : null)) : a; }
 
   function valueFmt(u, v) { return v === null || v === undefined ? "—" : fmt(v); }
 
@@ -206,7 +211,7 @@
     const series = [{ label: "step", value: (u, v) => (v === null || v === undefined ? "—" : String(v)) }];
     const ulp = d.unit === "ulp";
     d.lines.forEach((ln, i) => {
-      data.push(d.y[i]);
+      data.push(drawable(d.y[i]));
       series.push(lineSeries(`run ${ln.run_id} − run ${ln.reference_run_id}`, DIFF_COLORS[i % DIFF_COLORS.length],
         1.25, { value: ulp ? (u, v) => (v === null || v === undefined ? "—" : `${v} ULP`) : valueFmt }));
     });
@@ -535,7 +540,7 @@
       const key = figure.dataset.runMetric;
       figure.dataset.requested = "true";
       return getJSON(`/dashboard/data/runs/${runId}/chart?${new URLSearchParams({ key })}`).then((d) => {
-        const data = [d.x, d.y];
+        const data = [d.x, drawable(d.y)];
         const opts = {
           width: plotWidth(slot.plotEl), height: 220, legend: { show: true, live: true },
           series: [{ label: "step" }, lineSeries(unitLabel(key), COLORS.mean, 1.5, { value: valueFmt })],
