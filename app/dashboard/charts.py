@@ -24,46 +24,11 @@ import numpy as np
 
 from app.models import Run
 from app.stats.align import align_series
-from app.stats.downsample import extreme_indices
+from app.stats.downsample import bucket_extremes, extreme_indices
 from app.stats.repeatability import ulp_distance
 from app.stats.report import GroupBand, RunData, compute_bands
 
 BAND_FIELDS = ("mean", "min", "max", "ti_low", "ti_high", "ci_low", "ci_high")
-
-
-def bucket_extremes(matrix: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """Decimate ``series × steps`` to ``series × ≤max_points`` keeping each bucket's min and max.
-
-    Returns (grid indices of the kept x positions, values). Non-finite cells are treated as
-    missing; a bucket where a series has no finite value gives NaN for it.
-    """
-    n_series, m = matrix.shape
-    if m <= max_points:
-        return np.arange(m), np.where(np.isfinite(matrix), matrix, np.nan)
-    buckets = max_points // 2
-    edges = np.linspace(0, m, buckets + 1).astype(np.int64)
-    width = int(np.max(np.diff(edges)))
-    pos = edges[:-1, None] + np.arange(width)[None, :]
-    valid = pos < edges[1:, None]
-    pos = np.minimum(pos, m - 1)
-    out = np.empty((n_series, 2 * buckets))
-    for i in range(n_series):  # one series at a time: temporaries of one row, not of the matrix
-        row = matrix[i]
-        cells = np.where(valid, row[pos], np.nan)  # buckets × width
-        cells[~np.isfinite(cells)] = np.nan
-        missing = np.isnan(cells)
-        empty = missing.all(axis=1)
-        lo = np.argmin(np.where(missing, np.inf, cells), axis=1)
-        hi = np.argmax(np.where(missing, -np.inf, cells), axis=1)
-        first, second = np.minimum(lo, hi), np.maximum(lo, hi)
-        v_first = np.take_along_axis(cells, first[:, None], axis=1)[:, 0]
-        v_second = np.take_along_axis(cells, second[:, None], axis=1)[:, 0]
-        v_first[empty] = np.nan
-        v_second[empty] = np.nan
-        out[i, 0::2], out[i, 1::2] = v_first, v_second
-    xs = np.empty(2 * buckets, dtype=np.int64)
-    xs[0::2], xs[1::2] = edges[:-1], edges[1:] - 1
-    return xs, out
 
 
 def pick_lines(runs: Sequence[Run], max_lines: int) -> list[Run]:
@@ -128,7 +93,7 @@ def group_chart(
     if aligned is not None:
         where = np.searchsorted(grid, aligned.steps)
         matrix[n_band:, where] = aligned.values
-    idx, reduced = bucket_extremes(matrix, max_points)
+    idx, reduced = bucket_extremes(matrix, max_points=max_points)
     x = grid[idx] if grid.size else grid
 
     head: dict[str, Any] = {
@@ -185,7 +150,7 @@ def group_chart(
 
 def run_chart(steps: np.ndarray, values: np.ndarray, *, key: str, max_points: int) -> str:
     """One run's series of ``key``, decimated keeping extremes, as JSON text."""
-    idx, reduced = bucket_extremes(np.asarray(values, dtype=np.float64)[None, :], max_points)
+    idx, reduced = bucket_extremes(np.asarray(values, dtype=np.float64)[None, :], max_points=max_points)
     finite = np.isfinite(values)
     diverged_at = None if finite.all() else int(steps[int(np.argmin(finite))])
     head = {"key": key, "total_steps": int(len(steps)), "points": int(idx.size),
