@@ -30,6 +30,8 @@ PG_URL = os.environ.get("STEADY_TEST_POSTGRES_URL", "postgresql+psycopg://postgr
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):  # noqa: ANN001, ANN201
+    """Poll ``predicate`` until it returns something truthy (returned); AssertionError naming ``what``
+    after ``timeout`` seconds. The one way a test waits for a state another process or thread reaches."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -70,6 +72,16 @@ def _migrate(url: str) -> None:
     db = Database(url)
     migrate.upgrade(db.engine)
     db.dispose()
+
+
+@pytest.fixture
+def clock():
+    """The server's clock (``app.models.base.clock``) for apps in this process: a test that needs a
+    lease or a session to expire advances it instead of sleeping."""
+    from app.models.base import clock as server_clock
+
+    yield server_clock
+    server_clock.reset()
 
 
 @pytest.fixture(scope="session")

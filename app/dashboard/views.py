@@ -14,7 +14,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 
 from app.dashboard import service
-from app.models import Run
+from app.models import Run, utcnow
 
 if TYPE_CHECKING:
     from app.dashboard.access import Viewer
@@ -30,7 +30,7 @@ def db_key(request: Request) -> str:
 
 def render(request: Request, template: str, viewer: Viewer | None, status_code: int = 200, **context) -> HTMLResponse:
     return templates.TemplateResponse(
-        request, template, {"viewer": viewer, "now": datetime.now(UTC), **context}, status_code=status_code
+        request, template, {"viewer": viewer, "now": utcnow(), **context}, status_code=status_code
     )
 
 
@@ -44,7 +44,7 @@ def not_found(request: Request, viewer: Viewer, what: str) -> HTMLResponse:
 def _ago(value: datetime | None, now: datetime | None = None) -> str:
     if value is None:
         return "—"
-    now = now or datetime.now(UTC)
+    now = now or utcnow()
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     s = (now - value).total_seconds()
@@ -59,7 +59,7 @@ def _ago(value: datetime | None, now: datetime | None = None) -> str:
 def _duration(run: Run) -> str:
     if run.started_at is None:
         return "—"
-    end = run.finished_at or datetime.now(UTC)
+    end = run.finished_at or utcnow()
     start = run.started_at if run.started_at.tzinfo else run.started_at.replace(tzinfo=UTC)
     end = end if end.tzinfo else end.replace(tzinfo=UTC)
     s = (end - start).total_seconds()
