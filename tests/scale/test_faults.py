@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.scale.conftest import (
-    all_runs, create_study, fake_worker_cmd, series, spawn, sql, wait_until,
-)
+from tests.conftest import wait_until
+from tests.scale.conftest import all_runs, create_study, fake_worker_cmd, series, spawn, sql
 from tests.scale.fakeworker import FakeWorker, expected_values
 
 pytestmark = pytest.mark.slow
