@@ -133,6 +133,22 @@ async def current_principal(
     return principal
 
 
+async def optional_principal(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal | None:
+    """The caller, or None when the request carries no token or session, or one that is not valid:
+    for pages that decide themselves what an anonymous reader sees (the public dashboard)."""
+    if _credentials(request, creds) is None:
+        return None
+    try:
+        return await current_principal(request, creds)
+    except HTTPException as exc:
+        if exc.status_code == status.HTTP_401_UNAUTHORIZED:
+            return None
+        raise
+
+
 def require(*roles: Role):
     allowed = frozenset().union(*(GRANTS[r] for r in roles))
 
@@ -147,6 +163,7 @@ def require(*roles: Role):
     return _check
 
 
+OptionalCaller = Annotated[Principal | None, Depends(optional_principal)]
 AdminCaller = Annotated[Principal, Depends(require(Role.admin))]
 UserCaller = Annotated[Principal, Depends(require(Role.user))]
 WorkerCaller = Annotated[Principal, Depends(require(Role.worker))]

@@ -26,6 +26,7 @@ from app.auth.cache import TokenCache
 from app.auth.router import router as tokens_router
 from app.code.router import router as code_router
 from app.config import Settings, get_settings
+from app.dashboard.feeds import GZipFeeds
 from app.dashboard.router import router as dashboard_router
 from app.db import Database
 from app.errors import Invalid, SteadyError, TooManyRequests
@@ -296,6 +297,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                    metrics_router, launches_router, code_router, mlflow_router):
         app.include_router(router)
     app.include_router(dashboard_router)
+    app.add_middleware(GZipFeeds)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, code_limit=settings.max_code_bytes)
     app.add_middleware(SecurityHeaders)
     return app

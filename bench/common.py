@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +17,11 @@ from pathlib import Path
 
 import httpx
 
+from app.devserver import ServerProcess, free_port, serve_argv
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 PG_ADMIN_URL = os.environ.get("STEADY_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def machine() -> dict:
@@ -72,7 +66,8 @@ class Server:
         self.env.update({f"STEADY_{k.upper()}": str(v) for k, v in settings.items()})
         self.workers = workers
         self.tokens = {role: self._token(role) for role in ("user", "worker")}
-        self.proc: subprocess.Popen | None = None
+        self.proc = ServerProcess(serve_argv(self.port, workers=workers), url=self.url, env=self.env, cwd=REPO,
+                                  log_path=workdir / "server.log")
 
     def _token(self, role: str) -> str:
         out = subprocess.run([sys.executable, "-m", "app.cli", "token", "create", "--role", role, "--quiet"],
@@ -80,28 +75,11 @@ class Server:
         return out.stdout.strip().splitlines()[-1]
 
     def __enter__(self) -> "Server":
-        log = open(self.workdir / "server.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--workers", str(self.workers),
-             "--log-level", "warning"],
-            env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("server did not start: " + (self.workdir / "server.log").read_text()[-2000:])
+        self.proc.start()
+        return self
 
     def __exit__(self, *exc) -> None:  # noqa: ANN002
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.stop()
 
     def create_study(self, runs: int) -> int:
         body = {"name": "bench", "workload": {"framework": "torch", "name": "torch_mlp"},

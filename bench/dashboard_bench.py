@@ -18,8 +18,6 @@ import gzip
 import json
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +29,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from app.devserver import ServerProcess, free_port, serve_argv  # noqa: E402
 
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -81,25 +81,10 @@ def build_study(url: str, *, seeds: int, repeats: int, steps: int, chunk: int) -
     return study_id, elapsed
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int, env: dict, log) -> subprocess.Popen:  # noqa: ANN001
-    """A `steady serve` process, returned once /healthz answers (or after 60 s)."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],
-        env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    return server
+def start_server(port: int, env: dict, log_path: Path) -> ServerProcess:
+    """A `steady serve` process, returned once /healthz answers (ServerStartError with its log after 60 s)."""
+    return ServerProcess(serve_argv(port), url=f"http://127.0.0.1:{port}", log_path=log_path, env=env,
+                         cwd=REPO, stop_timeout=30).start()
 
 
 def main() -> int:
@@ -126,7 +111,7 @@ def main() -> int:
                            env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout.split()[-1]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    log = open(tmp / "server.log", "wb")  # noqa: SIM115
+    log = tmp / "server.log"
     server = start_server(port, env, log)
     results: dict = {}
     try:
@@ -166,8 +151,7 @@ def main() -> int:
               f"cold {chart_cold:.2f} s, cached {chart_warm:.3f} s", flush=True)
 
         # First render in Chromium: a fresh server process, so the report is not cached.
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
+        server.stop()
         server = start_server(port, env, log)
         from playwright.sync_api import sync_playwright
 
@@ -195,10 +179,7 @@ def main() -> int:
             browser.close()
         results["first_render"] = renders
     finally:
-        if server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=30)
-        log.close()
+        server.stop()
 
     results["study"] = {"runs": args.seeds * args.repeats, "seeds": args.seeds, "repeats": args.repeats,
                         "steps": args.steps, "build_s": round(build_s, 1),

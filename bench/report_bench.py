@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from app.devserver import ServerProcess, serve_argv  # noqa: E402
 from bench.common import free_port, write_result  # noqa: E402
 
 CHUNK = 10_000
@@ -123,30 +123,12 @@ class Serve:
         self.log = workdir / "server.log"
 
     def __enter__(self) -> "Serve":
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(self.port),
-                                      "--workers", "1", "--log-level", "warning"], cwd=self.src, env=self.env,
-                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                     start_new_session=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.base + "/healthz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.2)
-        raise RuntimeError("server did not start: " + self.log.read_text()[-2000:])
+        self.proc = ServerProcess(serve_argv(self.port, workers=1), url=self.base, log_path=self.log, env=self.env,
+                                  cwd=self.src, start_timeout=120, stop_timeout=30).start()
+        return self
 
     def __exit__(self, *exc) -> None:  # noqa: ANN002
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        self.proc.stop()
 
 
 def timed_get(client: httpx.Client, url: str) -> tuple[float, float, int]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import write_result  # noqa: E402
-from bench.dashboard_bench import build_study, free_port, start_server  # noqa: E402
+from app.devserver import free_port  # noqa: E402
+from bench.dashboard_bench import build_study, start_server  # noqa: E402
 
 
 def _timed_get(client: httpx.Client, url: str) -> float:
@@ -47,7 +47,7 @@ def _timed_get(client: httpx.Client, url: str) -> float:
     return elapsed
 
 
-def _serve_and_measure(env: dict, log, token: str, study_id: int) -> dict:  # noqa: ANN001
+def _serve_and_measure(env: dict, log: Path, token: str, study_id: int) -> dict:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = start_server(port, env, log)
@@ -62,8 +62,7 @@ def _serve_and_measure(env: dict, log, token: str, study_id: int) -> dict:  # no
         return {"study_page_s": round(page, 4), "report_api_s": round(api, 4), "report_bytes": report_bytes,
                 "warm_up_page_s": round(warm, 4)}
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        server.stop()
 
 
 def _cached_row(url: str, study_id: int) -> dict | None:
@@ -93,7 +92,7 @@ def main() -> int:
     env.update(STEADY_DATA_DIR=str(tmp), STEADY_DATABASE_URL=url, PYTHONPATH=str(REPO))
     token = subprocess.run([sys.executable, "-m", "app.cli", "token", "create", "--role", "user", "--quiet"],
                            env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout.split()[-1]
-    log = open(tmp / "server.log", "wb")  # noqa: SIM115
+    log = tmp / "server.log"
 
     uncached = _serve_and_measure({**env, "STEADY_REPORT_CACHE_INTERVAL_SECONDS": "0"}, log, token, study_id)
     print(f"  cache off: study page {uncached['study_page_s']:.2f} s, report API {uncached['report_api_s']:.2f} s",
@@ -113,13 +112,11 @@ def main() -> int:
         if row is None:
             raise RuntimeError("the background task did not cache the report within 600 s")
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        server.stop()
     row["stored_after_s"] = round(time.perf_counter() - t0, 2)
     cached = _serve_and_measure({**env, "STEADY_REPORT_CACHE_INTERVAL_SECONDS": "0.5"}, log, token, study_id)
     print(f"  cache on: computed in the background in {row['compute_seconds']:.2f} s; cold study page "
           f"{cached['study_page_s']:.3f} s, report API {cached['report_api_s']:.3f} s", flush=True)
-    log.close()
 
     result = {
         "study": {"runs": a.seeds * a.repeats, "steps": a.steps, "build_s": round(build_s, 1), "backend": "sqlite"},

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,11 +23,15 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from app.devserver import ServerProcess, free_port, serve_argv
+
 REPO = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("STEADY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):  # noqa: ANN001, ANN201
+    """Poll ``predicate`` until it returns something truthy (returned); AssertionError naming ``what``
+    after ``timeout`` seconds. The one way a test waits for a state another process or thread reaches."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -36,12 +39,6 @@ def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "co
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pg_admin():
@@ -75,6 +72,16 @@ def _migrate(url: str) -> None:
     db = Database(url)
     migrate.upgrade(db.engine)
     db.dispose()
+
+
+@pytest.fixture
+def clock():
+    """The server's clock (``app.models.base.clock``) for apps in this process: a test that needs a
+    lease or a session to expire advances it instead of sleeping."""
+    from app.models.base import clock as server_clock
+
+    yield server_clock
+    server_clock.reset()
 
 
 @pytest.fixture(scope="session")
@@ -177,7 +184,7 @@ class LiveServer:
     data_dir: Path
     env: dict[str, str]
     tokens: dict[str, str]
-    proc: subprocess.Popen | None = None
+    proc: ServerProcess | None = None
     log_path: Path | None = None
     workers: int = 1  # uvicorn worker processes
 
@@ -186,37 +193,15 @@ class LiveServer:
 
     def start(self, *, healthy: bool = True) -> None:
         """Spawn the server and wait until /healthz answers 200 (any answer with ``healthy=False``)."""
-        port = self.url.rsplit(":", 1)[1]
-        log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", port, "--log-level", "warning",
-             "--workers", str(self.workers)],
-            env=self.env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200 or not healthy:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not start")
+        if self.proc is None:
+            port = int(self.url.rsplit(":", 1)[1])
+            self.proc = ServerProcess(serve_argv(port, workers=self.workers), url=self.url, log_path=self.log_path,
+                                      env=self.env, cwd=REPO)
+        self.proc.start(healthy=healthy)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            self.proc.stop(sig)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)

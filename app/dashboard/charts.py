@@ -30,58 +30,11 @@ import numpy as np
 
 from app.models import Run
 from app.stats.align import align_series
-from app.stats.downsample import extreme_indices
+from app.stats.downsample import bucket_extremes, extreme_indices
 from app.stats.repeatability import ulp_distance
 from app.stats.report import GroupBand, RunData, compute_bands
 
 BAND_FIELDS = ("mean", "min", "max", "ti_low", "ti_high", "ci_low", "ci_high")
-
-
-def bucket_extremes(
-    matrix: np.ndarray, max_points: int, present: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decimate ``series × steps`` to ``series × ≤max_points`` keeping each bucket's min and max.
-
-    ``present`` (default: every cell) marks the cells a series has. Returns (grid indices of the
-    kept x positions, values, absent). Non-finite cells take no part in the extremes; a bucket
-    where a series has no finite value gives the first non-finite value it has there, or is
-    ``absent`` (True) when it has no cell there at all.
-    """
-    n_series, m = matrix.shape
-    if present is None:
-        present = np.ones(matrix.shape, dtype=bool)
-    if m <= max_points:
-        return np.arange(m), matrix, ~present
-    buckets = max_points // 2
-    edges = np.linspace(0, m, buckets + 1).astype(np.int64)
-    width = int(np.max(np.diff(edges)))
-    pos = edges[:-1, None] + np.arange(width)[None, :]
-    valid = pos < edges[1:, None]
-    pos = np.minimum(pos, m - 1)
-    out = np.empty((n_series, 2 * buckets))
-    absent = np.zeros((n_series, 2 * buckets), dtype=bool)
-    for i in range(n_series):  # one series at a time: temporaries of one row, not of the matrix
-        row = matrix[i]
-        raw = np.where(valid, row[pos], np.nan)  # buckets × width
-        finite = np.isfinite(raw)
-        cells = np.where(finite, raw, np.nan)
-        missing = ~finite
-        empty = missing.all(axis=1)
-        lo = np.argmin(np.where(missing, np.inf, cells), axis=1)
-        hi = np.argmax(np.where(missing, -np.inf, cells), axis=1)
-        first, second = np.minimum(lo, hi), np.maximum(lo, hi)
-        v_first = np.take_along_axis(cells, first[:, None], axis=1)[:, 0]
-        v_second = np.take_along_axis(cells, second[:, None], axis=1)[:, 0]
-        if empty.any():  # no finite value: the first non-finite one the series has there, else absent
-            logged = valid & present[i][pos] & ~finite
-            has = logged.any(axis=1)
-            fill = np.where(has, np.take_along_axis(raw, np.argmax(logged, axis=1)[:, None], axis=1)[:, 0], np.nan)
-            v_first[empty] = v_second[empty] = fill[empty]
-            absent[i, 0::2] = absent[i, 1::2] = empty & ~has
-        out[i, 0::2], out[i, 1::2] = v_first, v_second
-    xs = np.empty(2 * buckets, dtype=np.int64)
-    xs[0::2], xs[1::2] = edges[:-1], edges[1:] - 1
-    return xs, out, absent
 
 
 def pick_lines(runs: Sequence[Run], max_lines: int) -> list[Run]:
@@ -158,7 +111,7 @@ def group_chart(
         where = np.searchsorted(grid, aligned.steps)
         matrix[n_band:, where] = aligned.values
         present[n_band:, where] = aligned.present
-    idx, reduced, absent = bucket_extremes(matrix, max_points, present)
+    idx, reduced, absent = bucket_extremes(matrix, max_points=max_points, present=present)
     x = grid[idx] if grid.size else grid
 
     head: dict[str, Any] = {
@@ -215,7 +168,7 @@ def group_chart(
 
 def run_chart(steps: np.ndarray, values: np.ndarray, *, key: str, max_points: int) -> str:
     """One run's series of ``key``, decimated keeping extremes, as JSON text."""
-    idx, reduced, absent = bucket_extremes(np.asarray(values, dtype=np.float64)[None, :], max_points)
+    idx, reduced, absent = bucket_extremes(np.asarray(values, dtype=np.float64)[None, :], max_points=max_points)
     finite = np.isfinite(values)
     diverged_at = None if finite.all() else int(steps[int(np.argmin(finite))])
     head = {"key": key, "total_steps": int(len(steps)), "points": int(idx.size),

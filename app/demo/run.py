@@ -10,32 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
+from app.devserver import ServerProcess, ServerStartError, free_port, port_free, serve_argv, stop_group
+
 DEMO_DIR = Path(__file__).resolve().parent
 SPECS = ("torch_mlp.yaml", "torch_kernels.yaml", "keras_mlp.yaml")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _quick(spec: dict) -> dict:
@@ -45,33 +29,6 @@ def _quick(spec: dict) -> dict:
     spec["repeats"] = min(spec.get("repeats", 1), 2)
     spec["workload"] = {**spec["workload"], "params": {**spec["workload"].get("params", {}), "epochs": 1}}
     return spec
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"steady demo: the server exited:\n{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("steady demo: the server did not start in 90 s")
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -98,20 +55,21 @@ def run_demo(args: argparse.Namespace) -> int:
     (data_dir / "token").write_text(user_token + "\n")
     (data_dir / "token").chmod(0o600)
 
-    port = args.port if _port_free(args.port) else _free_port()
+    port = args.port if port_free(args.port) else free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "STEADY_DATA_DIR": str(data_dir), "STEADY_PUBLIC_URL": url}
     env.pop("STEADY_DATABASE_URL", None)
     server_log, worker_log = data_dir / "server.log", data_dir / "worker.log"
     print(f"steady demo: data in {data_dir}")
     print(f"steady demo: starting the server at {url} (SQLite, WAL) …", flush=True)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-        env=env, stdout=open(server_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
-    )
+    server = ServerProcess(serve_argv(port), url=url, log_path=server_log, env=env, start_timeout=90,
+                           stop_timeout=20)
     worker = None
     try:
-        _wait_healthy(url, server, server_log)
+        try:
+            server.start()
+        except ServerStartError as exc:
+            raise SystemExit(f"steady demo: {exc}") from None
         print("steady demo: starting a local worker (runs each training run in a fresh subprocess) …", flush=True)
         worker = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "worker", "--server", url, "--work-dir", str(data_dir / "work")],
@@ -142,11 +100,10 @@ def run_demo(args: argparse.Namespace) -> int:
         if args.exit:
             return 0
         print("The server and worker keep running; press Ctrl-C to stop.", flush=True)
-        while server.poll() is None:
-            time.sleep(1)
+        server.wait()
         return 1
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop(worker)
-        _stop(server)
+        stop_group(worker, timeout=20)
+        server.stop()

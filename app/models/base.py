@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import DateTime, MetaData
 from sqlalchemy.orm import DeclarativeBase
@@ -15,8 +15,31 @@ NAMING_CONVENTION = {
 }
 
 
+class Clock:
+    """The server's notion of now: the wall clock plus an offset that only tests set.
+
+    Every lease expiry, session expiry and alert back-off compares against ``utcnow()``, so a
+    test moves time forward (``clock.advance(seconds)``) instead of sleeping past a deadline.
+    """
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+
+    def reset(self) -> None:
+        self.offset = timedelta(0)
+
+
+clock = Clock()
+
+
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    return clock.now()
 
 
 class UTCDateTime(TypeDecorator):

@@ -6,7 +6,6 @@ import hashlib
 import hmac
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -22,6 +21,7 @@ class Receiver:
         self.fail_next = 0
         self.down = False
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # notified on every POST
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,6 +38,7 @@ class Receiver:
                         code = 200
                         receiver.received.append({"headers": dict(self.headers), "raw": raw,
                                                   "json": json.loads(raw)})
+                    receiver._arrived.notify_all()
                 self.send_response(code)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
@@ -55,12 +56,10 @@ class Receiver:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
     def wait_for(self, n: int, timeout: float = 20.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if len(self.received) >= n:
-                    return list(self.received)
-            time.sleep(0.05)
+        """The deliveries received, once there are at least ``n`` (woken by each POST, not polled)."""
+        with self._arrived:
+            if self._arrived.wait_for(lambda: len(self.received) >= n, timeout):
+                return list(self.received)
         raise AssertionError(f"receiver got {len(self.received)} of {n} deliveries in {timeout}s "
                              f"({self.attempts} attempts)")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
@@ -115,14 +114,15 @@ def test_bad_batches(api):
     assert r.status_code == 404
 
 
-def test_expired_lease_requeued_and_late_worker_refused(make_api):
-    api = make_api(lease_seconds=0.5)
+def test_expired_lease_requeued_and_late_worker_refused(make_api, clock):
+    api = make_api(lease_seconds=30)
     sid = _one_run_study(api, max_attempts=3)
     w1, w2 = register(api, "w1"), register(api, "w2")
     first = lease(api, w1)
     run_id = first["run_id"]
     api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(first["lease_id"], 0, "loss", [0, 1], [9.0, 9.0]))
-    time.sleep(0.7)
+    assert lease(api, w2) is None  # the lease still holds
+    clock.advance(31)
     second = lease(api, w2)  # leasing reaps the expired run first
     assert second["run_id"] == run_id and second["attempt"] == 2
     # the first worker is late: heartbeat, metrics and completion are all refused
@@ -141,12 +141,12 @@ def test_expired_lease_requeued_and_late_worker_refused(make_api):
     assert api.get(f"/api/v1/studies/{sid}").json()["status"] == "completed"
 
 
-def test_attempts_exhausted_fails_run(make_api):
-    api = make_api(lease_seconds=0.2)
+def test_attempts_exhausted_fails_run(make_api, clock):
+    api = make_api(lease_seconds=30)
     sid = _one_run_study(api, max_attempts=1)
     wid = register(api)
     lease(api, wid)
-    time.sleep(0.4)
+    clock.advance(31)
     assert lease(api, wid) is None
     run = api.get(f"/api/v1/studies/{sid}/runs").json()["items"][0]
     assert run["status"] == "failed" and "lease expired" in run["error"] and run["attempt"] == 1

@@ -221,7 +221,10 @@ def test_security_headers_on_pages_and_api(live_server):
                 h["content-security-policy"], path
 
 
-def test_live_update_while_runs_execute(live_server, new_page):
+def test_live_update_while_runs_execute(live_server_factory, new_page):
+    # The test is the worker: it holds each lease across browser waits, so the lease must outlast
+    # them on a loaded machine (the 5 s lease of the live_server fixture need not).
+    live_server = live_server_factory(lease_seconds=600, heartbeat_seconds=60)
     api = live_server.client()
     wapi = live_server.client("worker")
     sid = api.post("/api/v1/studies", json=spec(name="live study", seeds=[0, 1], repeats=1,

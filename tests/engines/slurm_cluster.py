@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from app.devserver import free_port
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
 
 
@@ -25,12 +27,6 @@ def _sbin(name: str) -> str | None:
 
 def missing_binaries() -> list[str]:
     return [b for b in BINARIES if _sbin(b) is None]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -53,7 +49,7 @@ class SlurmCluster:
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
-        ctld_port, d_port = _free_port(), _free_port()
+        ctld_port, d_port = free_port(), free_port()
         r = self.root
         self.conf.write_text(f"""\
 ClusterName=steadytest

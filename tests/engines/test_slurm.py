@@ -8,11 +8,9 @@ Debian packages are not installed (``make setup`` installs them).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 

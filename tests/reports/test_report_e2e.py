@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
+from tests.conftest import wait_until
 from tests.worker.test_worker_agent_e2e import Worker
 
 pytestmark = pytest.mark.slow
 
 
 def _wait_done(http, study_ids: list[int], timeout: float) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = [http.get(f"/api/v1/studies/{sid}").json()["status"] for sid in study_ids]
-        if all(s in {"completed", "failed", "cancelled"} for s in states):
-            assert states == ["completed"] * len(study_ids), states
-            return
-        time.sleep(0.5)
-    raise AssertionError("studies did not finish")
+    def states() -> list[str] | None:
+        found = [http.get(f"/api/v1/studies/{sid}").json()["status"] for sid in study_ids]
+        return found if all(s in {"completed", "failed", "cancelled"} for s in found) else None
+
+    assert wait_until(states, timeout, interval=0.5, what="the studies to finish") == ["completed"] * len(study_ids)
 
 
 def _verdict(report: dict, level: str, determinism: str, metric: str = "loss") -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import REPO, LiveServer, wait_until, create_pg_database, create_token_cli, drop_pg_database, free_port, pg_url_for, server_env
+from tests.conftest import REPO, LiveServer, create_pg_database, create_token_cli, drop_pg_database, free_port, pg_url_for, server_env
 
 FAST_LEASES = {"lease_seconds": 3, "heartbeat_seconds": 1, "reaper_interval_seconds": 0.5}
 
