@@ -31,7 +31,7 @@ from app.cli_support import (
 from app.terminal import printable
 
 
-def _server_settings(args: argparse.Namespace):  # noqa: ANN202
+def _server_settings(args: argparse.Namespace):
     for flag, env in (("data_dir", "STEADY_DATA_DIR"), ("database_url", "STEADY_DATABASE_URL")):
         value = getattr(args, flag, None)
         if value:
@@ -83,7 +83,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 DATABASE_HINT = "point at the server's with --data-dir / STEADY_DATA_DIR or --database-url / STEADY_DATABASE_URL"
 
 
-def _existing_database(settings):  # noqa: ANN001, ANN202
+def _existing_database(settings):
     """The server's database, upgraded to head; refuses to create one where none exists."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import DBAPIError
@@ -155,7 +155,7 @@ def _bar(p: dict[str, int], width: int = 30) -> str:
     )
 
 
-def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) -> dict[str, Any]:  # noqa: ANN001
+def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) -> dict[str, Any]:
     """Poll a study until it ends, drawing a progress bar; returns the final study."""
     tty = stream.isatty()
     last = ""
@@ -273,7 +273,7 @@ def _verdict_summary(report: dict[str, Any], sid: int) -> int:
     return verdict_exit_code(report)
 
 
-def _study_to_check(api, target: str) -> int:  # noqa: ANN001
+def _study_to_check(api, target: str) -> int:
     """A study id (digits that name no file) is used as it is; anything else is a spec to submit."""
     if target.isdigit() and not Path(target).exists():
         return int(target)

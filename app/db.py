@@ -59,7 +59,7 @@ def _configure_sqlite(engine: Engine, synchronous: str) -> None:
         raise ValueError(f"STEADY_SQLITE_SYNCHRONOUS must be FULL or NORMAL, not {synchronous!r}")
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):  # noqa: ANN001
+    def _on_connect(dbapi_conn, _record):
         # Take over transaction control from pysqlite so BEGIN is ours to emit.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
@@ -72,7 +72,7 @@ def _configure_sqlite(engine: Engine, synchronous: str) -> None:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn):  # noqa: ANN001
+    def _on_begin(conn):
         write = conn.get_execution_options().get(_WRITE_OPTION, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 

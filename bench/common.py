@@ -79,8 +79,8 @@ class Server:
                              env=self.env, cwd=REPO, capture_output=True, text=True, check=True)
         return out.stdout.strip().splitlines()[-1]
 
-    def __enter__(self) -> "Server":
-        log = open(self.workdir / "server.log", "ab")  # noqa: SIM115
+    def __enter__(self) -> Server:
+        log = open(self.workdir / "server.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--workers", str(self.workers),
              "--log-level", "warning"],
@@ -95,7 +95,7 @@ class Server:
                 time.sleep(0.1)
         raise RuntimeError("server did not start: " + (self.workdir / "server.log").read_text()[-2000:])
 
-    def __exit__(self, *exc) -> None:  # noqa: ANN002
+    def __exit__(self, *exc) -> None:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

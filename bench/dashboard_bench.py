@@ -87,7 +87,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, env: dict, log) -> subprocess.Popen:  # noqa: ANN001
+def start_server(port: int, env: dict, log) -> subprocess.Popen:
     """A `steady serve` process, returned once /healthz answers (or after 60 s)."""
     server = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],

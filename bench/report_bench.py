@@ -122,10 +122,10 @@ class Serve:
                          "STEADY_REPORT_CACHE_INTERVAL_SECONDS": "0"})
         self.log = workdir / "server.log"
 
-    def __enter__(self) -> "Serve":
+    def __enter__(self) -> Serve:
         self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(self.port),
                                       "--workers", "1", "--log-level", "warning"], cwd=self.src, env=self.env,
-                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -139,7 +139,7 @@ class Serve:
             time.sleep(0.2)
         raise RuntimeError("server did not start: " + self.log.read_text()[-2000:])
 
-    def __exit__(self, *exc) -> None:  # noqa: ANN002
+    def __exit__(self, *exc) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

@@ -47,7 +47,7 @@ def _timed_get(client: httpx.Client, url: str) -> float:
     return elapsed
 
 
-def _serve_and_measure(env: dict, log, token: str, study_id: int) -> dict:  # noqa: ANN001
+def _serve_and_measure(env: dict, log, token: str, study_id: int) -> dict:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = start_server(port, env, log)

@@ -257,7 +257,7 @@ def _finite_or_none(values: dict[str, Any]) -> dict[str, float]:
 class RunExecution:
     """One leased run: subprocess, event pump, metric stream, heartbeat thread, report."""
 
-    def __init__(self, agent: "Agent", lease: Lease) -> None:
+    def __init__(self, agent: Agent, lease: Lease) -> None:
         self.agent = agent
         self.client = agent.client
         self.lease = lease
@@ -385,7 +385,7 @@ class RunExecution:
             outcome = self.proc.outcome()
             self._pump()
             self._report(outcome)
-        except Exception:  # noqa: BLE001 - the agent must carry on
+        except Exception:  # the agent must carry on (logged below)
             log.exception("run %d: agent error", run_id)
             if self.proc.running():
                 self.proc.kill("error")

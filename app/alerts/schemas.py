@@ -7,7 +7,7 @@ This module imports neither ``app.studies`` nor the database, so ``StudySpec`` c
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -133,8 +133,8 @@ class SuiteShiftRule(_Rule):
 
 
 AlertRuleSpec = Annotated[
-    Union[BandWidthRule, OutOfBaselineRule, RepeatabilityLostRule, DivergedRule, NotEquivalentRule,
-          DeterminismCostRule, SuiteShiftRule],
+    (BandWidthRule | OutOfBaselineRule | RepeatabilityLostRule | DivergedRule | NotEquivalentRule
+     | DeterminismCostRule | SuiteShiftRule),
     Field(discriminator="kind"),
 ]
 RULE_KINDS = ("band_width", "out_of_baseline", "repeatability_lost", "diverged", "not_equivalent",

@@ -719,12 +719,12 @@ def _link(base_url: str, study_id: int) -> str:
     return f"{base_url.rstrip('/')}/studies/{study_id}"
 
 
-def _update(alert: Alert, f: Finding, target: int, details: dict, base_url: str, now) -> None:  # noqa: ANN001
+def _update(alert: Alert, f: Finding, target: int, details: dict, base_url: str, now) -> None:
     alert.summary, alert.details, alert.study_id = f.summary, details, target
     alert.link, alert.evaluated_at, alert.severity = _link(base_url, target), now, f.rule.severity
 
 
-def _insert_alert(session, key, f: Finding, study: Study, target: int, details, base_url) -> Alert | None:  # noqa: ANN001
+def _insert_alert(session, key, f: Finding, study: Study, target: int, details, base_url) -> Alert | None:
     alert = Alert(dedupe_key=key, rule_id=f.rule.id, kind=f.rule.kind, severity=f.rule.severity, state="firing",
                   study_id=target, suite=study.suite, metric=f.metric, group=f.group, summary=f.summary,
                   details=details, link=_link(base_url, target), fire_count=1)
@@ -808,7 +808,7 @@ def evaluate_study(session: Session, study_id: int, *, base_url: str) -> tuple[E
     return ev, fired, resolved
 
 
-def run_pending_evaluations(database, *, base_url: str, limit: int = 10) -> int:  # noqa: ANN001
+def run_pending_evaluations(database, *, base_url: str, limit: int = 10) -> int:
     """Evaluate requested studies: compute in a read session, then claim and apply in one write.
 
     Two processes may compute the same evaluation; the conditional claim lets one apply it.

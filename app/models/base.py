@@ -25,14 +25,14 @@ class UTCDateTime(TypeDecorator):
     impl = DateTime
     cache_ok = True
 
-    def process_bind_param(self, value: datetime | None, dialect):  # noqa: ANN001
+    def process_bind_param(self, value: datetime | None, dialect):
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to a UTCDateTime column")
         return value.astimezone(UTC).replace(tzinfo=None)
 
-    def process_result_value(self, value: datetime | None, dialect):  # noqa: ANN001
+    def process_result_value(self, value: datetime | None, dialect):
         if value is None:
             return None
         return value.replace(tzinfo=UTC)

@@ -148,7 +148,7 @@ def _own_blocks_first(session: Session, worker_id: int, candidates: list) -> lis
         if (study_id, seed, repeat, stack) in blocks:
             workers.setdefault((study_id, seed, repeat, stack), set()).add(wid)
 
-    def rank(c) -> tuple[int, int]:  # noqa: ANN001
+    def rank(c) -> tuple[int, int]:
         owners = workers.get((c.study_id, c.seed, c.repeat, c.stack), set())
         return (0 if worker_id in owners else 1 if not owners else 2, c.id)
 

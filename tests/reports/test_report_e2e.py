@@ -11,7 +11,7 @@ from tests.worker.test_worker_agent_e2e import Worker
 pytestmark = pytest.mark.slow
 
 
-def _wait_done(http, study_ids: list[int], timeout: float) -> None:  # noqa: ANN001
+def _wait_done(http, study_ids: list[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         states = [http.get(f"/api/v1/studies/{sid}").json()["status"] for sid in study_ids]
