@@ -124,8 +124,8 @@ class Database:
         if self.corruption:
             raise Unavailable(f"the database file failed its integrity check ({self.corruption}); writes are "
                               "refused: stop the server and restore the file from a backup")
-        queued = queue and self._write_queue is not None
-        if queued and not self._write_queue.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+        queued = self._write_queue if queue else None
+        if queued is not None and not queued.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
             raise Unavailable("the database stayed busy with other writes; retry shortly")
         try:
             session = self._write()
@@ -138,8 +138,8 @@ class Database:
             finally:
                 session.close()
         finally:
-            if queued:
-                self._write_queue.release()
+            if queued is not None:
+                queued.release()
 
     def dispose(self) -> None:
         self.engine.dispose()

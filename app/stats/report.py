@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from app.stats import expectations, guarantees
 from app.stats.bands import DEFAULT_QUANTILES, Band, compute_band, out_of_band_curves
 from app.stats.cost import cost_ratio
 from app.stats.downsample import extreme_indices
-from app.stats.portability import adjust, band_containment, compare_stacks
+from app.stats.portability import Portability, adjust, band_containment, compare_stacks
 from app.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
 from app.stats.seed_stability import seed_spread
 from app.stats.sequential import sequential_seed_decision
@@ -289,8 +290,9 @@ def compute_bands(runs: Sequence[RunData], *, metric: str, coverage: float = 0.9
                                             quantiles=quantiles)
         if not chosen:
             continue
-        down = max_points is not None and band.steps.size > max_points
-        if down:
+        down = False
+        if max_points is not None and band.steps.size > max_points:
+            down = True
             band = band.take(extreme_indices(band.min, band.max, max_points=int(max_points)))
         ids = tuple(int(r.run_id) for r in chosen)
         out.append(GroupBand(group={"determinism": det, "stack": stack}, metric=metric,
@@ -361,7 +363,7 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
 
 
 def _dtype(runs: Sequence[RunData], metric: str) -> str:
-    found = {r.dtypes.get(metric) for r in runs if metric in r.series} - {None}
+    found = {str(r.dtypes[metric]) for r in runs if metric in r.series and r.dtypes.get(metric) is not None}
     return found.pop() if len(found) == 1 else "float64"
 
 
@@ -403,7 +405,8 @@ class Finals:
 
 def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
     """Each run's value at the common final step (see ``Finals``); runs without the metric are skipped."""
-    ok, bad = [], []
+    ok: list[tuple[RunData, tuple[np.ndarray, np.ndarray]]] = []
+    bad: list[tuple[RunData, tuple[np.ndarray, np.ndarray]]] = []
     for r in runs:
         sv = _series(r, metric)
         if sv is None or sv[1].size == 0:
@@ -428,12 +431,12 @@ def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
 _SPENDING_NAMES = {"pocock": "Pocock-type", "obrien_fleming": "O'Brien–Fleming-type"}
 
 
-def _sequential(chosen, fin: Finals, spec: MetricSpec, stages: SeedStages, *, alpha: float):
+def _sequential(chosen, fin: Finals, max_std: float, stages: SeedStages, *, alpha: float):
     seed_of = {r.run_id: r.seed for r in chosen}
-    by_stage = [[] for _ in range(stages.current)]
+    by_stage: list[list[float]] = [[] for _ in range(stages.current)]
     for v, i in zip(fin.values, fin.run_ids):
         by_stage[int(stages.stage_of_seed.get(seed_of[i], 1)) - 1].append(v)
-    return sequential_seed_decision(by_stage, max_std=spec.max_std, max_seeds=stages.max_seeds,
+    return sequential_seed_decision(by_stage, max_std=max_std, max_seeds=stages.max_seeds,
                                     last_stage=stages.last_stage, alpha=alpha, spending=stages.spending)
 
 
@@ -468,7 +471,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         reason = spread.reason
         verdict, sequential = spread.verdict, None
         if stages is not None and spec.max_std is not None and not bad and fin.step is not None:
-            sequential = _sequential(chosen, fin, spec, stages, alpha=alpha)
+            sequential = _sequential(chosen, fin, spec.max_std, stages, alpha=alpha)
             verdict = sequential.verdict
             reason = (_sequential_reason(sequential, stages, alpha)
                       + f"; for reference, the fixed-sample rule on all {spread.n} seeds: {spread.reason}")
@@ -516,7 +519,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
 
 
 def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, rng, coverage, confidence):
-    pending = []
+    pending: list[tuple[dict[str, Any], Portability | None, dict[str, Any]]] = []
     by_level: dict[str, dict[str, list[RunData]]] = defaultdict(dict)
     for (det, stack), rs in groups.items():
         by_level[det][stack] = rs
