@@ -204,8 +204,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             migrate.upgrade(database.engine)
             migrate.verify(database.engine)
         app.state.database = database
-        background = [Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
-                      ReportCacher(database, settings.report_cache_interval_seconds)]
+        background: list[Reaper | Dispatcher | ReportCacher] = [
+            Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
+            ReportCacher(database, settings.report_cache_interval_seconds)]
         for task in background:
             task.start()
         try:

@@ -6,6 +6,7 @@ This module imports neither ``app.studies`` nor the database, so ``StudySpec`` c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -280,7 +281,7 @@ class EvaluationOut(BaseModel):
     summary: dict[str, Any]
 
 
-def check_spec_alerts(alerts: list[_Rule], metric_names: list[str], suite: str | None) -> None:
+def check_spec_alerts(alerts: Sequence[_Rule], metric_names: list[str], suite: str | None) -> None:
     """Checks of a study spec's ``alerts`` that need the rest of the spec; ValueError names the item."""
     names = set()
     for i, rule in enumerate(alerts):

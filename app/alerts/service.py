@@ -21,7 +21,7 @@ import logging
 import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from sqlalchemy.exc import IntegrityError
@@ -271,6 +271,12 @@ VERDICT_CODES = {"identical": 0, "stable": 0, "equivalent": 0, "within_tolerance
                  "out_of_tolerance": 3, "unstable": 3, "not_equivalent": 3}
 
 
+@overload
+def _num(x: None) -> None: ...
+@overload
+def _num(x: float | str) -> float: ...
+@overload
+def _num(x: Any) -> float | None: ...
 def _num(x: Any) -> float | None:
     if x is None or isinstance(x, str):
         return None if x is None else float(x)  # "inf" / "-inf"
@@ -615,10 +621,11 @@ def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Find
             reason = (f"history restarted at the baseline, study {baseline.study_id}: " if baseline else "") + res.reason
             out.append(Finding(rule, spec.metric, group, state, reason, numbers, suite_level=True))
             continue
-        at = used[res.index] if res.detected else None
+        at = used[res.index] if res.index is not None else None  # set when detected, as alarm_index
+        alarm_at = used[res.alarm_index].id if res.alarm_index is not None else None
         text = (f"shift in final {spec.metric} of suite {study.suite!r} ({run_stack}/{det}) at study {at.id} "
                 f"({at.name}): mean {res.mean_before:.4g} → {res.mean_after:.4g}, CUSUM {res.statistic:.3g} > "
-                f"{res.threshold:.3g} at study {used[res.alarm_index].id}, {len(used)} studies"
+                f"{res.threshold:.3g} at study {alarm_at}, {len(used)} studies"
                 if at else f"no shift in final {spec.metric} of suite {study.suite!r} ({run_stack}/{det}) over "
                 f"{len(used)} studies (CUSUM {res.statistic:.3g} ≤ {res.threshold:.3g})")
         out.append(Finding(rule, spec.metric, group, res.detected, text, numbers,

@@ -238,11 +238,11 @@ def login(request: Request, token: Annotated[str, Form(max_length=500)] = "",
     token = token.strip()
     with request.app.state.database.read() as session:
         row = authenticate(session, token) if token else None
-        role = Role(row.role) if row is not None else None
-        token_id = row.id if row is not None else None
-    if row is None:
+        found = (Role(row.role), row.id) if row is not None else None
+    if found is None:
         return _render(request, "login.html", None, status_code=401, next=_safe_next(next),
                        error="That token is not valid (or was revoked).")
+    role, token_id = found
     if role not in GRANTS[Role.user]:
         return _render(request, "login.html", None, status_code=403, next=_safe_next(next),
                        error=f"A {role.value} token cannot open the dashboard; use a user or admin token.")

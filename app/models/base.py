@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import ClassVar
 
-from sqlalchemy import DateTime, MetaData
+from sqlalchemy import DateTime, MetaData, Table
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
@@ -40,3 +41,4 @@ class UTCDateTime(TypeDecorator):
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    __table__: ClassVar[Table]  # every model maps one table (SQLAlchemy types it as any FromClause)
