@@ -160,10 +160,7 @@ def apply(launch: K8sLaunch, *, secret_token: str | None = None) -> str:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    # The client takes manifests as plain dicts too (its annotations name only its model classes),
-    # and the Job it returns always has metadata.
     if secret_token is not None:
-        client.CoreV1Api().create_namespaced_secret(
-            launch.namespace, token_secret(launch, secret_token))  # type: ignore[arg-type]
-    job = client.BatchV1Api().create_namespaced_job(launch.namespace, agent_job(launch))  # type: ignore[arg-type]
-    return str(job.metadata.uid)  # type: ignore[union-attr]
+        client.CoreV1Api().create_namespaced_secret(launch.namespace, token_secret(launch, secret_token))
+    job = client.BatchV1Api().create_namespaced_job(launch.namespace, agent_job(launch))
+    return str(job.metadata.uid)
