@@ -60,8 +60,8 @@ def completed_runs(session: Session, study_id: int) -> list[Run]:
 
 def excluded_runs(session: Session, study_id: int) -> list[dict[str, Any]]:
     stmt = select(Run).where(Run.study_id == study_id, Run.excluded_at.is_not(None)).order_by(Run.id)
-    return [{"run_id": r.id, "excluded_at": r.excluded_at.isoformat() if r.excluded_at else None, "excluded_by": r.excluded_by,
-             "reason": r.excluded_reason} for r in session.scalars(stmt)]
+    return [{"run_id": r.id, "excluded_at": r.excluded_at.isoformat() if r.excluded_at else None,
+             "excluded_by": r.excluded_by, "reason": r.excluded_reason} for r in session.scalars(stmt)]
 
 
 def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:

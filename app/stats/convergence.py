@@ -136,7 +136,8 @@ def olympic_trim(x: Sequence[float] | np.ndarray, *, trim: int = DEFAULT_TRIM) -
     return a[trim:a.size - trim] if a.size > 2 * trim else a[:0]
 
 
-def reference_from_runs(x: Sequence[float] | np.ndarray, *, trim: int = DEFAULT_TRIM, std_method: str = "yuen") -> ReferencePoint:
+def reference_from_runs(x: Sequence[float] | np.ndarray, *, trim: int = DEFAULT_TRIM,
+                        std_method: str = "yuen") -> ReferencePoint:
     """The reference point of runs' steps to target (``inf``: never reached): the olympic mean, and
     a standard deviation σ for the checker's formula.
 
@@ -188,8 +189,8 @@ def min_acceptable_mean(mean: float, std: float, n_reference: int, n_candidate: 
     return float(mean + t * std * math.sqrt(1.0 / n_reference + 1.0 / n_candidate)), t, df
 
 
-def check_convergence(candidate: Sequence[float] | np.ndarray, reference: ReferencePoint, *, alpha: float = DEFAULT_ALPHA,
-                      trim: int = DEFAULT_TRIM) -> ConvergenceResult:
+def check_convergence(candidate: Sequence[float] | np.ndarray, reference: ReferencePoint, *,
+                      alpha: float = DEFAULT_ALPHA, trim: int = DEFAULT_TRIM) -> ConvergenceResult:
     """Judge the candidate runs' steps to target (``inf``: never reached) against ``reference``.
 
     See the module docstring for the rule (MLPerf ``rcp_checker``)."""

@@ -99,7 +99,8 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
     total = n + n_diverged
     div_ci = divergence_rate_ci(n_diverged, total) if total else None
     div_reason = (f"{n_diverged} of {total} seeds diverged (rate {n_diverged / total:.0%}, 95% CI "
-                  f"{div_ci[0]:.0%}–{div_ci[1]:.0%}): diverged seeds count against stability") if n_diverged and div_ci else ""
+                  f"{div_ci[0]:.0%}–{div_ci[1]:.0%}): diverged seeds count against stability"
+                  ) if n_diverged and div_ci else ""
     osti = order_statistic_tolerance(n, coverage=coverage, confidence=confidence)
     if n < 2:
         verdict = "unstable" if n_diverged else "inconclusive"

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.conftest import wait_until
 from tests.scale.conftest import (
-    all_runs, create_study, fake_worker_cmd, series, spawn, sql, wait_until,
+    all_runs, create_study, fake_worker_cmd, series, spawn, sql,
 )
 from tests.scale.fakeworker import FakeWorker, expected_values
 
