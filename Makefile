@@ -1,4 +1,5 @@
-# Steady: `make demo` sets up and runs the demo study end to end; `make test` sets up and runs the suite.
+# Steady: `make demo` sets up and runs the demo study end to end; `make test` sets up, runs the checks
+# (`make lint`) and then the suite.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.installed
 # CPU builds for this machine and CI; GPU boxes install their own CUDA builds (README).
 FRAMEWORKS := torch==2.13.0 tensorflow-cpu==2.21.*
 
-.PHONY: setup system-deps demo test test-fast bench serve worker clean
+.PHONY: setup system-deps demo lint test test-fast bench serve worker clean
 
 setup: $(STAMP) system-deps
 
@@ -37,7 +38,14 @@ system-deps:
 demo: $(STAMP)
 	$(BIN)/steady demo
 
+# The house rules, configured in pyproject.toml (CONTRIBUTING.md): any finding fails the build.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
+
 test: setup
+	@$(MAKE) --no-print-directory lint
 	@$(BIN)/pytest -q -rfE; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi; \
 	exit $$rc

@@ -17,7 +17,7 @@ from app.cli_support import (
 from app.terminal import printable
 
 
-def _server_settings(args: argparse.Namespace):  # noqa: ANN202
+def _server_settings(args: argparse.Namespace):
     for flag, env in (("data_dir", "STEADY_DATA_DIR"), ("database_url", "STEADY_DATABASE_URL")):
         value = getattr(args, flag, None)
         if value:
@@ -69,7 +69,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 DATABASE_HINT = "point at the server's with --data-dir / STEADY_DATA_DIR or --database-url / STEADY_DATABASE_URL"
 
 
-def _existing_database(settings):  # noqa: ANN001, ANN202
+def _existing_database(settings):
     """The server's database, upgraded to head; refuses to create one where none exists."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import DBAPIError

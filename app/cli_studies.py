@@ -34,7 +34,7 @@ def _bar(p: dict[str, int], width: int = 30) -> str:
     )
 
 
-def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) -> dict[str, Any]:  # noqa: ANN001
+def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) -> dict[str, Any]:
     """Poll a study until it ends, drawing a progress bar; returns the final study."""
     tty = stream.isatty()
     last = ""

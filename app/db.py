@@ -59,7 +59,7 @@ def _configure_sqlite(engine: Engine, synchronous: str) -> None:
         raise ValueError(f"STEADY_SQLITE_SYNCHRONOUS must be FULL or NORMAL, not {synchronous!r}")
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):  # noqa: ANN001
+    def _on_connect(dbapi_conn, _record):
         # Take over transaction control from pysqlite so BEGIN is ours to emit.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
@@ -72,7 +72,7 @@ def _configure_sqlite(engine: Engine, synchronous: str) -> None:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn):  # noqa: ANN001
+    def _on_begin(conn):
         write = conn.get_execution_options().get(_WRITE_OPTION, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
@@ -124,8 +124,8 @@ class Database:
         if self.corruption:
             raise Unavailable(f"the database file failed its integrity check ({self.corruption}); writes are "
                               "refused: stop the server and restore the file from a backup")
-        queued = queue and self._write_queue is not None
-        if queued and not self._write_queue.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+        queued = self._write_queue if queue else None
+        if queued is not None and not queued.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
             raise Unavailable("the database stayed busy with other writes; retry shortly")
         try:
             session = self._write()
@@ -138,8 +138,8 @@ class Database:
             finally:
                 session.close()
         finally:
-            if queued:
-                self._write_queue.release()
+            if queued is not None:
+                queued.release()
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -73,7 +73,7 @@ class SecurityHeaders:
             return
         policy = _REDOC_POLICY if scope["path"] == "/redoc" else CONTENT_SECURITY_POLICY
 
-        async def send_with_headers(message) -> None:  # noqa: ANN001
+        async def send_with_headers(message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers += [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
@@ -105,7 +105,7 @@ class BodyLimit:
         seen = 0
         started = over = False
 
-        async def limited_receive():  # noqa: ANN202
+        async def limited_receive():
             nonlocal seen, over
             message = await receive()
             if message["type"] == "http.request":
@@ -115,7 +115,7 @@ class BodyLimit:
                     raise _BodyTooLarge
             return message
 
-        async def tracking_send(message):  # noqa: ANN001, ANN202
+        async def tracking_send(message):
             nonlocal started
             if over:
                 # FastAPI turns an exception while reading the body into its own 400
@@ -171,7 +171,7 @@ class Reaper:
             try:
                 with self.database.write(queue=True) as session:  # in line with the protocol's writes
                     runs_service.reap_expired(session)
-            except Exception as exc:  # the database may be down; try again next tick
+            except Exception as exc:  # noqa: BLE001 - the database may be down; try again next tick
                 log.warning("lease reaper: %s", exc)
 
 
@@ -204,8 +204,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             migrate.upgrade(database.engine)
             migrate.verify(database.engine)
         app.state.database = database
-        background = [Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
-                      ReportCacher(database, settings.report_cache_interval_seconds)]
+        background: list[Reaper | Dispatcher | ReportCacher] = [
+            Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
+            ReportCacher(database, settings.report_cache_interval_seconds)]
         for task in background:
             task.start()
         try:
@@ -289,7 +290,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return JSONResponse({"status": "database corrupt", "detail": corruption}, status_code=503)
         try:
             request.app.state.database.ping()
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure to reach the database is "unavailable"
             return JSONResponse({"status": "database unavailable"}, status_code=503)
         return JSONResponse({"status": "ok", "version": __version__})
 

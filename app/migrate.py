@@ -29,7 +29,10 @@ def alembic_config() -> Config:
 
 
 def head_revision() -> str:
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError(f"no migrations in {MIGRATIONS_DIR}")
+    return head
 
 
 def current_revision(engine: Engine) -> str | None:

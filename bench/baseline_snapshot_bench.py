@@ -31,7 +31,7 @@ class _Caller:
     name = "bench"
 
 
-def _timed(fn, repeat: int = 3) -> tuple[float, object]:  # noqa: ANN001
+def _timed(fn, repeat: int = 3) -> tuple[float, object]:
     best, out = float("inf"), None
     for _ in range(repeat):
         t0 = time.perf_counter()

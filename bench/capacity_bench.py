@@ -32,10 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
+import httpx
 
-from bench.common import Server, percentile, postgres_database, run_clients, write_result  # noqa: E402
-from worker.protocol import Series  # noqa: E402
+from bench.common import Server, percentile, postgres_database, run_clients, write_result
+from worker.protocol import Series
 
 
 def _ms(values: list[float], q: float) -> float | None:

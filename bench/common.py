@@ -74,11 +74,11 @@ class Server:
                              env=self.env, cwd=REPO, capture_output=True, text=True, check=True)
         return out.stdout.strip().splitlines()[-1]
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.proc.start()
         return self
 
-    def __exit__(self, *exc) -> None:  # noqa: ANN002
+    def __exit__(self, *exc) -> None:
         self.proc.stop()
 
     def create_study(self, runs: int) -> int:

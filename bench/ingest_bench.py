@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO,
     RESULTS,
     Server,
@@ -50,7 +50,7 @@ from bench.common import (  # noqa: E402
     postgres_database,
     run_synced_clients,
 )
-from bench.procstat import load, process_tree_cpu_s  # noqa: E402
+from bench.procstat import load, process_tree_cpu_s
 
 KEYS = ("loss", "acc", "lr", "grad_norm", "step_time")
 MLFLOW_BATCH = 1000  # MLflow's maximum number of metrics per log_batch request

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
+import httpx
 
-from bench.common import Server, percentile, postgres_database, run_clients, write_result  # noqa: E402
+from bench.common import Server, percentile, postgres_database, run_clients, write_result
 
 
 def client_main(argv: list[str]) -> None:
@@ -79,15 +79,15 @@ def main() -> int:
     p.add_argument("--max-seconds", type=float, default=120)
     p.add_argument("--out", default="lease")
     a = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, postgres_database() as url:
-        with Server(url, Path(tmp) / "srv", workers=a.api_workers) as server:
-            server.create_study(a.runs)
-            n_procs = 4
-            per = [a.agents // n_procs + (1 if i < a.agents % n_procs else 0) for i in range(n_procs)]
-            start_at = time.time() + 4
-            args = [["--url", server.url, "--token", server.tokens["worker"], "--threads", str(t), "--start-at", str(start_at),
-                     "--deadline", str(start_at + a.max_seconds)] for t in per]
-            out = run_clients(Path(__file__), n_procs, args, timeout=a.max_seconds + 60)
+    with (tempfile.TemporaryDirectory() as tmp, postgres_database() as url,
+          Server(url, Path(tmp) / "srv", workers=a.api_workers) as server):
+        server.create_study(a.runs)
+        n_procs = 4
+        per = [a.agents // n_procs + (1 if i < a.agents % n_procs else 0) for i in range(n_procs)]
+        start_at = time.time() + 4
+        args = [["--url", server.url, "--token", server.tokens["worker"], "--threads", str(t), "--start-at", str(start_at),
+                 "--deadline", str(start_at + a.max_seconds)] for t in per]
+        out = run_clients(Path(__file__), n_procs, args, timeout=a.max_seconds + 60)
     wall = max(time.time(), start_at) - start_at
     lats = [x for o in out for x in o["latencies"]]
     leased = [x for o in out for x in o["leased"]]

@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 # run as a script by MLflow's interpreter: bench/ is sys.path[0]
 from procstat import load, process_tree_cpu_s
@@ -216,7 +217,7 @@ def main() -> int:
             [os.path.join(os.path.dirname(sys.executable), "mlflow"), "server", "--backend-store-uri",
              f"sqlite:///{tmp}/mlflow.db", "--default-artifact-root", f"{tmp}/artifacts", "--host", "127.0.0.1",
              "--port", str(port)],
-            stdout=open(f"{tmp}/server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=open(f"{tmp}/server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
         )
         try:
             deadline = time.monotonic() + 180
@@ -224,16 +225,16 @@ def main() -> int:
                 try:
                     urllib.request.urlopen(url + "/health", timeout=1)
                     break
-                except Exception:
+                except Exception:  # noqa: BLE001 - not up yet, whatever the error; the deadline bounds it
                     if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError(open(f"{tmp}/server.log").read()[-2000:]) from None
+                        raise RuntimeError(Path(tmp, "server.log").read_text()[-2000:]) from None
                     time.sleep(0.3)
             exp = MlflowClient(tracking_uri=url).create_experiment("bench")
             warm_up(url, exp, a.per_batch)
             for n in [int(x) for x in a.clients.split(",")]:
                 rows.append(measure(url, proc.pid, exp, n, a.duration, a.per_batch))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-            server_log = open(f"{tmp}/server.log").read()
+            server_log = Path(tmp, "server.log").read_text()
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:

@@ -122,12 +122,12 @@ class Serve:
                          "STEADY_REPORT_CACHE_INTERVAL_SECONDS": "0"})
         self.log = workdir / "server.log"
 
-    def __enter__(self) -> "Serve":
+    def __enter__(self) -> Serve:
         self.proc = ServerProcess(serve_argv(self.port, workers=1), url=self.base, log_path=self.log, env=self.env,
                                   cwd=self.src, start_timeout=120, stop_timeout=30).start()
         return self
 
-    def __exit__(self, *exc) -> None:  # noqa: ANN002
+    def __exit__(self, *exc) -> None:
         self.proc.stop()
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx  # noqa: E402
+import httpx
 
-from bench.common import REPO, Server, write_result  # noqa: E402
+from bench.common import REPO, Server, write_result
 
 ENTRYPOINT = "bench.worker_memory_bench:log_steps"
 TARGET_GROWTH_MB = 50.0
@@ -41,7 +41,7 @@ def loss_at(step: int) -> float:
     return (step % 1000) * 0.5  # exact in float64, so the check is bit for bit
 
 
-def log_steps(ctx) -> dict:  # noqa: ANN001 - the workload: runs inside the run subprocess
+def log_steps(ctx) -> dict:  # the workload: runs inside the run subprocess
     from worker import sdk
 
     steps = ctx.param("steps", 1000)
@@ -109,7 +109,7 @@ def sdk_log_cost(calls: int = 200_000) -> dict:
             "p90_us": ordered[int(0.9 * calls)] * 1e6, "mean_us": total / calls * 1e6, "summary_s": summary_s}
 
 
-def check_series(server: Server, run_id: int, key: str, first: int, n: int, expected) -> dict:  # noqa: ANN001
+def check_series(server: Server, run_id: int, key: str, first: int, n: int, expected) -> dict:
     """Read ``key`` back through the API: steps must be first..n-1, each once, values exact."""
     import numpy as np
 

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("STEADY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):  # noqa: ANN001, ANN201
+def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
     """Poll ``predicate`` until it returns something truthy (returned); AssertionError naming ``what``
     after ``timeout`` seconds. The one way a test waits for a state another process or thread reaches."""
     deadline = time.monotonic() + timeout
@@ -139,7 +139,7 @@ def make_settings(db_url: str, tmp_path: Path, **overrides):
     return Settings(database_url=db_url, data_dir=tmp_path / "data", **overrides)
 
 
-def add_tokens(app) -> dict[str, str]:  # noqa: ANN001
+def add_tokens(app) -> dict[str, str]:
     from app.auth.service import Role, create_token
 
     tokens = {}

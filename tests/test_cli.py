@@ -11,7 +11,7 @@ import numpy as np
 from tests.conftest import REPO
 
 
-def steady(server, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:  # noqa: ANN001
+def steady(server, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     env = {**server.env, "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1"}
     return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, cwd=REPO, input=input,
                           capture_output=True, text=True, check=check, timeout=120)
@@ -104,13 +104,13 @@ def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
 # --- readable at a glance: every failure is one line that says what to do ---------------------
 
 
-def client_env(server, tmp_path, **extra: str) -> dict[str, str]:  # noqa: ANN001
+def client_env(server, tmp_path, **extra: str) -> dict[str, str]:
     """The environment of a user who has not pointed the CLI anywhere yet (own config dir, no token file)."""
     env = {k: v for k, v in server.env.items() if not k.startswith("STEADY_")}
     return {**env, "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1", **extra}
 
 
-def run_cli(*args: str, env: dict[str, str], cwd=REPO, input: str | None = None) -> subprocess.CompletedProcess:  # noqa: ANN001
+def run_cli(*args: str, env: dict[str, str], cwd=REPO, input: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, cwd=cwd, input=input,
                           capture_output=True, text=True, timeout=120, check=False)
 
@@ -122,7 +122,7 @@ def one_line(stderr: str) -> str:
 
 
 def external_study(c, name: str, *, shift: float = 0.0, seed_spread: float = 0.01, max_std: float = 0.5,
-                   seeds: int = 6) -> int:  # noqa: ANN001
+                   seeds: int = 6) -> int:
     sid = c.post("/api/v1/studies", json={"name": name, "kind": "external",
                                          "metrics": [{"name": "loss", "max_std": max_std}]}).json()["id"]
     for seed in range(seeds):

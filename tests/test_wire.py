@@ -22,7 +22,7 @@ class Point(WireModel):
     extra: dict = {}
 
 
-def _loads(text: str | bytes):  # noqa: ANN202
+def _loads(text: str | bytes):
     return json.loads(text, parse_constant=bare_constant)
 
 

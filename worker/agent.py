@@ -174,7 +174,7 @@ class MetricStream:
         if not self.pending_points:
             return None
         budget = batch_size(self.pending_points, backlog=self.backlog, steady=self.steady, limit=self.limit)
-        series = []
+        series: list[Series] = []
         for key in sorted(self.pending):
             if budget <= 0 or len(series) >= MAX_SERIES_PER_BATCH:
                 break
@@ -220,8 +220,8 @@ class MetricStream:
     def _requeue(self, batch: MetricBatch) -> None:
         restored: dict[str, tuple[array, array]] = {}
         for s in batch.series:
-            steps, vals = s.unpacked()
-            restored[s.key] = (array("q", steps), array("d", vals))
+            sent_steps, sent_vals = s.unpacked()
+            restored[s.key] = (array("q", sent_steps), array("d", sent_vals))
         for key, (steps, vals) in self.pending.items():
             if key in restored:
                 restored[key][0].extend(steps)
@@ -257,7 +257,7 @@ def _finite_or_none(values: dict[str, Any]) -> dict[str, float]:
 class RunExecution:
     """One leased run: subprocess, event pump, metric stream, heartbeat thread, report."""
 
-    def __init__(self, agent: "Agent", lease: Lease) -> None:
+    def __init__(self, agent: Agent, lease: Lease) -> None:
         self.agent = agent
         self.client = agent.client
         self.lease = lease
@@ -385,7 +385,7 @@ class RunExecution:
             outcome = self.proc.outcome()
             self._pump()
             self._report(outcome)
-        except Exception:  # noqa: BLE001 - the agent must carry on
+        except Exception:  # the agent must carry on (logged below)
             log.exception("run %d: agent error", run_id)
             if self.proc.running():
                 self.proc.kill("error")
@@ -464,7 +464,7 @@ class RunExecution:
                      self.stream.batches_sent, outcome.wall_s)
         else:
             kind = outcome.kind if outcome.kind in FailureKind._value2member_map_ else FailureKind.error.value
-            body = RunFailure(
+            failure = RunFailure(
                 lease_id=lease_id,
                 kind=FailureKind(kind),
                 error=(outcome.error or "failed")[:MAX_ERROR_LENGTH],
@@ -472,7 +472,7 @@ class RunExecution:
                 fingerprint=c.fingerprint,
                 determinism_applied=c.determinism_applied,
             )
-            self._try(lambda: self.client.fail(run_id, body))
+            self._try(lambda: self.client.fail(run_id, failure))
             log.info("run %d: failed (%s): %s", run_id, kind, outcome.error)
 
 

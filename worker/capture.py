@@ -293,7 +293,7 @@ class Capture:
         for path in self._event_files():
             if path not in self._tails and path not in self._before:
                 self._tails[path] = TFRecordTail(path)
-        for path, tail in self._tails.items():
+        for tail in self._tails.values():
             while True:
                 records = tail.read_new()
                 if not records:

@@ -131,7 +131,7 @@ class SteadyClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "SteadyClient":
+    def __enter__(self) -> SteadyClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     import dataclasses
     import json
 
-    p = argparse.ArgumentParser(prog="python -m worker.local", description=main.__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m worker.local", description=(main.__doc__ or "").split("\n\n")[0])
     p.add_argument("runs")
     p.add_argument("out")
     args = p.parse_args(argv)

@@ -345,7 +345,7 @@ class Series(_Model):
     _packed_bytes: tuple[bytes, bytes] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _one_encoding(self) -> "Series":
+    def _one_encoding(self) -> Series:
         lists = self.steps is not None or self.values is not None
         packed = self.steps_b64 is not None or self.values_b64 is not None
         if lists == packed:
@@ -380,7 +380,7 @@ class Series(_Model):
         return len(self.steps_b64 or "") * 3 // 4 // 8
 
     @classmethod
-    def packed(cls, key: str, steps: list[int], values: list[float], dtype: str | None = None) -> "Series":
+    def packed(cls, key: str, steps: list[int], values: list[float], dtype: str | None = None) -> Series:
         """Pack python lists without numpy (the SDK and agent may run without it)."""
         n = len(steps)
         return cls(
@@ -407,7 +407,7 @@ class MetricBatch(_Model):
     series: Annotated[list[Series], Field(min_length=1, max_length=MAX_SERIES_PER_BATCH)]
 
     @model_validator(mode="after")
-    def _unique_keys(self) -> "MetricBatch":
+    def _unique_keys(self) -> MetricBatch:
         seen: set[str] = set()
         for s in self.series:
             if s.key in seen:

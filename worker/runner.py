@@ -155,9 +155,7 @@ class Collected:
                 self.digests[event["kind"]] = event["value"]
         elif kind == "fingerprint":
             self.fingerprint = event["value"]
-        elif kind == "determinism":
-            self.determinism_applied.update(event["value"])
-        elif kind == "info":
+        elif kind == "determinism" or kind == "info":
             self.determinism_applied.update(event["value"])
         elif kind == "result":
             self.result = event
@@ -290,7 +288,7 @@ class RunProcess:
             # setgid + initgroups + setuid in the child, before exec (the agent stays root)
             identity = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.run_as.groups)}
         self.capture = self._capture()
-        out = open(self.output_path, "wb")
+        out = open(self.output_path, "wb")  # noqa: SIM115 - closed in the finally below, once the child has it
         try:
             self.proc = subprocess.Popen(
                 self.argv(),

@@ -88,7 +88,7 @@ class Dispatcher:
         while not self._stop.wait(self.cfg.dispatch_interval_seconds):
             try:
                 self.tick()
-            except Exception as exc:  # the database may be down; try again next tick
+            except Exception as exc:  # noqa: BLE001 - the database may be down; try again next tick
                 log.warning("alert dispatcher: %s", exc)
 
     def tick(self) -> int:

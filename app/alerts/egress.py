@@ -36,7 +36,7 @@ class RefusedTarget(ValueError):
 
 def system_resolver(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
-    return [info[4][0].split("%", 1)[0] for info in infos]
+    return [str(info[4][0]).split("%", 1)[0] for info in infos]
 
 
 # Tests replace this (no real DNS); production uses the system resolver.

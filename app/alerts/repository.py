@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import CursorResult, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.models import (
@@ -71,7 +71,7 @@ def final_metrics(session: Session, study_ids: Sequence[int]) -> list[tuple[int,
     stmt = select(Run.study_id, Run.stack, Run.determinism, Run.final_metrics).where(
         Run.study_id.in_(list(study_ids)), Run.status == RunStatus.completed.value, Run.excluded_at.is_(None)
     )
-    return [tuple(row) for row in session.execute(stmt)]  # type: ignore[misc]
+    return [tuple(row) for row in session.execute(stmt)]
 
 
 def study_stacks(session: Session, study_id: int) -> list[str]:
@@ -173,7 +173,7 @@ def claim_delivery(session: Session, delivery_id: int, owner: str, now: datetime
         .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds))
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1
+    return cast(CursorResult, result).rowcount == 1
 
 
 def finish_delivery(session: Session, delivery_id: int, owner: str, **values: Any) -> bool:
@@ -184,7 +184,7 @@ def finish_delivery(session: Session, delivery_id: int, owner: str, **values: An
         .values(lease_owner=None, lease_expires_at=None, **values)
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1
+    return cast(CursorResult, result).rowcount == 1
 
 
 def outbox_counts(session: Session) -> dict[str, int]:
@@ -214,7 +214,7 @@ def claim_evaluation(session: Session, study_id: int, requested_at: datetime, **
         .values(**values)
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1
+    return cast(CursorResult, result).rowcount == 1
 
 
 # --- /metrics --------------------------------------------------------------------------------

@@ -153,7 +153,7 @@ def list_alerts(
     return AlertPage(items=[service.alert_out(a) for a in rows], total=total, limit=limit, offset=offset)
 
 
-def _alert(db, alert_id: int) -> Alert:  # noqa: ANN001
+def _alert(db, alert_id: int) -> Alert:
     alert = db.get(Alert, alert_id)
     if alert is None:
         raise NotFound(f"alert {alert_id} not found")

@@ -6,8 +6,9 @@ This module imports neither ``app.studies`` nor the database, so ``StudySpec`` c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -135,8 +136,8 @@ class SuiteShiftRule(_Rule):
 
 
 AlertRuleSpec = Annotated[
-    Union[BandWidthRule, OutOfBaselineRule, RepeatabilityLostRule, DivergedRule, NotEquivalentRule,
-          DeterminismCostRule, SuiteShiftRule],
+    (BandWidthRule | OutOfBaselineRule | RepeatabilityLostRule | DivergedRule | NotEquivalentRule
+     | DeterminismCostRule | SuiteShiftRule),
     Field(discriminator="kind"),
 ]
 RULE_KINDS = ("band_width", "out_of_baseline", "repeatability_lost", "diverged", "not_equivalent",
@@ -282,7 +283,7 @@ class EvaluationOut(WireModel):
     summary: dict[str, Any]
 
 
-def check_spec_alerts(alerts: list[_Rule], metric_names: list[str], suite: str | None) -> None:
+def check_spec_alerts(alerts: Sequence[_Rule], metric_names: list[str], suite: str | None) -> None:
     """Checks of a study spec's ``alerts`` that need the rest of the spec; ValueError names the item."""
     names = set()
     for i, rule in enumerate(alerts):

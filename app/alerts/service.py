@@ -599,10 +599,11 @@ def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Find
             reason = (f"history restarted at the baseline, study {baseline.study_id}: " if baseline else "") + res.reason
             out.append(Finding(rule, spec.metric, group, state, reason, numbers, suite_level=True))
             continue
-        at = used[res.index] if res.detected else None
+        at = used[res.index] if res.index is not None else None  # set when detected, as alarm_index
+        alarm_at = used[res.alarm_index].id if res.alarm_index is not None else None
         text = (f"shift in final {spec.metric} of suite {study.suite!r} ({run_stack}/{det}) at study {at.id} "
                 f"({at.name}): mean {res.mean_before:.4g} → {res.mean_after:.4g}, CUSUM {res.statistic:.3g} > "
-                f"{res.threshold:.3g} at study {used[res.alarm_index].id}, {len(used)} studies"
+                f"{res.threshold:.3g} at study {alarm_at}, {len(used)} studies"
                 if at else f"no shift in final {spec.metric} of suite {study.suite!r} ({run_stack}/{det}) over "
                 f"{len(used)} studies (CUSUM {res.statistic:.3g} ≤ {res.threshold:.3g})")
         out.append(Finding(rule, spec.metric, group, res.detected, text, numbers,
@@ -703,12 +704,12 @@ def _link(base_url: str, study_id: int) -> str:
     return f"{base_url.rstrip('/')}/studies/{study_id}"
 
 
-def _update(alert: Alert, f: Finding, target: int, details: dict, base_url: str, now) -> None:  # noqa: ANN001
+def _update(alert: Alert, f: Finding, target: int, details: dict, base_url: str, now) -> None:
     alert.summary, alert.details, alert.study_id = f.summary, details, target
     alert.link, alert.evaluated_at, alert.severity = _link(base_url, target), now, f.rule.severity
 
 
-def _insert_alert(session, key, f: Finding, study: Study, target: int, details, base_url) -> Alert | None:  # noqa: ANN001
+def _insert_alert(session, key, f: Finding, study: Study, target: int, details, base_url) -> Alert | None:
     alert = Alert(dedupe_key=key, rule_id=f.rule.id, kind=f.rule.kind, severity=f.rule.severity, state="firing",
                   study_id=target, suite=study.suite, metric=f.metric, group=f.group, summary=f.summary,
                   details=details, link=_link(base_url, target), fire_count=1)
@@ -792,7 +793,7 @@ def evaluate_study(session: Session, study_id: int, *, base_url: str) -> tuple[E
     return ev, fired, resolved
 
 
-def run_pending_evaluations(database, *, base_url: str, limit: int = 10) -> int:  # noqa: ANN001
+def run_pending_evaluations(database, *, base_url: str, limit: int = 10) -> int:
     """Evaluate requested studies: compute in a read session, then claim and apply in one write.
 
     Two processes may compute the same evaluation; the conditional claim lets one apply it.

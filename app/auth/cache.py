@@ -21,7 +21,7 @@ MAX_ENTRIES = 10_000
 
 
 class TokenCache(Generic[T]):
-    def __init__(self, ttl_s: float, *, clock=time.monotonic) -> None:  # noqa: ANN001
+    def __init__(self, ttl_s: float, *, clock=time.monotonic) -> None:
         self.ttl_s = ttl_s
         self._clock = clock
         self._entries: dict[str, tuple[float, T]] = {}

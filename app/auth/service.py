@@ -33,9 +33,13 @@ GRANTS: dict[Role, frozenset[Role]] = {
 
 
 class Caller(Protocol):
-    token_id: int
-    name: str
-    role: Role
+    # read-only, so that a frozen dataclass (app.deps.Principal) is a Caller
+    @property
+    def token_id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def role(self) -> Role: ...
 
 
 def may_change(caller: Caller, owner_token_id: int | None) -> bool:

@@ -139,7 +139,7 @@ def group_chart(
         }
         k = len(BAND_FIELDS)
     finals = {}
-    for i, r in enumerate(lines):
+    for r in lines:
         steps, values = series[r.id]
         finite = np.isfinite(values)
         diverged_at = None if finite.all() else int(steps[int(np.argmin(finite))])

@@ -359,5 +359,6 @@ def study_stages(session: Session, study: Study) -> dict[str, Any] | None:
     if not rows:
         return None
     spec = StudySpec.model_validate(study.spec)
+    assert spec.budget is not None  # the spec has a budget: checked above
     return {"rows": rows, "last_stage": len(adaptive.planned_sizes(spec)), "max_seeds": spec.max_seeds,
             "spending": {"pocock": "Pocock-type", "obrien_fleming": "O'Brien–Fleming-type"}[spec.budget.spending]}

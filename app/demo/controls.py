@@ -99,7 +99,7 @@ OVERLAPS: tuple[Control, ...] = (
 @dataclass(frozen=True)
 class Row:
     control: str
-    planted: str
+    planted: str | None
     level: str
     verdict: str
     source: str | None
@@ -160,7 +160,7 @@ def _run_data(run_id: int, entry: dict, result: dict, stack: str) -> RunData:
 
 
 def _spec(control: Control, *, level: str, seed: int, repeat: int, threads: int, steps: int) -> dict:
-    params = {"plant": control.plant}
+    params: dict[str, object] = {"plant": control.plant}
     if control.workload == "torch_controls":
         params.update(order=control.order, steps=steps)
     return {"framework": control.framework, "workload": control.workload, "seed": seed, "repeat": repeat,

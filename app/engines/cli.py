@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 

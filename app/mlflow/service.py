@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,7 +238,8 @@ def log_batch(session: Session, body: LogBatchIn, caller: MlflowCaller, settings
 
 
 def log_batch_parts(session: Session, run_id: int, caller: MlflowCaller, settings: Settings, *,
-                    metrics: list[MetricIn] = (), params: list[ParamIn] = (), tags: list[TagIn] = ()) -> None:
+                    metrics: Sequence[MetricIn] = (), params: Sequence[ParamIn] = (),
+                    tags: Sequence[TagIn] = ()) -> None:
     run = _run_for_write(session, run_id, caller)
     _set_params(run, list(params))
     _set_tags(run, list(tags))
@@ -338,9 +340,10 @@ def get_experiment_by_name(session: Session, name: str, caller: MlflowCaller) ->
     if caller.run is not None:
         stmt = stmt.where(Study.id == caller.run.study_id)
     candidates = list(session.scalars(stmt.limit(50)))
-    if caller.principal is not None and caller.principal.role is not Role.admin:
+    principal = caller.principal
+    if principal is not None and principal.role is not Role.admin:
         # the caller's own external study first, then any of that name (reading is open to every user)
-        candidates.sort(key=lambda s: (s.kind != "external", s.owner_token_id != caller.principal.token_id))
+        candidates.sort(key=lambda s: (s.kind != "external", s.owner_token_id != principal.token_id))
     if not candidates:
         raise _not_found(f"experiment {name!r} does not exist")
     return experiment_view(candidates[0])

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import ClassVar
 
-from sqlalchemy import DateTime, MetaData
+from sqlalchemy import DateTime, MetaData, Table
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
@@ -48,14 +49,14 @@ class UTCDateTime(TypeDecorator):
     impl = DateTime
     cache_ok = True
 
-    def process_bind_param(self, value: datetime | None, dialect):  # noqa: ANN001
+    def process_bind_param(self, value: datetime | None, dialect):
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to a UTCDateTime column")
         return value.astimezone(UTC).replace(tzinfo=None)
 
-    def process_result_value(self, value: datetime | None, dialect):  # noqa: ANN001
+    def process_result_value(self, value: datetime | None, dialect):
         if value is None:
             return None
         return value.replace(tzinfo=UTC)
@@ -63,3 +64,4 @@ class UTCDateTime(TypeDecorator):
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    __table__: ClassVar[Table]  # every model maps one table (SQLAlchemy types it as any FromClause)

@@ -37,5 +37,5 @@ class ReportCacher:
             try:
                 while self.run_once() and not self._stop.is_set():
                     pass  # more may be waiting: go on without sleeping
-            except Exception as exc:  # the database may be down, a study may not be judgeable: next tick
+            except Exception as exc:  # noqa: BLE001 - the database may be down, a study may not be judgeable: next tick
                 log.warning("report cache: %s", exc)

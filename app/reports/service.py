@@ -69,8 +69,8 @@ def completed_runs(session: Session, study_id: int) -> list[Run]:
 
 def excluded_runs(session: Session, study_id: int) -> list[dict[str, Any]]:
     stmt = select(Run).where(Run.study_id == study_id, Run.excluded_at.is_not(None)).order_by(Run.id)
-    return [{"run_id": r.id, "excluded_at": r.excluded_at.isoformat(), "excluded_by": r.excluded_by,
-             "reason": r.excluded_reason} for r in session.scalars(stmt)]
+    return [{"run_id": r.id, "excluded_at": r.excluded_at.isoformat() if r.excluded_at else None,
+             "excluded_by": r.excluded_by, "reason": r.excluded_reason} for r in session.scalars(stmt)]
 
 
 def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:
@@ -153,7 +153,8 @@ class _Bands:
     again. Keyed by database, study and the study's version (``repository.study_version``)."""
 
     def __init__(self, size: int = 8) -> None:
-        self.size, self._data, self._lock = size, OrderedDict(), threading.Lock()
+        self.size, self._lock = size, threading.Lock()
+        self._data: OrderedDict[tuple, tuple[GroupBand, ...]] = OrderedDict()
 
     def put(self, key: tuple, bands: tuple[GroupBand, ...]) -> None:
         with self._lock:
@@ -171,7 +172,7 @@ _bands = _Bands()
 
 
 def _bands_key(session: Session, study: Study) -> tuple:
-    return str(session.get_bind().url), study.id, repository.study_version(session, study)
+    return str(session.get_bind().engine.url), study.id, repository.study_version(session, study)
 
 
 def report_band(session: Session, study_id: int, *, metric: str, determinism: str, stack: str) -> GroupBand | None:

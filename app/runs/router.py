@@ -93,10 +93,10 @@ def get_series(
 # which a session spread over a dependency's several thread-pool calls may not.
 
 
-def _in_one_write(request: Request, work, *args):  # noqa: ANN001, ANN002, ANN202
+def _in_one_write(request: Request, work, *args):
     database = request.app.state.database
 
-    def call():  # noqa: ANN202
+    def call():
         with database.write(queue=True) as db:
             return work(db, *args)
 

@@ -7,10 +7,11 @@ exactly one caller however many API processes and workers race for it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any, cast
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import CursorResult, and_, func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -47,7 +48,7 @@ def _spec_for(run: Run, study: Study) -> RunSpec:
     spec = study.spec
     workload = spec["workload"]
     params = dict(workload.get("params") or {})
-    arm = next((a for a in spec.get("arms") or [] if a.get("name") == run.stack), {})
+    arm: dict[str, Any] = next((a for a in spec.get("arms") or [] if a.get("name") == run.stack), {})
     params.update(arm.get("params") or {})
     return RunSpec(
         framework=run.framework,
@@ -124,7 +125,7 @@ def reap_expired(session: Session, now: datetime | None = None) -> list[int]:
     return sorted(study_ids)
 
 
-def _own_blocks_first(session: Session, worker_id: int, candidates: list) -> list:
+def _own_blocks_first(session: Session, worker_id: int, candidates: Sequence[Any]) -> Sequence[Any]:
     """Queued candidates in lease preference order: runs of a block this worker already ran part
     of, then blocks no worker has started, then blocks another worker started; id order within each.
 
@@ -144,12 +145,12 @@ def _own_blocks_first(session: Session, worker_id: int, candidates: list) -> lis
             Run.worker_id.is_not(None),
         )
     ).all()
-    workers: dict[tuple, set[int]] = {}
+    workers: dict[tuple, set[int | None]] = {}
     for study_id, seed, repeat, stack, wid in started:
         if (study_id, seed, repeat, stack) in blocks:
             workers.setdefault((study_id, seed, repeat, stack), set()).add(wid)
 
-    def rank(c) -> tuple[int, int]:  # noqa: ANN001
+    def rank(c) -> tuple[int, int]:
         owners = workers.get((c.study_id, c.seed, c.repeat, c.stack), set())
         return (0 if worker_id in owners else 1 if not owners else 2, c.id)
 
@@ -211,7 +212,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
         return None  # that lease is gone already (expired and reaped, or finished)
     held = session.scalar(
         select(func.count()).select_from(Run).where(Run.status == RunStatus.running.value, Run.worker_id == worker.id)
-    )
+    ) or 0
     if held >= settings.max_leases_per_worker:
         raise TooManyRequests(
             f"worker {worker.id} already holds {held} leases, the limit per worker "
@@ -267,7 +268,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
                 time_limit_at=now + timedelta(seconds=time_limit_s + settings.time_limit_grace_seconds),
             )
         )
-        if result.rowcount != 1:
+        if cast(CursorResult, result).rowcount != 1:
             continue
         run = session.get(Run, run_id, populate_existing=True)
         assert run is not None

@@ -141,7 +141,8 @@ def baseline_curve_outliers(baseline, candidates, *, alpha: float = 0.01) -> Bas
     ``baseline`` (n × T) and ``candidates`` (m × T) share one step grid (NaN where a run has no
     finite value). Each run is reduced to its whole-curve level over the steps where every run
     has a finite value and the runs vary, standardised by the sd over *all* runs (baseline and
-    candidates) at each step: ``app.stats.bands.curve_levels``, as ``out_of_band_curves`` does. The weights are a symmetric function of every run, so
+    candidates) at each step: ``app.stats.bands.curve_levels``, as ``out_of_band_curves`` does.
+    The weights are a symmetric function of every run, so
     healthy runs give exchangeable levels (weights from the baseline alone made its own levels
     too tight: 1.5–2% false alarms at a nominal 1%). Averaging a curve into one number makes the
     step-to-step dependence irrelevant; the levels are then judged by ``baseline_outliers``

@@ -1,8 +1,9 @@
 """Aligning run series on steps and detecting diverged runs."""
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +78,7 @@ def _rows_of_one_matrix(rows: list[np.ndarray]) -> np.ndarray | None:
     return view
 
 
-def align_series(series: Mapping[Hashable, tuple]) -> Aligned:
+def align_series(series: Mapping[Any, tuple]) -> Aligned:
     """Align ``{key: (steps, values)}`` on the union of steps (missing points are NaN).
 
     Steps must be strictly increasing integers within each run. Values are kept bit-exact.

@@ -46,7 +46,7 @@ class Band:
     def n_excluded(self) -> int:
         return len(self.excluded_runs)
 
-    def take(self, idx) -> "Band":
+    def take(self, idx) -> Band:
         """The band restricted to the step positions ``idx`` (e.g. from downsampling)."""
         idx = np.asarray(idx)
         return Band(steps=self.steps[idx], n=self.n[idx], mean=self.mean[idx], std=self.std[idx],
@@ -213,7 +213,8 @@ def out_of_band_runs(
     n(xᵢ − x̄)²/((n−1)²s²) ~ Beta(1/2, (n−2)/2) (Pope 1976; the internally studentised
     residual), so q = P(Beta > n k²/(n−1)²); for a new run, q = 2 P(t_{n−1} > k/√(1+1/n)).
     With varying n per step the largest q is used (conservative). ``q = 1 − coverage`` is the
-    distribution-free bound but is so conservative that it rarely flags anything. Caveat: the binomial model treats steps as independent. Training
+    distribution-free bound but is so conservative that it rarely flags anything. Caveat: the
+    binomial model treats steps as independent. Training
     curves are autocorrelated, so a run that sits persistently high is exactly what this
     flags; it is a screening rule, not a test of a curve-level hypothesis.
     """

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import special, stats
@@ -110,7 +111,7 @@ def detect_shift(values, *, rng: np.random.Generator, alpha: float = 0.01, n_per
     if not np.all(np.isfinite(x)):
         raise ValueError("values must be finite")
     n = int(x.size)
-    base = dict(alpha=float(alpha), n=n, n_permutations=int(n_permutations), direction=direction)
+    base: dict[str, Any] = dict(alpha=float(alpha), n=n, n_permutations=int(n_permutations), direction=direction)
     if n < min_history:
         return ShiftResult(False, None, None, None, mean_before=None, mean_after=None,
                            std=float(x.std(ddof=1)) if n > 1 else None,
@@ -332,7 +333,7 @@ def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_his
                  f"(in-control ARL ≥ {arl0:.0f} studies)")
     n = int(x.size)
     std = float(x.std(ddof=1)) if n > 1 else None
-    base = dict(threshold=h, alpha=float(alpha), horizon=int(horizon), arl0=float(arl0), n=n, std=std,
+    base: dict[str, Any] = dict(threshold=h, alpha=float(alpha), horizon=int(horizon), arl0=float(arl0), n=n, std=std,
                 direction=direction, guarantee=guarantee)
     if n < min_history:
         return SequentialShift(False, None, None, None, upper=None, lower=None, mean_before=None, mean_after=None,
@@ -347,7 +348,8 @@ def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_his
         up[i], lo[i] = cu, cl
     watched = ([up] if direction != "decrease" else []) + ([lo] if direction != "increase" else [])
     start = min_history - 1
-    first, side = None, None
+    first: int | None = None
+    side = up  # the side whose CUSUM crossed first, once first is set
     for c in watched:
         over = np.flatnonzero(c[start:] > h)
         if over.size and (first is None or int(over[0]) + start < first):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -124,7 +125,7 @@ def steps_to_target(steps: Sequence[float], values: Sequence[float], *, target: 
     return float(s[hit].min()) if hit.any() else math.inf
 
 
-def olympic_trim(x: Sequence[float], *, trim: int = DEFAULT_TRIM) -> np.ndarray:
+def olympic_trim(x: Sequence[float] | np.ndarray, *, trim: int = DEFAULT_TRIM) -> np.ndarray:
     """``x`` sorted, without its ``trim`` smallest and ``trim`` largest values (``inf`` sorts last)."""
     a = np.sort(np.asarray(x, dtype=float))
     if trim < 0:
@@ -132,7 +133,8 @@ def olympic_trim(x: Sequence[float], *, trim: int = DEFAULT_TRIM) -> np.ndarray:
     return a[trim:a.size - trim] if a.size > 2 * trim else a[:0]
 
 
-def reference_from_runs(x: Sequence[float], *, trim: int = DEFAULT_TRIM, std_method: str = "yuen") -> ReferencePoint:
+def reference_from_runs(x: Sequence[float] | np.ndarray, *, trim: int = DEFAULT_TRIM,
+                        std_method: str = "yuen") -> ReferencePoint:
     """The reference point of runs' steps to target (``inf``: never reached): the olympic mean, and
     a standard deviation σ for the checker's formula.
 
@@ -184,8 +186,8 @@ def min_acceptable_mean(mean: float, std: float, n_reference: int, n_candidate: 
     return float(mean + t * std * math.sqrt(1.0 / n_reference + 1.0 / n_candidate)), t, df
 
 
-def check_convergence(candidate: Sequence[float], reference: ReferencePoint, *, alpha: float = DEFAULT_ALPHA,
-                      trim: int = DEFAULT_TRIM) -> ConvergenceResult:
+def check_convergence(candidate: Sequence[float] | np.ndarray, reference: ReferencePoint, *,
+                      alpha: float = DEFAULT_ALPHA, trim: int = DEFAULT_TRIM) -> ConvergenceResult:
     """Judge the candidate runs' steps to target (``inf``: never reached) against ``reference``.
 
     See the module docstring for the rule (MLPerf ``rcp_checker``)."""
@@ -197,11 +199,11 @@ def check_convergence(candidate: Sequence[float], reference: ReferencePoint, *, 
         raise ValueError(f"reference needs a finite mean, a finite std >= 0 and n >= 1, got {reference}")
     unconverged = int(np.isinf(a).sum())
     kept = olympic_trim(a, trim=trim)
-    base = {"guarantee": convergence_guarantee(alpha), "alpha": alpha, "trim": trim,
+    base: dict[str, Any] = {"guarantee": convergence_guarantee(alpha), "alpha": alpha, "trim": trim,
             "reference_mean": reference.mean, "reference_std": reference.std, "n_reference": reference.n,
             "n_candidate": int(kept.size), "n_candidate_runs": int(a.size), "n_unconverged": unconverged,
             "steps_to_target": tuple(a.tolist())}
-    none = {"df": None, "t_quantile": None, "min_acceptable_mean": None, "max_speedup": None,
+    none: dict[str, Any] = {"df": None, "t_quantile": None, "min_acceptable_mean": None, "max_speedup": None,
             "normalization_factor": None, "t_statistic": None, "p_value": None}
     if unconverged > trim:
         return ConvergenceResult(

@@ -34,7 +34,9 @@ def ulp_distance(a, b, dtype: str = "float64") -> np.ndarray:
         raise ValueError(f"dtype must be one of {sorted(FLOAT_DTYPES)}, got {dtype!r}")
     if dtype == "bfloat16":
         return ulp_distance(a, b, "float32") >> np.uint64(16)
-    ftype, itype = FLOAT_DTYPES[dtype]
+    views = FLOAT_DTYPES[dtype]
+    assert views is not None  # only bfloat16 has none: handled above
+    ftype, itype = views
     with np.errstate(over="ignore", invalid="ignore"):
         ia = np.asarray(a, np.float64).astype(ftype).view(itype).astype(np.int64)
         ib = np.asarray(b, np.float64).astype(ftype).view(itype).astype(np.int64)

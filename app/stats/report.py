@@ -6,7 +6,8 @@ The level builders live in ``app.stats.report_levels``, the dataclasses and shar
 ``app.stats.report_data``, plain-data conversion in ``app.stats.serialize``.
 ``StudyReport.to_dict()`` and ``GroupBand.to_dict()`` return JSON-safe plain data: numpy
 scalars become Python numbers, arrays become lists, **NaN and ±Inf become the strings "NaN",
-"Infinity" and "-Infinity"** (the API's one spelling, ``app.wire``); None stays None ("absent"); ``StudyReport.to_data()`` keeps non-finite floats as floats.
+"Infinity" and "-Infinity"** (the API's one spelling, ``app.wire``); None stays None ("absent").
+``StudyReport.to_data()`` keeps non-finite floats as floats.
 """
 from __future__ import annotations
 

@@ -99,7 +99,8 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
     total = n + n_diverged
     div_ci = divergence_rate_ci(n_diverged, total) if total else None
     div_reason = (f"{n_diverged} of {total} seeds diverged (rate {n_diverged / total:.0%}, 95% CI "
-                  f"{div_ci[0]:.0%}–{div_ci[1]:.0%}): diverged seeds count against stability") if n_diverged else ""
+                  f"{div_ci[0]:.0%}–{div_ci[1]:.0%}): diverged seeds count against stability"
+                  ) if n_diverged and div_ci else ""
     osti = order_statistic_tolerance(n, coverage=coverage, confidence=confidence)
     if n < 2:
         verdict = "unstable" if n_diverged else "inconclusive"
@@ -135,7 +136,7 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
             if n < MIN_SEEDS:
                 needed = max(MIN_SEEDS, needed) if needed is not None else None
             verdict = "inconclusive"
-            why = f"only {n} seeds (minimum {MIN_SEEDS})" if n < MIN_SEEDS else (
+            why = f"only {n} seeds (minimum {MIN_SEEDS})" if db is None else (
                 f"std {s:.3g} bounds [{db.lower:.3g}, {db.upper:.3g}] straddle max_std {max_std:g}: "
                 f"{INDISTINGUISHABLE}")
             reason = f"{why}; {plan}"

@@ -88,7 +88,8 @@ class _Recursion:
 
     def __init__(self, info: np.ndarray, two_sided: bool):
         self.info, self.two_sided = info, two_sided
-        self.z = self.w = self.f = None  # grid, weights, sub-density of the last stage
+        # grid, weights, sub-density of the last stage: advance(0) sets them before stage 1 reads them
+        self.z = self.w = self.f = np.empty(0)
 
     def cross(self, k: int, c: float) -> float:
         """P(Z_k ≥ c, no earlier crossing) — doubled for the two-sided symmetric region."""
@@ -118,7 +119,7 @@ class _Recursion:
         self.z, self.w, self.f = z, w, f
 
 
-def crossing_probabilities(boundaries: Sequence[float], info: Sequence[float], *,
+def crossing_probabilities(boundaries: Sequence[float] | np.ndarray, info: Sequence[float] | np.ndarray, *,
                            two_sided: bool = False) -> np.ndarray:
     """Probability, under θ = 0, that the sequential z-statistic first crosses at stage k.
 
@@ -280,7 +281,9 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
     if last_stage < 1 or len(values_by_stage) > last_stage:
         raise ValueError(f"last_stage must be ≥ 1 and ≥ the stages given, got {last_stage}")
     floor = KURTOSIS_FLOOR if kurtosis_floor is None else kurtosis_floor
-    looks, fractions, cum_values, look_stage = [], [], [], []
+    looks, look_stage = [], []
+    fractions: list[float] = []
+    cum_values: list[np.ndarray] = []
     pooled = np.zeros(0)
     for k, vals in enumerate(values_by_stage, start=1):
         pooled = np.concatenate([pooled, np.asarray(vals, dtype=np.float64).ravel()])

@@ -108,7 +108,7 @@ def judge_stage(session: Session, study: Study) -> bool:
         return False
     used = {s for r in rows for s in r.seeds}
     n_new = sizes[current.stage] - len(used)
-    seeds = []
+    seeds: list[int] = []
     candidate = 0
     while len(seeds) < n_new:  # the smallest seeds not used yet
         if candidate not in used:

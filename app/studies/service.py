@@ -5,8 +5,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Sequence
 from itertools import product
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 from sqlalchemy import select, update
@@ -168,7 +169,11 @@ def get_run(session: Session, run_id: int) -> Run:
     return run
 
 
-def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> list[StudySummary]:
+@overload
+def to_out(session: Session, studies: list[Study], *, summary: Literal[False] = False) -> list[StudyOut]: ...
+@overload
+def to_out(session: Session, studies: list[Study], *, summary: bool) -> list[StudySummary]: ...
+def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> Sequence[StudySummary]:
     """API views of ``studies``; ``summary`` leaves the spec out (lists)."""
     progress = repository.progress_by_study(session, [s.id for s in studies])
     stages = repository.current_stages(session, [s.id for s in studies if s.spec.get("budget")])
@@ -344,7 +349,7 @@ def upload_external_run(
     ]
     if body.step_times:
         series.append(
-            (STEP_TIME_KEY, np.arange(len(body.step_times), dtype=np.int64), np.asarray(body.step_times, float))
+            (STEP_TIME_KEY, np.arange(len(body.step_times), dtype=np.int64), np.asarray(body.step_times, float), None)
         )
     metrics_repo.insert_chunks(session, run.id, 1, 0, series)
     study.updated_at = utcnow()

@@ -37,7 +37,7 @@ def get_for(session: Session, worker_id: int, principal: Principal) -> Worker:
 
 def list_workers(session: Session) -> list[tuple[Worker, list[int]]]:
     workers = list(session.scalars(select(Worker).order_by(Worker.id)))
-    running: dict[int, list[int]] = {}
+    running: dict[int | None, list[int]] = {}
     for run_id, worker_id in session.execute(
         select(Run.id, Run.worker_id).where(Run.status == RunStatus.running.value, Run.worker_id.is_not(None))
     ):

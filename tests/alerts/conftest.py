@@ -25,7 +25,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with receiver._lock:
                     receiver.attempts += 1
@@ -44,7 +44,7 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(b"ok")
 
-            def log_message(self, *args) -> None:  # noqa: ANN002
+            def log_message(self, *args) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

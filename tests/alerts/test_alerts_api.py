@@ -211,7 +211,7 @@ def test_two_dispatchers_never_send_one_delivery_twice(alert_api, receiver):
     dispatchers = [Dispatcher(db, api.app.state.settings, cfg) for _ in range(3)]
     barrier = threading.Barrier(len(dispatchers))
 
-    def run(d):  # noqa: ANN001
+    def run(d):
         barrier.wait()
         d.deliver_due()
 

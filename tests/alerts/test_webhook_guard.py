@@ -26,7 +26,7 @@ def quiet_api(make_api, monkeypatch):
     return make_api
 
 
-def _fire(api, hook_url: str, *, name: str = "nightly") -> tuple[dict, int]:  # noqa: ANN001
+def _fire(api, hook_url: str, *, name: str = "nightly") -> tuple[dict, int]:
     hook = api.post("/api/v1/webhooks", role="admin", json={"url": hook_url, "name": "h"})
     assert hook.status_code == 201, hook.text
     sid = external_study(api.post, name=name, finals=WIDE, alerts=[BAND_RULE])

@@ -11,7 +11,7 @@ from tests.alerts.conftest import external_study
 from tests.api.helpers import bare_constant, strict
 
 
-def test_alert_details_and_webhook_payload_spell_non_finite_values(make_api, fast_alerts, receiver):  # noqa: ANN001
+def test_alert_details_and_webhook_payload_spell_non_finite_values(make_api, fast_alerts, receiver):
     api = make_api(allow_private_webhooks=True)
     assert api.post("/api/v1/webhooks", role="admin", json={"url": receiver.url, "name": "t"}).status_code == 201
     rng = np.random.default_rng(3)

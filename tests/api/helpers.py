@@ -19,13 +19,13 @@ def spec(**overrides: Any) -> dict[str, Any]:
     return base
 
 
-def register(api, name: str = "w1", labels: tuple[str, ...] = ("torch", "cpu")) -> int:  # noqa: ANN001
+def register(api, name: str = "w1", labels: tuple[str, ...] = ("torch", "cpu")) -> int:
     r = api.post("/api/v1/workers/register", role="worker", json={"name": name, "labels": list(labels)})
     assert r.status_code == 200, r.text
     return r.json()["worker_id"]
 
 
-def lease(api, worker_id: int):  # noqa: ANN001, ANN201
+def lease(api, worker_id: int):
     r = api.post(f"/api/v1/workers/{worker_id}/lease", role="worker", json={"worker_id": worker_id, "run_credential": True})
     assert r.status_code in (200, 204), r.text
     return r.json() if r.status_code == 200 else None
@@ -53,7 +53,7 @@ def bare_constant(name: str) -> None:
     raise AssertionError(f"bare {name} token in a response: not JSON")
 
 
-def strict(r) -> Any:  # noqa: ANN001
+def strict(r) -> Any:
     """A successful response's body parsed as strict JSON: a bare NaN or Infinity token fails the test."""
     assert r.status_code < 300, r.text
     return json.loads(r.text, parse_constant=bare_constant)

@@ -56,7 +56,7 @@ def test_session_cookie_reads_but_cannot_write(api):
         api.client.cookies.clear()
 
 
-def _login(api, role: str = "user") -> str:  # noqa: ANN001
+def _login(api, role: str = "user") -> str:
     from app.deps import SESSION_COOKIE
 
     r = api.client.post("/login", data={"token": api.tokens[role]}, follow_redirects=False)

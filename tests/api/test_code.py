@@ -56,8 +56,10 @@ def test_an_unsafe_archive_is_refused(api, tmp_path):
 
 def test_a_spec_is_checked_against_its_code(api, archive):
     code = {"sha256": archive.sha256, "workdir": "exp", "git_commit": "a" * 40, "dirty": True}
-    user = lambda **w: spec(workload={"framework": "torch", **w}, seeds=[0], repeats=1, determinism=["seeded"],
-                            code=code)
+
+    def user(**w):
+        return spec(workload={"framework": "torch", **w}, seeds=[0], repeats=1, determinism=["seeded"], code=code)
+
     r = api.post("/api/v1/studies", json=user(entrypoint="train.py:main"))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "code", "sha256"], r.text
     assert _put(api, archive.sha256, archive.data).status_code == 200
@@ -96,7 +98,9 @@ def _finish_one(api, sid: int, keys: list[str] | None = None, error: str | None 
 
 
 def test_the_study_says_which_metrics_no_run_logged(api):
-    one = lambda **kw: spec(seeds=[0], repeats=1, determinism=["seeded"], max_attempts=1, **kw)
+    def one(**kw):
+        return spec(seeds=[0], repeats=1, determinism=["seeded"], max_attempts=1, **kw)
+
     sid = api.post("/api/v1/studies", json=one(metrics=["loss", "acc"])).json()["id"]
     _finish_one(api, sid, ["loss", "accuracy"])
     study = api.get(f"/api/v1/studies/{sid}").json()

@@ -9,14 +9,14 @@ SLURM_TASK = {"engine": "slurm", "job_id": "4242_1", "node": "gpu-node-07",
               "detail": {"array_job_id": "4242", "array_task_id": "1", "cuda_visible_devices": "0"}}
 
 
-def _register(api, name: str, engine: dict | None = None) -> int:  # noqa: ANN001
+def _register(api, name: str, engine: dict | None = None) -> int:
     body = {"name": name, "labels": ["torch", "cpu"], **({"engine": engine} if engine else {})}
     r = api.post("/api/v1/workers/register", role="worker", json=body)
     assert r.status_code == 200, r.text
     return r.json()["worker_id"]
 
 
-def _lease(api, worker_id: int, study_id: int | None = None):  # noqa: ANN001, ANN201
+def _lease(api, worker_id: int, study_id: int | None = None):
     r = api.post(f"/api/v1/workers/{worker_id}/lease", role="worker", json={"worker_id": worker_id, "study_id": study_id})
     assert r.status_code in (200, 204), r.text
     return r

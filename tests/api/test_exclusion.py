@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def _study_with_a_poisoned_run(api) -> tuple[int, int]:  # noqa: ANN001
+def _study_with_a_poisoned_run(api) -> tuple[int, int]:
     sid = api.post("/api/v1/studies", json={"name": "imported", "kind": "external", "metrics": ["loss"]}).json()["id"]
     rng = np.random.default_rng(7)
     steps = list(range(20))
@@ -22,7 +22,7 @@ def _study_with_a_poisoned_run(api) -> tuple[int, int]:  # noqa: ANN001
     return sid, ids[-1]
 
 
-def _band_max(api, sid: int) -> float:  # noqa: ANN001
+def _band_max(api, sid: int) -> float:
     groups = api.get(f"/api/v1/studies/{sid}/bands", params={"metric": "loss"}).json()["groups"]
     (g,) = groups
     return max(v for v in g["max"] if isinstance(v, float))

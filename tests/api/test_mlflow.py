@@ -50,7 +50,7 @@ def _client(env: dict[str, str], experiment: str = "") -> dict:
     return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
 
 
-def _series(http, run_id: int, key: str):  # noqa: ANN001
+def _series(http, run_id: int, key: str):
     body = http.get(f"/api/v1/runs/{run_id}/metrics/{key}", params={"format": "packed"}).json()
     return Series(key=key, steps_b64=body["steps_b64"], values_b64=body["values_b64"]).unpacked()
 

@@ -47,12 +47,14 @@ def test_series_roundtrip_is_bitwise_with_nonfinite(api):
     steps = list(range(1000))
     lid, run_id = leased["lease_id"], leased["run_id"]
     # two batches; the JSON-list encoding for one of them
-    assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(lid, 0, "loss", steps[:500], values[:500].tolist())).status_code == 200
+    first = batch(lid, 0, "loss", steps[:500], values[:500].tolist())
+    assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=first).status_code == 200
     plain = {"lease_id": lid, "seq": 1, "series": [{"key": "loss", "steps": steps[500:], "values": values[500:].tolist()}]}
     import json
 
     body = json.dumps(plain)  # Python writes NaN/Infinity literals
-    assert api.client.post(f"/api/v1/runs/{run_id}/metrics", content=body, headers={**api.h("worker"), "content-type": "application/json"}).status_code == 200
+    headers = {**api.h("worker"), "content-type": "application/json"}
+    assert api.client.post(f"/api/v1/runs/{run_id}/metrics", content=body, headers=headers).status_code == 200
     packed = api.get(f"/api/v1/runs/{run_id}/metrics/loss", params={"format": "packed"}).json()
     import base64
 

@@ -9,19 +9,19 @@ from tests.api.helpers import batch, register, result, spec
 from worker.protocol import Series
 
 
-def _study(api, runs: int = 1, **kw):  # noqa: ANN001
+def _study(api, runs: int = 1, **kw):
     body = spec(seeds=list(range(runs)), repeats=1, determinism=["strict"], **kw)
     r = api.post("/api/v1/studies", json=body)
     assert r.status_code == 201 or r.status_code == 200, r.text
     return r.json()["id"]
 
 
-def _lease(api, wid: int, request_id: str | None = None, role: str = "worker"):  # noqa: ANN001, ANN202
+def _lease(api, wid: int, request_id: str | None = None, role: str = "worker"):
     body = {"worker_id": wid} if request_id is None else {"worker_id": wid, "request_id": request_id}
     return api.post(f"/api/v1/workers/{wid}/lease", role=role, json=body)
 
 
-def _second_worker_token(api) -> str:  # noqa: ANN001
+def _second_worker_token(api) -> str:
     from app.auth.service import Role, create_token
 
     with api.app.state.database.write() as session:

@@ -35,7 +35,7 @@ RUNS = [
 
 
 @pytest.fixture
-def external(api):  # noqa: ANN001, ANN201
+def external(api):
     r = api.post("/api/v1/studies", json={"name": "wire", "kind": "external", "metrics": ["loss"]})
     sid = r.json()["id"]
     ids = []
@@ -48,7 +48,7 @@ def external(api):  # noqa: ANN001, ANN201
     return sid, ids
 
 
-def test_upload_accepts_the_three_strings_and_refuses_null_and_other_spellings(api, external):  # noqa: ANN001
+def test_upload_accepts_the_three_strings_and_refuses_null_and_other_spellings(api, external):
     sid, _ = external
     for bad in (None, "nan", "inf", "-inf", "Inf", "1.5", ""):
         body = {"seed": 9, "metrics": {"loss": {"steps": [0, 1], "values": [1.0, bad]}}}
@@ -57,7 +57,7 @@ def test_upload_accepts_the_three_strings_and_refuses_null_and_other_spellings(a
         json.loads(r.text, parse_constant=_bare_constant)
 
 
-def test_series_and_run_final_metrics_round_trip(api, external):  # noqa: ANN001
+def test_series_and_run_final_metrics_round_trip(api, external):
     sid, ids = external
     for (_, _, steps, values), run_id in zip(RUNS, ids):
         got = strict(api.get(f"/api/v1/runs/{run_id}/metrics/loss"))
@@ -70,7 +70,7 @@ def test_series_and_run_final_metrics_round_trip(api, external):  # noqa: ANN001
         == ["-Infinity", "NaN"]
 
 
-def test_report_bands_and_compare_spell_non_finite_values(api, external):  # noqa: ANN001
+def test_report_bands_and_compare_spell_non_finite_values(api, external):
     sid, ids = external
     report = strict(api.get(f"/api/v1/studies/{sid}/report"))
     (rep,) = [v for v in report["verdicts"] if v["level"] == "repeatability"]
@@ -91,7 +91,7 @@ def test_report_bands_and_compare_spell_non_finite_values(api, external):  # noq
     assert compared["candidate"]["n_runs"] == 3 and compared["verdicts"]
 
 
-def test_chart_data_carries_the_strings_and_null_only_where_a_point_is_absent(api, external):  # noqa: ANN001
+def test_chart_data_carries_the_strings_and_null_only_where_a_point_is_absent(api, external):
     sid, ids = external
     chart = strict(api.get(f"/dashboard/data/studies/{sid}/chart",
                            params={"metric": "loss", "determinism": "seeded", "stack": "a100"}))
@@ -108,7 +108,7 @@ def test_chart_data_carries_the_strings_and_null_only_where_a_point_is_absent(ap
     assert diff["y"] == [[0.0, None, 0.3, None, None, None]]
 
 
-def test_decimated_chart_keeps_a_non_finite_bucket_as_its_value(api):  # noqa: ANN001
+def test_decimated_chart_keeps_a_non_finite_bucket_as_its_value(api):
     r = api.post("/api/v1/studies", json={"name": "long", "kind": "external", "metrics": ["loss"]})
     sid = r.json()["id"]
     values: list[float | str] = [1.0 / (1 + i) for i in range(400)]
@@ -120,7 +120,7 @@ def test_decimated_chart_keeps_a_non_finite_bucket_as_its_value(api):  # noqa: A
     assert all(isinstance(v, (int, float)) for x, v in zip(chart["x"], chart["y"]) if not 200 <= x < 220)
 
 
-def test_worker_protocol_sends_strict_json_and_the_server_reads_it(api):  # noqa: ANN001
+def test_worker_protocol_sends_strict_json_and_the_server_reads_it(api):
     api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"]))
     leased = lease(api, register(api))
     run_id, lid = leased["run_id"], leased["lease_id"]
@@ -143,7 +143,7 @@ def test_worker_protocol_sends_strict_json_and_the_server_reads_it(api):  # noqa
     assert run["final_metrics"] == {"loss": "-Infinity", "acc": "NaN"} and run["timings"] == {"wall_s": "Infinity"}
 
 
-def test_mlflow_endpoint_reads_and_writes_the_same_strings(api):  # noqa: ANN001
+def test_mlflow_endpoint_reads_and_writes_the_same_strings(api):
     """MLflow's own wire format (proto3 JSON) spells doubles the same way; its clients are unchanged."""
     api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"]))
     leased = lease(api, register(api))
@@ -158,7 +158,7 @@ def test_mlflow_endpoint_reads_and_writes_the_same_strings(api):  # noqa: ANN001
     assert strict(api.get(f"/api/v1/runs/{rid}/metrics/m1"))["values"] == ["Infinity"]
 
 
-def test_a_validation_error_echoing_a_bare_token_is_still_json(api):  # noqa: ANN001
+def test_a_validation_error_echoing_a_bare_token_is_still_json(api):
     r = api.post("/api/v1/studies", json={"name": "x", "kind": "external", "metrics": ["loss"]})
     sid = r.json()["id"]
     body = '{"seed": 0, "metrics": {"loss": {"steps": [0, 1, 2], "values": [NaN, Infinity]}}}'

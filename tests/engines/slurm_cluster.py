@@ -112,7 +112,7 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
         out = subprocess.run([_sbin("sinfo"), "-h", "-N", "-o", "%T"], env=self.env, capture_output=True, text=True)
         return out.returncode == 0 and out.stdout.strip().startswith("idle")
 
-    def _wait(self, predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    def _wait(self, predicate, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for p in self.procs:

@@ -59,7 +59,7 @@ def steady(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-def _series(http, run_id: int, key: str) -> tuple[list[int], list[float]]:  # noqa: ANN001
+def _series(http, run_id: int, key: str) -> tuple[list[int], list[float]]:
     r = http.get(f"/api/v1/runs/{run_id}/metrics/{key}", params={"format": "packed"})
     assert r.status_code == 200, r.text
     body = r.json()

@@ -16,7 +16,7 @@ from tests.conftest import REPO
 from tests.worker.test_worker_agent_e2e import Worker
 
 
-def _ci_env(server) -> dict[str, str]:  # noqa: ANN001
+def _ci_env(server) -> dict[str, str]:
     """A CI job's environment: `steady` on PATH, the server and a user token in the environment."""
     env = {k: v for k, v in server.env.items() if not k.startswith("STEADY_")}
     return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",

@@ -12,26 +12,26 @@ from app.reports import repository, service
 from tests.conftest import wait_until
 
 
-def _external_study(api, runs: int = 3) -> int:  # noqa: ANN001
+def _external_study(api, runs: int = 3) -> int:
     sid = api.post("/api/v1/studies", json={"name": "imported", "kind": "external", "metrics": ["acc"]}).json()["id"]
     for seed in range(runs):
         _upload(api, sid, seed)
     return sid
 
 
-def _upload(api, sid: int, seed: int) -> None:  # noqa: ANN001
+def _upload(api, sid: int, seed: int) -> None:
     run = {"seed": seed, "determinism": "seeded", "stack": {"name": "a100"},
            "metrics": {"acc": {"steps": [0, 1, 2], "values": [0.1, 0.5 + seed / 100, 0.9 + seed / 1000]}}}
     r = api.post(f"/api/v1/studies/{sid}/runs", json=run)
     assert r.status_code == 201, r.text
 
 
-def _refresh(api) -> list[int]:  # noqa: ANN001
+def _refresh(api) -> list[int]:
     with api.app.state.database.write() as session:
         return service.refresh_cached_reports(session)
 
 
-def _marked(api, sid: int, report: dict) -> dict:  # noqa: ANN001
+def _marked(api, sid: int, report: dict) -> dict:
     """Mark the cached body, keeping its version: reads that return the mark came from the cache."""
     marked = {**report, "n_runs_judged": 999}
     with api.app.state.database.write() as session:

@@ -10,7 +10,7 @@ from tests.worker.test_worker_agent_e2e import Worker
 pytestmark = pytest.mark.slow
 
 
-def _wait_done(http, study_ids: list[int], timeout: float) -> None:  # noqa: ANN001
+def _wait_done(http, study_ids: list[int], timeout: float) -> None:
     def states() -> list[str] | None:
         found = [http.get(f"/api/v1/studies/{sid}").json()["status"] for sid in study_ids]
         return found if all(s in {"completed", "failed", "cancelled"} for s in found) else None

@@ -48,7 +48,7 @@ def cluster(tmp_path):
     def _start(database_url: str, n: int = 1, workers: int = 1, **settings) -> list[Server]:
         servers = []
         tokens: dict[str, str] = {}
-        for i in range(n):
+        for _ in range(n):
             data_dir = tmp_path / f"api{len(started)}"
             data_dir.mkdir()
             env = server_env(data_dir, database_url, **settings)
@@ -99,7 +99,7 @@ def series(server: LiveServer, run_id: int, key: str = "loss") -> dict:
         return r.json()
 
 
-def sql(url: str, statement: str, **params):  # noqa: ANN201
+def sql(url: str, statement: str, **params):
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
@@ -118,5 +118,5 @@ def fake_worker_cmd(server: LiveServer, name: str, **opts) -> list[str]:
 
 
 def spawn(cmd: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+    return subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             env={**server_env(log.parent), "PYTHONUNBUFFERED": "1"}, start_new_session=True)

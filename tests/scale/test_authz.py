@@ -44,7 +44,7 @@ def _roles(route: APIRoute) -> frozenset[Role] | None:
     return None
 
 
-def _walk(routes, prefix: str = ""):  # noqa: ANN001, ANN202
+def _walk(routes, prefix: str = ""):
     for r in routes:
         if isinstance(r, APIRoute):
             yield prefix + r.path, r
@@ -84,7 +84,8 @@ def test_each_role_is_refused_where_it_does_not_belong(api):
             if role in allowed:
                 continue
             r = api.client.request(method, url, json={}, headers=api.h(role.value), follow_redirects=False)
-            assert r.status_code in refused and (r.status_code == 403 or not api_route), (method, path, role.value, r.status_code, r.text[:200])
+            assert r.status_code in refused and (r.status_code == 403 or not api_route), \
+                (method, path, role.value, r.status_code, r.text[:200])
             checked += 1
     assert checked >= 30
 
@@ -137,12 +138,12 @@ def test_revoked_token_is_refused(api, role):
 BAND_RULE = {"kind": "band_width", "metric": "loss", "max": 1.0}
 
 
-def _second_user(api) -> dict[str, str]:  # noqa: ANN001
+def _second_user(api) -> dict[str, str]:
     token = api.post("/api/v1/tokens", role="admin", json={"name": "other-user", "role": "user"}).json()["token"]
     return {"Authorization": f"Bearer {token}"}
 
 
-def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:  # noqa: ANN001
+def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:
     """Objects of the first user token; for each user write route, the concrete URL and body that touch them."""
     managed = api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"], suite="nightly"))
     assert managed.status_code == 201, managed.text

@@ -133,7 +133,7 @@ def test_simultaneous_completions_finish_the_study(cluster, backend_url):
         leases.append(w.lease())
     barrier = threading.Barrier(len(workers))
 
-    def finish(pair) -> int:  # noqa: ANN001
+    def finish(pair) -> int:
         w, lease = pair
         barrier.wait(timeout=30)
         return w.call(f"/api/v1/runs/{lease['run_id']}/complete", {"lease_id": lease["lease_id"]}).status_code

@@ -77,7 +77,8 @@ def test_api_killed_during_ingestion_loses_no_acked_batch_and_duplicates_nothing
                 chunk = range(start, start + batch)
                 from worker.protocol import Series
 
-                body = {"lease_id": lid, "seq": seq, "series": [Series.packed("loss", list(chunk), expected_values(run_id, chunk)).model_dump(exclude_none=True)]}
+                packed = Series.packed("loss", list(chunk), expected_values(run_id, chunk)).model_dump(exclude_none=True)
+                body = {"lease_id": lid, "seq": seq, "series": [packed]}
                 r = w.call(f"/api/v1/runs/{run_id}/metrics", body)
                 assert r.status_code == 200, r.text
                 with lock:
@@ -159,7 +160,8 @@ def test_stalled_worker_late_results_are_refused(cluster, backend_url, tmp_path)
     wait_until(lambda: len(_chunks(backend_url, 1)) >= 2, 30, what="the stalled worker's first batches")
     os.killpg(slow.pid, signal.SIGSTOP)
     try:
-        rescuer = spawn(fake_worker_cmd(server, "rescuer", steps=100, batch=10, pause=0.05, deadline=60, idle_exit=5), tmp_path / "rescuer.log")
+        rescuer = spawn(fake_worker_cmd(server, "rescuer", steps=100, batch=10, pause=0.05, deadline=60, idle_exit=5),
+                        tmp_path / "rescuer.log")
         # resume the stalled worker while the rescuer is mid-run: its batches land between the rescuer's
         wait_until(lambda: any(c[0] == 2 for c in _chunks(backend_url, 1)), 30, what="the rescuer's attempt")
     finally:

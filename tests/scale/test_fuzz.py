@@ -54,7 +54,7 @@ def fuzz_server(tmp_path_factory):
 
 
 @schemathesis.serializer("application/gzip")
-def _gzip_body(ctx, value) -> bytes:  # noqa: ANN001
+def _gzip_body(ctx, value) -> bytes:
     """Code archives (PUT /api/v1/code/{sha256}) are raw bytes: send the generated string as is
     (the server must refuse a body that is not a safe archive with that digest, never 5xx)."""
     return value if isinstance(value, bytes) else str(value).encode()
@@ -80,7 +80,7 @@ def test_api_fuzz(fuzz_server):
         @given(case=operation.as_strategy())
         @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
                   database=None)
-        def run(case) -> None:  # noqa: ANN001
+        def run(case) -> None:
             calls[0] += 1
             case.call_and_validate(base_url=fuzz_server.url, headers=headers,
                                    checks=[not_a_server_error, response_schema_conformance], timeout=30)

@@ -11,7 +11,7 @@ from tests.api.helpers import batch, lease, register, spec
 from worker.protocol import MAX_ERROR_LENGTH, MAX_KEY_LENGTH, MAX_LABELS, MAX_NAME_LENGTH, MAX_SERIES_PER_BATCH
 
 
-def _detail(r) -> str:  # noqa: ANN001
+def _detail(r) -> str:
     return json.dumps(r.json()["detail"])
 
 
@@ -31,7 +31,7 @@ def test_body_size_with_and_without_content_length(small):
     r = small.post("/api/v1/studies", json=spec(description="x" * 300_000))
     assert r.status_code == 413 and "262144 bytes (STEADY_MAX_BODY_BYTES)" in _detail(r)
 
-    def chunks():  # noqa: ANN202
+    def chunks():
         for _ in range(40):
             yield b" " * 8192  # streamed: no Content-Length header
     r = small.client.post("/api/v1/studies", content=chunks(), headers={**small.h(), "content-type": "application/json"})
@@ -89,7 +89,8 @@ def test_worker_side_lengths(leased):
     assert r.status_code == 422 and f"at most {MAX_NAME_LENGTH}" in _detail(r)
     r = api.post("/api/v1/workers/register", role="worker", json={"name": "w", "labels": [f"l{i}" for i in range(MAX_LABELS + 1)]})
     assert r.status_code == 422 and f"at most {MAX_LABELS}" in _detail(r)
-    r = api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json={"lease_id": lid, "seq": 0, "series": [{"key": "k" * (MAX_KEY_LENGTH + 1), "steps": [0], "values": [0.0]}]})
+    long_key = {"key": "k" * (MAX_KEY_LENGTH + 1), "steps": [0], "values": [0.0]}
+    r = api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json={"lease_id": lid, "seq": 0, "series": [long_key]})
     assert r.status_code == 422 and f"at most {MAX_KEY_LENGTH}" in _detail(r)
     r = api.post(f"/api/v1/runs/{run_id}/fail", role="worker", json={"lease_id": lid, "error": "e" * (MAX_ERROR_LENGTH + 1)})
     assert r.status_code == 422 and f"at most {MAX_ERROR_LENGTH}" in _detail(r)

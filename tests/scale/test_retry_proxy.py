@@ -44,7 +44,7 @@ class AnswerDroppingProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args) -> None:  # noqa: ANN002
+            def log_message(self, *args) -> None:
                 pass
 
             def _forward(self) -> None:
@@ -74,7 +74,7 @@ class AnswerDroppingProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "AnswerDroppingProxy":
+    def __enter__(self) -> AnswerDroppingProxy:
         self.thread.start()
         return self
 

@@ -23,7 +23,7 @@ def _run(script: str, framework: str, seed: int, level: str = "none"):
     return r
 
 
-def _repeat(r, key: str = "loss") -> RepeatRun:  # noqa: ANN001
+def _repeat(r, key: str = "loss") -> RepeatRun:
     steps, values = r.series.get(key, ([], []))
     return RepeatRun(steps=np.asarray(steps, np.int64), values=np.asarray(values, np.float64),
                      initial_weights=r.digests["initial_weights"], data_order=tuple(r.digests["data_order"]),

@@ -11,7 +11,7 @@ from worker.client import AlreadyFinishedError, LeaseLostError, SteadyClient
 from worker.protocol import RunResult
 
 
-def _client(handler) -> SteadyClient:  # noqa: ANN001
+def _client(handler) -> SteadyClient:
     return SteadyClient("http://steady.test", "t", transport=httpx.MockTransport(handler),
                         retry_deadline_s=5, backoff_base_s=0.0, backoff_max_s=0.0)
 

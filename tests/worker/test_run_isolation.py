@@ -82,7 +82,7 @@ def test_secrets_are_scrubbed_from_error_and_stderr(tmp_path):
 # --- end to end: a real agent and server --------------------------------------------------------
 
 
-def _submit_probe(http, agent_files=()) -> int:  # noqa: ANN001
+def _submit_probe(http, agent_files=()) -> int:
     r = http.post("/api/v1/studies", json={
         "name": "probe", "metrics": ["loss"], "seeds": [0], "repeats": 1, "determinism": ["none"], "threads": 1,
         "workload": {"framework": "torch", "entrypoint": str(PROBE), "params": {"agent_files": list(agent_files)}}})
@@ -90,7 +90,7 @@ def _submit_probe(http, agent_files=()) -> int:  # noqa: ANN001
     return r.json()["id"]
 
 
-def _run_agent(server, work_dir: Path, *extra: str, token_file: Path | None = None):  # noqa: ANN001
+def _run_agent(server, work_dir: Path, *extra: str, token_file: Path | None = None):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("STEADY_TOKEN", None)
     if token_file is None:

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Worker:
-    def __init__(self, server, tmp_path: Path, name: str, *extra: str, cwd: Path = REPO) -> None:  # noqa: ANN001
+    def __init__(self, server, tmp_path: Path, name: str, *extra: str, cwd: Path = REPO) -> None:
         self.log_path = tmp_path / f"{name}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker", "--server", server.url,
@@ -46,7 +46,7 @@ class Worker:
 def workers(tmp_path):
     started: list[Worker] = []
 
-    def start(server, name: str = "w1", *extra: str, cwd: Path = REPO) -> Worker:  # noqa: ANN001
+    def start(server, name: str = "w1", *extra: str, cwd: Path = REPO) -> Worker:
         w = Worker(server, tmp_path, name, *extra, cwd=cwd)
         started.append(w)
         return w
@@ -56,30 +56,30 @@ def workers(tmp_path):
         w.stop()
 
 
-def wait_for(predicate, timeout: float, what: str, every: float = 0.2):  # noqa: ANN001, ANN201
+def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
     return wait_until(predicate, timeout, every, what)
 
 
-def submit(http, **spec) -> int:  # noqa: ANN001
+def submit(http, **spec) -> int:
     r = http.post("/api/v1/studies", json={"metrics": ["loss"], **spec})
     assert r.status_code == 201, r.text
     return r.json()["id"]
 
 
-def runs(http, study_id: int) -> list[dict]:  # noqa: ANN001
+def runs(http, study_id: int) -> list[dict]:
     r = http.get(f"/api/v1/studies/{study_id}/runs")
     assert r.status_code == 200, r.text
     return r.json()["items"]
 
 
-def series(http, run_id: int, key: str) -> tuple[list[int], list[float]]:  # noqa: ANN001
+def series(http, run_id: int, key: str) -> tuple[list[int], list[float]]:
     r = http.get(f"/api/v1/runs/{run_id}/metrics/{key}", params={"format": "packed"})
     assert r.status_code == 200, r.text
     body = r.json()
     return Series(key=key, steps_b64=body["steps_b64"], values_b64=body["values_b64"]).unpacked()
 
 
-def study_status(http, study_id: int) -> str:  # noqa: ANN001
+def study_status(http, study_id: int) -> str:
     return http.get(f"/api/v1/studies/{study_id}").json()["status"]
 
 

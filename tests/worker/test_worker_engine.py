@@ -48,7 +48,7 @@ class Server:
         return [b for path, b in self.requests if path.endswith("/lease")]
 
 
-def _agent(server: Server, tmp_path, **config) -> Agent:  # noqa: ANN001
+def _agent(server: Server, tmp_path, **config) -> Agent:
     cfg = AgentConfig(server="http://x", token="t", name="a", work_dir=str(tmp_path), poll_min_s=0.001,
                       poll_max_s=0.002, **config)
     return Agent(cfg, client=SteadyClient("http://x", "t", transport=httpx.MockTransport(server)))

@@ -140,7 +140,7 @@ class FakeClient:
         self.fail_first = fail_first
         self.too_large_over = too_large_over
 
-    def send_metrics(self, run_id, batch, deadline_s=None):  # noqa: ANN001
+    def send_metrics(self, run_id, batch, deadline_s=None):
         from worker.client import PayloadTooLargeError
 
         if self.fail_first:

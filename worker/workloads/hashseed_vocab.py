@@ -49,7 +49,7 @@ def run(ctx: sdk.RunContext) -> dict:
     params = {"embedding": embedding, "head.weight": head_w, "head.bias": head_b}
 
     def digest() -> str:
-        entries = {k: v.detach().numpy() for k, v in params.items()}
+        entries: dict[str, object] = {k: v.detach().numpy() for k, v in params.items()}
         entries["vocab"] = vocab
         return state_digest(entries)
 

@@ -87,7 +87,8 @@ def run(ctx: sdk.RunContext) -> dict:
     generator = data_generator(ctx.data_seed)
     n = len(x_train)
     steps_per_epoch = max(1, n // batch_size)
-    epoch, order, fed = 0, torch.randperm(n, generator=generator), []
+    epoch, order = 0, torch.randperm(n, generator=generator)
+    fed: list[np.ndarray] = []
     for step in range(steps):
         k = step % steps_per_epoch
         if k == 0 and step:

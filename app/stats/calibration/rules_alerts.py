@@ -94,7 +94,7 @@ def shift_delays(rng: np.random.Generator, *, n: int, start: int, shift: float, 
     for i in range(n):
         r = sequential_shift(suite_history(rng, start + after, shift=shift, shift_from=start), alpha=alpha,
                              horizon=horizon)
-        out[i] = np.inf if not r.detected else (-1 if r.alarm_index < start else r.alarm_index - start + 1)
+        out[i] = np.inf if r.alarm_index is None else (-1 if r.alarm_index < start else r.alarm_index - start + 1)
     return out
 
 

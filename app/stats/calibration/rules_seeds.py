@@ -11,6 +11,7 @@ Trials go through the same functions the report uses (``out_of_band_curves``, ``
 from __future__ import annotations
 
 from functools import lru_cache, partial
+from typing import Any
 
 import numpy as np
 from scipy import optimize, stats
@@ -108,7 +109,7 @@ def _oob_report(rng, *, n_runs, n_steps, rho):
     return bool(v.details["out_of_band"])
 
 
-_OOB_HEALTHY = [
+_OOB_HEALTHY: list[tuple[str, str, dict[str, Any]]] = [
     ("ar0.9-20x300", "20 seeds × 300 steps, AR(1) ρ=0.9 + seed offsets", dict(n_runs=20, n_steps=300, rho=0.9)),
     ("ar0.9-5x300", "5 seeds × 300 steps, AR(1) ρ=0.9 + seed offsets", dict(n_runs=5, n_steps=300, rho=0.9)),
     ("ar0.9-10x50", "10 seeds × 50 steps, AR(1) ρ=0.9 + seed offsets", dict(n_runs=10, n_steps=50, rho=0.9)),

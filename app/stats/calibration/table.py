@@ -51,7 +51,7 @@ def format_text(rows) -> str:
     """A fixed-width table: rule, scenario, kind, rate, 95% CI, nominal, status."""
     head = f"{'rule':34} {'scenario':32} {'kind':8} {'rate':>7} {'95% CI':>17} {'nominal':>8}  status"
     lines = [head, "-" * len(head)]
-    for rule, _, r in rows:
+    for _, _, r in rows:
         lines.append(f"{r.rule:34} {r.scenario:32} {r.kind:8} {r.rate:7.3f} "
                      f"[{r.low:6.3f}, {r.high:6.3f}] {r.nominal:8.3g}  {_status(r)}")
     return "\n".join(lines)
