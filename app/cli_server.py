@@ -123,8 +123,8 @@ def cmd_token(args: argparse.Namespace) -> int:
                 print(f"{row.id:>4}  {row.role:<7} {row.prefix}…  {state:<8} {printable(row.name)}")
     elif args.token_cmd == "revoke":
         with db.write() as session:
-            row = service.revoke_token(session, args.id)
-        if row is None:
+            revoked = service.revoke_token(session, args.id)
+        if revoked is None:
             print(f"no token {args.id}", file=sys.stderr)
             return EXIT_FAIL
         print(f"revoked token {args.id}")

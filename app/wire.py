@@ -62,7 +62,7 @@ def wire_values(values: np.ndarray) -> list[float | str]:
     return out
 
 
-def _finite_sum(values: list) -> bool:
+def _finite_sum(values: list | tuple) -> bool:
     """True when ``values`` are all numbers and all finite (one C-speed pass; False: look closer)."""
     try:
         return math.isfinite(sum(values))

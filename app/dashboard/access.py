@@ -102,7 +102,7 @@ def login(request: Request, token: Annotated[str, Form(max_length=500)] = "",
         row = authenticate(session, token) if token else None
         role = Role(row.role) if row is not None else None
         token_id = row.id if row is not None else None
-    if row is None:
+    if row is None or role is None or token_id is None:
         return render(request, "login.html", None, status_code=401, next=_safe_next(next),
                        error="That token is not valid (or was revoked).")
     if role not in GRANTS[Role.user]:

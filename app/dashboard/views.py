@@ -97,7 +97,7 @@ def _finite(value: object) -> bool:
 
 
 def _pct(value: object) -> str:
-    return f"{value * 100:.0f} %" if _finite(value) else "—"
+    return f"{value * 100:.0f} %" if isinstance(value, (int, float)) and _finite(value) else "—"
 
 
 def _group(group: dict | StackGroup | PairGroup) -> str:

@@ -31,7 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-from app.reports.models import Verdict, typed_verdicts, verdicts_of
+from app.reports.models import (
+    PortabilityVerdict,
+    RepeatabilityVerdict,
+    Verdict,
+    typed_verdicts,
+    verdicts_of,
+)
+from app.stats.vocabulary import Level
 from app.stats.report import MetricSpec, RunData, build_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,11 +174,23 @@ def _spec(control: Control, *, level: str, seed: int, repeat: int, threads: int,
             "determinism": level, "threads": threads, "params": params, "time_limit_s": 300}
 
 
-def _verdict(verdicts: list[Verdict], level: str, **group) -> Verdict:
+def _verdict(verdicts: list[Verdict], level: Level, **group) -> Verdict:
     for v in verdicts_of(verdicts, level, METRIC):
         if all(getattr(v.group, k) == x for k, x in group.items()):
             return v
     raise LookupError(f"no {level} verdict for {group} in the report")
+
+
+def _portability(verdicts: list[Verdict], **group) -> PortabilityVerdict:
+    v = _verdict(verdicts, "stack_portability", **group)
+    assert isinstance(v, PortabilityVerdict)
+    return v
+
+
+def _repeatability(verdicts: list[Verdict], **group) -> RepeatabilityVerdict:
+    v = _verdict(verdicts, "repeatability", **group)
+    assert isinstance(v, RepeatabilityVerdict)
+    return v
 
 
 def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache_dir: Path = DEFAULT_CACHE) -> Row:
@@ -213,23 +232,23 @@ def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache
     seconds = time.monotonic() - t0
     if control.stacks:
         ref, cand = control.stacks[0].label, control.stacks[1].label
-        v = _verdict(report, "stack_portability", determinism=control.level, reference_stack=ref,
-                     candidate_stack=cand)
-        pairs = v.same_seed
+        pv = _portability(report, determinism=control.level, reference_stack=ref, candidate_stack=cand)
+        pairs = pv.same_seed
         size = f"max abs Δ {_g(pairs.max_abs_delta)}, rel {_g(pairs.max_rel_delta)}"
-        if v.result is not None:
-            size += f"; Δmean {_g(v.result.diff)}"
-        return Row(control.name, control.expected, control.level, v.verdict, pairs.source,
-                   pairs.first_divergent_step, size, pairs.source == control.expected, v.reason,
+        if pv.result is not None:
+            size += f"; Δmean {_g(pv.result.diff)}"
+        return Row(control.name, control.expected, control.level, pv.verdict, pairs.source,
+                   pairs.first_divergent_step, size, pairs.source == control.expected, pv.reason,
                    len(runs), seconds)
     stack_label = runs[0].stack
-    v = _verdict(report, "repeatability", determinism=control.level, stack=stack_label)
-    verdict, ok = v.verdict, v.source == control.expected
+    v = _repeatability(report, determinism=control.level, stack=stack_label)
+    verdict: str = v.verdict
+    ok = v.source == control.expected
     extra = {"device": stack_label}
     if len({r.stack for r in runs}) > 1:
         raise RuntimeError(f"{control.name}: repeats ran on different devices {sorted({r.stack for r in runs})}")
     if control.strict_identical:
-        strict = _verdict(report, "repeatability", determinism="strict", stack=stack_label)
+        strict = _repeatability(report, determinism="strict", stack=stack_label)
         verdict += f" (strict: {strict.verdict})"
         ok = ok and strict.verdict == "identical"
         extra["strict_reason"] = strict.reason

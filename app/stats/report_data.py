@@ -199,7 +199,8 @@ class Finals:
 
 def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
     """Each run's value at the common final step (see ``Finals``); runs without the metric are skipped."""
-    ok, bad = [], []
+    ok: list[tuple] = []
+    bad: list[tuple] = []
     for r in runs:
         sv = _series(r, metric)
         if sv is None or sv[1].size == 0:
@@ -281,7 +282,7 @@ def compute_bands(runs: Sequence[RunData], *, metric: str, coverage: float = 0.9
         if not chosen:
             continue
         down = max_points is not None and band.steps.size > max_points
-        if down:
+        if down and max_points is not None:
             band = band.take(extreme_indices(band.min, band.max, max_points=int(max_points)))
         ids = tuple(int(r.run_id) for r in chosen)
         out.append(GroupBand(group={"determinism": det, "stack": stack}, metric=metric,

@@ -91,7 +91,7 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
 
 def _dtype(runs: Sequence[RunData], metric: str) -> str:
     found = {r.dtypes.get(metric) for r in runs if metric in r.series} - {None}
-    return found.pop() if len(found) == 1 else "float64"
+    return str(found.pop()) if len(found) == 1 else "float64"
 
 
 def _repeat_run(r: RunData, metric: str) -> RepeatRun:
@@ -117,12 +117,12 @@ def _all_identical(runs: Sequence[RunData], metric: str) -> bool:
 _SPENDING_NAMES = {"pocock": "Pocock-type", "obrien_fleming": "O'Brien–Fleming-type"}
 
 
-def _sequential(chosen, fin: Finals, spec: MetricSpec, stages: SeedStages, *, alpha: float):
+def _sequential(chosen, fin: Finals, max_std: float, stages: SeedStages, *, alpha: float):
     seed_of = {r.run_id: r.seed for r in chosen}
-    by_stage = [[] for _ in range(stages.current)]
+    by_stage: list[list[float]] = [[] for _ in range(stages.current)]
     for v, i in zip(fin.values, fin.run_ids):
         by_stage[int(stages.stage_of_seed.get(seed_of[i], 1)) - 1].append(v)
-    return sequential_seed_decision(by_stage, max_std=spec.max_std, max_seeds=stages.max_seeds,
+    return sequential_seed_decision(by_stage, max_std=max_std, max_seeds=stages.max_seeds,
                                     last_stage=stages.last_stage, alpha=alpha, spending=stages.spending)
 
 
@@ -157,7 +157,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         reason = spread.reason
         verdict, sequential = spread.verdict, None
         if stages is not None and spec.max_std is not None and not bad and fin.step is not None:
-            sequential = _sequential(chosen, fin, spec, stages, alpha=alpha)
+            sequential = _sequential(chosen, fin, spec.max_std, stages, alpha=alpha)
             verdict = sequential.verdict
             reason = (_sequential_reason(sequential, stages, alpha)
                       + f"; for reference, the fixed-sample rule on all {spread.n} seeds: {spread.reason}")
@@ -205,7 +205,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
 
 
 def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, rng, coverage, confidence):
-    pending = []
+    pending: list[tuple] = []
     by_level: dict[str, dict[str, list[RunData]]] = defaultdict(dict)
     for (det, stack), rs in groups.items():
         by_level[det][stack] = rs
