@@ -23,7 +23,7 @@ from datetime import timedelta
 import httpx
 
 from app import __version__
-from app.alerts import egress, repository, service
+from app.alerts import egress, jobs, repository, webhooks
 from app.alerts.settings import AlertSettings
 from app.background import BackgroundLoop
 from app.config import Settings
@@ -85,7 +85,7 @@ class Dispatcher:
         self._http.close()
 
     def tick(self) -> int:
-        service.run_pending_evaluations(self.database, base_url=self.settings.base_url)
+        jobs.run_pending_evaluations(self.database, base_url=self.settings.base_url)
         return self.deliver_due()
 
     def deliver_due(self) -> int:
@@ -129,7 +129,7 @@ class Dispatcher:
                 response = self._http.post(target.request_url(), content=raw, extensions=target.extensions(), headers={
                     "Host": target.host_header(),
                     "Content-Type": "application/json",
-                    "X-Steady-Signature": service.sign(secret, raw),
+                    "X-Steady-Signature": webhooks.sign(secret, raw),
                     "X-Steady-Event": event,
                     "X-Steady-Delivery": str(delivery_id),
                     "X-Steady-Alert": str(alert_id),

@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy.orm import Session
 
 from app.alerts import repository
-from app.alerts.service import VERDICT_CODES
+from app.alerts.findings import VERDICT_CODES
 from app.alerts.settings import AlertSettings
 from app.config import Settings
 from app.models import utcnow

@@ -155,10 +155,7 @@ def check_code(session: Session, spec: StudySpec) -> None:
 
 
 def get_study(session: Session, study_id: int) -> Study:
-    study = session.get(Study, study_id)
-    if study is None:
-        raise NotFound(f"study {study_id} not found")
-    return study
+    return repository.get_study(session, study_id)
 
 
 def get_run(session: Session, run_id: int) -> Run:
@@ -265,10 +262,9 @@ def _judge_outcome(session: Session, study: Study, status: str) -> tuple[str, st
 
 
 def on_study_finished(session: Session, study: Study) -> None:
-    """Hook run once when a study's last run ends (alert evaluation attaches here)."""
-    from app.alerts import service as alerts  # lazy: app.alerts imports this module
-
-    alerts.study_finished(session, study)
+    """Run once when a study's last run ends: record that it awaits its alert evaluation (the alerts
+    domain stores the spec's rules and judges it, ``app.alerts.jobs``)."""
+    repository.request_evaluation(session, study.id)
 
 
 def cancel_study(session: Session, study_id: int, caller: Caller) -> Study:
