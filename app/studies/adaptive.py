@@ -8,6 +8,7 @@ else the study completes. Every stage and what it decided is recorded (``study_s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -17,6 +18,9 @@ from app.stats.report import SeedStages
 from app.stats.sequential import stage_sizes
 from app.studies import repository
 from app.studies.schemas import StageInfo, StudySpec
+
+# (session, study id) -> the study's report, as ``app.reports.service.compute_report`` returns it
+ReportOf = Callable[[Session, int], dict[str, Any]]
 
 
 def planned_sizes(spec: StudySpec) -> tuple:
@@ -75,11 +79,13 @@ def _decisions(report: dict[str, Any], stage: int) -> tuple[list[dict[str, Any]]
     return out, more
 
 
-def judge_stage(session: Session, study: Study) -> bool:
-    """The study's current stage has settled: record its decisions; True when a next stage was queued."""
-    from app.reports import (
-        service as reports,  # lazy: app.reports imports the studies service
-    )
+def judge_stage(session: Session, study: Study, report_of: ReportOf | None) -> bool:
+    """The study's current stage has settled: record its decisions; True when a next stage was queued.
+
+    ``report_of`` computes the study's report (``app.reports.service.compute_report``): the caller
+    passes it, as the reports domain builds on this one. None is refused when a stage waits to
+    be judged.
+    """
     from app.studies.service import insert_runs
 
     if not study.spec.get("budget") or study.kind != "managed":
@@ -88,10 +94,12 @@ def judge_stage(session: Session, study: Study) -> bool:
     if not rows or rows[-1].judged_at is not None:
         return False
     current = rows[-1]
+    if report_of is None:
+        raise ValueError(f"study {study.id}: stage {current.stage} has settled and needs its report to be judged")
     spec = StudySpec.model_validate(study.spec)
     sizes = planned_sizes(spec)
     try:
-        report = reports.compute_report(session, study.id)
+        report = report_of(session, study.id)
     except ValueError as exc:  # data the stats core cannot judge: no reason to spend more seeds
         current.decisions, current.outcome, current.judged_at = [{"error": str(exc)}], "budget_spent", utcnow()
         return False

@@ -193,8 +193,11 @@ def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> 
     ]
 
 
-def refresh_status(session: Session, study_id: int) -> Study:
+def refresh_status(session: Session, study_id: int, *, report_of: adaptive.ReportOf | None) -> Study:
     """Derive a managed study's status from its runs; call after any run transition.
+
+    ``report_of`` judges a settled stage of an adaptive study (``adaptive.judge_stage``); None only
+    where no stage can settle (cancelling).
 
     The study row is locked first, so concurrent transitions of its runs (several workers
     finishing at once, on several API processes) recount one after another: on PostgreSQL
@@ -213,7 +216,7 @@ def refresh_status(session: Session, study_id: int) -> Study:
             status = "cancelled"
         elif p.failed == p.total:
             status = "failed"
-        elif adaptive.judge_stage(session, study):
+        elif adaptive.judge_stage(session, study, report_of):
             status = "running"  # the next stage's seeds are queued
         else:
             status = "completed"
@@ -287,7 +290,7 @@ def cancel_study(session: Session, study_id: int, caller: Caller) -> Study:
     )
     study.status = "cancelled"
     session.flush()
-    return refresh_status(session, study_id)
+    return refresh_status(session, study_id, report_of=None)  # a cancelled study stays cancelled
 
 
 def stack_name_of(fingerprint: dict[str, Any]) -> str:
