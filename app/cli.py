@@ -22,13 +22,13 @@ from app.cli_results import (
     cmd_report,
 )
 from app.cli_server import cmd_calibrate, cmd_demo, cmd_migrate, cmd_serve, cmd_token
+from app.cli_client import wait_for
 from app.cli_studies import (
     cmd_cancel,
     cmd_logs,
     cmd_runs,
     cmd_status,
     cmd_submit,
-    wait_for,
 )
 from app.cli_support import (
     EXIT_BROKEN_PIPE,

@@ -1,8 +1,10 @@
-"""HTTP client used by the CLI's user commands (submit, status, report, alerts)."""
+"""HTTP client used by the CLI's user commands (submit, status, report, alerts) and the demo."""
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,33 @@ class Api:
 
     def post(self, path: str, **kwargs: Any) -> Any:
         return self.request("POST", path, **kwargs)
+
+
+def progress_bar(p: dict[str, int], width: int = 30) -> str:
+    total = max(p.get("total", 0), 1)
+    done = p.get("completed", 0) + p.get("failed", 0) + p.get("cancelled", 0)
+    filled = int(width * done / total)
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{p.get('total', 0)} runs"
+        f"  running {p.get('running', 0)}  failed {p.get('failed', 0)}"
+    )
+
+
+def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) -> dict[str, Any]:
+    """Poll a study until it ends, drawing a progress bar; returns the final study."""
+    tty = stream.isatty()
+    last = ""
+    while True:
+        study = api.get(f"/api/v1/studies/{study_id}")
+        line = f"study {study_id} {study['status']:<9} {progress_bar(study['progress'])}"
+        if tty:
+            stream.write("\r" + line.ljust(len(last)))
+        elif line != last:
+            stream.write(line + "\n")
+        stream.flush()
+        last = line
+        if study["status"] in {"completed", "failed", "cancelled"}:
+            if tty:
+                stream.write("\n")
+            return study
+        time.sleep(interval)

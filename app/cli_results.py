@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.cli_studies import wait_for
+from app.cli_client import wait_for
 from app.cli_support import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
@@ -66,7 +66,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if args.against:
             from urllib.parse import quote
 
-            from app.alerts.schemas import BaselineComparisonOut
+            from app.reports.models import BaselineComparisonOut
 
             comparison = BaselineComparisonOut.model_validate(api.get(
                 f"/api/v1/suites/{quote(args.against, safe='')}/baseline/compare", params={"study_id": sid}))

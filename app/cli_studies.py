@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
+from app.cli_client import progress_bar, wait_for
 from app.cli_support import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
@@ -22,36 +22,6 @@ from app.terminal import printable
 
 if TYPE_CHECKING:
     from app.reports.models import Report
-
-
-def _bar(p: dict[str, int], width: int = 30) -> str:
-    total = max(p.get("total", 0), 1)
-    done = p.get("completed", 0) + p.get("failed", 0) + p.get("cancelled", 0)
-    filled = int(width * done / total)
-    return (
-        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{p.get('total', 0)} runs"
-        f"  running {p.get('running', 0)}  failed {p.get('failed', 0)}"
-    )
-
-
-def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) -> dict[str, Any]:
-    """Poll a study until it ends, drawing a progress bar; returns the final study."""
-    tty = stream.isatty()
-    last = ""
-    while True:
-        study = api.get(f"/api/v1/studies/{study_id}")
-        line = f"study {study_id} {study['status']:<9} {_bar(study['progress'])}"
-        if tty:
-            stream.write("\r" + line.ljust(len(last)))
-        elif line != last:
-            stream.write(line + "\n")
-        stream.flush()
-        last = line
-        if study["status"] in {"completed", "failed", "cancelled"}:
-            if tty:
-                stream.write("\n")
-            return study
-        time.sleep(interval)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -172,7 +142,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         launches = api.get(f"/api/v1/studies/{args.study}/launches")
     else:
         launches = api.get("/api/v1/launches", params={"limit": 200})
-    rows = [[str(s["id"]).rjust(4), s["status"], _bar(s["progress"], 20), printable(s["name"])] for s in studies]
+    rows = [[str(s["id"]).rjust(4), s["status"], progress_bar(s["progress"], 20), printable(s["name"])] for s in studies]
     print(table(["  ID", "STATUS", "PROGRESS", "NAME"], rows))
     for s in studies:
         if args.study is not None and s.get("status_reason"):

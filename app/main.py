@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -24,6 +23,7 @@ from app.alerts.router import metrics_router
 from app.alerts.router import router as alerts_router
 from app.auth.cache import TokenCache
 from app.auth.router import router as tokens_router
+from app.background import BackgroundLoop
 from app.code.router import router as code_router
 from app.config import Settings, get_settings
 from app.dashboard.feeds import GZipFeeds
@@ -151,28 +151,14 @@ async def _too_large(limit: int, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class Reaper:
+def reaper(database: Database, interval: float) -> BackgroundLoop:
     """Re-queues expired leases every few seconds; every API process runs one, safely."""
 
-    def __init__(self, database: Database, interval: float) -> None:
-        self.database, self.interval = database, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="steady-reaper", daemon=True)
+    def reap() -> None:
+        with database.write(queue=True) as session:  # in line with the protocol's writes
+            runs_service.reap_expired(session)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                with self.database.write(queue=True) as session:  # in line with the protocol's writes
-                    runs_service.reap_expired(session)
-            except Exception as exc:  # noqa: BLE001 - the database may be down; try again next tick
-                log.warning("lease reaper: %s", exc)
+    return BackgroundLoop("lease reaper", reap, interval=interval)
 
 
 SUPERVISOR_PID_ENV = "STEADY_SUPERVISOR_PID"
@@ -204,8 +190,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             migrate.upgrade(database.engine)
             migrate.verify(database.engine)
         app.state.database = database
-        background: list[Reaper | Dispatcher | ReportCacher] = [
-            Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
+        background: list[BackgroundLoop | Dispatcher | ReportCacher] = [
+            reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
             ReportCacher(database, settings.report_cache_interval_seconds)]
         for task in background:
             task.start()

@@ -31,12 +31,14 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from app.alerts import repository
-from app.auth.service import Caller
+from app.alerts.schemas import BaselineIn, BaselineOut
+from app.auth.service import Caller, ensure_may_change
 from app.errors import Invalid, NotFound
-from app.models import BaselineSnapshot, Study, SuiteBaseline
+from app.models import BaselineSnapshot, Study, SuiteBaseline, utcnow
 from app.reports import service as reports
 from app.reports.models import typed_verdicts, verdicts_of
 from app.reports.parts import PairGroup
+from app.studies import service as studies
 from app.stats.report import MetricSpec, RunData, build_report
 
 FORMAT = 1
@@ -193,3 +195,52 @@ def _relabel(r: RunData, stack: str) -> RunData:
     import dataclasses
 
     return dataclasses.replace(r, stack=stack)
+
+
+def set_baseline(session: Session, suite: str, body: BaselineIn, caller: Caller) -> SuiteBaseline:
+    study = session.get(Study, body.study_id)
+    if study is None:
+        raise Invalid(("body", "study_id"), f"study {body.study_id} does not exist")
+    studies.ensure_suite_owner(session, suite, caller)
+    if study.suite != suite:
+        raise Invalid(("body", "study_id"), f"study {study.id} is in suite {study.suite!r}, not {suite!r}")
+    if body.stack is not None:
+        stacks = repository.study_stacks(session, study.id)
+        if body.stack not in stacks:
+            raise Invalid(("body", "stack"), f"study {study.id} has no runs on stack {body.stack!r}; it has {sorted(stacks)}")
+    row = session.get(SuiteBaseline, suite)
+    if row is not None:
+        ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
+    # every set is a new frozen version: comparisons read it, never the live rows
+    snap = record_snapshot(session, suite, study, body.stack, caller, body.reason)
+    if row is None:
+        row = SuiteBaseline(suite=suite, study_id=study.id, stack=body.stack, owner_token_id=caller.token_id,
+                            snapshot_id=snap.id)
+        session.add(row)
+    else:
+        row.study_id, row.stack, row.set_at, row.snapshot_id = study.id, body.stack, utcnow(), snap.id
+    session.flush()
+    return row
+
+
+def baseline_out(session: Session, row: SuiteBaseline) -> BaselineOut:
+    out = BaselineOut.model_validate(row, from_attributes=True)
+    snap = snapshot_of(session, row)
+    if snap is not None:
+        out = out.model_copy(update={"version": snap.version, "digest": snap.digest, "n_runs": snap.n_runs,
+                                     "set_by": snap.created_by, "reason": snap.reason})
+    return out
+
+
+def delete_baseline(session: Session, suite: str, caller: Caller) -> None:
+    row = get_baseline(session, suite)
+    ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
+    session.delete(row)
+    session.flush()
+
+
+def get_baseline(session: Session, suite: str) -> SuiteBaseline:
+    row = session.get(SuiteBaseline, suite)
+    if row is None:
+        raise NotFound(f"suite {suite!r} has no baseline")
+    return row

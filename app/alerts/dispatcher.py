@@ -1,4 +1,4 @@
-"""The alert dispatcher: a background thread per API process, like the lease ``Reaper``.
+"""The alert dispatcher: a background loop per API process (``app.background``), like the lease reaper.
 
 Every tick it (1) runs requested study evaluations and (2) delivers due outbox rows. A
 delivery is claimed with a conditional UPDATE that sets a lease (owner, expiry) — exactly one
@@ -23,8 +23,9 @@ from datetime import timedelta
 import httpx
 
 from app import __version__
-from app.alerts import egress, repository, service
+from app.alerts import egress, jobs, repository, webhooks
 from app.alerts.settings import AlertSettings
+from app.background import BackgroundLoop
 from app.config import Settings
 from app.db import Database
 from app.models import AlertDelivery, Webhook, utcnow
@@ -71,28 +72,20 @@ class Dispatcher:
         self.owner = f"dispatcher-{uuid.uuid4().hex[:16]}"
         self.resolver = resolver
         self.limiter = TokenBucket(self.cfg.webhook_rate_per_minute / 60.0, self.cfg.webhook_burst, clock)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="steady-alerts", daemon=True)
+        self._loop = BackgroundLoop("alert dispatcher", self.tick, interval=self.cfg.dispatch_interval_seconds,
+                                    logger=log)
         self._http = httpx.Client(timeout=self.cfg.delivery_timeout_seconds, follow_redirects=False,
                                   headers={"User-Agent": f"steady/{__version__}"}, transport=transport)
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self.cfg.delivery_timeout_seconds + 5)
+        self._loop.stop(timeout=self.cfg.delivery_timeout_seconds + 5)
         self._http.close()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.cfg.dispatch_interval_seconds):
-            try:
-                self.tick()
-            except Exception as exc:  # noqa: BLE001 - the database may be down; try again next tick
-                log.warning("alert dispatcher: %s", exc)
-
     def tick(self) -> int:
-        service.run_pending_evaluations(self.database, base_url=self.settings.base_url)
+        jobs.run_pending_evaluations(self.database, base_url=self.settings.base_url)
         return self.deliver_due()
 
     def deliver_due(self) -> int:
@@ -102,7 +95,7 @@ class Dispatcher:
             candidates = repository.due_deliveries(session, now, self.cfg.deliveries_per_tick)
         delivered = 0
         for delivery_id, webhook_id in candidates:
-            if self._stop.is_set():
+            if self._loop.stopping:
                 break
             wait = self.limiter.take(webhook_id)
             if wait > 0:  # over this webhook's rate: the delivery waits its turn (not an attempt)
@@ -136,7 +129,7 @@ class Dispatcher:
                 response = self._http.post(target.request_url(), content=raw, extensions=target.extensions(), headers={
                     "Host": target.host_header(),
                     "Content-Type": "application/json",
-                    "X-Steady-Signature": service.sign(secret, raw),
+                    "X-Steady-Signature": webhooks.sign(secret, raw),
                     "X-Steady-Event": event,
                     "X-Steady-Delivery": str(delivery_id),
                     "X-Steady-Alert": str(alert_id),

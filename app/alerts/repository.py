@@ -205,6 +205,18 @@ def pending_evaluations(session: Session, limit: int) -> list[tuple[int, datetim
     return [tuple(row) for row in session.execute(stmt)]  # type: ignore[misc]
 
 
+def lock_pending_evaluation(session: Session, study_id: int, requested_at: datetime) -> bool:
+    """Lock a study's evaluation row while it is still pending for this request (FOR UPDATE on
+    PostgreSQL; SQLite serialises writers): True when it is."""
+    stmt = (
+        select(StudyEvaluation.study_id)
+        .where(StudyEvaluation.study_id == study_id, StudyEvaluation.state == "pending",
+               StudyEvaluation.requested_at == requested_at)
+        .with_for_update()
+    )
+    return session.scalar(stmt) is not None
+
+
 def claim_evaluation(session: Session, study_id: int, requested_at: datetime, **values: Any) -> bool:
     """Mark a pending evaluation done, only if nobody else did and it was not re-requested meanwhile."""
     result = session.execute(

@@ -16,12 +16,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.alerts import baselines, prometheus, repository, service
+from app.alerts import baselines, jobs, outbox, prometheus, repository, rules, webhooks
+from app.alerts import state as alert_state
 from app.alerts.schemas import (
     AlertOut,
     AlertPage,
     AlertRuleOut,
-    AlertRuleSpec,
     BaselineComparisonOut,
     BaselineIn,
     BaselineOut,
@@ -39,6 +39,7 @@ from app.deps import AdminCaller, AppSettings, ReadDB, UserCaller, WriteDB, get_
 from app.errors import NotFound
 from app.models import Alert, AlertRule
 from app.studies import service as studies
+from app.studies.alert_specs import AlertRuleSpec
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 metrics_router = APIRouter(tags=["health"])
@@ -52,7 +53,7 @@ SuiteName = Annotated[str, Query(min_length=1, max_length=200)]
 
 @router.post("/alert-rules", response_model=AlertRuleOut, status_code=status.HTTP_201_CREATED)
 def create_rule(body: AlertRuleSpec, db: WriteDB, caller: UserCaller) -> AlertRuleOut:
-    return service.rule_out(service.create_rule(db, body, caller))
+    return rules.rule_out(rules.create_rule(db, body, caller))
 
 
 @router.get("/alert-rules", response_model=list[AlertRuleOut])
@@ -63,7 +64,7 @@ def list_rules(
     suite: Annotated[str | None, Query(max_length=200)] = None,
     kind: Annotated[str | None, Query(max_length=32)] = None,
 ) -> list[AlertRuleOut]:
-    return [service.rule_out(r) for r in repository.list_rules(db, study_id=study_id, suite=suite, kind=kind)]
+    return [rules.rule_out(r) for r in repository.list_rules(db, study_id=study_id, suite=suite, kind=kind)]
 
 
 @router.get("/alert-rules/{rule_id}", response_model=AlertRuleOut)
@@ -71,12 +72,12 @@ def get_rule(rule_id: int, db: ReadDB, caller: UserCaller) -> AlertRuleOut:
     rule = db.get(AlertRule, rule_id)
     if rule is None:
         raise NotFound(f"alert rule {rule_id} not found")
-    return service.rule_out(rule)
+    return rules.rule_out(rule)
 
 
 @router.delete("/alert-rules/{rule_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_rule(rule_id: int, db: WriteDB, caller: UserCaller) -> Response:
-    service.delete_rule(db, rule_id, caller)
+    rules.delete_rule(db, rule_id, caller)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -87,12 +88,12 @@ def delete_rule(rule_id: int, db: WriteDB, caller: UserCaller) -> Response:
 def set_baseline(suite: str, body: BaselineIn, db: WriteDB, caller: UserCaller) -> BaselineOut:
     """Set or move the suite's baseline: its runs' results are frozen as a new snapshot version
     (canonical JSON and its SHA-256), recorded with who moved it, when and why."""
-    return service.baseline_out(db, service.set_baseline(db, suite, body, caller))
+    return baselines.baseline_out(db, baselines.set_baseline(db, suite, body, caller))
 
 
 @router.get("/suites/{suite}/baseline", response_model=BaselineOut)
 def get_baseline(suite: str, db: ReadDB, caller: UserCaller) -> BaselineOut:
-    return service.baseline_out(db, service.get_baseline(db, suite))
+    return baselines.baseline_out(db, baselines.get_baseline(db, suite))
 
 
 @router.get("/suites/{suite}/baseline/history", response_model=list[BaselineVersionOut])
@@ -116,7 +117,7 @@ def compare_with_baseline(
 
 @router.delete("/suites/{suite}/baseline", status_code=status.HTTP_204_NO_CONTENT)
 def delete_baseline(suite: str, db: WriteDB, caller: UserCaller) -> Response:
-    service.delete_baseline(db, suite, caller)
+    baselines.delete_baseline(db, suite, caller)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -128,9 +129,9 @@ def evaluate_study(study_id: int, db: WriteDB, caller: UserCaller, settings: App
     """Evaluate the study's alert rules now. External studies are evaluated only here (after
     their uploads); managed studies are evaluated automatically when their last run ends."""
     studies.ensure_study_owner(studies.get_study(db, study_id), caller)
-    ev, fired, resolved = service.evaluate_study(db, study_id, base_url=settings.base_url)
-    return EvaluationOut(study_id=study_id, rules=len(ev.rules), firing=[service.alert_out(a) for a in fired],
-                         resolved=[service.alert_out(a) for a in resolved], summary=ev.summary)
+    ev, fired, resolved = jobs.evaluate_study(db, study_id, base_url=settings.base_url)
+    return EvaluationOut(study_id=study_id, rules=len(ev.rules), firing=[outbox.alert_out(a) for a in fired],
+                         resolved=[outbox.alert_out(a) for a in resolved], summary=ev.summary)
 
 
 # --- alerts ----------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ def list_alerts(
 ) -> AlertPage:
     rows, total = repository.list_alerts(db, state=state, study_id=study_id, suite=suite, rule_id=rule_id,
                                          kind=kind, limit=limit, offset=offset)
-    return AlertPage(items=[service.alert_out(a) for a in rows], total=total, limit=limit, offset=offset)
+    return AlertPage(items=[outbox.alert_out(a) for a in rows], total=total, limit=limit, offset=offset)
 
 
 def _alert(db, alert_id: int) -> Alert:
@@ -162,13 +163,13 @@ def _alert(db, alert_id: int) -> Alert:
 
 @router.get("/alerts/{alert_id}", response_model=AlertOut)
 def get_alert(alert_id: int, db: ReadDB, caller: UserCaller) -> AlertOut:
-    return service.alert_out(_alert(db, alert_id))
+    return outbox.alert_out(_alert(db, alert_id))
 
 
 @router.post("/alerts/{alert_id}/ack", response_model=AlertOut)
 def ack_alert(alert_id: int, db: WriteDB, caller: UserCaller) -> AlertOut:
     """Acknowledge: recorded on the alert (who, when); cleared when the alert fires again."""
-    return service.alert_out(service.ack_alert(db, _alert(db, alert_id), caller))
+    return outbox.alert_out(alert_state.ack_alert(db, _alert(db, alert_id), caller))
 
 
 @router.get("/alerts/{alert_id}/deliveries", response_model=list[DeliveryOut])
@@ -182,7 +183,7 @@ def alert_deliveries(alert_id: int, db: ReadDB, caller: UserCaller) -> list[Deli
 
 @router.post("/webhooks", response_model=WebhookCreated, status_code=status.HTTP_201_CREATED)
 def create_webhook(body: WebhookIn, db: WriteDB, caller: AdminCaller, settings: AppSettings) -> WebhookCreated:
-    hook, secret = service.create_webhook(db, body, allow_private=settings.allow_private_webhooks)
+    hook, secret = webhooks.create_webhook(db, body, allow_private=settings.allow_private_webhooks)
     return WebhookCreated(**WebhookOut.model_validate(hook, from_attributes=True).model_dump(), secret=secret)
 
 
@@ -193,7 +194,7 @@ def list_webhooks(db: ReadDB, caller: AdminCaller) -> list[WebhookOut]:
 
 @router.delete("/webhooks/{webhook_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_webhook(webhook_id: int, db: WriteDB, caller: AdminCaller) -> Response:
-    service.delete_webhook(db, webhook_id)
+    webhooks.delete_webhook(db, webhook_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -34,7 +34,7 @@ def _quick(spec: dict) -> dict:
 def run_demo(args: argparse.Namespace) -> int:
     from app import migrate
     from app.auth.service import Role, create_token
-    from app.cli import wait_for
+    from app.cli_client import wait_for
     from app.cli_client import Api
     from app.config import Settings
     from app.db import Database

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-import threading
 
+from app.background import BackgroundLoop
 from app.db import Database
 from app.reports import service
 
@@ -16,26 +16,20 @@ class ReportCacher:
 
     def __init__(self, database: Database, interval: float) -> None:
         self.database, self.interval = database, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="steady-report-cache", daemon=True)
+        self._loop = BackgroundLoop("report cache", self._drain, interval=interval, logger=log) if interval > 0 else None
 
     def start(self) -> None:
-        if self.interval > 0:
-            self._thread.start()
+        if self._loop is not None:
+            self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        if self._loop is not None:
+            self._loop.stop(timeout=30)
 
     def run_once(self) -> list[int]:
         with self.database.write() as session:
             return service.refresh_cached_reports(session)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                while self.run_once() and not self._stop.is_set():
-                    pass  # more may be waiting: go on without sleeping
-            except Exception as exc:  # noqa: BLE001 - the database may be down, a study may not be judgeable: next tick
-                log.warning("report cache: %s", exc)
+    def _drain(self) -> None:
+        while self.run_once() and not (self._loop is not None and self._loop.stopping):
+            pass  # more may be waiting: go on without sleeping

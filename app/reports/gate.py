@@ -12,8 +12,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from app.alerts.schemas import BaselineComparisonOut
 from app.reports.models import (
+    BaselineComparisonOut,
     RepeatabilityVerdict,
     Report,
     SeedStabilityVerdict,

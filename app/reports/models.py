@@ -39,7 +39,7 @@ from app.stats.vocabulary import (
     VerdictValue,
     severity,
 )
-from app.wire import NONFINITE_SPELLING, WireFloat
+from app.wire import NONFINITE_SPELLING, WireFloat, WireModel
 
 if TYPE_CHECKING:
     from app.stats.report import StudyReport
@@ -324,3 +324,15 @@ class Compare(Part):
     verdicts: list[PortabilityVerdict]
     verdict: PortabilityValue
     code: CodeComparison
+
+
+class BaselineComparisonOut(WireModel):
+    """A study's final metrics against its suite's baseline snapshot (stack-portability verdicts)."""
+
+    suite: str
+    study_id: int
+    baseline_study_id: int
+    baseline_version: int | None
+    baseline_digest: str | None
+    alpha: float
+    verdicts: list[PortabilityVerdict]

@@ -40,7 +40,6 @@ from app.stats.report import (
 )
 from app.studies import adaptive
 from app.studies import repository as studies_repo
-from app.studies import service as studies
 from app.studies.arms import arm_differences, differences, effective_arms
 from app.wire import NONFINITE_SPELLING
 from worker.protocol import STEP_TIME_KEY, RunStatus
@@ -107,7 +106,7 @@ log = logging.getLogger("steady.reports")
 def study_report(session: Session, study_id: int) -> Report:
     """The study's report: from the cache when it was computed for the study's current version
     (and still reads as a ``Report``: a body cached in an older shape is computed again)."""
-    study = studies.get_study(session, study_id)
+    study = studies_repo.get_study(session, study_id)
     cached = repository.get(session, study_id)
     if cached is not None and cached.body is not None and cached.version == repository.study_version(session, study):
         try:
@@ -128,7 +127,7 @@ def refresh_cached_reports(session: Session, *, limit: int = 5) -> list[int]:
     for study_id in repository.stale_settled_studies(session, limit):
         if not repository.try_lock(session, study_id):
             continue
-        study = studies.get_study(session, study_id)
+        study = studies_repo.get_study(session, study_id)
         version = repository.study_version(session, study)
         stamp = utcnow()
         p = studies_repo.progress_by_study(session, [study_id])[study_id]
@@ -178,7 +177,7 @@ def _bands_key(session: Session, study: Study) -> tuple:
 def report_band(session: Session, study_id: int, *, metric: str, determinism: str, stack: str) -> GroupBand | None:
     """The band of one (metric, group) from the report this process computed for the study's
     current version (coverage and confidence of the study's spec), or None."""
-    study = studies.get_study(session, study_id)
+    study = studies_repo.get_study(session, study_id)
     for b in _bands.get(_bands_key(session, study)) or ():
         if b.metric == metric and b.group == {"determinism": determinism, "stack": stack}:
             return b
@@ -209,7 +208,7 @@ def _report_bands(session: Session, study: Study, *, metric: str, coverage: floa
 
 
 def compute_report(session: Session, study_id: int) -> Report:
-    study = studies.get_study(session, study_id)
+    study = studies_repo.get_study(session, study_id)
     bands_key = _bands_key(session, study)  # before reading: a change meanwhile makes the key stale, not the data
     specs = metric_specs(study)
     runs = completed_runs(session, study_id)
@@ -313,7 +312,7 @@ def study_bands(
 ) -> dict[str, Any]:
     """The ``Bands`` of ``metric`` as plain JSON data (non-finite floats spelled as the API spells
     them): millions of numbers are rendered as they are, not validated into models first."""
-    study = studies.get_study(session, study_id)
+    study = studies_repo.get_study(session, study_id)
     groups = _report_bands(session, study, metric=metric, coverage=coverage, confidence=confidence,
                            max_points=max_points)
     if groups is None:
@@ -345,7 +344,7 @@ def compare_studies(
         raise Invalid(("query", "relative_margin"), "give either margin or relative_margin, not both")
     if baseline == candidate:
         raise Invalid(("query", "candidate"), "baseline and candidate are the same study")
-    base_study, cand_study = studies.get_study(session, baseline), studies.get_study(session, candidate)
+    base_study, cand_study = studies_repo.get_study(session, baseline), studies_repo.get_study(session, candidate)
     base_runs = run_data(session, completed_runs(session, baseline), [metric], stack_as="baseline")
     cand_runs = run_data(session, completed_runs(session, candidate), [metric], stack_as="candidate")
     if relative_margin is not None:

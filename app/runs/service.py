@@ -23,6 +23,7 @@ from app.metrics.encoding import series_arrays
 from app.wire import wire_float
 from app.runs import repository as runs_repo
 from app.models import Run, Study, Worker, utcnow
+from app.reports import service as reports
 from app.runs import credentials
 from app.studies import service as studies
 from worker.protocol import (
@@ -121,7 +122,7 @@ def reap_expired(session: Session, now: datetime | None = None) -> list[int]:
         )
     )
     for study_id in sorted(study_ids):
-        studies.refresh_status(session, study_id)
+        studies.refresh_status(session, study_id, report_of=reports.compute_report)
     return sorted(study_ids)
 
 
@@ -278,7 +279,7 @@ def lease_next(session: Session, worker: Worker, settings: Settings, request_id:
         worker.lease_run_id = run.id
         session.flush()
         if study.status != "running":  # a lease only ever moves a study from queued to running
-            studies.refresh_status(session, study.id)
+            studies.refresh_status(session, study.id, report_of=reports.compute_report)
         return lease
     return None
 
@@ -417,7 +418,7 @@ def complete(session: Session, run_id: int, body: RunResult, principal: Principa
     _applied(run, body.request_id)
     metrics_repo.delete_other_attempts(session, run.id, run.attempt)
     session.flush()
-    studies.refresh_status(session, run.study_id)
+    studies.refresh_status(session, run.study_id, report_of=reports.compute_report)
     return RunAck(run_id=run.id, status=RunStatus.completed)
 
 
@@ -439,7 +440,7 @@ def fail(session: Session, run_id: int, body: RunFailure, principal: Principal) 
     run.lease_expires_at = None
     _applied(run, body.request_id)
     session.flush()
-    studies.refresh_status(session, run.study_id)
+    studies.refresh_status(session, run.study_id, report_of=reports.compute_report)
     return RunAck(run_id=run.id, status=status)
 
 
@@ -461,7 +462,7 @@ def release(session: Session, run_id: int, body: RunRelease, principal: Principa
     run.worker_id = None
     _applied(run, body.request_id)
     session.flush()
-    studies.refresh_status(session, run.study_id)
+    studies.refresh_status(session, run.study_id, report_of=reports.compute_report)
     return RunAck(run_id=run.id, status=RunStatus(run.status))
 
 

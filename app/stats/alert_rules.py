@@ -20,14 +20,17 @@ Each alert kind has a stated false-alarm level (``NOMINAL``) and a short guarant
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
-from app.stats.align import check_matrix
+from app.stats.align import align_series, check_matrix
 from app.stats.bands import curve_levels
 from app.stats.intervals import std_bounds_from
+from app.stats.report import RunData, common_finals
 
 __all__ = ["BaselineCheck", "baseline_outliers", "baseline_curve_outliers", "BandCheck", "band_too_wide", "band_check", "NOMINAL",
            "GUARANTEES", "guarantee"]
@@ -205,3 +208,47 @@ def band_check(std: float, n: int, *, limit: float, alpha: float = 0.05) -> Band
         raise ValueError(f"std must be finite and >= 0, got {std!r}")
     b = std_bounds_from(float(std), int(n), alpha=a)
     return BandCheck(std=float(std), lower=b.lower, limit=float(limit), n=int(n), alpha=a)
+
+
+def curve_outliers(baseline, candidates, *, alpha: float = 0.01) -> BaselineCheck:
+    """``baseline_curve_outliers`` of runs given as ``(steps, values)`` series: the baseline's and
+    the candidates' series are aligned on the union of their steps first (NaN where a run has no
+    point), so runs logged at different steps are compared on the steps they share. Raises
+    ValueError when they cannot be judged (see ``baseline_curve_outliers``)."""
+    aligned = align_series({("b", i): s for i, s in enumerate(baseline)}
+                           | {("c", i): s for i, s in enumerate(candidates)})
+    n = len(baseline)
+    return baseline_curve_outliers(aligned.values[:n], aligned.values[n:], alpha=alpha)
+
+
+@dataclass(frozen=True)
+class FinalsCheck:
+    """Candidate runs' finals against the baseline's, all read at one common step."""
+
+    step: int | None  # the last step every finite run (baseline and candidates) logged
+    baseline: np.ndarray  # the baseline runs' values there (runs without one left out)
+    candidates: np.ndarray  # one per candidate run, NaN where it has no finite value there
+    check: BaselineCheck | None  # None when fewer than 2 baseline values
+
+
+def final_outliers(baseline: Sequence[RunData], candidates: Sequence[RunData], metric: str, *,
+                   alpha: float = 0.01) -> FinalsCheck:
+    """``baseline_outliers`` on final values read at the last step that every non-diverged run,
+    baseline and candidate, logged (``app.stats.report.common_finals``): each run's own last step
+    made a run that stopped early look off. A diverged candidate (no finite value) is outside."""
+    fin = common_finals([*baseline, *candidates], metric)
+    at = dict(zip(fin.run_ids, fin.values.tolist()))
+    base = np.array([at[r.run_id] for r in baseline if r.run_id in at], dtype=np.float64)
+    cand = np.array([at.get(r.run_id, np.nan) for r in candidates], dtype=np.float64)
+    check = baseline_outliers(base, cand, alpha=alpha) if base.size >= 2 and cand.size else None
+    return FinalsCheck(step=fin.step, baseline=base, candidates=cand, check=check)
+
+
+def study_means(rows: Iterable[tuple[int, str, str, float | None]]) -> dict[tuple[str, str], dict[int, float]]:
+    """``(study_id, stack, determinism, final value)`` rows → per (stack, determinism level), each
+    study's mean final value over its finite values (None, a metric the run lacks, is skipped): the history ``sequential_shift`` judges."""
+    sums: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for study_id, stack, determinism, value in rows:
+        if isinstance(value, (int, float)) and np.isfinite(value):
+            sums[(stack, determinism)][study_id].append(float(value))
+    return {group: {s: float(np.mean(v)) for s, v in per_study.items()} for group, per_study in sums.items()}

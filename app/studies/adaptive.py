@@ -8,7 +8,8 @@ else the study completes. Every stage and what it decided is recorded (``study_s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -18,8 +19,16 @@ from app.stats.sequential import stage_sizes
 from app.studies import repository
 from app.studies.schemas import StageInfo, StudySpec
 
-if TYPE_CHECKING:
-    from app.reports.models import Report
+
+class Report(Protocol):
+    """What stage judging reads of a study's report (``app.reports.models.Report``, a layer above
+    the studies domain, so named here by its shape)."""
+
+    def of_level(self, level: Literal["seed_stability"], metric: str | None = None) -> Sequence[Any]: ...
+
+
+# (session, study id) -> the study's report, as ``app.reports.service.compute_report`` returns it
+ReportOf = Callable[[Session, int], Report]
 
 
 def planned_sizes(spec: StudySpec) -> tuple:
@@ -79,11 +88,13 @@ def _decisions(report: Report, stage: int) -> tuple[list[dict[str, Any]], bool]:
     return out, more
 
 
-def judge_stage(session: Session, study: Study) -> bool:
-    """The study's current stage has settled: record its decisions; True when a next stage was queued."""
-    from app.reports import (
-        service as reports,  # lazy: app.reports imports the studies service
-    )
+def judge_stage(session: Session, study: Study, report_of: ReportOf | None) -> bool:
+    """The study's current stage has settled: record its decisions; True when a next stage was queued.
+
+    ``report_of`` computes the study's report (``app.reports.service.compute_report``): the caller
+    passes it, as the reports domain builds on this one. None is refused when a stage waits to
+    be judged.
+    """
     from app.studies.service import insert_runs
 
     if not study.spec.get("budget") or study.kind != "managed":
@@ -92,10 +103,12 @@ def judge_stage(session: Session, study: Study) -> bool:
     if not rows or rows[-1].judged_at is not None:
         return False
     current = rows[-1]
+    if report_of is None:
+        raise ValueError(f"study {study.id}: stage {current.stage} has settled and needs its report to be judged")
     spec = StudySpec.model_validate(study.spec)
     sizes = planned_sizes(spec)
     try:
-        report = reports.compute_report(session, study.id)
+        report = report_of(session, study.id)
     except ValueError as exc:  # data the stats core cannot judge: no reason to spend more seeds
         current.decisions, current.outcome, current.judged_at = [{"error": str(exc)}], "budget_spent", utcnow()
         return False

@@ -5,8 +5,27 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.models import Run, Study, StudyStage
+from app.errors import NotFound
+from app.models import Run, Study, StudyEvaluation, StudyStage, utcnow
 from app.studies.schemas import Progress
+
+
+def get_study(session: Session, study_id: int) -> Study:
+    study = session.get(Study, study_id)
+    if study is None:
+        raise NotFound(f"study {study_id} not found")
+    return study
+
+
+def request_evaluation(session: Session, study_id: int) -> None:
+    """Record that a study finished and awaits its alert evaluation (a pending ``study_evaluations``
+    row; the alert dispatcher picks it up). A re-request resets the row to pending."""
+    row = session.get(StudyEvaluation, study_id)
+    if row is None:
+        session.add(StudyEvaluation(study_id=study_id, state="pending", requested_at=utcnow(), summary={}))
+    else:
+        row.state, row.requested_at, row.error = "pending", utcnow(), None
+    session.flush()
 
 
 def progress_by_study(session: Session, study_ids: Sequence[int]) -> dict[int, Progress]:

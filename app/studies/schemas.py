@@ -10,7 +10,7 @@ import string
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from app.alerts.schemas import AlertRuleSpec, check_spec_alerts
+from app.studies.alert_specs import AlertRuleSpec, check_spec_alerts
 from app.wire import WireFloat, WireModel
 from worker.protocol import (
     CaptureSpec,

@@ -156,10 +156,7 @@ def check_code(session: Session, spec: StudySpec) -> None:
 
 
 def get_study(session: Session, study_id: int) -> Study:
-    study = session.get(Study, study_id)
-    if study is None:
-        raise NotFound(f"study {study_id} not found")
-    return study
+    return repository.get_study(session, study_id)
 
 
 def get_run(session: Session, run_id: int) -> Run:
@@ -201,8 +198,11 @@ def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> 
     ]
 
 
-def refresh_status(session: Session, study_id: int) -> Study:
+def refresh_status(session: Session, study_id: int, *, report_of: adaptive.ReportOf | None) -> Study:
     """Derive a managed study's status from its runs; call after any run transition.
+
+    ``report_of`` judges a settled stage of an adaptive study (``adaptive.judge_stage``); None only
+    where no stage can settle (cancelling).
 
     The study row is locked first, so concurrent transitions of its runs (several workers
     finishing at once, on several API processes) recount one after another: on PostgreSQL
@@ -221,7 +221,7 @@ def refresh_status(session: Session, study_id: int) -> Study:
             status = "cancelled"
         elif p.failed == p.total:
             status = "failed"
-        elif adaptive.judge_stage(session, study):
+        elif adaptive.judge_stage(session, study, report_of):
             status = "running"  # the next stage's seeds are queued
         else:
             status = "completed"
@@ -270,10 +270,9 @@ def _judge_outcome(session: Session, study: Study, status: str) -> tuple[str, st
 
 
 def on_study_finished(session: Session, study: Study) -> None:
-    """Hook run once when a study's last run ends (alert evaluation attaches here)."""
-    from app.alerts import service as alerts  # lazy: app.alerts imports this module
-
-    alerts.study_finished(session, study)
+    """Run once when a study's last run ends: record that it awaits its alert evaluation (the alerts
+    domain stores the spec's rules and judges it, ``app.alerts.jobs``)."""
+    repository.request_evaluation(session, study.id)
 
 
 def cancel_study(session: Session, study_id: int, caller: Caller) -> Study:
@@ -296,7 +295,7 @@ def cancel_study(session: Session, study_id: int, caller: Caller) -> Study:
     )
     study.status = "cancelled"
     session.flush()
-    return refresh_status(session, study_id)
+    return refresh_status(session, study_id, report_of=None)  # a cancelled study stays cancelled
 
 
 def stack_name_of(fingerprint: dict[str, Any]) -> str:

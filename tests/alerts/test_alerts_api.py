@@ -12,6 +12,7 @@ from app.alerts.dispatcher import Dispatcher
 from app.alerts.settings import AlertSettings
 from tests.alerts.conftest import external_study, valid_signature
 from tests.api.helpers import batch, lease, register, result
+from tests.conftest import wait_until
 
 WIDE = [0.2, 0.9, 0.4, 1.3, 0.1, 0.7, 1.1, 0.5]  # std ≈ 0.42
 TIGHT = [0.50, 0.51, 0.49, 0.50, 0.52, 0.48, 0.50, 0.51]
@@ -79,7 +80,9 @@ def test_receiver_failing_three_times_gets_the_alert_when_it_recovers(alert_api,
     (alert,) = _evaluate(api, sid)["firing"]
     (msg,) = receiver.wait_for(1)
     assert receiver.attempts == 4 and valid_signature(msg, hook["secret"])
-    (delivery,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()
+    # the dispatcher records the delivery after the receiver answered: wait for that write
+    (delivery,) = wait_until(lambda: [d for d in api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()
+                                      if d["status"] != "pending"], 30, what="the delivery to be recorded")
     assert delivery["status"] == "delivered" and delivery["attempts"] == 4 and delivery["last_status_code"] == 200
 
 

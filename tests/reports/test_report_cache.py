@@ -9,6 +9,7 @@ from sqlalchemy import update
 
 from app.models import StudyReport
 from app.reports import repository, service
+from app.studies import repository as studies_repo
 from tests.conftest import wait_until
 
 
@@ -60,7 +61,7 @@ def test_cached_once_served_by_version_and_recomputed_after_new_data(make_api):
     with api.app.state.database.read() as session:
         row = repository.get(session, sid)
         assert json.loads(zlib.decompress(row.body)) == again
-        assert row.version == repository.study_version(session, service.studies.get_study(session, sid))
+        assert row.version == repository.study_version(session, studies_repo.get_study(session, sid))
 
 
 def test_a_study_with_nothing_to_report_is_not_retried(make_api):
@@ -108,7 +109,7 @@ def test_a_report_cached_in_an_older_json_format_is_stale(make_api):
     fresh = api.get(f"/api/v1/studies/{sid}/report").json()
     assert _refresh(api) == [sid]
     with api.app.state.database.write() as session:
-        old_version = repository.study_version(session, service.studies.get_study(session, sid)).split("|", 1)[1]
+        old_version = repository.study_version(session, studies_repo.get_study(session, sid)).split("|", 1)[1]
         session.execute(update(StudyReport).where(StudyReport.study_id == sid).values(version=old_version))
     _marked(api, sid, fresh)
     assert api.get(f"/api/v1/studies/{sid}/report").json() == fresh  # computed afresh, not the old cache
