@@ -34,7 +34,7 @@ from app.launches.router import router as launches_router
 from app.mlflow.router import PREFIX as _MLFLOW_API
 from app.mlflow.router import router as mlflow_router
 from app.mlflow.service import MlflowError
-from app.runs import service as runs_service
+from app.runs import leasing
 from app.reports.background import ReportCacher
 from app.reports.router import router as reports_router
 from app.runs.router import router as runs_router
@@ -170,7 +170,7 @@ class Reaper:
         while not self._stop.wait(self.interval):
             try:
                 with self.database.write(queue=True) as session:  # in line with the protocol's writes
-                    runs_service.reap_expired(session)
+                    leasing.reap_expired(session)
             except Exception as exc:  # the database may be down; try again next tick
                 log.warning("lease reaper: %s", exc)
 

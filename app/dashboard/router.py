@@ -24,14 +24,15 @@ from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
-from sqlalchemy import select
 
 from app.auth.service import GRANTS, Role, authenticate, create_session, revoke_session
 from app.dashboard import service
 from app.deps import SESSION_COOKIE, ReadDB, _bearer, _credentials, caller_token
 from app.launches import hints
 from app.models import Run, Study, Worker
+from app.runs import repository as runs_repo
 from app.workers import service as workers_service
+from worker.protocol import StudyStatus
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -40,7 +41,7 @@ router.mount("/static", StaticFiles(directory=str(HERE / "static")), name="stati
 
 STUDIES_PER_PAGE = 25
 RUNS_PER_PAGE = 100
-STUDY_STATUSES = ("queued", "running", "completed", "failed", "cancelled", "open")
+STUDY_STATUSES = tuple(s.value for s in StudyStatus)
 
 
 # --- who is looking ---------------------------------------------------------------------------
@@ -332,7 +333,7 @@ def study_page(
         metrics=service.study_metrics(study), version=service.version_tag(version),
         cost_top=service.cost_scale(report),
         stages=service.study_stages(db, study),
-        live=study.status in service.ACTIVE_STATUSES or study.status == "open",
+        live=study.status in StudyStatus.ACTIVE or study.status == StudyStatus.open,
     )
 
 
@@ -352,7 +353,7 @@ def run_page(request: Request, run_id: int, db: ReadDB, viewer: PageViewer) -> H
 def workers_page(request: Request, db: ReadDB, viewer: PageViewer) -> HTMLResponse:
     workers = workers_service.list_workers(db)
     run_ids = [rid for _, running in workers for rid in running]
-    runs = {r.id: r for r in db.scalars(select(Run).where(Run.id.in_(run_ids)))} if run_ids else {}
+    runs = runs_repo.runs_by_id(db, run_ids)
     return _render(request, "workers.html", viewer, workers=workers, runs=runs,
                    lease_seconds=request.app.state.settings.lease_seconds)
 
@@ -398,7 +399,7 @@ def study_state(study_id: int, db: ReadDB, viewer: DataViewer) -> JSONResponse:
     progress = service.progress_of(db, study)
     return JSONResponse({"id": study.id, "status": study.status, "version": service.version_tag(version),
                          "progress": progress.model_dump(),
-                         "live": study.status in service.ACTIVE_STATUSES or study.status == "open"},
+                         "live": study.status in StudyStatus.ACTIVE or study.status == StudyStatus.open},
                         headers={"Cache-Control": "no-store"})
 
 
