@@ -29,6 +29,7 @@ from app.cli_support import (
     verdict_exit_code,
 )
 from app.terminal import printable
+from worker.protocol import RunStatus, StudyStatus
 
 
 def _server_settings(args: argparse.Namespace):  # noqa: ANN202
@@ -147,7 +148,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def _bar(p: dict[str, int], width: int = 30) -> str:
     total = max(p.get("total", 0), 1)
-    done = p.get("completed", 0) + p.get("failed", 0) + p.get("cancelled", 0)
+    done = sum(p.get(status, 0) for status in RunStatus.TERMINAL)
     filled = int(width * done / total)
     return (
         f"[{'#' * filled}{'.' * (width - filled)}] {done}/{p.get('total', 0)} runs"
@@ -168,7 +169,7 @@ def wait_for(api, study_id: int, *, interval: float = 1.0, stream=sys.stderr) ->
             stream.write(line + "\n")
         stream.flush()
         last = line
-        if study["status"] in {"completed", "failed", "cancelled"}:
+        if study["status"] in StudyStatus.TERMINAL:
             if tty:
                 stream.write("\n")
             return study
@@ -203,8 +204,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if final.get("status_reason"):
         print(f"steady: study {sid}: {printable(final['status_reason'])}", file=sys.stderr)
-    if final["status"] != "completed":
-        failed = api.get(f"/api/v1/studies/{sid}/runs", params={"status": "failed", "limit": 1})["items"]
+    if final["status"] != StudyStatus.completed:
+        failed = api.get(f"/api/v1/studies/{sid}/runs", params={"status": RunStatus.failed.value, "limit": 1})["items"]
         if failed:
             r = failed[0]
             print(f"steady: run {r['id']} failed ({r.get('failure_kind') or 'error'}): {_first_line(r.get('error'))}"
@@ -256,7 +257,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if tail:
         print("--- output tail ---")
         print(printable(tail[-args.tail:]) if args.tail else printable(tail))
-    elif run["status"] == "failed":
+    elif run["status"] == RunStatus.failed:
         print("(the worker captured no output)")
     return EXIT_OK
 
@@ -292,7 +293,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     api = Api(args.server, args.token)
     sid = _study_to_check(api, args.target)
     study = api.get(f"/api/v1/studies/{sid}")
-    if study["status"] not in {"completed", "failed", "cancelled", "open"}:
+    if study["status"] not in StudyStatus.TERMINAL | {StudyStatus.open.value}:
         try:
             study = wait_for(api, sid)
         except KeyboardInterrupt:
@@ -301,7 +302,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
     link = f"{api.server}/studies/{sid}"
     title = f"study {sid} ({study['name']})"
-    if study["status"] in {"failed", "cancelled"}:
+    if study["status"] in (StudyStatus.failed, StudyStatus.cancelled):
         items = [gate.GateItem("study", f"study {sid}", gate.FAIL,
                                f"the study {study['status']}: see `steady status {sid}`", "")]
     else:
@@ -661,7 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("runs", help="a study's runs: status, attempt, seed, level, error")
     client_opts(p)
     p.add_argument("study", type=int)
-    p.add_argument("--status", choices=["queued", "running", "completed", "failed", "cancelled"])
+    p.add_argument("--status", choices=[s.value for s in RunStatus])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_runs)
 

@@ -33,6 +33,7 @@ from app.alerts import repository
 from app.auth.service import Caller
 from app.errors import Invalid, NotFound
 from app.models import BaselineSnapshot, Study, SuiteBaseline
+from worker.protocol import RunStatus
 from app.reports import service as reports
 from app.stats.report import MetricSpec, RunData, build_report
 
@@ -108,7 +109,7 @@ def runs_of(doc: dict[str, Any], metric: str) -> list[RunData]:
         steps = np.frombuffer(base64.b64decode(s["steps"]), dtype="<i8").astype(np.int64)
         values = np.frombuffer(base64.b64decode(s["values"]), dtype="<f8").astype(np.float64)
         out.append(RunData(run_id=r["run_id"], seed=r["seed"], repeat=r["repeat"], determinism=r["determinism"],
-                           stack=BASELINE_STACK, digests=r["digests"], status="completed",
+                           stack=BASELINE_STACK, digests=r["digests"], status=RunStatus.completed.value,
                            series={metric: (steps, values)},
                            dtypes={metric: r["dtypes"][metric]} if metric in r["dtypes"] else {}))
     return out

@@ -20,7 +20,7 @@ from app.models import (
     Webhook,
     Worker,
 )
-from worker.protocol import RunStatus
+from worker.protocol import RunStatus, StudyStatus
 
 # --- rules -----------------------------------------------------------------------------------
 
@@ -57,7 +57,7 @@ def list_rules(session: Session, *, study_id: int | None, suite: str | None, kin
 def suite_studies(session: Session, suite: str, *, from_id: int | None, upto_id: int) -> list[Study]:
     """Finished (or open external) studies of a suite, oldest first, within [from_id, upto_id]."""
     stmt = select(Study).where(
-        Study.suite == suite, Study.id <= upto_id, Study.status.in_(("completed", "open"))
+        Study.suite == suite, Study.id <= upto_id, Study.status.in_((StudyStatus.completed.value, StudyStatus.open.value))
     )
     if from_id is not None:
         stmt = stmt.where(Study.id >= from_id)

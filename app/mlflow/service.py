@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Role, ensure_may_change
 from app.config import Settings
+from app.db import WriteSession
 from app.deps import Principal
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float
@@ -40,8 +41,9 @@ from app.studies.schemas import StudySpec
 from worker.protocol import Determinism, RunStatus
 
 RUN_NAME_TAG = "mlflow.runName"
-_STATUS_OUT = {"running": "RUNNING", "queued": "SCHEDULED", "completed": "FINISHED", "failed": "FAILED",
-               "cancelled": "KILLED"}
+_STATUS_OUT = {RunStatus.running.value: "RUNNING", RunStatus.queued.value: "SCHEDULED",
+               RunStatus.completed.value: "FINISHED", RunStatus.failed.value: "FAILED",
+               RunStatus.cancelled.value: "KILLED"}
 
 
 class MlflowError(Exception):
@@ -354,7 +356,7 @@ def get_experiment_by_name(session: Session, name: str, caller: MlflowCaller) ->
     return experiment_view(candidates[0])
 
 
-def create_experiment(session: Session, body: CreateExperimentIn, caller: MlflowCaller, settings: Settings) -> str:
+def create_experiment(session: WriteSession, body: CreateExperimentIn, caller: MlflowCaller, settings: Settings) -> str:
     principal = _user(caller, "experiments/create")
     existing = session.scalars(select(Study.id).where(Study.name == body.name, Study.kind == "external",
                                                       Study.owner_token_id == principal.token_id)).first()

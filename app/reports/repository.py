@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session
 
 from app.models import Run, Study, StudyReport
 from app.studies import repository as studies_repo
+from worker.protocol import StudyStatus
 
-SETTLED_STUDY_STATUSES = ("completed", "failed", "cancelled")
+SETTLED_STUDY_STATUSES = tuple(sorted(StudyStatus.TERMINAL))
 
 
 def study_version(session: Session, study: Study) -> str:

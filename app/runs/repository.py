@@ -8,13 +8,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, distinct, exists, func, select, update
+from sqlalchemy import CursorResult, and_, distinct, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db import WriteSession
 from app.errors import NotFound
 from app.models import MetricChunk, Run, Worker
 from worker.protocol import RunStatus
+
+
+def _rowcount(result: Any) -> int:
+    """Rows an UPDATE matched (an UPDATE's result is a ``CursorResult``)."""
+    assert isinstance(result, CursorResult)
+    return result.rowcount
 
 
 def get_run(session: Session, run_id: int) -> Run:
@@ -75,7 +81,7 @@ def transition(session: WriteSession, state: RunState, lease_id: str, now: datet
     )
     if returning:
         return session.execute(stmt.returning(*returning)).first()
-    return True if session.execute(stmt).rowcount == 1 else None
+    return True if _rowcount(session.execute(stmt)) == 1 else None
 
 
 def claim(session: WriteSession, run_id: int, values: Mapping[str, Any]) -> bool:
@@ -84,7 +90,7 @@ def claim(session: WriteSession, run_id: int, values: Mapping[str, Any]) -> bool
         update(Run).where(Run.id == run_id, Run.status == RunStatus.queued.value).values(**values)
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1
+    return _rowcount(result) == 1
 
 
 def lockable_queued(session: Session, run_id: int) -> bool:
@@ -140,7 +146,8 @@ def running_by_worker(session: Session) -> dict[int, list[int]]:
         .where(Run.status == RunStatus.running.value, Run.worker_id.is_not(None))
         .order_by(Run.id)
     ):
-        running.setdefault(worker_id, []).append(run_id)
+        if worker_id is not None:
+            running.setdefault(worker_id, []).append(run_id)
     return running
 
 
@@ -183,8 +190,8 @@ def studies_of_runs(session: Session, condition: Any) -> set[int]:
 
 def update_where(session: WriteSession, condition: Any, values: Mapping[str, Any]) -> int:
     """One multi-row UPDATE (the reaper, a study's cancellation); the rows it changed."""
-    return session.execute(update(Run).where(condition).values(**values)
-                           .execution_options(synchronize_session=False)).rowcount
+    return _rowcount(session.execute(update(Run).where(condition).values(**values)
+                                     .execution_options(synchronize_session=False)))
 
 
 @dataclass(frozen=True)

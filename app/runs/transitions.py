@@ -29,6 +29,7 @@ from app.runs.repository import RunState
 from app.studies import service as studies
 from worker.protocol import (
     ErrorCode,
+    FailureKind,
     Heartbeat,
     HeartbeatAck,
     RunAck,
@@ -157,7 +158,7 @@ def complete(session: WriteSession, run_id: int, body: RunResult, principal: Pri
 
 def fail(session: WriteSession, run_id: int, body: RunFailure, principal: Principal) -> RunAck:
     now = utcnow()
-    status = RunStatus.cancelled if body.kind.value == "cancelled" else RunStatus.failed
+    status = RunStatus.cancelled if body.kind is FailureKind.cancelled else RunStatus.failed
     values: dict[str, Any] = {
         "status": status.value,
         "failure_kind": body.kind.value,

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.db import WriteSession
 from app.models import Study, StudyStage
 from app.runs import repository as runs_repo
 from app.studies.schemas import Progress
@@ -55,7 +56,7 @@ def current_stages(session: Session, study_ids: Sequence[int]) -> dict[int, tupl
     return out
 
 
-def add_stage(session: Session, study_id: int, stage: int, seeds: list[int]) -> StudyStage:
+def add_stage(session: WriteSession, study_id: int, stage: int, seeds: list[int]) -> StudyStage:
     row = StudyStage(study_id=study_id, stage=stage, seeds=list(seeds), decisions=[])
     session.add(row)
     session.flush()

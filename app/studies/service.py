@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 import worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
 from app.auth.service import Caller, Role, ensure_may_change
 from app.config import Settings
+from app.db import WriteSession
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float
@@ -44,7 +45,7 @@ def ensure_study_owner(study: Study, caller: Caller) -> None:
     ensure_may_change(caller, study.owner_token_id, f"study {study.id}")
 
 
-def create_study(session: Session, spec: StudySpec, settings: Settings, caller: Caller) -> Study:
+def create_study(session: WriteSession, spec: StudySpec, settings: Settings, caller: Caller) -> Study:
     if spec.kind == "managed" and spec.budget is not None and (
             spec.max_seeds * spec.runs_per_seed > settings.max_runs_per_study):
         raise Invalid(
@@ -87,7 +88,7 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
     return study
 
 
-def insert_runs(session: Session, study: Study, spec: StudySpec, seeds: list[int]) -> None:
+def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: list[int]) -> None:
     """Queue the runs of ``seeds``: each seed × repeat × group (stack or arm) × determinism level."""
     assert spec.workload is not None
     framework = spec.workload.framework.value
@@ -188,7 +189,7 @@ def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> 
     ]
 
 
-def refresh_status(session: Session, study_id: int) -> Study:
+def refresh_status(session: WriteSession, study_id: int) -> Study:
     """Derive a managed study's status from its runs; call after any run transition.
 
     The study row is locked first, so concurrent transitions of its runs (several workers
@@ -256,14 +257,14 @@ def _judge_outcome(session: Session, study: Study, status: StudyStatus) -> tuple
     return status, reason
 
 
-def on_study_finished(session: Session, study: Study) -> None:
+def on_study_finished(session: WriteSession, study: Study) -> None:
     """Hook run once when a study's last run ends (alert evaluation attaches here)."""
     from app.alerts import service as alerts  # lazy: app.alerts imports this module
 
     alerts.study_finished(session, study)
 
 
-def cancel_study(session: Session, study_id: int, caller: Caller) -> Study:
+def cancel_study(session: WriteSession, study_id: int, caller: Caller) -> Study:
     study = get_study(session, study_id)
     ensure_study_owner(study, caller)
     if study.kind == "external":
@@ -292,7 +293,7 @@ def stack_name_of(fingerprint: dict[str, Any]) -> str:
 
 
 def upload_external_run(
-    session: Session, study_id: int, body: ExternalRunIn, settings: Settings, caller: Caller
+    session: WriteSession, study_id: int, body: ExternalRunIn, settings: Settings, caller: Caller
 ) -> Run:
     study = get_study(session, study_id)
     ensure_study_owner(study, caller)
