@@ -339,7 +339,7 @@ def study_page(
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: int, db: ReadDB, viewer: PageViewer) -> HTMLResponse:
-    run = db.get(Run, run_id)
+    run = runs_repo.find_run(db, run_id)
     if run is None:
         return _not_found(request, viewer, f"run {run_id}")
     study = db.get(Study, run.study_id)
@@ -456,7 +456,7 @@ def run_chart(
     key: Annotated[str, Query(min_length=1, max_length=200)],
     max_points: Annotated[int, Query(ge=100, le=5000)] = 1000,
 ) -> Response:
-    run = db.get(Run, run_id)
+    run = runs_repo.find_run(db, run_id)
     text = service.run_chart(db, run, key, max_points) if run is not None else None
     if text is None:
         return JSONResponse({"detail": f"run {run_id} has no metric {key!r}"}, status_code=404)

@@ -35,6 +35,7 @@ from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float
 from app.mlflow.schemas import CreateExperimentIn, CreateRunIn, LogBatchIn, MetricIn, ParamIn, TagIn, UpdateRunIn
 from app.models import Run, Study, utcnow
+from app.runs import repository as runs_repo
 from app.runs.credentials import RunCredential
 from app.studies import service as studies
 from app.studies.schemas import StudySpec
@@ -147,7 +148,7 @@ def experiment_view(study: Study) -> dict[str, Any]:
 def _run_for_read(session: Session, run_id: int, caller: MlflowCaller) -> Run:
     if caller.run is not None and caller.run.run_id != run_id:
         raise _denied(f"this run credential belongs to run {caller.run.run_id}, not run {run_id}")
-    run = session.get(Run, run_id)
+    run = runs_repo.find_run(session, run_id)
     if run is None:
         raise _not_found(f"run {run_id} not found")
     return run
@@ -157,7 +158,7 @@ def _run_for_write(session: Session, run_id: int, caller: MlflowCaller) -> Run:
     """The run, locked, if the caller may write to it now."""
     if caller.run is not None and caller.run.run_id != run_id:
         raise _denied(f"this run credential belongs to run {caller.run.run_id}; it cannot write to run {run_id}")
-    run = session.scalars(select(Run).where(Run.id == run_id).with_for_update()).first()
+    run = runs_repo.find_run(session, run_id, lock=True)
     if run is None:
         raise _not_found(f"run {run_id} not found")
     if caller.run is not None:

@@ -23,8 +23,15 @@ def _rowcount(result: Any) -> int:
     return result.rowcount
 
 
+def find_run(session: Session, run_id: int, *, lock: bool = False) -> Run | None:
+    """The run, or None; ``lock``: FOR UPDATE (a write that reads the run first)."""
+    if lock:
+        return session.scalars(select(Run).where(Run.id == run_id).with_for_update()).first()
+    return session.get(Run, run_id)
+
+
 def get_run(session: Session, run_id: int) -> Run:
-    run = session.get(Run, run_id)
+    run = find_run(session, run_id)
     if run is None:
         raise NotFound(f"run {run_id} not found")
     return run
@@ -151,15 +158,13 @@ def running_by_worker(session: Session) -> dict[int, list[int]]:
     return running
 
 
-def status_counts(session: Session, study_ids: Sequence[int]) -> list[tuple[int, str, int]]:
-    """(study, status, runs) for each status the studies' runs are in."""
-    if not study_ids:
-        return []
-    stmt = (
-        select(Run.study_id, Run.status, func.count())
-        .where(Run.study_id.in_(list(study_ids)))
-        .group_by(Run.study_id, Run.status)
-    )
+def status_counts(session: Session, study_ids: Sequence[int] | None) -> list[tuple[int, str, int]]:
+    """(study, status, runs) for each status the studies' (None: all studies') runs are in."""
+    stmt = select(Run.study_id, Run.status, func.count()).group_by(Run.study_id, Run.status)
+    if study_ids is not None:
+        if not study_ids:
+            return []
+        stmt = stmt.where(Run.study_id.in_(list(study_ids)))
     return [(sid, status, int(n)) for sid, status, n in session.execute(stmt)]
 
 
@@ -186,6 +191,20 @@ def first_failed_run(session: Session, study_id: int) -> Run | None:
 
 def studies_of_runs(session: Session, condition: Any) -> set[int]:
     return set(session.scalars(select(Run.study_id).where(condition)))
+
+
+def insert_runs(session: WriteSession, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Queue many runs in one statement (a study's matrix, an adaptive stage's seeds)."""
+    session.execute(Run.__table__.insert(), list(rows))
+
+
+def cancel_runs_of(session: WriteSession, study_id: int, now: datetime) -> None:
+    """A study's cancellation: its queued runs end cancelled; its running ones are asked to stop
+    (the next heartbeat answers ``cancel``, and the run ends cancelled when its worker gives up)."""
+    update_where(session, and_(Run.study_id == study_id, Run.status == RunStatus.queued.value),
+                 {"status": RunStatus.cancelled.value, "finished_at": now, "error": "study cancelled"})
+    update_where(session, and_(Run.study_id == study_id, Run.status == RunStatus.running.value),
+                 {"cancel_requested": True})
 
 
 def update_where(session: WriteSession, condition: Any, values: Mapping[str, Any]) -> int:
@@ -273,3 +292,39 @@ def last_changes(session: Session, study_ids: Sequence[int]) -> tuple[dict[int, 
         .group_by(Run.study_id)
     ).all())
     return finished, chunks
+
+
+def judged_runs(session: Session, study_id: int) -> list[Run]:
+    """The runs a study's report judges: completed and not excluded by a person."""
+    stmt = select(Run).where(
+        Run.study_id == study_id, Run.status == RunStatus.completed.value, Run.excluded_at.is_(None)
+    ).order_by(Run.id)
+    return list(session.scalars(stmt))
+
+
+def excluded_runs(session: Session, study_id: int) -> list[Run]:
+    stmt = select(Run).where(Run.study_id == study_id, Run.excluded_at.is_not(None)).order_by(Run.id)
+    return list(session.scalars(stmt))
+
+
+def judged_final_metrics(session: Session, study_ids: Sequence[int]) -> list[tuple[int, str, str, dict[str, Any]]]:
+    """(study_id, stack, determinism, final_metrics) of the judged runs of the studies."""
+    if not study_ids:
+        return []
+    stmt = select(Run.study_id, Run.stack, Run.determinism, Run.final_metrics).where(
+        Run.study_id.in_(list(study_ids)), Run.status == RunStatus.completed.value, Run.excluded_at.is_(None)
+    )
+    return [(sid, stack, det, finals) for sid, stack, det, finals in session.execute(stmt)]
+
+
+def stacks_of(session: Session, study_id: int) -> list[str]:
+    return list(session.scalars(select(Run.stack).where(Run.study_id == study_id).distinct()))
+
+
+def status_totals(session: Session) -> dict[str, int]:
+    """Runs per status over every study."""
+    return {s: int(c) for s, c in session.execute(select(Run.status, func.count()).group_by(Run.status))}
+
+
+def last_finished_at(session: Session, study_id: int) -> datetime | None:
+    return session.scalar(select(func.max(Run.finished_at)).where(Run.study_id == study_id))

@@ -121,7 +121,7 @@ def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: lis
         for stack in spec.groups
         for level in levels
     ]
-    session.execute(Run.__table__.insert(), rows)
+    runs_repo.insert_runs(session, rows)
 
 
 def check_code(session: Session, spec: StudySpec) -> None:
@@ -272,13 +272,7 @@ def cancel_study(session: WriteSession, study_id: int, caller: Caller) -> Study:
     if study.status in StudyStatus.JUDGED:
         raise Conflict(f"study {study_id} is already {study.status}")
     now = utcnow()
-    runs_repo.update_where(
-        session, (Run.study_id == study_id) & (Run.status == RunStatus.queued.value),
-        {"status": RunStatus.cancelled.value, "finished_at": now, "error": "study cancelled"},
-    )
-    runs_repo.update_where(
-        session, (Run.study_id == study_id) & (Run.status == RunStatus.running.value), {"cancel_requested": True},
-    )
+    runs_repo.cancel_runs_of(session, study_id, now)
     study.status = StudyStatus.cancelled.value
     session.flush()
     return refresh_status(session, study_id)
