@@ -209,8 +209,7 @@ def cancel_runs_of(session: WriteSession, study_id: int, now: datetime) -> None:
 
 def update_where(session: WriteSession, condition: Any, values: Mapping[str, Any]) -> int:
     """One multi-row UPDATE (the reaper, a study's cancellation); the rows it changed."""
-    return _rowcount(session.execute(update(Run).where(condition).values(**values)
-                                     .execution_options(synchronize_session=False)))
+    return _rowcount(session.execute(update(Run).where(condition).values(**values)))
 
 
 @dataclass(frozen=True)
