@@ -37,6 +37,7 @@ from app.cli_support import (
     CliError,
 )
 from app.terminal import printable
+from worker.protocol import RunStatus
 
 __all__ = ["build_parser", "main", "wait_for"]
 
@@ -142,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("runs", help="a study's runs: status, attempt, seed, level, error")
     client_opts(p)
     p.add_argument("study", type=int)
-    p.add_argument("--status", choices=["queued", "running", "completed", "failed", "cancelled"])
+    p.add_argument("--status", choices=[s.value for s in RunStatus])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_runs)
 

@@ -1,7 +1,9 @@
 """Engine, sessions and the schema check.
 
 Reads and writes get different session types (``ReadSession`` / ``WriteSession``), so a GET
-handler cannot write by accident: a read session is always rolled back. A write session
+handler cannot write by accident: services declare ``WriteSession`` for what changes rows, and
+a type checker refuses a ``ReadSession`` passed to them. At run time a read session refuses
+INSERT, UPDATE, DELETE and flushes (``ReadOnlySessionError``) and is always rolled back. A write session
 commits when the request succeeds and rolls back on error; services ``flush()`` and never
 ``commit()``. On SQLite, write transactions start with ``BEGIN IMMEDIATE`` so concurrent
 writers queue on the busy timeout instead of failing with "database is locked".
@@ -33,6 +35,22 @@ from app.errors import Unavailable
 
 ReadSession = NewType("ReadSession", Session)
 WriteSession = NewType("WriteSession", Session)
+
+
+class ReadOnlySessionError(RuntimeError):
+    """A write attempted in a read session (a bug: it would be rolled back, silently lost)."""
+
+
+def _refuse_writes(factory: sessionmaker) -> None:
+    @event.listens_for(factory, "do_orm_execute")
+    def _no_dml(state):
+        if state.is_insert or state.is_update or state.is_delete:
+            raise ReadOnlySessionError(f"a write in a read session: {state.statement}")
+
+    @event.listens_for(factory, "before_flush")
+    def _no_flush(session, _context, _instances):
+        if session.new or session.dirty or session.deleted:
+            raise ReadOnlySessionError("a flush of changed objects in a read session")
 
 _WRITE_OPTION = "steady_write"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
@@ -86,6 +104,7 @@ class Database:
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         write_engine = self.engine.execution_options(**{_WRITE_OPTION: True})
         self._read = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        _refuse_writes(self._read)
         self._write = sessionmaker(write_engine, expire_on_commit=False)
         self.corruption: str | None = None  # why the SQLite file failed its integrity check
         self._write_queue = threading.Lock() if self.is_sqlite else None

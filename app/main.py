@@ -34,9 +34,9 @@ from app.launches.router import router as launches_router
 from app.mlflow.router import PREFIX as _MLFLOW_API
 from app.mlflow.router import router as mlflow_router
 from app.mlflow.service import MlflowError
-from app.runs import service as runs_service
 from app.reports.background import ReportCacher
 from app.reports.router import router as reports_router
+from app.runs import leasing
 from app.runs.router import router as runs_router
 from app.studies.router import router as studies_router
 from app.workers.router import router as workers_router
@@ -156,7 +156,7 @@ def reaper(database: Database, interval: float) -> BackgroundLoop:
 
     def reap() -> None:
         with database.write(queue=True) as session:  # in line with the protocol's writes
-            runs_service.reap_expired(session)
+            leasing.reap_expired(session)
 
     return BackgroundLoop("lease reaper", reap, interval=interval)
 

@@ -20,7 +20,7 @@ import math
 import re
 import struct
 from datetime import datetime
-from enum import Enum
+from enum import Enum, nonmember
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -169,8 +169,27 @@ class RunStatus(str, Enum):
     failed = "failed"
     cancelled = "cancelled"
 
+    # The status sets, as the values stored in ``runs.status`` (a member is equal to its value,
+    # so ``status in RunStatus.TERMINAL`` holds for either; SQL takes them in ``.in_()``).
+    ACTIVE = nonmember(frozenset({"queued", "running"}))  # waiting for a worker or on one
+    TERMINAL = nonmember(frozenset({"completed", "failed", "cancelled"}))  # never changes again
 
-TERMINAL_RUN_STATUSES = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.cancelled})
+
+class StudyStatus(str, Enum):
+    """A study's status: derived from its runs' statuses (``app.studies.service.refresh_status``);
+    an external study (uploaded runs) stays ``open``."""
+
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+    open = "open"
+
+    ACTIVE = nonmember(frozenset({"queued", "running"}))
+    TERMINAL = nonmember(frozenset({"completed", "failed", "cancelled"}))
+    # Ended by its runs, not by a user: judged once (outcome, alerts) when it gets there.
+    JUDGED = nonmember(frozenset({"completed", "failed"}))
 
 
 class FailureKind(str, Enum):

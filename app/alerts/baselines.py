@@ -35,6 +35,7 @@ from app.alerts.schemas import BaselineIn, BaselineOut
 from app.auth.service import Caller, ensure_may_change
 from app.errors import Invalid, NotFound
 from app.models import BaselineSnapshot, Study, SuiteBaseline, utcnow
+from worker.protocol import RunStatus
 from app.reports import service as reports
 from app.reports.models import typed_verdicts, verdicts_of
 from app.reports.parts import PairGroup
@@ -113,7 +114,7 @@ def runs_of(doc: dict[str, Any], metric: str) -> list[RunData]:
         steps = np.frombuffer(base64.b64decode(s["steps"]), dtype="<i8").astype(np.int64)
         values = np.frombuffer(base64.b64decode(s["values"]), dtype="<f8").astype(np.float64)
         out.append(RunData(run_id=r["run_id"], seed=r["seed"], repeat=r["repeat"], determinism=r["determinism"],
-                           stack=BASELINE_STACK, digests=r["digests"], status="completed",
+                           stack=BASELINE_STACK, digests=r["digests"], status=RunStatus.completed.value,
                            series={metric: (steps, values)},
                            dtypes={metric: r["dtypes"][metric]} if metric in r["dtypes"] else {}))
     return out

@@ -23,8 +23,9 @@ from app.config import Settings
 from app.models import utcnow
 from app.reports.summary import ReportSummary
 from app.stats import vocabulary
+from worker.protocol import RunStatus
 
-RUN_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+RUN_STATUSES = tuple(s.value for s in RunStatus)
 
 
 class SnapshotCollector:
@@ -69,7 +70,7 @@ class SnapshotCollector:
         for status in RUN_STATUSES:
             totals.add_metric([status], snap["run_totals"].get(status, 0))
         yield totals
-        yield GaugeMetricFamily("steady_queue_depth", "Runs waiting for a worker", value=snap["run_totals"].get("queued", 0))
+        yield GaugeMetricFamily("steady_queue_depth", "Runs waiting for a worker", value=snap["run_totals"].get(RunStatus.queued.value, 0))
 
         workers = GaugeMetricFamily("steady_workers", "Registered workers; active = seen within two lease periods",
                                     labels=["state"])

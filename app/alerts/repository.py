@@ -14,13 +14,13 @@ from app.models import (
     AlertDelivery,
     AlertRule,
     BaselineSnapshot,
-    Run,
     Study,
     StudyEvaluation,
     Webhook,
     Worker,
 )
-from worker.protocol import RunStatus
+from app.runs import repository as runs_repo
+from worker.protocol import StudyStatus
 
 # --- rules -----------------------------------------------------------------------------------
 
@@ -57,7 +57,7 @@ def list_rules(session: Session, *, study_id: int | None, suite: str | None, kin
 def suite_studies(session: Session, suite: str, *, from_id: int | None, upto_id: int) -> list[Study]:
     """Finished (or open external) studies of a suite, oldest first, within [from_id, upto_id]."""
     stmt = select(Study).where(
-        Study.suite == suite, Study.id <= upto_id, Study.status.in_(("completed", "open"))
+        Study.suite == suite, Study.id <= upto_id, Study.status.in_((StudyStatus.completed.value, StudyStatus.open.value))
     )
     if from_id is not None:
         stmt = stmt.where(Study.id >= from_id)
@@ -66,16 +66,11 @@ def suite_studies(session: Session, suite: str, *, from_id: int | None, upto_id:
 
 def final_metrics(session: Session, study_ids: Sequence[int]) -> list[tuple[int, str, str, dict[str, Any]]]:
     """(study_id, stack, determinism, final_metrics) of the completed runs of the studies."""
-    if not study_ids:
-        return []
-    stmt = select(Run.study_id, Run.stack, Run.determinism, Run.final_metrics).where(
-        Run.study_id.in_(list(study_ids)), Run.status == RunStatus.completed.value, Run.excluded_at.is_(None)
-    )
-    return [tuple(row) for row in session.execute(stmt)]
+    return runs_repo.judged_final_metrics(session, study_ids)
 
 
 def study_stacks(session: Session, study_id: int) -> list[str]:
-    return list(session.scalars(select(Run.stack).where(Run.study_id == study_id).distinct()))
+    return runs_repo.stacks_of(session, study_id)
 
 
 def next_snapshot_version(session: Session, suite: str) -> int:
@@ -244,14 +239,11 @@ def latest_evaluations(session: Session, limit: int) -> list[tuple[StudyEvaluati
 
 
 def run_counts(session: Session, study_ids: Sequence[int] | None = None) -> list[tuple[int, str, int]]:
-    stmt = select(Run.study_id, Run.status, func.count()).group_by(Run.study_id, Run.status)
-    if study_ids is not None:
-        stmt = stmt.where(Run.study_id.in_(list(study_ids)))
-    return [tuple(row) for row in session.execute(stmt)]  # type: ignore[misc]
+    return runs_repo.status_counts(session, study_ids)
 
 
 def run_status_totals(session: Session) -> dict[str, int]:
-    return {s: c for s, c in session.execute(select(Run.status, func.count()).group_by(Run.status))}
+    return runs_repo.status_totals(session)
 
 
 def firing_counts(session: Session) -> list[tuple[str, str, int]]:

@@ -33,13 +33,14 @@ from app.stats.align import align_series
 from app.stats.downsample import bucket_extremes, extreme_indices
 from app.stats.repeatability import ulp_distance
 from app.stats.report import GroupBand, RunData, compute_bands
+from worker.protocol import RunStatus
 
 BAND_FIELDS = ("mean", "min", "max", "ti_low", "ti_high", "ci_low", "ci_high")
 
 
 def pick_lines(runs: Sequence[Run], max_lines: int) -> list[Run]:
     """At most ``max_lines`` runs to draw: running ones first (they move), then by seed and repeat."""
-    ordered = sorted(runs, key=lambda r: (r.status != "running", r.seed, r.repeat, r.id))
+    ordered = sorted(runs, key=lambda r: (r.status != RunStatus.running, r.seed, r.repeat, r.id))
     return ordered[:max_lines]
 
 
@@ -84,7 +85,7 @@ def group_chart(
     the runs drawn as lines, and ``n_runs_with_data`` counts the runs with data among ``runs``.
     """
     with_data = [r for r in runs if r.id in series and len(series[r.id][0])]
-    completed = [r for r in with_data if r.status == "completed"]
+    completed = [r for r in with_data if r.status == RunStatus.completed]
     if band is not None:
         completed = []  # given: not computed here
     if completed:

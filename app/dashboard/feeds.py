@@ -18,7 +18,9 @@ from app.dashboard import service
 from app.dashboard.access import DataViewer
 from app.dashboard.views import db_key
 from app.deps import ReadDB
-from app.models import Run, Study
+from app.models import Study
+from app.runs import repository as runs_repo
+from worker.protocol import StudyStatus
 
 STUDIES_PER_PAGE = 25  # the studies page's size: a badges request asks for at most a few pages
 
@@ -68,7 +70,7 @@ def study_state(study_id: int, db: ReadDB, viewer: DataViewer) -> JSONResponse:
     progress = service.progress_of(db, study)
     return JSONResponse({"id": study.id, "status": study.status, "version": service.version_tag(version),
                          "progress": progress.model_dump(),
-                         "live": study.status in service.ACTIVE_STATUSES or study.status == "open"},
+                         "live": study.status in StudyStatus.ACTIVE or study.status == StudyStatus.open},
                         headers={"Cache-Control": "no-store"})
 
 
@@ -125,7 +127,7 @@ def run_chart(
     key: Annotated[str, Query(min_length=1, max_length=200)],
     max_points: Annotated[int, Query(ge=100, le=5000)] = 1000,
 ) -> Response:
-    run = db.get(Run, run_id)
+    run = runs_repo.find_run(db, run_id)
     text = service.run_chart(db, run, key, max_points) if run is not None else None
     if text is None:
         return JSONResponse({"detail": f"run {run_id} has no metric {key!r}"}, status_code=404)

@@ -8,7 +8,6 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
-from sqlalchemy import select
 
 from app.dashboard import access, feeds, service
 from app.dashboard.access import PageViewer
@@ -16,8 +15,10 @@ from app.dashboard.feeds import STUDIES_PER_PAGE
 from app.dashboard.views import HERE, db_key, not_found, render
 from app.deps import ReadDB
 from app.launches import hints
-from app.models import Run, Study, Worker
+from app.models import Study, Worker
+from app.runs import repository as runs_repo
 from app.workers import service as workers_service
+from worker.protocol import StudyStatus
 
 router = APIRouter(include_in_schema=False)
 router.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
@@ -25,7 +26,7 @@ router.include_router(access.router)
 router.include_router(feeds.router)
 
 RUNS_PER_PAGE = 100
-STUDY_STATUSES = ("queued", "running", "completed", "failed", "cancelled", "open")
+STUDY_STATUSES = tuple(s.value for s in StudyStatus)
 
 
 @router.get("/")
@@ -84,13 +85,13 @@ def study_page(
         metrics=service.study_metrics(study), version=service.version_tag(version),
         cost_top=service.cost_scale(report),
         stages=service.study_stages(db, study),
-        live=study.status in service.ACTIVE_STATUSES or study.status == "open",
+        live=study.status in StudyStatus.ACTIVE or study.status == StudyStatus.open,
     )
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: int, db: ReadDB, viewer: PageViewer) -> HTMLResponse:
-    run = db.get(Run, run_id)
+    run = runs_repo.find_run(db, run_id)
     if run is None:
         return not_found(request, viewer, f"run {run_id}")
     study = db.get(Study, run.study_id)
@@ -104,7 +105,7 @@ def run_page(request: Request, run_id: int, db: ReadDB, viewer: PageViewer) -> H
 def workers_page(request: Request, db: ReadDB, viewer: PageViewer) -> HTMLResponse:
     workers = workers_service.list_workers(db)
     run_ids = [rid for _, running in workers for rid in running]
-    runs = {r.id: r for r in db.scalars(select(Run).where(Run.id.in_(run_ids)))} if run_ids else {}
+    runs = runs_repo.runs_by_id(db, run_ids)
     return render(request, "workers.html", viewer, workers=workers, runs=runs,
                    lease_seconds=request.app.state.settings.lease_seconds)
 

@@ -16,23 +16,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.dashboard import charts
 from app.metrics import repository as metrics_repo
-from app.models import MetricChunk, Run, Study
+from app.models import Run, Study
+from app.runs import repository as runs_repo
 from app.reports import service as reports
 from app.reports.models import Report
 from app.stats.vocabulary import DETERMINISM_LEVELS, LEVEL_TITLES, LEVELS, severity
 from app.studies import adaptive
 from app.studies import repository as studies_repo
 from app.studies.schemas import Progress, StudySpec
-from worker.protocol import STEP_TIME_KEY
+from worker.protocol import STEP_TIME_KEY, RunStatus
 
 # A level's badge is the worst verdict among its metrics and groups (app.stats.vocabulary.severity).
 TONE = {3: "bad", 2: "unknown", 1: "ok", 0: "good"}
-ACTIVE_STATUSES = {"queued", "running"}
+# Runs drawn in a group's chart: finished with data, or still logging it.
+CHARTED_RUN_STATUSES = (RunStatus.completed.value, RunStatus.running.value)
 
 
 class _LRU:
@@ -78,15 +80,7 @@ def study_versions(session: Session, studies: Sequence[Study]) -> dict[int, tupl
     if not ids:
         return {}
     progress = studies_repo.progress_by_study(session, ids)
-    finished = dict(session.execute(
-        select(Run.study_id, func.max(Run.finished_at)).where(Run.study_id.in_(ids)).group_by(Run.study_id)
-    ).all())
-    chunks = dict(session.execute(
-        select(Run.study_id, func.max(MetricChunk.id))
-        .join(MetricChunk, MetricChunk.run_id == Run.id)
-        .where(Run.study_id.in_(ids))
-        .group_by(Run.study_id)
-    ).all())
+    finished, chunks = runs_repo.last_changes(session, ids)
     out = {}
     for s in studies:
         p = progress[s.id]
@@ -228,8 +222,8 @@ def badges_for(session: Session, db_key: str, study_ids: Sequence[int]) -> dict[
 
 def study_groups(session: Session, study_id: int) -> list[tuple[str, str]]:
     """The (determinism, stack) pairs that have runs, in the report's order."""
-    pairs = session.execute(select(Run.determinism, Run.stack).where(Run.study_id == study_id).distinct()).all()
-    return sorted({(d, s) for d, s in pairs}, key=lambda p: (DETERMINISM_LEVELS.index(p[0])
+    pairs = runs_repo.groups_with_runs(session, study_id)
+    return sorted(set(pairs), key=lambda p: (DETERMINISM_LEVELS.index(p[0])
                                                              if p[0] in DETERMINISM_LEVELS else 9, p[1]))
 
 
@@ -244,7 +238,7 @@ def chart_levels(groups: Sequence[tuple[str, str]]) -> list[str]:
 
 
 def study_runs(session: Session, study_id: int, *, limit: int, offset: int) -> tuple[list[Run], int]:
-    return studies_repo.list_runs(session, study_id, status=None, limit=limit, offset=offset)
+    return runs_repo.list_runs(session, study_id, status=None, limit=limit, offset=offset)
 
 
 def first_divergent_step(report_: Report | None, metric: str, determinism: str, stack: str) -> int | None:
@@ -259,10 +253,7 @@ def first_divergent_step(report_: Report | None, metric: str, determinism: str, 
 def group_chart(session: Session, study: Study, version: tuple, db_key: str, *, metric: str, determinism: str,
                 stack: str, max_points: int, max_lines: int) -> str:
     def compute() -> str:
-        runs = list(session.scalars(
-            select(Run).where(Run.study_id == study.id, Run.determinism == determinism, Run.stack == stack,
-                              Run.status.in_(("completed", "running")), Run.excluded_at.is_(None)).order_by(Run.id)
-        ))
+        runs = runs_repo.group_runs(session, study.id, determinism, stack, CHARTED_RUN_STATUSES)
         settled = is_settled(studies_repo.progress_by_study(session, [study.id])[study.id])
         rep = report(session, study, version, db_key) if settled else cached_report(study, version, db_key)
         # A settled study's band is the report's (when this process computed it): only the runs
@@ -292,10 +283,7 @@ def difference_chart(session: Session, study: Study, version: tuple, db_key: str
                      stack: str, unit: str, max_points: int) -> str:
     """Each repeat minus its seed's reference repeat (absolute or in ULPs of the logged dtype)."""
     def compute() -> str:
-        runs = list(session.scalars(
-            select(Run).where(Run.study_id == study.id, Run.determinism == determinism, Run.stack == stack,
-                              Run.status.in_(("completed", "running")), Run.excluded_at.is_(None)).order_by(Run.id)
-        ))
+        runs = runs_repo.group_runs(session, study.id, determinism, stack, CHARTED_RUN_STATUSES)
         ids = [r.id for r in runs]
         loaded = metrics_repo.load_series(session, ids, [metric])
         series = {run_id: sv for (run_id, _), sv in loaded.items()}

@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.models import MetricChunk, Run
+from worker.protocol import RunStatus
 
 STEP_DTYPE = np.dtype("<i8")
 VALUE_DTYPE = np.dtype("<f8")
@@ -135,7 +136,7 @@ def study_metric_keys(session: Session, study_id: int) -> set[str]:
     stmt = (
         select(MetricChunk.key)
         .join(Run, (Run.id == MetricChunk.run_id) & (Run.attempt == MetricChunk.attempt))
-        .where(Run.study_id == study_id, Run.status == "completed")
+        .where(Run.study_id == study_id, Run.status == RunStatus.completed.value)
         .distinct()
     )
     return set(session.scalars(stmt))

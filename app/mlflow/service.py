@@ -30,19 +30,22 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Role, ensure_may_change
 from app.config import Settings
+from app.db import WriteSession
 from app.deps import Principal
 from app.metrics import repository as metrics_repo
 from app.wire import from_wire, wire_float
 from app.mlflow.schemas import CreateExperimentIn, CreateRunIn, LogBatchIn, MetricIn, ParamIn, TagIn, UpdateRunIn
 from app.models import Run, Study, utcnow
+from app.runs import repository as runs_repo
 from app.runs.credentials import RunCredential
 from app.studies import service as studies
 from app.studies.schemas import StudySpec
 from worker.protocol import Determinism, RunStatus
 
 RUN_NAME_TAG = "mlflow.runName"
-_STATUS_OUT = {"running": "RUNNING", "queued": "SCHEDULED", "completed": "FINISHED", "failed": "FAILED",
-               "cancelled": "KILLED"}
+_STATUS_OUT = {RunStatus.running.value: "RUNNING", RunStatus.queued.value: "SCHEDULED",
+               RunStatus.completed.value: "FINISHED", RunStatus.failed.value: "FAILED",
+               RunStatus.cancelled.value: "KILLED"}
 
 
 class MlflowError(Exception):
@@ -138,7 +141,7 @@ def experiment_view(study: Study) -> dict[str, Any]:
 def _run_for_read(session: Session, run_id: int, caller: MlflowCaller) -> Run:
     if caller.run is not None and caller.run.run_id != run_id:
         raise _denied(f"this run credential belongs to run {caller.run.run_id}, not run {run_id}")
-    run = session.get(Run, run_id)
+    run = runs_repo.find_run(session, run_id)
     if run is None:
         raise _not_found(f"run {run_id} not found")
     return run
@@ -148,7 +151,7 @@ def _run_for_write(session: Session, run_id: int, caller: MlflowCaller) -> Run:
     """The run, locked, if the caller may write to it now."""
     if caller.run is not None and caller.run.run_id != run_id:
         raise _denied(f"this run credential belongs to run {caller.run.run_id}; it cannot write to run {run_id}")
-    run = session.scalars(select(Run).where(Run.id == run_id).with_for_update()).first()
+    run = runs_repo.find_run(session, run_id, lock=True)
     if run is None:
         raise _not_found(f"run {run_id} not found")
     if caller.run is not None:
@@ -349,7 +352,7 @@ def get_experiment_by_name(session: Session, name: str, caller: MlflowCaller) ->
     return experiment_view(candidates[0])
 
 
-def create_experiment(session: Session, body: CreateExperimentIn, caller: MlflowCaller, settings: Settings) -> str:
+def create_experiment(session: WriteSession, body: CreateExperimentIn, caller: MlflowCaller, settings: Settings) -> str:
     principal = _user(caller, "experiments/create")
     existing = session.scalars(select(Study.id).where(Study.name == body.name, Study.kind == "external",
                                                       Study.owner_token_id == principal.token_id)).first()

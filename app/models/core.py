@@ -19,6 +19,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.models.base import Base, UTCDateTime, utcnow
+from worker.protocol import RunStatus, StudyStatus
 
 
 class ApiToken(Base):
@@ -52,7 +53,7 @@ class Study(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     kind: Mapped[str] = mapped_column(String(16), default="managed")
-    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    status: Mapped[str] = mapped_column(String(16), default=StudyStatus.queued.value, index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     suite: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
@@ -107,7 +108,7 @@ class Run(Base):
     framework: Mapped[str] = mapped_column(String(32))
     required_labels: Mapped[list[str]] = mapped_column(JSON, default=list)
 
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.queued.value)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_id: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, or_, select, text
+from sqlalchemy import or_, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from app.models import Run, Study, StudyReport
+from app.models import Study, StudyReport
+from app.runs import repository as runs_repo
 from app.studies import repository as studies_repo
+from worker.protocol import StudyStatus
 
-SETTLED_STUDY_STATUSES = ("completed", "failed", "cancelled")
+SETTLED_STUDY_STATUSES = tuple(sorted(StudyStatus.TERMINAL))
 # The report's JSON format, part of every cached version: a cache written in an older format is
 # stale (2: NaN and ±Inf spelled "NaN" / "Infinity" / "-Infinity", app.wire; 1 wrote null / "inf").
 REPORT_FORMAT = "f2"
@@ -21,7 +23,7 @@ REPORT_FORMAT = "f2"
 def study_version(session: Session, study: Study) -> str:
     """Names everything a report reads: status, last change, run counts, last finish."""
     p = studies_repo.progress_by_study(session, [study.id])[study.id]
-    finished = session.scalar(select(func.max(Run.finished_at)).where(Run.study_id == study.id))
+    finished = runs_repo.last_finished_at(session, study.id)
     parts = (REPORT_FORMAT, study.status, study.updated_at.isoformat() if study.updated_at else "", p.total, p.queued, p.running,
              p.completed, p.failed, p.cancelled, finished.isoformat() if finished else "")
     return "|".join(str(x) for x in parts)

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import Invalid, NotFound
@@ -22,6 +21,7 @@ from app.metrics import repository as metrics_repo
 from app.models import Run, Study, utcnow
 from app.reports import repository
 from app.reports.models import Compare, Report, typed_verdicts, verdicts_of, worst
+from app.runs import repository as runs_repo
 from app.stats.convergence import (
     ReferencePoint,
     check_convergence,
@@ -42,7 +42,7 @@ from app.studies import adaptive
 from app.studies import repository as studies_repo
 from app.studies.arms import arm_differences, differences, effective_arms
 from app.wire import NONFINITE_SPELLING
-from worker.protocol import STEP_TIME_KEY, RunStatus
+from worker.protocol import STEP_TIME_KEY
 
 
 def metric_specs(study: Study) -> list[MetricSpec]:
@@ -60,16 +60,13 @@ def metric_specs(study: Study) -> list[MetricSpec]:
 
 def completed_runs(session: Session, study_id: int) -> list[Run]:
     """The runs judged: completed and not excluded by a person."""
-    stmt = select(Run).where(
-        Run.study_id == study_id, Run.status == RunStatus.completed.value, Run.excluded_at.is_(None)
-    ).order_by(Run.id)
-    return list(session.scalars(stmt))
+    return runs_repo.judged_runs(session, study_id)
 
 
 def excluded_runs(session: Session, study_id: int) -> list[dict[str, Any]]:
-    stmt = select(Run).where(Run.study_id == study_id, Run.excluded_at.is_not(None)).order_by(Run.id)
     return [{"run_id": r.id, "excluded_at": r.excluded_at.isoformat() if r.excluded_at else None,
-             "excluded_by": r.excluded_by, "reason": r.excluded_reason} for r in session.scalars(stmt)]
+             "excluded_by": r.excluded_by,
+             "reason": r.excluded_reason} for r in runs_repo.excluded_runs(session, study_id)]
 
 
 def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:

@@ -13,7 +13,6 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.auth.service import hash_token
@@ -48,7 +47,7 @@ def authenticate(session: Session, secret: str) -> RunCredential | None:
     run_id, _, _ = rest.partition("_")
     if not run_id.isdigit():
         return None
-    run = session.scalars(select(Run).where(Run.id == int(run_id))).first()
+    run = session.get(Run, int(run_id))
     if run is None or run.run_token_hash is None or not hmac.compare_digest(run.run_token_hash, hash_token(secret)):
         return None
     if run.status != RunStatus.running.value or run.lease_id is None:

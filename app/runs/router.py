@@ -7,55 +7,36 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict, Field
 
 from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
 from app.errors import NotFound
 from app.metrics import repository as metrics_repo
-from app.runs import service
-from app.studies import service as studies
-from app.studies.schemas import RunOut
-from app.wire import WireFloat, WireModel
+from app.runs import service, transitions
+from app.runs.schemas import ExcludeIn, RunOut, SeriesOut
 from worker.protocol import BatchAck, Heartbeat, HeartbeatAck, MetricBatch, RunAck, RunFailure, RunRelease, RunResult
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
 
-class SeriesOut(WireModel):
-    run_id: int
-    key: str
-    n: int
-    steps: list[int] | None = None
-    values: list[WireFloat] | None = None
-    steps_b64: str | None = None
-    values_b64: str | None = None
-
-
 @router.get("/{run_id}", response_model=RunOut)
 def get_run(run_id: int, db: ReadDB, caller: UserCaller) -> RunOut:
-    run = studies.get_run(db, run_id)
+    run = service.get_run(db, run_id)
     out = RunOut.model_validate(run, from_attributes=True)
     out.metric_keys = metrics_repo.metric_keys(db, [run.id]).get(run.id, [])
     return out
-
-
-class ExcludeIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    reason: Annotated[str, Field(min_length=1, max_length=2000, description="why the run is left out (recorded)")]
 
 
 @router.post("/{run_id}/exclude", response_model=RunOut)
 def exclude_run(run_id: int, body: ExcludeIn, db: WriteDB, caller: UserCaller) -> RunOut:
     """Leave the run out of reports, bands and alerts (the study's owner or an admin). The run and
     its data stay; reports list it as excluded with who, when and why."""
-    return RunOut.model_validate(studies.exclude_run(db, run_id, body.reason, caller), from_attributes=True)
+    return RunOut.model_validate(service.exclude_run(db, run_id, body.reason, caller), from_attributes=True)
 
 
 @router.delete("/{run_id}/exclude", response_model=RunOut)
 def include_run(run_id: int, db: WriteDB, caller: UserCaller) -> RunOut:
     """Undo an exclusion: the run is judged again."""
-    return RunOut.model_validate(studies.include_run(db, run_id, caller), from_attributes=True)
+    return RunOut.model_validate(service.include_run(db, run_id, caller), from_attributes=True)
 
 
 @router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut)  # keys may hold "/" (TensorBoard tags)
@@ -66,7 +47,7 @@ def get_series(
     caller: UserCaller,
     format: Annotated[Literal["json", "packed"], Query(description="packed: base64 <i8 steps and <f8 values")] = "json",
 ) -> SeriesOut:
-    studies.get_run(db, run_id)
+    service.get_run(db, run_id)
     series = metrics_repo.load_series(db, [run_id], [key]).get((run_id, key))
     if series is None:
         raise NotFound(f"run {run_id} has no metric {key!r}")
@@ -105,7 +86,7 @@ def _in_one_write(request: Request, work, *args):
 
 @router.post("/{run_id}/heartbeat", response_model=HeartbeatAck, tags=["worker protocol"])
 async def heartbeat(run_id: int, body: Heartbeat, request: Request, caller: WorkerCaller, settings: AppSettings):
-    return await _in_one_write(request, service.heartbeat, run_id, body, settings, caller)
+    return await _in_one_write(request, transitions.heartbeat, run_id, body, settings, caller)
 
 
 @router.post("/{run_id}/metrics", response_model=BatchAck, tags=["worker protocol"])
@@ -115,14 +96,14 @@ async def push_metrics(run_id: int, body: MetricBatch, request: Request, caller:
 
 @router.post("/{run_id}/complete", response_model=RunAck, tags=["worker protocol"])
 def complete(run_id: int, body: RunResult, db: WriteDB, caller: WorkerCaller):
-    return service.complete(db, run_id, body, caller)
+    return transitions.complete(db, run_id, body, caller)
 
 
 @router.post("/{run_id}/fail", response_model=RunAck, tags=["worker protocol"])
 def fail(run_id: int, body: RunFailure, db: WriteDB, caller: WorkerCaller):
-    return service.fail(db, run_id, body, caller)
+    return transitions.fail(db, run_id, body, caller)
 
 
 @router.post("/{run_id}/release", response_model=RunAck, tags=["worker protocol"])
 def release(run_id: int, body: RunRelease, db: WriteDB, caller: WorkerCaller):
-    return service.release(db, run_id, body, caller)
+    return transitions.release(db, run_id, body, caller)

@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 from sqlalchemy.orm import Session
 
+from app.db import WriteSession
 from app.models import Study, utcnow
 from app.stats.report import SeedStages
 from app.stats.sequential import stage_sizes
@@ -39,7 +40,7 @@ def planned_sizes(spec: StudySpec) -> tuple:
     return stage_sizes(first, spec.budget.stage_seeds or first, spec.max_seeds)
 
 
-def start(session: Session, study: Study, spec: StudySpec) -> None:
+def start(session: WriteSession, study: Study, spec: StudySpec) -> None:
     """Record stage 1 (the spec's seeds) of a study with a budget."""
     if spec.budget is not None and spec.kind == "managed":
         repository.add_stage(session, study.id, 1, list(spec.seeds))
@@ -88,7 +89,7 @@ def _decisions(report: Report, stage: int) -> tuple[list[dict[str, Any]], bool]:
     return out, more
 
 
-def judge_stage(session: Session, study: Study, report_of: ReportOf | None) -> bool:
+def judge_stage(session: WriteSession, study: Study, report_of: ReportOf | None) -> bool:
     """The study's current stage has settled: record its decisions; True when a next stage was queued.
 
     ``report_of`` computes the study's report (``app.reports.service.compute_report``): the caller

@@ -5,8 +5,10 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.db import WriteSession
 from app.errors import NotFound
-from app.models import Run, Study, StudyEvaluation, StudyStage, utcnow
+from app.models import Study, StudyEvaluation, StudyStage, utcnow
+from app.runs import repository as runs_repo
 from app.studies.schemas import Progress
 
 
@@ -30,14 +32,7 @@ def request_evaluation(session: Session, study_id: int) -> None:
 
 def progress_by_study(session: Session, study_ids: Sequence[int]) -> dict[int, Progress]:
     out = {sid: Progress() for sid in study_ids}
-    if not study_ids:
-        return out
-    stmt = (
-        select(Run.study_id, Run.status, func.count())
-        .where(Run.study_id.in_(list(study_ids)))
-        .group_by(Run.study_id, Run.status)
-    )
-    for study_id, status, count in session.execute(stmt):
+    for study_id, status, count in runs_repo.status_counts(session, study_ids):
         p = out[study_id]
         setattr(p, status, getattr(p, status) + count)
         p.total += count
@@ -59,24 +54,8 @@ def list_studies(
     return list(rows), total
 
 
-def list_runs(
-    session: Session, study_id: int, *, status: str | None, limit: int, offset: int
-) -> tuple[list[Run], int]:
-    stmt = select(Run).where(Run.study_id == study_id)
-    if status:
-        stmt = stmt.where(Run.status == status)
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    rows = session.scalars(stmt.order_by(Run.id).limit(limit).offset(offset))
-    return list(rows), total
-
-
 def first_study_of_suite(session: Session, suite: str) -> Study | None:
     return session.scalars(select(Study).where(Study.suite == suite).order_by(Study.id).limit(1)).first()
-
-
-def first_failed_run(session: Session, study_id: int) -> Run | None:
-    stmt = select(Run).where(Run.study_id == study_id, Run.status == "failed").order_by(Run.finished_at, Run.id).limit(1)
-    return session.scalars(stmt).first()
 
 
 def stages_of(session: Session, study_id: int) -> list[StudyStage]:
@@ -96,7 +75,7 @@ def current_stages(session: Session, study_ids: Sequence[int]) -> dict[int, tupl
     return out
 
 
-def add_stage(session: Session, study_id: int, stage: int, seeds: list[int]) -> StudyStage:
+def add_stage(session: WriteSession, study_id: int, stage: int, seeds: list[int]) -> StudyStage:
     row = StudyStage(study_id=study_id, stage=stage, seeds=list(seeds), decisions=[])
     session.add(row)
     session.flush()

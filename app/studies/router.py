@@ -6,14 +6,17 @@ from fastapi import APIRouter, Query, status
 
 from app.deps import AppSettings, ReadDB, UserCaller, WriteDB
 from app.studies import repository, service
-from app.studies.schemas import ExternalRunIn, RunOut, RunPage, StudyOut, StudyPage, StudySpec
+from app.runs import repository as runs_repo
+from app.runs.schemas import ExternalRunIn, RunOut, RunPage
+from app.studies.schemas import StudyOut, StudyPage, StudySpec
+from worker.protocol import RunStatus, StudyStatus
 
 router = APIRouter(prefix="/api/v1/studies", tags=["studies"])
 
 Limit = Annotated[int, Query(ge=1, le=500)]
 Offset = Annotated[int, Query(ge=0)]
-StudyStatus = Annotated[str | None, Query(pattern="^(queued|running|completed|failed|cancelled|open)$")]
-RunStatusQ = Annotated[str | None, Query(pattern="^(queued|running|completed|failed|cancelled)$")]
+StudyStatusQ = Annotated[str | None, Query(pattern="^(" + "|".join(s.value for s in StudyStatus) + ")$")]
+RunStatusQ = Annotated[str | None, Query(pattern="^(" + "|".join(s.value for s in RunStatus) + ")$")]
 
 
 @router.post("", response_model=StudyOut, status_code=status.HTTP_201_CREATED)
@@ -26,7 +29,7 @@ def create_study(spec: StudySpec, db: WriteDB, caller: UserCaller, settings: App
 def list_studies(
     db: ReadDB,
     caller: UserCaller,
-    status: StudyStatus = None,
+    status: StudyStatusQ = None,
     suite: Annotated[str | None, Query(max_length=200)] = None,
     name: Annotated[str | None, Query(max_length=200, description="substring of the name")] = None,
     limit: Limit = 50,
@@ -46,7 +49,7 @@ def list_runs(
     study_id: int, db: ReadDB, caller: UserCaller, status: RunStatusQ = None, limit: Limit = 100, offset: Offset = 0
 ) -> RunPage:
     service.get_study(db, study_id)
-    rows, total = repository.list_runs(db, study_id, status=status, limit=limit, offset=offset)
+    rows, total = runs_repo.list_runs(db, study_id, status=status, limit=limit, offset=offset)
     items = [RunOut.model_validate(r, from_attributes=True) for r in rows]
     return RunPage(items=items, total=total, limit=limit, offset=offset)
 

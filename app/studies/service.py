@@ -10,23 +10,23 @@ from itertools import product
 from typing import Any, Literal, overload
 
 import numpy as np
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
 from app.auth.service import Caller, Role, ensure_may_change
 from app.config import Settings
+from app.db import WriteSession
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.wire import wire_float
 from app.models import Run, Study, utcnow
 from app.stats.cost import balanced_level_order
 from app.studies import adaptive, repository
-from app.studies.schemas import ExternalRunIn, StudyOut, StudySpec, StudySummary
-from worker.protocol import STEP_TIME_KEY, TERMINAL_RUN_STATUSES, RunStatus
-
-TERMINAL = {s.value for s in TERMINAL_RUN_STATUSES}
-TERMINAL_STUDY_STATUSES = {"completed", "failed", "cancelled"}
+from app.runs import repository as runs_repo
+from app.runs.schemas import ExternalRunIn
+from app.studies.schemas import StudyOut, StudySpec, StudySummary
+from worker.protocol import STEP_TIME_KEY, RunStatus, StudyStatus
 
 
 def ensure_suite_owner(session: Session, suite: str, caller: Caller) -> None:
@@ -46,7 +46,7 @@ def ensure_study_owner(study: Study, caller: Caller) -> None:
     ensure_may_change(caller, study.owner_token_id, f"study {study.id}")
 
 
-def create_study(session: Session, spec: StudySpec, settings: Settings, caller: Caller) -> Study:
+def create_study(session: WriteSession, spec: StudySpec, settings: Settings, caller: Caller) -> Study:
     if spec.kind == "managed" and spec.budget is not None and (
             spec.max_seeds * spec.runs_per_seed > settings.max_runs_per_study):
         raise Invalid(
@@ -74,7 +74,7 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
         owner_token_id=caller.token_id,
         name=spec.name,
         kind=spec.kind,
-        status="open" if spec.kind == "external" else "queued",
+        status=StudyStatus.open.value if spec.kind == "external" else StudyStatus.queued.value,
         spec=spec.model_dump(mode="json"),
         suite=spec.suite,
         code_sha256=code.sha256 if code else None,
@@ -89,7 +89,7 @@ def create_study(session: Session, spec: StudySpec, settings: Settings, caller: 
     return study
 
 
-def insert_runs(session: Session, study: Study, spec: StudySpec, seeds: list[int]) -> None:
+def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: list[int]) -> None:
     """Queue the runs of ``seeds``: each seed × repeat × group (stack or arm) × determinism level."""
     assert spec.workload is not None
     framework = spec.workload.framework.value
@@ -122,7 +122,7 @@ def insert_runs(session: Session, study: Study, spec: StudySpec, seeds: list[int
         for stack in spec.groups
         for level in levels
     ]
-    session.execute(Run.__table__.insert(), rows)
+    runs_repo.insert_runs(session, rows)
 
 
 def check_code(session: Session, spec: StudySpec) -> None:
@@ -159,13 +159,6 @@ def get_study(session: Session, study_id: int) -> Study:
     return repository.get_study(session, study_id)
 
 
-def get_run(session: Session, run_id: int) -> Run:
-    run = session.get(Run, run_id)
-    if run is None:
-        raise NotFound(f"run {run_id} not found")
-    return run
-
-
 @overload
 def to_out(session: Session, studies: list[Study], *, summary: Literal[False] = False) -> list[StudyOut]: ...
 @overload
@@ -198,7 +191,7 @@ def to_out(session: Session, studies: list[Study], *, summary: bool = False) -> 
     ]
 
 
-def refresh_status(session: Session, study_id: int, *, report_of: adaptive.ReportOf | None) -> Study:
+def refresh_status(session: WriteSession, study_id: int, *, report_of: adaptive.ReportOf | None) -> Study:
     """Derive a managed study's status from its runs; call after any run transition.
 
     ``report_of`` judges a settled stage of an adaptive study (``adaptive.judge_stage``); None only
@@ -217,38 +210,38 @@ def refresh_status(session: Session, study_id: int, *, report_of: adaptive.Repor
     p = repository.progress_by_study(session, [study_id])[study_id]
     before = study.status
     if p.total and p.queued == 0 and p.running == 0:
-        if study.status == "cancelled" or p.cancelled == p.total:
-            status = "cancelled"
+        if study.status == StudyStatus.cancelled or p.cancelled == p.total:
+            status = StudyStatus.cancelled
         elif p.failed == p.total:
-            status = "failed"
+            status = StudyStatus.failed
         elif adaptive.judge_stage(session, study, report_of):
-            status = "running"  # the next stage's seeds are queued
+            status = StudyStatus.running  # the next stage's seeds are queued
         else:
-            status = "completed"
-    elif study.status == "cancelled":
-        status = "cancelled"  # waiting for running runs to stop
+            status = StudyStatus.completed
+    elif study.status == StudyStatus.cancelled:
+        status = StudyStatus.cancelled  # waiting for running runs to stop
     elif p.running or p.completed or p.failed:
-        status = "running"
+        status = StudyStatus.running
     else:
-        status = "queued"
-    if status in {"completed", "failed"} and before not in TERMINAL_STUDY_STATUSES:
+        status = StudyStatus.queued
+    if status.value in StudyStatus.JUDGED and before not in StudyStatus.TERMINAL:
         status, study.status_reason = _judge_outcome(session, study, status)
     if status != before:
-        study.status = status
-        if status in TERMINAL_STUDY_STATUSES:
+        study.status = status.value
+        if status.value in StudyStatus.TERMINAL:
             study.finished_at = utcnow()
         session.flush()
-        if status in {"completed", "failed"} and before not in TERMINAL_STUDY_STATUSES:
+        if status.value in StudyStatus.JUDGED and before not in StudyStatus.TERMINAL:
             on_study_finished(session, study)
     return study
 
 
-def _judge_outcome(session: Session, study: Study, status: str) -> tuple[str, str | None]:
+def _judge_outcome(session: Session, study: Study, status: StudyStatus) -> tuple[StudyStatus, str | None]:
     """The final status and its reason: a study whose runs all failed names the first error; one
     whose completed runs logged none of its metrics fails; a metric no run logged is named with
     the keys that were logged instead."""
-    if status == "failed":
-        first = repository.first_failed_run(session, study.id)
+    if status == StudyStatus.failed:
+        first = runs_repo.first_failed_run(session, study.id)
         if first is None:
             return status, None
         line = (first.error or "no error text").strip().splitlines()[0] if (first.error or "").strip() else "no error text"
@@ -265,35 +258,26 @@ def _judge_outcome(session: Session, study: Study, status: str) -> tuple[str, st
                      else f"the spec names metric {m!r} but no run logged it")
     reason = "; ".join(parts) + f"; runs logged: {', '.join(logged) if logged else 'no metric at all'}"
     if len(missing) == len(wanted):
-        return "failed", "no run logged any of the study's metrics: " + reason
+        return StudyStatus.failed, "no run logged any of the study's metrics: " + reason
     return status, reason
 
 
-def on_study_finished(session: Session, study: Study) -> None:
+def on_study_finished(session: WriteSession, study: Study) -> None:
     """Run once when a study's last run ends: record that it awaits its alert evaluation (the alerts
     domain stores the spec's rules and judges it, ``app.alerts.jobs``)."""
     repository.request_evaluation(session, study.id)
 
 
-def cancel_study(session: Session, study_id: int, caller: Caller) -> Study:
+def cancel_study(session: WriteSession, study_id: int, caller: Caller) -> Study:
     study = get_study(session, study_id)
     ensure_study_owner(study, caller)
     if study.kind == "external":
         raise Conflict(f"study {study_id} is external: it has no runs to cancel")
-    if study.status in {"completed", "failed"}:
+    if study.status in StudyStatus.JUDGED:
         raise Conflict(f"study {study_id} is already {study.status}")
     now = utcnow()
-    session.execute(
-        update(Run)
-        .where(Run.study_id == study_id, Run.status == RunStatus.queued.value)
-        .values(status=RunStatus.cancelled.value, finished_at=now, error="study cancelled")
-    )
-    session.execute(
-        update(Run)
-        .where(Run.study_id == study_id, Run.status == RunStatus.running.value)
-        .values(cancel_requested=True)
-    )
-    study.status = "cancelled"
+    runs_repo.cancel_runs_of(session, study_id, now)
+    study.status = StudyStatus.cancelled.value
     session.flush()
     return refresh_status(session, study_id, report_of=None)  # a cancelled study stays cancelled
 
@@ -307,7 +291,7 @@ def stack_name_of(fingerprint: dict[str, Any]) -> str:
 
 
 def upload_external_run(
-    session: Session, study_id: int, body: ExternalRunIn, settings: Settings, caller: Caller
+    session: WriteSession, study_id: int, body: ExternalRunIn, settings: Settings, caller: Caller
 ) -> Run:
     study = get_study(session, study_id)
     ensure_study_owner(study, caller)
@@ -352,31 +336,4 @@ def upload_external_run(
         )
     metrics_repo.insert_chunks(session, run.id, 1, 0, series)
     study.updated_at = utcnow()
-    return run
-
-
-def exclude_run(session: Session, run_id: int, reason: str, caller: Caller) -> Run:
-    """Leave a run out of every judgement (reports, bands, alerts); it stays stored and listed.
-
-    Recorded with who, when and why. Excluding an excluded run updates the reason.
-    """
-    run = get_run(session, run_id)
-    study = get_study(session, run.study_id)
-    ensure_study_owner(study, caller)
-    run.excluded_at, run.excluded_by, run.excluded_reason = utcnow(), f"{caller.name} (token {caller.token_id})", reason
-    study.updated_at = utcnow()
-    session.flush()
-    return run
-
-
-def include_run(session: Session, run_id: int, caller: Caller) -> Run:
-    """Undo an exclusion: the run is judged again."""
-    run = get_run(session, run_id)
-    study = get_study(session, run.study_id)
-    ensure_study_owner(study, caller)
-    if run.excluded_at is None:
-        raise Conflict(f"run {run_id} is not excluded")
-    run.excluded_at = run.excluded_by = run.excluded_reason = None
-    study.updated_at = utcnow()
-    session.flush()
     return run

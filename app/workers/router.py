@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
 from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
-from app.runs import service as runs
+from app.runs import leasing
 from app.workers import service
 from worker.protocol import PENDING_HEADER, EngineJob, Lease, LeaseRequest, WorkerRegistered, WorkerRegistration
 
@@ -51,10 +51,10 @@ def register(body: WorkerRegistration, db: WriteDB, caller: WorkerCaller, settin
 )
 def lease(worker_id: int, body: LeaseRequest, db: WriteDB, caller: WorkerCaller, settings: AppSettings):
     worker = service.get_for(db, worker_id, caller)
-    leased = runs.lease_next(db, worker, settings, body.request_id, study_id=body.study_id,
-                             builtin_only=bool(body.builtin_only), run_credential=bool(body.run_credential))
+    leased = leasing.lease_next(db, worker, settings, body.request_id, study_id=body.study_id,
+                                builtin_only=bool(body.builtin_only), run_credential=bool(body.run_credential))
     if leased is None:
-        pending = runs.running_in_scope(db, body.study_id)
+        pending = leasing.running_in_scope(db, body.study_id)
         return Response(status_code=204, headers={PENDING_HEADER: str(pending)})
     if leased.run_token is None:  # a worker that did not ask: its Lease model has no such field
         return Response(leased.model_dump_json(exclude={"run_token"}), media_type="application/json")

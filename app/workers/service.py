@@ -6,11 +6,13 @@ from sqlalchemy.orm import Session
 from app.deps import Principal
 from app.errors import NotFound
 from app.auth.service import Role
-from app.models import Run, Worker, utcnow
-from worker.protocol import RunStatus, WorkerRegistration
+from app.db import WriteSession
+from app.models import Worker, utcnow
+from app.runs import repository as runs_repo
+from worker.protocol import WorkerRegistration
 
 
-def register(session: Session, body: WorkerRegistration, principal: Principal) -> Worker:
+def register(session: WriteSession, body: WorkerRegistration, principal: Principal) -> Worker:
     """Register a worker, or refresh the row of the same name registered with the same token."""
     worker = session.scalars(
         select(Worker).where(Worker.name == body.name, Worker.token_id == principal.token_id)
@@ -37,9 +39,5 @@ def get_for(session: Session, worker_id: int, principal: Principal) -> Worker:
 
 def list_workers(session: Session) -> list[tuple[Worker, list[int]]]:
     workers = list(session.scalars(select(Worker).order_by(Worker.id)))
-    running: dict[int | None, list[int]] = {}
-    for run_id, worker_id in session.execute(
-        select(Run.id, Run.worker_id).where(Run.status == RunStatus.running.value, Run.worker_id.is_not(None))
-    ):
-        running.setdefault(worker_id, []).append(run_id)
+    running = runs_repo.running_by_worker(session)
     return [(w, running.get(w.id, [])) for w in workers]

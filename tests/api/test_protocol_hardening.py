@@ -109,7 +109,7 @@ def test_leases_per_worker_are_capped(make_api):
 
 def test_server_fails_a_run_past_its_time_limit_despite_heartbeats(make_api):
     from app.models import utcnow
-    from app.runs.service import reap_expired
+    from app.runs.leasing import reap_expired
 
     api = make_api(time_limit_grace_seconds=5.0, lease_seconds=3600.0)
     _study(api, time_limit_s=10.0)

@@ -1,0 +1,96 @@
+"""Runs as the API shows them, and runs uploaded into external studies."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.wire import WireFloat, WireModel
+from worker.protocol import Determinism, FloatDtype, MetricKey
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunOut(WireModel):
+    id: int
+    study_id: int
+    seed: int
+    repeat: int
+    determinism: str
+    stack: str
+    framework: str
+    status: str
+    attempt: int
+    max_attempts: int
+    worker_id: int | None
+    engine: dict[str, Any] | None = None  # protocol.EngineJob of the batch job that ran / runs it
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+    progress_step: int | None
+    fingerprint: dict[str, Any]
+    digests: dict[str, Any]
+    determinism_applied: dict[str, Any]
+    timings: dict[str, Any]
+    final_metrics: dict[str, WireFloat]  # the last logged value of each metric
+    failure_kind: str | None
+    error: str | None
+    stderr_tail: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    excluded_at: datetime | None = Field(None, description="set when a person excluded the run: shown, not judged")
+    excluded_by: str | None = None
+    excluded_reason: str | None = None
+    metric_keys: list[str] | None = None
+
+
+class RunPage(WireModel):
+    items: list[RunOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class SeriesIn(_Spec):
+    steps: list[int]
+    values: list[WireFloat]  # NaN and ±Inf as "NaN", "Infinity", "-Infinity"; null is not a value
+    dtype: FloatDtype | None = None  # the type the values were logged in; ULPs are counted in it
+
+    @model_validator(mode="after")
+    def _same_length(self) -> SeriesIn:
+        if len(self.steps) != len(self.values):
+            raise ValueError(f"steps has {len(self.steps)} items but values has {len(self.values)}")
+        return self
+
+
+class ExternalRunIn(_Spec):
+    """A finished run produced elsewhere, uploaded into an external study."""
+
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)]
+    repeat: Annotated[int, Field(ge=0)] = 0
+    determinism: Determinism = Determinism.seeded
+    stack: dict[str, Any] = Field({}, description="the stack fingerprint; its 'name' (or a hash) names the group")
+    metrics: Annotated[dict[MetricKey, SeriesIn], Field(min_length=1, max_length=256)]
+    digests: dict[str, Any] = {}
+    step_times: list[WireFloat] | None = None
+    framework: Annotated[str, Field(max_length=32)] = "external"
+
+
+class SeriesOut(WireModel):
+    run_id: int
+    key: str
+    n: int
+    steps: list[int] | None = None
+    values: list[WireFloat] | None = None
+    steps_b64: str | None = None
+    values_b64: str | None = None
+
+
+class ExcludeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, Field(min_length=1, max_length=2000, description="why the run is left out (recorded)")]

@@ -1,0 +1,144 @@
+"""The parts of a study spec that say what its runs execute and where: the workload, its code,
+the stacks and the arms (``app.studies.schemas.StudySpec`` puts them together)."""
+
+from __future__ import annotations
+
+import json
+import string
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from worker.protocol import BUILTIN_WORKLOADS, COMMAND_PLACEHOLDERS, CaptureSpec, Framework, Label
+
+MAX_PARAMS_BYTES = 64 * 1024  # workload.params travel with every lease of the study's runs
+
+StackName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:+\-]+$")]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkloadSpec(_Spec):
+    framework: Framework
+    name: str | None = Field(None, description="a built-in workload: " + ", ".join(sorted(BUILTIN_WORKLOADS)))
+    entrypoint: Annotated[str, Field(min_length=1, max_length=500)] | None = Field(
+        None, description="user code: 'package.module:function' or 'path/to/script.py'"
+    )
+    command: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(min_length=1, max_length=200)] | None = Field(
+        None, description="user code as a command run in the code's directory, e.g. ['python', 'train.py', '--seed', "
+        "'{seed}']; placeholders: " + ", ".join("{" + p + "}" for p in COMMAND_PLACEHOLDERS),
+    )
+    params: dict[str, Any] = Field({}, description=f"passed to the workload; at most {MAX_PARAMS_BYTES} bytes as JSON")
+    capture: CaptureSpec | None = Field(
+        None, description="metrics captured without the SDK: TensorBoard scalars under the run's directory and "
+        "stdout/stderr lines matched by regexes with a named group 'step' (default for a command: both, with "
+        "the pattern 'step N ... loss X')",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, value: list[str] | None) -> list[str] | None:
+        for arg in value or []:
+            try:
+                fields = [f for _, f, _, _ in string.Formatter().parse(arg) if f is not None]
+            except ValueError as exc:
+                raise ValueError(f"command argument {arg!r}: {exc} (write {{{{ and }}}} for literal braces)") from None
+            unknown = [f for f in fields if f not in COMMAND_PLACEHOLDERS]
+            if unknown:
+                raise ValueError(f"command argument {arg!r} has unknown placeholder(s) {', '.join(map(repr, unknown))}; "
+                                 "known: " + ", ".join("{" + p + "}" for p in COMMAND_PLACEHOLDERS))
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        size = len(json.dumps(self.params, separators=(",", ":"), default=str))
+        if size > MAX_PARAMS_BYTES:
+            raise ValueError(f"params take {size} bytes as JSON; the limit is {MAX_PARAMS_BYTES}: "
+                             "ship large inputs as files with your code, not as parameters")
+        if sum(x is not None for x in (self.name, self.entrypoint, self.command)) != 1:
+            raise ValueError("give exactly one of 'name' (a built-in workload), 'entrypoint' or 'command' (your code)")
+        if self.name is not None:
+            framework = BUILTIN_WORKLOADS.get(self.name)
+            if framework is None:
+                raise ValueError(
+                    f"unknown built-in workload {self.name!r}; known: {', '.join(sorted(BUILTIN_WORKLOADS))}"
+                )
+            if framework != self.framework.value:
+                raise ValueError(f"workload {self.name!r} runs on {framework}, not {self.framework.value}")
+        if self.entrypoint is not None and ":" not in self.entrypoint and not self.entrypoint.endswith(".py"):
+            raise ValueError("entrypoint must be 'package.module:function' or a path ending in .py")
+        return self
+
+
+class CodeRef(_Spec):
+    """The study's code: an archive uploaded with PUT /api/v1/code/{sha256} (``steady submit`` does this)."""
+
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    git_commit: Annotated[str, Field(pattern=r"^[0-9a-f]{7,64}$")] | None = None
+    dirty: bool = False
+    workdir: Annotated[str, Field(max_length=500)] = Field(
+        ".", description="the run's working directory inside the archive (the spec's folder), relative"
+    )
+
+    @field_validator("workdir")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        import posixpath
+
+        norm = posixpath.normpath(value or ".")
+        if norm == ".." or norm.startswith(("../", "/", "\\")):
+            raise ValueError("workdir must stay inside the archive")
+        return norm
+
+
+class StackSpec(_Spec):
+    name: StackName
+    labels: Annotated[list[Label], Field(max_length=64)] = Field(
+        [], description="a worker runs this stack's runs only if it has all these labels"
+    )
+
+
+ConfigFileName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
+MAX_CONFIG_BYTES = 64 * 1024  # a config file travels with every lease of its arm's runs
+
+
+class ConfigFileSpec(_Spec):
+    """A named config file given to an arm's runs: the worker writes it into the run's directory and
+    sets STEADY_CONFIG_FILE to its path (the workload also gets the path as params['config_file'])."""
+
+    name: ConfigFileName
+    content: Annotated[str, Field(max_length=MAX_CONFIG_BYTES)]
+
+
+class ArmSpec(_Spec):
+    """One arm of a comparison: it may override the stack, workload parameters, a config file or the
+    code digest. Arms are compared by the stack-portability statistics, the first (or
+    ``reference_stack``) being the reference."""
+
+    name: StackName
+    stack: StackSpec | None = Field(None, description="where this arm runs (its labels select workers)")
+    params: dict[str, Any] = Field({}, description="overrides of workload.params (key by key)")
+    config: ConfigFileSpec | None = None
+    code: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        None, description="an opaque code digest or version label; only reported as a difference"
+    )
+
+    @field_validator("params")
+    @classmethod
+    def _params_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(value, separators=(",", ":"), default=str))
+        if size > MAX_PARAMS_BYTES:
+            raise ValueError(f"params take {size} bytes as JSON; the limit is {MAX_PARAMS_BYTES}")
+        return value
+
+    def effective(self, workload: WorkloadSpec | None) -> dict[str, Any]:
+        """What a run of this arm gets, as compared between arms."""
+        base = dict(workload.params) if workload is not None else {}
+        return {
+            "stack": self.stack.model_dump(mode="json") if self.stack is not None else None,
+            "params": {**base, **self.params},
+            "config": self.config.model_dump(mode="json") if self.config is not None else None,
+            "code": self.code,
+        }
