@@ -11,6 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from app.alerts.settings import AlertSettings
 from app.auth.cache import TokenCache
 from app.auth.service import GRANTS, Role, authenticate, hash_token, session_token
 from app.config import Settings
@@ -30,6 +31,10 @@ async def get_app_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+async def get_alert_settings(request: Request) -> AlertSettings:
+    return request.app.state.alert_settings
+
+
 def get_read_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[ReadSession]:
     with db.read() as session:
         yield session
@@ -47,6 +52,7 @@ ReadDB = Annotated[ReadSession, Depends(get_read_session)]
 # request to another API process did not see its own registration.
 WriteDB = Annotated[WriteSession, Depends(get_write_session, scope="function")]
 AppSettings = Annotated[Settings, Depends(get_app_settings)]
+AlertConfig = Annotated[AlertSettings, Depends(get_alert_settings)]  # built once, in create_app
 
 
 @dataclass(frozen=True)

@@ -144,11 +144,11 @@ def snapshot_of(session: Session, baseline: SuiteBaseline) -> BaselineSnapshot |
     return session.get(BaselineSnapshot, baseline.snapshot_id) if baseline.snapshot_id is not None else None
 
 
-def history(session: Session, suite: str) -> list[BaselineSnapshot]:
-    rows = repository.snapshots_of_suite(session, suite)
-    if not rows and session.get(SuiteBaseline, suite) is None:
+def history(session: Session, suite: str, *, limit: int, offset: int) -> tuple[list[BaselineSnapshot], int]:
+    rows, total = repository.snapshots_of_suite(session, suite, limit=limit, offset=offset)
+    if not total and session.get(SuiteBaseline, suite) is None:
         raise NotFound(f"suite {suite!r} has no baseline")
-    return rows
+    return rows, total
 
 
 def compare(session: Session, suite: str, study_id: int, *, alpha: float = 0.05) -> dict[str, Any]:

@@ -251,13 +251,6 @@ class AlertOut(BaseModel):
     acked_by: str | None
 
 
-class AlertPage(BaseModel):
-    items: list[AlertOut]
-    total: int
-    limit: int
-    offset: int
-
-
 class DeliveryOut(BaseModel):
     id: int
     webhook_id: int

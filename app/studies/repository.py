@@ -6,6 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.models import Run, Study, StudyStage
+from app.repository import paginate
 from app.studies.schemas import Progress
 
 
@@ -35,9 +36,7 @@ def list_studies(
         stmt = stmt.where(Study.suite == suite)
     if name:
         stmt = stmt.where(Study.name.contains(name, autoescape=True))
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    rows = session.scalars(stmt.order_by(Study.id.desc()).limit(limit).offset(offset))
-    return list(rows), total
+    return paginate(session, stmt, limit=limit, offset=offset, order_by=Study.id.desc())
 
 
 def list_runs(
@@ -46,9 +45,7 @@ def list_runs(
     stmt = select(Run).where(Run.study_id == study_id)
     if status:
         stmt = stmt.where(Run.status == status)
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    rows = session.scalars(stmt.order_by(Run.id).limit(limit).offset(offset))
-    return list(rows), total
+    return paginate(session, stmt, limit=limit, offset=offset, order_by=Run.id)
 
 
 def first_study_of_suite(session: Session, suite: str) -> Study | None:

@@ -421,13 +421,6 @@ class StudyOut(StudySummary):
     spec: dict[str, Any]
 
 
-class StudyPage(BaseModel):
-    items: list[StudySummary]
-    total: int
-    limit: int
-    offset: int
-
-
 class RunOut(BaseModel):
     id: int
     study_id: int
@@ -459,13 +452,6 @@ class RunOut(BaseModel):
     excluded_by: str | None = None
     excluded_reason: str | None = None
     metric_keys: list[str] | None = None
-
-
-class RunPage(BaseModel):
-    items: list[RunOut]
-    total: int
-    limit: int
-    offset: int
 
 
 class SeriesIn(_Spec):

@@ -19,6 +19,7 @@ from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_float
 from app.models import Run, Study, utcnow
+from app.repository import get_or_404
 from app.stats.cost import balanced_level_order
 from app.studies import adaptive, repository
 from app.studies.schemas import ExternalRunIn, StudyOut, StudySpec, StudySummary
@@ -155,10 +156,7 @@ def check_code(session: Session, spec: StudySpec) -> None:
 
 
 def get_study(session: Session, study_id: int) -> Study:
-    study = session.get(Study, study_id)
-    if study is None:
-        raise NotFound(f"study {study_id} not found")
-    return study
+    return get_or_404(session, Study, study_id)
 
 
 def get_run(session: Session, run_id: int) -> Run:

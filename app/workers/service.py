@@ -7,6 +7,7 @@ from app.deps import Principal
 from app.errors import NotFound
 from app.auth.service import Role
 from app.models import Run, Worker, utcnow
+from app.repository import paginate
 from worker.protocol import RunStatus, WorkerRegistration
 
 
@@ -36,10 +37,20 @@ def get_for(session: Session, worker_id: int, principal: Principal) -> Worker:
 
 
 def list_workers(session: Session) -> list[tuple[Worker, list[int]]]:
-    workers = list(session.scalars(select(Worker).order_by(Worker.id)))
+    return _with_running(session, list(session.scalars(select(Worker).order_by(Worker.id))))
+
+
+def workers_page(session: Session, *, limit: int, offset: int) -> tuple[list[tuple[Worker, list[int]]], int]:
+    workers, total = paginate(session, select(Worker), limit=limit, offset=offset, order_by=Worker.id)
+    return _with_running(session, workers), total
+
+
+def _with_running(session: Session, workers: list[Worker]) -> list[tuple[Worker, list[int]]]:
+    """Each worker with the ids of the runs it is running now."""
     running: dict[int, list[int]] = {}
-    for run_id, worker_id in session.execute(
-        select(Run.id, Run.worker_id).where(Run.status == RunStatus.running.value, Run.worker_id.is_not(None))
-    ):
-        running.setdefault(worker_id, []).append(run_id)
+    if workers:
+        stmt = select(Run.id, Run.worker_id).where(Run.status == RunStatus.running.value,
+                                                   Run.worker_id.in_([w.id for w in workers]))
+        for run_id, worker_id in session.execute(stmt.order_by(Run.id)):
+            running.setdefault(worker_id, []).append(run_id)
     return [(w, running.get(w.id, [])) for w in workers]
