@@ -46,3 +46,16 @@ def result(lease_id: str, **overrides: Any) -> dict[str, Any]:
     }
     body.update(overrides)
     return body
+
+
+def error_of(r) -> dict[str, Any]:  # noqa: ANN001
+    """The single error of an error answer, checked against the API's one error shape."""
+    body = r.json()
+    assert set(body) == {"detail"} and isinstance(body["detail"], list), body
+    (err,) = body["detail"]
+    assert isinstance(err["loc"], list) and err["msg"] and err["type"], err
+    return err
+
+
+def error_msg(r) -> str:  # noqa: ANN001
+    return error_of(r)["msg"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tests.api.helpers import batch, register, result, spec
+from tests.api.helpers import batch, error_msg, register, result, spec
 from worker.protocol import Series
 
 
@@ -103,7 +103,7 @@ def test_leases_per_worker_are_capped(make_api):
     assert _lease(api, wid).status_code == 200
     assert _lease(api, wid).status_code == 200
     third = _lease(api, wid)
-    assert third.status_code == 429 and "STEADY_MAX_LEASES_PER_WORKER" in third.json()["detail"]
+    assert third.status_code == 429 and "STEADY_MAX_LEASES_PER_WORKER" in error_msg(third)
     assert third.json()["code"] == "lease_cap" and third.headers["Retry-After"]
 
 
