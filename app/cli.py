@@ -366,9 +366,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from app.engines.cli import launch_lines
 
     if args.study is not None:
-        launches = api.get(f"/api/v1/studies/{args.study}/launches")
+        launches = api.get(f"/api/v1/studies/{args.study}/launches")["items"]
     else:
-        launches = api.get("/api/v1/launches", params={"limit": 200})
+        launches = api.get("/api/v1/launches", params={"limit": 200})["items"]
     rows = [[str(s["id"]).rjust(4), s["status"], _bar(s["progress"], 20), printable(s["name"])] for s in studies]
     print(table(["  ID", "STATUS", "PROGRESS", "NAME"], rows))
     for s in studies:
@@ -765,10 +765,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steady: {printable(exc.message)}", file=sys.stderr)
         return exc.code
     except ApiError as exc:
-        detail = exc.detail
-        if isinstance(detail, list):
-            detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
-        detail = printable(detail)
+        detail = printable(exc.detail)
         plain = exc.status in (0, 401)  # unreachable, or the token: the message already says what to do
         print(f"steady: {detail}" if plain else f"steady: the server answered {exc.status}: {detail}",
               file=sys.stderr)

@@ -24,7 +24,7 @@ def test_pending_deliveries_survive_sigkill(live_server_factory, receiver):
         (alert,) = api.post(f"/api/v1/studies/{sid}/evaluate").json()["firing"]
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            (delivery,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()
+            (delivery,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()["items"]
             if delivery["attempts"] >= 2:
                 break
             time.sleep(0.1)
@@ -37,7 +37,7 @@ def test_pending_deliveries_survive_sigkill(live_server_factory, receiver):
     (msg,) = receiver.wait_for(1, timeout=30)
     assert valid_signature(msg, hook["secret"]) and msg["json"]["alert"]["id"] == alert["id"]
     with server.client() as api:
-        (delivery,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()
+        (delivery,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()["items"]
         assert delivery["status"] == "delivered"
     time.sleep(0.5)
     assert len(receiver.received) == 1

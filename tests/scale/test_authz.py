@@ -124,7 +124,7 @@ def test_tokens_are_stored_hashed_and_compared_in_constant_time(api, monkeypatch
 
 @pytest.mark.parametrize("role", ["user", "worker"])
 def test_revoked_token_is_refused(api, role):
-    tokens = api.get("/api/v1/tokens", role="admin").json()
+    tokens = api.get("/api/v1/tokens", role="admin").json()["items"]
     tid = next(t["id"] for t in tokens if t["role"] == role)
     assert api.delete(f"/api/v1/tokens/{tid}", role="admin").status_code == 200
     path = "/api/v1/studies" if role == "user" else "/api/v1/workers/register"
