@@ -3,6 +3,8 @@ maps errors to it)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -61,6 +63,16 @@ class Invalid(SteadyError):
     def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
         super().__init__(message)
         self.loc = loc
+
+
+@contextmanager
+def judging(loc: tuple[str | int, ...]) -> Iterator[None]:
+    """Around a call into the stats core, which refuses data it cannot judge with ValueError:
+    that refusal becomes a 422 naming ``loc`` (the study, the metric) and the reason."""
+    try:
+        yield
+    except ValueError as exc:
+        raise Invalid(loc, f"the data cannot be judged: {exc}") from exc
 
 
 # --- the one error shape of the API ------------------------------------------------------------

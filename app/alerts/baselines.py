@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from app.alerts import repository
 from app.auth.service import Caller
-from app.errors import Invalid, NotFound
+from app.errors import Invalid, NotFound, judging
 from app.models import BaselineSnapshot, Study, SuiteBaseline
 from app.reports import service as reports
 from app.stats.report import MetricSpec, RunData, build_report
@@ -174,9 +174,10 @@ def compare(session: Session, suite: str, study_id: int, *, alpha: float = 0.05)
         cand = [_relabel(r, f"candidate:{r.stack}") for r in reports.run_data(session, cand_runs, [spec.name])]
         if not base or not cand:
             continue
-        cross = build_report([*base, *cand], [MetricSpec(name=spec.name, margin=margin)],
-                             reference_stack=BASELINE_STACK, alpha=alpha,
-                             rng=np.random.default_rng([0x57EAD, seed, study.id])).to_dict()
+        with judging(("query", "study_id")):
+            cross = build_report([*base, *cand], [MetricSpec(name=spec.name, margin=margin)],
+                                 reference_stack=BASELINE_STACK, alpha=alpha,
+                                 rng=np.random.default_rng([0x57EAD, seed, study.id])).to_dict()
         for v in cross["verdicts"]:
             if v["level"] != "stack_portability":
                 continue

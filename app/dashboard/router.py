@@ -29,8 +29,10 @@ from sqlalchemy import select
 from app.auth.service import GRANTS, Role, authenticate, create_session, revoke_session
 from app.dashboard import service
 from app.deps import SESSION_COOKIE, ReadDB, _bearer, _credentials, caller_token
+from app.errors import NotFound
 from app.launches import hints
 from app.models import Run, Study, Worker
+from app.repository import get_or_404
 from app.workers import service as workers_service
 
 HERE = Path(__file__).parent
@@ -391,9 +393,7 @@ def badges_feed(
 
 @router.get("/dashboard/data/studies/{study_id}/state")
 def study_state(study_id: int, db: ReadDB, viewer: DataViewer) -> JSONResponse:
-    study = db.get(Study, study_id)
-    if study is None:
-        return JSONResponse({"detail": f"study {study_id} not found"}, status_code=404)
+    study = get_or_404(db, Study, study_id)
     version = service.study_versions(db, [study])[study.id]
     progress = service.progress_of(db, study)
     return JSONResponse({"id": study.id, "status": study.status, "version": service.version_tag(version),
@@ -404,9 +404,7 @@ def study_state(study_id: int, db: ReadDB, viewer: DataViewer) -> JSONResponse:
 
 def _versioned_study(db: ReadDB, study_id: int) -> tuple[Study, Any]:
     """The study (404 if there is none) and its version, the key of its cached charts."""
-    study = db.get(Study, study_id)
-    if study is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} not found")
+    study = get_or_404(db, Study, study_id)
     return study, service.study_versions(db, [study])[study.id]
 
 
@@ -458,5 +456,5 @@ def run_chart(
     run = db.get(Run, run_id)
     text = service.run_chart(db, run, key, max_points) if run is not None else None
     if text is None:
-        return JSONResponse({"detail": f"run {run_id} has no metric {key!r}"}, status_code=404)
+        raise NotFound(f"run {run_id} has no metric {key!r}")
     return _json_text(request, text)
