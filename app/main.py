@@ -217,6 +217,7 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
         title="Steady",
         version=__version__,
         summary="Is my training stable? Repeated runs, stability statistics and verdicts.",
+        description=apidocs.CONVENTIONS,
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
