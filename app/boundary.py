@@ -10,6 +10,7 @@ columns (422). Anything else is a bug: 500, with its traceback logged.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -34,7 +35,7 @@ _MLFLOW_CODES = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "RESOURC
 
 
 def _error(request: Request, status_code: int, msg: str, *, type: str | None = None,
-           loc: tuple[str | int, ...] = (), headers: dict[str, str] | None = None) -> JSONResponse:
+           loc: tuple[str | int, ...] = (), headers: Mapping[str, str] | None = None) -> JSONResponse:
     if _is_mlflow(request.url.path):  # MLflow clients read error_code + message
         body: dict = {"error_code": _MLFLOW_CODES.get(status_code, "BAD_REQUEST"), "message": msg}
     else:

@@ -39,5 +39,5 @@ class Page(BaseModel, Generic[T]):
     offset: int
 
     @classmethod
-    def of(cls, items: list[T], total: int, params: PageParams) -> "Page[T]":
+    def of(cls, items: list[T], total: int, params: PageParams) -> Page[T]:
         return cls(items=items, total=total, limit=params.limit, offset=params.offset)

@@ -18,7 +18,7 @@ from tests.api.helpers import error_of, register, spec
 from tests.conftest import ApiClient, add_tokens, make_settings
 
 
-def _broken_query(session, **kwargs):  # noqa: ANN001, ANN003, ANN202
+def _broken_query(session, **kwargs):
     session.execute(text("SELECT no_such_column FROM studies"))  # a bug: ProgrammingError (SQLite: SQLITE_ERROR)
 
 
@@ -36,7 +36,7 @@ def test_a_bug_is_a_500_in_the_error_shape_with_its_traceback_logged(api, monkey
 
 
 def test_any_unexpected_exception_is_a_logged_500(api, monkeypatch, caplog):
-    def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def boom(*args, **kwargs):
         raise KeyError("oops")
 
     monkeypatch.setattr(studies_repo, "list_runs", boom)
@@ -70,7 +70,7 @@ def test_not_found_unauthorized_and_forbidden_take_the_one_shape(api):
 
 
 @pytest.fixture
-def sqlite_api(sqlite_template, tmp_path, monkeypatch):  # noqa: ANN001, ANN201
+def sqlite_api(sqlite_template, tmp_path, monkeypatch):
     monkeypatch.setattr(app_db, "SQLITE_BUSY_TIMEOUT_MS", 200)  # wait for a lock this long, not a minute
     path = tmp_path / "locked.db"
     shutil.copy(sqlite_template, path)
