@@ -57,3 +57,22 @@ def install(app: FastAPI) -> None:
             f'<div id="redoc" data-openapi-url="{escape(openapi_url)}"></div>\n'
             f'<script src="{STATIC}/redoc.standalone.js"></script>\n'
             f'<script src="{STATIC}/redoc-init.js"></script>'))
+
+
+# The description at the top of /docs and /redoc: the conventions every /api/v1 route follows.
+CONVENTIONS = """
+**Lists** answer one page: `{"items": [...], "total": n, "limit": l, "offset": o}`, with the query
+parameters `limit` (1–500, default 100) and `offset` (default 0). The next page starts at
+`offset + limit`; there is none once that reaches `total`.
+
+**Errors** answer one shape, whatever the status:
+`{"detail": [{"loc": ["body", "seeds", 0], "msg": "...", "type": "..."}]}`. `loc` names the input
+at fault (`[]` when none); `type` is machine-readable: pydantic's error types for a 422 of request
+validation (`missing`, `int_parsing`, ...), `value_error` for input a service refused, else
+`unauthorized` (401), `forbidden` (403), `not_found` (404), `conflict` (409), `too_large` (413),
+`too_many_requests` (429), `internal_error` (500), `unavailable` (503) or a specific code
+(`lease_lost`, `already_finished`, `not_lease_holder`, `lease_cap`). 429 and 503 carry
+`Retry-After`: a 503 means the database is busy or unavailable, so retrying is safe; a 500 is a
+bug, logged with its traceback on the server. The MLflow-compatible routes under `/mlflow` keep
+MLflow's shapes (`{"error_code", "message"}`).
+"""

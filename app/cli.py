@@ -247,10 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steady: {printable(exc.message)}", file=sys.stderr)
         return exc.code
     except ApiError as exc:
-        detail = exc.detail
-        if isinstance(detail, list):
-            detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
-        detail = printable(detail)
+        detail = printable(exc.detail)
         plain = exc.status in (0, 401)  # unreachable, or the token: the message already says what to do
         print(f"steady: {detail}" if plain else f"steady: the server answered {exc.status}: {detail}",
               file=sys.stderr)

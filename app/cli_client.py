@@ -14,9 +14,30 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, detail: Any) -> None:
+    """An error answer; ``detail`` is its message (the field it names first, when it names one)."""
+
+    def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"HTTP {status}: {detail}")
         self.status, self.detail = status, detail
+
+
+def describe_error(body: Any) -> str | None:
+    """The message of an error body in the API's shape ``{"detail": [{"loc", "msg", "type"}]}``
+    (or MLflow's ``{"message"}``); None when the body has neither."""
+    if not isinstance(body, dict):
+        return None
+    detail = body.get("detail")
+    if isinstance(detail, list):
+        return "; ".join(_located(e) for e in detail if isinstance(e, dict)) or None
+    if isinstance(detail, str):  # a server before the one error shape
+        return detail
+    message = body.get("message")
+    return message if isinstance(message, str) else None
+
+
+def _located(error: dict[str, Any]) -> str:
+    where = ".".join(str(p) for p in error.get("loc") or ())
+    return f"{where}: {error.get('msg', '')}" if where else str(error.get("msg", ""))
 
 
 def token_file(data_dir: str | os.PathLike | None = None) -> Path:
@@ -64,7 +85,7 @@ class Api:
             raise ApiError(0, f"cannot reach {self.server}: {exc}") from None
         if response.status_code >= 400:
             try:
-                detail = response.json().get("detail", response.text)
+                detail = describe_error(response.json()) or response.text
             except ValueError:
                 detail = response.text
             if response.status_code == 401:

@@ -139,9 +139,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from app.engines.cli import launch_lines
 
     if args.study is not None:
-        launches = api.get(f"/api/v1/studies/{args.study}/launches")
+        launches = api.get(f"/api/v1/studies/{args.study}/launches")["items"]
     else:
-        launches = api.get("/api/v1/launches", params={"limit": 200})
+        launches = api.get("/api/v1/launches", params={"limit": 200})["items"]
     rows = [[str(s["id"]).rjust(4), s["status"], progress_bar(s["progress"], 20), printable(s["name"])] for s in studies]
     print(table(["  ID", "STATUS", "PROGRESS", "NAME"], rows))
     for s in studies:

@@ -10,17 +10,16 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app import __version__, apidocs, migrate, wire
+from app import __version__, apidocs, boundary, migrate
 from app.alerts.dispatcher import Dispatcher
 from app.alerts.router import metrics_router
 from app.alerts.router import router as alerts_router
+from app.alerts.settings import AlertSettings
 from app.auth.cache import TokenCache
 from app.auth.router import router as tokens_router
 from app.background import BackgroundLoop
@@ -29,11 +28,9 @@ from app.config import Settings, get_settings
 from app.dashboard.feeds import GZipFeeds
 from app.dashboard.router import router as dashboard_router
 from app.db import Database
-from app.errors import Invalid, SteadyError, TooManyRequests
+from app.errors import ERROR_RESPONSES, error_body
 from app.launches.router import router as launches_router
-from app.mlflow.router import PREFIX as _MLFLOW_API
 from app.mlflow.router import router as mlflow_router
-from app.mlflow.service import MlflowError
 from app.reports.background import ReportCacher
 from app.reports.router import router as reports_router
 from app.runs import leasing
@@ -140,7 +137,7 @@ class _BodyTooLarge(Exception):
 
 
 async def _too_large(limit: int, send: Send) -> None:
-    body = f'{{"detail":"request body over the limit of {limit} bytes (STEADY_MAX_BODY_BYTES)"}}'.encode()
+    body = orjson.dumps(error_body(f"request body over the limit of {limit} bytes (STEADY_MAX_BODY_BYTES)", 413))
     await send(
         {
             "type": "http.response.start",
@@ -162,7 +159,6 @@ def reaper(database: Database, interval: float) -> BackgroundLoop:
 
 
 SUPERVISOR_PID_ENV = "STEADY_SUPERVISOR_PID"
-MLFLOW_PATH = _MLFLOW_API.split("/api/")[0] + "/"  # "/mlflow/": errors there take MLflow's shape
 _PR_SET_PDEATHSIG = 1
 
 
@@ -177,8 +173,11 @@ def _die_with_supervisor() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, alert_settings: AlertSettings | None = None) -> FastAPI:
+    """The application. Settings are read once, here (or passed in), and reach routes through
+    ``app.state`` (the ``AppSettings`` / ``AlertConfig`` dependencies)."""
     settings = settings or get_settings()
+    alert_settings = alert_settings or AlertSettings()
     _die_with_supervisor()
 
     @asynccontextmanager
@@ -191,7 +190,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             migrate.verify(database.engine)
         app.state.database = database
         background: list[BackgroundLoop | Dispatcher | ReportCacher] = [
-            reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
+            reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings, alert_settings),
             ReportCacher(database, settings.report_cache_interval_seconds)]
         for task in background:
             task.start()
@@ -206,85 +205,39 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="Steady",
         version=__version__,
         summary="Is my training stable? Repeated runs, stability statistics and verdicts.",
+        description=apidocs.CONVENTIONS,
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
     )
     apidocs.install(app)
     app.state.settings = settings
+    app.state.alert_settings = alert_settings
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
 
-    @app.exception_handler(MlflowError)
-    async def _mlflow_error(request: Request, exc: MlflowError) -> JSONResponse:
-        return JSONResponse({"error_code": exc.error_code, "message": exc.message}, status_code=exc.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        if request.url.path.startswith(MLFLOW_PATH):  # MLflow clients read error_code + message
-            first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            return JSONResponse({"error_code": "INVALID_PARAMETER_VALUE", "message": f"{where}: {first['msg']}",
-                                 "detail": wire.plain(jsonable_encoder(exc.errors()))}, status_code=422)
-        # the errors echo the input, which may hold a bare NaN token an old client sent: answered as "NaN"
-        return JSONResponse({"detail": wire.plain(jsonable_encoder(exc.errors()))}, status_code=422)
-
-    @app.exception_handler(SteadyError)
-    async def _steady_error(request: Request, exc: SteadyError) -> JSONResponse:
-        if request.url.path.startswith(MLFLOW_PATH):
-            code = {404: "RESOURCE_DOES_NOT_EXIST", 403: "PERMISSION_DENIED", 409: "INVALID_STATE",
-                    422: "INVALID_PARAMETER_VALUE", 413: "INVALID_PARAMETER_VALUE"}.get(exc.status_code, "BAD_REQUEST")
-            return JSONResponse({"error_code": code, "message": exc.message}, status_code=exc.status_code)
-        if isinstance(exc, Invalid):
-            detail = [{"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}]
-            return JSONResponse({"detail": detail}, status_code=422)
-        body: dict[str, object] = {"detail": exc.message}
-        if exc.code is not None:
-            body["code"] = exc.code
-        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, TooManyRequests) else None
-        return JSONResponse(body, status_code=exc.status_code, headers=headers)
-
-    @app.exception_handler(ValueError)
-    async def _value_error(request: Request, exc: ValueError) -> JSONResponse:
-        # The stats core validates its inputs with ValueError: data it cannot judge is a 422, not a 500.
-        return JSONResponse({"detail": str(exc)}, status_code=422)
-
-    @app.exception_handler(DataError)  # PostgreSQL: a value out of range for its column
-    @app.exception_handler(OverflowError)  # SQLite: an integer beyond 64 bits
-    async def _out_of_range(request: Request, exc: Exception) -> JSONResponse:
-        detail = [{"loc": [], "msg": "a number is out of range: ids, steps and seeds are 64-bit integers",
-                   "type": "value_error"}]
-        return JSONResponse({"detail": detail}, status_code=422)
-
-    @app.exception_handler(IntegrityError)  # a write that clashed with a concurrent one
-    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
-        return JSONResponse({"detail": "the request conflicts with existing data; re-read and retry"}, status_code=409)
-
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(DBAPIError)
-    async def _database_down(request: Request, exc: DBAPIError) -> JSONResponse:
-        if "malformed" in str(exc.orig if hasattr(exc, "orig") else exc):  # SQLite found a corrupt page
-            request.app.state.database.mark_corrupt(str(getattr(exc, "orig", exc)))
-        log.warning("database unavailable: %s", exc.orig if hasattr(exc, "orig") else exc)
-        return JSONResponse(
-            {"detail": "database unavailable, retry shortly"}, status_code=503, headers={"Retry-After": "2"}
-        )
+    boundary.install(app)
 
     @app.get("/healthz", tags=["health"])
     def healthz(request: Request) -> JSONResponse:
         corruption = request.app.state.database.corruption
         if corruption:
-            return JSONResponse({"status": "database corrupt", "detail": corruption}, status_code=503)
+            return JSONResponse({"status": "database corrupt", **error_body(corruption, 503, type="database_corrupt")},
+                                status_code=503)
         try:
             request.app.state.database.ping()
-        except Exception:  # noqa: BLE001 - any failure to reach the database is "unavailable"
-            return JSONResponse({"status": "database unavailable"}, status_code=503)
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the database is "unavailable"
+            log.warning("health check: database unavailable: %s", exc)
+            return JSONResponse({"status": "database unavailable", **error_body("database unavailable", 503)},
+                                status_code=503)
         return JSONResponse({"status": "ok", "version": __version__})
 
     for router in (studies_router, runs_router, workers_router, tokens_router, reports_router, alerts_router,
-                   metrics_router, launches_router, code_router, mlflow_router):
+                   launches_router, code_router):
+        app.include_router(router, responses=ERROR_RESPONSES)
+    for router in (metrics_router, mlflow_router, dashboard_router):  # text, MLflow's shapes, pages
         app.include_router(router)
-    app.include_router(dashboard_router)
     app.add_middleware(GZipFeeds)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, code_limit=settings.max_code_bytes)
+    app.add_middleware(boundary.InternalErrors)
     app.add_middleware(SecurityHeaders)
     return app

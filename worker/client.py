@@ -78,12 +78,22 @@ class PayloadTooLargeError(NonRetryableError):
     """413: the metric batch is larger than the server accepts."""
 
 
-def _code(response: httpx.Response) -> str | None:
+def _errors(response: httpx.Response) -> list[dict]:
+    """The answer's errors: ``{"detail": [{"loc", "msg", "type"}, ...]}``, the API's one error shape."""
     try:
         body = response.json()
     except ValueError:
-        return None
-    return body.get("code") if isinstance(body, dict) else None
+        return []
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, str):  # a server before the one error shape
+        return [{"msg": detail, "type": body.get("code")}]
+    return [e for e in detail if isinstance(e, dict)] if isinstance(detail, list) else []
+
+
+def _code(response: httpx.Response) -> str | None:
+    """The machine-readable type of the answer's first error (``lease_lost``, ``already_finished``, ...)."""
+    errors = _errors(response)
+    return errors[0].get("type") if errors else None
 
 
 def new_request_id() -> str:
@@ -97,12 +107,15 @@ def _with_request_id(body: M) -> M:
 
 
 def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-        detail = body.get("detail", body) if isinstance(body, dict) else body
-        return str(detail)[:500]
-    except ValueError:
+    errors = _errors(response)
+    if not errors:
         return response.text[:500]
+    return "; ".join(_located(e) for e in errors)[:500]
+
+
+def _located(error: dict) -> str:
+    where = ".".join(str(p) for p in error.get("loc") or ())
+    return f"{where}: {error.get('msg', '')}" if where else str(error.get("msg", ""))
 
 
 class SteadyClient:

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from app.alerts import repository
 from app.alerts.schemas import BaselineIn, BaselineOut
 from app.auth.service import Caller, ensure_may_change
-from app.errors import Invalid, NotFound
+from app.errors import Invalid, NotFound, judging
 from app.models import BaselineSnapshot, Study, SuiteBaseline, utcnow
 from worker.protocol import RunStatus
 from app.reports import service as reports
@@ -150,11 +150,11 @@ def snapshot_of(session: Session, baseline: SuiteBaseline) -> BaselineSnapshot |
     return session.get(BaselineSnapshot, baseline.snapshot_id) if baseline.snapshot_id is not None else None
 
 
-def history(session: Session, suite: str) -> list[BaselineSnapshot]:
-    rows = repository.snapshots_of_suite(session, suite)
-    if not rows and session.get(SuiteBaseline, suite) is None:
+def history(session: Session, suite: str, *, limit: int, offset: int) -> tuple[list[BaselineSnapshot], int]:
+    rows, total = repository.snapshots_of_suite(session, suite, limit=limit, offset=offset)
+    if not total and session.get(SuiteBaseline, suite) is None:
         raise NotFound(f"suite {suite!r} has no baseline")
-    return rows
+    return rows, total
 
 
 def compare(session: Session, suite: str, study_id: int, *, alpha: float = 0.05) -> dict[str, Any]:
@@ -180,9 +180,10 @@ def compare(session: Session, suite: str, study_id: int, *, alpha: float = 0.05)
         cand = [_relabel(r, f"candidate:{r.stack}") for r in reports.run_data(session, cand_runs, [spec.name])]
         if not base or not cand:
             continue
-        cross = build_report([*base, *cand], [MetricSpec(name=spec.name, margin=margin)],
-                             reference_stack=BASELINE_STACK, alpha=alpha,
-                             rng=np.random.default_rng([0x57EAD, seed, study.id]))
+        with judging(("query", "study_id")):
+            cross = build_report([*base, *cand], [MetricSpec(name=spec.name, margin=margin)],
+                                 reference_stack=BASELINE_STACK, alpha=alpha,
+                                 rng=np.random.default_rng([0x57EAD, seed, study.id]))
         for v in verdicts_of(typed_verdicts(cross), "stack_portability"):
             v.group = PairGroup(determinism=v.group.determinism, reference="baseline", reference_stack=baseline.stack,
                                 candidate_stack=v.group.candidate_stack.split(":", 1)[1])

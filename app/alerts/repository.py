@@ -19,6 +19,7 @@ from app.models import (
     Webhook,
     Worker,
 )
+from app.repository import paginate
 from app.runs import repository as runs_repo
 from worker.protocol import StudyStatus
 
@@ -40,7 +41,9 @@ def find_rule(session: Session, *, study_id: int | None, suite: str | None, name
     return session.scalars(stmt).first()
 
 
-def list_rules(session: Session, *, study_id: int | None, suite: str | None, kind: str | None) -> list[AlertRule]:
+def list_rules(
+    session: Session, *, study_id: int | None, suite: str | None, kind: str | None, limit: int, offset: int
+) -> tuple[list[AlertRule], int]:
     stmt = select(AlertRule)
     if study_id is not None:
         stmt = stmt.where(AlertRule.study_id == study_id)
@@ -48,7 +51,7 @@ def list_rules(session: Session, *, study_id: int | None, suite: str | None, kin
         stmt = stmt.where(AlertRule.suite == suite)
     if kind is not None:
         stmt = stmt.where(AlertRule.kind == kind)
-    return list(session.scalars(stmt.order_by(AlertRule.id)))
+    return paginate(session, stmt, limit=limit, offset=offset, order_by=AlertRule.id)
 
 
 # --- baselines and suite history -------------------------------------------------------------
@@ -78,10 +81,10 @@ def next_snapshot_version(session: Session, suite: str) -> int:
     return (last or 0) + 1
 
 
-def snapshots_of_suite(session: Session, suite: str) -> list[BaselineSnapshot]:
-    """Every version of the suite's baseline, newest first ."""
-    stmt = select(BaselineSnapshot).where(BaselineSnapshot.suite == suite).order_by(BaselineSnapshot.version.desc())
-    return list(session.scalars(stmt))
+def snapshots_of_suite(session: Session, suite: str, *, limit: int, offset: int) -> tuple[list[BaselineSnapshot], int]:
+    """Versions of the suite's baseline, newest first."""
+    stmt = select(BaselineSnapshot).where(BaselineSnapshot.suite == suite)
+    return paginate(session, stmt, limit=limit, offset=offset, order_by=BaselineSnapshot.version.desc())
 
 
 # --- alerts ----------------------------------------------------------------------------------
@@ -114,14 +117,12 @@ def list_alerts(
         stmt = stmt.where(Alert.rule_id == rule_id)
     if kind is not None:
         stmt = stmt.where(Alert.kind == kind)
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    rows = session.scalars(stmt.order_by(Alert.id.desc()).limit(limit).offset(offset))
-    return list(rows), total
+    return paginate(session, stmt, limit=limit, offset=offset, order_by=Alert.id.desc())
 
 
-def deliveries_of(session: Session, alert_id: int) -> list[AlertDelivery]:
-    return list(session.scalars(select(AlertDelivery).where(AlertDelivery.alert_id == alert_id)
-                                .order_by(AlertDelivery.id)))
+def deliveries_of(session: Session, alert_id: int, *, limit: int, offset: int) -> tuple[list[AlertDelivery], int]:
+    stmt = select(AlertDelivery).where(AlertDelivery.alert_id == alert_id)
+    return paginate(session, stmt, limit=limit, offset=offset, order_by=AlertDelivery.id)
 
 
 # --- webhooks and the outbox -----------------------------------------------------------------
@@ -129,6 +130,10 @@ def deliveries_of(session: Session, alert_id: int) -> list[AlertDelivery]:
 
 def webhooks(session: Session) -> list[Webhook]:
     return list(session.scalars(select(Webhook).order_by(Webhook.id)))
+
+
+def webhooks_page(session: Session, *, limit: int, offset: int) -> tuple[list[Webhook], int]:
+    return paginate(session, select(Webhook), limit=limit, offset=offset, order_by=Webhook.id)
 
 
 def due_deliveries(session: Session, now: datetime, limit: int) -> list[tuple[int, int]]:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.alerts import baselines, jobs, outbox, prometheus, repository, rules, webhooks
 from app.alerts import state as alert_state
+from app.alerts.settings import AlertSettings
 from app.alerts.schemas import (
     AlertOut,
-    AlertPage,
     AlertRuleOut,
     BaselineComparisonOut,
     BaselineIn,
@@ -32,20 +32,27 @@ from app.alerts.schemas import (
     WebhookIn,
     WebhookOut,
 )
-from app.alerts.settings import AlertSettings
 from app.auth.service import GRANTS, Role
 from app.db import Database
 from app.deps import AdminCaller, AppSettings, ReadDB, UserCaller, WriteDB, get_database, get_principal
-from app.errors import NotFound
+from app.errors import Forbidden
 from app.models import Alert, AlertRule
+from app.pagination import Page, PageQuery
+from app.repository import get_or_404
 from app.studies import service as studies
 from app.studies.alert_specs import AlertRuleSpec
+
+
+
+async def get_alert_settings(request: Request) -> AlertSettings:
+    return request.app.state.alert_settings
+
+
+AlertConfig = Annotated[AlertSettings, Depends(get_alert_settings)]  # built once, in create_app
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 metrics_router = APIRouter(tags=["health"])
 
-Limit = Annotated[int, Query(ge=1, le=500)]
-Offset = Annotated[int, Query(ge=0)]
 SuiteName = Annotated[str, Query(min_length=1, max_length=200)]
 
 # --- rules -----------------------------------------------------------------------------------
@@ -56,23 +63,23 @@ def create_rule(body: AlertRuleSpec, db: WriteDB, caller: UserCaller) -> AlertRu
     return rules.rule_out(rules.create_rule(db, body, caller))
 
 
-@router.get("/alert-rules", response_model=list[AlertRuleOut])
+@router.get("/alert-rules", response_model=Page[AlertRuleOut])
 def list_rules(
     db: ReadDB,
     caller: UserCaller,
+    page: PageQuery,
     study_id: int | None = None,
     suite: Annotated[str | None, Query(max_length=200)] = None,
     kind: Annotated[str | None, Query(max_length=32)] = None,
-) -> list[AlertRuleOut]:
-    return [rules.rule_out(r) for r in repository.list_rules(db, study_id=study_id, suite=suite, kind=kind)]
+) -> Page[AlertRuleOut]:
+    rows, total = repository.list_rules(db, study_id=study_id, suite=suite, kind=kind, limit=page.limit,
+                                        offset=page.offset)
+    return Page.of([rules.rule_out(r) for r in rows], total, page)
 
 
 @router.get("/alert-rules/{rule_id}", response_model=AlertRuleOut)
 def get_rule(rule_id: int, db: ReadDB, caller: UserCaller) -> AlertRuleOut:
-    rule = db.get(AlertRule, rule_id)
-    if rule is None:
-        raise NotFound(f"alert rule {rule_id} not found")
-    return rules.rule_out(rule)
+    return rules.rule_out(get_or_404(db, AlertRule, rule_id, "alert rule"))
 
 
 @router.delete("/alert-rules/{rule_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -96,10 +103,11 @@ def get_baseline(suite: str, db: ReadDB, caller: UserCaller) -> BaselineOut:
     return baselines.baseline_out(db, baselines.get_baseline(db, suite))
 
 
-@router.get("/suites/{suite}/baseline/history", response_model=list[BaselineVersionOut])
-def baseline_history(suite: str, db: ReadDB, caller: UserCaller) -> list[BaselineVersionOut]:
-    """Every version the suite's baseline has had, newest first."""
-    return [BaselineVersionOut.model_validate(s, from_attributes=True) for s in baselines.history(db, suite)]
+@router.get("/suites/{suite}/baseline/history", response_model=Page[BaselineVersionOut])
+def baseline_history(suite: str, db: ReadDB, caller: UserCaller, page: PageQuery) -> Page[BaselineVersionOut]:
+    """The versions the suite's baseline has had, newest first."""
+    rows, total = baselines.history(db, suite, limit=page.limit, offset=page.offset)
+    return Page.of([BaselineVersionOut.model_validate(s, from_attributes=True) for s in rows], total, page)
 
 
 @router.get("/suites/{suite}/baseline/compare", response_model=BaselineComparisonOut)
@@ -137,28 +145,24 @@ def evaluate_study(study_id: int, db: WriteDB, caller: UserCaller, settings: App
 # --- alerts ----------------------------------------------------------------------------------
 
 
-@router.get("/alerts", response_model=AlertPage)
+@router.get("/alerts", response_model=Page[AlertOut])
 def list_alerts(
     db: ReadDB,
     caller: UserCaller,
+    page: PageQuery,
     state: Annotated[str | None, Query(pattern="^(firing|resolved)$")] = None,
     study_id: int | None = None,
     suite: Annotated[str | None, Query(max_length=200)] = None,
     rule_id: int | None = None,
     kind: Annotated[str | None, Query(max_length=32)] = None,
-    limit: Limit = 50,
-    offset: Offset = 0,
-) -> AlertPage:
+) -> Page[AlertOut]:
     rows, total = repository.list_alerts(db, state=state, study_id=study_id, suite=suite, rule_id=rule_id,
-                                         kind=kind, limit=limit, offset=offset)
-    return AlertPage(items=[outbox.alert_out(a) for a in rows], total=total, limit=limit, offset=offset)
+                                         kind=kind, limit=page.limit, offset=page.offset)
+    return Page.of([outbox.alert_out(a) for a in rows], total, page)
 
 
 def _alert(db, alert_id: int) -> Alert:
-    alert = db.get(Alert, alert_id)
-    if alert is None:
-        raise NotFound(f"alert {alert_id} not found")
-    return alert
+    return get_or_404(db, Alert, alert_id)
 
 
 @router.get("/alerts/{alert_id}", response_model=AlertOut)
@@ -172,10 +176,11 @@ def ack_alert(alert_id: int, db: WriteDB, caller: UserCaller) -> AlertOut:
     return outbox.alert_out(alert_state.ack_alert(db, _alert(db, alert_id), caller))
 
 
-@router.get("/alerts/{alert_id}/deliveries", response_model=list[DeliveryOut])
-def alert_deliveries(alert_id: int, db: ReadDB, caller: UserCaller) -> list[DeliveryOut]:
+@router.get("/alerts/{alert_id}/deliveries", response_model=Page[DeliveryOut])
+def alert_deliveries(alert_id: int, db: ReadDB, caller: UserCaller, page: PageQuery) -> Page[DeliveryOut]:
     _alert(db, alert_id)
-    return [DeliveryOut.model_validate(d, from_attributes=True) for d in repository.deliveries_of(db, alert_id)]
+    rows, total = repository.deliveries_of(db, alert_id, limit=page.limit, offset=page.offset)
+    return Page.of([DeliveryOut.model_validate(d, from_attributes=True) for d in rows], total, page)
 
 
 # --- webhooks (admin) ------------------------------------------------------------------------
@@ -187,9 +192,10 @@ def create_webhook(body: WebhookIn, db: WriteDB, caller: AdminCaller, settings: 
     return WebhookCreated(**WebhookOut.model_validate(hook, from_attributes=True).model_dump(), secret=secret)
 
 
-@router.get("/webhooks", response_model=list[WebhookOut])
-def list_webhooks(db: ReadDB, caller: AdminCaller) -> list[WebhookOut]:
-    return [WebhookOut.model_validate(h, from_attributes=True) for h in repository.webhooks(db)]
+@router.get("/webhooks", response_model=Page[WebhookOut])
+def list_webhooks(db: ReadDB, caller: AdminCaller, page: PageQuery) -> Page[WebhookOut]:
+    rows, total = repository.webhooks_page(db, limit=page.limit, offset=page.offset)
+    return Page.of([WebhookOut.model_validate(h, from_attributes=True) for h in rows], total, page)
 
 
 @router.delete("/webhooks/{webhook_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -213,12 +219,12 @@ def _metrics_access(
         return
     principal = get_principal(request, database, creds)
     if principal.role not in GRANTS[Role.user]:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "/metrics needs a user or admin token")
+        raise Forbidden("/metrics needs a user or admin token")
 
 
 @metrics_router.get("/metrics", response_class=Response, dependencies=[Depends(_metrics_access)],
                     responses={200: {"content": {"text/plain": {}}}})
-def metrics(db: ReadDB, settings: AppSettings) -> Response:
+def metrics(db: ReadDB, settings: AppSettings, alert_settings: AlertConfig) -> Response:
     """Prometheus text exposition (format 0.0.4)."""
-    body = prometheus.render(db, settings, AlertSettings())
+    body = prometheus.render(db, settings, alert_settings)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -110,13 +110,6 @@ class AlertOut(WireModel):
     acked_by: str | None
 
 
-class AlertPage(WireModel):
-    items: list[AlertOut]
-    total: int
-    limit: int
-    offset: int
-
-
 class DeliveryOut(WireModel):
     id: int
     webhook_id: int

@@ -10,6 +10,7 @@ from app.auth import service
 from app.auth.service import Role
 from app.deps import AdminCaller, ReadDB, WriteDB, forget_tokens
 from app.errors import NotFound
+from app.pagination import Page, PageQuery
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 
@@ -38,9 +39,10 @@ def create_token(body: TokenIn, db: WriteDB, caller: AdminCaller) -> TokenCreate
     return TokenCreated(**TokenOut.model_validate(row, from_attributes=True).model_dump(), token=secret)
 
 
-@router.get("", response_model=list[TokenOut])
-def list_tokens(db: ReadDB, caller: AdminCaller) -> list[TokenOut]:
-    return [TokenOut.model_validate(r, from_attributes=True) for r in service.list_tokens(db)]
+@router.get("", response_model=Page[TokenOut])
+def list_tokens(db: ReadDB, caller: AdminCaller, page: PageQuery) -> Page[TokenOut]:
+    rows, total = service.tokens_page(db, limit=page.limit, offset=page.offset)
+    return Page.of([TokenOut.model_validate(r, from_attributes=True) for r in rows], total, page)
 
 
 @router.delete("/{token_id}", response_model=TokenOut)

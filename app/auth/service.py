@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Forbidden
 from app.models import ApiToken, DashboardSession, utcnow
+from app.repository import paginate
 
 TOKEN_PREFIX = "stdy_"
 
@@ -82,6 +83,10 @@ def authenticate(session: Session, secret: str) -> ApiToken | None:
 
 def list_tokens(session: Session) -> list[ApiToken]:
     return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
+
+
+def tokens_page(session: Session, *, limit: int, offset: int) -> tuple[list[ApiToken], int]:
+    return paginate(session, select(ApiToken), limit=limit, offset=offset, order_by=ApiToken.id)
 
 
 def revoke_token(session: Session, token_id: int) -> ApiToken | None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from app.errors import judging
 from app.models import Run
 from app.stats.align import align_series
 from app.stats.downsample import bucket_extremes, extreme_indices
@@ -91,7 +92,8 @@ def group_chart(
     if completed:
         data = [RunData(run_id=r.id, seed=r.seed, repeat=r.repeat, determinism=r.determinism, stack="g",
                         series={metric: series[r.id]}) for r in completed]
-        groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence)
+        with judging(("query", "metric")):
+            groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence)
         band = groups[0] if groups else None
     lines = pick_lines(with_data, max_lines)
     aligned = align_series({r.id: series[r.id] for r in lines}) if lines else None

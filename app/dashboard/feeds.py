@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -18,7 +18,9 @@ from app.dashboard import service
 from app.dashboard.access import DataViewer
 from app.dashboard.views import db_key
 from app.deps import ReadDB
+from app.errors import NotFound
 from app.models import Study
+from app.repository import get_or_404
 from app.runs import repository as runs_repo
 from worker.protocol import StudyStatus
 
@@ -63,9 +65,7 @@ def badges_feed(
 
 @router.get("/dashboard/data/studies/{study_id}/state")
 def study_state(study_id: int, db: ReadDB, viewer: DataViewer) -> JSONResponse:
-    study = db.get(Study, study_id)
-    if study is None:
-        return JSONResponse({"detail": f"study {study_id} not found"}, status_code=404)
+    study = get_or_404(db, Study, study_id)
     version = service.study_versions(db, [study])[study.id]
     progress = service.progress_of(db, study)
     return JSONResponse({"id": study.id, "status": study.status, "version": service.version_tag(version),
@@ -76,9 +76,7 @@ def study_state(study_id: int, db: ReadDB, viewer: DataViewer) -> JSONResponse:
 
 def _versioned_study(db: ReadDB, study_id: int) -> tuple[Study, Any]:
     """The study (404 if there is none) and its version, the key of its cached charts."""
-    study = db.get(Study, study_id)
-    if study is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} not found")
+    study = get_or_404(db, Study, study_id)
     return study, service.study_versions(db, [study])[study.id]
 
 
@@ -130,5 +128,5 @@ def run_chart(
     run = runs_repo.find_run(db, run_id)
     text = service.run_chart(db, run, key, max_points) if run is not None else None
     if text is None:
-        return JSONResponse({"detail": f"run {run_id} has no metric {key!r}"}, status_code=404)
+        raise NotFound(f"run {run_id} has no metric {key!r}")
     return _json_text(text)

@@ -6,6 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.models import Launch
+from app.repository import paginate
 
 
 def add(session: Session, launch: Launch) -> Launch:
@@ -14,8 +15,11 @@ def add(session: Session, launch: Launch) -> Launch:
     return launch
 
 
-def list_launches(session: Session, *, study_ids: Sequence[int] | None, limit: int) -> list[Launch]:
-    stmt = select(Launch).order_by(Launch.id.desc()).limit(limit)
+def list_launches(
+    session: Session, *, study_ids: Sequence[int] | None, limit: int, offset: int = 0
+) -> tuple[list[Launch], int]:
+    """Launches of the given studies (of all with None), newest first."""
+    stmt = select(Launch)
     if study_ids is not None:
         stmt = stmt.where(Launch.study_id.in_(list(study_ids)))
-    return list(session.scalars(stmt))
+    return paginate(session, stmt, limit=limit, offset=offset, order_by=Launch.id.desc())

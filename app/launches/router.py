@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, status
 
 from app.deps import ReadDB, UserCaller, WriteDB
 from app.launches import service
 from app.launches.schemas import LaunchIn, LaunchOut
+from app.models import Launch
+from app.pagination import Page, PageParams, PageQuery
 from app.studies import service as studies
 
 router = APIRouter(prefix="/api/v1", tags=["launches"])
@@ -19,14 +19,17 @@ def record_launch(study_id: int, body: LaunchIn, db: WriteDB, caller: UserCaller
     return LaunchOut.model_validate(service.record(db, study_id, body), from_attributes=True)
 
 
-@router.get("/studies/{study_id}/launches", response_model=list[LaunchOut])
-def study_launches(study_id: int, db: ReadDB, caller: UserCaller) -> list[LaunchOut]:
+@router.get("/studies/{study_id}/launches", response_model=Page[LaunchOut])
+def study_launches(study_id: int, db: ReadDB, caller: UserCaller, page: PageQuery) -> Page[LaunchOut]:
     studies.get_study(db, study_id)
-    return [LaunchOut.model_validate(x, from_attributes=True) for x in service.for_studies(db, [study_id])]
+    return _page(*service.for_studies(db, [study_id], limit=page.limit, offset=page.offset), page)
 
 
-@router.get("/launches", response_model=list[LaunchOut])
-def recent_launches(
-    db: ReadDB, caller: UserCaller, limit: Annotated[int, Query(ge=1, le=500)] = 100
-) -> list[LaunchOut]:
-    return [LaunchOut.model_validate(x, from_attributes=True) for x in service.for_studies(db, None, limit=limit)]
+@router.get("/launches", response_model=Page[LaunchOut])
+def recent_launches(db: ReadDB, caller: UserCaller, page: PageQuery) -> Page[LaunchOut]:
+    """Launches of every study, newest first."""
+    return _page(*service.for_studies(db, None, limit=page.limit, offset=page.offset), page)
+
+
+def _page(rows: list[Launch], total: int, page: PageParams) -> Page[LaunchOut]:
+    return Page.of([LaunchOut.model_validate(x, from_attributes=True) for x in rows], total, page)

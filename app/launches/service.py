@@ -22,5 +22,7 @@ def record(session: Session, study_id: int, body: LaunchIn) -> Launch:
                                           tasks=body.tasks, detail=body.detail))
 
 
-def for_studies(session: Session, study_ids: Sequence[int] | None, *, limit: int = 100) -> list[Launch]:
-    return repository.list_launches(session, study_ids=study_ids, limit=limit)
+def for_studies(
+    session: Session, study_ids: Sequence[int] | None, *, limit: int = 100, offset: int = 0
+) -> tuple[list[Launch], int]:
+    return repository.list_launches(session, study_ids=study_ids, limit=limit, offset=offset)

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.errors import Invalid, NotFound
+from app.errors import Invalid, NotFound, judging
 from app.metrics import repository as metrics_repo
 from app.models import Run, Study, utcnow
 from app.reports import repository
@@ -111,7 +111,8 @@ def study_report(session: Session, study_id: int) -> Report:
         except ValidationError as exc:
             log.info("cached report of study %d is in an older shape (%d error(s)): computing it again",
                      study_id, exc.error_count())
-    return compute_report(session, study_id)
+    with judging(("path", "study_id")):
+        return compute_report(session, study_id)
 
 
 def refresh_cached_reports(session: Session, *, limit: int = 5) -> list[int]:
@@ -317,7 +318,9 @@ def study_bands(
         data = run_data(session, runs, [metric])
         if runs and not any(metric in d.series for d in data):
             raise NotFound(f"no completed run of study {study_id} has metric {metric!r}")
-        groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence, max_points=max_points)
+        with judging(("query", "metric")):
+            groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence,
+                                   max_points=max_points)
     return {"study_id": study_id, "metric": metric, "coverage": coverage, "confidence": confidence,
             "groups": [g.to_dict(spelling=NONFINITE_SPELLING) for g in groups]}
 
@@ -350,12 +353,13 @@ def compare_studies(
         if not finite:
             raise Invalid(("query", "relative_margin"), f"the baseline has no finite final {metric!r} to scale by")
         margin = abs(float(np.mean(finite))) * relative_margin
-    report = build_report(
-        [*base_runs, *cand_runs],
-        [MetricSpec(name=metric, margin=margin)],
-        reference_stack="baseline",
-        rng=_rng(baseline, candidate, zlib.crc32(metric.encode())),
-    )
+    with judging(("query", "metric")):
+        report = build_report(
+            [*base_runs, *cand_runs],
+            [MetricSpec(name=metric, margin=margin)],
+            reference_stack="baseline",
+            rng=_rng(baseline, candidate, zlib.crc32(metric.encode())),
+        )
     verdicts = verdicts_of(typed_verdicts(report), "stack_portability")
     return Compare.model_validate({
         "baseline": {"id": base_study.id, "name": base_study.name, "n_runs": len(base_runs)},

@@ -48,13 +48,6 @@ class RunOut(WireModel):
     metric_keys: list[str] | None = None
 
 
-class RunPage(WireModel):
-    items: list[RunOut]
-    total: int
-    limit: int
-    offset: int
-
-
 class SeriesIn(_Spec):
     steps: list[int]
     values: list[WireFloat]  # NaN and ±Inf as "NaN", "Infinity", "-Infinity"; null is not a value

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db import WriteSession
 from app.errors import NotFound
 from app.models import Study, StudyEvaluation, StudyStage, utcnow
 from app.runs import repository as runs_repo
+from app.repository import paginate
 from app.studies.schemas import Progress
 
 
@@ -49,9 +50,7 @@ def list_studies(
         stmt = stmt.where(Study.suite == suite)
     if name:
         stmt = stmt.where(Study.name.contains(name, autoescape=True))
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    rows = session.scalars(stmt.order_by(Study.id.desc()).limit(limit).offset(offset))
-    return list(rows), total
+    return paginate(session, stmt, limit=limit, offset=offset, order_by=Study.id.desc())
 
 
 def first_study_of_suite(session: Session, suite: str) -> Study | None:

@@ -5,16 +5,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from app.deps import AppSettings, ReadDB, UserCaller, WriteDB
+from app.pagination import Page, PageQuery
 from app.studies import repository, service
 from app.runs import repository as runs_repo
-from app.runs.schemas import ExternalRunIn, RunOut, RunPage
-from app.studies.schemas import StudyOut, StudyPage, StudySpec
+from app.runs.schemas import ExternalRunIn, RunOut
+from app.studies.schemas import StudyOut, StudySpec, StudySummary
 from worker.protocol import RunStatus, StudyStatus
 
 router = APIRouter(prefix="/api/v1/studies", tags=["studies"])
 
-Limit = Annotated[int, Query(ge=1, le=500)]
-Offset = Annotated[int, Query(ge=0)]
 StudyStatusQ = Annotated[str | None, Query(pattern="^(" + "|".join(s.value for s in StudyStatus) + ")$")]
 RunStatusQ = Annotated[str | None, Query(pattern="^(" + "|".join(s.value for s in RunStatus) + ")$")]
 
@@ -25,18 +24,18 @@ def create_study(spec: StudySpec, db: WriteDB, caller: UserCaller, settings: App
     return service.to_out(db, [study])[0]
 
 
-@router.get("", response_model=StudyPage)
+@router.get("", response_model=Page[StudySummary])
 def list_studies(
     db: ReadDB,
     caller: UserCaller,
+    page: PageQuery,
     status: StudyStatusQ = None,
     suite: Annotated[str | None, Query(max_length=200)] = None,
     name: Annotated[str | None, Query(max_length=200, description="substring of the name")] = None,
-    limit: Limit = 50,
-    offset: Offset = 0,
-) -> StudyPage:
-    rows, total = repository.list_studies(db, status=status, suite=suite, name=name, limit=limit, offset=offset)
-    return StudyPage(items=service.to_out(db, rows, summary=True), total=total, limit=limit, offset=offset)
+) -> Page[StudySummary]:
+    rows, total = repository.list_studies(db, status=status, suite=suite, name=name, limit=page.limit,
+                                          offset=page.offset)
+    return Page.of(service.to_out(db, rows, summary=True), total, page)
 
 
 @router.get("/{study_id}", response_model=StudyOut)
@@ -44,14 +43,11 @@ def get_study(study_id: int, db: ReadDB, caller: UserCaller) -> StudyOut:
     return service.to_out(db, [service.get_study(db, study_id)])[0]
 
 
-@router.get("/{study_id}/runs", response_model=RunPage)
-def list_runs(
-    study_id: int, db: ReadDB, caller: UserCaller, status: RunStatusQ = None, limit: Limit = 100, offset: Offset = 0
-) -> RunPage:
+@router.get("/{study_id}/runs", response_model=Page[RunOut])
+def list_runs(study_id: int, db: ReadDB, caller: UserCaller, page: PageQuery, status: RunStatusQ = None) -> Page[RunOut]:
     service.get_study(db, study_id)
-    rows, total = runs_repo.list_runs(db, study_id, status=status, limit=limit, offset=offset)
-    items = [RunOut.model_validate(r, from_attributes=True) for r in rows]
-    return RunPage(items=items, total=total, limit=limit, offset=offset)
+    rows, total = runs_repo.list_runs(db, study_id, status=status, limit=page.limit, offset=page.offset)
+    return Page.of([RunOut.model_validate(r, from_attributes=True) for r in rows], total, page)
 
 
 @router.post("/{study_id}/cancel", response_model=StudyOut)

@@ -281,8 +281,3 @@ class StudyOut(StudySummary):
     spec: dict[str, Any]
 
 
-class StudyPage(WireModel):
-    items: list[StudySummary]
-    total: int
-    limit: int
-    offset: int

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
 from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
+from app.pagination import Page, PageQuery
 from app.runs import leasing
 from app.workers import service
 from worker.protocol import PENDING_HEADER, EngineJob, Lease, LeaseRequest, WorkerRegistered, WorkerRegistration
@@ -61,9 +62,10 @@ def lease(worker_id: int, body: LeaseRequest, db: WriteDB, caller: WorkerCaller,
     return leased
 
 
-@router.get("", response_model=list[WorkerOut])
-def list_workers(db: ReadDB, caller: UserCaller) -> list[WorkerOut]:
-    return [
+@router.get("", response_model=Page[WorkerOut])
+def list_workers(db: ReadDB, caller: UserCaller, page: PageQuery) -> Page[WorkerOut]:
+    rows, total = service.workers_page(db, limit=page.limit, offset=page.offset)
+    items = [
         WorkerOut(
             id=w.id,
             name=w.name,
@@ -74,5 +76,6 @@ def list_workers(db: ReadDB, caller: UserCaller) -> list[WorkerOut]:
             last_seen_at=w.last_seen_at,
             running_runs=running,
         )
-        for w, running in service.list_workers(db)
+        for w, running in rows
     ]
+    return Page.of(items, total, page)

@@ -8,6 +8,7 @@ from app.errors import NotFound
 from app.auth.service import Role
 from app.db import WriteSession
 from app.models import Worker, utcnow
+from app.repository import paginate
 from app.runs import repository as runs_repo
 from worker.protocol import WorkerRegistration
 
@@ -38,6 +39,15 @@ def get_for(session: Session, worker_id: int, principal: Principal) -> Worker:
 
 
 def list_workers(session: Session) -> list[tuple[Worker, list[int]]]:
-    workers = list(session.scalars(select(Worker).order_by(Worker.id)))
-    running = runs_repo.running_by_worker(session)
+    return _with_running(session, list(session.scalars(select(Worker).order_by(Worker.id))))
+
+
+def workers_page(session: Session, *, limit: int, offset: int) -> tuple[list[tuple[Worker, list[int]]], int]:
+    workers, total = paginate(session, select(Worker), limit=limit, offset=offset, order_by=Worker.id)
+    return _with_running(session, workers), total
+
+
+def _with_running(session: Session, workers: list[Worker]) -> list[tuple[Worker, list[int]]]:
+    """Each worker with the ids of the runs it is running now."""
+    running = runs_repo.running_by_worker(session) if workers else {}
     return [(w, running.get(w.id, [])) for w in workers]

@@ -81,7 +81,7 @@ def test_receiver_failing_three_times_gets_the_alert_when_it_recovers(alert_api,
     (msg,) = receiver.wait_for(1)
     assert receiver.attempts == 4 and valid_signature(msg, hook["secret"])
     # the dispatcher records the delivery after the receiver answered: wait for that write
-    (delivery,) = wait_until(lambda: [d for d in api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()
+    (delivery,) = wait_until(lambda: [d for d in api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()["items"]
                                       if d["status"] != "pending"], 30, what="the delivery to be recorded")
     assert delivery["status"] == "delivered" and delivery["attempts"] == 4 and delivery["last_status_code"] == 200
 
@@ -102,7 +102,7 @@ def test_managed_study_is_evaluated_when_its_last_run_ends(alert_api, receiver):
     (msg,) = receiver.wait_for(1)
     assert msg["json"]["alert"]["kind"] == "diverged" and msg["json"]["alert"]["study_id"] == sid
     assert "first at step 1" in msg["json"]["text"]
-    rules = api.get("/api/v1/alert-rules", params={"study_id": sid}).json()
+    rules = api.get("/api/v1/alert-rules", params={"study_id": sid}).json()["items"]
     assert [(r["kind"], r["source"]) for r in rules] == [("diverged", "spec")]
 
 

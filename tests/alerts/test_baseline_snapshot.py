@@ -77,7 +77,7 @@ def test_comparisons_read_the_snapshot_and_moving_it_records_a_version(alert_api
     r = api.client.put("/api/v1/suites/s/baseline", headers=api.h(), json={"study_id": base, "reason": "rebased"})
     second = r.json()
     assert second["version"] == 2 and second["n_runs"] == 7 and second["digest"] != first["digest"]
-    history = api.get("/api/v1/suites/s/baseline/history").json()
+    history = api.get("/api/v1/suites/s/baseline/history").json()["items"]
     assert [(h["version"], h["digest"], h["reason"]) for h in history] == [
         (2, second["digest"], "rebased"), (1, first["digest"], "first")]
     assert all(h["created_by"] for h in history)

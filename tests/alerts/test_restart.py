@@ -32,7 +32,7 @@ def test_pending_deliveries_survive_sigkill(live_server_factory, receiver):
         (alert,) = api.post(f"/api/v1/studies/{sid}/evaluate").json()["firing"]
 
         def retried() -> dict | None:
-            (d,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()
+            (d,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()["items"]
             return d if d["attempts"] >= 2 else None
 
         delivery = wait_until(retried, 20, interval=0.1, what="two failed delivery attempts")
@@ -46,7 +46,7 @@ def test_pending_deliveries_survive_sigkill(live_server_factory, receiver):
     (msg,) = receiver.wait_for(1, timeout=30)
     assert valid_signature(msg, hook["secret"]) and msg["json"]["alert"]["id"] == alert["id"]
     with server.client() as api:
-        (delivery,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()
+        (delivery,) = api.get(f"/api/v1/alerts/{alert['id']}/deliveries").json()["items"]
         assert delivery["status"] == "delivered"
     # Delivered is final: no dispatcher claims the delivery again, and the one that delivered it
     # had its answer before it recorded it, so a second POST cannot still be on its way.

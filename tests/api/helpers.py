@@ -57,3 +57,16 @@ def strict(r) -> Any:
     """A successful response's body parsed as strict JSON: a bare NaN or Infinity token fails the test."""
     assert r.status_code < 300, r.text
     return json.loads(r.text, parse_constant=bare_constant)
+
+
+def error_of(r) -> dict[str, Any]:
+    """The single error of an error answer, checked against the API's one error shape."""
+    body = r.json()
+    assert set(body) == {"detail"} and isinstance(body["detail"], list), body
+    (err,) = body["detail"]
+    assert isinstance(err["loc"], list) and err["msg"] and err["type"], err
+    return err
+
+
+def error_msg(r) -> str:
+    return error_of(r)["msg"]

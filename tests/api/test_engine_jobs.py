@@ -51,7 +51,7 @@ def test_each_run_records_the_engine_job_of_its_worker(api):
     lease = _lease(api, worker, study).json()
     run = api.get(f"/api/v1/runs/{lease['run_id']}").json()
     assert run["engine"] == SLURM_TASK
-    listed = {w["name"]: w for w in api.get("/api/v1/workers").json()}
+    listed = {w["name"]: w for w in api.get("/api/v1/workers").json()["items"]}
     assert listed["steady-4242_1"]["engine"] == SLURM_TASK
     page = api.get(f"/runs/{lease['run_id']}")
     assert page.status_code == 200
@@ -60,7 +60,7 @@ def test_each_run_records_the_engine_job_of_its_worker(api):
 
     # A worker without an engine job leaves the field empty; a bad engine job is refused.
     plain = _register(api, "plain")
-    assert api.get("/api/v1/workers").json()[-1]["engine"] is None
+    assert api.get("/api/v1/workers").json()["items"][-1]["engine"] is None
     r = api.post("/api/v1/workers/register", role="worker",
                  json={"name": "bad", "engine": {"engine": "Slurm Cluster!", "job_id": "1"}})
     assert r.status_code == 422
@@ -73,8 +73,8 @@ def test_launches_are_recorded_and_listed(api):
     r = api.post(f"/api/v1/studies/{study}/launches", json=body)
     assert r.status_code == 201, r.text
     assert r.json()["job_id"] == "4242" and r.json()["study_id"] == study
-    assert [x["job_id"] for x in api.get(f"/api/v1/studies/{study}/launches").json()] == ["4242"]
-    assert [x["engine"] for x in api.get("/api/v1/launches").json()] == ["slurm"]
+    assert [x["job_id"] for x in api.get(f"/api/v1/studies/{study}/launches").json()["items"]] == ["4242"]
+    assert [x["engine"] for x in api.get("/api/v1/launches").json()["items"]] == ["slurm"]
     assert api.post("/api/v1/studies/999999/launches", json=body).status_code == 404
     assert api.post(f"/api/v1/studies/{study}/launches", role="worker", json=body).status_code == 403
     assert api.post(f"/api/v1/studies/{study}/launches", json={**body, "tasks": 0}).status_code == 422

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from tests.api.helpers import batch, lease, register, result, spec
+from tests.api.helpers import batch, error_msg, lease, register, result, spec
 
 
 def _one_run_study(api, **kw):
@@ -32,7 +32,7 @@ def test_full_run_lifecycle(api):
     assert run["digests"]["initial_weights"] == "a" * 64 and run["metric_keys"] == ["loss"]
     # completing twice is answered clearly and changes nothing
     again = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid, final_metrics={"loss": 9.0}))
-    assert again.status_code == 409 and "already completed" in again.json()["detail"]
+    assert again.status_code == 409 and "already completed" in error_msg(again)
     assert api.get(f"/api/v1/runs/{run_id}").json()["final_metrics"] == {"loss": 0.5}
 
 
@@ -83,13 +83,13 @@ def test_oversize_batch_is_413(make_api):
     leased = lease(api, register(api))
     r = api.post(f"/api/v1/runs/{leased['run_id']}/metrics", role="worker",
                  json=batch(leased["lease_id"], 0, "loss", list(range(101)), [0.0] * 101))
-    assert r.status_code == 413 and "limit of 100 points" in r.json()["detail"]
+    assert r.status_code == 413 and "limit of 100 points" in error_msg(r)
 
 
 def test_oversize_body_is_413(make_api):
     api = make_api(max_body_bytes=4096)
     r = api.post("/api/v1/studies", json=spec(description="x" * 5000))
-    assert r.status_code == 413 and "STEADY_MAX_BODY_BYTES" in r.json()["detail"]
+    assert r.status_code == 413 and "STEADY_MAX_BODY_BYTES" in error_msg(r)
 
 
 def test_bad_batches(api):
@@ -134,7 +134,7 @@ def test_expired_lease_requeued_and_late_worker_refused(make_api, clock):
         ("complete", result(first["lease_id"])),
     ):
         r = api.post(f"/api/v1/runs/{run_id}/{path}", role="worker", json=body)
-        assert r.status_code == 409 and "lease" in r.json()["detail"], (path, r.text)
+        assert r.status_code == 409 and "lease" in error_msg(r), (path, r.text)
     lid = second["lease_id"]
     api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(lid, 0, "loss", [0, 1, 2], [1.0, 0.5, 0.25]))
     assert api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid)).status_code == 200

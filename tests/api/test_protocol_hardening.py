@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tests.api.helpers import batch, register, result, spec
+from tests.api.helpers import batch, error_msg, error_of, register, result, spec
 from worker.protocol import Series
 
 
@@ -39,7 +39,7 @@ def test_repeated_lease_request_gets_the_same_run(api):
     assert again.json()["lease_id"] == first.json()["lease_id"] and again.json()["attempt"] == 1
     other = _lease(api, wid, "req-lease-0002")  # a new call leases a new run
     assert other.status_code == 200 and other.json()["run_id"] != first.json()["run_id"]
-    running = [r for r in api.get("/api/v1/workers").json() if r["id"] == wid][0]["running_runs"]
+    running = [r for r in api.get("/api/v1/workers").json()["items"] if r["id"] == wid][0]["running_runs"]
     assert sorted(running) == sorted([first.json()["run_id"], other.json()["run_id"]])
 
 
@@ -53,11 +53,11 @@ def test_repeated_complete_gets_the_original_ack_and_codes_tell_lost_from_finish
     assert first.status_code == again.status_code == 200
     assert again.json() == {"run_id": run_id, "status": "completed", "duplicate": True}
     other = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid, request_id="req-done-0002"))
-    assert other.status_code == 409 and other.json()["code"] == "already_finished"
+    assert other.status_code == 409 and error_of(other)["type"] == "already_finished"
     fail = api.post(f"/api/v1/runs/{run_id}/fail", role="worker", json={"lease_id": lid, "error": "x"})
-    assert fail.status_code == 409 and fail.json()["code"] == "already_finished"
+    assert fail.status_code == 409 and error_of(fail)["type"] == "already_finished"
     lost = api.post(f"/api/v1/runs/{run_id}/heartbeat", role="worker", json={"lease_id": "f" * 32})
-    assert lost.status_code == 409 and lost.json()["code"] == "lease_lost"
+    assert lost.status_code == 409 and error_of(lost)["type"] == "lease_lost"
 
 
 def test_repeated_release_and_fail_get_the_original_ack(api):
@@ -90,7 +90,7 @@ def test_run_writes_are_bound_to_the_leasing_worker(api):
         api.post(f"/api/v1/runs/{run_id}/release", role=intruder, json={"lease_id": lid}),
     ]
     for r in attempts:
-        assert r.status_code == 403 and r.json()["code"] == "not_lease_holder", r.text
+        assert r.status_code == 403 and error_of(r)["type"] == "not_lease_holder", r.text
     run = api.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == "running" and run["metric_keys"] == []
     assert api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid)).status_code == 200
@@ -103,8 +103,8 @@ def test_leases_per_worker_are_capped(make_api):
     assert _lease(api, wid).status_code == 200
     assert _lease(api, wid).status_code == 200
     third = _lease(api, wid)
-    assert third.status_code == 429 and "STEADY_MAX_LEASES_PER_WORKER" in third.json()["detail"]
-    assert third.json()["code"] == "lease_cap" and third.headers["Retry-After"]
+    assert third.status_code == 429 and "STEADY_MAX_LEASES_PER_WORKER" in error_msg(third)
+    assert error_of(third)["type"] == "lease_cap" and third.headers["Retry-After"]
 
 
 def test_server_fails_a_run_past_its_time_limit_despite_heartbeats(make_api):
@@ -125,7 +125,7 @@ def test_server_fails_a_run_past_its_time_limit_despite_heartbeats(make_api):
     run = api.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == "failed" and run["failure_kind"] == "timeout", run
     late = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid))
-    assert late.status_code == 409 and late.json()["code"] == "already_finished"
+    assert late.status_code == 409 and error_of(late)["type"] == "already_finished"
 
 
 def test_keys_per_run_are_capped(make_api):

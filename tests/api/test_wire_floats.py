@@ -78,7 +78,7 @@ def test_report_bands_and_compare_spell_non_finite_values(api, external):
     assert rep["verdict"] == "out_of_tolerance" and rep["max_abs_delta"] == "Infinity"
     assert rep["first_divergent_step"] == 1
     assert {(d["run_id"], d["step"]) for d in report["diverged"]} == {(ids[0], 1), (ids[1], 5), (ids[2], 5)}
-    assert report["options"]["nonfinite_encoding"] == "NaN, +/-Inf -> 'NaN', 'Infinity', '-Infinity'; null: absent"
+    assert report["options"]["nonfinite_encoding"] == 'NaN, +Inf, -Inf -> "NaN", "Infinity", "-Infinity"; null: absent'
 
     bands = strict(api.get(f"/api/v1/studies/{sid}/bands", params={"metric": "loss"}))
     assert bands["groups"] and set(bands["groups"][0]["excluded_run_ids"]) >= {ids[2]}

@@ -83,7 +83,7 @@ class FakeWorker:
 
     def _checked(self, r: httpx.Response) -> dict:
         if r.status_code == 409:
-            raise LeaseLost(r.json()["detail"])
+            raise LeaseLost(r.json()["detail"][0]["msg"])
         r.raise_for_status()
         return r.json()
 

@@ -10,7 +10,7 @@ from fastapi.routing import APIRoute
 
 from app.auth.service import GRANTS, Role
 from app.main import create_app
-from tests.api.helpers import batch, lease, register, spec
+from tests.api.helpers import batch, error_msg, lease, register, spec
 
 # Routes anyone may call; any other route without a role check fails test_every_route_declares_a_role.
 # /docs and /redoc serve the API reference (vendored Swagger UI / ReDoc), public like /openapi.json
@@ -125,7 +125,7 @@ def test_tokens_are_stored_hashed_and_compared_in_constant_time(api, monkeypatch
 
 @pytest.mark.parametrize("role", ["user", "worker"])
 def test_revoked_token_is_refused(api, role):
-    tokens = api.get("/api/v1/tokens", role="admin").json()
+    tokens = api.get("/api/v1/tokens", role="admin").json()["items"]
     tid = next(t["id"] for t in tokens if t["role"] == role)
     assert api.delete(f"/api/v1/tokens/{tid}", role="admin").status_code == 200
     path = "/api/v1/studies" if role == "user" else "/api/v1/workers/register"
@@ -205,12 +205,12 @@ def test_a_user_cannot_change_another_users_objects(api):
     assert api.client.post(f"{MLFLOW}/runs/search", json={}, headers=other).status_code == 501
     # a global rule watches everyone's studies: admins only
     r = api.client.post("/api/v1/alert-rules", json={**BAND_RULE, "name": "global"}, headers=other)
-    assert r.status_code == 403 and "admin" in r.json()["detail"]
+    assert r.status_code == 403 and "admin" in error_msg(r)
     for (method, path), (url, body) in targets.items():
         r = api.client.request(method, url, json=body, headers=other)
         assert r.status_code == 403, (method, path, r.status_code, r.text[:300])
         body = r.json()
-        assert "another user" in body.get("detail", body.get("message", "")), (method, path, r.text)
+        assert "another user" in (body["message"] if "message" in body else error_msg(r)), (method, path, r.text)
     # reading stays open to every user
     sid = int(targets[("POST", "/api/v1/studies/{study_id}/cancel")][0].split("/")[4])
     for url in (f"/api/v1/studies/{sid}", "/api/v1/studies", "/api/v1/alert-rules", "/api/v1/alerts",

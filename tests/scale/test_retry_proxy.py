@@ -137,7 +137,7 @@ def test_retries_through_dropped_answers_lease_once_and_never_report_a_false_lea
     assert dropped >= DROPS_WANTED, f"only {dropped} answers dropped in the time allowed"
     assert by_endpoint.get("lease", 0) > 100 and by_endpoint.get("complete", 0) > 100
     with server.client("admin") as c:
-        workers = c.get("/api/v1/workers").json()
+        workers = c.get("/api/v1/workers").json()["items"]
         study = c.get(f"/api/v1/studies/{study_id}").json()
     assert [w["running_runs"] for w in workers] == [[]]  # no orphaned lease
     items = all_runs(server, study_id)

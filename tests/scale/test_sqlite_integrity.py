@@ -7,6 +7,7 @@ import os
 import httpx
 
 from tests.scale.conftest import create_study
+from tests.api.helpers import error_msg
 
 
 def test_corrupt_sqlite_file_is_detected_and_writes_refused(cluster, tmp_path):
@@ -29,4 +30,4 @@ def test_corrupt_sqlite_file_is_detected_and_writes_refused(cluster, tmp_path):
     assert health.status_code == 503 and health.json()["status"] == "database corrupt"
     with server.client("user") as c:
         r = c.post("/api/v1/studies", json={"name": "after", "kind": "external", "metrics": [{"name": "loss"}]})
-    assert r.status_code == 503 and "integrity check" in r.json()["detail"]
+    assert r.status_code == 503 and "integrity check" in error_msg(r)

@@ -43,10 +43,13 @@ def test_lease_retries_share_a_request_id():
     assert len(seen) == 3 and len(set(seen)) == 1
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["error-shape", "server-before-error-shape"])
 @pytest.mark.parametrize(("code", "error"), [("lease_lost", LeaseLostError), ("already_finished", AlreadyFinishedError)])
-def test_conflict_codes_map_to_their_errors(code, error):
+def test_conflict_codes_map_to_their_errors(code, error, legacy):
+    body = {"detail": "no", "code": code} if legacy else {"detail": [{"loc": [], "msg": "no", "type": code}]}
+
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(409, json={"detail": "no", "code": code})
+        return httpx.Response(409, json=body)
 
     with _client(handler) as client, pytest.raises(error) as raised:
         client.complete(1, RunResult(lease_id="l"))

@@ -234,7 +234,8 @@ def test_client_maps_409_and_4xx_without_retrying():
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(request)
-        return httpx.Response(409 if "heartbeat" in request.url.path else 422, json={"detail": "no"})
+        status = 409 if "heartbeat" in request.url.path else 422
+        return httpx.Response(status, json={"detail": [{"loc": ["body", "x"], "msg": "no", "type": "value_error"}]})
 
     client = SteadyClient("http://x", "tok", transport=httpx.MockTransport(handler))
     with pytest.raises(LeaseLostError):
@@ -242,6 +243,7 @@ def test_client_maps_409_and_4xx_without_retrying():
     with pytest.raises(NonRetryableError) as info:
         client.lease(1)
     assert info.value.status_code == 422 and len(calls) == 2
+    assert str(info.value).endswith("HTTP 422: body.x: no")  # the field and the reason reach the agent's log
 
 
 def test_client_lease_204_means_nothing_queued():
