@@ -35,6 +35,7 @@ from app.mlflow.router import PREFIX as _MLFLOW_API
 from app.mlflow.router import router as mlflow_router
 from app.mlflow.service import MlflowError
 from app.runs import service as runs_service
+from app.runs.committer import GroupCommitter
 from app.reports.background import ReportCacher
 from app.reports.router import router as reports_router
 from app.runs.router import router as runs_router
@@ -204,8 +205,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             migrate.upgrade(database.engine)
             migrate.verify(database.engine)
         app.state.database = database
-        background = [Reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings),
-                      ReportCacher(database, settings.report_cache_interval_seconds)]
+        app.state.committer = GroupCommitter(database)
+        background = [app.state.committer, Reaper(database, settings.reaper_interval_seconds),
+                      Dispatcher(database, settings), ReportCacher(database, settings.report_cache_interval_seconds)]
         for task in background:
             task.start()
         try:

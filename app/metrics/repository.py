@@ -58,6 +58,12 @@ def insert_chunks(
 ) -> bool:
     """Store one batch of (key, steps, values[, dtype]); False when this (run, attempt, seq) was
     already stored (a retry). ``dtype``: the type the values were logged in, None for float64."""
+    return insert_rows(session, run_id, attempt, seq, chunk_rows(series))
+
+
+def chunk_rows(series: Iterable[tuple]) -> list[dict]:
+    """The chunk rows of one batch of (key, steps, values[, dtype]), without their run, attempt
+    and seq: the encoding work, which needs no database (``insert_rows`` stores them)."""
     rows = []
     for key, steps, values, *rest in series:
         dtype = rest[0] if rest and rest[0] != "float64" else None
@@ -66,9 +72,6 @@ def insert_chunks(
         steps_b, values_b = encode(steps, values)
         rows.append(
             {
-                "run_id": run_id,
-                "attempt": attempt,
-                "seq": seq,
                 "key": key,
                 "n": int(len(steps)),
                 "step_min": int(steps.min()),
@@ -78,11 +81,18 @@ def insert_chunks(
                 "dtype": dtype,
             }
         )
+    return rows
+
+
+def insert_rows(session: Session, run_id: int, attempt: int, seq: int, rows: Sequence[dict]) -> bool:
+    """Store rows made by ``chunk_rows`` as batch ``seq`` of the run's attempt; False when that
+    batch was already stored (a retry), and then nothing is written."""
     if not rows:
         return True
+    ids = {"run_id": run_id, "attempt": attempt, "seq": seq}
     try:
         with session.begin_nested():
-            session.execute(MetricChunk.__table__.insert(), rows)
+            session.execute(MetricChunk.__table__.insert(), [{**row, **ids} for row in rows])
     except IntegrityError:
         return False
     return True
@@ -298,7 +308,9 @@ __all__ = [
     "delete_attempt",
     "delete_other_attempts",
     "encode",
+    "chunk_rows",
     "insert_chunks",
+    "insert_rows",
     "load_series",
     "load_series_shared",
     "runs_with_key",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from functools import partial
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -13,7 +14,7 @@ from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
 from app.errors import NotFound
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import json_values
-from app.runs import service
+from app.runs import ingest, service
 from app.studies import service as studies
 from app.studies.schemas import RunOut
 from worker.protocol import BatchAck, Heartbeat, HeartbeatAck, MetricBatch, RunAck, RunFailure, RunRelease, RunResult
@@ -85,11 +86,12 @@ def get_series(
 # --- worker side ----------------------------------------------------------------------------
 
 
-# Heartbeats and metric batches, the hot path of the protocol, are async routes that do all
-# their database work in one thread-pool call: the caller comes from an async dependency
+# Heartbeats and metric batches, the hot path of the protocol, are async routes. A heartbeat does
+# all its database work in one thread-pool call: the caller comes from an async dependency
 # (usually from the token cache), and the write session is opened, used and committed in that
-# one thread. So they may queue for the process's SQLite write lock (``Database.write``),
-# which a session spread over a dependency's several thread-pool calls may not.
+# one thread. So it may queue for the process's SQLite write lock (``Database.write``), which a
+# session spread over a dependency's several thread-pool calls may not. A metric batch is decoded
+# in the request and stored by the process's group committer, which holds that lock per group.
 
 
 def _in_one_write(request: Request, work, *args):  # noqa: ANN001, ANN002, ANN202
@@ -109,7 +111,10 @@ async def heartbeat(run_id: int, body: Heartbeat, request: Request, caller: Work
 
 @router.post("/{run_id}/metrics", response_model=BatchAck, tags=["worker protocol"])
 async def push_metrics(run_id: int, body: MetricBatch, request: Request, caller: WorkerCaller, settings: AppSettings):
-    return await _in_one_write(request, service.ingest_batch, run_id, body, settings, caller)
+    """Answered once the batch is committed. Batches arriving while a commit is in flight are
+    stored together in the next transaction (``app.runs.committer``)."""
+    batch = ingest.prepare(run_id, body, settings)
+    return await request.app.state.committer.run(partial(ingest.store, batch=batch, settings=settings, principal=caller))
 
 
 @router.post("/{run_id}/complete", response_model=RunAck, tags=["worker protocol"])

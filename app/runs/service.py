@@ -16,21 +16,18 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.auth.service import Role
 from app.deps import Principal
-from app.errors import Conflict, Forbidden, Invalid, NotFound, TooLarge, TooManyRequests
+from app.errors import Conflict, Forbidden, Invalid, NotFound, TooManyRequests
 from app.metrics import repository as metrics_repo
-from app.metrics.encoding import json_float, series_arrays
-from app.runs import repository as runs_repo
+from app.metrics.encoding import json_float
 from app.models import Run, Study, Worker, utcnow
 from app.runs import credentials
 from app.studies import service as studies
 from worker.protocol import (
     TERMINAL_RUN_STATUSES,
-    BatchAck,
     ErrorCode,
     Heartbeat,
     HeartbeatAck,
     Lease,
-    MetricBatch,
     RunAck,
     RunFailure,
     RunRelease,
@@ -292,7 +289,7 @@ def _finished(run_id: int, status: str) -> Conflict:
 _TERMINAL = frozenset(s.value for s in TERMINAL_RUN_STATUSES)
 
 
-def _verify_lease(run_id: int, status: str, run_lease_id: str | None, lease_expires_at: datetime | None,
+def verify_lease(run_id: int, status: str, run_lease_id: str | None, lease_expires_at: datetime | None,
                   holder_token_id: Callable[[], int | None], lease_id: str, principal: Principal) -> None:
     """Raise unless ``lease_id`` is the run's live lease and the caller's token is the leasing worker's."""
     if status in _TERMINAL and run_lease_id in (lease_id, None):
@@ -322,7 +319,7 @@ def _leased_run(session: Session, run_id: int, lease_id: str, principal: Princip
     run = session.scalars(stmt).first()
     if run is None:
         raise NotFound(f"run {run_id} not found")
-    _verify_lease(run.id, run.status, run.lease_id, run.lease_expires_at,
+    verify_lease(run.id, run.status, run.lease_id, run.lease_expires_at,
                   lambda: session.scalar(select(Worker.token_id).where(Worker.id == run.worker_id)), lease_id, principal)
     return run
 
@@ -339,38 +336,14 @@ def heartbeat(session: Session, run_id: int, body: Heartbeat, settings: Settings
     return HeartbeatAck(lease_expires_at=run.lease_expires_at, cancel=run.cancel_requested)
 
 
-def ingest_batch(
-    session: Session, run_id: int, body: MetricBatch, settings: Settings, principal: Principal
-) -> BatchAck:
-    """Store one metric batch. One query (lease, holder, usage, retry) before the insert; a batch
-    re-sent with the same seq is acknowledged as a duplicate and stored once."""
-    points = sum(len(s) for s in body.series)
-    if points > settings.max_batch_points:
-        raise TooLarge(
-            f"batch of {points} points is over the limit of {settings.max_batch_points} points (STEADY_MAX_BATCH_POINTS)"
-        )
-    keys = [s.key for s in body.series]
-    ctx = runs_repo.batch_context(session, run_id, body.seq, keys)
-    if ctx is None:
-        raise NotFound(f"run {run_id} not found")
-    _verify_lease(ctx.run_id, ctx.status, ctx.lease_id, ctx.lease_expires_at, lambda: ctx.holder_token_id,
-                  body.lease_id, principal)
-    if ctx.seq_stored:
-        return BatchAck(run_id=run_id, seq=body.seq, points=points, duplicate=True)
-    _check_run_limits(run_id, ctx.stored_keys + len(keys) - ctx.known_keys, ctx.stored_points + points, settings)
-    arrays = [(s.key, *series_arrays(s), s.dtype) for s in body.series]
-    stored = metrics_repo.insert_chunks(session, run_id, ctx.attempt, body.seq, arrays)
-    return BatchAck(run_id=run_id, seq=body.seq, points=points, duplicate=not stored)
-
-
 def check_limits(session: Session, run: Run, batch_keys: set[str], points: int, settings: Settings) -> None:
     """Refuse (422) a write that would take the run's current attempt over its key or point limit
     (writes outside the worker's batch path, e.g. the MLflow-compatible endpoint)."""
     keys, stored = metrics_repo.attempt_usage(session, run.id, run.attempt)
-    _check_run_limits(run.id, len(keys | batch_keys), stored + points, settings)
+    check_run_limits(run.id, len(keys | batch_keys), stored + points, settings)
 
 
-def _check_run_limits(run_id: int, keys: int, points: int, settings: Settings) -> None:
+def check_run_limits(run_id: int, keys: int, points: int, settings: Settings) -> None:
     """``keys`` and ``points``: what the run's attempt would hold with the batch."""
     if keys > settings.max_keys_per_run:
         raise Invalid(
