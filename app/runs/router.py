@@ -111,8 +111,8 @@ async def heartbeat(run_id: int, body: Heartbeat, request: Request, caller: Work
 
 @router.post("/{run_id}/metrics", response_model=BatchAck, tags=["worker protocol"])
 async def push_metrics(run_id: int, body: MetricBatch, request: Request, caller: WorkerCaller, settings: AppSettings):
-    """Answered once the batch is committed. Batches arriving while a commit is in flight are
-    stored together in the next transaction (``app.runs.committer``)."""
+    """Answered once the batch is committed (on SQLite: fsynced). Batches that arrive while a
+    commit is in flight are stored together in the next transaction, each checked on its own."""
     batch = ingest.prepare(run_id, body, settings)
     return await request.app.state.committer.run(partial(ingest.store, batch=batch, settings=settings, principal=caller))
 
