@@ -84,15 +84,26 @@ def chunk_rows(series: Iterable[tuple]) -> list[dict]:
     return rows
 
 
-def insert_rows(session: Session, run_id: int, attempt: int, seq: int, rows: Sequence[dict]) -> bool:
+_INSERT_CHUNKS = MetricChunk.__table__.insert()
+
+
+def insert_rows(
+    session: Session, run_id: int, attempt: int, seq: int, rows: Sequence[dict], *, savepoint: bool = True
+) -> bool:
     """Store rows made by ``chunk_rows`` as batch ``seq`` of the run's attempt; False when that
-    batch was already stored (a retry), and then nothing is written."""
+    batch was already stored (a retry), and then nothing is written. ``savepoint=False``: for a
+    caller that already checked the batch is new and runs in a savepoint of its own; a batch
+    stored meanwhile by another process then raises IntegrityError."""
     if not rows:
         return True
     ids = {"run_id": run_id, "attempt": attempt, "seq": seq}
+    params = [{**row, **ids} for row in rows]
+    if not savepoint:
+        session.connection().execute(_INSERT_CHUNKS, params)
+        return True
     try:
         with session.begin_nested():
-            session.execute(MetricChunk.__table__.insert(), [{**row, **ids} for row in rows])
+            session.connection().execute(_INSERT_CHUNKS, params)
     except IntegrityError:
         return False
     return True

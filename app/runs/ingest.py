@@ -8,7 +8,9 @@ The ingestion route prepares in the request and stores through the process's gro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -17,6 +19,7 @@ from app.errors import NotFound, TooLarge
 from app.metrics import repository as metrics_repo
 from app.metrics.encoding import series_arrays
 from app.runs import repository as runs_repo
+from app.runs.committer import GroupCommitter
 from app.runs.service import check_run_limits, verify_lease
 from worker.protocol import BatchAck, MetricBatch
 
@@ -46,8 +49,9 @@ def prepare(run_id: int, body: MetricBatch, settings: Settings) -> PreparedBatch
 
 
 def store(session: Session, batch: PreparedBatch, settings: Settings, principal: Principal) -> BatchAck:
-    """Store a prepared batch. One query (lease, holder, usage, retry) before the insert; a batch
-    re-sent with the same seq is acknowledged as a duplicate and stored once."""
+    """Store a prepared batch, in a savepoint of its own (the group committer gives it one). One
+    query (lease, holder, usage, retry) before the insert; a batch re-sent with the same seq is
+    acknowledged as a duplicate and stored once."""
     run_id = batch.run_id
     ctx = runs_repo.batch_context(session, run_id, batch.seq, batch.keys)
     if ctx is None:
@@ -58,10 +62,16 @@ def store(session: Session, batch: PreparedBatch, settings: Settings, principal:
         return BatchAck(run_id=run_id, seq=batch.seq, points=batch.points, duplicate=True)
     check_run_limits(run_id, ctx.stored_keys + len(batch.keys) - ctx.known_keys, ctx.stored_points + batch.points,
                      settings)
-    stored = metrics_repo.insert_rows(session, run_id, ctx.attempt, batch.seq, batch.rows)
-    return BatchAck(run_id=run_id, seq=batch.seq, points=batch.points, duplicate=not stored)
+    metrics_repo.insert_rows(session, run_id, ctx.attempt, batch.seq, batch.rows, savepoint=False)
+    return BatchAck(run_id=run_id, seq=batch.seq, points=batch.points, duplicate=False)
 
 
-def ingest_batch(session: Session, run_id: int, body: MetricBatch, settings: Settings, principal: Principal) -> BatchAck:
-    """Prepare and store in one go (callers that already hold a write session)."""
-    return store(session, prepare(run_id, body, settings), settings, principal)
+async def submit(committer: GroupCommitter, batch: PreparedBatch, settings: Settings, principal: Principal) -> BatchAck:
+    """Store through the process's group committer; answered after the commit. The same batch
+    stored by another API process between the check and the insert (PostgreSQL, a retry racing
+    its original) fails this insert: tried again, it is answered as a duplicate."""
+    work = partial(store, batch=batch, settings=settings, principal=principal)
+    try:
+        return await committer.run(work)
+    except IntegrityError:
+        return await committer.run(work)

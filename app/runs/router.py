@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-from functools import partial
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -114,7 +113,7 @@ async def push_metrics(run_id: int, body: MetricBatch, request: Request, caller:
     """Answered once the batch is committed (on SQLite: fsynced). Batches that arrive while a
     commit is in flight are stored together in the next transaction, each checked on its own."""
     batch = ingest.prepare(run_id, body, settings)
-    return await request.app.state.committer.run(partial(ingest.store, batch=batch, settings=settings, principal=caller))
+    return await ingest.submit(request.app.state.committer, batch, settings, caller)
 
 
 @router.post("/{run_id}/complete", response_model=RunAck, tags=["worker protocol"])
