@@ -180,3 +180,31 @@ def test_ingestion_route_groups_concurrent_agents_and_refuses_a_lost_lease(api):
         assert series["steps"] == list(range(300))
     with api.app.state.database.read() as s:
         assert s.scalar(select(func.count()).select_from(MetricChunk).where(MetricChunk.seq == 7)) == 0
+
+
+def test_a_batch_stored_meanwhile_by_another_process_is_answered_as_a_duplicate(api, monkeypatch):
+    """The check said "new", but the same batch was committed before this insert (another API
+    process on PostgreSQL): the insert fails on the unique key, the retry answers a duplicate."""
+    import dataclasses
+
+    from app.runs import repository as runs_repo
+
+    api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"]))
+    lz = lease(api, register(api))
+    run_id = lz["run_id"]
+    body = batch(lz["lease_id"], 4, "loss", [0, 1, 2], [1.0, 2.0, 3.0])
+    assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=body).json()["duplicate"] is False
+    real, stale = runs_repo.batch_context, []
+
+    def stale_once(session, *args):  # noqa: ANN001, ANN002, ANN202
+        ctx = real(session, *args)
+        if not stale:  # what a check made just before the other process committed would have seen
+            stale.append(ctx)
+            return dataclasses.replace(ctx, seq_stored=False)
+        return ctx
+
+    monkeypatch.setattr(runs_repo, "batch_context", stale_once)
+    again = api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=body)
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert len(stale) == 1 and stale[0].seq_stored is True
+    assert api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()["steps"] == [0, 1, 2]
