@@ -1,7 +1,7 @@
 """The wire contract between the Steady server and its workers.
 
 This module is the single source of truth for lease, heartbeat, metric batch and result
-messages. It depends on pydantic only: the server imports it (``app -> worker.protocol``),
+messages. It depends on pydantic (and pybase64) only: the server imports it (``app -> worker.protocol``),
 the worker never imports the server.
 
 Floats travel exactly. In JSON a value may be a number, ``NaN``, ``Infinity`` or
@@ -22,6 +22,13 @@ from enum import Enum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+
+try:  # SIMD base64 (a dependency): a 5,000-point batch's arrays decode ~15x faster than with binascii
+    from pybase64 import b64decode as _pybase64_decode
+    from pybase64 import b64encode
+except ImportError:  # an install without it still speaks the protocol, the same strict way, slower
+    _pybase64_decode = None
+    from base64 import b64encode
 
 PROTOCOL_VERSION = 1
 
@@ -276,6 +283,15 @@ class HeartbeatAck(_Model):
 
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def b64decode_strict(text: str) -> bytes:
+    """Standard base64 with padding and nothing else (binascii.Error, a ValueError, otherwise)."""
+    if _pybase64_decode is not None:
+        return _pybase64_decode(text, validate=True)
+    return binascii.a2b_base64(text, strict_mode=True)
+
+
 _ENCODED_HERE = "steady.series_bytes"  # validation context of ``Series.from_bytes``
 
 
@@ -314,8 +330,7 @@ class Series(_Model):
                 steps, values = encoded
             else:
                 try:
-                    steps = binascii.a2b_base64(self.steps_b64, strict_mode=True)
-                    values = binascii.a2b_base64(self.values_b64, strict_mode=True)
+                    steps, values = b64decode_strict(self.steps_b64), b64decode_strict(self.values_b64)
                 except ValueError as exc:
                     raise ValueError(f"invalid base64: {exc}") from None
             if len(steps) % 8 or len(values) % 8 or len(steps) != len(values):
@@ -348,8 +363,8 @@ class Series(_Model):
             {
                 "key": key,
                 "dtype": dtype if dtype in FLOAT_DTYPES and dtype != "float64" else None,
-                "steps_b64": base64.b64encode(steps).decode("ascii"),
-                "values_b64": base64.b64encode(values).decode("ascii"),
+                "steps_b64": b64encode(steps).decode("ascii"),
+                "values_b64": b64encode(values).decode("ascii"),
             },
             context={_ENCODED_HERE: (bytes(steps), bytes(values))},
         )
