@@ -57,7 +57,7 @@ test-fast: $(STAMP)
 MLFLOW_VENV := .venv-mlflow
 $(MLFLOW_VENV)/.installed:
 	$(PYTHON) -m venv $(MLFLOW_VENV)
-	$(MLFLOW_VENV)/bin/pip install --quiet mlflow
+	$(MLFLOW_VENV)/bin/pip install --quiet mlflow==3.17.2
 	touch $@
 
 bench: setup $(MLFLOW_VENV)/.installed

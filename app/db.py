@@ -13,8 +13,8 @@ SQLite has one writer at a time, and a writer waiting in its busy handler sleeps
 asleep while the lock is free. ``write(queue=True)`` first takes a lock of this process, so
 writers of one API process wait their turn in line and start the moment it is free; the
 busy handler then only arbitrates between processes (and writers that do not queue). Only
-code that holds the session in one thread from start to commit may queue: the metric
-ingestion route and background jobs, not a FastAPI dependency (whose setup, endpoint and
+code that holds the session in one thread from start to commit may queue: the group committer
+of metric batches (``app.runs.committer``), heartbeats and background jobs, not a FastAPI dependency (whose setup, endpoint and
 teardown may run on different pool threads, so waiters could take every thread the lock
 holder needs to finish).
 """

@@ -31,6 +31,7 @@ from app.db import Database
 from app.errors import ERROR_RESPONSES, error_body
 from app.launches.router import router as launches_router
 from app.mlflow.router import router as mlflow_router
+from app.runs.committer import GroupCommitter
 from app.reports.background import ReportCacher
 from app.reports.router import router as reports_router
 from app.runs import leasing
@@ -189,9 +190,10 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
             migrate.upgrade(database.engine)
             migrate.verify(database.engine)
         app.state.database = database
-        background: list[BackgroundLoop | Dispatcher | ReportCacher] = [
-            reaper(database, settings.reaper_interval_seconds), Dispatcher(database, settings, alert_settings),
-            ReportCacher(database, settings.report_cache_interval_seconds)]
+        app.state.committer = GroupCommitter(database)
+        background: list[BackgroundLoop | Dispatcher | ReportCacher | GroupCommitter] = [
+            app.state.committer, reaper(database, settings.reaper_interval_seconds),
+            Dispatcher(database, settings, alert_settings), ReportCacher(database, settings.report_cache_interval_seconds)]
         for task in background:
             task.start()
         try:

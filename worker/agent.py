@@ -15,7 +15,6 @@ second signal kills and releases at once.
 
 from __future__ import annotations
 
-import base64
 import logging
 import math
 import os
@@ -36,7 +35,6 @@ from worker.client import LeaseAnswer, LeaseLostError, NonRetryableError, Payloa
 from worker.events import READ_CHUNK_BYTES
 from worker.fingerprint import auto_labels, host_fingerprint
 from worker.protocol import (
-    FLOAT_DTYPES,
     MAX_BATCH_POINTS,
     MAX_ERROR_LENGTH,
     MAX_SERIES_PER_BATCH,
@@ -109,12 +107,7 @@ def _packed(key: str, steps: array, values: array, dtype: str | None) -> Series:
         steps, values = array("q", steps), array("d", values)
         steps.byteswap()
         values.byteswap()
-    return Series(
-        key=key,
-        dtype=dtype if dtype in FLOAT_DTYPES and dtype != "float64" else None,
-        steps_b64=base64.b64encode(steps.tobytes()).decode("ascii"),
-        values_b64=base64.b64encode(values.tobytes()).decode("ascii"),
-    )
+    return Series.from_bytes(key, steps.tobytes(), values.tobytes(), dtype)
 
 
 class MetricStream:

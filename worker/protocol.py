@@ -1,7 +1,7 @@
 """The wire contract between the Steady server and its workers.
 
 This module is the single source of truth for lease, heartbeat, metric batch and result
-messages. It depends on pydantic only: the server imports it (``app -> worker.protocol``),
+messages. It depends on pydantic (and pybase64) only: the server imports it (``app -> worker.protocol``),
 the worker never imports the server.
 
 Floats travel exactly, as strict JSON: a finite value is a number, NaN and ±Inf are the strings
@@ -16,11 +16,13 @@ float64 (``<i8`` / ``<f8``), which is what the worker sends.
 from __future__ import annotations
 
 import base64
+import binascii
 import math
 import re
 import struct
 from datetime import datetime
 from enum import Enum, nonmember
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -30,10 +32,20 @@ from pydantic import (
     Field,
     PlainSerializer,
     PrivateAttr,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
+
+_pybase64_decode: Callable[..., bytes] | None
+b64encode: Callable[[bytes], bytes]
+try:  # SIMD base64 (a dependency): a 5,000-point batch's arrays decode ~15x faster than with binascii
+    from pybase64 import b64decode as _pybase64_decode
+    from pybase64 import b64encode
+except ImportError:  # an install without it still speaks the protocol, the same strict way, slower
+    _pybase64_decode = None
+    from base64 import b64encode
 
 PROTOCOL_VERSION = 1
 
@@ -349,6 +361,16 @@ class HeartbeatAck(_Model):
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
+def b64decode_strict(text: str) -> bytes:
+    """Standard base64 with padding and nothing else (binascii.Error, a ValueError, otherwise)."""
+    if _pybase64_decode is not None:
+        return _pybase64_decode(text, validate=True)
+    return binascii.a2b_base64(text, strict_mode=True)
+
+
+_ENCODED_HERE = "steady.series_bytes"  # validation context of ``Series.from_bytes``
+
+
 class Series(_Model):
     """One metric's points in a batch: either lists or packed little-endian arrays."""
 
@@ -364,7 +386,7 @@ class Series(_Model):
     _packed_bytes: tuple[bytes, bytes] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _one_encoding(self) -> Series:
+    def _one_encoding(self, info: ValidationInfo) -> Series:
         lists = self.steps is not None or self.values is not None
         packed = self.steps_b64 is not None or self.values_b64 is not None
         if lists == packed:
@@ -377,11 +399,16 @@ class Series(_Model):
         else:
             if self.steps_b64 is None or self.values_b64 is None:
                 raise ValueError("steps_b64 and values_b64 must both be given")
-            try:
-                steps = base64.b64decode(self.steps_b64, validate=True)
-                values = base64.b64decode(self.values_b64, validate=True)
-            except ValueError as exc:
-                raise ValueError(f"invalid base64: {exc}") from None
+            if self._packed_bytes is not None:  # an instance validated before (e.g. as a batch's field)
+                return self
+            encoded = (info.context or {}).get(_ENCODED_HERE)
+            if encoded is not None:  # ``from_bytes``: the bytes this process just encoded, not decoded back
+                steps, values = encoded
+            else:
+                try:
+                    steps, values = b64decode_strict(self.steps_b64), b64decode_strict(self.values_b64)
+                except ValueError as exc:
+                    raise ValueError(f"invalid base64: {exc}") from None
             if len(steps) % 8 or len(values) % 8 or len(steps) != len(values):
                 raise ValueError("packed steps and values must be int64/float64 arrays of equal length")
             self._packed_bytes = (steps, values)
@@ -402,11 +429,20 @@ class Series(_Model):
     def packed(cls, key: str, steps: list[int], values: list[float], dtype: str | None = None) -> Series:
         """Pack python lists without numpy (the SDK and agent may run without it)."""
         n = len(steps)
-        return cls(
-            key=key,
-            dtype=dtype if dtype in FLOAT_DTYPES and dtype != "float64" else None,
-            steps_b64=base64.b64encode(struct.pack(f"<{n}q", *steps)).decode("ascii"),
-            values_b64=base64.b64encode(struct.pack(f"<{n}d", *values)).decode("ascii"),
+        return cls.from_bytes(key, struct.pack(f"<{n}q", *steps), struct.pack(f"<{n}d", *values), dtype)
+
+    @classmethod
+    def from_bytes(cls, key: str, steps: bytes, values: bytes, dtype: str | None = None) -> Series:
+        """A packed series from little-endian int64 steps and float64 values. Validated like any
+        message, except that the base64 this builds is not decoded back to check it."""
+        return cls.model_validate(
+            {
+                "key": key,
+                "dtype": dtype if dtype in FLOAT_DTYPES and dtype != "float64" else None,
+                "steps_b64": b64encode(steps).decode("ascii"),
+                "values_b64": b64encode(values).decode("ascii"),
+            },
+            context={_ENCODED_HERE: (bytes(steps), bytes(values))},
         )
 
     def unpacked(self) -> tuple[list[int], list[float]]:

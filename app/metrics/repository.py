@@ -59,6 +59,12 @@ def insert_chunks(
 ) -> bool:
     """Store one batch of (key, steps, values[, dtype]); False when this (run, attempt, seq) was
     already stored (a retry). ``dtype``: the type the values were logged in, None for float64."""
+    return insert_rows(session, run_id, attempt, seq, chunk_rows(series))
+
+
+def chunk_rows(series: Iterable[tuple]) -> list[dict]:
+    """The chunk rows of one batch of (key, steps, values[, dtype]), without their run, attempt
+    and seq: the encoding work, which needs no database (``insert_rows`` stores them)."""
     rows = []
     for key, steps, values, *rest in series:
         dtype = rest[0] if rest and rest[0] != "float64" else None
@@ -67,9 +73,6 @@ def insert_chunks(
         steps_b, values_b = encode(steps, values)
         rows.append(
             {
-                "run_id": run_id,
-                "attempt": attempt,
-                "seq": seq,
                 "key": key,
                 "n": int(len(steps)),
                 "step_min": int(steps.min()),
@@ -79,11 +82,29 @@ def insert_chunks(
                 "dtype": dtype,
             }
         )
+    return rows
+
+
+_INSERT_CHUNKS = MetricChunk.__table__.insert()
+
+
+def insert_rows(
+    session: Session, run_id: int, attempt: int, seq: int, rows: Sequence[dict], *, savepoint: bool = True
+) -> bool:
+    """Store rows made by ``chunk_rows`` as batch ``seq`` of the run's attempt; False when that
+    batch was already stored (a retry), and then nothing is written. ``savepoint=False``: for a
+    caller that already checked the batch is new and runs in a savepoint of its own; a batch
+    stored meanwhile by another process then raises IntegrityError."""
     if not rows:
+        return True
+    ids = {"run_id": run_id, "attempt": attempt, "seq": seq}
+    params = [{**row, **ids} for row in rows]
+    if not savepoint:
+        session.connection().execute(_INSERT_CHUNKS, params)
         return True
     try:
         with session.begin_nested():
-            session.execute(MetricChunk.__table__.insert(), rows)
+            session.connection().execute(_INSERT_CHUNKS, params)
     except IntegrityError:
         return False
     return True
@@ -299,7 +320,9 @@ __all__ = [
     "delete_attempt",
     "delete_other_attempts",
     "encode",
+    "chunk_rows",
     "insert_chunks",
+    "insert_rows",
     "load_series",
     "load_series_shared",
     "runs_with_key",

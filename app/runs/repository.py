@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CursorResult, and_, distinct, exists, func, select, update
+from sqlalchemy import CursorResult, and_, bindparam, distinct, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db import WriteSession
@@ -228,28 +228,36 @@ class BatchContext:
     seq_stored: bool  # this batch seq is already stored for the current attempt (a retry)
 
 
-def batch_context(session: Session, run_id: int, seq: int, keys: Collection[str]) -> BatchContext | None:
-    """Everything ``ingest_batch`` checks before it inserts, in one round trip (None: no such run)."""
-    chunks = MetricChunk.__table__
-    current = and_(chunks.c.run_id == Run.id, chunks.c.attempt == Run.attempt)
-    stmt = (
+def _batch_context_statement():
+    chunks, runs, workers = MetricChunk.__table__, Run.__table__, Worker.__table__
+    current = and_(chunks.c.run_id == runs.c.id, chunks.c.attempt == runs.c.attempt)
+    return (
         select(
-            Run.id,
-            Run.status,
-            Run.lease_id,
-            Run.lease_expires_at,
-            Run.attempt,
-            Worker.token_id,
+            runs.c.id,
+            runs.c.status,
+            runs.c.lease_id,
+            runs.c.lease_expires_at,
+            runs.c.attempt,
+            workers.c.token_id,
             select(func.coalesce(func.sum(chunks.c.n), 0)).where(current).scalar_subquery(),
             select(func.count(distinct(chunks.c.key))).where(current).scalar_subquery(),
-            select(func.count(distinct(chunks.c.key))).where(current, chunks.c.key.in_(list(keys))).scalar_subquery(),
-            exists().where(current, chunks.c.seq == seq),
+            select(func.count(distinct(chunks.c.key)))
+            .where(current, chunks.c.key.in_(bindparam("keys", expanding=True)))
+            .scalar_subquery(),
+            exists().where(current, chunks.c.seq == bindparam("seq")),
         )
-        .select_from(Run)
-        .outerjoin(Worker, Worker.id == Run.worker_id)
-        .where(Run.id == run_id)
+        .select_from(runs.outerjoin(workers, workers.c.id == runs.c.worker_id))
+        .where(runs.c.id == bindparam("run_id"))
     )
-    row = session.execute(stmt).first()
+
+
+# Built once: the hot path of ingestion then skips building the statement and its cache key.
+_BATCH_CONTEXT = _batch_context_statement()
+
+
+def batch_context(session: Session, run_id: int, seq: int, keys: Collection[str]) -> BatchContext | None:
+    """Everything ``ingest_batch`` checks before it inserts, in one round trip (None: no such run)."""
+    row = session.connection().execute(_BATCH_CONTEXT, {"run_id": run_id, "seq": seq, "keys": list(keys)}).first()
     if row is None:
         return None
     return BatchContext(

@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
 from app.errors import NotFound
 from app.metrics import repository as metrics_repo
-from app.runs import service, transitions
+from app.runs import ingest, service, transitions
 from app.runs.schemas import ExcludeIn, RunOut, SeriesOut
 from worker.protocol import BatchAck, Heartbeat, HeartbeatAck, MetricBatch, RunAck, RunFailure, RunRelease, RunResult
 
@@ -67,11 +67,12 @@ def get_series(
 # --- worker side ----------------------------------------------------------------------------
 
 
-# Heartbeats and metric batches, the hot path of the protocol, are async routes that do all
-# their database work in one thread-pool call: the caller comes from an async dependency
+# Heartbeats and metric batches, the hot path of the protocol, are async routes. A heartbeat does
+# all its database work in one thread-pool call: the caller comes from an async dependency
 # (usually from the token cache), and the write session is opened, used and committed in that
-# one thread. So they may queue for the process's SQLite write lock (``Database.write``),
-# which a session spread over a dependency's several thread-pool calls may not.
+# one thread. So it may queue for the process's SQLite write lock (``Database.write``), which a
+# session spread over a dependency's several thread-pool calls may not. A metric batch is decoded
+# in the request and stored by the process's group committer, which holds that lock per group.
 
 
 def _in_one_write(request: Request, work, *args):
@@ -91,7 +92,10 @@ async def heartbeat(run_id: int, body: Heartbeat, request: Request, caller: Work
 
 @router.post("/{run_id}/metrics", response_model=BatchAck, tags=["worker protocol"])
 async def push_metrics(run_id: int, body: MetricBatch, request: Request, caller: WorkerCaller, settings: AppSettings):
-    return await _in_one_write(request, service.ingest_batch, run_id, body, settings, caller)
+    """Answered once the batch is committed (on SQLite: fsynced). Batches that arrive while a
+    commit is in flight are stored together in the next transaction, each checked on its own."""
+    batch = ingest.prepare(run_id, body, settings)
+    return await ingest.submit(request.app.state.committer, batch, settings, caller)
 
 
 @router.post("/{run_id}/complete", response_model=RunAck, tags=["worker protocol"])

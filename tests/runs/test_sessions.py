@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from app.db import ReadOnlySessionError, ReadSession, WriteSession
-from app.runs import leasing, repository, service, transitions
+from app.runs import ingest, leasing, repository, service, transitions
 from app.studies import service as studies
 from tests.api.helpers import register, result, spec
 from worker.protocol import RunResult
@@ -18,7 +18,7 @@ from worker.protocol import RunResult
 WRITES = [
     transitions.heartbeat, transitions.complete, transitions.fail, transitions.release,
     leasing.lease_next, leasing.reap_expired,
-    service.ingest_batch, service.exclude_run, service.include_run,
+    ingest.store, service.exclude_run, service.include_run,
     studies.create_study, studies.cancel_study, studies.refresh_status, studies.upload_external_run,
     repository.transition, repository.claim, repository.update_where, repository.insert_runs,
     repository.cancel_runs_of,

@@ -1,0 +1,210 @@
+"""Group commit of metric batches: shared transactions, per-batch answers, durable before the answer."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
+
+from app.db import Database
+from app.errors import Conflict
+from app.metrics import repository as metrics_repo
+from app.models import MetricChunk, Run, Study, utcnow
+from app.runs.committer import GroupCommitter
+from tests.api.helpers import batch, lease, register, spec
+from tests.conftest import wait_until
+
+
+@pytest.fixture
+def db_run(db_url):
+    db = Database(db_url)
+    with db.write() as s:
+        study = Study(name="s", kind="external", status="open", spec={})
+        s.add(study)
+        s.flush()
+        run = Run(study_id=study.id, seed=0, repeat=0, determinism="seeded", stack="x", framework="torch",
+                  required_labels=[], status="running", attempt=1, max_attempts=1, fingerprint={}, digests={},
+                  determinism_applied={}, timings={}, final_metrics={}, created_at=utcnow())
+        s.add(run)
+        s.flush()
+        rid = run.id
+    yield db, rid
+    db.dispose()
+
+
+@pytest.fixture
+def committer(db_run):
+    c = GroupCommitter(db_run[0])
+    c.start()
+    yield c
+    c.stop()
+
+
+def _rows(seq: int) -> list[dict]:
+    steps = np.arange(seq * 10, seq * 10 + 10)
+    return metrics_repo.chunk_rows([("loss", steps, steps * 0.5)])
+
+
+def _stored_seqs(url: str, run_id: int) -> list[int]:
+    """Read through a separate engine: what another connection sees is what was committed."""
+    other = Database(url)
+    try:
+        with other.read() as s:
+            return sorted(s.scalars(select(MetricChunk.seq).where(MetricChunk.run_id == run_id)))
+    finally:
+        other.dispose()
+
+
+def _hold(committer: GroupCommitter) -> threading.Event:
+    """Occupy the committer with a transaction that waits for the returned event, so what is submitted
+    meanwhile queues up and forms the next group."""
+    release, started = threading.Event(), threading.Event()
+
+    def blocker(session):
+        started.set()
+        assert release.wait(30)
+
+    committer.submit(blocker)
+    assert started.wait(30)
+    return release
+
+
+def test_concurrent_batches_share_one_commit_and_are_answered_only_once_durable(committer, db_run):
+    db, run_id = db_run
+    n = 12
+    release = _hold(committer)
+    seen_at_answer: dict[int, list[int]] = {}
+    futures = {}
+
+    def send(seq: int) -> None:
+        future = committer.submit(lambda s: metrics_repo.insert_rows(s, run_id, 1, seq, _rows(seq)))
+        # runs when the answer is set: the batch must already be visible to another connection
+        future.add_done_callback(lambda f: seen_at_answer.setdefault(seq, _stored_seqs(db.url, run_id)))
+        futures[seq] = future
+
+    threads = [threading.Thread(target=send, args=(seq,)) for seq in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wait_until(lambda: committer._queue.qsize() == n, 30, 0.01, "the batches to queue")
+    assert not any(f.done() for f in futures.values())  # nothing answered before its commit
+    before = committer.transactions
+    release.set()
+    assert all(f.result(timeout=30) is True for f in futures.values())
+    assert committer.transactions == before + 2  # the blocker's transaction, then one for all twelve
+    wait_until(lambda: len(seen_at_answer) == n, 30, 0.01, "every answer's callback")  # they run after result()
+    for seq in range(n):
+        assert seq in seen_at_answer[seq]
+    assert _stored_seqs(db.url, run_id) == list(range(n))
+
+
+def test_a_failing_batch_is_rolled_back_alone(committer, db_run):
+    db, run_id = db_run
+
+    def bad(session):
+        metrics_repo.insert_rows(session, run_id, 1, 99, _rows(99))  # written, then refused
+        raise Conflict("lease lost")
+
+    release = _hold(committer)
+    good = [committer.submit(lambda s, q=q: metrics_repo.insert_rows(s, run_id, 1, q, _rows(q))) for q in (0, 1)]
+    failing = committer.submit(bad)
+    good.append(committer.submit(lambda s: metrics_repo.insert_rows(s, run_id, 1, 2, _rows(2))))
+    retried = committer.submit(lambda s: metrics_repo.insert_rows(s, run_id, 1, 0, _rows(0)))  # a retry of seq 0
+    wait_until(lambda: committer._queue.qsize() == 5, 30, 0.01, "the batches to queue")
+    release.set()
+    with pytest.raises(Conflict):
+        failing.result(timeout=30)
+    assert [f.result(timeout=30) for f in good] == [True, True, True]
+    assert retried.result(timeout=30) is False  # already stored in the same transaction: not twice
+    assert _stored_seqs(db.url, run_id) == [0, 1, 2]
+
+
+def test_a_failed_commit_is_retried_batch_by_batch(committer, db_run, monkeypatch):
+    db, run_id = db_run
+    real_write, failures = db.write, []
+
+    @contextmanager
+    def write_failing_once(*, queue: bool = False):
+        with real_write(queue=queue) as session:
+            yield session
+            if not failures:  # the first group transaction fails as its commit would (rolled back)
+                failures.append(1)
+                raise OperationalError("COMMIT", {}, Exception("disk I/O error"))
+
+    release = _hold(committer)  # its transaction is already open: the failure hits the next one
+    monkeypatch.setattr(db, "write", write_failing_once)
+    futures = [committer.submit(lambda s, q=q: metrics_repo.insert_rows(s, run_id, 1, q, _rows(q))) for q in range(4)]
+    wait_until(lambda: committer._queue.qsize() == 4, 30, 0.01, "the batches to queue")
+    before = committer.transactions
+    release.set()
+    assert [f.result(timeout=30) for f in futures] == [True] * 4
+    assert failures == [1]
+    assert committer.transactions == before + 1 + 1 + 4  # blocker, the failed group, each batch alone
+    assert _stored_seqs(db.url, run_id) == [0, 1, 2, 3]
+
+
+def test_ingestion_route_groups_concurrent_agents_and_refuses_a_lost_lease(api):
+    """Through the real route: several agents' batches queued behind one transaction are stored
+    together; a batch under a wrong lease is answered 409 and the others are all stored."""
+    api.post("/api/v1/studies", json=spec(seeds=[0, 1, 2], repeats=1, determinism=["seeded"]))
+    leases = [lease(api, register(api, name=f"w{i}")) for i in range(3)]
+    committer: GroupCommitter = api.app.state.committer
+    release = _hold(committer)
+    answers: dict[tuple[int, int], int] = {}
+    jobs = [(lz["run_id"], lz["lease_id"], seq) for lz in leases for seq in range(3)]
+    jobs.append((leases[0]["run_id"], "not-the-lease", 7))
+
+    def send(run_id: int, lease_id: str, seq: int) -> None:
+        body = batch(lease_id, seq, "loss", list(range(seq * 100, seq * 100 + 100)), [0.25] * 100)
+        answers[(run_id, seq)] = api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=body).status_code
+
+    threads = [threading.Thread(target=send, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+    wait_until(lambda: committer._queue.qsize() == len(jobs), 60, 0.01, "every request to queue")
+    assert answers == {}  # no answer before the commit
+    before = committer.transactions
+    release.set()
+    for t in threads:
+        t.join(60)
+    assert committer.transactions == before + 2
+    assert answers.pop((leases[0]["run_id"], 7)) == 409
+    assert set(answers.values()) == {200} and len(answers) == 9
+    for lz in leases:
+        series = api.get(f"/api/v1/runs/{lz['run_id']}/metrics/loss").json()
+        assert series["steps"] == list(range(300))
+    with api.app.state.database.read() as s:
+        assert s.scalar(select(func.count()).select_from(MetricChunk).where(MetricChunk.seq == 7)) == 0
+
+
+def test_a_batch_stored_meanwhile_by_another_process_is_answered_as_a_duplicate(api, monkeypatch):
+    """The check said "new", but the same batch was committed before this insert (another API
+    process on PostgreSQL): the insert fails on the unique key, the retry answers a duplicate."""
+    import dataclasses
+
+    from app.runs import repository as runs_repo
+
+    api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"]))
+    lz = lease(api, register(api))
+    run_id = lz["run_id"]
+    body = batch(lz["lease_id"], 4, "loss", [0, 1, 2], [1.0, 2.0, 3.0])
+    assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=body).json()["duplicate"] is False
+    real, stale = runs_repo.batch_context, []
+
+    def stale_once(session, *args):
+        ctx = real(session, *args)
+        if not stale:  # what a check made just before the other process committed would have seen
+            stale.append(ctx)
+            return dataclasses.replace(ctx, seq_stored=False)
+        return ctx
+
+    monkeypatch.setattr(runs_repo, "batch_context", stale_once)
+    again = api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=body)
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert len(stale) == 1 and stale[0].seq_stored is True
+    assert api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()["steps"] == [0, 1, 2]
