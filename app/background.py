@@ -2,7 +2,9 @@
 cacher each run a ``BackgroundLoop``.
 
 Every ``interval`` seconds (±``jitter``, so API processes started together drift apart) the loop
-calls ``tick``. A tick that raises is logged with its traceback and the loop waits longer before
+calls ``tick``. A tick that raises is logged — one line when the database is unavailable (an
+outage is expected and said once per try, ``app.db.unavailable``), with its traceback otherwise —
+and the loop waits longer before
 the next one — ``interval · 2^k`` after ``k`` failures in a row, capped at ``max_backoff`` — so a
 database that is down is not hammered; the first tick that succeeds brings the interval back.
 ``stop`` ends the loop at its next wait. The wait and the random source are injectable, so tests
@@ -15,6 +17,8 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+
+from app.db import unavailable
 
 log = logging.getLogger("steady")
 
@@ -55,10 +59,15 @@ class BackgroundLoop:
                 return
             try:
                 self.tick()
-            except Exception:  # the database may be down: log the traceback, back off, try again
+            except Exception as exc:  # the database may be down: log, back off, try again
                 self.failures += 1
-                self.log.exception("%s: tick failed (%d in a row); next try in about %.3g s", self.name,
-                                   self.failures, min(self.max_backoff, self.interval * 2.0 ** self.failures))
+                retry = min(self.max_backoff, self.interval * 2.0 ** self.failures)
+                if unavailable(exc):
+                    self.log.warning("%s: database unavailable (%d in a row): %s; next try in about %.3g s",
+                                     self.name, self.failures, str(getattr(exc, "orig", None) or exc).strip(), retry)
+                else:
+                    self.log.exception("%s: tick failed (%d in a row); next try in about %.3g s", self.name,
+                                       self.failures, retry)
             else:
                 self.failures = 0
 

@@ -23,12 +23,12 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import wire
+from app.db import sqlite_sql_error
 from app.errors import SteadyError, error_body
 from app.mlflow.service import MlflowError
 
 log = logging.getLogger("steady")
 
-_SQLITE_ERROR = 1
 RETRY_AFTER_S = 2  # a busy or restarting database: ask clients to come back this soon
 _MLFLOW_CODES = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "RESOURCE_DOES_NOT_EXIST",
                  409: "INVALID_STATE", 413: "INVALID_PARAMETER_VALUE", 422: "INVALID_PARAMETER_VALUE",
@@ -46,13 +46,6 @@ def _error(request: Request, status_code: int, msg: str, *, type: str | None = N
 
 def _is_mlflow(path: str) -> bool:
     return path.startswith("/mlflow/")
-
-
-def _sqlite_sql_error(exc: DBAPIError) -> bool:
-    """SQLite reports SQL errors (no such table or column, a syntax error) as OperationalError with
-    the generic SQLITE_ERROR code: a bug in the statement, not a busy or missing database."""
-    code = getattr(exc.orig, "sqlite_errorcode", None)
-    return code is not None and code & 0xFF == _SQLITE_ERROR
 
 
 def _database_message(exc: BaseException) -> str:
@@ -104,7 +97,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(OperationalError)  # locked, busy, connection refused or lost
     @app.exception_handler(PoolTimeout)  # every pooled connection busy
     async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, DBAPIError) and _sqlite_sql_error(exc):
+        if isinstance(exc, DBAPIError) and sqlite_sql_error(exc):
             return _internal_error(request, exc)
         log.warning("database unavailable: %s", _database_message(exc))
         return _unavailable(request)

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import NewType
 
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.errors import Unavailable
@@ -166,3 +167,23 @@ class Database:
     def ping(self) -> None:
         with self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
+
+
+_SQLITE_ERROR = 1
+
+
+def sqlite_sql_error(exc: DBAPIError) -> bool:
+    """SQLite reports SQL errors (no such table or column, a syntax error) as OperationalError with
+    the generic SQLITE_ERROR code: a bug in the statement, not a busy or missing database."""
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == _SQLITE_ERROR
+
+
+def unavailable(exc: BaseException) -> bool:
+    """The database is busy, down or unreachable (a retry may succeed), as opposed to a bug: locked,
+    busy, connection refused or lost, every pooled connection taken."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, PoolTimeout):
+        return True
+    return isinstance(exc, OperationalError) and not sqlite_sql_error(exc)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import random
+import sqlite3
 
 import pytest
+import sqlalchemy.exc
+from sqlalchemy import create_engine, text
 
 from app.background import BackgroundLoop
 
@@ -51,6 +54,33 @@ def test_failures_back_off_exponentially_log_tracebacks_and_recover(caplog):
     assert len(errors) == 3
     assert all(r.exc_info is not None and "db down" in str(r.exc_info[1]) for r in errors)
     assert "3 in a row" in errors[-1].getMessage()
+
+
+def test_an_unavailable_database_is_one_warning_line_and_a_bug_keeps_its_traceback(caplog):
+    """A database outage is expected (the PostgreSQL outage test reads the server log for
+    tracebacks): one warning line per try. A SQL bug, which SQLite also reports as OperationalError
+    (here a real one: no such table), is still logged with its traceback."""
+    engine = create_engine("sqlite://", connect_args={"timeout": 0})
+    outage = sqlalchemy.exc.OperationalError("SELECT 1", {}, sqlite3.OperationalError("database is locked"))
+    with engine.connect() as conn:
+        try:
+            conn.execute(text("SELECT * FROM no_such_table"))
+        except sqlalchemy.exc.OperationalError as exc:
+            bug = exc
+    outcomes = iter([outage, bug, None])
+
+    def tick() -> None:
+        exc = next(outcomes)
+        if exc is not None:
+            raise exc
+
+    loop = BackgroundLoop("reaper", tick, interval=1.0, jitter=0.0, wait=Script(3))
+    with caplog.at_level(logging.WARNING, logger="steady"):
+        loop.run()
+    warning, error = [r for r in caplog.records if r.name == "steady"]
+    assert warning.levelno == logging.WARNING and warning.exc_info is None
+    assert "database unavailable" in warning.getMessage() and "database is locked" in warning.getMessage()
+    assert error.levelno == logging.ERROR and error.exc_info is not None and "no_such_table" in str(error.exc_info[1])
 
 
 def test_stop_ends_the_loop_before_the_next_tick():
