@@ -255,3 +255,23 @@ def live_server_factory(tmp_path):
 @pytest.fixture
 def live_server(live_server_factory) -> LiveServer:
     return live_server_factory(lease_seconds=5, heartbeat_seconds=1, reaper_interval_seconds=1)
+
+
+def database_with_one_run(db_url: str, *, status: str) -> tuple:
+    """A migrated ``Database`` at ``db_url`` holding one external study with one attempt-1 run in
+    ``status``: (database, run id). The caller disposes of the database."""
+    from app.db import Database
+    from app.models import Run, Study, utcnow
+
+    db = Database(db_url)
+    with db.write() as s:
+        study = Study(name="s", kind="external", status="open", spec={})
+        s.add(study)
+        s.flush()
+        run = Run(study_id=study.id, seed=0, repeat=0, determinism="seeded", stack="x", framework="torch",
+                  required_labels=[], status=status, attempt=1, max_attempts=1, fingerprint={}, digests={},
+                  determinism_applied={}, timings={}, final_metrics={}, created_at=utcnow())
+        s.add(run)
+        s.flush()
+        rid = run.id
+    return db, rid

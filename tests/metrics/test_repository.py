@@ -8,21 +8,12 @@ import pytest
 from app.db import Database
 from app.metrics import repository as repo
 from app.models import Run, Study, utcnow
+from tests.conftest import database_with_one_run
 
 
 @pytest.fixture
 def run_id(db_url):
-    db = Database(db_url)
-    with db.write() as s:
-        study = Study(name="s", kind="external", status="open", spec={})
-        s.add(study)
-        s.flush()
-        run = Run(study_id=study.id, seed=0, repeat=0, determinism="seeded", stack="x", framework="torch",
-                  required_labels=[], status="completed", attempt=1, max_attempts=1, fingerprint={}, digests={},
-                  determinism_applied={}, timings={}, final_metrics={}, created_at=utcnow())
-        s.add(run)
-        s.flush()
-        rid = run.id
+    db, rid = database_with_one_run(db_url, status="completed")
     yield db, rid
     db.dispose()
 

@@ -13,25 +13,15 @@ from sqlalchemy.exc import OperationalError
 from app.db import Database
 from app.errors import Conflict
 from app.metrics import repository as metrics_repo
-from app.models import MetricChunk, Run, Study, utcnow
+from app.models import MetricChunk
 from app.runs.committer import GroupCommitter
 from tests.api.helpers import batch, lease, register, spec
-from tests.conftest import wait_until
+from tests.conftest import database_with_one_run, wait_until
 
 
 @pytest.fixture
 def db_run(db_url):
-    db = Database(db_url)
-    with db.write() as s:
-        study = Study(name="s", kind="external", status="open", spec={})
-        s.add(study)
-        s.flush()
-        run = Run(study_id=study.id, seed=0, repeat=0, determinism="seeded", stack="x", framework="torch",
-                  required_labels=[], status="running", attempt=1, max_attempts=1, fingerprint={}, digests={},
-                  determinism_applied={}, timings={}, final_metrics={}, created_at=utcnow())
-        s.add(run)
-        s.flush()
-        rid = run.id
+    db, rid = database_with_one_run(db_url, status="running")
     yield db, rid
     db.dispose()
 
