@@ -258,7 +258,7 @@ def live_server(live_server_factory) -> LiveServer:
 
 
 def database_with_one_run(db_url: str, *, status: str) -> tuple:
-    """A migrated ``Database`` at ``db_url`` holding one external study with one attempt-1 run in
+    """A ``Database`` at ``db_url`` (the ``db_url`` fixture's, migrated) given one external study with one attempt-1 run in
     ``status``: (database, run id). The caller disposes of the database."""
     from app.db import Database
     from app.models import Run, Study, utcnow
