@@ -16,7 +16,8 @@ Lan–DeMets functions of ``app.stats.sequential``:
 With a single stage (K = 1) both rules are exactly the fixed-sample verdict of
 ``app.stats.report`` (TOST p < α; (1 − α) Welch CI outside the margin). The first stage that
 decides ends the test. Critical values are Student t quantiles at the stage's Welch df and
-level a_k (the small-sample form of the z boundary, slightly conservative).
+level a_k (the significance-level approach: exact for a known variance, approximate for an
+estimated one; ``app.stats.calibration.rules_adaptive_portability`` measures it).
 
 The information of a difference of means grows with h = n_r·n_c/(n_r + n_c); the fraction of
 stage k is h_k/h_max with h_max = N/2 for at most N seeds per stack (failed runs lower it); the
