@@ -48,7 +48,7 @@ NONFINITE_ENCODING = "NaN, +Inf, -Inf -> " + ", ".join(f'"{s}"' for s in NONFINI
 
 __all__ = [
     "RepeatabilityVerdict", "SeedStabilityVerdict", "PortabilityVerdict", "Verdict", "Report", "StudyHeader",
-    "JudgedMetric", "ExcludedRun", "Stage", "StageDecision", "ArmDifference", "BandGroup", "Bands", "Compare",
+    "JudgedMetric", "ExcludedRun", "Stage", "StageDecision", "SequentialTost", "TostLook", "ArmDifference", "BandGroup", "Bands", "Compare",
     "CompareStudy", "CodeComparison", "RunCounts", "worst", "verdicts_of", "typed_verdicts",
 ]
 
@@ -109,6 +109,39 @@ class SeedStabilityVerdict(_VerdictBase):
     sequential: SequentialDecision | None
 
 
+class TostLook(Part):
+    """One stage of a group-sequential TOST (``app.stats.sequential_tost.TostLook``)."""
+
+    stage: int
+    n_reference: int
+    n_candidate: int
+    info_fraction: WireFloat
+    boundary: WireFloat
+    nominal_alpha: WireFloat
+    cumulative_alpha: WireFloat
+    boundary_not_equivalent: WireFloat
+    nominal_alpha_not_equivalent: WireFloat
+    diff: WireFloat | None
+    se: WireFloat | None
+    df: WireFloat | None
+    ci_low: WireFloat | None
+    ci_high: WireFloat | None
+    verdict: PortabilityValue
+
+
+class SequentialTost(Part):
+    """A portability verdict judged in stages (adaptive seeds); ``alpha`` is per comparison."""
+
+    verdict: PortabilityValue
+    decided_at: int | None
+    final: bool
+    stages: list[TostLook]
+    alpha: WireFloat
+    spending: str
+    max_seeds: int
+    margin: WireFloat
+
+
 class PortabilityVerdict(_VerdictBase):
     """Level 3: one stack against the reference — equivalent within the margin (TOST)?"""
 
@@ -131,6 +164,7 @@ class PortabilityVerdict(_VerdictBase):
     result: Portability | None = None
     tost_p_adjusted: WireFloat | None = None
     welch_p_adjusted: WireFloat | None = None
+    sequential: SequentialTost | None = None
 
 
 Verdict = Annotated[RepeatabilityVerdict | SeedStabilityVerdict | PortabilityVerdict, Field(discriminator="level")]
@@ -177,12 +211,16 @@ class ExcludedRun(Part):
 
 
 class StageDecision(Part):
-    """What one stage of an adaptive study decided for one seed-stability verdict (or why it could not)."""
+    """What one stage of an adaptive study decided for one seed-stability or portability verdict (or
+    why it could not); a portability decision names its stacks and the stage's CI of the difference."""
 
+    level: Level | None = None
     metric: str | None = None
     determinism: Determinism | None = None
     stack: str | None = None
-    verdict: SeedStabilityValue | None = None
+    reference_stack: str | None = None
+    candidate_stack: str | None = None
+    verdict: SeedStabilityValue | PortabilityValue | None = None
     decided_at: int | None = None
     n_seeds: int | None = None
     info_fraction: WireFloat | None = None
@@ -192,7 +230,12 @@ class StageDecision(Part):
     std: WireFloat | None = None
     lower: WireFloat | None = None
     upper: WireFloat | None = None
-    decision: SeedStabilityValue | None = None
+    n_reference: int | None = None
+    n_candidate: int | None = None
+    diff: WireFloat | None = None
+    ci_low: WireFloat | None = None
+    ci_high: WireFloat | None = None
+    decision: SeedStabilityValue | PortabilityValue | None = None
     error: str | None = None
 
 

@@ -137,7 +137,7 @@ def _convergence_lines(c: Convergence, color: bool) -> list[str]:
 
 
 def stage_lines(report: Report, *, color: bool = False) -> list[str]:
-    """The stages of an adaptive study: per stage, its seeds and what each seed-stability verdict did."""
+    """The stages of an adaptive study: per stage, its seeds and what each sequential verdict did."""
     seq = report.options.sequential
     stages = report.stages
     last = seq.last_stage if seq else "?"
@@ -159,6 +159,12 @@ def stage_lines(report: Report, *, color: bool = False) -> list[str]:
             decision = _paint(str(d.decision), _color_of(d.decision), color)
             if d.decided_at and d.decided_at != s.stage:
                 decision += f" (decided at stage {d.decided_at})"
+            if d.level == "stack_portability":  # a group-sequential TOST: the stage's CI of the difference
+                ci = "" if d.diff is None else f"Δmean {_num(d.diff)} in [{_num(d.ci_low)}, {_num(d.ci_high)}]"
+                out.append(f"    {d.metric}  {d.determinism} / {d.candidate_stack} vs {d.reference_stack}: "
+                           f"n={d.n_reference}+{d.n_candidate} t={_num(d.info_fraction)} boundary {bound}: {ci} "
+                           f"→ {decision}")
+                continue
             group = f"{d.determinism} / {d.stack}" if d.stack else str(d.determinism or "")
             out.append(f"    {d.metric}  {group}: n={d.n_seeds} t={_num(d.info_fraction)}"
                        f" boundary {bound}: {stat} → {decision}")

@@ -26,5 +26,8 @@ def out_of_band(false_alarm: float = 0.01) -> str:
     return f"false alarm ≤ {_pct(false_alarm)} per study (whole-curve leave-one-out)"
 
 
-def stack_portability(alpha: float = 0.05, method: str = "holm") -> str:
+def stack_portability(alpha: float = 0.05, method: str = "holm", *, sequential: bool = False) -> str:
+    if sequential:
+        return (f"each claim ('equivalent', 'not equivalent') wrong ≤ {_pct(alpha)} over all stages "
+                "(group-sequential TOST, alpha spending; Bonferroni over comparisons)")
     return f"false 'equivalent' or 'not equivalent' ≤ {_pct(alpha)} ({'Holm' if method == 'holm' else method.upper()})"

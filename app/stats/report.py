@@ -79,7 +79,8 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
       ``app.stats.stack_pairs``): the named source (``stack`` when fingerprints differ), the
       first divergent step and the size of the difference.
     ``stages`` (an adaptive study): seed-stability verdicts with a ``max_std`` are judged
-      group-sequentially over the stages (``SeedStages``; details carry ``sequential``).
+      group-sequentially over the stages (``SeedStages``; details carry ``sequential``), and so
+      are portability verdicts with a margin (``app.stats.sequential_tost``).
     ``rng`` drives every bootstrap (portability CI). ``cost_budget``: the largest acceptable
     step-time ratio between determinism levels; the cost entries then carry a
     ``pass``/``fail``/``inconclusive`` verdict (``app.stats.cost``).
@@ -101,8 +102,8 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
                                    false_alarm=false_alarm, stages=stages, bands=bands)
         pending_port += [(spec, *p) for p in _portability_verdicts(groups, spec, reference_stack=reference_stack,
                                                                    alpha=alpha, rng=rng, coverage=coverage,
-                                                                   confidence=confidence)]
-    verdicts += _finish_portability(pending_port, alpha=alpha, method=adjust_method)
+                                                                   confidence=confidence, stages=stages)]
+    verdicts += _finish_portability(pending_port, alpha=alpha, method=adjust_method, stages=stages)
     diverged = []
     for r in runs:
         for key in sorted(r.series):

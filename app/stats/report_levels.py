@@ -28,6 +28,7 @@ from app.stats.report_data import (
 )
 from app.stats.seed_stability import seed_spread
 from app.stats.sequential import sequential_seed_decision
+from app.stats.sequential_tost import sequential_tost_decision, sequential_tost_reason
 from app.stats.serialize import to_data
 from app.stats.stack_pairs import stack_pairs
 
@@ -204,7 +205,18 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
     return out
 
 
-def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, rng, coverage, confidence):
+def _split_by_stage(values, run_ids, seed_of: dict, stages: SeedStages | None) -> list[list[float]] | None:
+    """Final values per stage that added their seed (None: not an adaptive study)."""
+    if stages is None:
+        return None
+    out: list[list[float]] = [[] for _ in range(stages.current)]
+    for v, i in zip(values, run_ids):
+        out[int(stages.stage_of_seed.get(seed_of[i], 1)) - 1].append(float(v))
+    return out
+
+
+def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, rng, coverage, confidence,
+                          stages: SeedStages | None = None):
     pending: list[tuple] = []
     by_level: dict[str, dict[str, list[RunData]]] = defaultdict(dict)
     for (det, stack), rs in groups.items():
@@ -227,6 +239,11 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
             cand_runs = _one_per_seed(stacks[cand], spec.name)
             both = common_finals(ref_runs + cand_runs, spec.name)  # one common final step for both stacks
             ref_ids = {r.run_id for r in ref_runs}
+            seed_of = {r.run_id: r.seed for r in ref_runs + cand_runs}
+            split = (_split_by_stage([v for v, i in zip(both.values, both.run_ids) if i in ref_ids],
+                                     [i for i in both.run_ids if i in ref_ids], seed_of, stages),
+                     _split_by_stage([v for v, i in zip(both.values, both.run_ids) if i not in ref_ids],
+                                     [i for i in both.run_ids if i not in ref_ids], seed_of, stages))
             ref_vals = np.array([v for v, i in zip(both.values, both.run_ids) if i in ref_ids])
             cand_vals = np.array([v for v, i in zip(both.values, both.run_ids) if i not in ref_ids])
             ref_bad = [i for i in both.diverged_run_ids if i in ref_ids]
@@ -240,25 +257,37 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
                     "margin": spec.margin, "final_step": both.step, "short_run_ids": both.short_run_ids,
                     "same_seed": _same_seed(stacks[ref], stacks[cand], spec)}
             if ref_vals.size < 2 or cand_vals.size < 2:
-                pending.append((group, None, base))
+                pending.append((group, None, base, split))
             else:
                 pending.append((group, compare_stacks(ref_vals, cand_vals, margin=spec.margin, rng=rng, alpha=alpha),
-                                base))
+                                base, split))
     return pending
 
 
-def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
-    tost_idx = [i for i, (_, _, res, _) in enumerate(pending) if res is not None and res.tost is not None]
-    welch_idx = [i for i, (_, _, res, _) in enumerate(pending) if res is not None]
+def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = None) -> list[Verdict]:
+    """The portability verdicts, adjusted over the report's comparisons. In an adaptive study
+    (``stages``) a verdict with a margin is the group-sequential TOST of
+    ``app.stats.sequential_tost`` at α / (number of TOST comparisons) (Bonferroni: Holm's step-down
+    has no stage-wise form here)."""
+    tost_idx = [i for i, (_, _, res, *_) in enumerate(pending) if res is not None and res.tost is not None]
+    welch_idx = [i for i, (_, _, res, *_) in enumerate(pending) if res is not None]
     tost_adj = dict(zip(tost_idx, adjust([pending[i][2].tost.p_value for i in tost_idx], method=method))) \
         if tost_idx else {}
     welch_adj = dict(zip(welch_idx, adjust([pending[i][2].welch.p_value for i in welch_idx], method=method))) \
         if welch_idx else {}
     out = []
-    for i, (spec, group, res, base) in enumerate(pending):
+    n_tost = max(len(tost_idx), 1)
+    for i, (spec, group, res, base, split) in enumerate(pending):
         n_runs = base["n_reference"] + base["n_candidate"]
+        seq, seq_last = None, 1
+        if stages is not None and spec.margin is not None and split[0] is not None:
+            seq_last = stages.last_stage
+            seq = sequential_tost_decision(split[0], split[1], margin=spec.margin, max_seeds=stages.max_seeds,
+                                           last_stage=stages.last_stage, alpha=alpha / n_tost,
+                                           spending=stages.spending)
         details = {**base, "adjust_method": method, "n_comparisons_tost": len(tost_idx),
-                   "n_comparisons_welch": len(welch_idx), "guarantee": guarantees.stack_portability(alpha, method)}
+                   "n_comparisons_welch": len(welch_idx), "sequential": seq,
+                   "guarantee": guarantees.stack_portability(alpha, method, sequential=seq is not None)}
         if res is None:
             out.append(Verdict("stack_portability", spec.name, group, "inconclusive", n_runs,
                                f"need at least 2 finite runs per stack (reference {base['n_reference']}, "
@@ -292,6 +321,10 @@ def _finish_portability(pending, *, alpha, method) -> list[Verdict]:
                 verdict, reason = "not_equivalent", f"no margin given; {d}, Welch p={welch_adj[i]:.3g} ({method})"
             else:
                 verdict, reason = "inconclusive", f"no margin given, equivalence cannot be claimed; {d}"
+        if seq is not None:
+            verdict = seq.verdict
+            reason = (sequential_tost_reason(seq, last_stage=seq_last, n_comparisons=n_tost)
+                      + f"; for reference, the fixed-sample rule on all seeds: {reason}")
         if base["diverged_run_ids"]:
             reason += f"; {len(base['diverged_run_ids'])} diverged run(s) excluded"
         reason += _same_seed_phrase(base["same_seed"])

@@ -1,7 +1,8 @@
-"""Adaptive seeds: a study with a budget grows in stages while its seed-stability verdict is inconclusive.
+"""Adaptive seeds: a study with a budget grows in stages while a sequential verdict is inconclusive.
 
-When the last run of a stage ends, the stage is judged (``app.stats.sequential`` through the
-report): if some seed-stability verdict with a ``max_std`` is still inconclusive and the budget
+When the last run of a stage ends, the stage is judged (``app.stats.sequential`` and
+``app.stats.sequential_tost`` through the report): if some seed-stability verdict with a
+``max_std`` or portability verdict with a ``margin`` is still inconclusive and the budget
 allows another stage, the next stage's runs (new seeds) are queued and the study stays running;
 else the study completes. Every stage and what it decided is recorded (``study_stages``).
 """
@@ -25,7 +26,8 @@ class Report(Protocol):
     """What stage judging reads of a study's report (``app.reports.models.Report``, a layer above
     the studies domain, so named here by its shape)."""
 
-    def of_level(self, level: Literal["seed_stability"], metric: str | None = None) -> Sequence[Any]: ...
+    def of_level(self, level: Literal["seed_stability", "stack_portability"],
+                 metric: str | None = None) -> Sequence[Any]: ...
 
 
 # (session, study id) -> the study's report, as ``app.reports.service.compute_report`` returns it
@@ -71,21 +73,30 @@ def stages_out(session: Session, study: Study) -> list[dict[str, Any]]:
              "decisions": r.decisions} for r in repository.stages_of(session, study.id)]
 
 
+_NUMBERS = {"seed_stability": {"n_seeds", "info_fraction", "boundary", "nominal_alpha", "cumulative_alpha", "std",
+                                "lower", "upper"},
+            "stack_portability": {"n_reference", "n_candidate", "info_fraction", "boundary", "nominal_alpha",
+                                  "cumulative_alpha", "diff", "ci_low", "ci_high"}}
+_GROUP_KEYS = {"determinism", "stack", "reference_stack", "candidate_stack"}
+
+
 def _decisions(report: Report, stage: int) -> tuple[list[dict[str, Any]], bool]:
-    """What ``stage`` decided per seed-stability verdict, and whether another stage is wanted
-    (``app.reports.models.StageDecision`` as JSON data)."""
+    """What ``stage`` decided per sequential verdict (seed stability, stack portability), and
+    whether another stage is wanted (``app.reports.models.StageDecision`` as JSON data)."""
     out, more = [], False
-    for v in report.of_level("seed_stability"):
-        seq = v.sequential
-        if seq is None:
-            continue
-        looks = seq.stages
-        look = next((x for x in looks if x.stage == stage), looks[-1] if looks else None)
-        numbers = look.model_dump(mode="json", include={"n_seeds", "info_fraction", "boundary", "nominal_alpha",
-                                                        "cumulative_alpha", "std", "lower", "upper"}) if look else {}
-        out.append({"metric": v.metric, **v.group.as_dict(), "verdict": v.verdict, "decided_at": seq.decided_at,
-                    **numbers, "decision": look.verdict if look and look.stage == stage else v.verdict})
-        more = more or (v.verdict == "inconclusive" and not seq.final)
+    for level in ("seed_stability", "stack_portability"):
+        for v in report.of_level(level):
+            seq = v.sequential
+            if seq is None:
+                continue
+            looks = seq.stages
+            look = next((x for x in looks if x.stage == stage), looks[-1] if looks else None)
+            numbers = look.model_dump(mode="json", include=_NUMBERS[level]) if look else {}
+            group = {k: x for k, x in v.group.as_dict().items() if k in _GROUP_KEYS}  # not e.g. `differ_by`
+            out.append({"level": level, "metric": v.metric, **group, "verdict": v.verdict,
+                        "decided_at": seq.decided_at, **numbers,
+                        "decision": look.verdict if look and look.stage == stage else v.verdict})
+            more = more or (v.verdict == "inconclusive" and not seq.final)
     return out, more
 
 

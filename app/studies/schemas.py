@@ -121,8 +121,9 @@ class StudySpec(_Spec):
     suite: Name | None = None
     budget: BudgetSpec | None = Field(
         None,
-        description="adaptive seeds: when a seed-stability verdict is inconclusive, the server adds seeds in "
-        "stages (group-sequential, alpha spending) until it is conclusive or the budget is spent",
+        description="adaptive seeds: when a seed-stability verdict (max_std) or a stack-portability verdict "
+        "(margin) is inconclusive, the server adds seeds in stages (group-sequential, alpha spending) until it is "
+        "conclusive or the budget is spent",
     )
     alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(
         [], description="alert rules; scoped to the suite when the study has one, else to the study"
@@ -208,8 +209,9 @@ class StudySpec(_Spec):
     def _check_budget(self, budget: BudgetSpec) -> None:
         if self.kind != "managed":
             raise ValueError("budget: only a managed study can add seeds (an external study's runs are uploaded)")
-        if not any(m.max_std is not None for m in self.metrics):
-            raise ValueError("budget: no metric has a 'max_std', so no seed-stability verdict can become conclusive")
+        if not any(m.max_std is not None or (m.margin is not None and len(self.groups) > 1) for m in self.metrics):
+            raise ValueError("budget: no metric has a 'max_std' (seed stability) or a 'margin' with two or more "
+                             "stacks (stack portability), so no verdict can become conclusive")
         if budget.max_seeds < len(self.seeds):
             raise ValueError(f"budget: max_seeds {budget.max_seeds} is below the {len(self.seeds)} seeds of the spec")
         if budget.max_runs is not None and budget.max_runs < self.run_count:

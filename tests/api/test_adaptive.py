@@ -108,3 +108,61 @@ def test_max_runs_caps_the_seeds():
 
     spec = StudySpec.model_validate({**_spec(max_seeds=30, max_runs=26), "determinism": ["seeded", "strict"]})
     assert spec.runs_per_seed == 2 and spec.max_seeds == 13 and planned_sizes(spec) == (5, 10, 13)
+
+
+# --------------------------------------------------------------------------- stack portability in stages
+
+
+def _port_final(seed: int, stack: str, sd: float) -> float:
+    return float(sd * np.random.default_rng((1000 if stack == "old" else 2000) + seed).standard_normal())
+
+
+def test_inconclusive_portability_grows_until_equivalent(api):
+    """A two-stack upgrade comparison with a margin and no max_std: the group-sequential TOST is
+    inconclusive at 5 and 10 seeds per stack, so the server adds seeds until it is `equivalent`."""
+    from app.stats.sequential_tost import sequential_tost_decision
+
+    spec = {"name": "upgrade", "workload": {"framework": "torch", "name": "torch_mlp"}, "seeds": [0, 1, 2, 3, 4],
+            "determinism": ["seeded"], "stacks": [{"name": "old"}, {"name": "new"}], "reference_stack": "old",
+            "metrics": [{"name": "loss", "margin": 0.5}], "budget": {"max_seeds": 30, "stage_seeds": 5}}
+    r = api.post("/api/v1/studies", json=spec)
+    assert r.status_code == 201, r.text
+    sid, wid, seen = r.json()["id"], register(api), []
+    while (leased := lease(api, wid)) is not None:
+        lid, run_id, seed, stack = (leased["lease_id"], leased["run_id"], leased["spec"]["seed"],
+                                    leased["spec"]["stack"])
+        body = batch(lid, 0, "loss", [0, 1], [1.0, _port_final(seed, stack, 0.4)])
+        assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=body).status_code == 200
+        assert api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid)).status_code == 200
+        seen.append((seed, stack))
+    assert sorted(seen) == sorted((s, k) for s in range(15) for k in ("old", "new"))  # 3 stages of 5 seeds
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "completed" and study["stage"]["stage"] == 3
+    report = api.get(f"/api/v1/studies/{sid}/report").json()
+    assert [s["outcome"] for s in report["stages"]] == ["continue", "continue", "conclusive"]
+    (v,) = [v for v in report["verdicts"] if v["level"] == "stack_portability"]
+    assert v["verdict"] == "equivalent" and v["sequential"]["decided_at"] == 3 and v["n_reference"] == 15
+    assert "equivalent within ±0.5 at stage 3 with 15 + 15 seeds" in v["reason"]
+    assert "over all stages" in v["guarantee"]
+    # the stages' boundaries, CIs and decisions are those of the pure sequential TOST on the same values
+    ref = sequential_tost_decision([[_port_final(s, "old", 0.4) for s in range(5 * j, 5 * j + 5)] for j in range(3)],
+                                   [[_port_final(s, "new", 0.4) for s in range(5 * j, 5 * j + 5)] for j in range(3)],
+                                   margin=0.5, max_seeds=30, last_stage=6)
+    decisions = [d for s in report["stages"] for d in s["decisions"]]
+    assert all(d["level"] == "stack_portability" and d["candidate_stack"] == "new" for d in decisions)
+    assert [d["boundary"] for d in decisions] == pytest.approx([look.boundary for look in ref.stages])
+    assert [d["ci_high"] for d in decisions] == pytest.approx([look.ci_high for look in ref.stages])
+    assert [d["decision"] for d in decisions] == ["inconclusive", "inconclusive", "equivalent"]
+    text = render_report(Report.model_validate(report))
+    assert "Adaptive seeds — stage 3 of at most 6" in text and "loss  seeded / new vs old: n=15+15" in text
+    page = api.get(f"/studies/{sid}")
+    assert page.status_code == 200 and page.text.count('data-stage="') == 3 and "new vs old" in page.text
+    assert "15 + 15" in page.text and "Δmean" in page.text
+
+
+def test_budget_with_a_margin_needs_two_stacks(api):
+    body = {**_spec(max_seeds=10), "metrics": [{"name": "loss", "margin": 0.5}]}
+    r = api.post("/api/v1/studies", json=body)
+    assert r.status_code == 422 and "two or more stacks" in r.text
+    ok = {**body, "stacks": [{"name": "a"}, {"name": "b"}]}
+    assert api.post("/api/v1/studies", json=ok).status_code == 201

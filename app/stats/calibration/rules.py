@@ -3,17 +3,26 @@
 One module per family keeps the registry easy to extend: ``seeds`` (seed stability,
 out-of-band runs, repeatability, stack portability, planning), ``cost`` (determinism cost),
 ``alerts`` (alert kinds, suite shift over a lifetime of evaluations), ``adaptive`` (seed-stability
-verdicts of studies that add seeds in stages), ``convergence`` (MLPerf RCP check)."""
+verdicts of studies that add seeds in stages), ``adaptive_portability`` (their portability verdicts),
+``convergence`` (MLPerf RCP check)."""
 from __future__ import annotations
 
 from app.stats.calibration import Rule
-from app.stats.calibration import rules_adaptive, rules_alerts, rules_convergence, rules_cost, rules_seeds
+from app.stats.calibration import (
+    rules_adaptive,
+    rules_adaptive_portability,
+    rules_alerts,
+    rules_convergence,
+    rules_cost,
+    rules_seeds,
+)
 
 __all__ = ["all_rules", "rule_by_name"]
 
 
 def all_rules() -> list[Rule]:
-    return [*rules_seeds.RULES, *rules_adaptive.RULES, *rules_cost.RULES, *rules_alerts.RULES, *rules_convergence.RULES]
+    return [*rules_seeds.RULES, *rules_adaptive.RULES, *rules_adaptive_portability.RULES, *rules_cost.RULES,
+            *rules_alerts.RULES, *rules_convergence.RULES]
 
 
 def rule_by_name(name: str) -> Rule:
