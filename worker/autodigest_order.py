@@ -110,10 +110,10 @@ def install_torch(record: Callable[[list[str]], None]) -> Callable[[], None]:
             pass
         return index
 
-    base._next_index = _next_index
+    base._next_index = _next_index  # type: ignore[method-assign]
 
     def finish() -> None:
-        base._next_index = original
+        base._next_index = original  # type: ignore[method-assign]
         record(hook.digests())
 
     return finish
