@@ -92,3 +92,13 @@ def test_different_shuffle_seeds_are_attributed_to_data_order_at_none():
     d = run(1, explicit=True)
     assert d.digests["data_order"] == [order_digest(range(24))] * 2
     assert "data_order_digest_source" not in d.determinism_applied
+
+
+@pytest.mark.slow
+def test_a_command_workload_records_the_same_order_through_the_shim(tmp_path):
+    spec = {"framework": "torch", "seed": 1, "determinism": "none", "threads": 1, "time_limit_s": 300}
+    cmd = run_local({**spec, "command": ["python", str(FIXTURE), "4"]}, work_dir=str(tmp_path / "cmd"))
+    entry = run_local({**spec, "entrypoint": str(FIXTURE), "params": {"order_seed": 4}}, work_dir=str(tmp_path / "e"))
+    assert cmd.ok and entry.ok, cmd.stderr_tail + entry.stderr_tail
+    assert cmd.determinism_applied["data_order_digest_source"] == "automatic"
+    assert len(cmd.digests["data_order"]) == 2 and cmd.digests["data_order"] == entry.digests["data_order"]
