@@ -57,7 +57,12 @@ class _Loader:
         if sampler_iter is not self._current():  # torch made a fresh iterator: a new pass began
             self._current = _ref(sampler_iter)
             self.epochs.append(hashlib.sha256(ORDER_MAGIC))
-        arr = np.asarray(index)
+        try:
+            arr = np.asarray(index)
+        except (TypeError, ValueError):  # ragged or odd: this loader's order cannot be told
+            arr = np.asarray("unreadable")
+        if arr.size == 0:  # an empty batch adds no index (np.asarray([]) is float)
+            return
         if arr.dtype.kind not in "iu":
             self.unreadable = True
             return

@@ -66,6 +66,20 @@ def test_the_loader_that_hands_out_most_indices_is_the_runs_order():
     assert recorded == [[order_digest(e) for e in seen_big]]
 
 
+def test_a_sampler_of_non_integers_is_left_out():
+    from torch.utils.data import DataLoader
+
+    keys = ["a", "b", "c", "d", "e", "f"]
+    by_key = DataLoader({k: i for i, k in enumerate(keys)}, sampler=keys, batch_size=2)  # a mapping dataset
+    recorded: list[list[str]] = []
+    finish = install_torch(recorded.append)
+    try:
+        assert [int(v) for b in by_key for v in b] == [0, 1, 2, 3, 4, 5]  # the training is undisturbed
+    finally:
+        finish()
+    assert recorded == [[]]  # no order rather than a wrong one
+
+
 @pytest.mark.slow
 def test_different_shuffle_seeds_are_attributed_to_data_order_at_none():
     def run(order_seed: int, **params):
