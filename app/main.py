@@ -93,12 +93,13 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit
-        if self.code_limit is not None and scope["path"].startswith("/api/v1/code/"):
-            limit = max(limit, self.code_limit)  # code archives have their own limit (STEADY_MAX_CODE_BYTES)
+        limit, setting = self.limit, "STEADY_MAX_BODY_BYTES"
+        if self.code_limit is not None and scope["path"].startswith("/api/v1/code/") and self.code_limit > limit:
+            # code archives have their own limit; the answer names the setting that refused it
+            limit, setting = self.code_limit, "STEADY_MAX_CODE_BYTES"
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await _too_large(limit, send)
+                await _too_large(limit, setting, send)
                 return
         seen = 0
         started = over = False
@@ -120,7 +121,7 @@ class BodyLimit:
                 # ("error parsing the body"): answer 413 naming the limit instead.
                 if message["type"] == "http.response.start" and not started:
                     started = True
-                    await _too_large(limit, send)
+                    await _too_large(limit, setting, send)
                 return
             if message["type"] == "http.response.start":
                 started = True
@@ -130,15 +131,15 @@ class BodyLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await _too_large(limit, send)
+                await _too_large(limit, setting, send)
 
 
 class _BodyTooLarge(Exception):
     pass
 
 
-async def _too_large(limit: int, send: Send) -> None:
-    body = orjson.dumps(error_body(f"request body over the limit of {limit} bytes (STEADY_MAX_BODY_BYTES)", 413))
+async def _too_large(limit: int, setting: str, send: Send) -> None:
+    body = orjson.dumps(error_body(f"request body over the limit of {limit} bytes ({setting})", 413))
     await send(
         {
             "type": "http.response.start",

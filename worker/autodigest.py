@@ -5,9 +5,12 @@ Installed by the harness in the run subprocess before user code runs (:func:`ins
 * **PyTorch** — a global optimizer hook (``torch.optim.optimizer.register_optimizer_step_pre_hook``,
   PyTorch >= 2.0, applies to every optimizer): the parameters an optimizer updates are digested
   just before its first ``step()`` (``initial_weights``), and those of every optimizer that
-  stepped are digested when the run ends (``final_weights``).
+  stepped are digested when the run ends (``final_weights``); the order in which DataLoader
+  samplers hand out indices is digested per epoch (``data_order``, :mod:`worker.autodigest_order`).
 * **Keras** — ``keras.Model.fit`` is wrapped: the model's weights are digested when the first
-  ``fit`` starts (``initial_weights``) and when the last one returns (``final_weights``).
+  ``fit`` starts (``initial_weights``) and when the last one returns (``final_weights``). Keras'
+  data order is not recorded: ``fit(shuffle=True)`` shuffles inside its tf.data pipeline
+  (``tf.random.shuffle`` in graph code), where no Python hook sees the indices.
 
 A digest the code records itself (``sdk.set_digest``) always wins: an automatic one is only
 written for a kind the run has not recorded by then. Entries are named by position
@@ -67,12 +70,29 @@ class _TorchHooks:
             _record("final_weights", state_digest(self._params()))
 
 
+def _record_data_order(epochs: list[str]) -> None:
+    """The automatic data order, per epoch, unless the code logged its own (that one wins)."""
+    if not epochs or _recorded("data_order"):
+        return
+    for epoch, value in enumerate(epochs):
+        sdk.set_digest("data_order", value, epoch=epoch)
+    sdk.emit({"e": "info", "value": {"data_order_digest_source": SOURCE}})
+
+
 def _install_torch() -> Any:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+    from worker.autodigest_order import install_torch as install_order
+
     hooks = _TorchHooks()
     hooks.handles.append(register_optimizer_step_pre_hook(hooks.pre))
-    return hooks.finish
+    finish_order = install_order(_record_data_order)
+
+    def finish() -> None:
+        hooks.finish()
+        finish_order()
+
+    return finish
 
 
 # --- Keras ---------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def pack(root: str, files: list[str] | None = None, *, max_bytes: int = DEFAULT_
             total += st.st_size
             if total > max_bytes:
                 raise CodeError(
-                    f"the code in {root} is over the limit of {max_bytes // (1024 * 1024)} MB "
+                    f"the code in {root} is over the limit of {max_bytes / (1024 * 1024):g} MB "
                     f"(STEADY_MAX_CODE_BYTES on the server, --max-code-mb for submit) at {name}: "
                     "ship data separately or ignore it in .gitignore"
                 )

@@ -6,7 +6,8 @@ before the interpreter starts, always; and, when the command is a Python interpr
 imports this shim, the in-process switches of :func:`worker.determinism.apply` (seeds of
 ``random``, NumPy and the framework; ``torch.use_deterministic_algorithms`` and cuDNN flags
 at ``strict``), the fingerprint, the automatic digests of :mod:`worker.autodigest` (torch's
-optimizer hook, Keras' ``fit``: initial weights before the first step, final weights at exit),
+optimizer hook and DataLoader order, Keras' ``fit``: initial weights before the first step, final
+weights and the data order at exit),
 and a result event at exit with the SDK's final values.
 """
 

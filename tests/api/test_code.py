@@ -134,3 +134,33 @@ def test_capture_patterns_are_checked_at_submit(api):
     ok = submit({"tensorboard": False, "patterns": ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)"]})
     assert ok.status_code in (200, 201), ok.text
     assert ok.json()["spec"]["workload"]["capture"]["patterns"] == ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)"]
+
+
+def _random_archive(tmp_path, name: str, size: int) -> codepack.Packed:
+    """An archive of about ``size`` bytes (random bytes do not compress)."""
+    import os
+
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "blob.bin").write_bytes(os.urandom(size))
+    return codepack.pack(str(tmp_path / name))
+
+
+@pytest.mark.parametrize("store", ["filesystem", "database"])
+def test_an_archive_over_the_code_limit_is_a_413_naming_the_setting(make_api, tmp_path, store):
+    api = make_api(code_store=store, max_code_bytes=8 * 1024)  # under the body limit: the code limit decides
+    over, under = _random_archive(tmp_path, "over", 12 * 1024), _random_archive(tmp_path, "under", 4 * 1024)
+    r = _put(api, over.sha256, over.data)
+    assert r.status_code == 413, r.text
+    assert f"code archive of {len(over.data)} bytes is over the limit of 8192 bytes (STEADY_MAX_CODE_BYTES)" in r.text
+    assert api.client.head(f"/api/v1/code/{over.sha256}", headers=api.h("worker")).status_code == 404  # not stored
+    assert _put(api, under.sha256, under.data).status_code == 200
+
+
+def test_the_code_limit_replaces_a_smaller_body_limit_for_archives(make_api, tmp_path):
+    api = make_api(max_body_bytes=4 * 1024, max_code_bytes=16 * 1024)
+    between, over = _random_archive(tmp_path, "between", 8 * 1024), _random_archive(tmp_path, "over", 20 * 1024)
+    assert _put(api, between.sha256, between.data).status_code == 200  # over the body limit, under the code limit
+    r = _put(api, over.sha256, over.data)
+    assert r.status_code == 413 and "16384 bytes (STEADY_MAX_CODE_BYTES)" in r.text, r.text
+    big_json = api.post("/api/v1/studies", json={"name": "x" * 8 * 1024})  # other routes keep the body limit
+    assert big_json.status_code == 413 and "4096 bytes (STEADY_MAX_BODY_BYTES)" in big_json.text

@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.stats.expectations import SEEDS_IDENTICAL, repeatability_expectation
+from app.stats.expectations import SEEDS_IDENTICAL
 from app.stats.repeatability import RepeatRun, repeatability
+from app.stats.report import build_report
+from app.stats.report_data import MetricSpec, RunData
 from worker.local import run_local
 
 pytestmark = pytest.mark.slow
@@ -54,11 +56,19 @@ def test_keras_guide_example_unseeded_is_blamed_on_seeding_at_none():
 
 def test_keras_guide_example_ignores_steadys_seed():
     """Verbatim, the guide's example seeds itself with 42: runs of different Steady seeds at
-    ``none`` are bit-identical, and the report says the code probably ignores Steady's seed."""
-    a, b = _run("keras_guide_example.py", "tensorflow", 1), _run("keras_guide_example.py", "tensorflow", 2)
+    ``none`` are bit-identical, and the report, comparing them itself, says the code probably
+    ignores Steady's seed."""
+    runs = {(seed, repeat): _run("keras_guide_example_logged.py", "tensorflow", seed) for seed, repeat in ((1, 0), (1, 1), (2, 0))}
+    a, b = runs[1, 0], runs[2, 0]
     assert a.digests["initial_weights"] == b.digests["initial_weights"] is not None
     assert a.digests["final_weights"] == b.digests["final_weights"] is not None
-    verdict = repeatability([_repeat(a), _repeat(b)], determinism="none").verdict
-    assert verdict == "identical"
-    exp = repeatability_expectation("none", verdict, seeds_identical=True)
-    assert exp.met is False and SEEDS_IDENTICAL in exp.suspicious
+    assert a.series["loss"][0] == [0, 1, 2, 3, 4]  # one loss per epoch
+    data = [RunData(run_id=i + 1, seed=seed, repeat=repeat, determinism="none", stack="cpu", fingerprint=r.fingerprint,
+                    digests=r.digests, series={k: (np.asarray(st, np.int64), np.asarray(v, np.float64))
+                                               for k, (st, v) in r.series.items()})
+            for i, ((seed, repeat), r) in enumerate(runs.items())]
+    report = build_report(data, [MetricSpec("loss")], rng=np.random.default_rng(0))
+    (rep,) = [v for v in report.verdicts if v.level == "repeatability" and v.metric == "loss"]
+    assert rep.verdict == "identical" and rep.details["n_seeds_compared"] == 2
+    assert rep.details["seeds_identical"] is True  # derived from the runs, not passed in
+    assert rep.details["met_expectation"] is False and SEEDS_IDENTICAL in rep.details["suspicious"]

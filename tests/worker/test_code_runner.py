@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
 
 from worker import codepack
 from worker.local import run_local
+from worker.runner import RunProcess
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +29,13 @@ CODE = {
         import os
         def main(ctx):
             ctx.log(step=0, loss=float(os.path.exists("fit.py")))
+    """,
+    "exp/echo.py": """
+        import json, os, sys
+        from worker import sdk
+        with open(os.path.join(sys.argv[-1], "argv.json"), "w") as f:
+            json.dump(sys.argv[1:], f)
+        sdk.log(step=0, loss=1.0)
     """,
     "exp/cmd.py": """
         import sys
@@ -72,3 +81,26 @@ def test_command_gets_placeholders_and_its_failure_is_reported(code, tmp_path):
     assert r.series["loss"] == ([0], [7.0]) and r.final_metrics == {"loss": 7.0}
     r = _run(code, tmp_path, seed=13, command=["python", "cmd.py", "{seed}", "{device}", "{run_dir}"])
     assert not r.ok and "exited with status 3" in r.error and "bad seed" in r.stderr_tail
+
+
+ALL_PLACEHOLDERS = ["--seed={seed}", "{repeat}", "{determinism}", "{threads}", "{device}", "{run_dir}"]
+
+
+@pytest.mark.parametrize("python", ["python", "python3"])
+def test_command_argv_fills_every_placeholder(tmp_path, python):
+    spec = {"framework": "torch", "seed": 11, "repeat": 3, "determinism": "strict", "threads": 4,
+            "command": [python, "train.py", *ALL_PLACEHOLDERS, "{{literal}}"]}
+    proc = RunProcess(spec, run_dir=str(tmp_path / "r"), device="cpu", python="/opt/py/bin/python")
+    assert proc.argv() == ["/opt/py/bin/python", "train.py", "--seed=11", "3", "strict", "4", "cpu",
+                           str(tmp_path / "r"), "{literal}"]
+    defaults = RunProcess({**spec, "repeat": None, "threads": None}, run_dir=str(tmp_path / "r"), device="cpu")
+    assert defaults.argv()[3:6] == ["0", "strict", "2"]  # a spec without them: repeat 0, 2 threads
+
+
+def test_command_receives_the_placeholders_of_its_run(code, tmp_path):
+    spec = {"framework": "torch", "seed": 5, "repeat": 2, "determinism": "none", "threads": 1, "time_limit_s": 120,
+            "code_workdir": "exp", "command": ["python", "echo.py", *ALL_PLACEHOLDERS]}
+    r = run_local(spec, code_dir=code, work_dir=str(tmp_path / "run"), device="cpu")
+    assert r.ok, r.stderr_tail
+    argv = json.loads((tmp_path / "run" / "argv.json").read_text())
+    assert argv == ["--seed=5", "2", "none", "1", "cpu", str(tmp_path / "run")]

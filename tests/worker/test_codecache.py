@@ -1,0 +1,113 @@
+"""The worker's code cache against a real HTTP server and the worker's real client: one download
+per digest however many runs ask, a download that does not match its digest is refused, and a
+cache file damaged on disk is fetched again."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from worker import codecache, codepack
+from worker.client import SteadyClient
+
+PREFIX = "/api/v1/code/"
+
+
+class CodeServer:
+    """Serves ``archives[sha]`` at ``GET /api/v1/code/{sha}`` and counts the downloads."""
+
+    def __init__(self) -> None:
+        self.archives: dict[str, bytes] = {}
+        self.gets: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # the http.server API names it
+                sha = self.path.removeprefix(PREFIX)
+                server.gets.append(sha)
+                body = server.archives.get(sha)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+
+@pytest.fixture
+def code_server() -> Iterator[CodeServer]:
+    s = CodeServer()
+    t = threading.Thread(target=s.httpd.serve_forever, daemon=True)
+    t.start()
+    yield s
+    s.httpd.shutdown()
+    s.httpd.server_close()
+    t.join(10)
+
+
+def _pack(tmp_path: Path, name: str, text: str) -> codepack.Packed:
+    src = tmp_path / name
+    src.mkdir()
+    (src / "train.py").write_text(text)
+    return codepack.pack(str(src))
+
+
+def _client(server: CodeServer) -> SteadyClient:
+    return SteadyClient(server.url, "worker-token", retry_deadline_s=2.0, backoff_base_s=0.05)
+
+
+def test_two_runs_download_a_digest_once(tmp_path, code_server):
+    packed = _pack(tmp_path, "src", "print('one')\n")
+    code_server.archives[packed.sha256] = packed.data
+    client, cache = _client(code_server), str(tmp_path / "cache")
+    dirs: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        dirs[i] = codecache.unpack_for_run(cache, packed.sha256, str(tmp_path / f"run{i}"), client.fetch_code)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]  # two runs of one agent at once
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert code_server.gets == [packed.sha256]
+    for i in range(2):  # each run has its own fresh copy
+        assert dirs[i] == str(tmp_path / f"run{i}" / "code")
+        assert (Path(dirs[i]) / "train.py").read_text() == "print('one')\n"
+    run(2)  # a later run: still from the cache
+    assert code_server.gets == [packed.sha256]
+
+
+def test_a_download_that_does_not_match_its_digest_is_refused(tmp_path, code_server):
+    wanted, other = _pack(tmp_path, "a", "print('a')\n"), _pack(tmp_path, "b", "print('b')\n")
+    code_server.archives[wanted.sha256] = other.data  # a tampered or mixed-up answer
+    cache = tmp_path / "cache"
+    with pytest.raises(codepack.CodeError, match=f"code archive {wanted.sha256} downloaded with digest "
+                                                 f"{other.sha256}: refused"):
+        codecache.unpack_for_run(str(cache), wanted.sha256, str(tmp_path / "run"), _client(code_server).fetch_code)
+    assert not (tmp_path / "run" / "code").exists()
+    assert not cache.exists() or not any(cache.iterdir())  # nothing cached, not even a partial file
+    code_server.archives[wanted.sha256] = wanted.data  # once the server answers right, it is taken
+    got = codecache.unpack_for_run(str(cache), wanted.sha256, str(tmp_path / "run"), _client(code_server).fetch_code)
+    assert (Path(got) / "train.py").read_text() == "print('a')\n"
+
+
+def test_a_corrupted_cache_entry_is_fetched_again(tmp_path, code_server):
+    packed = _pack(tmp_path, "src", "print('intact')\n")
+    code_server.archives[packed.sha256] = packed.data
+    client, cache = _client(code_server), tmp_path / "cache"
+    codecache.unpack_for_run(str(cache), packed.sha256, str(tmp_path / "run0"), client.fetch_code)
+    entry = cache / f"{packed.sha256}.tar.gz"
+    entry.write_bytes(packed.data[:-7] + b"garbage")  # disk damage: same name, other bytes
+    got = codecache.unpack_for_run(str(cache), packed.sha256, str(tmp_path / "run1"), client.fetch_code)
+    assert code_server.gets == [packed.sha256, packed.sha256]
+    assert entry.read_bytes() == packed.data  # the cache is repaired
+    assert (Path(got) / "train.py").read_text() == "print('intact')\n"
