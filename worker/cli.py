@@ -27,7 +27,7 @@ from worker.protocol import Label
 
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def read_token(token_file: str | None) -> str | None:
