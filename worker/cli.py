@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() != 0:
             print("steady worker: --run-as needs the agent to run as root (it switches user per run)", file=sys.stderr)
             return 2
+        if args.token_file and run_as.can_read(args.token_file):
+            print(f"steady worker: --token-file {args.token_file} is readable by the run user {run_as.name}, so "
+                  "every run could read the worker token: chown it to root and chmod 600", file=sys.stderr)
+            return 2
     hide_from_environ("STEADY_TOKEN")
     from pydantic import TypeAdapter, ValidationError
 

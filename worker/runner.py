@@ -14,6 +14,7 @@ import json
 import os
 import pwd
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -95,6 +96,16 @@ class RunAs:
         if pw.pw_uid == 0:
             raise ValueError("--run-as: the run user must not be root")
         return cls(name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(name, pw.pw_gid)))
+
+    def can_read(self, path: str) -> bool:
+        """Whether this user may read ``path`` by its mode bits (owner, then group, then others;
+        ACLs aside): the agent refuses a ``--token-file`` its runs could read."""
+        st = os.stat(path)
+        if st.st_uid == self.uid:
+            return bool(st.st_mode & stat.S_IRUSR)
+        if st.st_gid == self.gid or st.st_gid in self.groups:
+            return bool(st.st_mode & stat.S_IRGRP)
+        return bool(st.st_mode & stat.S_IROTH)
 
 
 def _chown_tree(path: str, uid: int, gid: int) -> None:
