@@ -21,6 +21,7 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_DIR_OPEN = getattr(os, "O_PATH", os.O_RDONLY)  # O_PATH: a folder the caller may pass but not list
 _UNSAFE_ERRNOS = {errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EMLINK}
 
 
@@ -42,11 +43,11 @@ def _parts(path: str, root: str) -> list[str]:
 
 def _open_parent(path: str, root: str, parts: list[str]) -> int:
     """A descriptor of the leaf's folder, reached from ``root`` without following any symlink."""
-    fd = os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+    fd = os.open(root, _DIR_OPEN | _DIRECTORY | _CLOEXEC)
     try:
         for part in parts[:-1]:
             try:
-                sub = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
+                sub = os.open(part, _DIR_OPEN | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in _UNSAFE_ERRNOS:
                     raise UnsafeFileError(path, f"its folder {part!r} is a symbolic link or not a folder") from None
