@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 def _study_to_check(api, target: str) -> int:
     """A study id (digits that name no file) is used as it is; anything else is a spec to submit."""
-    if target.isdigit() and not Path(target).exists():
+    if target.isascii() and target.isdigit() and not Path(target).exists():
         return int(target)
     spec = load_spec(target)
     study = api.post("/api/v1/studies", json=spec)

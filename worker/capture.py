@@ -21,6 +21,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+from worker import runfiles
 from worker.events import EventWriter
 from worker.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
 from worker.protocol import check_capture_pattern as check_pattern
@@ -32,6 +33,8 @@ MAX_LINE_BYTES = 64 * 1024  # a longer line (a progress bar without newlines) is
 READ_BYTES = 1 << 20  # per file per pass
 MAX_RECORD_BYTES = 64 << 20  # an event record larger than this means the file is not one
 SCAN_INTERVAL_S = 0.5
+PUMP_READS = 16  # reads per file per pass while the run goes (the rest waits for the next pass)
+CLOSE_READS = 256  # per file once the run exited: a file still growing cannot hold the agent
 
 
 def metric_key(name: str) -> str:
@@ -144,15 +147,18 @@ def parse_event(record: bytes) -> tuple[int, list[tuple[str, float, str]]]:
 class TFRecordTail:
     """Complete records appended to one TFRecord file since the last call."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, root: str | None = None) -> None:
+        self.path = os.path.abspath(path)
+        self.root = root or os.path.dirname(self.path)  # the run directory: nothing outside is read
         self.offset = 0
 
     def read_new(self, max_bytes: int = READ_BYTES) -> list[bytes]:
+        """Complete records after :attr:`offset`, from one bounded read; :class:`runfiles.UnsafeFileError`
+        when the path is a symlink, FIFO or device (never opened, never read)."""
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(max_bytes)
+            data = runfiles.read_at(self.path, self.root, self.offset, max_bytes)
+        except runfiles.UnsafeFileError:
+            raise
         except OSError:
             return []
         records: list[bytes] = []
@@ -206,7 +212,11 @@ class Capture:
         self.last: dict[str, float] = {}  # last captured value of every key (final metrics)
         self.keys_by_source: dict[str, set[str]] = {"tensorboard": set(), "stdout": set()}
         self.sdk_keys: set[str] = set()  # keys the run logs through the SDK: those win
+        self.skipped: dict[str, str] = {}  # path -> why it was not read (a symlink, FIFO, device…)
         self._before = set(self._event_files()) if tensorboard else set()  # shipped with the code: not this run's
+
+    def _skip(self, exc: runfiles.UnsafeFileError) -> None:
+        self.skipped.setdefault(exc.path, exc.reason)
 
     def _emit(self, source: str, step: int, values: dict[str, float], dtypes: dict[str, str]) -> None:
         if self.sdk_keys:
@@ -215,7 +225,13 @@ class Capture:
         if not values:
             return
         if self._writer is None:
-            self._writer = EventWriter(self.events_path)
+            try:
+                self._writer = EventWriter(self.events_path)
+            except runfiles.UnsafeFileError as exc:  # the run replaced its event file: nothing is appended
+                self._skip(exc)
+                return
+            except OSError:
+                return
         event: dict[str, Any] = {"e": "m", "s": int(step), "v": values, "c": source}
         if dtypes:
             event["t"] = dtypes
@@ -224,19 +240,20 @@ class Capture:
         self.keys_by_source[source].update(values)
 
     def pump(self) -> None:
-        """One pass while the run goes: at most 16 reads of its output (the rest on later passes)."""
-        for _ in range(16 if self.patterns else 0):
+        """One pass while the run goes: at most :data:`PUMP_READS` reads of each file (the rest on later passes)."""
+        for _ in range(PUMP_READS if self.patterns else 0):
             if not self._pump_output():
                 break
         if self.tensorboard:
-            self._pump_tensorboard()
+            self._pump_tensorboard(PUMP_READS)
 
     def close(self) -> None:
-        """The last pass, once the run exited: everything left in its files."""
-        while self.patterns and self._pump_output():
-            pass
+        """The last pass, once the run exited: what is left in its files, up to :data:`CLOSE_READS` reads each."""
+        for _ in range(CLOSE_READS if self.patterns else 0):
+            if not self._pump_output():
+                break
         if self.tensorboard:
-            self._pump_tensorboard()
+            self._pump_tensorboard(CLOSE_READS)
         if self.patterns and self._partial:  # a last line without a newline
             self._match(self._partial)
             self._partial = b""
@@ -246,10 +263,13 @@ class Capture:
 
     # stdout / stderr
     def _pump_output(self) -> int:
+        if self.output_path in self.skipped:
+            return 0
         try:
-            with open(self.output_path, "rb") as f:
-                f.seek(self._out_offset)
-                chunk = f.read(READ_BYTES)
+            chunk = runfiles.read_at(self.output_path, os.path.dirname(self.output_path), self._out_offset, READ_BYTES)
+        except runfiles.UnsafeFileError as exc:
+            self._skip(exc)
+            return 0
         except OSError:
             return 0
         self._out_offset += len(chunk)
@@ -281,21 +301,29 @@ class Capture:
             self._emit("stdout", step, values, {})
 
     # TensorBoard
+    def _root_of(self, path: str) -> str:
+        return next((r for r in self.roots if os.path.commonpath([os.path.abspath(r), path]) == os.path.abspath(r)),
+                    os.path.dirname(path))
+
     def _event_files(self) -> Iterator[str]:
         for root in self.roots:
             for folder, dirs, files in os.walk(root):
                 dirs.sort()
                 for name in sorted(files):
                     if "tfevents" in name:
-                        yield os.path.join(folder, name)
+                        yield os.path.abspath(os.path.join(folder, name))
 
-    def _pump_tensorboard(self) -> None:
+    def _pump_tensorboard(self, reads: int) -> None:
         for path in self._event_files():
             if path not in self._tails and path not in self._before:
-                self._tails[path] = TFRecordTail(path)
+                self._tails[path] = TFRecordTail(path, self._root_of(path))
         for tail in self._tails.values():
-            while True:
-                records = tail.read_new()
+            for _ in range(0 if tail.path in self.skipped else reads):
+                try:
+                    records = tail.read_new()
+                except runfiles.UnsafeFileError as exc:
+                    self._skip(exc)
+                    break
                 if not records:
                     break
                 for record in records:

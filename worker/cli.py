@@ -27,7 +27,7 @@ from worker.protocol import Label
 
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def read_token(token_file: str | None) -> str | None:
@@ -142,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if os.geteuid() != 0:
             print("steady worker: --run-as needs the agent to run as root (it switches user per run)", file=sys.stderr)
+            return 2
+        if args.token_file and run_as.can_read(args.token_file):
+            print(f"steady worker: --token-file {args.token_file} is readable by the run user {run_as.name}, so "
+                  "every run could read the worker token: chown it to root and chmod 600", file=sys.stderr)
             return 2
     hide_from_environ("STEADY_TOKEN")
     from pydantic import TypeAdapter, ValidationError

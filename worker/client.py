@@ -212,7 +212,7 @@ class SteadyClient:
         response = self.post(f"/api/v1/workers/{worker_id}/lease", body, deadline_s=deadline_s)
         if response.status_code == 204 or not response.content:
             raw = response.headers.get(PENDING_HEADER)
-            return LeaseAnswer(lease=None, pending=int(raw) if raw and raw.isdigit() else None)
+            return LeaseAnswer(lease=None, pending=int(raw) if raw and raw.isascii() and raw.isdigit() else None)
         return LeaseAnswer(lease=Lease.model_validate_json(response.content), pending=None)
 
     def heartbeat(self, run_id: int, heartbeat: Heartbeat, *, deadline_s: float | None = None) -> HeartbeatAck:

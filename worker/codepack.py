@@ -20,6 +20,7 @@ import posixpath
 import stat
 import subprocess
 import tarfile
+import zlib
 from dataclasses import dataclass
 
 DEFAULT_MAX_CODE_BYTES = 50 * 1024 * 1024
@@ -134,11 +135,16 @@ def _members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
     return members
 
 
+# What a damaged archive raises while it is read: a corrupt gzip stream raises zlib.error, which
+# is none of tarfile's or the OS's errors.
+_CORRUPT = (tarfile.TarError, OSError, EOFError, zlib.error)
+
+
 def _open(data: bytes) -> tarfile.TarFile:
     try:
         return tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise CodeError(f"not a tar archive: {exc}") from None
+    except _CORRUPT as exc:
+        raise CodeError(f"not a tar.gz archive: {exc}") from None
 
 
 def file_list(data: bytes) -> list[str]:
@@ -146,14 +152,23 @@ def file_list(data: bytes) -> list[str]:
     try:
         with _open(data) as tar:
             return sorted(posixpath.normpath(m.name) for m in _members(tar))
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise CodeError(f"corrupt archive: {exc}") from None
+    except _CORRUPT as exc:
+        raise CodeError(f"not a tar.gz archive: {exc}") from None
 
 
 def extract(data: bytes, dest: str) -> list[str]:
     """Unpack into the new directory ``dest``: regular files only, each checked to land inside it."""
     dest = os.path.realpath(dest)
     os.makedirs(dest, exist_ok=False)
+    try:
+        return _extract(data, dest)
+    except _CORRUPT as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile):
+            raise  # the disk (full, permissions), not the archive
+        raise CodeError(f"not a tar.gz archive: {exc}") from None
+
+
+def _extract(data: bytes, dest: str) -> list[str]:
     names = []
     with _open(data) as tar:
         for m in _members(tar):

@@ -29,6 +29,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from worker import runfiles
+
 EVENTS_ENV = "STEADY_EVENTS_FILE"
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=True)  # = json.dumps(..., separators, allow_nan), built once
 SPEC_ENV = "STEADY_RUN_SPEC"
@@ -36,8 +38,12 @@ CONFIG_FILE_ENV = "STEADY_CONFIG_FILE"  # path of the arm's config file, when it
 
 
 class EventWriter:
+    """Appends events to ``path``; never through a symlink and only to a regular file (the agent
+    appends captured metrics to a file the run could replace: :mod:`worker.runfiles`)."""
+
     def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        path = os.path.abspath(path)
+        self._fd = runfiles.open_fd(path, os.path.dirname(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -75,9 +81,10 @@ class EventReader:
     """
 
     def __init__(self, path: str, offset: int = 0) -> None:
-        self.path = path
+        self.path = os.path.abspath(path)
         self._offset = offset  # bytes read from the file so far (complete lines + the partial one)
         self._partial = b""
+        self.refused: str | None = None  # why the file is not read (a symlink, a FIFO…), once it was refused
 
     @property
     def offset(self) -> int:
@@ -86,24 +93,32 @@ class EventReader:
 
     def unread_bytes(self) -> int:
         """Bytes in the file after :attr:`offset` (0 when the file does not exist yet)."""
-        try:
-            return max(0, os.path.getsize(self.path) - self.offset)
-        except OSError:
+        if self.refused is not None:
             return 0
+        return max(0, runfiles.size(self.path) - self.offset)
 
     def read_new(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
         """Complete events appended since the last call; at most about ``max_bytes`` of them
         (``None``: everything, for callers that keep it all anyway)."""
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read() if max_bytes is None else f.read(max(1, int(max_bytes)))
+            chunk = _read(self.path, self._offset, max_bytes)
+        except runfiles.UnsafeFileError as exc:
+            self.refused = exc.reason
+            return []
         except FileNotFoundError:
             return []
         self._offset += len(chunk)
         data = self._partial + chunk
         *lines, self._partial = data.split(b"\n")
         return [_parse(line) for line in lines if line.strip()]
+
+
+def _read(path: str, offset: int, max_bytes: int | None) -> bytes:
+    if max_bytes is not None:
+        return runfiles.read_at(path, os.path.dirname(path), offset, max(1, int(max_bytes)))
+    with os.fdopen(runfiles.open_fd(path, os.path.dirname(path)), "rb") as f:
+        f.seek(offset)
+        return f.read()
 
 
 def control_events(path: str, offset: int = 0, *, chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[dict[str, Any]]:
@@ -114,8 +129,9 @@ def control_events(path: str, offset: int = 0, *, chunk_bytes: int = READ_CHUNK_
     """
     control = re.compile(rb"^(?!" + re.escape(_METRIC_PREFIX) + rb")[^\n]*\S[^\n]*$", re.MULTILINE)
     partial = b""
+    path = os.path.abspath(path)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(runfiles.open_fd(path, os.path.dirname(path)), "rb") as f:
             f.seek(offset)
             while chunk := f.read(chunk_bytes):
                 data = partial + chunk
@@ -123,5 +139,5 @@ def control_events(path: str, offset: int = 0, *, chunk_bytes: int = READ_CHUNK_
                 data, partial = data[:cut], data[cut:]
                 for match in control.finditer(data):
                     yield _parse(match.group(0))
-    except FileNotFoundError:
-        return
+    except (FileNotFoundError, runfiles.UnsafeFileError):
+        return  # no file, or one the run replaced (EventReader.refused says so)

@@ -14,13 +14,14 @@ import json
 import os
 import pwd
 import signal
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker import determinism
+from worker import determinism, runfiles
 from worker.capture import DEFAULT_PATTERN, SCAN_INTERVAL_S, Capture
 from worker.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
 
@@ -95,6 +96,16 @@ class RunAs:
         if pw.pw_uid == 0:
             raise ValueError("--run-as: the run user must not be root")
         return cls(name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(name, pw.pw_gid)))
+
+    def can_read(self, path: str) -> bool:
+        """Whether this user may read ``path`` by its mode bits (owner, then group, then others;
+        ACLs aside): the agent refuses a ``--token-file`` its runs could read."""
+        st = os.stat(path)
+        if st.st_uid == self.uid:
+            return bool(st.st_mode & stat.S_IRUSR)
+        if st.st_gid == self.gid or st.st_gid in self.groups:
+            return bool(st.st_mode & stat.S_IRGRP)
+        return bool(st.st_mode & stat.S_IROTH)
 
 
 def _chown_tree(path: str, uid: int, gid: int) -> None:
@@ -216,6 +227,7 @@ class RunProcess:
         self.code_dir: str | None = None  # the unpacked study code (worker.codecache), if it ships any
         self.capture: Capture | None = None
         self._captured_at = 0.0
+        self._refused: dict[str, str] = {}  # files under run_dir the agent would not open (runfiles)
 
     # --- the study's code: where the run starts and what it runs ------------------------------
 
@@ -277,18 +289,17 @@ class RunProcess:
         if config:  # an arm's config file: written per run, its path in the env and in params
             path = os.path.join(self.run_dir, "config", os.path.basename(config["name"]))
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(config["content"])
+            runfiles.write_new(path, self.run_dir, config["content"].encode("utf-8"))
             spec["params"] = dict(spec.get("params") or {}, config_file=path)
-        with open(self.spec_path, "w", encoding="utf-8") as f:
-            json.dump(spec, f)
+        runfiles.write_new(self.spec_path, self.run_dir, json.dumps(spec).encode("utf-8"))
         identity: dict[str, Any] = {}
         if self.run_as is not None:
             _chown_tree(self.run_dir, self.run_as.uid, self.run_as.gid)
             # setgid + initgroups + setuid in the child, before exec (the agent stays root)
             identity = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.run_as.groups)}
         self.capture = self._capture()
-        out = open(self.output_path, "wb")  # noqa: SIM115 - closed in the finally below, once the child has it
+        # never through a link, even one planted before the child starts
+        out = os.fdopen(runfiles.open_fd(self.output_path, self.run_dir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
         try:
             self.proc = subprocess.Popen(
                 self.argv(),
@@ -372,14 +383,32 @@ class RunProcess:
         return False
 
     def stderr_tail(self, limit: int = STDERR_TAIL_BYTES) -> str:
-        try:
-            with open(self.output_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - limit - 512))  # margin: a secret cut by the window is still whole
-                return scrub(f.read().decode("utf-8", "replace"), self.secrets)[-limit:]
+        """The end of the run's output (secrets scrubbed), then one line per file the agent refused
+        to read (a symlink, FIFO or device the run put in its directory: :mod:`worker.runfiles`)."""
+        text = ""
+        try:  # margin: a secret cut by the window is still whole
+            raw = runfiles.read_tail(self.output_path, self.run_dir, limit + 512)
+            text = scrub(raw.decode("utf-8", "replace"), self.secrets)
+        except runfiles.UnsafeFileError as exc:
+            self._refused.setdefault(exc.path, exc.reason)
         except OSError:
-            return ""
+            pass
+        notes = "\n".join(self.warnings())[-limit:]
+        room = limit - len(notes) - 1  # the notes come last: the agent keeps the end of the tail
+        if not notes:
+            return text[-limit:]
+        return text[-room:] + "\n" + notes if text and room > 0 else notes
+
+    def warnings(self) -> list[str]:
+        """One line per file under the run directory the agent refused to open, and why."""
+        refused = dict(self._refused)
+        if self.reader.refused is not None:
+            refused.setdefault(self.events_path, self.reader.refused)
+        if self.capture is not None:
+            for path, reason in self.capture.skipped.items():
+                refused.setdefault(path, reason)
+        return [f"[steady] skipped {os.path.relpath(path, self.run_dir)}: {reason}; the worker reads only "
+                "regular files inside the run directory" for path, reason in sorted(refused.items())]
 
     def wait(self, timeout: float | None = None) -> int | None:
         assert self.proc is not None

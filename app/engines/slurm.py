@@ -118,6 +118,6 @@ def submit(launch: SlurmLaunch, *, worker_token: str, script_path: Path) -> str:
     if proc.returncode != 0:
         raise LaunchError(f"sbatch failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
     job_id = proc.stdout.strip().split(";")[0]
-    if not job_id.isdigit():
+    if not (job_id.isascii() and job_id.isdigit()):
         raise LaunchError(f"sbatch printed {proc.stdout!r}, not a job id")
     return job_id

@@ -327,26 +327,42 @@ def create_run(session: Session, body: CreateRunIn, caller: MlflowCaller) -> dic
 # --- experiments -------------------------------------------------------------------------------
 
 
-def get_experiment(session: Session, experiment_id: str, caller: MlflowCaller) -> dict[str, Any]:
-    if not experiment_id.isdigit():
+def _study_id(experiment_id: str) -> int:
+    """An experiment id as a study id: ASCII digits ("²" is a digit to str.isdigit, not to int()),
+    a bigint at most (a longer number names no study rather than overflowing the query)."""
+    if not (experiment_id.isascii() and experiment_id.isdigit()):
         raise _invalid(f"experiment_id must be a study id (digits), got {experiment_id!r}")
-    if caller.run is not None and caller.run.study_id != int(experiment_id):
+    if int(experiment_id) > 2**63 - 1:
+        raise _not_found(f"experiment {experiment_id} not found")
+    return int(experiment_id)
+
+
+def get_experiment(session: Session, experiment_id: str, caller: MlflowCaller) -> dict[str, Any]:
+    study_id = _study_id(experiment_id)
+    if caller.run is not None and caller.run.study_id != study_id:
         raise _denied(f"this run credential belongs to experiment {caller.run.study_id}")
-    study = session.get(Study, int(experiment_id))
+    study = session.get(Study, study_id)
     if study is None:
         raise _not_found(f"experiment {experiment_id} not found")
     return experiment_view(study)
 
 
 def get_experiment_by_name(session: Session, name: str, caller: MlflowCaller) -> dict[str, Any]:
+    """The study of that name the caller may log runs into, so ``mlflow.set_experiment`` finds it
+    or, when there is none, creates the caller's own: a run credential finds its run's study;
+    a user only their own external studies (another user's study of that name would answer 403
+    at ``start_run``); an admin any external study, their own first."""
     stmt = select(Study).where(Study.name == name).order_by(Study.id.desc())
+    principal = caller.principal
     if caller.run is not None:
         stmt = stmt.where(Study.id == caller.run.study_id)
+    elif principal is not None:
+        stmt = stmt.where(Study.kind == "external")
+        if principal.role is not Role.admin:
+            stmt = stmt.where(Study.owner_token_id == principal.token_id)
     candidates = list(session.scalars(stmt.limit(50)))
-    principal = caller.principal
-    if principal is not None and principal.role is not Role.admin:
-        # the caller's own external study first, then any of that name (reading is open to every user)
-        candidates.sort(key=lambda s: (s.kind != "external", s.owner_token_id != principal.token_id))
+    if principal is not None:
+        candidates.sort(key=lambda s: s.owner_token_id != principal.token_id)
     if not candidates:
         raise _not_found(f"experiment {name!r} does not exist")
     return experiment_view(candidates[0])

@@ -45,7 +45,8 @@ def authenticate(session: Session, secret: str) -> RunCredential | None:
     """The run a live run credential belongs to, or None (unknown, stale lease, run not running)."""
     rest = secret[len(RUN_TOKEN_PREFIX):] if is_run_token(secret) else ""
     run_id, _, _ = rest.partition("_")
-    if not run_id.isdigit():
+    # "²" is a digit to str.isdigit, not to int(); past a bigint the token names no run
+    if not (run_id.isascii() and run_id.isdigit()) or int(run_id) > 2**63 - 1:
         return None
     run = session.get(Run, int(run_id))
     if run is None or run.run_token_hash is None or not hmac.compare_digest(run.run_token_hash, hash_token(secret)):

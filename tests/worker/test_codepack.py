@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import tarfile
+import zlib
 
 import pytest
 
@@ -76,6 +77,7 @@ def test_size_limit_names_the_setting(tmp_path):
     (_link("link", "/etc/passwd"), "link"),
     (_link("hard", "../x", tarfile.LNKTYPE), "link"),
     (_link("dev", "", tarfile.CHRTYPE), "device"),
+    (_link("output.log", "", tarfile.FIFOTYPE), "device or special file"),  # a FIFO would block the agent
 ])
 def test_unsafe_archives_are_refused(tmp_path, member, reason):
     data = _tar([_file("ok.py"), member])
@@ -84,6 +86,31 @@ def test_unsafe_archives_are_refused(tmp_path, member, reason):
     with pytest.raises(codepack.CodeError, match=reason):
         codepack.extract(data, str(tmp_path / "out"))
     assert not (tmp_path / "evil.py").exists()
+
+
+def _zlib_error_archive() -> bytes:
+    """A .tar.gz whose deflate stream breaks past the first member's header: reading it raises
+    zlib.error, which is neither tarfile's error nor the OS's (found by flipping bytes)."""
+    text = "".join(f"line {i} value {i * i % 977}\n" for i in range(20000)).encode()
+    data = _tar([_file("a.py", text), _file("b.py")])
+    for pos in range(1000, len(data), 97):
+        bad = data[:pos] + bytes([data[pos] ^ 0x55]) + data[pos + 1:]
+        try:
+            with tarfile.open(fileobj=io.BytesIO(bad), mode="r:*") as tar:
+                tar.getmembers()
+        except zlib.error:
+            return bad
+        except tarfile.TarError:
+            continue
+    raise AssertionError("no corruption raised zlib.error")
+
+
+def test_a_corrupt_gzip_stream_is_a_code_error(tmp_path):
+    data = _zlib_error_archive()
+    with pytest.raises(codepack.CodeError, match="not a tar.gz archive"):
+        codepack.file_list(data)
+    with pytest.raises(codepack.CodeError, match="not a tar.gz archive"):
+        codepack.extract(data, str(tmp_path / "out"))
 
 
 def test_extract_writes_a_fresh_copy(tmp_path):

@@ -191,3 +191,61 @@ def test_run_as_cannot_read_the_agents_files_or_environment(live_server, tmp_pat
         _assert_nothing_leaks(findings, live_server.tokens["worker"], work_dir)
     finally:
         shutil.rmtree(tmp_path_public, ignore_errors=True)
+
+
+def test_run_as_refuses_a_token_file_its_runs_could_read(tmp_path, capsys):
+    if os.geteuid() != 0:
+        pytest.skip("--run-as needs root")
+    nobody = RunAs.lookup("nobody")
+    token_file = tmp_path / "worker.token"
+    token_file.write_text("stdy_secret\n")
+    token_file.chmod(0o600)
+    assert not nobody.can_read(str(token_file))
+    token_file.chmod(0o640)
+    os.chown(token_file, 0, nobody.gid)
+    assert nobody.can_read(str(token_file))
+    os.chown(token_file, 0, 0)
+    token_file.chmod(0o644)
+    assert nobody.can_read(str(token_file))
+    rc = worker_cli.main(["--server", "http://127.0.0.1:9", "--token-file", str(token_file), "--run-as", "nobody"])
+    assert rc == 2 and "readable by the run user nobody" in capsys.readouterr().err
+
+
+LINK_OUTPUT_TO = """
+import os
+print("training output before the swap", flush=True)
+os.remove(os.path.join(os.environ["HOME"], "output.log"))
+os.symlink({secret!r}, os.path.join(os.environ["HOME"], "output.log"))
+raise SystemExit(3)
+"""
+
+
+@pytest.mark.slow
+def test_run_as_cannot_read_a_root_file_through_a_symlinked_output(live_server, tmp_path, throwaway_user):
+    """The run owns its directory: it swaps output.log for a link to a file only root reads. The agent
+    (root) refuses the link, so the file's content never reaches the run's stderr tail."""
+    base = Path(os.path.join("/tmp", f"steady-runas-{uuid.uuid4().hex[:8]}"))
+    base.mkdir(mode=0o711)
+    try:
+        secret = base / "root-only.txt"
+        secret.write_text("ROOT-ONLY-" + uuid.uuid4().hex + "\n")
+        secret.chmod(0o600)
+        script = base / "swap_output.py"
+        script.write_text(LINK_OUTPUT_TO.format(secret=str(secret)))
+        script.chmod(0o644)
+        token_file = base / "worker.token"
+        token_file.write_text(live_server.tokens["worker"] + "\n")
+        token_file.chmod(0o600)
+        http = live_server.client()
+        r = http.post("/api/v1/studies", json={
+            "name": "swap-output", "metrics": ["loss"], "seeds": [0], "repeats": 1, "determinism": ["none"],
+            "threads": 1, "max_attempts": 1, "workload": {"framework": "torch", "entrypoint": str(script)}})
+        assert r.status_code == 201, r.text
+        rc, log = _run_agent(live_server, base / "agent", "--run-as", throwaway_user.name, token_file=token_file)
+        assert rc == 0, log
+        run = http.get(f"/api/v1/studies/{r.json()['id']}/runs").json()["items"][0]
+        assert run["status"] == "failed", (run, log)
+        assert secret.read_text().strip() not in json.dumps(run)
+        assert "[steady] skipped output.log" in run["stderr_tail"], run
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
