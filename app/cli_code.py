@@ -60,6 +60,7 @@ class _Shipper:
         self.api, self.spec_path, self.max_mb, self.out = api, spec_path, max_mb, out
         self.packed: dict[str, codepack.Packed] = {}
         self.uploaded: set[str] = set()
+        self.pending: list[tuple[codepack.Packed, str, str]] = []
 
     def pack(self, root: str) -> codepack.Packed:
         if root not in self.packed:
@@ -85,17 +86,22 @@ class _Shipper:
         self.uploaded.add(packed.sha256)
 
     def ship(self, workload: dict[str, Any], root: str, workdir: str, what: str) -> dict[str, Any]:
-        """Pack ``root``, check the workload's file is in it, upload it; the spec's ``code`` entry for it."""
+        """Pack ``root`` and check the workload's file is in it (uploaded later, by :meth:`upload_all`,
+        once every archive passed); the spec's ``code`` entry for it."""
         packed = self.pack(root)
         check_spec_files(workload, packed.files, root, workdir)
-        self.upload(packed)
+        self.pending.append((packed, what, root))
         code: dict[str, Any] = {"sha256": packed.sha256, "dirty": packed.dirty, "workdir": workdir}
         if packed.git_commit:
             code["git_commit"] = packed.git_commit
-        git = f", git {packed.git_commit[:10]}{' (dirty)' if packed.dirty else ''}" if packed.git_commit else ""
-        print(f"{what} {packed.sha256[:12]}: {len(packed.files)} files, {len(packed.data) / 1024:.0f} KiB from "
-              f"{Path(root)}{git}", file=self.out, flush=True)
         return code
+
+    def upload_all(self) -> None:
+        for packed, what, root in self.pending:
+            self.upload(packed)
+            git = f", git {packed.git_commit[:10]}{' (dirty)' if packed.dirty else ''}" if packed.git_commit else ""
+            print(f"{what} {packed.sha256[:12]}: {len(packed.files)} files, {len(packed.data) / 1024:.0f} KiB from "
+                  f"{Path(root)}{git}", file=self.out, flush=True)
 
 
 def _user_code(workload: Any) -> bool:
@@ -130,17 +136,17 @@ def ship_code(api: Any, spec: dict[str, Any], spec_path: str, *, code_dir: str |
               no_code: bool, out: TextIO | None = None) -> None:
     """Give ``spec`` the digests of the code its runs execute (``steady submit`` and ``steady check``):
     each arm's ``code: DIR``, and the study's code unless the spec names it, ``--no-code`` is given or
-    every arm runs its own. Each archive is packed and uploaded once."""
+    every arm runs its own. Each archive is packed and uploaded once, after all of them were checked."""
     shipper = _Shipper(api, spec_path, max_mb, out or sys.stdout)
     arms: list[Any] = spec["arms"] if isinstance(spec.get("arms"), list) else []
     for i, arm in enumerate(arms):
         if isinstance(arm, dict) and "code" in arm:
             arm["code"] = _arm_code(shipper, spec.get("workload"), i, arm, no_code=no_code)
     every_arm_own = bool(arms) and all(isinstance(a, dict) and a.get("code") for a in arms)
-    if no_code or "code" in spec or every_arm_own or not _user_code(spec.get("workload")):
-        return  # built-in workloads ship no code
-    root, workdir = code_root(spec_path, code_dir)
-    spec["code"] = shipper.ship(spec["workload"], root, workdir, "code")
+    if not (no_code or "code" in spec or every_arm_own or not _user_code(spec.get("workload"))):
+        root, workdir = code_root(spec_path, code_dir)  # (built-in workloads ship no code)
+        spec["code"] = shipper.ship(spec["workload"], root, workdir, "code")
+    shipper.upload_all()
 
 
 def ship_options(args: Any, api: Any, spec: dict[str, Any], spec_path: str, out: TextIO | None = None) -> None:
