@@ -170,7 +170,9 @@ class StudySpec(_Spec):
                 raise ValueError("a managed study needs a 'workload'")
             if not self.seeds:
                 raise ValueError("'seeds' must name at least one seed")
-            if self.workload.name is not None and (self.code is not None or any(a.code for a in self.arms or [])):
+            # (a string is the label of an older study, read back: refused at creation, app.studies.service)
+            arm_code = any(isinstance(a.code, CodeRef) for a in self.arms or [])
+            if self.workload.name is not None and (self.code is not None or arm_code):
                 raise ValueError("built-in workloads ship no code: leave 'code' out (of the study and its arms)")
         if self.budget is not None:
             self._check_budget(self.budget)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.studies.arms import differences, effective_arms
+from app.studies.schemas import StudySpec
 from tests.api.helpers import batch, lease, register, result, spec
 from worker import codepack
 
@@ -124,8 +125,11 @@ def test_each_run_is_leased_with_its_arms_archive_and_the_report_names_the_code(
 
 
 def test_labels_of_older_studies_still_read_as_differences():
-    """Studies created before arms ran their own code stored a plain label: it is still named."""
-    stored = {"workload": {"params": {}}, "arms": [{"name": "old", "code": "git:3f2a1c0"}, {"name": "new"}]}
+    """Studies created before arms ran their own code stored a plain label: their spec still reads
+    back (the dashboard and adaptive seeds re-validate it) and the label is still named."""
+    stored = spec(seeds=[0], arms=[{"name": "old", "code": "git:3f2a1c0"}, {"name": "new"}])
+    assert StudySpec.model_validate(stored).arms[0].code == "git:3f2a1c0"
+    stored["workload"]["params"] = {}
     arms = effective_arms(stored)
     assert differences(arms["old"], arms["new"]) == ["code (git:3f2a1c0 vs unset)"]
     same = {"sha256": "a" * 64}
