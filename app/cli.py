@@ -70,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--token", default=default,
                        help="API token (STEADY_TOKEN, then `steady login`, then <data-dir>/token)")
 
+    def code_opts(p: argparse.ArgumentParser) -> None:
+        """How ``submit`` and ``check SPEC`` ship the code (``app.cli_code``)."""
+        p.add_argument("--code", metavar="DIR", help="ship this folder as the study's code (default: the git work "
+                       "tree holding the spec, else the spec's folder); an arm's `code: DIR` ships its own folder")
+        p.add_argument("--max-code-mb", type=float, default=50.0,
+                       help="refuse to ship more code than this, per archive (default 50)")
+        p.add_argument("--no-code", action="store_true",
+                       help="ship nothing: the entrypoint is resolved on each worker's own filesystem")
+
     server_opts(parser, None)
     client_opts(parser, None)
 
@@ -115,11 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="path to the spec, or - for stdin")
     p.add_argument("--wait", action="store_true",
                    help="show progress until the study ends; exit 1 if it failed or a verdict failed")
-    p.add_argument("--code", metavar="DIR", help="ship this folder as the study's code (default: the git work tree "
-                   "holding the spec, else the spec's folder)")
-    p.add_argument("--max-code-mb", type=float, default=50.0, help="refuse to ship more code than this (default 50)")
-    p.add_argument("--no-code", action="store_true",
-                   help="ship nothing: the entrypoint is resolved on each worker's own filesystem")
+    code_opts(p)
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser(
@@ -139,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junit", metavar="PATH", help="write a JUnit XML report (one testcase per check)")
     p.add_argument("--markdown", metavar="PATH", help="write a Markdown summary (one line per check)")
     p.add_argument("--webhook", metavar="URL", help='POST the summary as JSON {"text": markdown, ...}')
+    code_opts(p)
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("runs", help="a study's runs: status, attempt, seed, level, error")
     client_opts(p)

@@ -29,11 +29,15 @@ if TYPE_CHECKING:
 
 
 
-def _study_to_check(api, target: str) -> int:
-    """A study id (digits that name no file) is used as it is; anything else is a spec to submit."""
+def _study_to_check(api, target: str, args: argparse.Namespace) -> int:
+    """A study id (digits that name no file) is used as it is; anything else is a spec to submit,
+    with its code shipped as ``steady submit`` ships it."""
     if target.isascii() and target.isdigit() and not Path(target).exists():
         return int(target)
+    from app.cli_code import ship_options
+
     spec = load_spec(target)
+    ship_options(args, api, spec, target, out=sys.stderr)
     study = api.post("/api/v1/studies", json=spec)
     print(f"submitted study {study['id']} ({printable(study['name'])}): {study['progress']['total']} runs",
           file=sys.stderr, flush=True)
@@ -46,7 +50,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from app.reports import gate
 
     api = Api(args.server, args.token)
-    sid = _study_to_check(api, args.target)
+    sid = _study_to_check(api, args.target, args)
     study = api.get(f"/api/v1/studies/{sid}")
     if study["status"] not in {"completed", "failed", "cancelled", "open"}:
         try:

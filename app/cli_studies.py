@@ -27,14 +27,11 @@ if TYPE_CHECKING:
 def cmd_submit(args: argparse.Namespace) -> int:
     from app.cli_client import Api
 
-    from app.cli_code import ship
+    from app.cli_code import ship_options
 
     spec = load_spec(args.spec)
     api = Api(args.server, args.token)
-    if not args.no_code and "code" not in spec:
-        code = ship(api, spec, args.spec, code_dir=args.code, max_mb=args.max_code_mb)
-        if code is not None:
-            spec["code"] = code
+    ship_options(args, api, spec, args.spec)
     study = api.post("/api/v1/studies", json=spec)
     sid = study["id"]
     print(f"submitted study {sid} ({printable(study['name'])}): {study['progress']['total']} runs", flush=True)

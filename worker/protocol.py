@@ -317,7 +317,7 @@ class RunSpec(_Model):
     workload: str | None = None  # a built-in workload name
     entrypoint: str | None = None  # "package.module:function" or "path/to/script.py[:function]"
     command: list[str] | None = None  # argv with COMMAND_PLACEHOLDERS, run in the code's directory
-    code_sha256: str | None = None  # the study's code archive (GET /api/v1/code/{sha256})
+    code_sha256: str | None = None  # the code archive this run executes: its arm's, else the study's (GET /api/v1/code/{sha256})
     code_workdir: str = "."  # the run's working directory inside the unpacked archive
     params: dict[str, Any] = {}
     seed: int
@@ -328,7 +328,7 @@ class RunSpec(_Model):
     metrics: list[str] = []
     stack: str = "default"  # the run's group: a stack name, or the arm's name in a study with arms
     config_file: ConfigFile | None = None  # the arm's config file, written into the run's directory
-    code: str | None = None  # the arm's code digest label (opaque to the worker)
+    code: str | None = None  # the arm's own code digest (informational: code_sha256 is what runs)
     capture: CaptureSpec | None = None  # None: a command workload gets the default capture, others none
 
 

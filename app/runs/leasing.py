@@ -33,17 +33,21 @@ def _spec_for(run: Run, study: Study) -> RunSpec:
     params = dict(workload.get("params") or {})
     arm: dict[str, Any] = next((a for a in spec.get("arms") or [] if a.get("name") == run.stack), {})
     params.update(arm.get("params") or {})
+    arm_code = arm.get("code")
+    # An arm with its own archive runs it; others run the study's. (A string is a label of a study
+    # created before arms ran their own code: those ran the study's code, and still do.)
+    code = arm_code if isinstance(arm_code, dict) else spec.get("code") or {}
     return RunSpec(
         framework=run.framework,
         workload=workload.get("name"),
         entrypoint=workload.get("entrypoint"),
         command=workload.get("command"),
         capture=workload.get("capture"),
-        code_sha256=(spec.get("code") or {}).get("sha256"),
-        code_workdir=(spec.get("code") or {}).get("workdir") or ".",
+        code_sha256=code.get("sha256"),
+        code_workdir=code.get("workdir") or ".",
         params=params,
         config_file=arm.get("config"),
-        code=arm.get("code"),
+        code=arm_code.get("sha256") if isinstance(arm_code, dict) else arm_code,
         seed=run.seed,
         repeat=run.repeat,
         determinism=run.determinism,

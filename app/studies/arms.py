@@ -25,19 +25,22 @@ def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
 
 
 def effective_arms(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Arm name → what its runs get (stack, params, config, code); stacks read as arms."""
+    """Arm name → what its runs get (stack, params, config, code); stacks read as arms. An arm
+    without code runs the study's (None when the study ships none)."""
     base = dict((spec.get("workload") or {}).get("params") or {})
+    study_code = spec.get("code")
     if spec.get("arms"):
         return {
             a["name"]: {
                 "stack": a.get("stack"),
                 "params": {**base, **(a.get("params") or {})},
                 "config": a.get("config"),
-                "code": a.get("code"),
+                "code": a.get("code") or study_code,
             }
             for a in spec["arms"]
         }
-    return {s["name"]: {"stack": s, "params": base, "config": None, "code": None} for s in spec.get("stacks") or []}
+    return {s["name"]: {"stack": s, "params": base, "config": None, "code": study_code}
+            for s in spec.get("stacks") or []}
 
 
 def _stack_label(stack: dict[str, Any] | None) -> str:
@@ -51,6 +54,21 @@ def _config_label(config: dict[str, Any] | None) -> str:
     if not config:
         return "none"
     return f"{config['name']} sha256:{hashlib.sha256(config['content'].encode()).hexdigest()[:8]}"
+
+
+def _code_key(code: dict[str, Any] | str | None) -> str | None:
+    """What makes two arms' code the same: the archive's digest (a string: a label of an older study)."""
+    return code.get("sha256") if isinstance(code, dict) else code
+
+
+def _code_label(code: dict[str, Any] | str | None) -> str:
+    if code is None:
+        return "unset"
+    if isinstance(code, str):
+        return code
+    git = code.get("git_commit")
+    extra = f" (git {git[:10]}{', dirty' if code.get('dirty') else ''})" if git else ""
+    return f"sha256:{code['sha256'][:12]}…{extra}"
 
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -68,8 +86,8 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             out.append(f"{key} ({sa} vs {sb})")
     if _config_label(a["config"]) != _config_label(b["config"]):
         out.append(f"config ({_config_label(a['config'])} vs {_config_label(b['config'])})")
-    if a["code"] != b["code"]:
-        out.append(f"code ({a['code'] or 'unset'} vs {b['code'] or 'unset'})")
+    if _code_key(a["code"]) != _code_key(b["code"]):
+        out.append(f"code ({_code_label(a['code'])} vs {_code_label(b['code'])})")
     return out
 
 

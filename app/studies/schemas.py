@@ -97,7 +97,7 @@ class StudySpec(_Spec):
     stacks: Annotated[list[StackSpec], Field(min_length=1, max_length=100)] = [StackSpec(name="default")]
     arms: Annotated[list[ArmSpec], Field(min_length=2, max_length=100)] | None = Field(
         None,
-        description="arms that differ by stack, workload params, config file or code digest; instead of "
+        description="arms that differ by stack, workload params, config file or code; instead of "
         "'stacks' (which is shorthand for arms that differ only by stack). 'reference_stack' may name the "
         "reference arm (default: the first)",
     )
@@ -171,8 +171,10 @@ class StudySpec(_Spec):
                 raise ValueError("a managed study needs a 'workload'")
             if not self.seeds:
                 raise ValueError("'seeds' must name at least one seed")
-            if self.code is not None and self.workload.name is not None:
-                raise ValueError("built-in workloads ship no code: leave 'code' out")
+            # (a string is the label of an older study, read back: refused at creation, app.studies.service)
+            arm_code = any(isinstance(a.code, CodeRef) for a in self.arms or [])
+            if self.workload.name is not None and (self.code is not None or arm_code):
+                raise ValueError("built-in workloads ship no code: leave 'code' out (of the study and its arms)")
         if self.budget is not None:
             self._check_budget(self.budget)
         return self

@@ -26,6 +26,7 @@ from app.studies import adaptive, repository
 from app.runs import repository as runs_repo
 from app.runs.schemas import ExternalRunIn
 from app.studies.schemas import StudyOut, StudySpec, StudySummary
+from app.studies.spec_parts import CodeRef
 from worker.protocol import STEP_TIME_KEY, RunStatus, StudyStatus
 
 
@@ -67,8 +68,7 @@ def create_study(session: WriteSession, spec: StudySpec, settings: Settings, cal
     ref_study = spec.convergence.reference.study if spec.convergence else None
     if ref_study is not None and session.get(Study, ref_study) is None:
         raise Invalid(("body", "convergence", "reference", "study"), f"study {ref_study} not found")
-    if spec.workload is not None:
-        check_code(session, spec)
+    check_code(session, spec)
     code = spec.code
     study = Study(
         owner_token_id=caller.token_id,
@@ -126,33 +126,49 @@ def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: lis
 
 
 def check_code(session: Session, spec: StudySpec) -> None:
-    """With shipped code: the archive is uploaded, and the entrypoint's file or the command's
-    script is in it (relative to the spec's folder, or a module from the archive's top)."""
+    """Every archive the spec names is uploaded, and the entrypoint's file or the command's script
+    is in each archive a run executes (relative to its workdir, or a module from its top): each
+    arm's own code, and the study's code when some run executes it (no arms, or an arm without
+    code). Without code the entrypoint is resolved in each worker's own directory."""
+    arms = spec.arms or []
+    for i, arm in enumerate(arms):
+        loc = ("body", "arms", i, "code")
+        if isinstance(arm.code, str):
+            raise Invalid(loc, f"arm {arm.name!r}: code {arm.code!r} is not an uploaded archive; give "
+                          "{sha256: <64 hex>} of one uploaded with PUT /api/v1/code/{sha256} "
+                          "(`steady submit` packs and uploads `code: DIR`, a folder next to the spec)")
+        if arm.code is not None:
+            _check_archive(session, spec, arm.code, f"arm {arm.name!r}'s code", loc)
+    if spec.code is not None:
+        used = not arms or any(a.code is None for a in arms)
+        _check_archive(session, spec, spec.code, "the study's code", None, files=used)
+
+
+def _check_archive(session: Session, spec: StudySpec, code: CodeRef, what: str, loc: tuple[str | int, ...] | None,
+                   *, files: bool = True) -> None:
+    """``code``'s archive is on the server and (with ``files``) holds the workload's file; ``loc`` is the
+    field a 422 names (None: the study's own ``code`` and ``workload`` fields)."""
     from app.code import repository as code_repo  # the code domain sits beside this one
 
-    workload, code = spec.workload, spec.code
-    assert workload is not None
-    if code is None:
-        return  # built-in, or code already on every worker (resolved in the worker's directory)
     archive = code_repo.get(session, code.sha256)
     if archive is None:
-        raise Invalid(("body", "code", "sha256"), f"no code archive {code.sha256} on the server: upload it first "
-                      "with PUT /api/v1/code/{sha256} (steady submit does)")
-    files = set(archive.files)
+        raise Invalid(loc or ("body", "code", "sha256"), f"no code archive {code.sha256} on the server "
+                      f"({what}): upload it first with PUT /api/v1/code/{{sha256}} (steady submit does)")
+    workload = spec.workload
+    if not files or workload is None:
+        return
+    names = set(archive.files)
+    where = f"{what} (archive {code.sha256[:12]}, directory {code.workdir!r}, {len(names)} files)"
     if workload.entrypoint is not None:
         target = codepack.entrypoint_file(workload.entrypoint)
         module = not workload.entrypoint.partition(":")[0].endswith(".py")
-        found = codepack.present(target, files, code.workdir) or (module and codepack.present(target, files))
-        if not found:
-            raise Invalid(("body", "workload", "entrypoint"),
-                          f"{target} is not in the study's code (archive {code.sha256[:12]}, directory "
-                          f"{code.workdir!r}, {len(files)} files)")
+        if not (codepack.present(target, names, code.workdir) or (module and codepack.present(target, names))):
+            raise Invalid(loc or ("body", "workload", "entrypoint"),
+                          f"the entrypoint's file {target} is not in {where}")
     if workload.command is not None:
         script = codepack.script_of(workload.command)
-        if script is not None and not codepack.present(script, files, code.workdir):
-            raise Invalid(("body", "workload", "command"),
-                          f"the command's script {script} is not in the study's code (archive "
-                          f"{code.sha256[:12]}, directory {code.workdir!r}, {len(files)} files)")
+        if script is not None and not codepack.present(script, names, code.workdir):
+            raise Invalid(loc or ("body", "workload", "command"), f"the command's script {script} is not in {where}")
 
 
 def get_study(session: Session, study_id: int) -> Study:

@@ -73,7 +73,8 @@ class WorkloadSpec(_Spec):
 
 
 class CodeRef(_Spec):
-    """The study's code: an archive uploaded with PUT /api/v1/code/{sha256} (``steady submit`` does this)."""
+    """The study's (or an arm's) code: an archive uploaded with PUT /api/v1/code/{sha256} (``steady submit``
+    does this)."""
 
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     git_commit: Annotated[str, Field(pattern=r"^[0-9a-f]{7,64}$")] | None = None
@@ -114,15 +115,17 @@ class ConfigFileSpec(_Spec):
 
 class ArmSpec(_Spec):
     """One arm of a comparison: it may override the stack, workload parameters, a config file or the
-    code digest. Arms are compared by the stack-portability statistics, the first (or
+    code (its own archive, which its runs execute). Arms are compared by the stack-portability statistics, the first (or
     ``reference_stack``) being the reference."""
 
     name: StackName
     stack: StackSpec | None = Field(None, description="where this arm runs (its labels select workers)")
     params: dict[str, Any] = Field({}, description="overrides of workload.params (key by key)")
     config: ConfigFileSpec | None = None
-    code: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
-        None, description="an opaque code digest or version label; only reported as a difference"
+    code: CodeRef | Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        None, description="the code this arm's runs execute instead of the study's: an uploaded archive "
+        "{sha256: ...} (`steady submit` packs and uploads `code: DIR`). A plain string is a label kept only "
+        "by studies created before arms ran their own code; new studies refuse it",
     )
 
     @field_validator("params")
@@ -140,5 +143,5 @@ class ArmSpec(_Spec):
             "stack": self.stack.model_dump(mode="json") if self.stack is not None else None,
             "params": {**base, **self.params},
             "config": self.config.model_dump(mode="json") if self.config is not None else None,
-            "code": self.code,
+            "code": self.code.model_dump(mode="json") if isinstance(self.code, CodeRef) else self.code,
         }

@@ -1,4 +1,5 @@
-"""Arms of any kind: a study compares arms that differ by params, config file, code digest or stack."""
+"""Arms of any kind: a study compares arms that differ by params, config file or stack (by code:
+tests/api/test_arm_code.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from app.reports.render import render_report
 from tests.api.helpers import batch, lease, register, result, spec
 
 ARMS = [
-    {"name": "old", "params": {"lr": 0.1}, "code": "sha256:aaaa"},
-    {"name": "new", "params": {"lr": 0.2}, "config": {"name": "train.yaml", "content": "warmup: 10\n"},
-     "code": "sha256:bbbb"},
+    {"name": "old", "params": {"lr": 0.1}},
+    {"name": "new", "params": {"lr": 0.2}, "config": {"name": "train.yaml", "content": "warmup: 10\n"}},
 ]
 
 
@@ -46,7 +46,7 @@ def test_arms_run_with_their_overrides_and_the_report_names_the_difference(api):
     assert by_arm["old"]["params"] == {"epochs": 1, "lr": 0.1} and by_arm["old"]["config_file"] is None
     assert by_arm["new"]["params"] == {"epochs": 1, "lr": 0.2}
     assert by_arm["new"]["config_file"] == {"name": "train.yaml", "content": "warmup: 10\n"}
-    assert (by_arm["old"]["code"], by_arm["new"]["code"]) == ("sha256:aaaa", "sha256:bbbb")
+    assert by_arm["old"]["code"] is None and by_arm["new"]["code_sha256"] is None  # built-in: no code
 
     report = api.get(f"/api/v1/studies/{study['id']}/report").json()
     (v,) = [v for v in report["verdicts"] if v["level"] == "stack_portability"]
@@ -55,7 +55,7 @@ def test_arms_run_with_their_overrides_and_the_report_names_the_difference(api):
     differ = v["group"]["differ_by"]
     assert "params.lr (0.1 vs 0.2)" in differ
     assert any(d.startswith("config (none vs train.yaml sha256:") for d in differ), differ
-    assert "code (sha256:aaaa vs sha256:bbbb)" in differ
+    assert not any(d.startswith("code") for d in differ), differ
     assert report["arms"] == [{"reference": "old", "candidate": "new", "differ_by": differ}]
     text = render_report(Report.model_validate(report))
     assert "arms differ by: params.lr (0.1 vs 0.2); config (none vs train.yaml" in text
@@ -93,9 +93,9 @@ def test_stacks_shorthand_reports_the_stack_difference(api):
         ([{"name": "a", "params": {"lr": 1}}, {"name": "a", "params": {"lr": 2}}], {}, "arms", "repeated: ['a']"),
         ([{"name": "a", "params": {"lr": 1}}, {"name": "b", "params": {"lr": 1}}], {}, "arms", "identical"),
         ([{"name": "a"}, {"name": "b", "lr": 2}], {}, "arms.1.lr", "Extra inputs"),
-        ([{"name": "a", "code": "x"}], {}, "arms", "at least 2"),
-        ([{"name": "a"}, {"name": "b", "code": "x"}], {"stacks": [{"name": "s1"}, {"name": "s2"}]}, "", "not both"),
-        ([{"name": "a"}, {"name": "b", "code": "x"}], {"reference_stack": "c"}, "", "one of the arms"),
+        ([{"name": "a", "params": {"lr": 2}}], {}, "arms", "at least 2"),
+        ([{"name": "a"}, {"name": "b", "params": {"lr": 2}}], {"stacks": [{"name": "s1"}, {"name": "s2"}]}, "", "not both"),
+        ([{"name": "a"}, {"name": "b", "params": {"lr": 2}}], {"reference_stack": "c"}, "", "one of the arms"),
         ([{"name": "a"}, {"name": "b", "config": {"name": "../x", "content": ""}}], {}, "arms.1.config.name", "pattern"),
         ([{"name": "a"}, {"name": "b", "params": {"x": "y" * 70_000}}], {}, "arms.1.params", "the limit is"),
     ],
