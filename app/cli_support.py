@@ -115,12 +115,15 @@ def get_report(api: Any, study_id: int) -> Report:
 
 
 def failing_verdicts(report: Report) -> list[tuple[str, str]]:
-    """(what, verdict) of the report's verdicts (and cost-of-determinism verdicts) that say "not stable"."""
+    """(what, verdict) of the report's verdicts, cost-of-determinism budgets and convergence checks that
+    say "not stable" (a convergence ``fail``: significantly faster than the reference, or too many runs
+    that never reached the target)."""
     from app.stats.vocabulary import SEVERITY
 
     bad = SEVERITY["unstable"]
     rows: list[tuple[str, str]] = [(v.level, v.verdict) for v in report.verdicts if SEVERITY.get(v.verdict) == bad]
     rows += [("cost", c.verdict) for c in report.determinism_cost if c.verdict and SEVERITY.get(c.verdict) == bad]
+    rows += [("convergence", c.verdict) for c in report.convergence or () if SEVERITY.get(c.verdict) == bad]
     return rows
 
 
