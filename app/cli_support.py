@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 EXIT_OK = 0  # done; for report / submit --wait / compare: no verdict failed
 EXIT_FAIL = 1  # the command failed (server refused or unreachable, study failed) or a verdict failed
 EXIT_USAGE = 2  # wrong arguments, or a spec file that is missing or not valid YAML
+# `steady check` only: the gate could not judge (wrong arguments, a missing or invalid spec, the server
+# unreachable or refusing, the study cancelled). Not 1 or 2, so a CI job that lets an inconclusive
+# study (2) pass never lets a typo pass, and a job can tell "the code failed" from "the gate broke".
+EXIT_CANNOT_JUDGE = 3
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_BROKEN_PIPE = 141  # the reader of stdout went away, e.g. `steady status --json | head` (128 + SIGPIPE)
 
