@@ -75,6 +75,15 @@ def _convergence_item(c: Convergence) -> GateItem:
                     c.guarantee)
 
 
+def baseline_name(c: BaselineComparisonOut) -> str:
+    """The baseline as the gate names it: suite, version and the first 12 hex digits of the snapshot's
+    SHA-256, so a reader of the console, the JUnit file or the Markdown can tell which frozen content a
+    check compared with (and two jobs whether they compared with the same one)."""
+    if c.baseline_version is None or not c.baseline_digest:
+        return f"baseline of {c.suite} (live runs of study {c.baseline_study_id}: set before snapshots)"
+    return f"baseline of {c.suite} v{c.baseline_version} sha256:{c.baseline_digest[:12]}"
+
+
 def gate_items(report: Report, comparison: BaselineComparisonOut | None = None) -> list[GateItem]:
     """The report as gate checks, in report order: one per level expectation (headline), per verdict,
     per cost-of-determinism budget, per convergence group and per comparison with the suite baseline.
@@ -108,8 +117,7 @@ def gate_items(report: Report, comparison: BaselineComparisonOut | None = None) 
         items.append(GateItem("determinism_cost", name, _verdict_status(c.verdict), c.reason or reason, c.guarantee))
     items += [_convergence_item(c) for c in report.convergence or ()]
     if comparison is not None:
-        version = comparison.baseline_version
-        against = f"baseline of {comparison.suite}" + (f" v{version}" if version is not None else "")
+        against = baseline_name(comparison)
         for pv in comparison.verdicts:
             items.append(GateItem("baseline", f"{pv.metric} {_group(pv.group)} vs {against}",
                                   _verdict_status(pv.verdict), f"{pv.verdict}: {pv.reason}", _guarantee(pv)))

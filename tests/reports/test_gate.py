@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import xml.etree.ElementTree as ET
 
 import junitparser
@@ -48,7 +49,26 @@ def _comparison(verdict: str) -> BaselineComparisonOut:
                              "group": PairGroup(determinism="strict", reference="baseline", reference_stack=None,
                                                 candidate_stack="cpu")})
     return BaselineComparisonOut(suite="nightly", study_id=7, baseline_study_id=1, baseline_version=3,
-                                 baseline_digest="ab", alpha=0.05, verdicts=[v])
+                                 baseline_digest=DIGEST, alpha=0.05, verdicts=[v])
+
+
+DIGEST = hashlib.sha256(b"a frozen baseline").hexdigest()
+
+
+def test_a_baseline_check_names_the_snapshot_by_version_and_short_digest(tmp_path):
+    items = gate.gate_items(_report(), _comparison("not_equivalent"))
+    (item,) = [i for i in items if i.kind == "baseline"]
+    assert item.name == f"loss strict/cpu vs reference vs baseline of nightly v3 sha256:{DIGEST[:12]}"
+    assert DIGEST not in item.name  # short enough for a console column
+    md = gate.markdown(items, title="t")
+    assert f"sha256:{DIGEST[:12]}" in md
+    path = tmp_path / "g.xml"
+    path.write_bytes(gate.junit_xml(items, suite_name="s"))
+    assert [c.name for c in list(junitparser.JUnitXml.fromfile(str(path)))[0]
+            if c.classname == "steady.baseline"] == [item.name]
+    legacy = _comparison("equivalent").model_copy(update={"baseline_version": None, "baseline_digest": None})
+    (old,) = [i for i in gate.gate_items(_report(), legacy) if i.kind == "baseline"]
+    assert old.name.endswith("vs baseline of nightly (live runs of study 1: set before snapshots)")
 
 
 def test_every_check_passed_exits_0():
