@@ -41,10 +41,11 @@ def _study_to_check(api, target: str) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Steady as a CI gate: judge a study (submitting a spec first and waiting), exit 0/1/2.
+    """Steady as a CI gate: judge a study (submitting a spec first and waiting), exit 0/1/2/3.
 
     Every error (a spec, the server, a cancelled study) exits 3 (``error_exit``, set by the parser):
-    the gate could not judge. A study whose runs all failed did not converge to anything: a failure (1)."""
+    the gate could not judge, and a job that lets "inconclusive" (2) pass must not pass it. A study
+    whose runs all failed is evidence against the code under test: a failure (1)."""
     from app.cli_client import Api
     from app.reports import gate
 
