@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from app import __version__
 from app.cli_results import (
@@ -32,8 +32,10 @@ from app.cli_studies import (
 )
 from app.cli_support import (
     EXIT_BROKEN_PIPE,
+    EXIT_CANNOT_JUDGE,
     EXIT_FAIL,
     EXIT_INTERRUPTED,
+    EXIT_USAGE,
     CliError,
 )
 from app.terminal import printable
@@ -48,11 +50,29 @@ def cmd_worker(argv: list[str]) -> int:
     return worker_main(argv)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors exit with the command's ``error_exit`` default when it sets one
+    (``steady check``: 3, "could not judge"), else 2. Subparsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(self.get_default("error_exit") or EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # unknown options after a command are reported by the top-level parser: with the command's code
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.set_defaults(error_exit=getattr(parsed, "error_exit", None))
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="steady", description="Is my training stable?",
         epilog="--server, --token, --data-dir and --database-url go before or after the command. "
-               "Exit codes: 0 ok, 1 failed (or a verdict failed), 2 usage, 130 Ctrl-C, 141 closed pipe.")
+               "Exit codes: 0 ok, 1 failed (or a verdict failed), 2 usage, 130 Ctrl-C, 141 closed pipe; "
+               "`check`: 0 pass, 1 fail, 2 inconclusive, 3 could not judge.")
     parser.add_argument("--version", action="version", version=f"steady {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -128,14 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser(
-        "check", help="CI gate: judge a study (or submit a spec and wait); exit 0 pass, 1 fail, 2 inconclusive",
+        "check", help="CI gate: judge a study (or submit a spec and wait); exit 0 pass, 1 fail, 2 inconclusive, "
+                      "3 could not judge",
         description="Judge a study as a CI gate. Given a spec file, submit it and wait for it (like "
                     "`submit --wait`); given a study id, use that study (waiting if it still runs). Every level's "
                     "expectation, every verdict, every cost budget and, with --against, every comparison with the "
                     "suite's baseline snapshot is one check.",
-        epilog="Exit codes: 0 every check passed; 1 a check failed (or the study failed, or the server refused); "
-               "2 no check failed but one is inconclusive (too few runs, no margin or limit given). A failure "
-               "wins over an inconclusive check. argparse usage errors also exit 2.")
+        epilog="Exit codes: 0 every check passed; 1 a check failed (or every run of the study failed); "
+               "2 no check failed but one is inconclusive (too few runs, no margin or limit given); 3 could not "
+               "judge: wrong arguments, a spec missing or invalid, the server unreachable or refusing (401, 403, "
+               "404, 422), the study cancelled. A failure wins over an inconclusive check.")
     client_opts(p)
     p.add_argument("target", metavar="SPEC_OR_STUDY", help="a study spec (YAML/JSON, - for stdin) or a study id")
     p.add_argument("--against", metavar="SUITE",
@@ -145,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="PATH", help="write a Markdown summary (one line per check)")
     p.add_argument("--webhook", metavar="URL", help='POST the summary as JSON {"text": markdown, ...}')
     code_opts(p)
-    p.set_defaults(func=cmd_check)
+    p.set_defaults(func=cmd_check, error_exit=EXIT_CANNOT_JUDGE)
     p = sub.add_parser("runs", help="a study's runs: status, attempt, seed, level, error")
     client_opts(p)
     p.add_argument("study", type=int)
@@ -251,13 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except CliError as exc:
         print(f"steady: {printable(exc.message)}", file=sys.stderr)
-        return exc.code
+        return getattr(args, "error_exit", None) or exc.code
     except ApiError as exc:
         detail = printable(exc.detail)
         plain = exc.status in (0, 401)  # unreachable, or the token: the message already says what to do
         print(f"steady: {detail}" if plain else f"steady: the server answered {exc.status}: {detail}",
               file=sys.stderr)
-        return EXIT_FAIL
+        return getattr(args, "error_exit", None) or EXIT_FAIL
     except BrokenPipeError:
         # The reader went away (`steady status --json | head`): stop quietly, like `cat` would.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -45,7 +45,11 @@ def _study_to_check(api, target: str, args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Steady as a CI gate: judge a study (submitting a spec first and waiting), exit 0/1/2."""
+    """Steady as a CI gate: judge a study (submitting a spec first and waiting), exit 0/1/2/3.
+
+    Every error (a spec, the server, a cancelled study) exits 3 (``error_exit``, set by the parser):
+    the gate could not judge, and a job that lets "inconclusive" (2) pass must not pass it. A study
+    whose runs all failed is evidence against the code under test: a failure (1)."""
     from app.cli_client import Api
     from app.reports import gate
 
@@ -61,9 +65,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
     link = f"{api.server}/studies/{sid}"
     title = f"study {sid} ({study['name']})"
-    if study["status"] in {"failed", "cancelled"}:
+    if study["status"] == "cancelled":
+        raise CliError(f"study {sid} was cancelled: nothing to judge (`steady status {sid}`)")
+    if study["status"] == "failed":
         items = [gate.GateItem("study", f"study {sid}", gate.FAIL,
-                               f"the study {study['status']}: see `steady status {sid}`", "")]
+                               f"the study failed (every run failed): see `steady runs {sid}`", "")]
     else:
         report = get_report(api, sid)
         comparison = None
@@ -84,18 +90,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.junit:
         from datetime import UTC, datetime
 
-        Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.junit).write_bytes(gate.junit_xml(items, suite_name=f"steady {title}", link=link,
-                                                    timestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")))
+        _write(args.junit, gate.junit_xml(items, suite_name=f"steady {title}", link=link,
+                                          timestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")))
     text = gate.markdown(items, title=title, link=link) if args.markdown or args.webhook else ""
     if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(text)
+        _write(args.markdown, text.encode())
     if args.webhook:
         _post_summary(args.webhook, {"text": text, "exit_code": code, "outcome": gate.outcome(code),
                                      "study_id": sid, "link": link,
                                      "checks": [i.__dict__ for i in items]})
     return code
+
+
+def _write(path: str, data: bytes) -> None:
+    """A report file the CI reads: one it cannot find must not read as the gate's verdict (exit 3)."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(data)
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _post_summary(url: str, body: dict[str, Any]) -> None:

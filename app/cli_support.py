@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 EXIT_OK = 0  # done; for report / submit --wait / compare: no verdict failed
 EXIT_FAIL = 1  # the command failed (server refused or unreachable, study failed) or a verdict failed
 EXIT_USAGE = 2  # wrong arguments, or a spec file that is missing or not valid YAML
+# `steady check` only: the gate could not judge (wrong arguments, a missing or invalid spec, the server
+# unreachable or refusing, the study cancelled). Not 1 or 2, so a CI job that lets an inconclusive
+# study (2) pass never lets a typo pass, and a job can tell "the code failed" from "the gate broke".
+EXIT_CANNOT_JUDGE = 3
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_BROKEN_PIPE = 141  # the reader of stdout went away, e.g. `steady status --json | head` (128 + SIGPIPE)
 
@@ -115,12 +119,15 @@ def get_report(api: Any, study_id: int) -> Report:
 
 
 def failing_verdicts(report: Report) -> list[tuple[str, str]]:
-    """(what, verdict) of the report's verdicts (and cost-of-determinism verdicts) that say "not stable"."""
+    """(what, verdict) of the report's verdicts, cost-of-determinism budgets and convergence checks that
+    say "not stable" (a convergence ``fail``: significantly faster than the reference, or too many runs
+    that never reached the target)."""
     from app.stats.vocabulary import SEVERITY
 
     bad = SEVERITY["unstable"]
     rows: list[tuple[str, str]] = [(v.level, v.verdict) for v in report.verdicts if SEVERITY.get(v.verdict) == bad]
     rows += [("cost", c.verdict) for c in report.determinism_cost if c.verdict and SEVERITY.get(c.verdict) == bad]
+    rows += [("convergence", c.verdict) for c in report.convergence or () if SEVERITY.get(c.verdict) == bad]
     return rows
 
 

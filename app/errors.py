@@ -32,9 +32,14 @@ class Forbidden(SteadyError):
 
 
 class Conflict(SteadyError):
-    """The request is valid but the resource's state refuses it (lease lost, already done)."""
+    """The request is valid but the resource's state refuses it (lease lost, already done); ``loc``
+    names the input whose state refuses it, when one does."""
 
     status_code = 409
+
+    def __init__(self, message: str, *, code: str | None = None, loc: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message, code=code)
+        self.loc = loc
 
 
 class TooManyRequests(SteadyError):

@@ -6,7 +6,9 @@
 # The server and token come from STEADY_SERVER / STEADY_TOKEN (or `steady login`). Set STEADY_AGAINST=SUITE
 # to also compare the study with that suite's baseline. Writes OUT_DIR/junit.xml (for the CI's test report)
 # and OUT_DIR/summary.md. Exit code: 0 passed, 1 a check failed, 2 inconclusive (too few runs to claim
-# anything); set STEADY_INCONCLUSIVE_OK=1 to let an inconclusive study pass the job.
+# anything), 3 could not judge (a missing or invalid spec, a wrong study id, the server unreachable or
+# refusing the token, the study cancelled: no verdict and no report files); set STEADY_INCONCLUSIVE_OK=1
+# to let an inconclusive study pass the job (never one that could not be judged).
 set -u
 
 spec=${1:?usage: ci-gate.sh SPEC [OUT_DIR]}
@@ -28,6 +30,8 @@ case $status in
        if [ "${STEADY_INCONCLUSIVE_OK:-0}" = 1 ]; then
            status=0
        fi ;;
-    *) echo "steady gate: steady check could not judge the study (exit $status)" ;;
+    3) echo "steady gate: could not judge the study: no verdict (see the error above: spec, study id, server" \
+            "or token)" ;;
+    *) echo "steady gate: steady check stopped (exit $status)" ;;
 esac
 exit "$status"

@@ -318,3 +318,25 @@ def test_status_shows_the_stage_of_an_adaptive_study(live_server, tmp_path):
     sid = int(steady(live_server, "submit", str(spec)).stdout.split()[2])
     out = steady(live_server, "status", str(sid)).stdout
     assert f"study {sid}: adaptive seeds, stage 1 of at most 3 (5 of at most 12 seeds)" in out
+
+
+def test_check_exits_3_when_it_cannot_judge_and_other_commands_keep_2_for_usage(tmp_path):
+    """`steady check` from a shell, no server needed: a typo in the job's command line or spec path
+    must not read as "inconclusive" (2), which a CI gate may let pass."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(tmp_path / "config"),
+           "STEADY_SERVER": "http://127.0.0.1:9", "NO_COLOR": "1"}
+    missing = run_cli("check", str(tmp_path / "nope.yaml"), "--junit", str(tmp_path / "j.xml"), env=env, cwd=tmp_path)
+    assert missing.returncode == 3 and one_line(missing.stderr) == f"steady: no such file: {tmp_path / 'nope.yaml'}"
+    assert not (tmp_path / "j.xml").exists()  # no verdict, no report for the CI to read as one
+    (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
+    bad = run_cli("check", "bad.yaml", env=env, cwd=tmp_path)
+    assert bad.returncode == 3 and "bad.yaml:" in one_line(bad.stderr)
+    for args in (["check"], ["check", "1", "--no-such-option"], ["--server", "http://x", "check", "1", "extra"]):
+        usage = run_cli(*args, env=env, cwd=tmp_path)
+        assert usage.returncode == 3 and "error:" in usage.stderr and "Traceback" not in usage.stderr, (args, usage)
+    unreachable = run_cli("check", "12", env=env, cwd=tmp_path)
+    assert unreachable.returncode == 3 and "cannot reach" in one_line(unreachable.stderr)
+    # every other command keeps 2 for usage and 1 for an unreachable server
+    assert run_cli("status", "--no-such-option", env=env, cwd=tmp_path).returncode == 2
+    assert run_cli("submit", str(tmp_path / "nope.yaml"), env=env, cwd=tmp_path).returncode == 2
+    assert run_cli("report", "12", env=env, cwd=tmp_path).returncode == 1

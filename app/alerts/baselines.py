@@ -6,7 +6,10 @@ its final value — into one canonical JSON document, stored with its SHA-256 di
 ``out_of_baseline`` and ``not_equivalent`` alert rules and ``GET /suites/{suite}/baseline/compare``
 (``steady check --against``) read the snapshot, never the live rows: excluding, re-running or
 adding a run of the baseline study afterwards changes no comparison. Moving the baseline is an
-explicit act that adds a version (who, when, why); older versions stay readable as history.
+explicit act that adds a version (who, when, why); older versions stay readable as history. Clearing
+it (``DELETE``) adds a version too, a "cleared" one without content, so the history says who left
+the suite without a baseline, when and why. Only a settled study is frozen: a queued or running one
+would freeze whichever of its runs happened to have finished (409 naming ``study_id``).
 
 Canonical JSON: keys sorted, no whitespace, UTF-8. Final values are JSON numbers (Python's
 shortest round-trip ``repr``, so exact), non-finite ones the strings ``"nan"``, ``"inf"`` and
@@ -33,9 +36,9 @@ from sqlalchemy.orm import Session
 from app.alerts import repository
 from app.alerts.schemas import BaselineIn, BaselineOut
 from app.auth.service import Caller, ensure_may_change
-from app.errors import Invalid, NotFound, judging
+from app.errors import Conflict, Invalid, NotFound, judging
 from app.models import BaselineSnapshot, Study, SuiteBaseline, utcnow
-from worker.protocol import RunStatus
+from worker.protocol import RunStatus, StudyStatus
 from app.reports import service as reports
 from app.reports.models import typed_verdicts, verdicts_of
 from app.reports.parts import PairGroup
@@ -93,6 +96,8 @@ _DECODED_LOCK = threading.Lock()
 
 def document(snapshot: BaselineSnapshot) -> dict[str, Any]:
     """The snapshot's content (read-only: it is shared between the evaluations of every rule)."""
+    if snapshot.body is None or snapshot.digest is None:  # nothing points at a clearing: a bug if reached
+        raise ValueError(f"version {snapshot.version} of the baseline of {snapshot.suite!r} is a clearing: no content")
     with _DECODED_LOCK:
         doc = _DECODED.get(snapshot.digest)
     if doc is None:
@@ -171,7 +176,7 @@ def compare(session: Session, suite: str, study_id: int, *, alpha: float = 0.05)
     baseline_study = session.get(Study, baseline.study_id)
     base_margins = {m.name: m.margin for m in reports.metric_specs(baseline_study)} if baseline_study else {}
     # bootstraps seeded by what is compared, so the same comparison reads the same every time
-    seed = int(snap.digest[:8], 16) if snap is not None else baseline.study_id
+    seed = int(snap.digest[:8], 16) if snap is not None and snap.digest else baseline.study_id
     cand_runs = reports.completed_runs(session, study.id)
     verdicts = []
     for spec in reports.metric_specs(study):
@@ -213,6 +218,7 @@ def set_baseline(session: Session, suite: str, body: BaselineIn, caller: Caller)
     row = session.get(SuiteBaseline, suite)
     if row is not None:
         ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
+    _ensure_settled(study)
     # every set is a new frozen version: comparisons read it, never the live rows
     snap = record_snapshot(session, suite, study, body.stack, caller, body.reason)
     if row is None:
@@ -234,11 +240,26 @@ def baseline_out(session: Session, row: SuiteBaseline) -> BaselineOut:
     return out
 
 
-def delete_baseline(session: Session, suite: str, caller: Caller) -> None:
+def _ensure_settled(study: Study) -> None:
+    """A baseline is what a study measured: one still queued or running has not measured it yet
+    (external studies stay ``open`` and are frozen with the runs uploaded so far)."""
+    if study.status in (StudyStatus.queued.value, StudyStatus.running.value):
+        raise Conflict(f"study {study.id} is {study.status}: a baseline freezes a settled study's runs; "
+                       "set it when the study has ended", loc=("body", "study_id"))
+
+
+def delete_baseline(session: Session, suite: str, caller: Caller, reason: str | None) -> BaselineSnapshot:
+    """Clear the suite's baseline, recorded as a version of its history (action "cleared": who, when,
+    why, and the study it was), so comparisons that stop reading a baseline can be traced to the act."""
     row = get_baseline(session, suite)
     ensure_may_change(caller, row.owner_token_id, f"the baseline of suite {suite!r}")
+    cleared = BaselineSnapshot(suite=suite, version=repository.next_snapshot_version(session, suite), action="cleared",
+                               study_id=row.study_id, stack=row.stack, digest=None, body=None, n_runs=0,
+                               created_by=caller.name, created_by_token_id=caller.token_id, reason=reason)
+    session.add(cleared)
     session.delete(row)
     session.flush()
+    return cleared
 
 
 def get_baseline(session: Session, suite: str) -> SuiteBaseline:

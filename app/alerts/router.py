@@ -124,8 +124,15 @@ def compare_with_baseline(
 
 
 @router.delete("/suites/{suite}/baseline", status_code=status.HTTP_204_NO_CONTENT)
-def delete_baseline(suite: str, db: WriteDB, caller: UserCaller) -> Response:
-    baselines.delete_baseline(db, suite, caller)
+def delete_baseline(
+    suite: str,
+    db: WriteDB,
+    caller: UserCaller,
+    reason: Annotated[str | None, Query(max_length=2000, description="why; kept in the baseline's history")] = None,
+) -> Response:
+    """Clear the suite's baseline: recorded in its history as a "cleared" version (who, when, why);
+    comparisons with the suite answer 404 until a baseline is set again."""
+    baselines.delete_baseline(db, suite, caller, reason)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -38,12 +38,14 @@ class BaselineIn(BaseModel):
 
 
 class BaselineVersionOut(WireModel):
-    """One frozen version of a suite's baseline: its runs' results as canonical JSON, and its SHA-256."""
+    """One version of a suite's baseline: a frozen snapshot of its runs' results (canonical JSON and
+    its SHA-256), or the baseline's clearing (who, when, why)."""
 
     version: int
+    action: Literal["set", "cleared"] = Field(description="set: a snapshot; cleared: the suite went without one")
     study_id: int | None
     stack: str | None
-    digest: str = Field(description="SHA-256 of the snapshot's canonical JSON")
+    digest: str | None = Field(description="SHA-256 of the snapshot's canonical JSON; null when cleared")
     n_runs: int
     created_at: datetime
     created_by: str | None

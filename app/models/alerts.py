@@ -50,7 +50,9 @@ class BaselineSnapshot(Base):
 
     ``digest`` is the SHA-256 of the canonical JSON (``app.alerts.baselines.canonical``);
     ``body`` is that JSON zlib-compressed. Rows are never updated: moving the baseline adds
-    a version, with who moved it, when and why.
+    a version, with who moved it, when and why. Clearing it adds one too (``action`` "cleared",
+    no content: ``digest`` and ``body`` NULL), so a suite that went without a baseline shows in
+    its history.
     """
 
     __tablename__ = "baseline_snapshots"
@@ -61,8 +63,9 @@ class BaselineSnapshot(Base):
     version: Mapped[int] = mapped_column(Integer)
     study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="SET NULL"), nullable=True)
     stack: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    digest: Mapped[str] = mapped_column(String(64))
-    body: Mapped[bytes] = mapped_column(LargeBinary)
+    action: Mapped[str] = mapped_column(String(16), default="set", server_default="set")  # set | cleared
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    body: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     n_runs: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     created_by: Mapped[str | None] = mapped_column(String(200), nullable=True)

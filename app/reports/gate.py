@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from app.reports.models import (
     BaselineComparisonOut,
+    Convergence,
     RepeatabilityVerdict,
     Report,
     SeedStabilityVerdict,
@@ -33,7 +34,8 @@ _EXPECTATION_STATUS = {True: PASS, False: FAIL, None: INCONCLUSIVE}
 class GateItem:
     """One check of the gate: a level's expectation, a verdict, a cost budget or a baseline comparison."""
 
-    kind: str  # expectation | repeatability | seed_stability | stack_portability | determinism_cost | baseline
+    kind: str  # expectation | repeatability | seed_stability | stack_portability | determinism_cost | convergence
+    #            | baseline
     name: str
     status: str  # pass | fail | inconclusive
     reason: str
@@ -58,9 +60,33 @@ def _verdict_status(verdict: str | None) -> str:
     return {0: PASS, 1: PASS, 3: FAIL}.get(severity(verdict), INCONCLUSIVE)
 
 
+def _number(x: float | None, fmt: str = ".6g") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _convergence_item(c: Convergence) -> GateItem:
+    """A convergence check (MLPerf RCP rule): the numbers a reviewer needs to see why it passed or
+    failed, whatever the reason's wording: candidate mean, floor, allowed speed-up, normalisation."""
+    name = f"steps to {c.metric}{'<=' if c.direction == 'min' else '>='}{c.target:g} {_group(c.group)}"
+    numbers = (f"candidate mean {_number(c.candidate_mean)} steps; minimum acceptable mean "
+               f"{_number(c.min_acceptable_mean)}; max speed-up ×{_number(c.max_speedup, '.4f')}; "
+               f"normalisation factor ×{_number(c.normalization_factor, '.4f')}")
+    return GateItem("convergence", name, _verdict_status(c.verdict), f"{c.verdict}: {c.reason} ({numbers})",
+                    c.guarantee)
+
+
+def baseline_name(c: BaselineComparisonOut) -> str:
+    """The baseline as the gate names it: suite, version and the first 12 hex digits of the snapshot's
+    SHA-256, so a reader of the console, the JUnit file or the Markdown can tell which frozen content a
+    check compared with (and two jobs whether they compared with the same one)."""
+    if c.baseline_version is None or not c.baseline_digest:
+        return f"baseline of {c.suite} (live runs of study {c.baseline_study_id}: set before snapshots)"
+    return f"baseline of {c.suite} v{c.baseline_version} sha256:{c.baseline_digest[:12]}"
+
+
 def gate_items(report: Report, comparison: BaselineComparisonOut | None = None) -> list[GateItem]:
     """The report as gate checks, in report order: one per level expectation (headline), per verdict,
-    per cost-of-determinism budget and per comparison with the suite baseline.
+    per cost-of-determinism budget, per convergence group and per comparison with the suite baseline.
 
     A repeatability verdict passes when its level met its expectation (runs at ``none`` are expected
     to differ), other verdicts by their value; anything not understood is inconclusive, never a pass.
@@ -89,9 +115,9 @@ def gate_items(report: Report, comparison: BaselineComparisonOut | None = None) 
         name = f"step time {c.numerator}/{c.denominator} {c.stack}".rstrip()
         reason = f"{c.verdict}: ratio {c.ratio} (CI {c.ci_low}..{c.ci_high}) against budget ×{c.budget}"
         items.append(GateItem("determinism_cost", name, _verdict_status(c.verdict), c.reason or reason, c.guarantee))
+    items += [_convergence_item(c) for c in report.convergence or ()]
     if comparison is not None:
-        version = comparison.baseline_version
-        against = f"baseline of {comparison.suite}" + (f" v{version}" if version is not None else "")
+        against = baseline_name(comparison)
         for pv in comparison.verdicts:
             items.append(GateItem("baseline", f"{pv.metric} {_group(pv.group)} vs {against}",
                                   _verdict_status(pv.verdict), f"{pv.verdict}: {pv.reason}", _guarantee(pv)))

@@ -253,14 +253,26 @@ def _steps_to_target(data: Sequence[RunData], conv: dict[str, Any]) -> list[floa
     return out
 
 
+def _lowest_repeats(data: Sequence[RunData]) -> list[RunData]:
+    """One run per (determinism, stack, seed): the lowest repeat (then run id), as the report's levels
+    take seeds. Repeats of a seed are not independent draws of its steps to target (bitwise repeats
+    are copies), so counting them would shrink the t-test's standard error and inflate its n."""
+    best: dict[tuple[str, str, int], RunData] = {}
+    for d in data:
+        key, cur = (d.determinism, d.stack, d.seed), best.get((d.determinism, d.stack, d.seed))
+        if cur is None or (d.repeat, d.run_id) < (cur.repeat, cur.run_id):
+            best[key] = d
+    return [best[k] for k in sorted(best)]
+
+
 def _reference_point(session: Session, conv: dict[str, Any]) -> tuple[ReferencePoint | None, dict[str, Any]]:
-    """The reference as given (numbers) or formed from another study's completed runs (pooled)."""
+    """The reference as given (numbers) or formed from another study's completed runs (pooled, one
+    per determinism level, stack and seed)."""
     ref = conv["reference"]
     if ref.get("study") is None:
         return ReferencePoint(mean=ref["mean"], std=ref["std"], n=ref["n"]), {"source": "numbers"}
-    runs = completed_runs(session, ref["study"])
-    data = run_data(session, runs, [conv["metric"]])
-    info: dict[str, Any] = {"source": "study", "study": ref["study"], "n_runs": len(runs)}
+    data = _lowest_repeats(run_data(session, completed_runs(session, ref["study"]), [conv["metric"]]))
+    info: dict[str, Any] = {"source": "study", "study": ref["study"], "n_runs": len(data)}
     try:
         return reference_from_runs(_steps_to_target(data, conv), trim=conv.get("trim", 1)), info
     except ValueError as exc:
@@ -269,10 +281,10 @@ def _reference_point(session: Session, conv: dict[str, Any]) -> tuple[ReferenceP
 
 def convergence_section(session: Session, data: Sequence[RunData], conv: dict[str, Any]) -> list[dict[str, Any]]:
     """Per (determinism, stack/arm) group: its runs' steps to target judged against the reference
-    (``app.stats.convergence``, MLPerf RCP rules). Completed, non-excluded runs only."""
+    (``app.stats.convergence``, MLPerf RCP rules). Completed, non-excluded runs only, one per seed."""
     point, info = _reference_point(session, conv)
     groups: dict[tuple[str, str], list[RunData]] = {}
-    for d in data:
+    for d in _lowest_repeats(data):
         groups.setdefault((d.determinism, d.stack), []).append(d)
     alpha, trim = conv.get("alpha", 0.05), conv.get("trim", 1)
     head = {"metric": conv["metric"], "target": conv["target"], "direction": conv["direction"]}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from app.studies.alert_specs import AlertRuleSpec, check_spec_alerts
 from app.studies.spec_parts import ArmSpec, CodeRef, StackName, StackSpec, WorkloadSpec, _Spec
@@ -16,6 +17,13 @@ from worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
 MAX_STAGES = 20  # adaptive seeds: looks of the group-sequential design
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+
+
+def _refuse(loc: tuple[str, ...], value: Any, message: str) -> NoReturn:
+    """A cross-field refusal naming its field: a model validator's ValueError would name only the body,
+    a ValidationError raised in it keeps its own ``loc`` (under ``body`` in the 422)."""
+    error = PydanticCustomError("value_error", message.replace("{", "{{").replace("}", "}}"))
+    raise ValidationError.from_exception_data("StudySpec", [InitErrorDetails(type=error, loc=loc, input=value)])
 
 
 class MetricSpec(_Spec):
@@ -210,19 +218,21 @@ class StudySpec(_Spec):
 
     def _check_budget(self, budget: BudgetSpec) -> None:
         if self.kind != "managed":
-            raise ValueError("budget: only a managed study can add seeds (an external study's runs are uploaded)")
+            _refuse(("budget",), budget, "only a managed study can add seeds (an external study's runs are uploaded)")
         if not any(m.max_std is not None or (m.margin is not None and len(self.groups) > 1) for m in self.metrics):
-            raise ValueError("budget: no metric has a 'max_std' (seed stability) or a 'margin' with two or more "
-                             "stacks (stack portability), so no verdict can become conclusive")
+            _refuse(("budget",), budget, "no metric has a 'max_std' (seed stability) or a 'margin' with two or more "
+                    "stacks (stack portability), so no verdict can become conclusive")
         if budget.max_seeds < len(self.seeds):
-            raise ValueError(f"budget: max_seeds {budget.max_seeds} is below the {len(self.seeds)} seeds of the spec")
+            _refuse(("budget", "max_seeds"), budget.max_seeds,
+                    f"max_seeds {budget.max_seeds} is below the {len(self.seeds)} seeds of the spec")
         if budget.max_runs is not None and budget.max_runs < self.run_count:
-            raise ValueError(f"budget: max_runs {budget.max_runs} is below the {self.run_count} runs of the spec")
+            _refuse(("budget", "max_runs"), budget.max_runs,
+                    f"max_runs {budget.max_runs} is below the {self.run_count} runs of the spec")
         step = budget.stage_seeds or len(self.seeds)
         stages = 1 + -(-(self.max_seeds - len(self.seeds)) // step)
         if stages > MAX_STAGES:
-            raise ValueError(f"budget: {stages} stages of {step} seeds; at most {MAX_STAGES} stages — "
-                             "raise stage_seeds or lower max_seeds")
+            _refuse(("budget", "stage_seeds"), budget.stage_seeds,
+                    f"{stages} stages of {step} seeds; at most {MAX_STAGES} stages — raise stage_seeds or lower max_seeds")
 
     @property
     def runs_per_seed(self) -> int:

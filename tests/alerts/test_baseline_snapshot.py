@@ -115,3 +115,38 @@ def test_a_baseline_from_before_snapshots_reads_the_live_runs_until_moved(alert_
         assert len(baselines.baseline_runs(s, s.get(SuiteBaseline, "s"), "loss")) == 5
     r = api.client.put("/api/v1/suites/s/baseline", headers=api.h(), json={"study_id": base, "reason": "freeze"})
     assert r.json()["version"] == 2 and r.json()["digest"]
+
+
+def test_clearing_a_baseline_is_a_recorded_version_and_a_running_study_cannot_be_frozen(alert_api):
+    from tests.api.helpers import lease, register, spec
+
+    api = alert_api
+    base = external_study(api.post, suite="s", finals=[1.0, 1.01, 0.99, 1.02])
+    first = api.client.put("/api/v1/suites/s/baseline", headers=api.h(), json={"study_id": base, "reason": "v1"}).json()
+    r = api.client.delete("/api/v1/suites/s/baseline", headers=api.h(), params={"reason": "the cluster was rebuilt"})
+    assert r.status_code == 204, r.text
+    assert api.get("/api/v1/suites/s/baseline").status_code == 404
+    assert api.get("/api/v1/suites/s/baseline/compare", params={"study_id": base}).status_code == 404
+    history = api.get("/api/v1/suites/s/baseline/history").json()["items"]
+    cleared, kept = history
+    assert (cleared["version"], cleared["action"], cleared["reason"], cleared["digest"]) == (
+        2, "cleared", "the cluster was rebuilt", None)
+    assert cleared["created_by"] and cleared["created_at"] >= kept["created_at"] and cleared["study_id"] == base
+    assert (kept["version"], kept["action"], kept["digest"]) == (1, "set", first["digest"])
+    assert api.client.delete("/api/v1/suites/s/baseline", headers=api.h()).status_code == 404  # nothing to clear
+    r = api.client.delete("/api/v1/suites/s/baseline", headers=api.h(), params={"reason": "x" * 3000})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "reason"]
+    again = api.client.put("/api/v1/suites/s/baseline", headers=api.h(), json={"study_id": base}).json()
+    assert again["version"] == 3 and again["digest"] == first["digest"]  # the same content, the same digest
+
+    # a managed study still queued, then running, has not measured its baseline yet: refused, field named
+    sid = api.post("/api/v1/studies", json=spec(seeds=[0, 1], repeats=1, determinism=["seeded"], suite="s")).json()["id"]
+    for expected in ("queued", "running"):
+        assert api.get(f"/api/v1/studies/{sid}").json()["status"] == expected
+        r = api.client.put("/api/v1/suites/s/baseline", headers=api.h(), json={"study_id": sid, "reason": "early"})
+        assert r.status_code == 409, r.text
+        (d,) = r.json()["detail"]
+        assert d["loc"] == ["body", "study_id"] and f"study {sid} is {expected}" in d["msg"]
+        assert lease(api, register(api)) is not None
+    assert api.get("/api/v1/suites/s/baseline").json()["version"] == 3  # nothing was recorded
+    assert api.get("/api/v1/suites/s/baseline/history").json()["total"] == 3

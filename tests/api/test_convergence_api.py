@@ -6,7 +6,7 @@ import pytest
 
 from app.reports.models import Report
 from app.reports.render import render_report
-from app.stats.convergence import ReferencePoint, check_convergence
+from app.stats.convergence import ReferencePoint, check_convergence, reference_from_runs
 from tests.api.helpers import batch, lease, register, result, spec
 
 RCP = {"mean": 215040, "std": 11976.9, "n": 18}
@@ -60,6 +60,28 @@ def test_reference_from_another_study_passes(api):
     (c,) = api.get(f"/api/v1/studies/{sid}/report").json()["convergence"]
     assert c["reference"]["source"] == "study" and c["reference"]["n"] == 6 and c["reference"]["mean"] == 21750.0
     assert c["verdict"] == "pass" and c["normalization_factor"] == 1.0, c["reason"]
+
+
+def test_repeats_of_a_seed_count_once_in_the_candidate_and_the_reference(api):
+    """Two repeats per seed are one draw of the seed's steps to target, not two: the t-test's n is
+    the number of seeds on both sides (the lowest repeat of each, as the other levels take them)."""
+    wid = register(api)
+    ref_id = api.post("/api/v1/studies", json=spec(name="reference", seeds=list(range(8)), repeats=2,
+                                                   determinism=["seeded"])).json()["id"]
+    _run_all(api, wid, lambda seed: 20000 + 500 * seed)
+    seeds = list(range(6))
+    sid = api.post("/api/v1/studies", json=spec(name="candidate", seeds=seeds, repeats=2, determinism=["seeded"],
+                                                convergence=_conv(study=ref_id))).json()["id"]
+    _run_all(api, wid, lambda seed: 19000 + 500 * seed)
+    assert len(api.get(f"/api/v1/studies/{sid}/runs").json()["items"]) == 2 * len(seeds)
+    (c,) = api.get(f"/api/v1/studies/{sid}/report").json()["convergence"]
+    assert c["n_candidate_runs"] == len(seeds) and len(c["steps_to_target"]) == len(seeds)
+    assert c["n_candidate"] == len(seeds) - 2  # the olympic trimming drops the fastest and the slowest seed
+    assert c["reference"]["n_runs"] == 8 and c["reference"]["n"] == c["n_reference"] == 6
+    point = reference_from_runs([20000.0 + 500 * s for s in range(8)])
+    expected = check_convergence([19000.0 + 500 * s for s in seeds], point)
+    assert c["reference"]["std"] == pytest.approx(point.std) and c["p_value"] == pytest.approx(expected.p_value)
+    assert c["verdict"] == expected.verdict, c["reason"]
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import xml.etree.ElementTree as ET
 
 import junitparser
@@ -48,7 +49,26 @@ def _comparison(verdict: str) -> BaselineComparisonOut:
                              "group": PairGroup(determinism="strict", reference="baseline", reference_stack=None,
                                                 candidate_stack="cpu")})
     return BaselineComparisonOut(suite="nightly", study_id=7, baseline_study_id=1, baseline_version=3,
-                                 baseline_digest="ab", alpha=0.05, verdicts=[v])
+                                 baseline_digest=DIGEST, alpha=0.05, verdicts=[v])
+
+
+DIGEST = hashlib.sha256(b"a frozen baseline").hexdigest()
+
+
+def test_a_baseline_check_names_the_snapshot_by_version_and_short_digest(tmp_path):
+    items = gate.gate_items(_report(), _comparison("not_equivalent"))
+    (item,) = [i for i in items if i.kind == "baseline"]
+    assert item.name == f"loss strict/cpu vs reference vs baseline of nightly v3 sha256:{DIGEST[:12]}"
+    assert DIGEST not in item.name  # short enough for a console column
+    md = gate.markdown(items, title="t")
+    assert f"sha256:{DIGEST[:12]}" in md
+    path = tmp_path / "g.xml"
+    path.write_bytes(gate.junit_xml(items, suite_name="s"))
+    assert [c.name for c in list(junitparser.JUnitXml.fromfile(str(path)))[0]
+            if c.classname == "steady.baseline"] == [item.name]
+    legacy = _comparison("equivalent").model_copy(update={"baseline_version": None, "baseline_digest": None})
+    (old,) = [i for i in gate.gate_items(_report(), legacy) if i.kind == "baseline"]
+    assert old.name.endswith("vs baseline of nightly (live runs of study 1: set before snapshots)")
 
 
 def test_every_check_passed_exits_0():
@@ -134,3 +154,48 @@ def test_markdown_has_one_line_per_check_with_reason_guarantee_and_link():
         assert item.name.split()[0] in line and "[dashboard](http://h/studies/7)" in line
         assert ("**fail**" in line) == (item.status == gate.FAIL)
         assert "_Guarantee: " in line
+
+
+RCP = {"mean": 215040, "std": 11976.9, "n": 18}  # a published MLPerf reference point (app.stats.convergence)
+
+
+def _with_convergence(hits: list[float]) -> Report:
+    """The passing unit report plus a convergence section judged by the stats core against ``RCP``,
+    shaped as ``app.reports.service.convergence_section`` shapes it."""
+    from app.stats.convergence import ReferencePoint, check_convergence
+    from app.stats.report import to_data
+
+    result = check_convergence(hits, ReferencePoint(**RCP))
+    section = {"metric": "loss", "target": 0.1, "direction": "min", "group": {"determinism": "seeded", "stack": "cpu"},
+               "reference": {"source": "numbers", **RCP}, **to_data(result)}
+    return Report.model_validate({**_report().model_dump(mode="json"), "convergence": [section]})
+
+
+def test_a_candidate_converging_significantly_faster_than_the_reference_fails_the_gate(tmp_path):
+    from app.cli_support import failing_verdicts, verdict_exit_code
+
+    fast = _with_convergence([190000.0 + 1000 * s for s in range(10)])  # olympic mean 194500 < floor 206333
+    items = gate.gate_items(fast)
+    (conv,) = [i for i in items if i.kind == "convergence"]
+    assert conv.name == "steps to loss<=0.1 seeded/cpu" and conv.status == gate.FAIL
+    for needle in ("candidate mean 194500 steps", "minimum acceptable mean 206333", "max speed-up ×1.0422",
+                   "normalisation factor ×1.1056"):
+        assert needle in conv.reason, conv.reason
+    assert "0.05" in conv.guarantee
+    assert gate.exit_code(items) == 1  # every other check of the unit report passes
+    assert failing_verdicts(fast) == [("convergence", "fail")] and verdict_exit_code(fast) == 1
+    path = tmp_path / "gate.xml"
+    path.write_bytes(gate.junit_xml(items, suite_name="steady study 7"))
+    (ts,) = list(junitparser.JUnitXml.fromfile(str(path)))
+    (case,) = [c for c in ts if c.classname == "steady.convergence"]
+    assert [type(r).__name__ for r in case.result] == ["Failure"] and "206333" in case.result[0].message
+    assert "steps to loss&lt;=0.1 seeded/cpu" in gate.markdown(items, title="study 7")  # no HTML in Markdown
+
+    # converging at the reference's pace passes; too few runs to trim is inconclusive, never a pass
+    like = _with_convergence([215040.0 + 3000 * (s - 4.5) for s in range(10)])
+    assert [i.status for i in gate.gate_items(like) if i.kind == "convergence"] == [gate.PASS]
+    assert gate.exit_code(gate.gate_items(like)) == 0 and verdict_exit_code(like) == 0
+    few = _with_convergence([200000.0, 201000.0, 202000.0])
+    (item,) = [i for i in gate.gate_items(few) if i.kind == "convergence"]
+    assert item.status == gate.INCONCLUSIVE and "candidate mean n/a" in item.reason
+    assert gate.exit_code(gate.gate_items(few)) == 2

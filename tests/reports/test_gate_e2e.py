@@ -113,11 +113,11 @@ def test_check_of_a_study_exit_codes_outputs_and_webhook(live_server, tmp_path):
     assert f"{live_server.url}/studies/{shifted}" in md and "_Guarantee: " in md
     assert message["json"]["text"] == md and message["json"]["exit_code"] == 1
 
-    # bad input: one line, no traceback
+    # bad input: one line, no traceback, exit 3 (could not judge), never 2 (inconclusive)
     missing = check("no-such-spec.yaml")
-    assert missing.returncode == 2 and "no such file" in missing.stderr and "Traceback" not in missing.stderr
+    assert missing.returncode == 3 and "no such file" in missing.stderr and "Traceback" not in missing.stderr
     nobase = check(str(shifted), "--against", "nosuch")
-    assert nobase.returncode == 1 and "has no baseline" in nobase.stderr
+    assert nobase.returncode == 3 and "has no baseline" in nobase.stderr
 
 
 def _upgrade_study(post, *, shift: float, rng: np.random.Generator) -> int:
@@ -163,3 +163,54 @@ def test_ci_script_fails_a_planted_upgrade_shift_and_passes_an_unchanged_stack(l
     assert job.returncode == 1 and "FAILED" in job.stdout, (job.stdout, job.stderr)
     failed = [c.get("classname") for c in suite.iter("testcase") if c.find("failure") is not None]
     assert failed == ["steady.stack_portability"], failed
+
+
+RCP = {"mean": 215040, "std": 11976.9, "n": 18}  # a published MLPerf reference point
+
+
+@pytest.mark.slow  # a live server: ~15-30 s on a loaded 2-core machine
+def test_check_fails_a_study_converging_too_fast_and_exits_3_when_it_cannot_judge(live_server, tmp_path):
+    import junitparser
+
+    env = _ci_env(live_server)
+
+    def check(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["steady", "check", *args], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    with live_server.client() as c:
+        r = c.post("/api/v1/studies", json={
+            "name": "fast", "kind": "external", "metrics": [{"name": "loss", "max_std": 1.0}],
+            "convergence": {"metric": "loss", "target": 0.1, "direction": "min", "reference": RCP}})
+        assert r.status_code == 201, r.text
+        fast = r.json()["id"]
+        for seed in range(10):  # olympic mean 194500 steps, below the minimum acceptable 206333
+            hit = 190000 + 1000 * seed
+            for repeat in range(2):
+                r = c.post(f"/api/v1/studies/{fast}/runs", json={
+                    "seed": seed, "repeat": repeat, "determinism": "strict", "stack": {"name": "cpu"},
+                    "metrics": {"loss": {"steps": [0, hit - 1000, hit, hit + 1000],
+                                         "values": [1.0 + 0.001 * seed, 0.2, 0.1, 0.05]}}})
+                assert r.status_code == 201, r.text
+        queued = c.post("/api/v1/studies", json={
+            "name": "never run", "workload": {"framework": "torch", "name": "torch_mlp"}, "seeds": [0],
+            "metrics": [{"name": "loss"}]}).json()["id"]
+        assert c.post(f"/api/v1/studies/{queued}/cancel").status_code == 200
+
+    failed = check(str(fast), "--junit", "fast.xml")
+    assert failed.returncode == 1, (failed.stdout, failed.stderr)
+    (ts,) = list(junitparser.JUnitXml.fromfile(str(tmp_path / "fast.xml")))
+    outcome = {(case.classname, case.name): [type(r).__name__ for r in case.result] for case in ts}
+    assert outcome.pop(("steady.convergence", "steps to loss<=0.1 strict/cpu")) == ["Failure"], outcome
+    assert all(v == [] for v in outcome.values()), outcome  # the other checks of the study pass
+    (case,) = [case for case in ts if case.classname == "steady.convergence"]
+    assert "minimum acceptable mean 206333" in case.result[0].message
+
+    unknown = check("999", "--junit", "unknown.xml")
+    assert unknown.returncode == 3 and "404" in unknown.stderr, (unknown.stdout, unknown.stderr)
+    assert not (tmp_path / "unknown.xml").exists()
+    cancelled = check(str(queued))
+    assert cancelled.returncode == 3 and "cancelled" in cancelled.stderr, (cancelled.stdout, cancelled.stderr)
+    refused = subprocess.run(["steady", "check", str(fast)], env={**env, "STEADY_TOKEN": "wrong"}, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 3 and "401" in refused.stderr

@@ -154,7 +154,11 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:
     run_id = api.post(f"/api/v1/studies/{ext}/runs", json=run).json()["id"]
     rule = api.post("/api/v1/alert-rules", json={**BAND_RULE, "study_id": sid})
     assert rule.status_code == 201, rule.text
-    assert api.client.put("/api/v1/suites/nightly/baseline", json={"study_id": sid}, headers=api.h()).status_code == 200
+    # a baseline freezes a settled study: an external one in the suite (the managed one is still queued)
+    frozen = api.post("/api/v1/studies", json={"name": "frozen", "kind": "external", "metrics": ["loss"],
+                                               "suite": "nightly"}).json()["id"]
+    assert api.client.put("/api/v1/suites/nightly/baseline", json={"study_id": frozen},
+                          headers=api.h()).status_code == 200
     from app.models import Alert
 
     with api.app.state.database.write() as s:
@@ -185,7 +189,7 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:
         ("DELETE", "/api/v1/runs/{run_id}/exclude"): (f"/api/v1/runs/{run_id}/exclude", None),
         ("POST", "/api/v1/alert-rules"): ("/api/v1/alert-rules", {**BAND_RULE, "name": "mine", "study_id": sid}),
         ("DELETE", "/api/v1/alert-rules/{rule_id}"): (f"/api/v1/alert-rules/{rule.json()['id']}", None),
-        ("PUT", "/api/v1/suites/{suite}/baseline"): ("/api/v1/suites/nightly/baseline", {"study_id": sid}),
+        ("PUT", "/api/v1/suites/{suite}/baseline"): ("/api/v1/suites/nightly/baseline", {"study_id": frozen}),
         ("DELETE", "/api/v1/suites/{suite}/baseline"): ("/api/v1/suites/nightly/baseline", None),
         ("POST", "/api/v1/studies/{study_id}/evaluate"): (f"/api/v1/studies/{sid}/evaluate", None),
         ("POST", "/api/v1/alerts/{alert_id}/ack"): (f"/api/v1/alerts/{alert_id}/ack", None),
