@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import build_parser, main
+from app.cli_support import EXIT_CANNOT_JUDGE, EXIT_USAGE
 
 NOWHERE = ["--server", "http://127.0.0.1:9", "--token", "stdy_unused"]
 
@@ -40,9 +41,10 @@ def _spec(folder: Path, arm_b: str) -> Path:
         ("arm_a", ["--no-code"], "arms[0].code (arm 'a') is the folder 'arm_a', but --no-code ships nothing"),
     ],
 )
-def test_an_arm_code_that_cannot_be_shipped_is_a_usage_error(tmp_path, capsys, command, arm_b, extra, needle):
+def test_an_arm_code_that_cannot_be_shipped_is_refused_before_the_server(tmp_path, capsys, command, arm_b, extra, needle):
     spec = _spec(tmp_path, arm_b)
-    assert main([command, str(spec), *NOWHERE, *extra]) == 2
+    # submit: a usage error (2); check: "could not judge" (3), never mistaken for an inconclusive verdict
+    assert main([command, str(spec), *NOWHERE, *extra]) == {"submit": EXIT_USAGE, "check": EXIT_CANNOT_JUDGE}[command]
     assert needle in capsys.readouterr().err
 
 
