@@ -53,28 +53,34 @@ def _naive(rng, *, dist, sd, first, step, max_seeds, claim):
     return False
 
 
+def seed_stages(first: int, step: int, max_seeds: int) -> SeedStages:
+    """Seeds 0..max_seeds-1 in stages of ``first``, then ``step`` more each: the stage each seed was
+    added in, as the server records it (shared by the adaptive rules of every level)."""
+    sizes = stage_sizes(first, step, max_seeds)
+    stage_of = {i: 1 + int(np.searchsorted(sizes, i, side="right")) for i in range(max_seeds)}
+    return SeedStages(stage_of, last_stage=len(sizes), max_seeds=max_seeds)
+
+
 def _report_curves(rng, *, n_steps, rho, first, step, max_seeds, claim):
     """Through build_report: AR(1) loss curves with seed offsets, σ(final value) = max_std."""
     x = gen.healthy_curves(rng, max_seeds, n_steps, rho=rho, offset_sd=_OFFSET_SD, noise=_NOISE, hetero=False)
     limit = float(np.sqrt(_OFFSET_SD**2 + _NOISE**2))  # sd of one step's value across seeds
-    sizes = stage_sizes(first, step, max_seeds)
-    stage_of = {i: 1 + int(np.searchsorted(sizes, i, side="right")) for i in range(max_seeds)}
     steps = np.arange(n_steps, dtype=np.int64)
     runs = [RunData(run_id=i, seed=i, repeat=0, determinism="seeded", stack="a", series={"loss": (steps, x[i])})
             for i in range(max_seeds)]
     rep = build_report(runs, [MetricSpec("loss", max_std=limit)], rng=rng, alpha=ALPHA,
-                       stages=SeedStages(stage_of, last_stage=len(sizes), max_seeds=max_seeds))
+                       stages=seed_stages(first, step, max_seeds))
     (v,) = [v for v in rep.verdicts if v.level == "seed_stability"]
     return v.verdict == claim
 
 
-_DESIGNS = (  # name, first, step, max_seeds, spending
+DESIGNS = (  # name, first, step, max_seeds, spending (also the portability rules')
     ("5+5to20-pocock", 5, 5, 20, "pocock"),
     ("5+5to20-obf", 5, 5, 20, "obrien_fleming"),
     ("3+2to9-pocock", 3, 2, 9, "pocock"),
     ("5+5to40-pocock", 5, 5, 40, "pocock"),
 )
-_DISTS = ("normal", "t5", "lognormal", "contaminated")
+DISTS = ("normal", "t5", "lognormal", "contaminated")
 
 # Power of the adaptive process, measured with 400 simulations (docs/adaptive-seeds.md), stated
 # a few points below the measurement; the tests check the CI reaches it.
@@ -86,8 +92,8 @@ STATED_POWER = {
 
 def _rules_for(claim: str) -> Rule:
     sc = []
-    for dist in _DISTS:
-        for name, first, step, n_max, spending in _DESIGNS:
+    for dist in DISTS:
+        for name, first, step, n_max, spending in DESIGNS:
             if dist != "normal" and name not in ("5+5to20-pocock", "3+2to9-pocock"):
                 continue
             sc.append(Scenario(f"{dist}-{name}", "healthy",
