@@ -143,6 +143,9 @@ def ship_code(api: Any, spec: dict[str, Any], spec_path: str, *, code_dir: str |
         if isinstance(arm, dict) and "code" in arm:
             arm["code"] = _arm_code(shipper, spec.get("workload"), i, arm, no_code=no_code)
     every_arm_own = bool(arms) and all(isinstance(a, dict) and a.get("code") for a in arms)
+    if code_dir is not None and every_arm_own:  # refused, not silently ignored
+        raise CliError(f"--code {code_dir}: every arm names its own code, so no run would execute it; "
+                       "drop --code or give an arm no 'code'", EXIT_USAGE)
     if not (no_code or "code" in spec or every_arm_own or not _user_code(spec.get("workload"))):
         root, workdir = code_root(spec_path, code_dir)  # (built-in workloads ship no code)
         spec["code"] = shipper.ship(spec["workload"], root, workdir, "code")

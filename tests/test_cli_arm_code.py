@@ -51,3 +51,11 @@ def test_an_arm_code_that_cannot_be_shipped_is_refused_before_the_server(tmp_pat
 def test_check_takes_the_code_options_of_submit():
     args = build_parser().parse_args(["check", "spec.yaml", "--code", "src", "--max-code-mb", "5", "--no-code"])
     assert (args.code, args.max_code_mb, args.no_code) == ("src", 5.0, True)
+
+
+@pytest.mark.parametrize("command", ["submit", "check"])
+def test_code_dir_is_refused_when_every_arm_runs_its_own(tmp_path, capsys, command):
+    spec = _spec(tmp_path, "arm_a")
+    code = {"submit": EXIT_USAGE, "check": EXIT_CANNOT_JUDGE}[command]
+    assert main([command, str(spec), *NOWHERE, "--code", str(tmp_path / "arm_a")]) == code
+    assert "every arm names its own code, so no run would execute it" in capsys.readouterr().err
