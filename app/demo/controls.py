@@ -18,6 +18,7 @@ packages plus one pinned NumPy from the package index) under the cache directory
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -119,10 +120,18 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
+def env_root(version: str, cache_dir: Path, base_purelib: str) -> Path:
+    """Where the NumPy ``version`` environment over ``base_purelib`` is cached. The base's path is
+    part of the key: the cached environment reaches the base's packages through a ``.pth`` line, so
+    one built over another (or since deleted) virtual environment must not be reused."""
+    base = hashlib.sha256(os.path.realpath(base_purelib).encode()).hexdigest()[:12]
+    return cache_dir / f"numpy-{version}-py{sys.version_info.major}{sys.version_info.minor}-{base}"
+
+
 def numpy_env(version: str, cache_dir: Path = DEFAULT_CACHE) -> str:
     """The interpreter of a virtual environment that sees this environment's packages but
     NumPy ``version`` (installed from the package index once, then cached). Returns its python."""
-    root = Path(cache_dir) / f"numpy-{version}-py{sys.version_info.major}{sys.version_info.minor}"
+    root = env_root(version, Path(cache_dir), sysconfig.get_paths()["purelib"])
     python = root / "bin" / "python"
     done = root / ".ready"
     if done.exists():
