@@ -103,7 +103,8 @@ def test_builtin_workloads_match_the_protocol():
         assert BUILTIN_WORKLOADS[name] in declared, (name, declared)
 
 
-def test_sdk_outside_a_run_is_harmless(capsys):
+def test_sdk_outside_a_run_is_harmless(capsys, monkeypatch):
+    monkeypatch.setattr(sdk, "_warned", False)  # the notice is once per process: other tests may have had it
     sdk.log(step=0, loss=1.0)
     sdk.log(loss=2.0)
     sdk.set_digest("final_weights", "0" * 64)
