@@ -32,7 +32,8 @@ class TestResult:
     df: float | None = None
 
 
-def _welch_parts(a, b):
+def welch_parts(a, b):
+    """(mean(b) − mean(a), its Welch standard error, Welch–Satterthwaite df): shared by every Welch-based test."""
     va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
     se = np.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if se > 0 else float(a.size + b.size - 2)
@@ -42,7 +43,7 @@ def _welch_parts(a, b):
 def welch(reference, candidate) -> TestResult:
     """Welch's unequal-variance t-test of mean(candidate) − mean(reference) (Welch 1947)."""
     a, b = _two(reference, candidate)
-    d, se, df = _welch_parts(a, b)
+    d, se, df = welch_parts(a, b)
     t = d / se if se > 0 else (0.0 if d == 0 else np.sign(d) * np.inf)
     return TestResult(float(t), float(2 * stats.t.sf(abs(t), df)), df)
 
@@ -72,7 +73,7 @@ def tost(reference, candidate, *, margin: float) -> Tost:
     if not (margin > 0 and np.isfinite(margin)):
         raise ValueError(f"margin must be finite and > 0, got {margin!r}")
     a, b = _two(reference, candidate)
-    d, se, df = _welch_parts(a, b)
+    d, se, df = welch_parts(a, b)
     if se == 0:
         p1 = 0.0 if d > -margin else 1.0
         p2 = 0.0 if d < margin else 1.0
@@ -219,7 +220,7 @@ def compare_stacks(reference, candidate, *, margin: float | None, rng: np.random
     a, b = _two(reference, candidate)
     if not (0 < alpha < 1):
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
-    d, se, df = _welch_parts(a, b)
+    d, se, df = welch_parts(a, b)
     h = float(stats.t.ppf(1 - alpha / 2, df)) * se
     t = tost(a, b, margin=margin) if margin is not None else None
     mw = stats.mannwhitneyu(b, a, alternative="two-sided")

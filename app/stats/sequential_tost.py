@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from app.stats.portability import welch_parts
 from app.stats.sequential import spending_boundaries
 
 __all__ = ["TostLook", "SequentialTost", "tost_information_fraction", "sequential_tost_decision",
@@ -82,13 +83,6 @@ def tost_information_fraction(n_reference: int, n_candidate: int, max_seeds: int
         return 1e-6
     h = n_reference * n_candidate / (n_reference + n_candidate)
     return min(max(h / (max_seeds / 2.0), 1e-6), 1.0)
-
-
-def _welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if se > 0 else float(a.size + b.size - 2)
-    return float(b.mean() - a.mean()), se, float(df)
 
 
 def _judge(d: float, se: float, df: float, margin: float, a_eq: float, a_ne: float) -> tuple[str, float, float]:
@@ -150,7 +144,7 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
         d = se = df = low = high = None
         v = "inconclusive"
         if a.size >= 2 and c.size >= 2:
-            d, se, df = _welch(a, c)
+            d, se, df = welch_parts(a, c)
             v, low, high = _judge(d, se, df, float(margin), a_eq, a_ne)
         looks.append(TostLook(k, int(a.size), int(c.size), b_eq.info_fractions[j], float(b_eq.boundaries[j]), a_eq,
                               b_eq.cumulative_alpha[j], float(b_ne.boundaries[j]), a_ne, d, se, df, low, high, v))
