@@ -15,7 +15,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     STEADY_DATA_DIR=/data
 
 WORKDIR /opt/steady
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY app ./app
 COPY worker ./worker
 COPY migrations ./migrations
