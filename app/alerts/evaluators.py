@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from app.alerts import baselines, repository
 from app.alerts.findings import BAD, OK, UNKNOWN, Evaluation, Finding
 from app.alerts.rules import rule_spec
+from app.db import unavailable
 from app.models import Study, SuiteBaseline
 from app import wire
 from app.reports import service as reports
@@ -59,6 +60,8 @@ def compute_findings(session: Session, study: Study) -> Evaluation:
         try:
             findings += _EVALUATORS[rule.kind](session, study, rule, spec, report, baseline)
         except Exception as exc:  # one broken rule must not hide the others
+            if unavailable(exc):  # the database, not the rule: the whole evaluation is tried again later
+                raise
             log.exception("alert rule %s on study %s", rule.id, study.id)
             findings.append(Finding(rule, getattr(spec, "metric", None), {}, UNKNOWN,
                                     f"rule could not be evaluated: {exc}", {"error": str(exc)}))

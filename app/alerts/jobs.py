@@ -21,7 +21,7 @@ from app.alerts.evaluators import compute_findings
 from app.alerts.findings import Evaluation
 from app.alerts.rules import rules_from_spec
 from app.alerts.state import apply_findings
-from app.db import Database
+from app.db import Database, unavailable
 from app.errors import Conflict
 from app.models import Alert, AlertRule, Study, StudyEvaluation, utcnow
 from app.studies import service as studies
@@ -99,6 +99,8 @@ def run_pending_evaluations(database: Database, *, base_url: str, limit: int = 1
                         apply_findings(session, ev, base_url=base_url)
                 done += 1
         except Exception as exc:
+            if unavailable(exc):  # not the study's fault: it stays pending, and the loop backs off
+                raise
             log.exception("evaluating study %s", study_id)
             with database.write() as session:
                 repository.claim_evaluation(session, study_id, requested_at, state="error", error=str(exc)[:2000],

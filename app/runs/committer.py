@@ -9,6 +9,8 @@ write transaction, commits once, and only then answers every request. So:
 * a request is answered only after its rows are committed (durably: the commit is the fsync);
 * a piece of work that raises (lease lost, limits, a database error of its own) is rolled back
   to its savepoint and answered with its error; the others in the transaction are unaffected;
+* a database that is lost or busy while a piece runs fails the transaction, not the piece (the
+  session cannot go on: committing it would raise PendingRollbackError, answered 500);
 * when the transaction itself fails (at commit, or the database is refused), nothing of it was
   stored: each piece is run again in a transaction of its own, so one cause fails only itself.
 
@@ -29,7 +31,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.db import Database
+from app.db import Database, unavailable
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -103,7 +105,9 @@ class GroupCommitter:
                     try:
                         with session.begin_nested():
                             outcomes.append((it, True, it.work(session)))
-                    except Exception as exc:  # noqa: BLE001 - this piece's own error, answered to it alone
+                    except Exception as exc:  # this piece's own error, answered to it alone
+                        if unavailable(exc):  # a lost or busy database ends the transaction, not just the savepoint
+                            raise
                         outcomes.append((it, False, exc))
         except Exception as exc:  # noqa: BLE001 - the transaction failed: none of it was stored
             self.transactions += 1

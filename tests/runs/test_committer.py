@@ -7,10 +7,10 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import OperationalError
 
-from app.db import Database
+from app.db import Database, unavailable
 from app.errors import Conflict
 from app.metrics import repository as metrics_repo
 from app.models import MetricChunk
@@ -135,6 +135,54 @@ def test_a_failed_commit_is_retried_batch_by_batch(committer, db_run, monkeypatc
     assert [f.result(timeout=30) for f in futures] == [True] * 4
     assert failures == [1]
     assert committer.transactions == before + 1 + 1 + 4  # blocker, the failed group, each batch alone
+    assert _stored_seqs(db.url, run_id) == [0, 1, 2, 3]
+
+
+ON_POSTGRES = pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+
+
+def _dies_once(run_id: int, seq: int, died: list[int]):
+    """Work whose connection is terminated under it the first time it runs (as an outage or a
+    restart of PostgreSQL does mid-transaction), and that stores its batch when run again."""
+
+    def work(session):
+        if not died:
+            died.append(seq)
+            session.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+        return metrics_repo.insert_rows(session, run_id, 1, seq, _rows(seq))
+
+    return work
+
+
+@ON_POSTGRES
+def test_a_connection_lost_under_a_lone_batch_answers_the_database_error(committer, db_run):
+    """The piece's own savepoint cannot catch a lost connection: the transaction is gone. Its answer
+    is the database's error (503 at the route), never the PendingRollbackError that committing the
+    dead session raises (a 500, seen in CI during a PostgreSQL outage)."""
+    db, run_id = db_run
+    died: list[int] = []
+    future = committer.submit(_dies_once(run_id, 5, died))
+    with pytest.raises(OperationalError) as caught:
+        future.result(timeout=30)
+    assert died == [5] and unavailable(caught.value)
+    assert committer.submit(_dies_once(run_id, 5, died)).result(timeout=30) is True  # the client's retry
+    assert _stored_seqs(db.url, run_id) == [5]
+
+
+@ON_POSTGRES
+def test_a_connection_lost_mid_group_reruns_every_batch_alone(committer, db_run):
+    db, run_id = db_run
+    died: list[int] = []
+    release = _hold(committer)
+    futures = [committer.submit(lambda s, q=q: metrics_repo.insert_rows(s, run_id, 1, q, _rows(q))) for q in (0, 1)]
+    futures.append(committer.submit(_dies_once(run_id, 2, died)))
+    futures.append(committer.submit(lambda s: metrics_repo.insert_rows(s, run_id, 1, 3, _rows(3))))
+    wait_until(lambda: committer._queue.qsize() == 4, 30, 0.01, "the batches to queue")
+    before = committer.transactions
+    release.set()
+    assert [f.result(timeout=30) for f in futures] == [True] * 4
+    assert died == [2]
+    assert committer.transactions == before + 1 + 1 + 4  # blocker, the lost group, each batch alone
     assert _stored_seqs(db.url, run_id) == [0, 1, 2, 3]
 
 
