@@ -128,14 +128,24 @@ def test_a_failed_commit_is_retried_batch_by_batch(committer, db_run, monkeypatc
 
     release = _hold(committer)  # its transaction is already open: the failure hits the next one
     monkeypatch.setattr(db, "write", write_failing_once)
-    futures = [committer.submit(lambda s, q=q: metrics_repo.insert_rows(s, run_id, 1, q, _rows(q))) for q in range(4)]
-    wait_until(lambda: committer._queue.qsize() == 4, 30, 0.01, "the batches to queue")
+    _assert_failed_group_is_retried_alone(committer, release, db, run_id, [_store(run_id, q) for q in range(4)])
+    assert failures == [1]
+
+
+def _store(run_id: int, seq: int):
+    return lambda session: metrics_repo.insert_rows(session, run_id, 1, seq, _rows(seq))
+
+
+def _assert_failed_group_is_retried_alone(committer, release: threading.Event, db, run_id: int, works: list) -> None:
+    """Queue ``works`` (storing seqs 0, 1, …) behind the held transaction, so that they form one
+    group, then release it: that group's transaction fails, and each batch is stored alone."""
+    futures = [committer.submit(work) for work in works]
+    wait_until(lambda: committer._queue.qsize() == len(works), 30, 0.01, "the batches to queue")
     before = committer.transactions
     release.set()
-    assert [f.result(timeout=30) for f in futures] == [True] * 4
-    assert failures == [1]
-    assert committer.transactions == before + 1 + 1 + 4  # blocker, the failed group, each batch alone
-    assert _stored_seqs(db.url, run_id) == [0, 1, 2, 3]
+    assert [f.result(timeout=30) for f in futures] == [True] * len(works)
+    assert committer.transactions == before + 1 + 1 + len(works)  # blocker, the failed group, each batch alone
+    assert _stored_seqs(db.url, run_id) == list(range(len(works)))
 
 
 ON_POSTGRES = pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
@@ -173,17 +183,9 @@ def test_a_connection_lost_under_a_lone_batch_answers_the_database_error(committ
 def test_a_connection_lost_mid_group_reruns_every_batch_alone(committer, db_run):
     db, run_id = db_run
     died: list[int] = []
-    release = _hold(committer)
-    futures = [committer.submit(lambda s, q=q: metrics_repo.insert_rows(s, run_id, 1, q, _rows(q))) for q in (0, 1)]
-    futures.append(committer.submit(_dies_once(run_id, 2, died)))
-    futures.append(committer.submit(lambda s: metrics_repo.insert_rows(s, run_id, 1, 3, _rows(3))))
-    wait_until(lambda: committer._queue.qsize() == 4, 30, 0.01, "the batches to queue")
-    before = committer.transactions
-    release.set()
-    assert [f.result(timeout=30) for f in futures] == [True] * 4
+    works = [_store(run_id, 0), _store(run_id, 1), _dies_once(run_id, 2, died), _store(run_id, 3)]
+    _assert_failed_group_is_retried_alone(committer, _hold(committer), db, run_id, works)
     assert died == [2]
-    assert committer.transactions == before + 1 + 1 + 4  # blocker, the lost group, each batch alone
-    assert _stored_seqs(db.url, run_id) == [0, 1, 2, 3]
 
 
 def test_ingestion_route_groups_concurrent_agents_and_refuses_a_lost_lease(api):

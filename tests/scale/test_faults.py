@@ -109,6 +109,44 @@ def test_api_killed_during_ingestion_loses_no_acked_batch_and_duplicates_nothing
         _assert_series_exact(server, backend_url, run_id, steps, batch)
 
 
+def _streaming_workers(cluster, url: str, tmp_path: Path, *, pause: float, deadline: float):
+    """An API (two processes) on ``url``, a study of 6 runs of 200 steps, and 3 fake workers
+    streaming them in batches of 10: (server, worker processes, their logs), once they stream."""
+    (server,) = cluster(url, workers=2, lease_seconds=60)
+    create_study(server, 6)
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    procs = [spawn(fake_worker_cmd(server, f"w{i}", steps=200, batch=10, pause=pause, deadline=deadline, idle_exit=3),
+                   logs[i]) for i in range(3)]
+    wait_until(lambda: len(_chunks(url, 1)) >= 3, 30, what="workers streaming")
+    return server, procs, logs
+
+
+def _terminate_backends(url: str) -> None:
+    """End every connection to the test's database, as a restart of PostgreSQL does."""
+    from tests.conftest import PG_URL
+
+    sql(PG_URL, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()",
+        d=make_url(url).database)
+
+
+def _assert_recovered(server, url: str, procs, logs, timeout: float) -> None:
+    """Every worker exits cleanly having been answered 503 at some point and never 500; no traceback
+    in the server's log; every run completed with every step stored exactly once."""
+    for p, log in zip(procs, logs):
+        assert p.wait(timeout=timeout) == 0, log.read_text()
+    statuses: dict[str, int] = {}
+    for log in logs:
+        for code, count in _done(log)["statuses"].items():
+            statuses[code] = statuses.get(code, 0) + count
+    assert "500" not in statuses and "503" in statuses, statuses
+    log_text = server.log_path.read_text()
+    assert "Traceback" not in log_text, log_text[log_text.index("Traceback"):][:4000]
+    runs = all_runs(server, 1)
+    assert all(r["status"] == "completed" for r in runs), [r["status"] for r in runs]
+    for r in runs:
+        _assert_series_exact(server, url, r["id"], 200, 10)
+
+
 @pytest.mark.postgres
 def test_postgres_outage_answers_503_and_workers_resume(cluster, pg_database, tmp_path):
     """The database goes away under running workers: 503 (never 500) meanwhile, then everything completes.
@@ -116,19 +154,14 @@ def test_postgres_outage_answers_503_and_workers_resume(cluster, pg_database, tm
     The shared PostgreSQL server is not restarted (other tests use it): the outage is this test's
     database refusing connections (ALLOW_CONNECTIONS false) with its backends terminated.
     """
-    (server,) = cluster(pg_database, workers=2, lease_seconds=60)
-    create_study(server, 6)
-    logs = [tmp_path / f"w{i}.log" for i in range(3)]
-    procs = [spawn(fake_worker_cmd(server, f"w{i}", steps=200, batch=10, pause=0.15, deadline=90, idle_exit=3), logs[i])
-             for i in range(3)]
-    wait_until(lambda: len(_chunks(pg_database, 1)) >= 3, 30, what="workers streaming")
+    server, procs, logs = _streaming_workers(cluster, pg_database, tmp_path, pause=0.15, deadline=90)
     dbname = make_url(pg_database).database
     from tests.conftest import PG_URL
 
     seen: dict[int, int] = {}
     sql(PG_URL, f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
     try:
-        sql(PG_URL, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()", d=dbname)
+        _terminate_backends(pg_database)
         end = time.monotonic() + 5
         with server.client("user") as c:
             while time.monotonic() < end:
@@ -139,18 +172,7 @@ def test_postgres_outage_answers_503_and_workers_resume(cluster, pg_database, tm
     finally:
         sql(PG_URL, f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
     assert set(seen) == {503}, f"answers during the outage: {seen}"
-    for p, log in zip(procs, logs):
-        assert p.wait(timeout=90) == 0, log.read_text()
-    statuses: dict[str, int] = {}
-    for log in logs:
-        for code, count in _done(log)["statuses"].items():
-            statuses[code] = statuses.get(code, 0) + count
-    assert "500" not in statuses and "503" in statuses, statuses
-    runs = all_runs(server, 1)
-    assert all(r["status"] == "completed" for r in runs), [r["status"] for r in runs]
-    for r in runs:
-        _assert_series_exact(server, pg_database, r["id"], 200, 10)
-    assert "Traceback" not in server.log_path.read_text()
+    _assert_recovered(server, pg_database, procs, logs, timeout=90)
 
 
 @pytest.mark.postgres
@@ -161,32 +183,12 @@ def test_connections_killed_mid_transaction_answer_503_never_500(cluster, pg_dat
 
     The outage test above met this only by chance: a lone batch whose connection died inside its
     savepoint was committed anyway, and PendingRollbackError came back as a 500."""
-    (server,) = cluster(pg_database, workers=2, lease_seconds=60)
-    create_study(server, 6)
-    logs = [tmp_path / f"w{i}.log" for i in range(3)]
-    procs = [spawn(fake_worker_cmd(server, f"w{i}", steps=200, batch=10, pause=0.05, deadline=120, idle_exit=3), logs[i])
-             for i in range(3)]
-    wait_until(lambda: len(_chunks(pg_database, 1)) >= 3, 30, what="workers streaming")
-    dbname = make_url(pg_database).database
-    from tests.conftest import PG_URL
-
+    server, procs, logs = _streaming_workers(cluster, pg_database, tmp_path, pause=0.05, deadline=120)
     rng = random.Random(7)
     for _ in range(40):
-        sql(PG_URL, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()", d=dbname)
+        _terminate_backends(pg_database)
         time.sleep(rng.uniform(0.0, 0.2))
-    for p, log in zip(procs, logs):
-        assert p.wait(timeout=120) == 0, log.read_text()
-    statuses: dict[str, int] = {}
-    for log in logs:
-        for code, count in _done(log)["statuses"].items():
-            statuses[code] = statuses.get(code, 0) + count
-    assert "500" not in statuses and "503" in statuses, statuses  # some kills landed mid-request
-    log_text = server.log_path.read_text()
-    assert "Traceback" not in log_text, log_text[log_text.index("Traceback"):][:4000]
-    runs = all_runs(server, 1)
-    assert all(r["status"] == "completed" for r in runs), [r["status"] for r in runs]
-    for r in runs:
-        _assert_series_exact(server, pg_database, r["id"], 200, 10)
+    _assert_recovered(server, pg_database, procs, logs, timeout=120)
 
 
 def test_stalled_worker_late_results_are_refused(cluster, backend_url, tmp_path):
