@@ -114,7 +114,9 @@ class GroupCommitter:
             if len(group) == 1:
                 group[0].future.set_exception(exc)
                 return
-            log.warning("group commit of %d batches failed (%s); committing each alone", len(group), exc)
+            # the driver's message alone: SQLAlchemy's would add the statement and a batch's packed points
+            cause = str(getattr(exc, "orig", None) or exc).strip()
+            log.warning("group commit of %d batches failed (%s); committing each alone", len(group), cause)
             for it in group:
                 self._commit([it])
             return
