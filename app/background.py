@@ -18,7 +18,7 @@ import random
 import threading
 from collections.abc import Callable
 
-from app.db import unavailable
+from app.db import database_message, unavailable
 
 log = logging.getLogger("steady")
 
@@ -64,7 +64,7 @@ class BackgroundLoop:
                 retry = min(self.max_backoff, self.interval * 2.0 ** self.failures)
                 if unavailable(exc):
                     self.log.warning("%s: database unavailable (%d in a row): %s; next try in about %.3g s",
-                                     self.name, self.failures, str(getattr(exc, "orig", None) or exc).strip(), retry)
+                                     self.name, self.failures, database_message(exc), retry)
                 else:
                     self.log.exception("%s: tick failed (%d in a row); next try in about %.3g s", self.name,
                                        self.failures, retry)

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import wire
-from app.db import sqlite_sql_error
+from app.db import database_message, sqlite_sql_error
 from app.errors import SteadyError, error_body
 from app.mlflow.service import MlflowError
 
@@ -46,10 +46,6 @@ def _error(request: Request, status_code: int, msg: str, *, type: str | None = N
 
 def _is_mlflow(path: str) -> bool:
     return path.startswith("/mlflow/")
-
-
-def _database_message(exc: BaseException) -> str:
-    return str(getattr(exc, "orig", None) or exc)
 
 
 def install(app: FastAPI) -> None:
@@ -86,12 +82,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(OverflowError)  # SQLite: an integer beyond 64 bits
     async def _out_of_range(request: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, DataError):
-            log.info("value refused by the database: %s", _database_message(exc))
+            log.info("value refused by the database: %s", database_message(exc))
         return _error(request, 422, "a number is out of range: ids, steps and seeds are 64-bit integers")
 
     @app.exception_handler(IntegrityError)  # a write that clashed with a concurrent one
     async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
-        log.info("write refused by a constraint: %s", _database_message(exc))
+        log.info("write refused by a constraint: %s", database_message(exc))
         return _error(request, 409, "the request conflicts with existing data; re-read and retry")
 
     @app.exception_handler(OperationalError)  # locked, busy, connection refused or lost
@@ -99,17 +95,17 @@ def install(app: FastAPI) -> None:
     async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, DBAPIError) and sqlite_sql_error(exc):
             return _internal_error(request, exc)
-        log.warning("database unavailable: %s", _database_message(exc))
+        log.warning("database unavailable: %s", database_message(exc))
         return _unavailable(request)
 
     @app.exception_handler(DBAPIError)  # any other driver error: a bug, unless the connection is gone
     async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
         if exc.connection_invalidated:  # the dialect recognised a lost connection (any error class)
-            log.warning("database connection lost: %s", _database_message(exc))
+            log.warning("database connection lost: %s", database_message(exc))
             return _unavailable(request)
-        if "malformed" in _database_message(exc):  # SQLite found a corrupt page
-            request.app.state.database.mark_corrupt(_database_message(exc))
-            log.error("database corrupt: %s", _database_message(exc))
+        if "malformed" in database_message(exc):  # SQLite found a corrupt page
+            request.app.state.database.mark_corrupt(database_message(exc))
+            log.error("database corrupt: %s", database_message(exc))
             return _unavailable(request)
         return _internal_error(request, exc)
 

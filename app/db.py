@@ -179,6 +179,12 @@ def sqlite_sql_error(exc: DBAPIError) -> bool:
     return code is not None and code & 0xFF == _SQLITE_ERROR
 
 
+def database_message(exc: BaseException) -> str:
+    """The driver's own message for a database error, without the statement and parameters
+    SQLAlchemy appends (a batch's packed points, say): what a log line should say."""
+    return str(getattr(exc, "orig", None) or exc).strip()
+
+
 def unavailable(exc: BaseException) -> bool:
     """The database is busy, down or unreachable (a retry may succeed), as opposed to a bug: locked,
     busy, connection refused or lost, every pooled connection taken."""

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.db import Database, unavailable
+from app.db import Database, database_message, unavailable
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -114,9 +114,8 @@ class GroupCommitter:
             if len(group) == 1:
                 group[0].future.set_exception(exc)
                 return
-            # the driver's message alone: SQLAlchemy's would add the statement and a batch's packed points
-            cause = str(getattr(exc, "orig", None) or exc).strip()
-            log.warning("group commit of %d batches failed (%s); committing each alone", len(group), cause)
+            log.warning("group commit of %d batches failed (%s); committing each alone", len(group),
+                        database_message(exc))
             for it in group:
                 self._commit([it])
             return
