@@ -103,9 +103,10 @@ def install(app: FastAPI) -> None:
         if exc.connection_invalidated:  # the dialect recognised a lost connection (any error class)
             log.warning("database connection lost: %s", database_message(exc))
             return _unavailable(request)
-        if "malformed" in database_message(exc):  # SQLite found a corrupt page
-            request.app.state.database.mark_corrupt(database_message(exc))
-            log.error("database corrupt: %s", database_message(exc))
+        message = database_message(exc)
+        if "malformed" in message:  # SQLite found a corrupt page
+            request.app.state.database.mark_corrupt(message)
+            log.error("database corrupt: %s", message)
             return _unavailable(request)
         return _internal_error(request, exc)
 

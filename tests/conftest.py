@@ -99,6 +99,16 @@ def pg_template() -> Iterator[str]:
     drop_pg_database(name)
 
 
+# for a test of what only PostgreSQL does (a connection ended under a transaction): db_url on it alone
+POSTGRES_ONLY = pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+
+
+def terminate_own_connection(session) -> None:
+    """PostgreSQL ends this session's backend, as an outage or a restart does mid-transaction: the
+    statement raises OperationalError and the connection is gone."""
+    session.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request, tmp_path) -> Iterator[str]:
     """A fresh, migrated database on each backend."""

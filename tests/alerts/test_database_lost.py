@@ -7,7 +7,6 @@ Before, the lost connection surfaced inside one rule's evaluation, was taken for
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from app.alerts import evaluators, jobs
@@ -15,18 +14,19 @@ from app.db import unavailable
 from app.models import StudyEvaluation
 from app.studies import repository as studies_repo
 from tests.alerts.conftest import external_study
+from tests.conftest import POSTGRES_ONLY, terminate_own_connection
 
 WIDE = [0.2, 0.9, 0.4, 1.3, 0.1, 0.7, 1.1, 0.5]
 
 
-@pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+@POSTGRES_ONLY
 def test_a_connection_lost_mid_evaluation_leaves_it_pending_then_it_completes(api, monkeypatch):
     sid = external_study(api.post, finals=WIDE, alerts=[{"kind": "band_width", "metric": "loss", "max": 0.1}])
     database, base_url = api.app.state.database, api.app.state.settings.base_url
     real = evaluators._EVALUATORS["band_width"]
 
     def connection_terminated(session, *args):  # the server ends this session's backend, as an outage does
-        session.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+        terminate_own_connection(session)
         return real(session, *args)
 
     monkeypatch.setitem(evaluators._EVALUATORS, "band_width", connection_terminated)

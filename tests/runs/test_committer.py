@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 from app.db import Database, unavailable
@@ -16,7 +16,7 @@ from app.metrics import repository as metrics_repo
 from app.models import MetricChunk
 from app.runs.committer import GroupCommitter
 from tests.api.helpers import batch, lease, register, spec
-from tests.conftest import database_with_one_run, wait_until
+from tests.conftest import POSTGRES_ONLY, database_with_one_run, terminate_own_connection, wait_until
 
 
 @pytest.fixture
@@ -148,9 +148,6 @@ def _assert_failed_group_is_retried_alone(committer, release: threading.Event, d
     assert _stored_seqs(db.url, run_id) == list(range(len(works)))
 
 
-ON_POSTGRES = pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
-
-
 def _dies_once(run_id: int, seq: int, died: list[int]):
     """Work whose connection is terminated under it the first time it runs (as an outage or a
     restart of PostgreSQL does mid-transaction), and that stores its batch when run again."""
@@ -158,13 +155,13 @@ def _dies_once(run_id: int, seq: int, died: list[int]):
     def work(session):
         if not died:
             died.append(seq)
-            session.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+            terminate_own_connection(session)
         return metrics_repo.insert_rows(session, run_id, 1, seq, _rows(seq))
 
     return work
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_connection_lost_under_a_lone_batch_answers_the_database_error(committer, db_run):
     """The piece's own savepoint cannot catch a lost connection: the transaction is gone. Its answer
     is the database's error (503 at the route), never the PendingRollbackError that committing the
@@ -179,7 +176,7 @@ def test_a_connection_lost_under_a_lone_batch_answers_the_database_error(committ
     assert _stored_seqs(db.url, run_id) == [5]
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_connection_lost_mid_group_reruns_every_batch_alone(committer, db_run):
     db, run_id = db_run
     died: list[int] = []
