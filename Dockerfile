@@ -18,6 +18,7 @@ WORKDIR /opt/steady
 COPY pyproject.toml README.md LICENSE ./
 COPY app ./app
 COPY worker ./worker
+COPY steady ./steady
 COPY migrations ./migrations
 RUN pip install ".[${EXTRAS}]" \
     && useradd --create-home --uid 10001 steady \

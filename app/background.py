@@ -3,7 +3,7 @@ cacher each run a ``BackgroundLoop``.
 
 Every ``interval`` seconds (±``jitter``, so API processes started together drift apart) the loop
 calls ``tick``. A tick that raises is logged — one line when the database is unavailable (an
-outage is expected and said once per try, ``app.db.unavailable``), with its traceback otherwise —
+outage is expected and said once per try, ``steady.server.db.unavailable``), with its traceback otherwise —
 and the loop waits longer before
 the next one — ``interval · 2^k`` after ``k`` failures in a row, capped at ``max_backoff`` — so a
 database that is down is not hammered; the first tick that succeeds brings the interval back.
@@ -18,7 +18,7 @@ import random
 import threading
 from collections.abc import Callable
 
-from app.db import database_message, unavailable
+from steady.server.db import database_message, unavailable
 
 log = logging.getLogger("steady")
 

@@ -1,7 +1,7 @@
 """The error boundary: every exception that leaves a route becomes one answer in the API's one
-error shape (``app.errors.ErrorResponse``), or MLflow's shape under /mlflow.
+error shape (``steady.server.errors.ErrorResponse``), or MLflow's shape under /mlflow.
 
-Expected errors are translated where they arise (services raise ``app.errors`` types); here
+Expected errors are translated where they arise (services raise ``steady.server.errors`` types); here
 only what no service can foresee is mapped: a database that is busy or down (503 with
 Retry-After), a write that clashed with a concurrent one (409), a number beyond the 64-bit
 columns (422). Anything else is a bug: 500, with its traceback logged.
@@ -22,10 +22,10 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import wire
-from app.db import database_message, sqlite_sql_error
-from app.errors import SteadyError, error_body
-from app.mlflow.service import MlflowError
+from steady.server import wire
+from steady.server.db import database_message, sqlite_sql_error
+from steady.server.errors import SteadyError, error_body
+from steady.server.mlflow.service import MlflowError
 
 log = logging.getLogger("steady")
 

@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from app import __version__
-from app.cli_results import (
+from steady.server import __version__
+from steady.server.cli_results import (
     cmd_alerts,
     cmd_check,
     cmd_compare,
@@ -21,16 +21,16 @@ from app.cli_results import (
     cmd_logout,
     cmd_report,
 )
-from app.cli_server import cmd_calibrate, cmd_demo, cmd_migrate, cmd_serve, cmd_token
-from app.cli_client import wait_for
-from app.cli_studies import (
+from steady.server.cli_server import cmd_calibrate, cmd_demo, cmd_migrate, cmd_serve, cmd_token
+from steady.server.cli_client import wait_for
+from steady.server.cli_studies import (
     cmd_cancel,
     cmd_logs,
     cmd_runs,
     cmd_status,
     cmd_submit,
 )
-from app.cli_support import (
+from steady.server.cli_support import (
     EXIT_BROKEN_PIPE,
     EXIT_CANNOT_JUDGE,
     EXIT_FAIL,
@@ -38,14 +38,14 @@ from app.cli_support import (
     EXIT_USAGE,
     CliError,
 )
-from app.terminal import printable
-from worker.protocol import RunStatus
+from steady.server.terminal import printable
+from steady.worker.protocol import RunStatus
 
 __all__ = ["build_parser", "main", "wait_for"]
 
 
 def cmd_worker(argv: list[str]) -> int:
-    from worker.cli import main as worker_main
+    from steady.worker.cli import main as worker_main
 
     return worker_main(argv)
 
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="API token (STEADY_TOKEN, then `steady login`, then <data-dir>/token)")
 
     def code_opts(p: argparse.ArgumentParser) -> None:
-        """How ``submit`` and ``check SPEC`` ship the code (``app.cli_code``)."""
+        """How ``submit`` and ``check SPEC`` ship the code (``steady.server.cli_code``)."""
         p.add_argument("--code", metavar="DIR", help="ship this folder as the study's code (default: the git work "
                        "tree holding the spec, else the spec's folder); an arm's `code: DIR` ships its own folder")
         p.add_argument("--max-code-mb", type=float, default=50.0,
@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     ack.add_argument("id", type=int)
     p.set_defaults(func=cmd_alerts)
 
-    from app.engines.cli import add_parser as add_launch_parser
+    from steady.server.engines.cli import add_parser as add_launch_parser
 
     add_launch_parser(sub, client_opts)
 
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "worker":
         return cmd_worker(argv[1:])
     args = build_parser().parse_args(argv)
-    from app.cli_client import ApiError
+    from steady.server.cli_client import ApiError
 
     try:
         code = args.func(args)

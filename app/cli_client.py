@@ -51,7 +51,7 @@ def resolve_with_source(server: str | None, token: str | None) -> tuple[str, str
     Token: ``--token``, ``STEADY_TOKEN``, the login's token when talking to the login's server,
     then ``<STEADY_DATA_DIR or .steady>/token`` (written by ``steady token create --save``).
     """
-    from app.cli_support import config_path, load_login
+    from steady.server.cli_support import config_path, load_login
 
     login = load_login()
     server = (server or os.environ.get("STEADY_SERVER") or login.get("server") or DEFAULT_SERVER).rstrip("/")
@@ -96,7 +96,7 @@ class Api:
         return response.json()
 
     def _refused(self) -> str:
-        from app.cli_support import LOGIN_HINT
+        from steady.server.cli_support import LOGIN_HINT
 
         if not self.token:
             return f"{self.server} needs a token and none was given (401): {LOGIN_HINT}"

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-import worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
-from app.cli_support import EXIT_USAGE, CliError
+import steady.worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
+from steady.server.cli_support import EXIT_USAGE, CliError
 
 
 def code_root(spec_path: str, code_dir: str | None) -> tuple[str, str]:
@@ -72,7 +72,7 @@ class _Shipper:
 
     def upload(self, packed: codepack.Packed) -> None:
         """PUT the archive unless the server holds it (HEAD) or this spec uploaded it already."""
-        from app.cli_client import ApiError
+        from steady.server.cli_client import ApiError
 
         if packed.sha256 in self.uploaded:
             return

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.cli_client import wait_for
-from app.cli_support import (
+from steady.server.cli_client import wait_for
+from steady.server.cli_support import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -22,10 +22,10 @@ from app.cli_support import (
     table,
     verdict_exit_code,
 )
-from app.terminal import printable
+from steady.server.terminal import printable
 
 if TYPE_CHECKING:
-    from app.reports.models import Compare, CompareStudy
+    from steady.server.reports.models import Compare, CompareStudy
 
 
 
@@ -34,7 +34,7 @@ def _study_to_check(api, target: str, args: argparse.Namespace) -> int:
     with its code shipped as ``steady submit`` ships it."""
     if target.isascii() and target.isdigit() and not Path(target).exists():
         return int(target)
-    from app.cli_code import ship_options
+    from steady.server.cli_code import ship_options
 
     spec = load_spec(target)
     ship_options(args, api, spec, target, out=sys.stderr)
@@ -50,8 +50,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     Every error (a spec, the server, a cancelled study) exits 3 (``error_exit``, set by the parser):
     the gate could not judge, and a job that lets "inconclusive" (2) pass must not pass it. A study
     whose runs all failed is evidence against the code under test: a failure (1)."""
-    from app.cli_client import Api
-    from app.reports import gate
+    from steady.server.cli_client import Api
+    from steady.server.reports import gate
 
     api = Api(args.server, args.token)
     sid = _study_to_check(api, args.target, args)
@@ -76,7 +76,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if args.against:
             from urllib.parse import quote
 
-            from app.reports.models import BaselineComparisonOut
+            from steady.server.reports.models import BaselineComparisonOut
 
             comparison = BaselineComparisonOut.model_validate(api.get(
                 f"/api/v1/suites/{quote(args.against, safe='')}/baseline/compare", params={"study_id": sid}))
@@ -126,7 +126,7 @@ def _post_summary(url: str, body: dict[str, Any]) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Stack portability of two studies' final metric (the server's ``GET /api/v1/compare``)."""
-    from app.cli_client import Api
+    from steady.server.cli_client import Api
 
     api = Api(args.server, args.token)
     params = {"baseline": args.baseline, "candidate": args.candidate, "metric": args.metric}
@@ -134,7 +134,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         params["margin"] = args.margin
     if args.relative_margin is not None:
         params["relative_margin"] = args.relative_margin
-    from app.reports.models import Compare
+    from steady.server.reports.models import Compare
 
     result = Compare.model_validate(api.get("/api/v1/compare", params=params))
     if args.json:
@@ -164,8 +164,8 @@ def _render_comparison(c: Compare) -> str:
 
 def cmd_login(args: argparse.Namespace) -> int:
     """Check a server and token together, then save them for this user."""
-    from app.cli_client import Api, ApiError
-    from app.cli_support import save_login
+    from steady.server.cli_client import Api, ApiError
+    from steady.server.cli_support import save_login
 
     token = args.token or os.environ.get("STEADY_TOKEN")
     if not token:
@@ -192,7 +192,7 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 
 def cmd_logout(args: argparse.Namespace) -> int:
-    from app.cli_support import remove_login
+    from steady.server.cli_support import remove_login
 
     path = remove_login()
     print(f"forgot the login in {path}" if path else "not logged in")
@@ -200,8 +200,8 @@ def cmd_logout(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from app.cli_client import Api
-    from app.reports.render import render_report
+    from steady.server.cli_client import Api
+    from steady.server.reports.render import render_report
 
     api = Api(args.server, args.token)
     report = get_report(api, args.study)
@@ -214,7 +214,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
-    from app.cli_client import Api
+    from steady.server.cli_client import Api
 
     api = Api(args.server, args.token)
     if args.alerts_cmd == "ack":

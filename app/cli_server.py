@@ -8,13 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from app.cli_support import (
+from steady.server.cli_support import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
 )
-from app.terminal import printable
+from steady.server.terminal import printable
 
 
 def _server_settings(args: argparse.Namespace):
@@ -22,7 +22,7 @@ def _server_settings(args: argparse.Namespace):
         value = getattr(args, flag, None)
         if value:
             os.environ[env] = str(value)
-    from app.config import Settings
+    from steady.server.config import Settings
 
     return Settings()
 
@@ -38,12 +38,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     where = settings.database_url.split("@")[-1] if settings.database_url else settings.resolved_database_url
     print(f"steady: serving on http://{args.host}:{args.port}  (database: {where})", flush=True)
     if args.workers > 1:
-        from app.main import SUPERVISOR_PID_ENV
+        from steady.server.main import SUPERVISOR_PID_ENV
 
-        # the worker processes end when this supervisor dies, even by SIGKILL (app.main)
+        # the worker processes end when this supervisor dies, even by SIGKILL (steady.server.main)
         os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
     uvicorn.run(
-        "app.main:create_app",
+        "steady.server.main:create_app",
         factory=True,
         host=args.host,
         port=args.port,
@@ -56,8 +56,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from app import migrate
-    from app.db import Database
+    from steady.server import migrate
+    from steady.server.db import Database
 
     settings = _server_settings(args)
     db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
@@ -74,8 +74,8 @@ def _existing_database(settings):
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import DBAPIError
 
-    from app import migrate
-    from app.db import Database
+    from steady.server import migrate
+    from steady.server.db import Database
 
     url = make_url(settings.resolved_database_url)
     where = url.render_as_string(hide_password=True)
@@ -95,9 +95,9 @@ def _existing_database(settings):
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from app import migrate
-    from app.auth import service
-    from app.db import Database
+    from steady.server import migrate
+    from steady.server.auth import service
+    from steady.server.db import Database
 
     settings = _server_settings(args)
     if args.token_cmd == "create":  # the first token may come before the first `steady serve`
@@ -135,8 +135,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """Measure every decision rule's false-alarm rate and power by simulation (pure, no server)."""
     import numpy as np
 
-    from app.stats.calibration import table
-    from app.stats.calibration.rules import all_rules, rule_by_name
+    from steady.server.stats.calibration import table
+    from steady.server.stats.calibration.rules import all_rules, rule_by_name
 
     try:
         rules = [rule_by_name(n) for n in args.rule] if args.rule else all_rules()
@@ -172,9 +172,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.controls:
-        from app.demo.controls import main
+        from steady.server.demo.controls import main
 
         return main(args)
-    from app.demo.run import run_demo
+    from steady.server.demo.run import run_demo
 
     return run_demo(args)

@@ -7,8 +7,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from app.cli_client import progress_bar, wait_for
-from app.cli_support import (
+from steady.server.cli_client import progress_bar, wait_for
+from steady.server.cli_support import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -18,16 +18,16 @@ from app.cli_support import (
     table,
     verdict_exit_code,
 )
-from app.terminal import printable
+from steady.server.terminal import printable
 
 if TYPE_CHECKING:
-    from app.reports.models import Report
+    from steady.server.reports.models import Report
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from app.cli_client import Api
+    from steady.server.cli_client import Api
 
-    from app.cli_code import ship_options
+    from steady.server.cli_code import ship_options
 
     spec = load_spec(args.spec)
     api = Api(args.server, args.token)
@@ -68,7 +68,7 @@ def _first_line(text: str | None) -> str:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """A study's runs: id, status, attempt, seed, level, the first line of the error."""
-    from app.cli_client import Api
+    from steady.server.cli_client import Api
 
     api = Api(args.server, args.token)
     params: dict[str, Any] = {"limit": 500}
@@ -91,7 +91,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     """A run's error and the tail of its output (stdout and stderr) as the worker captured it."""
-    from app.cli_client import Api
+    from steady.server.cli_client import Api
 
     run = Api(args.server, args.token).get(f"/api/v1/runs/{args.run}")
     print(f"run {run['id']} (study {run['study_id']}, seed {run['seed']}, {run['determinism']}): {run['status']}"
@@ -120,7 +120,7 @@ def _verdict_summary(report: Report, sid: int) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from app.cli_client import Api
+    from steady.server.cli_client import Api
 
     api = Api(args.server, args.token)
     if args.study is not None:
@@ -133,7 +133,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not studies:
         print("no studies yet: steady submit study.yaml")
         return EXIT_OK
-    from app.engines.cli import launch_lines
+    from steady.server.engines.cli import launch_lines
 
     if args.study is not None:
         launches = api.get(f"/api/v1/studies/{args.study}/launches")["items"]
@@ -159,7 +159,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from app.cli_client import Api
+    from steady.server.cli_client import Api
 
     api = Api(args.server, args.token)
     study = api.post(f"/api/v1/studies/{args.study}/cancel")

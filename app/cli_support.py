@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.reports.models import Report
+    from steady.server.reports.models import Report
 
 # Exit codes, for every command (README, "Exit codes").
 EXIT_OK = 0  # done; for report / submit --wait / compare: no verdict failed
@@ -113,7 +113,7 @@ def load_spec(path: str) -> dict[str, Any]:
 
 def get_report(api: Any, study_id: int) -> Report:
     """A study's report from the server, read as the typed ``Report``."""
-    from app.reports.models import Report
+    from steady.server.reports.models import Report
 
     return Report.model_validate(api.get(f"/api/v1/studies/{study_id}/report"))
 
@@ -122,7 +122,7 @@ def failing_verdicts(report: Report) -> list[tuple[str, str]]:
     """(what, verdict) of the report's verdicts, cost-of-determinism budgets and convergence checks that
     say "not stable" (a convergence ``fail``: significantly faster than the reference, or too many runs
     that never reached the target)."""
-    from app.stats.vocabulary import SEVERITY
+    from steady.server.stats.vocabulary import SEVERITY
 
     bad = SEVERITY["unstable"]
     rows: list[tuple[str, str]] = [(v.level, v.verdict) for v in report.verdicts if SEVERITY.get(v.verdict) == bad]

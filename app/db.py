@@ -14,7 +14,7 @@ asleep while the lock is free. ``write(queue=True)`` first takes a lock of this 
 writers of one API process wait their turn in line and start the moment it is free; the
 busy handler then only arbitrates between processes (and writers that do not queue). Only
 code that holds the session in one thread from start to commit may queue: the group committer
-of metric batches (``app.runs.committer``), heartbeats and background jobs, not a FastAPI dependency (whose setup, endpoint and
+of metric batches (``steady.server.runs.committer``), heartbeats and background jobs, not a FastAPI dependency (whose setup, endpoint and
 teardown may run on different pool threads, so waiters could take every thread the lock
 holder needs to finish).
 """
@@ -32,7 +32,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.errors import Unavailable
+from steady.server.errors import Unavailable
 
 ReadSession = NewType("ReadSession", Session)
 WriteSession = NewType("WriteSession", Session)

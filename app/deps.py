@@ -11,11 +11,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.auth.cache import TokenCache
-from app.auth.service import GRANTS, Role, authenticate, hash_token, session_token
-from app.config import Settings
-from app.db import Database, ReadSession, WriteSession
-from app.models import ApiToken
+from steady.server.auth.cache import TokenCache
+from steady.server.auth.service import GRANTS, Role, authenticate, hash_token, session_token
+from steady.server.config import Settings
+from steady.server.db import Database, ReadSession, WriteSession
+from steady.server.models import ApiToken
 
 SESSION_COOKIE = "steady_session"
 _bearer = HTTPBearer(auto_error=False)

@@ -42,7 +42,7 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 def serve_argv(port: int, *, workers: int = 1, log_level: str = "warning") -> list[str]:
     """The command line of ``steady serve`` on ``port`` with this interpreter."""
-    return [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", str(workers),
+    return [sys.executable, "-m", "steady.server.cli", "serve", "--port", str(port), "--workers", str(workers),
             "--log-level", log_level]
 
 

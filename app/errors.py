@@ -1,4 +1,4 @@
-"""Domain errors raised by services, and the one shape of every error answer (``app.boundary``
+"""Domain errors raised by services, and the one shape of every error answer (``steady.server.boundary``
 maps errors to it)."""
 
 from __future__ import annotations

@@ -15,29 +15,29 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app import __version__, apidocs, boundary, migrate
-from app.alerts.dispatcher import Dispatcher
-from app.alerts.router import metrics_router
-from app.alerts.router import router as alerts_router
-from app.alerts.settings import AlertSettings
-from app.auth.cache import TokenCache
-from app.auth.router import router as tokens_router
-from app.background import BackgroundLoop
-from app.code.router import router as code_router
-from app.config import Settings, get_settings
-from app.dashboard.feeds import GZipFeeds
-from app.dashboard.router import router as dashboard_router
-from app.db import Database
-from app.errors import ERROR_RESPONSES, error_body
-from app.launches.router import router as launches_router
-from app.mlflow.router import router as mlflow_router
-from app.runs.committer import GroupCommitter
-from app.reports.background import ReportCacher
-from app.reports.router import router as reports_router
-from app.runs import leasing
-from app.runs.router import router as runs_router
-from app.studies.router import router as studies_router
-from app.workers.router import router as workers_router
+from steady.server import __version__, apidocs, boundary, migrate
+from steady.server.alerts.dispatcher import Dispatcher
+from steady.server.alerts.router import metrics_router
+from steady.server.alerts.router import router as alerts_router
+from steady.server.alerts.settings import AlertSettings
+from steady.server.auth.cache import TokenCache
+from steady.server.auth.router import router as tokens_router
+from steady.server.background import BackgroundLoop
+from steady.server.code.router import router as code_router
+from steady.server.config import Settings, get_settings
+from steady.server.dashboard.feeds import GZipFeeds
+from steady.server.dashboard.router import router as dashboard_router
+from steady.server.db import Database
+from steady.server.errors import ERROR_RESPONSES, error_body
+from steady.server.launches.router import router as launches_router
+from steady.server.mlflow.router import router as mlflow_router
+from steady.server.runs.committer import GroupCommitter
+from steady.server.reports.background import ReportCacher
+from steady.server.reports.router import router as reports_router
+from steady.server.runs import leasing
+from steady.server.runs.router import router as runs_router
+from steady.server.studies.router import router as studies_router
+from steady.server.workers.router import router as workers_router
 
 log = logging.getLogger("steady")
 

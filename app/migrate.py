@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"  # steady/migrations: shipped in the wheel, a link in a checkout
 _PG_LOCK_KEY = 0x57EAD1  # arbitrary, constant across Steady processes
 
 

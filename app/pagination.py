@@ -8,7 +8,7 @@ from typing import Annotated, Generic, TypeVar
 from fastapi import Depends, Query
 from pydantic import Field
 
-from app.wire import WireModel
+from steady.server.wire import WireModel
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from app.errors import NotFound
+from steady.server.errors import NotFound
 
 M = TypeVar("M")
 

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from fastapi.responses import JSONResponse
 
-from app import wire
+from steady.server import wire
 
 
 class NumbersJSONResponse(JSONResponse):
@@ -15,8 +15,8 @@ class NumbersJSONResponse(JSONResponse):
 
     Floats come out in their shortest round-trip form (``1e-05`` is written ``0.00001``): the
     same doubles after parsing, not the same bytes as ``json.dumps``. Non-finite floats are the
-    API's strings (``app.wire``), not orjson's ``null``: content already spelled that way
-    (``app.stats.report.to_plain``) passes through at one ``sum`` per list of floats.
+    API's strings (``steady.server.wire``), not orjson's ``null``: content already spelled that way
+    (``steady.server.stats.report.to_plain``) passes through at one ``sum`` per list of floats.
     """
 
     def render(self, content: Any) -> bytes:

@@ -6,14 +6,14 @@ data (a diverged run), and JSON has no token for them: they are the strings ``"N
 "absent" (no value, not computable, not applicable) — never NaN. No other string is a float.
 
 - ``WireFloat``: the annotated float type of schema fields (defined with the worker's wire
-  contract, ``worker.protocol``, which both sides import and which cannot import the server).
+  contract, ``steady.worker.protocol``, which both sides import and which cannot import the server).
 - ``WireModel``: the base of the API's pydantic schemas; it also writes non-finite floats in
   untyped (``Any``) fields as the strings.
 - ``plain`` / ``dumps``: the same spelling for plain data that is not a model (webhook bodies,
   chart and report payloads), and strict JSON text of it.
 - ``wire_values``: a float64 array as a JSON list, fast.
 
-The stats core cannot import this module (it is pure numpy/scipy); ``app.stats.report.to_plain``
+The stats core cannot import this module (it is pure numpy/scipy); ``steady.server.stats.report.to_plain``
 writes the same strings, and a test keeps the two in step.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from worker.protocol import NONFINITE, WireFloat, wire_float
+from steady.worker.protocol import NONFINITE, WireFloat, wire_float
 
 __all__ = ["NONFINITE", "NONFINITE_SPELLING", "WireFloat", "WireModel", "dumps", "from_wire", "plain", "wire_float", "wire_values"]
 

@@ -1,7 +1,7 @@
 """Benchmark: seed bands of 100 runs × 100,000 steps, loaded from the database.
 
-Steady's path: columnar chunks (``app.metrics.repository.load_series``) → one
-runs × steps matrix → ``app.stats.report.compute_bands``. The naive baseline, measured in
+Steady's path: columnar chunks (``steady.server.metrics.repository.load_series``) → one
+runs × steps matrix → ``steady.server.stats.report.compute_bands``. The naive baseline, measured in
 the same run on the same data: one row per point (run, step, value), loaded row by row per
 run, then the same band computation. Writes ``bench/results/bands.json``.
 
@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import text
 
-from app import migrate
-from app.db import Database
-from app.metrics import repository as metrics_repo
-from app.models import Run, Study, utcnow
-from app.stats.report import RunData, compute_bands
+from steady.server import migrate
+from steady.server.db import Database
+from steady.server.metrics import repository as metrics_repo
+from steady.server.models import Run, Study, utcnow
+from steady.server.stats.report import RunData, compute_bands
 
 CHUNK = 10_000  # points per stored batch, as a worker streams them
 

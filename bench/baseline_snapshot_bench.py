@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from app import migrate
-from app.alerts import baselines
-from app.db import Database
-from app.models import BaselineSnapshot, Study, SuiteBaseline
+from steady.server import migrate
+from steady.server.alerts import baselines
+from steady.server.db import Database
+from steady.server.models import BaselineSnapshot, Study, SuiteBaseline
 from bench.bands_bench import populate
 from bench.common import RESULTS, machine
 

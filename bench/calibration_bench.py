@@ -1,6 +1,6 @@
 """Benchmark: the full-size calibration table of every registered decision rule.
 
-Runs every scenario of ``app.stats.calibration.rules.all_rules()`` (healthy, stress and planted)
+Runs every scenario of ``steady.server.stats.calibration.rules.all_rules()`` (healthy, stress and planted)
 with ``--sims`` simulated studies each, plus the out-of-band 80%-power offsets for 5/10/20
 seeds, and writes ``bench/results/calibration.json`` (with the wall time and the machine).
 With ``--update-doc`` it also rewrites the table block of docs/calibration.md.
@@ -22,8 +22,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app.stats.calibration import table  # noqa: E402
-from app.stats.calibration.rules import all_rules  # noqa: E402
+from steady.server.stats.calibration import table  # noqa: E402
+from steady.server.stats.calibration.rules import all_rules  # noqa: E402
 
 
 def main() -> int:

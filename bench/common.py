@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from app.devserver import ServerProcess, free_port, serve_argv
+from steady.server.devserver import ServerProcess, free_port, serve_argv
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -62,7 +62,7 @@ class Server:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
-        self.env.update({"STEADY_DATA_DIR": str(workdir), "STEADY_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)})
+        self.env.update({"STEADY_DATA_DIR": str(workdir), "STEADY_DATABASE_URL": database_url})
         self.env.update({f"STEADY_{k.upper()}": str(v) for k, v in settings.items()})
         self.workers = workers
         self.tokens = {role: self._token(role) for role in ("user", "worker")}
@@ -70,7 +70,7 @@ class Server:
                                   log_path=workdir / "server.log")
 
     def _token(self, role: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "app.cli", "token", "create", "--role", role, "--quiet"],
+        out = subprocess.run([sys.executable, "-m", "steady.server.cli", "token", "create", "--role", role, "--quiet"],
                              env=self.env, cwd=REPO, capture_output=True, text=True, check=True)
         return out.stdout.strip().splitlines()[-1]
 
@@ -94,7 +94,7 @@ class Server:
 def run_clients(script: Path, n_procs: int, args: list[list[str]], timeout: float, python: str | None = None) -> list[dict]:
     """Start client processes (``script`` with per-process args), each printing one JSON line; collect them."""
     procs = [subprocess.Popen([python or sys.executable, str(script), "_client", *a], cwd=REPO, stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)}) for a in args[:n_procs]]
+                              text=True, env={**os.environ}) for a in args[:n_procs]]
     return _collect(procs, timeout)
 
 
@@ -124,7 +124,7 @@ def run_synced_clients(cmd_per_proc: list[list[str]], timeout: float, lead_s: fl
     out of the measured window.
     """
     procs = [subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)}) for cmd in cmd_per_proc]
+                              env={**os.environ}) for cmd in cmd_per_proc]
     try:
         for p in procs:
             line = p.stdout.readline()

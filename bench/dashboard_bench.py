@@ -1,7 +1,7 @@
 """Dashboard benchmark: a study of 100 runs × 100,000 steps, its chart payload and first render.
 
 Builds the study in a temporary SQLite database (series written with
-``app.metrics.repository.insert_chunks`` directly), starts ``steady serve`` on it, and measures
+``steady.server.metrics.repository.insert_chunks`` directly), starts ``steady serve`` on it, and measures
 
 * the chart payload the study page fetches (bands + run lines of one group, decimated to
   ``max_points``): raw and gzip bytes, and server time cold and cached;
@@ -30,7 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app.devserver import ServerProcess, free_port, serve_argv  # noqa: E402
+from steady.server.devserver import ServerProcess, free_port, serve_argv  # noqa: E402
 
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -39,13 +39,13 @@ CHROMIUM_ARGS = [
 
 
 def build_study(url: str, *, seeds: int, repeats: int, steps: int, chunk: int) -> tuple[int, float]:
-    from app import migrate
-    from app.config import Settings
-    from app.db import Database
-    from app.metrics.repository import insert_chunks
-    from app.models import Run, utcnow
-    from app.studies.schemas import StudySpec
-    from app.studies.service import create_study
+    from steady.server import migrate
+    from steady.server.config import Settings
+    from steady.server.db import Database
+    from steady.server.metrics.repository import insert_chunks
+    from steady.server.models import Run, utcnow
+    from steady.server.studies.schemas import StudySpec
+    from steady.server.studies.service import create_study
 
     db = Database(url)
     migrate.upgrade(db.engine)
@@ -106,8 +106,8 @@ def main() -> int:
     print(f"  built in {build_s:.1f} s; database {db_mb:.0f} MB (with its WAL)", flush=True)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
-    env.update(STEADY_DATA_DIR=str(tmp), STEADY_DATABASE_URL=url, PYTHONPATH=str(REPO))
-    token = subprocess.run([sys.executable, "-m", "app.cli", "token", "create", "--role", "user", "--quiet"],
+    env.update(STEADY_DATA_DIR=str(tmp), STEADY_DATABASE_URL=url)
+    token = subprocess.run([sys.executable, "-m", "steady.server.cli", "token", "create", "--role", "user", "--quiet"],
                            env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout.split()[-1]
     port = free_port()
     base = f"http://127.0.0.1:{port}"

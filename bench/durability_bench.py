@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from app import migrate
-from app.db import Database
-from app.metrics import repository as metrics_repo
-from app.models import Run, Study
+from steady.server import migrate
+from steady.server.db import Database
+from steady.server.metrics import repository as metrics_repo
+from steady.server.models import Run, Study
 
 
 def _fresh(directory: Path, name: str, round_: int) -> tuple[Database, int]:

@@ -2,7 +2,7 @@
 dashboard's first chart, at 100 × 10^5 and 300 × 10^5 (runs × steps), before and after.
 
 For each size a SQLite study is built once (series written with
-``app.metrics.repository.insert_chunks``, 10^4 points per chunk as a worker streams them). Then,
+``steady.server.metrics.repository.insert_chunks``, 10^4 points per chunk as a worker streams them). Then,
 for each code version — "before" (a ``git archive`` of ``--before-ref``, default the merge base
 with ``main``) and "after" (this checkout) — and for each request, a fresh single-process
 ``steady serve`` is started on that database with the report cache off (so every request is
@@ -40,7 +40,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app.devserver import ServerProcess, serve_argv  # noqa: E402
+from steady.server.devserver import ServerProcess, serve_argv  # noqa: E402
 from bench.common import free_port, write_result  # noqa: E402
 
 CHUNK = 10_000
@@ -51,14 +51,14 @@ EXTRA_REQUESTS = ("bands_after_report",)
 
 
 def build_study(url: str, runs: int, steps: int) -> int:
-    from app import migrate
-    from app.auth.service import Role
-    from app.config import Settings
-    from app.db import Database
-    from app.metrics.repository import insert_chunks
-    from app.models import Run, utcnow
-    from app.studies.schemas import StudySpec
-    from app.studies.service import create_study
+    from steady.server import migrate
+    from steady.server.auth.service import Role
+    from steady.server.config import Settings
+    from steady.server.db import Database
+    from steady.server.metrics.repository import insert_chunks
+    from steady.server.models import Run, utcnow
+    from steady.server.studies.schemas import StudySpec
+    from steady.server.studies.service import create_study
 
     db = Database(url)
     migrate.upgrade(db.engine)
@@ -198,8 +198,8 @@ def main() -> None:
         study_id = build_study(url, runs, steps)
         build_s = time.perf_counter() - t0
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("STEADY_")},
-               "STEADY_DATABASE_URL": url, "STEADY_DATA_DIR": str(tmp), "PYTHONPATH": str(REPO)}
-        token = subprocess.run([sys.executable, "-m", "app.cli", "token", "create", "--role", "user", "--quiet"],
+               "STEADY_DATABASE_URL": url, "STEADY_DATA_DIR": str(tmp)}
+        token = subprocess.run([sys.executable, "-m", "steady.server.cli", "token", "create", "--role", "user", "--quiet"],
                                cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.split()[-1]
         raw = runs * steps * 8
         entry = {"runs": runs, "steps": steps, "raw_bytes": raw, "build_s": build_s}

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import write_result  # noqa: E402
-from app.devserver import free_port  # noqa: E402
+from steady.server.devserver import free_port  # noqa: E402
 from bench.dashboard_bench import build_study, start_server  # noqa: E402
 
 
@@ -89,8 +89,8 @@ def main() -> int:
     print(f"building {a.seeds * a.repeats} runs × {a.steps} steps in {tmp} …", flush=True)
     study_id, build_s = build_study(url, seeds=a.seeds, repeats=a.repeats, steps=a.steps, chunk=10_000)
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
-    env.update(STEADY_DATA_DIR=str(tmp), STEADY_DATABASE_URL=url, PYTHONPATH=str(REPO))
-    token = subprocess.run([sys.executable, "-m", "app.cli", "token", "create", "--role", "user", "--quiet"],
+    env.update(STEADY_DATA_DIR=str(tmp), STEADY_DATABASE_URL=url)
+    token = subprocess.run([sys.executable, "-m", "steady.server.cli", "token", "create", "--role", "user", "--quiet"],
                            env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout.split()[-1]
     log = tmp / "server.log"
 

@@ -42,7 +42,7 @@ def loss_at(step: int) -> float:
 
 
 def log_steps(ctx) -> dict:  # the workload: runs inside the run subprocess
-    from worker import sdk
+    from steady import sdk
 
     steps = ctx.param("steps", 1000)
     log = sdk.log
@@ -84,7 +84,7 @@ def sdk_log_cost(calls: int = 200_000) -> dict:
     single calls (timer overhead included); ``mean_us``: wall time over all calls."""
     from array import array
 
-    from worker import sdk
+    from steady import sdk
 
     saved = sdk._run
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,7 +152,7 @@ def run_bench(steps: int, stall_s: float, workdir: Path, *, sample_s: float = 0.
                  "--name", "memory-bench", "--work-dir", str(workdir / "agent"), "--max-runs", "1",
                  "--poll-max", "0.5", "--keep-run-dirs"],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": str(REPO), "STEADY_TOKEN": server.tokens["worker"]},
+                env={**os.environ, "STEADY_TOKEN": server.tokens["worker"]},
             )
         samples: list[tuple[float, float | None, float | None]] = []
         t0 = time.monotonic()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-import app.models.base
+import steady.server.models.base
 ${imports if imports else ""}
 
 revision = ${repr(up_revision)}

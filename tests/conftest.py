@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from app.devserver import ServerProcess, free_port, serve_argv
+from steady.server.devserver import ServerProcess, free_port, serve_argv
 
 REPO = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("STEADY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -66,8 +66,8 @@ def drop_pg_database(name: str) -> None:
 
 
 def _migrate(url: str) -> None:
-    from app import migrate
-    from app.db import Database
+    from steady.server import migrate
+    from steady.server.db import Database
 
     db = Database(url)
     migrate.upgrade(db.engine)
@@ -76,9 +76,9 @@ def _migrate(url: str) -> None:
 
 @pytest.fixture
 def clock():
-    """The server's clock (``app.models.base.clock``) for apps in this process: a test that needs a
+    """The server's clock (``steady.server.models.base.clock``) for apps in this process: a test that needs a
     lease or a session to expire advances it instead of sleeping."""
-    from app.models.base import clock as server_clock
+    from steady.server.models.base import clock as server_clock
 
     yield server_clock
     server_clock.reset()
@@ -144,13 +144,13 @@ class ApiClient:
 
 
 def make_settings(db_url: str, tmp_path: Path, **overrides):
-    from app.config import Settings
+    from steady.server.config import Settings
 
     return Settings(database_url=db_url, data_dir=tmp_path / "data", **overrides)
 
 
 def add_tokens(app) -> dict[str, str]:
-    from app.auth.service import Role, create_token
+    from steady.server.auth.service import Role, create_token
 
     tokens = {}
     with app.state.database.write() as session:
@@ -164,7 +164,7 @@ def make_api(db_url, tmp_path):
     """Factory: an app on the test database with optional settings overrides."""
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from steady.server.main import create_app
 
     clients = []
 
@@ -227,13 +227,12 @@ def server_env(data_dir: Path, database_url: str = "", **settings) -> dict[str, 
         env["STEADY_DATABASE_URL"] = database_url
     for key, value in settings.items():
         env[f"STEADY_{key.upper()}"] = str(value)
-    env["PYTHONPATH"] = str(REPO)
     return env
 
 
 def create_token_cli(env: dict[str, str], role: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "token", "create", "--role", role, "--quiet"],
+        [sys.executable, "-m", "steady.server.cli", "token", "create", "--role", role, "--quiet"],
         env=env, cwd=REPO, capture_output=True, text=True, check=True,
     )
     return out.stdout.strip().splitlines()[-1]
@@ -270,8 +269,8 @@ def live_server(live_server_factory) -> LiveServer:
 def database_with_one_run(db_url: str, *, status: str) -> tuple:
     """A ``Database`` at ``db_url`` (the ``db_url`` fixture's, migrated) given one external study with one attempt-1 run in
     ``status``: (database, run id). The caller disposes of the database."""
-    from app.db import Database
-    from app.models import Run, Study, utcnow
+    from steady.server.db import Database
+    from steady.server.models import Run, Study, utcnow
 
     db = Database(db_url)
     with db.write() as s:

@@ -36,16 +36,16 @@ def test_every_app_package_is_named_in_the_stats_contract():
     import tomllib
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    stats = next(c for c in config if c.get("source_modules") == ["app.stats"])
-    packages = {f"app.{p.stem}" for p in (REPO / "app").iterdir()
-                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()} - {"app.stats"}
+    stats = next(c for c in config if c.get("source_modules") == ["steady.server.stats"])
+    packages = {f"steady.server.{p.stem}" for p in (REPO / "app").iterdir()
+                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()} - {"steady.server.stats"}
     missing = packages - set(stats["forbidden_modules"])
     assert not missing, f"add {sorted(missing)} to the stats purity contract in pyproject.toml"
 
 
 def test_protocol_needs_only_pydantic():
     code = (
-        "import sys; import worker.protocol; "
+        "import sys; import steady.worker.protocol; "
         "bad = [m for m in ('fastapi','sqlalchemy','numpy','torch','tensorflow') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -54,7 +54,7 @@ def test_protocol_needs_only_pydantic():
 
 def test_worker_cli_does_not_import_server_or_frameworks():
     code = (
-        "import sys; from app.cli import build_parser; import worker.agent; "
+        "import sys; from steady.server.cli import build_parser; import steady.worker.agent; "
         "bad = [m for m in ('fastapi','sqlalchemy','torch','tensorflow') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -64,7 +64,7 @@ def test_worker_cli_does_not_import_server_or_frameworks():
 def test_migrations_do_not_import_live_code():
     # A migration is history: it must not change when a model or a type in app/ changes later.
     for path in sorted((REPO / "migrations" / "versions").glob("*.py")):
-        bad = {n for n in _imports(path) if n.split(".")[0] in {"app", "worker"}}
+        bad = {n for n in _imports(path) if n.split(".")[0] in {"steady", "app", "worker"}}
         assert not bad, f"{path.relative_to(REPO)} imports {bad}"
 
 

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy.exc
 from sqlalchemy import create_engine, text
 
-from app.background import BackgroundLoop
+from steady.server.background import BackgroundLoop
 
 
 class Script:

@@ -13,7 +13,7 @@ from tests.conftest import REPO
 
 def steady(server, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     env = {**server.env, "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, cwd=REPO, input=input,
+    return subprocess.run([sys.executable, "-m", "steady.server.cli", *args], env=env, cwd=REPO, input=input,
                           capture_output=True, text=True, check=check, timeout=120)
 
 
@@ -54,13 +54,13 @@ def test_submit_status_report(live_server, tmp_path):
 
 def test_token_commands_and_errors(live_server):
     env = live_server.env
-    listed = subprocess.run([sys.executable, "-m", "app.cli", "token", "list"], env=env, cwd=REPO,
+    listed = subprocess.run([sys.executable, "-m", "steady.server.cli", "token", "list"], env=env, cwd=REPO,
                             capture_output=True, text=True, check=True).stdout
     assert "admin" in listed and "worker" in listed and "stdy_" in listed
     assert live_server.tokens["user"] not in listed  # only prefixes are ever shown
     r = httpx.get(live_server.url + "/api/v1/studies", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
-    no_server = subprocess.run([sys.executable, "-m", "app.cli", "status", "--server", "http://127.0.0.1:9"],
+    no_server = subprocess.run([sys.executable, "-m", "steady.server.cli", "status", "--server", "http://127.0.0.1:9"],
                                env=env, cwd=REPO, capture_output=True, text=True)
     assert no_server.returncode == 1 and "cannot reach" in no_server.stderr
 
@@ -85,7 +85,7 @@ def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
     doc = tmp_path / "cal.md"
     doc.write_text("intro\n<!-- calibration-table:start -->\nold\n<!-- calibration-table:end -->\n"
                    "<!-- power-table:start -->\n<!-- power-table:end -->\nend\n")
-    out = subprocess.run([sys.executable, "-m", "app.cli", "calibrate", "--sims", "20", "--rule", "repeatability",
+    out = subprocess.run([sys.executable, "-m", "steady.server.cli", "calibrate", "--sims", "20", "--rule", "repeatability",
                           "--json", str(tmp_path / "cal.json"), "--power-sims", "10", "--update-doc", str(doc)],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -96,7 +96,7 @@ def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
     assert [p["seeds"] for p in data["oob_power_offsets"]] == [5, 10, 20]
     text = doc.read_text()
     assert "old" not in text and "| `repeatability` | `identical-3x500` | healthy |" in text and text.endswith("end\n")
-    bad = subprocess.run([sys.executable, "-m", "app.cli", "calibrate", "--rule", "nope"], cwd=REPO,
+    bad = subprocess.run([sys.executable, "-m", "steady.server.cli", "calibrate", "--rule", "nope"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no rule named" in bad.stderr
 
@@ -111,7 +111,7 @@ def client_env(server, tmp_path, **extra: str) -> dict[str, str]:
 
 
 def run_cli(*args: str, env: dict[str, str], cwd=REPO, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, cwd=cwd, input=input,
+    return subprocess.run([sys.executable, "-m", "steady.server.cli", *args], env=env, cwd=cwd, input=input,
                           capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -221,7 +221,7 @@ def test_a_closed_pipe_ends_quietly(live_server):
     os.close(read_end)  # the reader is gone before the CLI writes a byte, as after `| head` has exited
     env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"]}
     try:
-        proc = subprocess.run([sys.executable, "-m", "app.cli", "status", "--json"], env=env, cwd=REPO,
+        proc = subprocess.run([sys.executable, "-m", "steady.server.cli", "status", "--json"], env=env, cwd=REPO,
                               stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120, check=False)
     finally:
         os.close(write_end)
@@ -268,7 +268,7 @@ def test_ctrl_c_while_waiting_says_the_study_keeps_running(live_server, tmp_path
     spec.write_text("name: waited\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0]\n"
                     "determinism: [seeded]\nmetrics: [loss]\n")
     env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"]}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "submit", str(spec), "--wait"], env=env, cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "steady.server.cli", "submit", str(spec), "--wait"], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         sid = int(proc.stdout.readline().split()[2])  # "submitted study N …"
@@ -295,7 +295,7 @@ def test_submit_wait_exits_1_when_a_verdict_fails(live_server, tmp_path):
                     "determinism: [seeded]\nmetrics: [{name: loss, max_std: 0.01}]\n")
     env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"],
            "NO_COLOR": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "submit", str(spec), "--wait"], env=env, cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "steady.server.cli", "submit", str(spec), "--wait"], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         sid = int(proc.stdout.readline().split()[2])
@@ -323,7 +323,7 @@ def test_status_shows_the_stage_of_an_adaptive_study(live_server, tmp_path):
 def test_check_exits_3_when_it_cannot_judge_and_other_commands_keep_2_for_usage(tmp_path):
     """`steady check` from a shell, no server needed: a typo in the job's command line or spec path
     must not read as "inconclusive" (2), which a CI gate may let pass."""
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(tmp_path / "config"),
+    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config"),
            "STEADY_SERVER": "http://127.0.0.1:9", "NO_COLOR": "1"}
     missing = run_cli("check", str(tmp_path / "nope.yaml"), "--junit", str(tmp_path / "j.xml"), env=env, cwd=tmp_path)
     assert missing.returncode == 3 and one_line(missing.stderr) == f"steady: no such file: {tmp_path / 'nope.yaml'}"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import build_parser, main
-from app.cli_support import EXIT_CANNOT_JUDGE, EXIT_USAGE
+from steady.server.cli import build_parser, main
+from steady.server.cli_support import EXIT_CANNOT_JUDGE, EXIT_USAGE
 
 NOWHERE = ["--server", "http://127.0.0.1:9", "--token", "stdy_unused"]
 

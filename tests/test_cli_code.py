@@ -11,16 +11,15 @@ import sys
 import tarfile
 from pathlib import Path
 
-from tests.conftest import REPO
-from worker import codepack
+from steady.worker import codepack
 
 SPEC = "name: byoc\nworkload: {framework: torch, entrypoint: train.py}\nseeds: [0]\ndeterminism: [seeded]\n"
 
 
 def _submit(server, spec: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
-    env.update(PYTHONPATH=str(REPO), XDG_CONFIG_HOME=str(spec.parent / ".config"), NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "app.cli", "submit", spec.name, "--server", server.url,
+    env.update(XDG_CONFIG_HOME=str(spec.parent / ".config"), NO_COLOR="1")
+    return subprocess.run([sys.executable, "-m", "steady.server.cli", "submit", spec.name, "--server", server.url,
                            "--token", server.tokens["user"], *extra],
                           cwd=spec.parent, env=env, capture_output=True, text=True, timeout=120, check=False)
 

@@ -17,7 +17,7 @@ def test_demo_runs_a_whole_study(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
     env["NO_COLOR"] = "1"
     out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "demo", "--quick", "--exit", "--port", str(free_port()),
+        [sys.executable, "-m", "steady.server.cli", "demo", "--quick", "--exit", "--port", str(free_port()),
          "--data-dir", str(tmp_path / "demo")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )

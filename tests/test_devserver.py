@@ -11,7 +11,7 @@ import textwrap
 import httpx
 import pytest
 
-from app.devserver import ServerProcess, ServerStartError, free_port, port_free, serve_argv
+from steady.server.devserver import ServerProcess, ServerStartError, free_port, port_free, serve_argv
 from tests.conftest import wait_until
 
 # A stand-in server: answers /healthz, and starts a child in its process group (like uvicorn's workers).
@@ -49,7 +49,7 @@ def test_free_port_is_bindable_and_port_free_sees_a_listener():
 
 def test_serve_argv_runs_this_interpreters_cli():
     argv = serve_argv(8123, workers=3)
-    assert argv[:4] == [sys.executable, "-m", "app.cli", "serve"]
+    assert argv[:4] == [sys.executable, "-m", "steady.server.cli", "serve"]
     assert argv[argv.index("--port") + 1] == "8123" and argv[argv.index("--workers") + 1] == "3"
 
 

@@ -4,7 +4,7 @@ Two independent loops with jitter and backoff, as the house style asks: the **po
 (main thread) leases runs while fewer than ``concurrency`` are executing, backing off
 exponentially while the queue is empty; each executing run has a **heartbeat loop**
 (thread) that extends the lease, and stops the run when the server answers ``cancel`` or
-409 (lease lost). Every run executes in a fresh subprocess (:mod:`worker.runner`); its
+409 (lease lost). Every run executes in a fresh subprocess (:mod:`steady.worker.runner`); its
 metric points are streamed in batches with per-lease sequence numbers, re-sent with the
 same ``seq`` after a timeout, so ingestion stays idempotent.
 
@@ -29,12 +29,12 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker import codecache, codepack
-from worker import engine as engines
-from worker.client import LeaseAnswer, LeaseLostError, NonRetryableError, PayloadTooLargeError, RetryableError, SteadyClient
-from worker.events import READ_CHUNK_BYTES
-from worker.fingerprint import auto_labels, host_fingerprint
-from worker.protocol import (
+from steady.worker import codecache, codepack
+from steady.worker import engine as engines
+from steady.worker.client import LeaseAnswer, LeaseLostError, NonRetryableError, PayloadTooLargeError, RetryableError, SteadyClient
+from steady.worker.events import READ_CHUNK_BYTES
+from steady.worker.fingerprint import auto_labels, host_fingerprint
+from steady.worker.protocol import (
     MAX_BATCH_POINTS,
     MAX_ERROR_LENGTH,
     MAX_SERIES_PER_BATCH,
@@ -51,7 +51,7 @@ from worker.protocol import (
     WorkerRegistered,
     WorkerRegistration,
 )
-from worker.runner import RunProcess
+from steady.worker.runner import RunProcess
 
 log = logging.getLogger("steady.worker")
 
@@ -77,7 +77,7 @@ class AgentConfig:
     engine: EngineJob | None = None  # the batch job this agent runs in (default: detected)
     keep_run_dirs: bool = False
     health_file: str | None = None
-    run_as: Any = None  # worker.runner.RunAs: run user code as this unprivileged user
+    run_as: Any = None  # steady.worker.runner.RunAs: run user code as this unprivileged user
     builtin_only: bool = False  # lease built-in workloads only
     pass_env: tuple[str, ...] = ()  # extra environment names the runs inherit
 

@@ -6,7 +6,7 @@ Installed by the harness in the run subprocess before user code runs (:func:`ins
   PyTorch >= 2.0, applies to every optimizer): the parameters an optimizer updates are digested
   just before its first ``step()`` (``initial_weights``), and those of every optimizer that
   stepped are digested when the run ends (``final_weights``); the order in which DataLoader
-  samplers hand out indices is digested per epoch (``data_order``, :mod:`worker.autodigest_order`).
+  samplers hand out indices is digested per epoch (``data_order``, :mod:`steady.worker.autodigest_order`).
 * **Keras** — ``keras.Model.fit`` is wrapped: the model's weights are digested when the first
   ``fit`` starts (``initial_weights``) and when the last one returns (``final_weights``). Keras'
   data order is not recorded: ``fit(shuffle=True)`` shuffles inside its tf.data pipeline
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker import sdk
-from worker.digests import state_digest
+from steady.worker import sdk
+from steady.worker.digests import state_digest
 
 SOURCE = "automatic"
 
@@ -47,7 +47,7 @@ class _TorchHooks:
         self.handles: list[Any] = []
 
     def _params(self) -> dict[str, Any]:
-        from worker.frameworks.torch import _to_numpy
+        from steady.worker.frameworks.torch import _to_numpy
 
         entries: dict[str, Any] = {}
         for oi, opt in enumerate(self.stepped):
@@ -82,7 +82,7 @@ def _record_data_order(epochs: list[str]) -> None:
 def _install_torch() -> Any:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from worker.autodigest_order import install_torch as install_order
+    from steady.worker.autodigest_order import install_torch as install_order
 
     hooks = _TorchHooks()
     hooks.handles.append(register_optimizer_step_pre_hook(hooks.pre))
@@ -105,7 +105,7 @@ def _install_torch() -> Any:
 def _install_keras() -> Any:
     import tensorflow as tf
 
-    from worker.frameworks.tensorflow import model_digest
+    from steady.worker.frameworks.tensorflow import model_digest
 
     model_cls = tf.keras.Model
     original = model_cls.fit

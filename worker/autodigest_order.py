@@ -10,7 +10,7 @@ multi-worker iterators both call, in the main process, in the order the sampler 
   extra ``iter()``, no RNG draw, no change of prefetching, so a seeded run's results are bitwise
   those of the same run without the hook.
 * **Bounded memory.** Each epoch (one pass of a sampler iterator) is hashed as it goes, in the
-  ``steady-order-v1`` bytes of :func:`worker.digests.order_digest`, so one loader's automatic
+  ``steady-order-v1`` bytes of :func:`steady.worker.digests.order_digest`, so one loader's automatic
   digest equals the digest ``sdk.log_data_order`` would record for the same indices.
 * **Which loader.** Loaders are told apart by their index sampler (alive at the time); the run's
   data order is the loader that handed out the most indices (the training loader, normally), ties
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.digests import ORDER_MAGIC
+from steady.worker.digests import ORDER_MAGIC
 
 
 def _ref(obj: Any) -> Callable[[], Any]:

@@ -21,10 +21,10 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from worker import runfiles
-from worker.events import EventWriter
-from worker.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
-from worker.protocol import check_capture_pattern as check_pattern
+from steady.worker import runfiles
+from steady.worker.events import EventWriter
+from steady.worker.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
+from steady.worker.protocol import check_capture_pattern as check_pattern
 
 __all__ = ["DEFAULT_PATTERN", "Capture", "TFRecordTail", "check_pattern", "parse_event", "read_scalars"]
 

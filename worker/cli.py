@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 
-from worker.protocol import Label
+from steady.worker.protocol import Label
 
 
 def _env_int(name: str) -> int | None:
@@ -103,15 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from worker.agent import Agent, AgentConfig
+    from steady.worker.agent import Agent, AgentConfig
 
     labels = [x.strip() for x in args.labels.split(",") if x.strip()]
     if args.print_labels:
         import json
 
-        from worker.fingerprint import auto_labels, host_fingerprint
+        from steady.worker.fingerprint import auto_labels, host_fingerprint
 
-        from worker.engine import detect
+        from steady.worker.engine import detect
 
         job = detect()
         print(json.dumps({"labels": labels + auto_labels(args.device), "fingerprint": host_fingerprint(args.device),
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_as = None
     if args.run_as:
-        from worker.runner import RunAs
+        from steady.worker.runner import RunAs
 
         try:
             run_as = RunAs.lookup(args.run_as)

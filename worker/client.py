@@ -25,7 +25,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel
 
-from worker.protocol import (
+from steady.worker.protocol import (
     BatchAck,
     Heartbeat,
     HeartbeatAck,

@@ -7,7 +7,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 
-from worker import codepack
+from steady.worker import codepack
 
 _lock = threading.Lock()
 

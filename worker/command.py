@@ -3,9 +3,9 @@
 What the worker applies to a command: the determinism environment (``PYTHONHASHSEED``,
 ``CUBLAS_WORKSPACE_CONFIG``, ``TF_DETERMINISTIC_OPS``, thread counts, ``CUDA_VISIBLE_DEVICES``)
 before the interpreter starts, always; and, when the command is a Python interpreter that
-imports this shim, the in-process switches of :func:`worker.determinism.apply` (seeds of
+imports this shim, the in-process switches of :func:`steady.worker.determinism.apply` (seeds of
 ``random``, NumPy and the framework; ``torch.use_deterministic_algorithms`` and cuDNN flags
-at ``strict``), the fingerprint, the automatic digests of :mod:`worker.autodigest` (torch's
+at ``strict``), the fingerprint, the automatic digests of :mod:`steady.worker.autodigest` (torch's
 optimizer hook and DataLoader order, Keras' ``fit``: initial weights before the first step, final
 weights and the data order at exit),
 and a result event at exit with the SDK's final values.
@@ -18,13 +18,13 @@ import json
 import os
 import time
 
-from worker import sdk
-from worker.events import SPEC_ENV
+from steady.worker import sdk
+from steady.worker.events import SPEC_ENV
 
 
 def start() -> None:
-    from worker import autodigest, determinism, fingerprint
-    from worker.harness import _resolve_device
+    from steady.worker import autodigest, determinism, fingerprint
+    from steady.worker.harness import _resolve_device
 
     t0 = time.perf_counter()
     with open(os.environ[SPEC_ENV], encoding="utf-8") as f:

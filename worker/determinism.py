@@ -92,9 +92,9 @@ def apply(level: Any, seed: int, framework: str, threads: int) -> dict[str, Any]
         applied["python_random_seeded"] = True
         applied["numpy_seeded"] = True
     if framework == "torch":
-        from worker.frameworks.torch import apply_determinism
+        from steady.worker.frameworks.torch import apply_determinism
     elif framework == "tensorflow":
-        from worker.frameworks.tensorflow import apply_determinism
+        from steady.worker.frameworks.tensorflow import apply_determinism
     else:
         raise ValueError(f"unknown framework {framework!r}")
     applied.update(apply_determinism(level, int(seed), int(threads)))

@@ -13,7 +13,7 @@ Byte serialisation (version 1), so a digest means the same thing on every stack:
   fed during the epoch, in order, as little-endian int64.
 * **file digest**: plain SHA-256 of the file's bytes.
 
-Framework adapters (``worker.frameworks.torch`` / ``.tensorflow``) turn tensors into NumPy
+Framework adapters (``steady.worker.frameworks.torch`` / ``.tensorflow``) turn tensors into NumPy
 arrays and call :func:`state_digest`.
 """
 

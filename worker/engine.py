@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-from worker.protocol import EngineJob
+from steady.worker.protocol import EngineJob
 
 _SLURM_DETAIL = {
     "SLURM_JOB_ID": "job_id",

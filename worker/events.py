@@ -10,7 +10,7 @@ Event kinds (field ``e``):
 
 ``m``            metric points at one step: ``{"e": "m", "s": step, "v": {key: value}}``; the agent
                  appends those it captures itself with ``"c": "tensorboard" | "stdout"``
-                 (:mod:`worker.capture`)
+                 (:mod:`steady.worker.capture`)
 ``digest``       ``{"e": "digest", "kind": "initial_weights" | "final_weights" |
                  "optimizer_state" | "data_order", "value": hex, "epoch": int | null}``
 ``fingerprint``  ``{"e": "fingerprint", "value": {...}}``
@@ -29,7 +29,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from worker import runfiles
+from steady.worker import runfiles
 
 EVENTS_ENV = "STEADY_EVENTS_FILE"
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=True)  # = json.dumps(..., separators, allow_nan), built once
@@ -39,7 +39,7 @@ CONFIG_FILE_ENV = "STEADY_CONFIG_FILE"  # path of the arm's config file, when it
 
 class EventWriter:
     """Appends events to ``path``; never through a symlink and only to a regular file (the agent
-    appends captured metrics to a file the run could replace: :mod:`worker.runfiles`)."""
+    appends captured metrics to a file the run could replace: :mod:`steady.worker.runfiles`)."""
 
     def __init__(self, path: str) -> None:
         path = os.path.abspath(path)

@@ -19,7 +19,7 @@ import sys
 from functools import lru_cache
 from typing import Any
 
-from worker.determinism import DETERMINISM_ENV_VARS
+from steady.worker.determinism import DETERMINISM_ENV_VARS
 
 FRAMEWORK_DISTS = {
     "torch": ("torch",),
@@ -167,8 +167,8 @@ def run_fingerprint(framework: str) -> dict[str, Any]:
     fp["env"] = {k: os.environ[k] for k in DETERMINISM_ENV_VARS if k in os.environ}
     fp["threads"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     if framework == "torch":
-        from worker.frameworks.torch import fingerprint
+        from steady.worker.frameworks.torch import fingerprint
     else:
-        from worker.frameworks.tensorflow import fingerprint
+        from steady.worker.frameworks.tensorflow import fingerprint
     fp.update(fingerprint())
     return fp

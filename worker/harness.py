@@ -1,4 +1,4 @@
-"""Entry point of the run subprocess: ``python -m worker.harness``.
+"""Entry point of the run subprocess: ``python -m steady.worker.harness``.
 
 The runner starts it with the determinism environment already set (``PYTHONHASHSEED``,
 ``CUBLAS_WORKSPACE_CONFIG``, ``TF_DETERMINISTIC_OPS``, thread counts, ``CUDA_VISIBLE_DEVICES``)
@@ -21,8 +21,8 @@ import time
 import traceback
 from typing import Any
 
-from worker import sdk
-from worker.events import SPEC_ENV
+from steady.worker import sdk
+from steady.worker.events import SPEC_ENV
 
 
 def _defines_main(path: str) -> bool:
@@ -109,11 +109,11 @@ def run(spec: dict[str, Any]) -> int:
     ctx = sdk.RunContext.from_spec(spec)
     sdk._start(ctx)
     try:
-        from worker import determinism, fingerprint
+        from steady.worker import determinism, fingerprint
 
         workload = None
         if spec.get("workload"):
-            from worker.workloads import load
+            from steady.worker.workloads import load
 
             workload = load(spec["workload"])
             if ctx.framework not in workload.FRAMEWORKS:
@@ -129,7 +129,7 @@ def run(spec: dict[str, Any]) -> int:
         if workload is not None:
             returned = workload.run(ctx)
         else:
-            from worker import autodigest
+            from steady.worker import autodigest
 
             finish_digests = autodigest.install(ctx.framework)
             returned = _call_entrypoint(spec["entrypoint"], ctx)

@@ -1,6 +1,6 @@
 """Run one RunSpec locally through the subprocess harness, without a server.
 
-    from worker.local import run_local
+    from steady.worker.local import run_local
     result = run_local({"framework": "torch", "workload": "torch_mlp", "seed": 1,
                         "repeat": 0, "determinism": "strict"})
     result.series["loss"]  # (steps, values)
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.runner import RunProcess
+from steady.worker.runner import RunProcess
 
 
 @dataclass
@@ -64,7 +64,7 @@ def run_local(
     ``on_start(proc)`` is called once the subprocess runs (tests use it to kill it); ``python``
     is the interpreter of the run (default: this one), e.g. another virtual environment's;
     ``code_dir`` an unpacked code archive the run starts in (its ``code_workdir`` inside it);
-    ``process_options`` go to :class:`~worker.runner.RunProcess` (``run_vars``, ``secrets``,
+    ``process_options`` go to :class:`~steady.worker.runner.RunProcess` (``run_vars``, ``secrets``,
     ``run_as``, ``pass_env``)."""
     run_dir = work_dir or tempfile.mkdtemp(prefix="steady-run-")
     proc = RunProcess(_spec_dict(spec), run_dir=run_dir, device=device, python=python, **process_options)
@@ -115,7 +115,7 @@ def run_local(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m worker.local RUNS.json OUT.jsonl``: run each entry of RUNS.json (a list of
+    """``python -m steady.worker.local RUNS.json OUT.jsonl``: run each entry of RUNS.json (a list of
     ``{"spec": {...}, "device": ..., "python": ...}``) in turn, appending one JSON line per
     result (the fields of :class:`LocalResult`) to OUT.jsonl. Lets a caller that must not
     import the worker (the server side's ``steady demo --controls``) run local runs."""
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     import dataclasses
     import json
 
-    p = argparse.ArgumentParser(prog="python -m worker.local", description=(main.__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m steady.worker.local", description=(main.__doc__ or "").split("\n\n")[0])
     p.add_argument("runs")
     p.add_argument("out")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """The wire contract between the Steady server and its workers.
 
 This module is the single source of truth for lease, heartbeat, metric batch and result
-messages. It depends on pydantic (and pybase64) only: the server imports it (``app -> worker.protocol``),
+messages. It depends on pydantic (and pybase64) only: the server imports it (``app -> steady.worker.protocol``),
 the worker never imports the server.
 
 Floats travel exactly, as strict JSON: a finite value is a number, NaN and ±Inf are the strings
@@ -170,7 +170,7 @@ BUILTIN_WORKLOADS: dict[str, str] = {
 }
 
 
-# Placeholders a command workload's arguments may use (app.studies.schemas checks them).
+# Placeholders a command workload's arguments may use (steady.server.studies.schemas checks them).
 COMMAND_PLACEHOLDERS = ("seed", "repeat", "determinism", "device", "run_dir", "threads")
 
 
@@ -188,7 +188,7 @@ class RunStatus(str, Enum):
 
 
 class StudyStatus(str, Enum):
-    """A study's status: derived from its runs' statuses (``app.studies.service.refresh_status``);
+    """A study's status: derived from its runs' statuses (``steady.server.studies.service.refresh_status``);
     an external study (uploaded runs) stays ``open``."""
 
     queued = "queued"
@@ -271,7 +271,7 @@ class ConfigFile(_Model):
 
 
 # step N ... loss X: "step 100 | loss 2.31", "Step 100: loss=2.31", "iter 100, loss: 2.31",
-# "Epoch 3 step 100 loss 2.31e-1", captured as the metric ``loss`` (worker.capture).
+# "Epoch 3 step 100 loss 2.31e-1", captured as the metric ``loss`` (steady.worker.capture).
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
 DEFAULT_CAPTURE_PATTERN = (r"(?i)\b(?:step|iter|iteration|it)\b\s*[:=#]?\s*(?P<step>\d+)\b"
                            r"[^\n]*?\bloss\b\s*[:=]?\s*(?P<loss>" + _NUMBER + r")")
@@ -291,7 +291,7 @@ def check_capture_pattern(pattern: str) -> str | None:
 
 
 class CaptureSpec(_Model):
-    """What the worker captures from a run besides the SDK (worker.capture): scalars of
+    """What the worker captures from a run besides the SDK (steady.worker.capture): scalars of
     TensorBoard event files written under the run's directory, and stdout/stderr lines matched
     by ``patterns`` (regexes with a named group ``step`` and one per metric; none given: the
     default ``step N ... loss X`` pattern)."""

@@ -1,32 +1,35 @@
 """Run one RunSpec in a fresh subprocess and collect what it reports.
 
-The subprocess (``python -m worker.harness``) starts in its own session, so it and anything
+The subprocess (``python -m steady.worker.harness``) starts in its own session, so it and anything
 it forks (DataLoader workers) form one process group that :meth:`RunProcess.kill` ends
 together. Its environment carries the determinism settings that must exist before the
 interpreter starts. It reports through an append-only event file (see
-:mod:`worker.events`) that :meth:`RunProcess.poll` reads incrementally; stdout and stderr go
+:mod:`steady.worker.events`) that :meth:`RunProcess.poll` reads incrementally; stdout and stderr go
 to ``output.log`` whose tail is reported on failure.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker import determinism, runfiles
-from worker.capture import DEFAULT_PATTERN, SCAN_INTERVAL_S, Capture
-from worker.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
+from steady.worker import determinism, runfiles
+from steady.worker.capture import DEFAULT_PATTERN, SCAN_INTERVAL_S, Capture
+from steady.worker.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
 
 STDERR_TAIL_BYTES = 16_000
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STEADY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the installed ``steady`` package
 _SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
 COMMAND_SHIM_ENV = "STEADY_COMMAND_SHIM"
 
@@ -62,9 +65,10 @@ def run_environment(
     From ``base`` (the agent's environment) only :data:`INHERITED_ENV` and the operator's
     ``pass_env`` names are copied; then HOME and TMPDIR point into the run directory, the
     determinism level's variables are set, ``device`` narrows CUDA_VISIBLE_DEVICES, and
-    ``run_vars`` (events file, spec file, run-scoped credential) are added. PYTHONPATH is the
-    worker package, then ``python_path`` (e.g. the run's unpacked code), then the agent's
-    PYTHONPATH entries; never the agent's working directory."""
+    ``run_vars`` (events file, spec file, run-scoped credential) are added. PYTHONPATH is a
+    folder holding only the ``steady`` package (:func:`package_path`), then ``python_path`` (e.g.
+    the run's unpacked code), then the agent's PYTHONPATH entries; never the agent's working
+    directory, and nothing named ``app`` or ``worker`` that could shadow the user's own."""
     base = dict(os.environ if base is None else base)
     inherited = {k: base[k] for k in (*INHERITED_ENV, *pass_env) if k in base}
     env = determinism.subprocess_env(spec["determinism"], int(spec["seed"]), int(spec.get("threads") or 2), base=inherited)
@@ -73,9 +77,32 @@ def run_environment(
     env["TMPDIR"] = os.path.join(run_dir, "tmp")
     env.update(device_env(device))
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, *python_path, base.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_path(), *python_path, base.get("PYTHONPATH")) if p)
     env.update(run_vars or {})
     return env
+
+
+def package_path() -> str:
+    """A folder whose only entry is a link to the installed ``steady`` package: the first PYTHONPATH
+    entry of every run, so a run's interpreter (the agent's or the user's own) imports ``steady``
+    and nothing else of the agent's: not the folder ``steady`` was installed from (a checkout holds
+    ``app/``, ``worker/`` and ``tests/``), not the agent's site-packages. One per user and package,
+    made once and atomically (``os.replace`` of a finished folder), readable by a ``--run-as`` user."""
+    key = hashlib.sha256(_STEADY_DIR.encode()).hexdigest()[:16]
+    home = os.path.join(tempfile.gettempdir(), f"steady-path-{os.getuid()}-{key}")
+    link = os.path.join(home, "steady")
+    if os.path.islink(link) and os.readlink(link) == _STEADY_DIR:
+        return home
+    fresh = tempfile.mkdtemp(prefix=f"{os.path.basename(home)}.", dir=os.path.dirname(home))
+    os.chmod(fresh, 0o755)
+    os.symlink(_STEADY_DIR, os.path.join(fresh, "steady"))
+    try:
+        os.replace(fresh, home)  # fails if another process made it first (a non-empty folder): use theirs
+    except OSError:
+        shutil.rmtree(fresh, ignore_errors=True)
+        if not (os.path.islink(link) and os.readlink(link) == _STEADY_DIR):
+            raise RuntimeError(f"{home} exists and does not hold a link to {_STEADY_DIR}") from None
+    return home
 
 
 @dataclass(frozen=True)
@@ -224,7 +251,7 @@ class RunProcess:
         self.started_at = 0.0
         self._kill_reason: str | None = None
         self._outcome: Outcome | None = None
-        self.code_dir: str | None = None  # the unpacked study code (worker.codecache), if it ships any
+        self.code_dir: str | None = None  # the unpacked study code (steady.worker.codecache), if it ships any
         self.capture: Capture | None = None
         self._captured_at = 0.0
         self._refused: dict[str, str] = {}  # files under run_dir the agent would not open (runfiles)
@@ -249,7 +276,7 @@ class RunProcess:
         its placeholders filled (``python``/``python3`` as first word: the worker's interpreter)."""
         command = self.spec.get("command")
         if not command:
-            return [self.python, "-m", "worker.harness"]
+            return [self.python, "-m", "steady.worker.harness"]
         values = {
             "seed": self.spec["seed"], "repeat": self.spec.get("repeat") or 0, "determinism": self.spec["determinism"],
             "device": device_env(self.device)["STEADY_DEVICE"], "run_dir": self.run_dir,
@@ -274,7 +301,7 @@ class RunProcess:
 
     def shim_path(self) -> list[str]:
         """A command workload starts with worker/shim on PYTHONPATH: its ``sitecustomize`` applies
-        the determinism level in-process and records the fingerprint and result (worker.shim)."""
+        the determinism level in-process and records the fingerprint and result (steady.worker.shim)."""
         return [_SHIM_DIR] if self.spec.get("command") else []
 
     def start(self) -> None:
@@ -384,7 +411,7 @@ class RunProcess:
 
     def stderr_tail(self, limit: int = STDERR_TAIL_BYTES) -> str:
         """The end of the run's output (secrets scrubbed), then one line per file the agent refused
-        to read (a symlink, FIFO or device the run put in its directory: :mod:`worker.runfiles`)."""
+        to read (a symlink, FIFO or device the run put in its directory: :mod:`steady.worker.runfiles`)."""
         text = ""
         try:  # margin: a secret cut by the window is still whole
             raw = runfiles.read_tail(self.output_path, self.run_dir, limit + 512)

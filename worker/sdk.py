@@ -1,6 +1,6 @@
 """The small SDK user training code logs through.
 
-    from worker import sdk
+    from steady.worker import sdk
 
     for step, batch in enumerate(loader):
         loss = train_step(batch)
@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.digests import file_digest, order_digest, state_digest
-from worker.events import EVENTS_ENV, EventWriter
-from worker.steptimes import StepTimes
+from steady.worker.digests import file_digest, order_digest, state_digest
+from steady.worker.events import EVENTS_ENV, EventWriter
+from steady.worker.steptimes import StepTimes
 
-STEP_TIME_KEY = "step_time"  # same value as worker.protocol.STEP_TIME_KEY (no pydantic import here)
+STEP_TIME_KEY = "step_time"  # same value as steady.worker.protocol.STEP_TIME_KEY (no pydantic import here)
 DIGEST_KINDS = ("initial_weights", "final_weights", "optimizer_state", "data_order")
 
 
@@ -49,7 +49,7 @@ class RunContext:
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> RunContext:
-        """The context of a run from its spec file (``worker.events.SPEC_ENV``)."""
+        """The context of a run from its spec file (``steady.worker.events.SPEC_ENV``)."""
         return cls(
             seed=int(spec["seed"]),
             determinism=spec["determinism"],
@@ -148,7 +148,7 @@ def params() -> dict[str, Any]:
     return dict(_run.ctx.params) if _run else {}
 
 
-FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")  # = worker.protocol.FLOAT_DTYPES
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")  # = steady.worker.protocol.FLOAT_DTYPES
 
 
 def float_dtype(value: Any) -> str:
@@ -229,11 +229,11 @@ def digest_model(model: Any) -> str:
     mapping name -> NumPy array. Works outside a run too."""
     mod = type(model).__module__
     if mod.startswith("torch") or hasattr(model, "state_dict"):
-        from worker.frameworks.torch import module_digest
+        from steady.worker.frameworks.torch import module_digest
 
         return module_digest(model)
     if mod.startswith(("keras", "tensorflow", "tf_keras")) or hasattr(model, "get_weights"):
-        from worker.frameworks.tensorflow import model_digest
+        from steady.worker.frameworks.tensorflow import model_digest
 
         return model_digest(model)
     return state_digest(dict(model))
@@ -242,10 +242,10 @@ def digest_model(model: Any) -> str:
 def digest_optimizer(optimizer: Any) -> str:
     mod = type(optimizer).__module__
     if mod.startswith("torch"):
-        from worker.frameworks.torch import optimizer_digest
+        from steady.worker.frameworks.torch import optimizer_digest
 
         return optimizer_digest(optimizer)
-    from worker.frameworks.tensorflow import optimizer_digest as tf_optimizer_digest
+    from steady.worker.frameworks.tensorflow import optimizer_digest as tf_optimizer_digest
 
     return tf_optimizer_digest(optimizer)
 
@@ -256,7 +256,7 @@ def digest_file(path: str) -> str:
 
 def _summary() -> tuple[dict[str, float], dict[str, float]]:
     """Final metrics (last value of every key but step_time) and step-time statistics
-    (:meth:`worker.steptimes.StepTimes.summary`: exact median, correctly rounded sum)."""
+    (:meth:`steady.worker.steptimes.StepTimes.summary`: exact median, correctly rounded sum)."""
     run = _run
     if run is None:
         return {}, {}

@@ -1,6 +1,6 @@
 """The evaluators: one per rule kind, each reading the study's report (and the suite's baseline
 and history) and returning its findings. The statistics are the stats core's
-(``app.stats.alert_rules``, ``app.stats.changepoint``); what is here picks the verdicts a rule
+(``steady.server.stats.alert_rules``, ``steady.server.stats.changepoint``); what is here picks the verdicts a rule
 watches and words the finding."""
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.alerts import baselines, repository
-from app.alerts.findings import BAD, OK, UNKNOWN, Evaluation, Finding
-from app.alerts.rules import rule_spec
-from app.db import unavailable
-from app.models import Study, SuiteBaseline
-from app import wire
-from app.reports import service as reports
-from app.reports.models import Report, typed_verdicts, verdicts_of
-from app.reports.summary import ReportSummary
-from app.stats.alert_rules import band_check, curve_outliers, final_outliers, guarantee, study_means
-from app.stats.changepoint import sequential_shift
-from app.stats.report import MetricSpec, build_report
-from app.stats.vocabulary import Level
-from app.studies.alert_specs import _Rule
+from steady.server.alerts import baselines, repository
+from steady.server.alerts.findings import BAD, OK, UNKNOWN, Evaluation, Finding
+from steady.server.alerts.rules import rule_spec
+from steady.server.db import unavailable
+from steady.server.models import Study, SuiteBaseline
+from steady.server import wire
+from steady.server.reports import service as reports
+from steady.server.reports.models import Report, typed_verdicts, verdicts_of
+from steady.server.reports.summary import ReportSummary
+from steady.server.stats.alert_rules import band_check, curve_outliers, final_outliers, guarantee, study_means
+from steady.server.stats.changepoint import sequential_shift
+from steady.server.stats.report import MetricSpec, build_report
+from steady.server.stats.vocabulary import Level
+from steady.server.studies.alert_specs import _Rule
 
 log = logging.getLogger("steady.alerts")
 
@@ -44,7 +44,7 @@ def _group_ok(spec: _Rule, group: dict[str, Any], default_levels: tuple[str, ...
 
 
 def _summary_of(report: Report) -> dict[str, Any]:
-    """Compact verdict numbers kept per study for /metrics (``app.reports.summary.ReportSummary``)."""
+    """Compact verdict numbers kept per study for /metrics (``steady.server.reports.summary.ReportSummary``)."""
     return ReportSummary.of(report).model_dump(mode="json")
 
 

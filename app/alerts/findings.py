@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.models import AlertRule, Study
+from steady.server.models import AlertRule, Study
 
 
 OK, BAD, UNKNOWN = False, True, None

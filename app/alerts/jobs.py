@@ -3,7 +3,7 @@
 Evaluation has two halves. ``evaluators.compute_findings`` only reads: it builds the study's
 report, compares with the suite's baseline and history, and returns the findings.
 ``state.apply_findings`` writes: it moves the alerts and fills the outbox. A managed study that
-finishes records a pending evaluation (``app.studies``, the ``study_evaluations`` row); the
+finishes records a pending evaluation (``steady.server.studies``, the ``study_evaluations`` row); the
 dispatcher runs ``run_pending_evaluations`` every tick. External studies are evaluated on
 ``POST /api/v1/studies/{id}/evaluate`` (``evaluate_study``).
 """
@@ -16,15 +16,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.alerts import repository
-from app.alerts.evaluators import compute_findings
-from app.alerts.findings import Evaluation
-from app.alerts.rules import rules_from_spec
-from app.alerts.state import apply_findings
-from app.db import Database, unavailable
-from app.errors import Conflict
-from app.models import Alert, AlertRule, Study, StudyEvaluation, utcnow
-from app.studies import service as studies
+from steady.server.alerts import repository
+from steady.server.alerts.evaluators import compute_findings
+from steady.server.alerts.findings import Evaluation
+from steady.server.alerts.rules import rules_from_spec
+from steady.server.alerts.state import apply_findings
+from steady.server.db import Database, unavailable
+from steady.server.errors import Conflict
+from steady.server.models import Alert, AlertRule, Study, StudyEvaluation, utcnow
+from steady.server.studies import service as studies
 
 log = logging.getLogger("steady.alerts")
 

@@ -1,5 +1,5 @@
 """The outbox: one delivery row per interested webhook on every alert transition, with the body
-it will carry; the dispatcher (``app.alerts.dispatcher``) claims and sends them."""
+it will carry; the dispatcher (``steady.server.alerts.dispatcher``) claims and sends them."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import wire
-from app.alerts import repository
-from app.alerts.schemas import AlertOut
-from app.models import Alert, AlertDelivery, utcnow
-from app.studies.alert_specs import SEVERITY_ORDER
+from steady.server import wire
+from steady.server.alerts import repository
+from steady.server.alerts.schemas import AlertOut
+from steady.server.models import Alert, AlertDelivery, utcnow
+from steady.server.studies.alert_specs import SEVERITY_ORDER
 
 
 def alert_out(alert: Alert) -> AlertOut:

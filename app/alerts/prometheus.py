@@ -17,13 +17,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy.orm import Session
 
-from app.alerts import repository
-from app.alerts.settings import AlertSettings
-from app.config import Settings
-from app.models import utcnow
-from app.reports.summary import ReportSummary
-from app.stats import vocabulary
-from worker.protocol import RunStatus
+from steady.server.alerts import repository
+from steady.server.alerts.settings import AlertSettings
+from steady.server.config import Settings
+from steady.server.models import utcnow
+from steady.server.reports.summary import ReportSummary
+from steady.server.stats import vocabulary
+from steady.worker.protocol import RunStatus
 
 RUN_STATUSES = tuple(s.value for s in RunStatus)
 

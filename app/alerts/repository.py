@@ -9,7 +9,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.models import (
+from steady.server.models import (
     Alert,
     AlertDelivery,
     AlertRule,
@@ -19,9 +19,9 @@ from app.models import (
     Webhook,
     Worker,
 )
-from app.repository import paginate
-from app.runs import repository as runs_repo
-from worker.protocol import StudyStatus
+from steady.server.repository import paginate
+from steady.server.runs import repository as runs_repo
+from steady.worker.protocol import StudyStatus
 
 # --- rules -----------------------------------------------------------------------------------
 

@@ -16,10 +16,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.alerts import baselines, jobs, outbox, prometheus, repository, rules, webhooks
-from app.alerts import state as alert_state
-from app.alerts.settings import AlertSettings
-from app.alerts.schemas import (
+from steady.server.alerts import baselines, jobs, outbox, prometheus, repository, rules, webhooks
+from steady.server.alerts import state as alert_state
+from steady.server.alerts.settings import AlertSettings
+from steady.server.alerts.schemas import (
     AlertOut,
     AlertRuleOut,
     BaselineComparisonOut,
@@ -32,15 +32,15 @@ from app.alerts.schemas import (
     WebhookIn,
     WebhookOut,
 )
-from app.auth.service import GRANTS, Role
-from app.db import Database
-from app.deps import AdminCaller, AppSettings, ReadDB, UserCaller, WriteDB, get_database, get_principal
-from app.errors import Forbidden
-from app.models import Alert, AlertRule
-from app.pagination import Page, PageQuery
-from app.repository import get_or_404
-from app.studies import service as studies
-from app.studies.alert_specs import AlertRuleSpec
+from steady.server.auth.service import GRANTS, Role
+from steady.server.db import Database
+from steady.server.deps import AdminCaller, AppSettings, ReadDB, UserCaller, WriteDB, get_database, get_principal
+from steady.server.errors import Forbidden
+from steady.server.models import Alert, AlertRule
+from steady.server.pagination import Page, PageQuery
+from steady.server.repository import get_or_404
+from steady.server.studies import service as studies
+from steady.server.studies.alert_specs import AlertRuleSpec
 
 
 

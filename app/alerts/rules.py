@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.alerts import repository
-from app.alerts.schemas import AlertRuleOut
-from app.auth.service import Caller, Role, ensure_may_change
-from app.errors import Forbidden, Invalid, NotFound
-from app.models import AlertRule, Study
-from app.studies import service as studies
-from app.studies.alert_specs import _Rule, rule_adapter
+from steady.server.alerts import repository
+from steady.server.alerts.schemas import AlertRuleOut
+from steady.server.auth.service import Caller, Role, ensure_may_change
+from steady.server.errors import Forbidden, Invalid, NotFound
+from steady.server.models import AlertRule, Study
+from steady.server.studies import service as studies
+from steady.server.studies.alert_specs import _Rule, rule_adapter
 
 
 def rule_spec(rule: AlertRule) -> _Rule:

@@ -1,5 +1,5 @@
 """The alerting API's bodies and answers. Rules as users write them (``AlertRuleSpec``) are part of
-the study spec's grammar: ``app.studies.alert_specs``."""
+the study spec's grammar: ``steady.server.studies.alert_specs``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.reports.models import BaselineComparisonOut as BaselineComparisonOut  # defined with the reports' models (the gate reads it)
-from app.studies.alert_specs import Name, Severity, StackName
-from app.wire import WireModel
+# defined with the reports' models (the gate reads it)
+from steady.server.reports.models import BaselineComparisonOut as BaselineComparisonOut
+from steady.server.studies.alert_specs import Name, Severity, StackName
+from steady.server.wire import WireModel
 
 
 class AlertRuleOut(WireModel):

@@ -16,12 +16,12 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.alerts import repository
-from app.alerts.findings import Evaluation, Finding
-from app.alerts.outbox import enqueue
-from app.auth.service import Caller, Role
-from app.errors import Forbidden
-from app.models import Alert, AlertRule, Study, utcnow
+from steady.server.alerts import repository
+from steady.server.alerts.findings import Evaluation, Finding
+from steady.server.alerts.outbox import enqueue
+from steady.server.auth.service import Caller, Role
+from steady.server.errors import Forbidden
+from steady.server.models import Alert, AlertRule, Study, utcnow
 
 
 def dedupe_key(rule_id: int, scope: str, metric: str | None, group: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """Webhooks: the receivers of alert deliveries. Their URL passes the one egress guard
-(``app.alerts.egress``) when created, and again at every delivery attempt."""
+(``steady.server.alerts.egress``) when created, and again at every delivery attempt."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import secrets
 
 from sqlalchemy.orm import Session
 
-from app.alerts import egress
-from app.alerts.schemas import WebhookIn
-from app.errors import Invalid, NotFound
-from app.models import Webhook
+from steady.server.alerts import egress
+from steady.server.alerts.schemas import WebhookIn
+from steady.server.errors import Invalid, NotFound
+from steady.server.models import Webhook
 
 
 def check_webhook_url(url: str, *, allow_private: bool) -> None:
     """Refuse non-HTTP(S) URLs and, unless allowed, hosts resolving to non-public addresses
-    (``app.alerts.egress``, the one guard; the dispatcher checks again at every attempt)."""
+    (``steady.server.alerts.egress``, the one guard; the dispatcher checks again at every attempt)."""
     try:
         egress.resolve(url, allow_private=allow_private)
     except egress.RefusedTarget as exc:

@@ -12,9 +12,9 @@ from typing import Protocol
 from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
-from app.errors import Forbidden
-from app.models import ApiToken, DashboardSession, utcnow
-from app.repository import paginate
+from steady.server.errors import Forbidden
+from steady.server.models import ApiToken, DashboardSession, utcnow
+from steady.server.repository import paginate
 
 TOKEN_PREFIX = "stdy_"
 
@@ -34,7 +34,7 @@ GRANTS: dict[Role, frozenset[Role]] = {
 
 
 class Caller(Protocol):
-    # read-only, so that a frozen dataclass (app.deps.Principal) is a Caller
+    # read-only, so that a frozen dataclass (steady.server.deps.Principal) is a Caller
     @property
     def token_id(self) -> int: ...
     @property

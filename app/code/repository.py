@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from app.models import CodeArchive, CodeChunk
+from steady.server.models import CodeArchive, CodeChunk
 
 CHUNK_BYTES = 1024 * 1024
 

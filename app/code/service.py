@@ -9,11 +9,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-import worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
-from app.code import repository
-from app.config import Settings
-from app.errors import Invalid, NotFound, TooLarge
-from app.models import CodeArchive
+import steady.worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
+from steady.server.code import repository
+from steady.server.config import Settings
+from steady.server.errors import Invalid, NotFound, TooLarge
+from steady.server.models import CodeArchive
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 

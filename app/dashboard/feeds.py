@@ -14,15 +14,15 @@ from fastapi.responses import JSONResponse, Response
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.dashboard import service
-from app.dashboard.access import DataViewer
-from app.dashboard.views import db_key
-from app.deps import ReadDB
-from app.errors import NotFound
-from app.models import Study
-from app.repository import get_or_404
-from app.runs import repository as runs_repo
-from worker.protocol import StudyStatus
+from steady.server.dashboard import service
+from steady.server.dashboard.access import DataViewer
+from steady.server.dashboard.views import db_key
+from steady.server.deps import ReadDB
+from steady.server.errors import NotFound
+from steady.server.models import Study
+from steady.server.repository import get_or_404
+from steady.server.runs import repository as runs_repo
+from steady.worker.protocol import StudyStatus
 
 STUDIES_PER_PAGE = 25  # the studies page's size: a badges request asks for at most a few pages
 

@@ -19,19 +19,19 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.dashboard import charts
-from app.metrics import repository as metrics_repo
-from app.models import Run, Study
-from app.runs import repository as runs_repo
-from app.reports import service as reports
-from app.reports.models import Report
-from app.stats.vocabulary import DETERMINISM_LEVELS, LEVEL_TITLES, LEVELS, severity
-from app.studies import adaptive
-from app.studies import repository as studies_repo
-from app.studies.schemas import Progress, StudySpec
-from worker.protocol import STEP_TIME_KEY, RunStatus
+from steady.server.dashboard import charts
+from steady.server.metrics import repository as metrics_repo
+from steady.server.models import Run, Study
+from steady.server.runs import repository as runs_repo
+from steady.server.reports import service as reports
+from steady.server.reports.models import Report
+from steady.server.stats.vocabulary import DETERMINISM_LEVELS, LEVEL_TITLES, LEVELS, severity
+from steady.server.studies import adaptive
+from steady.server.studies import repository as studies_repo
+from steady.server.studies.schemas import Progress, StudySpec
+from steady.worker.protocol import STEP_TIME_KEY, RunStatus
 
-# A level's badge is the worst verdict among its metrics and groups (app.stats.vocabulary.severity).
+# A level's badge is the worst verdict among its metrics and groups (steady.server.stats.vocabulary.severity).
 TONE = {3: "bad", 2: "unknown", 1: "ok", 0: "good"}
 # Runs drawn in a group's chart: finished with data, or still logging it.
 CHARTED_RUN_STATUSES = (RunStatus.completed.value, RunStatus.running.value)
@@ -135,7 +135,7 @@ class Badge:
 
 
 def repeatability_badge(report_: Report) -> Badge:
-    """Did every determinism level meet its expectation (``app.stats.expectations``)?
+    """Did every determinism level meet its expectation (``steady.server.stats.expectations``)?
 
     Not the worst verdict: at ``none`` repeats are expected to differ, and identical repeats
     there are the suspicious case."""
@@ -319,17 +319,17 @@ def run_chart(session: Session, run: Run, key: str, max_points: int) -> str | No
     return charts.run_chart(series[0], series[1], key=key, max_points=max_points)
 
 
-# --- alerts (app.alerts is optional: another package may not be installed yet) ---------------
+# --- alerts (steady.server.alerts is optional: another package may not be installed yet) ---------------
 
 
 def alerts_available() -> bool:
-    return importlib.util.find_spec("app.alerts") is not None and importlib.util.find_spec(
-        "app.alerts.repository") is not None
+    return importlib.util.find_spec("steady.server.alerts") is not None and importlib.util.find_spec(
+        "steady.server.alerts.repository") is not None
 
 
 def list_alerts(session: Session, limit: int = 200) -> tuple[list[Any], list[Any]]:
     """(firing, resolved) alerts, newest first. Call only when ``alerts_available()``."""
-    from app.alerts import repository as alerts_repo
+    from steady.server.alerts import repository as alerts_repo
 
     def of(state: str) -> list[Any]:
         rows, _ = alerts_repo.list_alerts(session, state=state, study_id=None, suite=None, rule_id=None, kind=None,
@@ -340,7 +340,7 @@ def list_alerts(session: Session, limit: int = 200) -> tuple[list[Any], list[Any
 
 
 def study_stages(session: Session, study: Study) -> dict[str, Any] | None:
-    """An adaptive study's stages (``app.studies.adaptive``) with its design; None for other studies."""
+    """An adaptive study's stages (``steady.server.studies.adaptive``) with its design; None for other studies."""
     if not study.spec.get("budget"):
         return None
     rows = adaptive.stages_out(session, study)

@@ -13,12 +13,12 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 
-from app.dashboard import service
-from app.models import Run, utcnow
-from app.reports.parts import PairGroup, StackGroup
+from steady.server.dashboard import service
+from steady.server.models import Run, utcnow
+from steady.server.reports.parts import PairGroup, StackGroup
 
 if TYPE_CHECKING:
-    from app.dashboard.access import Viewer
+    from steady.server.dashboard.access import Viewer
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))

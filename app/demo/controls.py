@@ -4,7 +4,7 @@ Each control is the reference training of the ``torch_controls`` workload with e
 source of nondeterminism planted (see ``worker/workloads/torch_controls.py``), run so that
 the report has something to compare: two repeats of one seed at one level for the
 repeatability controls, two seeds on each of two stacks for the stack controls. The runs go
-through the worker's subprocess harness (``python -m worker.local``: a fresh process per run,
+through the worker's subprocess harness (``python -m steady.worker.local``: a fresh process per run,
 determinism environment set before the interpreter starts, the same path ``steady worker``
 uses) and are judged by the stats core's ``build_report``, the same function behind
 ``steady report``; no server is started. The table shows, per control, the planted source,
@@ -32,15 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
-from app.reports.models import (
+from steady.server.reports.models import (
     PortabilityVerdict,
     RepeatabilityVerdict,
     Verdict,
     typed_verdicts,
     verdicts_of,
 )
-from app.stats.vocabulary import Level
-from app.stats.report import MetricSpec, RunData, build_report
+from steady.server.stats.vocabulary import Level
+from steady.server.stats.report import MetricSpec, RunData, build_report
 
 REPO = Path(__file__).resolve().parents[2]
 ALT_NUMPY = "2.0.2"  # float32 numpy.sum rounds differently from the 2.3+ releases (checked on x86-64 AVX2)
@@ -152,12 +152,11 @@ def numpy_env(version: str, cache_dir: Path = DEFAULT_CACHE) -> str:
 
 
 def _execute(entries: list[dict]) -> list[dict]:
-    """Run the entries through ``python -m worker.local`` (each run in a fresh subprocess)."""
+    """Run the entries through ``python -m steady.worker.local`` (each run in a fresh subprocess)."""
     with tempfile.TemporaryDirectory(prefix="steady-controls-") as tmp:
         runs, out = Path(tmp, "runs.json"), Path(tmp, "out.jsonl")
         runs.write_text(json.dumps(entries))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-        subprocess.run([sys.executable, "-m", "worker.local", str(runs), str(out)], check=True, env=env, cwd=REPO)
+        subprocess.run([sys.executable, "-m", "steady.worker.local", str(runs), str(out)], check=True, cwd=tmp)
         results = [json.loads(line) for line in out.read_text().splitlines()]
     for entry, r in zip(entries, results):
         if not r["ok"]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from app.devserver import ServerProcess, ServerStartError, free_port, port_free, serve_argv, stop_group
+from steady.server.devserver import ServerProcess, ServerStartError, free_port, port_free, serve_argv, stop_group
 
 DEMO_DIR = Path(__file__).resolve().parent
 SPECS = ("torch_mlp.yaml", "torch_kernels.yaml", "keras_mlp.yaml")
@@ -32,14 +32,14 @@ def _quick(spec: dict) -> dict:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from app import migrate
-    from app.auth.service import Role, create_token
-    from app.cli_client import wait_for
-    from app.cli_client import Api
-    from app.config import Settings
-    from app.db import Database
-    from app.reports.models import Report
-    from app.reports.render import render_report
+    from steady.server import migrate
+    from steady.server.auth.service import Role, create_token
+    from steady.server.cli_client import wait_for
+    from steady.server.cli_client import Api
+    from steady.server.config import Settings
+    from steady.server.db import Database
+    from steady.server.reports.models import Report
+    from steady.server.reports.render import render_report
 
     data_dir = Path(args.data_dir).resolve()
     if data_dir.exists():
@@ -72,7 +72,7 @@ def run_demo(args: argparse.Namespace) -> int:
             raise SystemExit(f"steady demo: {exc}") from None
         print("steady demo: starting a local worker (runs each training run in a fresh subprocess) …", flush=True)
         worker = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--server", url, "--work-dir", str(data_dir / "work")],
+            [sys.executable, "-m", "steady.server.cli", "worker", "--server", url, "--work-dir", str(data_dir / "work")],
             env={**env, "STEADY_TOKEN": worker_token}, stdout=open(worker_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
         )
         api = Api(url, user_token, timeout=120)

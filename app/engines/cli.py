@@ -76,8 +76,8 @@ def _record(api: Any, study_id: int, engine: str, job_id: str, tasks: int, detai
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from app.cli_client import Api
-    from app.engines import slurm
+    from steady.server.cli_client import Api
+    from steady.server.engines import slurm
 
     api = Api(args.server, args.token)
     try:
@@ -115,8 +115,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
-    from app.cli_client import Api
-    from app.engines import kubernetes as k8s
+    from steady.server.cli_client import Api
+    from steady.server.engines import kubernetes as k8s
 
     api = Api(args.server, args.token)
     try:

@@ -5,8 +5,8 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Launch
-from app.repository import paginate
+from steady.server.models import Launch
+from steady.server.repository import paginate
 
 
 def add(session: Session, launch: Launch) -> Launch:

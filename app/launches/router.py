@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from app.deps import ReadDB, UserCaller, WriteDB
-from app.launches import service
-from app.launches.schemas import LaunchIn, LaunchOut
-from app.models import Launch
-from app.pagination import Page, PageParams, PageQuery
-from app.studies import service as studies
+from steady.server.deps import ReadDB, UserCaller, WriteDB
+from steady.server.launches import service
+from steady.server.launches.schemas import LaunchIn, LaunchOut
+from steady.server.models import Launch
+from steady.server.pagination import Page, PageParams, PageQuery
+from steady.server.studies import service as studies
 
 router = APIRouter(prefix="/api/v1", tags=["launches"])
 

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
-from app.launches import repository
-from app.launches.schemas import LaunchIn
-from app.models import Launch
-from app.studies import service as studies
+from steady.server.launches import repository
+from steady.server.launches.schemas import LaunchIn
+from steady.server.models import Launch
+from steady.server.studies import service as studies
 
 
 def record(session: Session, study_id: int, body: LaunchIn) -> Launch:

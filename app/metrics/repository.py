@@ -15,8 +15,8 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.models import MetricChunk, Run
-from worker.protocol import RunStatus
+from steady.server.models import MetricChunk, Run
+from steady.worker.protocol import RunStatus
 
 STEP_DTYPE = np.dtype("<i8")
 VALUE_DTYPE = np.dtype("<f8")

@@ -9,11 +9,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.auth.service import GRANTS, Role, authenticate
-from app.deps import AppSettings, Principal, ReadDB, WriteDB, get_database
-from app.db import Database
-from app.mlflow import service
-from app.mlflow.schemas import (
+from steady.server.auth.service import GRANTS, Role, authenticate
+from steady.server.deps import AppSettings, Principal, ReadDB, WriteDB, get_database
+from steady.server.db import Database
+from steady.server.mlflow import service
+from steady.server.mlflow.schemas import (
     MLFLOW_VERSION,
     CreateExperimentIn,
     CreateRunIn,
@@ -25,8 +25,8 @@ from app.mlflow.schemas import (
     SetTagIn,
     UpdateRunIn,
 )
-from app.mlflow.service import MlflowCaller, MlflowError
-from app.runs import credentials
+from steady.server.mlflow.service import MlflowCaller, MlflowError
+from steady.server.runs import credentials
 
 PREFIX = "/mlflow/api/2.0/mlflow"
 _bearer = HTTPBearer(auto_error=False)

@@ -1,6 +1,6 @@
 """ORM models. Migrations (``migrations/``) are the single source of the schema."""
 
-from app.models.alerts import (
+from steady.server.models.alerts import (
     Alert,
     AlertDelivery,
     AlertRule,
@@ -9,8 +9,8 @@ from app.models.alerts import (
     SuiteBaseline,
     Webhook,
 )
-from app.models.base import Base, UTCDateTime, utcnow
-from app.models.core import (
+from steady.server.models.base import Base, UTCDateTime, utcnow
+from steady.server.models.core import (
     ApiToken,
     CodeArchive,
     CodeChunk,

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.models.base import Base, UTCDateTime, utcnow
+from steady.server.models.base import Base, UTCDateTime, utcnow
 
 
 class AlertRule(Base):
@@ -48,7 +48,7 @@ class SuiteBaseline(Base):
 class BaselineSnapshot(Base):
     """One version of a suite's baseline: its runs' results frozen as canonical JSON.
 
-    ``digest`` is the SHA-256 of the canonical JSON (``app.alerts.baselines.canonical``);
+    ``digest`` is the SHA-256 of the canonical JSON (``steady.server.alerts.baselines.canonical``);
     ``body`` is that JSON zlib-compressed. Rows are never updated: moving the baseline adds
     a version, with who moved it, when and why. Clearing it adds one too (``action`` "cleared",
     no content: ``digest`` and ``body`` NULL), so a suite that went without a baseline shows in

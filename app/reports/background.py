@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from app.background import BackgroundLoop
-from app.db import Database
-from app.reports import service
+from steady.server.background import BackgroundLoop
+from steady.server.db import Database
+from steady.server.reports import service
 
 log = logging.getLogger("steady.reports")
 

@@ -1,7 +1,7 @@
 """Steady as a CI gate: a study report (and its comparisons with a suite baseline) as pass/fail/inconclusive
 checks, the exit code they give, and their JUnit XML and Markdown forms (``steady check``).
 
-``gate_items`` is the one place that reads the report (``app.reports.models.Report``, as served by
+``gate_items`` is the one place that reads the report (``steady.server.reports.models.Report``, as served by
 ``GET /api/v1/studies/{id}/report``) and the comparison of ``GET /api/v1/suites/{suite}/baseline/compare``;
 everything else reads ``GateItem``s. Client-side: no FastAPI, no SQLAlchemy.
 """
@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from app.reports.models import (
+from steady.server.reports.models import (
     BaselineComparisonOut,
     Convergence,
     RepeatabilityVerdict,
@@ -20,9 +20,9 @@ from app.reports.models import (
     SeedStabilityVerdict,
     Verdict,
 )
-from app.reports.parts import PairGroup, StackGroup
-from app.stats.vocabulary import severity
-from app.terminal import printable
+from steady.server.reports.parts import PairGroup, StackGroup
+from steady.server.stats.vocabulary import severity
+from steady.server.terminal import printable
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}  # failure wins over inconclusive (see exit_code)

@@ -2,7 +2,7 @@
 consumer (alerts, dashboard, terminal, Prometheus, CLI gate) reads.
 
 A verdict is one of three models, told apart by ``level`` (a discriminated union): each level has
-its own ``Literal`` verdict values (``app.stats.vocabulary``) and its own numbers. The stats core
+its own ``Literal`` verdict values (``steady.server.stats.vocabulary``) and its own numbers. The stats core
 stays plain dataclasses; ``Report.model_validate`` reads ``StudyReport.to_data()`` plus the
 study's header.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
 from pydantic import Field, TypeAdapter
 
-from app.reports.parts import (
+from steady.server.reports.parts import (
     Convergence,
     DeterminismCost,
     DivergedRun,
@@ -30,7 +30,7 @@ from app.reports.parts import (
     StackPairs,
     VarianceBySource,
 )
-from app.stats.vocabulary import (
+from steady.server.stats.vocabulary import (
     Determinism,
     Level,
     PortabilityValue,
@@ -39,10 +39,10 @@ from app.stats.vocabulary import (
     VerdictValue,
     severity,
 )
-from app.wire import NONFINITE_SPELLING, WireFloat, WireModel
+from steady.server.wire import NONFINITE_SPELLING, WireFloat, WireModel
 
 if TYPE_CHECKING:
-    from app.stats.report import StudyReport
+    from steady.server.stats.report import StudyReport
 
 NONFINITE_ENCODING = "NaN, +Inf, -Inf -> " + ", ".join(f'"{s}"' for s in NONFINITE_SPELLING) + "; null: absent"
 
@@ -110,7 +110,7 @@ class SeedStabilityVerdict(_VerdictBase):
 
 
 class TostLook(Part):
-    """One stage of a group-sequential TOST (``app.stats.sequential_tost.TostLook``)."""
+    """One stage of a group-sequential TOST (``steady.server.stats.sequential_tost.TostLook``)."""
 
     stage: int
     n_reference: int
@@ -310,7 +310,7 @@ def typed_verdicts(built: StudyReport) -> list[Verdict]:
 
 
 class BandGroup(Part):
-    """Per-step seed band of one metric in one (determinism, stack) group (``app.stats.bands``)."""
+    """Per-step seed band of one metric in one (determinism, stack) group (``steady.server.stats.bands``)."""
 
     group: StackGroup
     metric: str

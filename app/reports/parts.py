@@ -1,9 +1,9 @@
 """The numbers behind the verdicts as response models: one model per result dataclass of the
-stats core (``app.stats.intervals``, ``seed_stability``, ``repeatability``, ``portability``,
+stats core (``steady.server.stats.intervals``, ``seed_stability``, ``repeatability``, ``portability``,
 ``stack_pairs``, ``sequential``, ``cost``, ``variance``, ``expectations``, ``convergence``).
 
 Field names are the dataclasses' own: a report is validated from
-``app.stats.report.StudyReport.to_data()``. Every float is a ``WireFloat``.
+``steady.server.stats.report.StudyReport.to_data()``. Every float is a ``WireFloat``.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict
 
-from app.stats.vocabulary import (
+from steady.server.stats.vocabulary import (
     CheckValue,
     Determinism,
     RepeatabilityValue,
     SeedStabilityValue,
 )
-from app.wire import WireFloat, WireModel
+from steady.server.wire import WireFloat, WireModel
 
 
 class Part(WireModel):
@@ -105,7 +105,7 @@ class RobustStdBounds(StdBounds):
 
 
 class SeedSpread(Part):
-    """``app.stats.seed_stability.SeedSpread``: the final-value spread of one group's seeds."""
+    """``steady.server.stats.seed_stability.SeedSpread``: the final-value spread of one group's seeds."""
 
     verdict: SeedStabilityValue
     reason: str
@@ -173,7 +173,7 @@ class SequentialDecision(Part):
 
 
 class RepeatabilityResult(Part):
-    """``app.stats.repeatability.Repeatability`` of one seed's repeats."""
+    """``steady.server.stats.repeatability.Repeatability`` of one seed's repeats."""
 
     verdict: RepeatabilityValue
     n_runs: int
@@ -199,7 +199,7 @@ class SeedRepeats(RepeatabilityResult):
 
 
 class StackPairs(Part):
-    """Seeds run on both stacks compared step by step (``app.stats.stack_pairs``)."""
+    """Seeds run on both stacks compared step by step (``steady.server.stats.stack_pairs``)."""
 
     n_pairs: int
     verdict: RepeatabilityValue
@@ -244,7 +244,7 @@ class BootstrapCI(Part):
 
 
 class Portability(Part):
-    """``app.stats.portability.Portability``: one candidate stack against the reference."""
+    """``steady.server.stats.portability.Portability``: one candidate stack against the reference."""
 
     n_reference: int
     n_candidate: int
@@ -269,7 +269,7 @@ class Portability(Part):
 
 
 class LevelHeadline(Part):
-    """Did a determinism level do what it should (``app.stats.expectations``)?"""
+    """Did a determinism level do what it should (``steady.server.stats.expectations``)?"""
 
     determinism: Determinism
     expected: str
@@ -310,7 +310,7 @@ class VarianceBySource(Part):
 
 
 class DeterminismCost(Part):
-    """``app.stats.cost.CostRatio`` of one stack: step time of one determinism level over another's."""
+    """``steady.server.stats.cost.CostRatio`` of one stack: step time of one determinism level over another's."""
 
     stack: str
     numerator: Determinism
@@ -369,7 +369,7 @@ class ConvergenceReference(Part):
 
 
 class Convergence(Part):
-    """One group's steps to target against the reference (``app.stats.convergence``)."""
+    """One group's steps to target against the reference (``steady.server.stats.convergence``)."""
 
     metric: str
     target: WireFloat

@@ -5,24 +5,24 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from app.reports.models import Report, SeedStabilityVerdict, Verdict
-from app.reports.parts import (
+from steady.server.reports.models import Report, SeedStabilityVerdict, Verdict
+from steady.server.reports.parts import (
     Convergence,
     DeterminismCost,
     PairGroup,
     StackGroup,
     VarianceBySource,
 )
-from app.stats.vocabulary import LEVEL_TITLES, LEVELS, Level, severity
-from app.studies.arms import differ_by_phrase
-from app.terminal import printable_tree
+from steady.server.stats.vocabulary import LEVEL_TITLES, LEVELS, Level, severity
+from steady.server.studies.arms import differ_by_phrase
+from steady.server.terminal import printable_tree
 
 QUESTIONS: dict[Level, str] = {
     "repeatability": "same seed, same stack: are repeats bitwise identical?",
     "seed_stability": "different seeds: how wide is the band?",
     "stack_portability": "different stacks: equivalent within the margin?",
 }
-TONE_COLORS = {0: "32", 1: "32", 2: "33", 3: "31"}  # by app.stats.vocabulary.severity
+TONE_COLORS = {0: "32", 1: "32", 2: "33", 3: "31"}  # by steady.server.stats.vocabulary.severity
 
 
 def _color_of(value: str | None) -> str:
@@ -114,7 +114,7 @@ def _num6(x: Any) -> str:
 
 
 def _convergence_lines(c: Convergence, color: bool) -> list[str]:
-    """One ``convergence`` entry of the report (``app.stats.convergence.ConvergenceResult`` plus its group)."""
+    """One ``convergence`` entry of the report (``steady.server.stats.convergence.ConvergenceResult`` plus its group)."""
     op = "≤" if c.direction == "min" else "≥"
     ref = c.reference
     source = f"study {ref.study}" if ref.source == "study" else "given"

@@ -9,14 +9,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from app.models import Study, StudyReport
-from app.runs import repository as runs_repo
-from app.studies import repository as studies_repo
-from worker.protocol import StudyStatus
+from steady.server.models import Study, StudyReport
+from steady.server.runs import repository as runs_repo
+from steady.server.studies import repository as studies_repo
+from steady.worker.protocol import StudyStatus
 
 SETTLED_STUDY_STATUSES = tuple(sorted(StudyStatus.TERMINAL))
 # The report's JSON format, part of every cached version: a cache written in an older format is
-# stale (2: NaN and ±Inf spelled "NaN" / "Infinity" / "-Infinity", app.wire; 1 wrote null / "inf").
+# stale (2: NaN and ±Inf spelled "NaN" / "Infinity" / "-Infinity", steady.server.wire; 1 wrote null / "inf").
 REPORT_FORMAT = "f2"
 
 

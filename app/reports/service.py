@@ -16,21 +16,21 @@ import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.errors import Invalid, NotFound, judging
-from app.metrics import repository as metrics_repo
-from app.models import Run, Study, utcnow
-from app.reports import repository
-from app.reports.models import Compare, Report, typed_verdicts, verdicts_of, worst
-from app.runs import repository as runs_repo
-from app.stats.convergence import (
+from steady.server.errors import Invalid, NotFound, judging
+from steady.server.metrics import repository as metrics_repo
+from steady.server.models import Run, Study, utcnow
+from steady.server.reports import repository
+from steady.server.reports.models import Compare, Report, typed_verdicts, verdicts_of, worst
+from steady.server.runs import repository as runs_repo
+from steady.server.stats.convergence import (
     ReferencePoint,
     check_convergence,
     convergence_guarantee,
     reference_from_runs,
     steps_to_target,
 )
-from app.stats.downsample import extreme_indices
-from app.stats.report import (
+from steady.server.stats.downsample import extreme_indices
+from steady.server.stats.report import (
     GroupBand,
     MetricSpec,
     RunData,
@@ -38,11 +38,11 @@ from app.stats.report import (
     compute_bands,
     to_data,
 )
-from app.studies import adaptive
-from app.studies import repository as studies_repo
-from app.studies.arms import arm_differences, differences, effective_arms
-from app.wire import NONFINITE_SPELLING
-from worker.protocol import STEP_TIME_KEY
+from steady.server.studies import adaptive
+from steady.server.studies import repository as studies_repo
+from steady.server.studies.arms import arm_differences, differences, effective_arms
+from steady.server.wire import NONFINITE_SPELLING
+from steady.worker.protocol import STEP_TIME_KEY
 
 
 def metric_specs(study: Study) -> list[MetricSpec]:
@@ -118,7 +118,7 @@ def study_report(session: Session, study_id: int) -> Report:
 def refresh_cached_reports(session: Session, *, limit: int = 5) -> list[int]:
     """Compute and store the report of studies that settled or changed since it was cached.
 
-    Run in the background by every API process (see ``app.main``); on PostgreSQL a study is
+    Run in the background by every API process (see ``steady.server.main``); on PostgreSQL a study is
     computed by one process at a time. Returns the studies whose report was stored.
     """
     stored = []
@@ -281,7 +281,7 @@ def _reference_point(session: Session, conv: dict[str, Any]) -> tuple[ReferenceP
 
 def convergence_section(session: Session, data: Sequence[RunData], conv: dict[str, Any]) -> list[dict[str, Any]]:
     """Per (determinism, stack/arm) group: its runs' steps to target judged against the reference
-    (``app.stats.convergence``, MLPerf RCP rules). Completed, non-excluded runs only, one per seed."""
+    (``steady.server.stats.convergence``, MLPerf RCP rules). Completed, non-excluded runs only, one per seed."""
     point, info = _reference_point(session, conv)
     groups: dict[tuple[str, str], list[RunData]] = {}
     for d in _lowest_repeats(data):

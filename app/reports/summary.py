@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.reports.models import Report
-from app.reports.parts import Part
-from app.stats.vocabulary import Level, VerdictValue
-from app.wire import WireFloat
+from steady.server.reports.models import Report
+from steady.server.reports.parts import Part
+from steady.server.stats.vocabulary import Level, VerdictValue
+from steady.server.wire import WireFloat
 
 log = logging.getLogger("steady.reports")
 

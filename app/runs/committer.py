@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.db import Database, database_message, unavailable
+from steady.server.db import Database, database_message, unavailable
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from app.auth.service import hash_token
-from app.models import Run, utcnow
-from worker.protocol import RunStatus
+from steady.server.auth.service import hash_token
+from steady.server.models import Run, utcnow
+from steady.worker.protocol import RunStatus
 
 RUN_TOKEN_PREFIX = "stdr_"
 

@@ -2,7 +2,7 @@
 chunk rows) and ``store`` (one query for lease, holder, usage and retry, then the insert).
 
 The ingestion route prepares in the request and stores through the process's group committer
-(``app.runs.committer``), so the database half of many requests shares one commit.
+(``steady.server.runs.committer``), so the database half of many requests shares one commit.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from functools import partial
 
 from sqlalchemy.exc import IntegrityError
 
-from app.config import Settings
-from app.db import WriteSession
-from app.deps import Principal
-from app.errors import NotFound, TooLarge
-from app.metrics import repository as metrics_repo
-from app.metrics.encoding import series_arrays
-from app.runs import repository as runs_repo
-from app.runs.committer import GroupCommitter
-from app.runs.service import check_run_limits
-from app.runs.transitions import verify_lease
-from worker.protocol import BatchAck, MetricBatch
+from steady.server.config import Settings
+from steady.server.db import WriteSession
+from steady.server.deps import Principal
+from steady.server.errors import NotFound, TooLarge
+from steady.server.metrics import repository as metrics_repo
+from steady.server.metrics.encoding import series_arrays
+from steady.server.runs import repository as runs_repo
+from steady.server.runs.committer import GroupCommitter
+from steady.server.runs.service import check_run_limits
+from steady.server.runs.transitions import verify_lease
+from steady.worker.protocol import BatchAck, MetricBatch
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Claiming runs: lease the next queued run a worker can run, and re-queue the runs of dead workers.
 
-Both are conditional UPDATEs on the run's current state (``app.runs.repository``), so a run
+Both are conditional UPDATEs on the run's current state (``steady.server.runs.repository``), so a run
 is leased by exactly one caller however many API processes and workers race for it.
 """
 
@@ -13,16 +13,16 @@ from typing import Any
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
-from app.config import Settings
-from app.db import WriteSession
-from app.errors import TooManyRequests
-from app.metrics import repository as metrics_repo
-from app.models import Run, Study, Worker, utcnow
-from app.runs import credentials
-from app.reports import service as reports
-from app.runs import repository as runs_repo
-from app.studies import service as studies
-from worker.protocol import Lease, RunSpec, RunStatus, StudyStatus
+from steady.server.config import Settings
+from steady.server.db import WriteSession
+from steady.server.errors import TooManyRequests
+from steady.server.metrics import repository as metrics_repo
+from steady.server.models import Run, Study, Worker, utcnow
+from steady.server.runs import credentials
+from steady.server.reports import service as reports
+from steady.server.runs import repository as runs_repo
+from steady.server.studies import service as studies
+from steady.worker.protocol import Lease, RunSpec, RunStatus, StudyStatus
 
 CANDIDATES_PER_LEASE = 200
 
@@ -109,7 +109,7 @@ def _own_blocks_first(session: Session, worker_id: int, candidates: list) -> lis
 
     A block is (study, seed, repeat, stack): one run per determinism level, created next to each
     other (``studies.service.create_study``). Kept on one worker and run one after the other,
-    its runs can be compared paired for the cost of determinism (``app.stats.cost``). A
+    its runs can be compared paired for the cost of determinism (``steady.server.stats.cost``). A
     preference only: a worker still takes another worker's block when nothing else is queued.
     """
     if not candidates:

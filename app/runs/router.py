@@ -8,12 +8,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
-from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
-from app.errors import NotFound
-from app.metrics import repository as metrics_repo
-from app.runs import ingest, service, transitions
-from app.runs.schemas import ExcludeIn, RunOut, SeriesOut
-from worker.protocol import BatchAck, Heartbeat, HeartbeatAck, MetricBatch, RunAck, RunFailure, RunRelease, RunResult
+from steady.server.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
+from steady.server.errors import NotFound
+from steady.server.metrics import repository as metrics_repo
+from steady.server.runs import ingest, service, transitions
+from steady.server.runs.schemas import ExcludeIn, RunOut, SeriesOut
+from steady.worker.protocol import BatchAck, Heartbeat, HeartbeatAck, MetricBatch, RunAck, RunFailure, RunRelease, RunResult
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.auth.service import Caller
-from app.config import Settings
-from app.db import WriteSession
-from app.errors import Conflict, Invalid
-from app.metrics import repository as metrics_repo
-from app.models import Run, utcnow
-from app.runs import repository as runs_repo
-from app.studies import service as studies
+from steady.server.auth.service import Caller
+from steady.server.config import Settings
+from steady.server.db import WriteSession
+from steady.server.errors import Conflict, Invalid
+from steady.server.metrics import repository as metrics_repo
+from steady.server.models import Run, utcnow
+from steady.server.runs import repository as runs_repo
+from steady.server.studies import service as studies
 
 
 def get_run(session: Session, run_id: int) -> Run:

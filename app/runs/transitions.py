@@ -16,19 +16,19 @@ from typing import Any
 
 from sqlalchemy import case, update
 
-from app.auth.service import Role
-from app.config import Settings
-from app.db import WriteSession
-from app.deps import Principal
-from app.errors import Conflict, Forbidden, NotFound
-from app.metrics import repository as metrics_repo
-from app.wire import wire_float
-from app.models import Run, Worker, utcnow
-from app.reports import service as reports
-from app.runs import repository as runs_repo
-from app.runs.repository import RunState
-from app.studies import service as studies
-from worker.protocol import (
+from steady.server.auth.service import Role
+from steady.server.config import Settings
+from steady.server.db import WriteSession
+from steady.server.deps import Principal
+from steady.server.errors import Conflict, Forbidden, NotFound
+from steady.server.metrics import repository as metrics_repo
+from steady.server.wire import wire_float
+from steady.server.models import Run, Worker, utcnow
+from steady.server.reports import service as reports
+from steady.server.runs import repository as runs_repo
+from steady.server.runs.repository import RunState
+from steady.server.studies import service as studies
+from steady.worker.protocol import (
     ErrorCode,
     FailureKind,
     Heartbeat,

@@ -2,8 +2,8 @@
 
 Never import fastapi, sqlalchemy, pydantic or other ``app.*`` modules from here
 (``tests/stats/test_report.py`` checks it). Entry points for services:
-``app.stats.report.build_report`` and ``app.stats.report.compute_bands``.
+``steady.server.stats.report.build_report`` and ``steady.server.stats.report.compute_bands``.
 """
-from app.stats.report import GroupBand, MetricSpec, RunData, StudyReport, build_report, compute_bands
+from steady.server.stats.report import GroupBand, MetricSpec, RunData, StudyReport, build_report, compute_bands
 
 __all__ = ["GroupBand", "MetricSpec", "RunData", "StudyReport", "build_report", "compute_bands"]

@@ -1,5 +1,5 @@
 """The statistics behind Steady's alert kinds, as pure functions the service calls and the
-calibration harness simulates (``app.stats.calibration.rules_alerts``).
+calibration harness simulates (``steady.server.stats.calibration.rules_alerts``).
 
 Each alert kind has a stated false-alarm level (``NOMINAL``) and a short guarantee phrase
 (``GUARANTEES``) that travels with the alert's details:
@@ -10,10 +10,10 @@ Each alert kind has a stated false-alarm level (``NOMINAL``) and a short guarant
   (stack, determinism level) group.
 * ``band_width`` (std) — ``band_too_wide``: a one-sided chi-square test that the seed std
   exceeds the limit, false alarm ≤ ``alpha`` when the true std is at the limit or below.
-* ``suite_shift`` — ``app.stats.changepoint.sequential_shift``: a self-starting CUSUM with a
+* ``suite_shift`` — ``steady.server.stats.changepoint.sequential_shift``: a self-starting CUSUM with a
   lifetime false-alarm budget over a horizon of studies, per stack and determinism level.
 * ``determinism_cost`` — fires when the whole 95% CI of the step-time ratio
-  (``app.stats.cost.cost_ratio``) lies above ``max_ratio``: the report's budget ``fail``, with
+  (``steady.server.stats.cost.cost_ratio``) lies above ``max_ratio``: the report's budget ``fail``, with
   a false alarm ≤ 2.5% when the true ratio is at the limit (calibrated as ``cost.budget_fail``).
 * ``diverged`` and ``repeatability_lost`` are exact checks of the data (a non-finite value; a
   bit that differs), with no false alarm on healthy data by construction.
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from app.stats.align import align_series, check_matrix
-from app.stats.bands import curve_levels
-from app.stats.intervals import std_bounds_from
-from app.stats.report import RunData, common_finals
+from steady.server.stats.align import align_series, check_matrix
+from steady.server.stats.bands import curve_levels
+from steady.server.stats.intervals import std_bounds_from
+from steady.server.stats.report import RunData, common_finals
 
 __all__ = ["BaselineCheck", "baseline_outliers", "baseline_curve_outliers", "BandCheck", "band_too_wide", "band_check", "NOMINAL",
            "GUARANTEES", "guarantee"]
@@ -43,7 +43,7 @@ NOMINAL = {
     "suite_shift": 0.01,
     "diverged": 0.0,
     "repeatability_lost": 0.0,
-    "determinism_cost": 0.025,  # the cost.budget_fail rule of app.stats.calibration.rules_cost
+    "determinism_cost": 0.025,  # the cost.budget_fail rule of steady.server.stats.calibration.rules_cost
 }
 
 
@@ -144,7 +144,7 @@ def baseline_curve_outliers(baseline, candidates, *, alpha: float = 0.01) -> Bas
     ``baseline`` (n × T) and ``candidates`` (m × T) share one step grid (NaN where a run has no
     finite value). Each run is reduced to its whole-curve level over the steps where every run
     has a finite value and the runs vary, standardised by the sd over *all* runs (baseline and
-    candidates) at each step: ``app.stats.bands.curve_levels``, as ``out_of_band_curves`` does.
+    candidates) at each step: ``steady.server.stats.bands.curve_levels``, as ``out_of_band_curves`` does.
     The weights are a symmetric function of every run, so
     healthy runs give exchangeable levels (weights from the baseline alone made its own levels
     too tight: 1.5–2% false alarms at a nominal 1%). Averaging a curve into one number makes the
@@ -234,7 +234,7 @@ class FinalsCheck:
 def final_outliers(baseline: Sequence[RunData], candidates: Sequence[RunData], metric: str, *,
                    alpha: float = 0.01) -> FinalsCheck:
     """``baseline_outliers`` on final values read at the last step that every non-diverged run,
-    baseline and candidate, logged (``app.stats.report.common_finals``): each run's own last step
+    baseline and candidate, logged (``steady.server.stats.report.common_finals``): each run's own last step
     made a run that stopped early look off. A diverged candidate (no finite value) is outside."""
     fin = common_finals([*baseline, *candidates], metric)
     at = dict(zip(fin.run_ids, fin.values.tolist()))

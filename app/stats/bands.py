@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from app.stats.align import check_matrix
-from app.stats.intervals import normal_tolerance_factor
+from steady.server.stats.align import check_matrix
+from steady.server.stats.intervals import normal_tolerance_factor
 
 __all__ = ["Band", "compute_band", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
            "curve_levels", "out_of_band_curves"]

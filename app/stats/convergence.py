@@ -30,7 +30,7 @@ rcp_checker.py``: ``get_submission_epochs``, ``_compute_rcp_stats``, ``_find_min
    candidate runs remain after trimming.
 
 False alarm: a candidate that converges like the reference fails with probability ≈ ``alpha`` (the
-one-sided test's level; measured by ``app.stats.calibration.rules_convergence`` with normal,
+one-sided test's level; measured by ``steady.server.stats.calibration.rules_convergence`` with normal,
 lognormal, heavy-tailed and quantised steps-to-target).
 
 Checked against a published checker log: μ = 215040, σ = 11976.9, n_R = 18, n_S = 8 give the
@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from app.stats.report import to_plain
+from steady.server.stats.report import to_plain
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -141,7 +141,7 @@ def reference_from_runs(x: Sequence[float] | np.ndarray, *, trim: int = DEFAULT_
     ``std_method="mlperf"``: ``numpy.std`` (ddof=0) of the trimmed runs, exactly as
     ``rcp_checker._compute_rcp_stats``. That σ underestimates the spread (the trimmed runs are
     the middle ones): drawn from the reference's own distribution, a candidate then fails about
-    7–8% of the time instead of 5% (measured by ``app.stats.calibration.rules_convergence``).
+    7–8% of the time instead of 5% (measured by ``steady.server.stats.calibration.rules_convergence``).
     ``std_method="yuen"`` (default): σ chosen so that σ²/n_R is Yuen's variance of the trimmed
     mean, s_w² / ((1 − 2g)² n) (Yuen 1974, *Biometrika* 61:165–170; s_w the winsorized standard
     deviation, ddof=1, g = trim/n), i.e. σ = s_w / (1 − 2g) · sqrt(n_R / n). With it the test holds

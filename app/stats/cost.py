@@ -24,7 +24,7 @@ Method
 The interval is valid when runs of the compared levels are **interleaved** in time
 (``balanced_level_order``): a drift in machine load while the study runs then spreads over both
 levels instead of reading as a cost. The calibration harness
-(``app.stats.calibration.rules_cost``) measures coverage with lognormal run-to-run variation,
+(``steady.server.stats.calibration.rules_cost``) measures coverage with lognormal run-to-run variation,
 heavy-tailed step times, warm-up steps and a linear load drift, under blocked and interleaved
 orders.
 

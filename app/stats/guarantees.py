@@ -1,6 +1,6 @@
 """The one-phrase guarantee of each decision, shown beside the verdict (report, terminal, dashboard).
 
-Each phrase states the false-alarm level the calibration harness (``app.stats.calibration``)
+Each phrase states the false-alarm level the calibration harness (``steady.server.stats.calibration``)
 measures the rule against; ``Rule.guarantee`` uses the same phrases at the default levels."""
 from __future__ import annotations
 

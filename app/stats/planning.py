@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from app.stats.intervals import normal_tolerance_factor
+from steady.server.stats.intervals import normal_tolerance_factor
 
 __all__ = ["seeds_for_difference", "seeds_for_tolerance_halfwidth", "seeds_for_std_claim",
            "seeds_for_equivalence", "SeedPlan", "MAX_SEEDS", "INDISTINGUISHABLE"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from app.stats.planning import seeds_for_equivalence
+from steady.server.stats.planning import seeds_for_equivalence
 
 __all__ = ["welch", "tost", "brown_forsythe", "hedges_g", "bootstrap_mean_diff", "band_containment",
            "holm", "benjamini_hochberg", "adjust", "TestResult", "Tost", "BootstrapCI", "Portability",
@@ -215,7 +215,7 @@ def compare_stacks(reference, candidate, *, margin: float | None, rng: np.random
     Welch t, TOST within ±margin, Brown–Forsythe, Mann–Whitney U (two-sided, scipy's default
     exact/asymptotic choice), two-sample Kolmogorov–Smirnov, percentile bootstrap CI of the
     mean difference, Hedges' g. The verdict (after multiple-comparison adjustment) is made by
-    the caller, see ``app.stats.report``.
+    the caller, see ``steady.server.stats.report``.
     """
     a, b = _two(reference, candidate)
     if not (0 < alpha < 1):

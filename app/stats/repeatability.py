@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.stats.align import align_series
+from steady.server.stats.align import align_series
 
 __all__ = ["RepeatRun", "Repeatability", "repeatability", "ulp_distance", "VERDICT_ORDER"]
 

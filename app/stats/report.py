@@ -2,11 +2,11 @@
 
 ``build_report`` turns a sequence of ``RunData`` and ``MetricSpec`` into a frozen
 ``StudyReport``; ``compute_bands`` gives the per-step bands behind the ``/bands`` route.
-The level builders live in ``app.stats.report_levels``, the dataclasses and shared helpers in
-``app.stats.report_data``, plain-data conversion in ``app.stats.serialize``.
+The level builders live in ``steady.server.stats.report_levels``, the dataclasses and shared helpers in
+``steady.server.stats.report_data``, plain-data conversion in ``steady.server.stats.serialize``.
 ``StudyReport.to_dict()`` and ``GroupBand.to_dict()`` return JSON-safe plain data: numpy
 scalars become Python numbers, arrays become lists, **NaN and ±Inf become the strings "NaN",
-"Infinity" and "-Infinity"** (the API's one spelling, ``app.wire``); None stays None ("absent").
+"Infinity" and "-Infinity"** (the API's one spelling, ``steady.server.wire``); None stays None ("absent").
 ``StudyReport.to_data()`` keeps non-finite floats as floats.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from app.stats import expectations
-from app.stats.cost import cost_ratio
-from app.stats.report_data import (
+from steady.server.stats import expectations
+from steady.server.stats.cost import cost_ratio
+from steady.server.stats.report_data import (
     STEP_TIME_KEY,
     Finals,
     GroupBand,
@@ -34,15 +34,15 @@ from app.stats.report_data import (
     common_finals,
     compute_bands,
 )
-from app.stats.report_levels import (
+from steady.server.stats.report_levels import (
     _finish_portability,
     _portability_verdicts,
     _repeatability_verdicts,
     _seed_verdicts,
 )
-from app.stats.serialize import to_data, to_plain
-from app.stats.variance import variance_components
-from app.stats.vocabulary import DETERMINISM_LEVELS
+from steady.server.stats.serialize import to_data, to_plain
+from steady.server.stats.variance import variance_components
+from steady.server.stats.vocabulary import DETERMINISM_LEVELS
 
 __all__ = ["RunData", "MetricSpec", "Verdict", "StudyReport", "GroupBand", "build_report", "compute_bands",
            "to_plain", "to_data", "STEP_TIME_KEY", "DETERMINISM_LEVELS", "Finals", "common_finals", "SeedStages"]
@@ -58,14 +58,14 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
 
     Groups are (determinism, stack).
     * repeatability — per seed, repeats compared against the lowest repeat
-      (``app.stats.repeatability``); one verdict per (metric, group) = the worst seed;
+      (``steady.server.stats.repeatability``); one verdict per (metric, group) = the worst seed;
       ``inconclusive`` when no seed has two repeats.
     * seed_stability — one run per seed (lowest repeat); final value = each run's value at the
       last step that every non-diverged run of the group logged (``Finals``; runs that stopped
       early are listed); diverged runs have no final value, are excluded from the band and count
-      against stability (``unstable``); verdict of ``app.stats.seed_stability.seed_spread``
+      against stability (``unstable``); verdict of ``steady.server.stats.seed_stability.seed_spread``
       (robust σ bounds); out-of-band runs by the whole-curve leave-one-out test
-      ``app.stats.bands.out_of_band_curves`` (familywise level ``false_alarm`` per group).
+      ``steady.server.stats.bands.out_of_band_curves`` (familywise level ``false_alarm`` per group).
       Every verdict carries ``guarantee``, its false-alarm level in one phrase.
     * stack_portability — per determinism level, every other stack against ``reference_stack``,
       final values at one common step of both stacks
@@ -76,14 +76,14 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
       per stack needed. Without a margin equivalence cannot be claimed: ``not_equivalent`` if
       the adjusted Welch p < α, else ``inconclusive``.
       Seeds run on both stacks are also compared step by step (``same_seed``,
-      ``app.stats.stack_pairs``): the named source (``stack`` when fingerprints differ), the
+      ``steady.server.stats.stack_pairs``): the named source (``stack`` when fingerprints differ), the
       first divergent step and the size of the difference.
     ``stages`` (an adaptive study): seed-stability verdicts with a ``max_std`` are judged
       group-sequentially over the stages (``SeedStages``; details carry ``sequential``), and so
-      are portability verdicts with a margin (``app.stats.sequential_tost``).
+      are portability verdicts with a margin (``steady.server.stats.sequential_tost``).
     ``rng`` drives every bootstrap (portability CI). ``cost_budget``: the largest acceptable
     step-time ratio between determinism levels; the cost entries then carry a
-    ``pass``/``fail``/``inconclusive`` verdict (``app.stats.cost``).
+    ``pass``/``fail``/``inconclusive`` verdict (``steady.server.stats.cost``).
     """
     if not isinstance(rng, np.random.Generator):
         raise ValueError("rng must be a numpy.random.Generator")
@@ -156,7 +156,7 @@ def _variance(groups, metrics) -> list[dict]:
 
 
 def _cost(runs, *, confidence, budget=None) -> list[dict]:
-    """Step-time ratio per stack for each pair of determinism levels (``app.stats.cost.cost_ratio``).
+    """Step-time ratio per stack for each pair of determinism levels (``steady.server.stats.cost.cost_ratio``).
 
     Runs are paired by (seed, repeat) — adjacent in the queue (``balanced_level_order``) — when
     each (seed, repeat) has one run per level and both runs of every pair ran on the same worker

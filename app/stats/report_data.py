@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.stats.align import align_series
-from app.stats.bands import DEFAULT_QUANTILES, Band, compute_band
-from app.stats.downsample import extreme_indices
-from app.stats.serialize import WIRE, to_data, to_plain
-from app.stats.vocabulary import DETERMINISM_LEVELS
+from steady.server.stats.align import align_series
+from steady.server.stats.bands import DEFAULT_QUANTILES, Band, compute_band
+from steady.server.stats.downsample import extreme_indices
+from steady.server.stats.serialize import WIRE, to_data, to_plain
+from steady.server.stats.vocabulary import DETERMINISM_LEVELS
 
 STEP_TIME_KEY = "step_time"
 
@@ -49,7 +49,7 @@ class MetricSpec:
 @dataclass(frozen=True)
 class SeedStages:
     """An adaptive study's stages: seed-stability verdicts are then group-sequential
-    (``app.stats.sequential.sequential_seed_decision``). ``stage_of_seed`` maps each seed to the
+    (``steady.server.stats.sequential.sequential_seed_decision``). ``stage_of_seed`` maps each seed to the
     stage that added it (1-based); ``last_stage`` is the last stage the budget allows."""
 
     stage_of_seed: Mapping
@@ -268,9 +268,9 @@ def compute_bands(runs: Sequence[RunData], *, metric: str, coverage: float = 0.9
     """Per-step seed bands of ``metric`` for every (determinism, stack) group.
 
     One run per seed (the lowest repeat) enters the band, diverged runs (a non-finite value
-    anywhere) are excluded and listed. Statistics per step as in ``app.stats.bands.compute_band``;
+    anywhere) are excluded and listed. Statistics per step as in ``steady.server.stats.bands.compute_band``;
     with ``max_points`` the steps are decimated keeping each bucket's min of the band minimum
-    and max of the band maximum (``app.stats.downsample.extreme_indices``).
+    and max of the band maximum (``steady.server.stats.downsample.extreme_indices``).
     """
     runs = _validate(runs)
     if max_points is not None and (int(max_points) != max_points or max_points < 2):

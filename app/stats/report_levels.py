@@ -1,7 +1,7 @@
 """The three verdict levels of the study report, one builder each: repeatability (per seed,
 repeats against the lowest repeat), seed stability (the band and the final-value spread) and
 stack portability (every stack against the reference, adjusted over the report's comparisons).
-``app.stats.report.build_report`` puts them together."""
+``steady.server.stats.report.build_report`` puts them together."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from app.stats import expectations, guarantees
-from app.stats.bands import DEFAULT_QUANTILES, out_of_band_curves
-from app.stats.portability import adjust, band_containment, compare_stacks
-from app.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
-from app.stats.report_data import (
+from steady.server.stats import expectations, guarantees
+from steady.server.stats.bands import DEFAULT_QUANTILES, out_of_band_curves
+from steady.server.stats.portability import adjust, band_containment, compare_stacks
+from steady.server.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
+from steady.server.stats.report_data import (
     Finals,
     GroupBand,
     MetricSpec,
@@ -26,11 +26,11 @@ from app.stats.report_data import (
     _with_metric,
     common_finals,
 )
-from app.stats.seed_stability import seed_spread
-from app.stats.sequential import sequential_seed_decision
-from app.stats.sequential_tost import sequential_tost_decision, sequential_tost_reason
-from app.stats.serialize import to_data
-from app.stats.stack_pairs import stack_pairs
+from steady.server.stats.seed_stability import seed_spread
+from steady.server.stats.sequential import sequential_seed_decision
+from steady.server.stats.sequential_tost import sequential_tost_decision, sequential_tost_reason
+from steady.server.stats.serialize import to_data
+from steady.server.stats.stack_pairs import stack_pairs
 
 
 def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
@@ -267,7 +267,7 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
 def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = None) -> list[Verdict]:
     """The portability verdicts, adjusted over the report's comparisons. In an adaptive study
     (``stages``) a verdict with a margin is the group-sequential TOST of
-    ``app.stats.sequential_tost`` at α / (number of TOST comparisons) (Bonferroni: Holm's step-down
+    ``steady.server.stats.sequential_tost`` at α / (number of TOST comparisons) (Bonferroni: Holm's step-down
     has no stage-wise form here)."""
     tost_idx = [i for i, (_, _, res, *_) in enumerate(pending) if res is not None and res.tost is not None]
     welch_idx = [i for i, (_, _, res, *_) in enumerate(pending) if res is not None]

@@ -7,10 +7,10 @@ import numpy as np
 
 from scipy import stats
 
-from app.stats.intervals import (MeanCI, OrderStatisticTolerance, PredictionInterval, RobustStdBounds, StdBounds,
+from steady.server.stats.intervals import (MeanCI, OrderStatisticTolerance, PredictionInterval, RobustStdBounds, StdBounds,
                                  ToleranceInterval, bonett_std_bounds, mean_ci, normal_tolerance_interval,
                                  order_statistic_tolerance, prediction_interval, std_confidence_bounds)
-from app.stats.planning import INDISTINGUISHABLE, seeds_for_std_claim
+from steady.server.stats.planning import INDISTINGUISHABLE, seeds_for_std_claim
 
 __all__ = ["SeedSpread", "seed_spread", "spread_decision", "MIN_SEEDS", "KURTOSIS_FLOOR", "divergence_rate_ci"]
 
@@ -57,7 +57,7 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
                 kurtosis_floor: float = KURTOSIS_FLOOR) -> SeedSpread:
     """Judge the spread of a final metric over seeds (one finite value per seed).
 
-    Rule (level α for each one-sided claim, calibrated in ``app.stats.calibration``):
+    Rule (level α for each one-sided claim, calibrated in ``steady.server.stats.calibration``):
 
     * Diverged seeds (``n_diverged`` > 0, runs whose metric turned non-finite) count against
       stability: the verdict is ``unstable`` — a healthy training never diverges, so this claim

@@ -32,7 +32,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import optimize, stats
 
-from app.stats.seed_stability import KURTOSIS_FLOOR, MIN_SEEDS, spread_decision
+from steady.server.stats.seed_stability import KURTOSIS_FLOOR, MIN_SEEDS, spread_decision
 
 __all__ = [
     "SPENDING_FUNCTIONS",
@@ -268,13 +268,13 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
     ``values_by_stage``: per stage, the finite final values of the seeds *added* at that stage
     (stage k is judged on stages 1..k). ``last_stage``: the number of the last stage the budget
     allows (1-based): it spends the remaining error. At each stage the rule of
-    ``app.stats.seed_stability.seed_spread`` (robust one-sided σ bounds; ``spread_decision``) is applied at the stage's
+    ``steady.server.stats.seed_stability.seed_spread`` (robust one-sided σ bounds; ``spread_decision``) is applied at the stage's
     nominal level α_k = 1 − Φ(c_k) instead of α: ``stable`` if the upper bound < max_std,
     ``unstable`` if the lower bound > max_std. The first stage that decides ends the test; later
     data do not change it. A stage with fewer than 5 seeds, or whose boundary needs more seeds than
     it has for Bonett's bound (n ≤ c_k + 1), spends its error without testing (conservative).
     The z of each one-sided bound is a log-variance statistic with asymptotically independent
-    increments, so the design holds asymptotically; ``app.stats.calibration`` measures it on
+    increments, so the design holds asymptotically; ``steady.server.stats.calibration`` measures it on
     small, autocorrelated and heavy-tailed studies."""
     if not (max_std > 0 and math.isfinite(max_std)):
         raise ValueError(f"max_std must be finite and > 0, got {max_std!r}")

@@ -3,7 +3,7 @@
 An adaptive study adds seeds while a portability verdict (two stacks or arms, equivalence within
 ±margin) is inconclusive. Judging each stage's TOST at the fixed level α would give a false
 ``equivalent`` several chances; here both claims spend their error over the stages with the
-Lan–DeMets functions of ``app.stats.sequential``:
+Lan–DeMets functions of ``steady.server.stats.sequential``:
 
 * ``equivalent`` at stage k when both one-sided Welch tests reject at the stage's nominal level
   a_k = 1 − Φ(c_k) (c_k: the one-sided boundary spending α) — the (1 − 2a_k) CI of the
@@ -14,10 +14,10 @@ Lan–DeMets functions of ``app.stats.sequential``:
   A false ``not_equivalent`` (true difference inside the margin) is ≤ α/2 per side.
 
 With a single stage (K = 1) both rules are exactly the fixed-sample verdict of
-``app.stats.report`` (TOST p < α; (1 − α) Welch CI outside the margin). The first stage that
+``steady.server.stats.report`` (TOST p < α; (1 − α) Welch CI outside the margin). The first stage that
 decides ends the test. Critical values are Student t quantiles at the stage's Welch df and
 level a_k (the significance-level approach: exact for a known variance, approximate for an
-estimated one; ``app.stats.calibration.rules_adaptive_portability`` measures it).
+estimated one; ``steady.server.stats.calibration.rules_adaptive_portability`` measures it).
 
 The information of a difference of means grows with h = n_r·n_c/(n_r + n_c); the fraction of
 stage k is h_k/h_max with h_max = N/2 for at most N seeds per stack (failed runs lower it); the
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from app.stats.portability import welch_parts
-from app.stats.sequential import spending_boundaries
+from steady.server.stats.portability import welch_parts
+from steady.server.stats.sequential import spending_boundaries
 
 __all__ = ["TostLook", "SequentialTost", "tost_information_fraction", "sequential_tost_decision",
            "sequential_tost_reason"]

@@ -2,7 +2,7 @@
 
 The stack-portability verdict compares the *distributions* of final values across seeds;
 this compares each seed with itself on the other stack, step by step, with the
-repeatability comparison (``app.stats.repeatability``). Its source names the first cause in
+repeatability comparison (``steady.server.stats.repeatability``). Its source names the first cause in
 the same order: ``stack`` when the run fingerprints differ (a library version, the thread
 count, the GPU…), otherwise ``seeding`` / ``data_order`` / ``numerics`` from the digests
 (two stack labels that in fact ran on one stack).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
+from steady.server.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
 
 __all__ = ["StackPairs", "stack_pairs"]
 

@@ -1,7 +1,7 @@
 """Adaptive seeds: a study with a budget grows in stages while a sequential verdict is inconclusive.
 
-When the last run of a stage ends, the stage is judged (``app.stats.sequential`` and
-``app.stats.sequential_tost`` through the report): if some seed-stability verdict with a
+When the last run of a stage ends, the stage is judged (``steady.server.stats.sequential`` and
+``steady.server.stats.sequential_tost`` through the report): if some seed-stability verdict with a
 ``max_std`` or portability verdict with a ``margin`` is still inconclusive and the budget
 allows another stage, the next stage's runs (new seeds) are queued and the study stays running;
 else the study completes. Every stage and what it decided is recorded (``study_stages``).
@@ -14,23 +14,23 @@ from typing import Any, Literal, Protocol
 
 from sqlalchemy.orm import Session
 
-from app.db import WriteSession
-from app.models import Study, utcnow
-from app.stats.report import SeedStages
-from app.stats.sequential import stage_sizes
-from app.studies import repository
-from app.studies.schemas import StageInfo, StudySpec
+from steady.server.db import WriteSession
+from steady.server.models import Study, utcnow
+from steady.server.stats.report import SeedStages
+from steady.server.stats.sequential import stage_sizes
+from steady.server.studies import repository
+from steady.server.studies.schemas import StageInfo, StudySpec
 
 
 class Report(Protocol):
-    """What stage judging reads of a study's report (``app.reports.models.Report``, a layer above
+    """What stage judging reads of a study's report (``steady.server.reports.models.Report``, a layer above
     the studies domain, so named here by its shape)."""
 
     def of_level(self, level: Literal["seed_stability", "stack_portability"],
                  metric: str | None = None) -> Sequence[Any]: ...
 
 
-# (session, study id) -> the study's report, as ``app.reports.service.compute_report`` returns it
+# (session, study id) -> the study's report, as ``steady.server.reports.service.compute_report`` returns it
 ReportOf = Callable[[Session, int], Report]
 
 
@@ -82,7 +82,7 @@ _GROUP_KEYS = {"determinism", "stack", "reference_stack", "candidate_stack"}
 
 def _decisions(report: Report, stage: int) -> tuple[list[dict[str, Any]], bool]:
     """What ``stage`` decided per sequential verdict (seed stability, stack portability), and
-    whether another stage is wanted (``app.reports.models.StageDecision`` as JSON data)."""
+    whether another stage is wanted (``steady.server.reports.models.StageDecision`` as JSON data)."""
     out, more = [], False
     for level in ("seed_stability", "stack_portability"):
         for v in report.of_level(level):
@@ -103,11 +103,11 @@ def _decisions(report: Report, stage: int) -> tuple[list[dict[str, Any]], bool]:
 def judge_stage(session: WriteSession, study: Study, report_of: ReportOf | None) -> bool:
     """The study's current stage has settled: record its decisions; True when a next stage was queued.
 
-    ``report_of`` computes the study's report (``app.reports.service.compute_report``): the caller
+    ``report_of`` computes the study's report (``steady.server.reports.service.compute_report``): the caller
     passes it, as the reports domain builds on this one. None is refused when a stage waits to
     be judged.
     """
-    from app.studies.service import insert_runs
+    from steady.server.studies.service import insert_runs
 
     if not study.spec.get("budget") or study.kind != "managed":
         return False

@@ -1,7 +1,7 @@
 """Alert rules as users write them, in a study spec (``alerts``) or over REST (``POST /alert-rules``).
 
 The grammar of a study spec, so it lives with the studies domain: ``StudySpec`` embeds
-``AlertRuleSpec``, and the alerts domain (``app.alerts``) reads rules in this form. Pydantic
+``AlertRuleSpec``, and the alerts domain (``steady.server.alerts``) reads rules in this form. Pydantic
 only: no database, no other domain.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
+from steady.worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
@@ -118,7 +118,7 @@ class SuiteShiftRule(_Rule):
     """The suite's history of a final metric (one mean per study and group, since the baseline) shifted.
 
     One history per (stack, determinism level), watched by a self-starting CUSUM re-evaluated
-    after every study (``app.stats.changepoint.sequential_shift``)."""
+    after every study (``steady.server.stats.changepoint.sequential_shift``)."""
 
     kind: Literal["suite_shift"]
     metric: MetricKey

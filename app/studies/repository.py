@@ -5,12 +5,12 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db import WriteSession
-from app.errors import NotFound
-from app.models import Study, StudyEvaluation, StudyStage, utcnow
-from app.runs import repository as runs_repo
-from app.repository import paginate
-from app.studies.schemas import Progress
+from steady.server.db import WriteSession
+from steady.server.errors import NotFound
+from steady.server.models import Study, StudyEvaluation, StudyStage, utcnow
+from steady.server.runs import repository as runs_repo
+from steady.server.repository import paginate
+from steady.server.studies.schemas import Progress
 
 
 def get_study(session: Session, study_id: int) -> Study:

@@ -9,10 +9,10 @@ from typing import Annotated, Any, Literal, NoReturn
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from app.studies.alert_specs import AlertRuleSpec, check_spec_alerts
-from app.studies.spec_parts import ArmSpec, CodeRef, StackName, StackSpec, WorkloadSpec, _Spec
-from app.wire import WireModel
-from worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
+from steady.server.studies.alert_specs import AlertRuleSpec, check_spec_alerts
+from steady.server.studies.spec_parts import ArmSpec, CodeRef, StackName, StackSpec, WorkloadSpec, _Spec
+from steady.server.wire import WireModel
+from steady.worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
 
 MAX_STAGES = 20  # adaptive seeds: looks of the group-sequential design
 
@@ -179,7 +179,7 @@ class StudySpec(_Spec):
                 raise ValueError("a managed study needs a 'workload'")
             if not self.seeds:
                 raise ValueError("'seeds' must name at least one seed")
-            # (a string is the label of an older study, read back: refused at creation, app.studies.service)
+            # (a string is the label of an older study, read back: refused at creation, steady.server.studies.service)
             arm_code = any(isinstance(a.code, CodeRef) for a in self.arms or [])
             if self.workload.name is not None and (self.code is not None or arm_code):
                 raise ValueError("built-in workloads ship no code: leave 'code' out (of the study and its arms)")

@@ -13,21 +13,21 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
-from app.auth.service import Caller, Role, ensure_may_change
-from app.config import Settings
-from app.db import WriteSession
-from app.errors import Conflict, Forbidden, Invalid, NotFound
-from app.metrics import repository as metrics_repo
-from app.wire import wire_float
-from app.models import Run, Study, utcnow
-from app.stats.cost import balanced_level_order
-from app.studies import adaptive, repository
-from app.runs import repository as runs_repo
-from app.runs.schemas import ExternalRunIn
-from app.studies.schemas import StudyOut, StudySpec, StudySummary
-from app.studies.spec_parts import CodeRef
-from worker.protocol import STEP_TIME_KEY, RunStatus, StudyStatus
+import steady.worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
+from steady.server.auth.service import Caller, Role, ensure_may_change
+from steady.server.config import Settings
+from steady.server.db import WriteSession
+from steady.server.errors import Conflict, Forbidden, Invalid, NotFound
+from steady.server.metrics import repository as metrics_repo
+from steady.server.wire import wire_float
+from steady.server.models import Run, Study, utcnow
+from steady.server.stats.cost import balanced_level_order
+from steady.server.studies import adaptive, repository
+from steady.server.runs import repository as runs_repo
+from steady.server.runs.schemas import ExternalRunIn
+from steady.server.studies.schemas import StudyOut, StudySpec, StudySummary
+from steady.server.studies.spec_parts import CodeRef
+from steady.worker.protocol import STEP_TIME_KEY, RunStatus, StudyStatus
 
 
 def ensure_suite_owner(session: Session, suite: str, caller: Caller) -> None:
@@ -96,7 +96,7 @@ def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: lis
     # Runs are leased in id order, so the insert order is the execution order. The levels
     # are interleaved (one block per seed × repeat, alternating direction: A B C, C B A, …)
     # so that a drift in machine load over the study does not read as a cost of determinism
-    # (app.stats.cost). Before, every run of one level ran as one block.
+    # (steady.server.stats.cost). Before, every run of one level ran as one block.
     blocks = list(product(seeds, range(spec.repeats)))
     rows = [
         {
@@ -148,7 +148,7 @@ def _check_archive(session: Session, spec: StudySpec, code: CodeRef, what: str, 
                    *, files: bool = True) -> None:
     """``code``'s archive is on the server and (with ``files``) holds the workload's file; ``loc`` is the
     field a 422 names (None: the study's own ``code`` and ``workload`` fields)."""
-    from app.code import repository as code_repo  # the code domain sits beside this one
+    from steady.server.code import repository as code_repo  # the code domain sits beside this one
 
     archive = code_repo.get(session, code.sha256)
     if archive is None:
@@ -280,7 +280,7 @@ def _judge_outcome(session: Session, study: Study, status: StudyStatus) -> tuple
 
 def on_study_finished(session: WriteSession, study: Study) -> None:
     """Run once when a study's last run ends: record that it awaits its alert evaluation (the alerts
-    domain stores the spec's rules and judges it, ``app.alerts.jobs``)."""
+    domain stores the spec's rules and judges it, ``steady.server.alerts.jobs``)."""
     repository.request_evaluation(session, study.id)
 
 

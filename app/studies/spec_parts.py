@@ -1,5 +1,5 @@
 """The parts of a study spec that say what its runs execute and where: the workload, its code,
-the stacks and the arms (``app.studies.schemas.StudySpec`` puts them together)."""
+the stacks and the arms (``steady.server.studies.schemas.StudySpec`` puts them together)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from worker.protocol import BUILTIN_WORKLOADS, COMMAND_PLACEHOLDERS, CaptureSpec, Framework, Label
+from steady.worker.protocol import BUILTIN_WORKLOADS, COMMAND_PLACEHOLDERS, CaptureSpec, Framework, Label
 
 MAX_PARAMS_BYTES = 64 * 1024  # workload.params travel with every lease of the study's runs
 

@@ -6,11 +6,11 @@ from typing import Any
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from app.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
-from app.pagination import Page, PageQuery
-from app.runs import leasing
-from app.workers import service
-from worker.protocol import PENDING_HEADER, EngineJob, Lease, LeaseRequest, WorkerRegistered, WorkerRegistration
+from steady.server.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
+from steady.server.pagination import Page, PageQuery
+from steady.server.runs import leasing
+from steady.server.workers import service
+from steady.worker.protocol import PENDING_HEADER, EngineJob, Lease, LeaseRequest, WorkerRegistered, WorkerRegistration
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.alerts.dispatcher import Dispatcher
-from app.alerts.settings import AlertSettings
+from steady.server.alerts.dispatcher import Dispatcher
+from steady.server.alerts.settings import AlertSettings
 from tests.alerts.conftest import external_study, valid_signature
 from tests.api.helpers import batch, lease, register, result
 from tests.conftest import wait_until

@@ -9,8 +9,8 @@ import zlib
 import numpy as np
 import pytest
 
-from app.alerts import baselines
-from app.models import BaselineSnapshot
+from steady.server.alerts import baselines
+from steady.server.models import BaselineSnapshot
 from tests.alerts.conftest import external_study
 
 
@@ -105,7 +105,7 @@ def test_a_baseline_from_before_snapshots_reads_the_live_runs_until_moved(alert_
     api = alert_api
     base = external_study(api.post, suite="s", finals=[1.0, 1.01, 0.99, 1.02, 0.98])
     assert api.client.put("/api/v1/suites/s/baseline", headers=api.h(), json={"study_id": base}).status_code == 200
-    from app.models import SuiteBaseline
+    from steady.server.models import SuiteBaseline
 
     with api.app.state.database.write() as s:  # as migration 0008 leaves a baseline set before it
         s.get(SuiteBaseline, "s").snapshot_id = None

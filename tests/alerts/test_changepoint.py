@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.stats.changepoint import detect_shift
+from steady.server.stats.changepoint import detect_shift
 
 
 def _rate(histories, **kw):

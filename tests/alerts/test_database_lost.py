@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from app.alerts import evaluators, jobs
-from app.db import unavailable
-from app.models import StudyEvaluation
-from app.studies import repository as studies_repo
+from steady.server.alerts import evaluators, jobs
+from steady.server.db import unavailable
+from steady.server.models import StudyEvaluation
+from steady.server.studies import repository as studies_repo
 from tests.alerts.conftest import external_study
 from tests.conftest import POSTGRES_ONLY, terminate_own_connection
 

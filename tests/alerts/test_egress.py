@@ -1,12 +1,12 @@
-"""The one SSRF guard (``app.alerts.egress``), unit by unit: ports, address ranges, the target the
+"""The one SSRF guard (``steady.server.alerts.egress``), unit by unit: ports, address ranges, the target the
 request goes to. Rule validation and the dispatcher both call it (test_webhook_guard.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.alerts import egress, webhooks
-from app.errors import Invalid
+from steady.server.alerts import egress, webhooks
+from steady.server.errors import Invalid
 
 PUBLIC = "93.184.216.34"
 

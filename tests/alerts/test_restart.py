@@ -54,7 +54,7 @@ def test_pending_deliveries_survive_sigkill(live_server_factory, receiver):
 
     # the CLI lists it, and acknowledges it
     def cli(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "app.cli", "alerts", "--server", server.url,
+        return subprocess.run([sys.executable, "-m", "steady.server.cli", "alerts", "--server", server.url,
                                "--token", server.tokens["user"], *argv], cwd=REPO, env=server.env,
                               capture_output=True, text=True, timeout=60)
 
@@ -62,7 +62,7 @@ def test_pending_deliveries_survive_sigkill(live_server_factory, receiver):
     assert listed.returncode == 0, listed.stderr
     assert [a["id"] for a in json.loads(listed.stdout)] == [alert["id"]]
     assert cli("--fail-on-firing").returncode == 1
-    ack = subprocess.run([sys.executable, "-m", "app.cli", "alerts", "--server", server.url, "--token",
+    ack = subprocess.run([sys.executable, "-m", "steady.server.cli", "alerts", "--server", server.url, "--token",
                           server.tokens["user"], "ack", str(alert["id"])], cwd=REPO, env=server.env,
                          capture_output=True, text=True, timeout=60)
     assert ack.returncode == 0 and "acknowledged" in ack.stdout

@@ -8,10 +8,10 @@ import json
 import httpx
 import pytest
 
-from app.alerts import egress
-from app.alerts.dispatcher import Dispatcher, TokenBucket
-from app.alerts.settings import AlertSettings
-from app.models import AlertDelivery
+from steady.server.alerts import egress
+from steady.server.alerts.dispatcher import Dispatcher, TokenBucket
+from steady.server.alerts.settings import AlertSettings
+from steady.server.models import AlertDelivery
 from tests.alerts.conftest import external_study
 
 WIDE = [0.2, 0.9, 0.4, 1.3, 0.1, 0.7, 1.1, 0.5]
@@ -75,9 +75,9 @@ def test_there_is_one_ssrf_check():
     # no other module of the app resolves names or judges addresses.
     from pathlib import Path
 
-    import app
+    import steady.server
 
-    root = Path(app.__file__).parent
+    root = Path(steady.server.__file__).parent
     for path in root.rglob("*.py"):
         if path == root / "alerts" / "egress.py":
             continue
@@ -135,7 +135,7 @@ def test_real_connection_goes_to_the_checked_address(quiet_api, receiver):
     api = quiet_api(allow_private_webhooks=True)
     port = receiver.server.server_address[1]
     rebinder = Rebinder("127.0.0.1", "10.255.255.1")
-    import app.alerts.egress as eg
+    import steady.server.alerts.egress as eg
 
     eg_default = eg.default_resolver
     eg.default_resolver = lambda host, p: ["127.0.0.1"]
@@ -160,7 +160,7 @@ def test_slack_control_sequences_are_escaped(quiet_api, monkeypatch):
     with api.app.state.database.read() as s:
         (row,) = s.query(AlertDelivery).all()
         body = json.loads(row.body)
-    from app.alerts.outbox import slack_escape
+    from steady.server.alerts.outbox import slack_escape
 
     assert slack_escape("<!channel> & <@U1>") == "&lt;!channel&gt; &amp; &lt;@U1&gt;"
     assert "<" not in body["text"] and ">" not in body["text"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.reports.models import Report
-from app.reports.render import render_report
-from app.stats.sequential import sequential_seed_decision, stage_sizes
+from steady.server.reports.models import Report
+from steady.server.reports.render import render_report
+from steady.server.stats.sequential import sequential_seed_decision, stage_sizes
 from tests.api.helpers import batch, lease, register, result
 
 
@@ -105,8 +105,8 @@ def test_budget_over_the_run_cap_is_refused(make_api):
 
 
 def test_max_runs_caps_the_seeds():
-    from app.studies.adaptive import planned_sizes
-    from app.studies.schemas import StudySpec
+    from steady.server.studies.adaptive import planned_sizes
+    from steady.server.studies.schemas import StudySpec
 
     spec = StudySpec.model_validate({**_spec(max_seeds=30, max_runs=26), "determinism": ["seeded", "strict"]})
     assert spec.runs_per_seed == 2 and spec.max_seeds == 13 and planned_sizes(spec) == (5, 10, 13)
@@ -122,7 +122,7 @@ def _port_final(seed: int, stack: str, sd: float) -> float:
 def test_inconclusive_portability_grows_until_equivalent(api):
     """A two-stack upgrade comparison with a margin and no max_std: the group-sequential TOST is
     inconclusive at 5 and 10 seeds per stack, so the server adds seeds until it is `equivalent`."""
-    from app.stats.sequential_tost import sequential_tost_decision
+    from steady.server.stats.sequential_tost import sequential_tost_decision
 
     spec = {"name": "upgrade", "workload": {"framework": "torch", "name": "torch_mlp"}, "seeds": [0, 1, 2, 3, 4],
             "determinism": ["seeded"], "stacks": [{"name": "old"}, {"name": "new"}], "reference_stack": "old",

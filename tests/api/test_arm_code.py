@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.studies.arms import differences, effective_arms
-from app.studies.schemas import StudySpec
+from steady.server.studies.arms import differences, effective_arms
+from steady.server.studies.schemas import StudySpec
 from tests.api.helpers import batch, lease, register, result, spec
-from worker import codepack
+from steady.worker import codepack
 
 COMMAND = ["python", "train.py", "--seed", "{seed}"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.reports.models import Report
-from app.reports.render import render_report
+from steady.server.reports.models import Report
+from steady.server.reports.render import render_report
 from tests.api.helpers import batch, lease, register, result, spec
 
 ARMS = [

@@ -44,7 +44,7 @@ def test_worker_cannot_use_another_tokens_worker(api):
 
 
 def test_session_cookie_reads_but_cannot_write(api):
-    from app.deps import SESSION_COOKIE
+    from steady.server.deps import SESSION_COOKIE
 
     r = api.client.post("/login", data={"token": api.tokens["admin"]}, follow_redirects=False)
     assert r.status_code == 303 and api.client.cookies.get(SESSION_COOKIE)
@@ -57,7 +57,7 @@ def test_session_cookie_reads_but_cannot_write(api):
 
 
 def _login(api, role: str = "user") -> str:
-    from app.deps import SESSION_COOKIE
+    from steady.server.deps import SESSION_COOKIE
 
     r = api.client.post("/login", data={"token": api.tokens[role]}, follow_redirects=False)
     assert r.status_code == 303, r.text
@@ -67,8 +67,8 @@ def _login(api, role: str = "user") -> str:
 
 
 def test_the_cookie_holds_a_session_id_not_the_token(api):
-    from app.deps import SESSION_COOKIE
-    from app.models import DashboardSession
+    from steady.server.deps import SESSION_COOKIE
+    from steady.server.models import DashboardSession
 
     r = api.client.post("/login", data={"token": api.tokens["user"]}, follow_redirects=False)
     sid = r.cookies.get(SESSION_COOKIE)
@@ -83,7 +83,7 @@ def test_the_cookie_holds_a_session_id_not_the_token(api):
 
 
 def test_logout_revokes_the_session(api):
-    from app.deps import SESSION_COOKIE
+    from steady.server.deps import SESSION_COOKIE
 
     sid = _login(api)
     stolen = {"Cookie": f"{SESSION_COOKIE}={sid}"}
@@ -100,8 +100,8 @@ def test_logout_revokes_the_session(api):
 def test_expired_session_and_revoked_token_need_a_new_login(api):
     from datetime import timedelta
 
-    from app.deps import SESSION_COOKIE
-    from app.models import ApiToken, DashboardSession, utcnow
+    from steady.server.deps import SESSION_COOKIE
+    from steady.server.models import ApiToken, DashboardSession, utcnow
 
     sid = _login(api)
     api.client.cookies.clear()
@@ -120,13 +120,13 @@ def test_expired_session_and_revoked_token_need_a_new_login(api):
 
 
 def test_a_raw_token_in_the_cookie_is_not_a_session(api):
-    from app.deps import SESSION_COOKIE
+    from steady.server.deps import SESSION_COOKIE
 
     assert api.client.get("/api/v1/studies", headers={"Cookie": f"{SESSION_COOKIE}={api.tokens['admin']}"}).status_code == 401
 
 
 def test_secure_cookie_and_same_origin_behind_a_trusted_https_proxy(api):
-    """Behind a proxy that passes Host with its port and X-Forwarded-Proto (app.cli runs uvicorn
+    """Behind a proxy that passes Host with its port and X-Forwarded-Proto (steady.server.cli runs uvicorn
     with proxy headers from STEADY_FORWARDED_ALLOW_IPS; here the scheme is given directly)."""
     from fastapi.testclient import TestClient
 
@@ -146,7 +146,7 @@ def test_secure_cookie_and_same_origin_behind_a_trusted_https_proxy(api):
 def test_ended_sessions_are_dropped_as_new_ones_start(api):
     from datetime import timedelta
 
-    from app.models import DashboardSession, utcnow
+    from steady.server.models import DashboardSession, utcnow
 
     _login(api)
     with api.app.state.database.write() as s:
@@ -181,7 +181,7 @@ def test_revocation_is_immediate_here_and_within_the_cache_ttl_in_another_proces
 
 
 def test_without_the_cache_every_request_looks_its_token_up(make_api):
-    from app.models import ApiToken, utcnow
+    from steady.server.models import ApiToken, utcnow
 
     api = make_api(token_cache_seconds=0)
     assert api.get("/api/v1/studies").status_code == 200
@@ -191,7 +191,7 @@ def test_without_the_cache_every_request_looks_its_token_up(make_api):
 
 
 def test_a_lookup_that_raced_a_revocation_is_not_remembered():
-    from app.auth.cache import TokenCache
+    from steady.server.auth.cache import TokenCache
 
     now = [0.0]
     cache: TokenCache[str] = TokenCache(5.0, clock=lambda: now[0])

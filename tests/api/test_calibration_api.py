@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from app.stats.calibration import generators as gen
-from app.stats.calibration.rules_seeds import curve_level_sd
+from steady.server.stats.calibration import generators as gen
+from steady.server.stats.calibration.rules_seeds import curve_level_sd
 
 
 @pytest.fixture

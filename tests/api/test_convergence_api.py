@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.reports.models import Report
-from app.reports.render import render_report
-from app.stats.convergence import ReferencePoint, check_convergence, reference_from_runs
+from steady.server.reports.models import Report
+from steady.server.reports.render import render_report
+from steady.server.stats.convergence import ReferencePoint, check_convergence, reference_from_runs
 from tests.api.helpers import batch, lease, register, result, spec
 
 RCP = {"mean": 215040, "std": 11976.9, "n": 18}

@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from app import db as app_db
-from app.main import create_app
-from app.runs import repository as runs_repo
-from app.studies import repository as studies_repo
+from steady.server import db as app_db
+from steady.server.main import create_app
+from steady.server.runs import repository as runs_repo
+from steady.server.studies import repository as studies_repo
 from tests.api.helpers import error_of, register, spec
 from tests.conftest import ApiClient, add_tokens, make_settings
 

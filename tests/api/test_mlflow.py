@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.api.helpers import register
-from worker.protocol import Series
+from steady.worker.protocol import Series
 
 pytest.importorskip("mlflow")
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def test_run_credential_writes_its_own_run_while_its_lease_lasts(api):
                            json={"run_id": str(first["run_id"]), "key": "mlf", "value": 2.0, "step": 3})
     assert late.status_code == 401 and late.json()["error_code"] == "UNAUTHENTICATED"
     with api.app.state.database.read() as s:
-        from app.models import Run
+        from steady.server.models import Run
 
         stored = s.get(Run, first["run_id"]).run_token_hash
     assert stored and token not in stored
@@ -149,7 +149,7 @@ def test_mlflow_calls_inside_a_steady_run_land_in_it(live_server, tmp_path):
         "threads": 1, "workload": {"framework": "torch", "entrypoint": str(script)}})
     assert r.status_code == 201, r.text
     sid = r.json()["id"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "STEADY_TOKEN": live_server.tokens["worker"]}
+    env = {**os.environ, "STEADY_TOKEN": live_server.tokens["worker"]}
     proc = subprocess.run([sys.executable, "-m", "worker", "--server", live_server.url, "--once",
                            "--work-dir", str(tmp_path / "agent")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)

@@ -11,7 +11,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from app.models import Base
+from steady.server.models import Base
 
 SNAPSHOT = Path(__file__).with_name("openapi.json")
 UPDATE = "STEADY_UPDATE_SNAPSHOT=1 pytest tests/api/test_schema.py"
@@ -29,8 +29,8 @@ def test_server_refuses_database_not_at_head(tmp_path):
     import pytest
     from sqlalchemy import text
 
-    from app import migrate
-    from app.db import Database
+    from steady.server import migrate
+    from steady.server.db import Database
 
     db = Database(f"sqlite:///{tmp_path / 'old.db'}")
     migrate.upgrade(db.engine)
@@ -51,8 +51,8 @@ def test_openapi_snapshot(tmp_path):
 
 
 def _openapi(tmp_path) -> dict:
-    from app.config import Settings
-    from app.main import create_app
+    from steady.server.config import Settings
+    from steady.server.main import create_app
 
     return create_app(Settings(data_dir=tmp_path)).openapi()
 

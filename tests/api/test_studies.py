@@ -98,7 +98,7 @@ def test_cancel_study(api):
 
 def test_runs_are_leased_with_levels_interleaved(make_api):
     """Runs of the compared determinism levels alternate in the queue (A B C, C B A, …), so a load
-    drift over the study does not read as a cost of determinism (app.stats.cost)."""
+    drift over the study does not read as a cost of determinism (steady.server.stats.cost)."""
     from tests.api.helpers import lease, register
 
     api = make_api(max_leases_per_worker=13)  # one worker holds the whole queue, then asks once more

@@ -8,12 +8,12 @@ import json
 import numpy as np
 from sqlalchemy import select
 
-from app.dashboard import charts
-from app.dashboard import service as dashboard
-from app.db import Database
-from app.metrics import repository as metrics_repo
-from app.models import Run, Study, utcnow
-from app.reports import service as reports
+from steady.server.dashboard import charts
+from steady.server.dashboard import service as dashboard
+from steady.server.db import Database
+from steady.server.metrics import repository as metrics_repo
+from steady.server.models import Run, Study, utcnow
+from steady.server.reports import service as reports
 
 
 def _study(db: Database) -> int:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from app.dashboard.charts import difference_chart
+from steady.server.dashboard.charts import difference_chart
 
 
 def _run(id_, seed, repeat):

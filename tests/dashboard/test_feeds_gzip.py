@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from fastapi.testclient import TestClient
 
-from app.dashboard.feeds import FEEDS_PREFIX, GZipFeeds
+from steady.server.dashboard.feeds import FEEDS_PREFIX, GZipFeeds
 
 BODY = "0123456789" * 500  # 5 kB: over the 1 kB threshold
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.engines import kubernetes as k8s
+from steady.server.engines import kubernetes as k8s
 from tests.conftest import REPO
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -23,7 +23,7 @@ def validate(doc: dict) -> None:
 
 
 def launch_yaml(tmp_path: Path, *argv: str) -> list[dict]:
-    from app.cli import main
+    from steady.server.cli import main
 
     out = tmp_path / "job.yaml"
     rc = main(["launch", "k8s", "7", "--server", "http://steady-api.steady.svc:8000", "--token", "unused",
@@ -85,7 +85,7 @@ def test_server_examples_cover_the_server_side():
 
 
 def test_invalid_options_are_refused(tmp_path, capsys):
-    from app.cli import main
+    from steady.server.cli import main
 
     base = ["launch", "k8s", "7", "--image", "img", "--parallelism", "2"]
     assert main([*base, "--node-selector", "no-equals-sign"]) == 2
@@ -117,7 +117,7 @@ def test_apply_hands_the_same_manifest_to_the_official_client(monkeypatch):
 
 
 def test_the_official_client_is_imported_only_to_apply():
-    code = "import sys, app.engines.kubernetes, app.engines.cli; assert 'kubernetes' not in sys.modules"
+    code = "import sys, steady.server.engines.kubernetes, steady.server.engines.cli; assert 'kubernetes' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 

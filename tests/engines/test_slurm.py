@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO, create_pg_database, drop_pg_database, pg_url_for, wait_until
 from tests.engines.slurm_cluster import SlurmCluster, missing_binaries
-from worker.protocol import Series
+from steady.worker.protocol import Series
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 STEPS = 200
@@ -24,7 +24,7 @@ STEPS = 200
 # while its run is in the middle, whatever the machine's speed.
 TRAIN = f"""
 import time
-from worker import sdk
+from steady import sdk
 for step in range({STEPS}):
     sdk.log(step=step, loss=1.0 / (step + 1))
     time.sleep(0.03)
@@ -55,7 +55,7 @@ def pg_database(pg_template) -> Iterator[str]:
 
 
 def steady(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app.cli", *argv], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "steady.server.cli", *argv], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -87,7 +87,7 @@ def test_study_completes_through_a_job_array_and_survives_a_cancelled_task(
     assert r.status_code == 201, r.text
     study = r.json()["id"]
 
-    env = {**slurm.env, "PYTHONPATH": str(REPO), "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"],
+    env = {**slurm.env, "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"],
            "STEADY_WORKER_TOKEN": server.tokens["worker"]}
     logs = tmp_path / "slurm-logs"
     launched = steady("launch", "slurm", str(study), "--tasks", "2", "--gpus-per-task", "0", "--cpus-per-task", "1",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.db import Database
-from app.metrics import repository as repo
-from app.models import Run, Study, utcnow
+from steady.server.db import Database
+from steady.server.metrics import repository as repo
+from steady.server.models import Run, Study, utcnow
 from tests.conftest import database_with_one_run
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.reports.models import Report
-from app.reports.render import render_report
+from steady.server.reports.models import Report
+from steady.server.reports.render import render_report
 from tests.reports.test_report_e2e import _wait_done
 from tests.worker.test_worker_agent_e2e import Worker
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from app.alerts.schemas import BaselineComparisonOut
-from app.reports import gate
-from app.reports.models import Report, typed_verdicts
-from app.reports.parts import PairGroup
-from app.stats.report import MetricSpec, RunData, build_report
+from steady.server.alerts.schemas import BaselineComparisonOut
+from steady.server.reports import gate
+from steady.server.reports.models import Report, typed_verdicts
+from steady.server.reports.parts import PairGroup
+from steady.server.stats.report import MetricSpec, RunData, build_report
 
 STEPS = np.arange(0, 60, 3, dtype=np.int64)
 
@@ -156,14 +156,14 @@ def test_markdown_has_one_line_per_check_with_reason_guarantee_and_link():
         assert "_Guarantee: " in line
 
 
-RCP = {"mean": 215040, "std": 11976.9, "n": 18}  # a published MLPerf reference point (app.stats.convergence)
+RCP = {"mean": 215040, "std": 11976.9, "n": 18}  # a published MLPerf reference point (steady.server.stats.convergence)
 
 
 def _with_convergence(hits: list[float]) -> Report:
     """The passing unit report plus a convergence section judged by the stats core against ``RCP``,
-    shaped as ``app.reports.service.convergence_section`` shapes it."""
-    from app.stats.convergence import ReferencePoint, check_convergence
-    from app.stats.report import to_data
+    shaped as ``steady.server.reports.service.convergence_section`` shapes it."""
+    from steady.server.stats.convergence import ReferencePoint, check_convergence
+    from steady.server.stats.report import to_data
 
     result = check_convergence(hits, ReferencePoint(**RCP))
     section = {"metric": "loss", "target": 0.1, "direction": "min", "group": {"determinism": "seeded", "stack": "cpu"},
@@ -172,7 +172,7 @@ def _with_convergence(hits: list[float]) -> Report:
 
 
 def test_a_candidate_converging_significantly_faster_than_the_reference_fails_the_gate(tmp_path):
-    from app.cli_support import failing_verdicts, verdict_exit_code
+    from steady.server.cli_support import failing_verdicts, verdict_exit_code
 
     fast = _with_convergence([190000.0 + 1000 * s for s in range(10)])  # olympic mean 194500 < floor 206333
     items = gate.gate_items(fast)

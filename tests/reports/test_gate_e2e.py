@@ -20,8 +20,7 @@ def _ci_env(server) -> dict[str, str]:
     """A CI job's environment: `steady` on PATH, the server and a user token in the environment."""
     env = {k: v for k, v in server.env.items() if not k.startswith("STEADY_")}
     return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-            "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1",
-            "PYTHONPATH": str(REPO)}
+            "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1"}
 
 
 @pytest.mark.slow

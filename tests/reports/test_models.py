@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from app.alerts.prometheus import SnapshotCollector
-from app.cli_support import failing_verdicts, verdict_exit_code
-from app.dashboard.service import badges, cost_scale, first_divergent_step
-from app.reports.models import (
+from steady.server.alerts.prometheus import SnapshotCollector
+from steady.server.cli_support import failing_verdicts, verdict_exit_code
+from steady.server.dashboard.service import badges, cost_scale, first_divergent_step
+from steady.server.reports.models import (
     PortabilityVerdict,
     RepeatabilityVerdict,
     Report,
@@ -21,10 +21,10 @@ from app.reports.models import (
     typed_verdicts,
     worst,
 )
-from app.reports.summary import ReportSummary
-from app.stats.report import MetricSpec, SeedStages, build_report
-from app.stats.vocabulary import LEVELS
-from app.wire import WireFloat, WireModel
+from steady.server.reports.summary import ReportSummary
+from steady.server.stats.report import MetricSpec, SeedStages, build_report
+from steady.server.stats.vocabulary import LEVELS
+from steady.server.wire import WireFloat, WireModel
 from tests.stats.test_report import METRICS, RUNS
 
 STUDY = {"id": 3, "name": "two stacks", "status": "completed"}
@@ -141,9 +141,9 @@ def test_typed_verdicts_of_a_cross_report():
 
 def test_bands_data_is_what_the_bands_model_describes():
     """The /bands route renders plain data (no validation, for speed): it must read as ``Bands``."""
-    from app.reports.models import Bands
-    from app.stats.report import compute_bands
-    from app.wire import NONFINITE_SPELLING
+    from steady.server.reports.models import Bands
+    from steady.server.stats.report import compute_bands
+    from steady.server.wire import NONFINITE_SPELLING
 
     groups = compute_bands(RUNS[:3], metric="loss")  # one seed: std and intervals are NaN at every step
     body = {"study_id": 1, "metric": "loss", "coverage": 0.9, "confidence": 0.95,

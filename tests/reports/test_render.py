@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.reports.models import Report
-from app.reports.parts import DeterminismCost
-from app.reports.render import render_report
-from app.stats.report import MetricSpec, RunData, build_report
+from steady.server.reports.models import Report
+from steady.server.reports.parts import DeterminismCost
+from steady.server.reports.render import render_report
+from steady.server.stats.report import MetricSpec, RunData, build_report
 
 STUDY = {"id": 1, "name": "s", "status": "completed"}
 
@@ -30,8 +30,8 @@ def test_render_variance_and_cost_from_a_real_report():
 
 
 def test_render_cost_verdict_against_budget():
-    from app.reports.render import _cost_line
-    from app.stats.cost import cost_ratio
+    from steady.server.reports.render import _cost_line
+    from steady.server.stats.cost import cost_ratio
 
     slow = [np.full(20, 0.03) * f for f in (1.0, 1.02, 0.98)]
     fast = [np.full(20, 0.01) * f for f in (1.0, 1.01, 0.99)]

@@ -7,9 +7,9 @@ import zlib
 
 from sqlalchemy import update
 
-from app.models import StudyReport
-from app.reports import repository, service
-from app.studies import repository as studies_repo
+from steady.server.models import StudyReport
+from steady.server.reports import repository, service
+from steady.server.studies import repository as studies_repo
 from tests.conftest import wait_until
 
 

@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from app.db import Database, unavailable
-from app.errors import Conflict
-from app.metrics import repository as metrics_repo
-from app.models import MetricChunk
-from app.runs.committer import GroupCommitter
+from steady.server.db import Database, unavailable
+from steady.server.errors import Conflict
+from steady.server.metrics import repository as metrics_repo
+from steady.server.models import MetricChunk
+from steady.server.runs.committer import GroupCommitter
 from tests.api.helpers import batch, lease, register, spec
 from tests.conftest import POSTGRES_ONLY, database_with_one_run, terminate_own_connection, wait_until
 
@@ -224,7 +224,7 @@ def test_a_batch_stored_meanwhile_by_another_process_is_answered_as_a_duplicate(
     process on PostgreSQL): the insert fails on the unique key, the retry answers a duplicate."""
     import dataclasses
 
-    from app.runs import repository as runs_repo
+    from steady.server.runs import repository as runs_repo
 
     api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"]))
     lz = lease(api, register(api))

@@ -9,11 +9,11 @@ import typing
 import pytest
 from sqlalchemy.orm import Session
 
-from app.db import ReadOnlySessionError, ReadSession, WriteSession
-from app.runs import ingest, leasing, repository, service, transitions
-from app.studies import service as studies
+from steady.server.db import ReadOnlySessionError, ReadSession, WriteSession
+from steady.server.runs import ingest, leasing, repository, service, transitions
+from steady.server.studies import service as studies
 from tests.api.helpers import register, result, spec
-from worker.protocol import RunResult
+from steady.worker.protocol import RunResult
 
 WRITES = [
     transitions.heartbeat, transitions.complete, transitions.fail, transitions.release,
@@ -57,8 +57,8 @@ def test_a_read_session_refuses_a_transition(api):
     assert r.status_code == 201, r.text
     wid = register(api)
     lease = api.post(f"/api/v1/workers/{wid}/lease", role="worker", json={"worker_id": wid}).json()
-    from app.auth.service import Role
-    from app.deps import Principal
+    from steady.server.auth.service import Role
+    from steady.server.deps import Principal
 
     admin = Principal(token_id=0, name="admin", role=Role.admin)
     body = RunResult.model_validate(result(lease["lease_id"]))

@@ -1,4 +1,4 @@
-"""Authorization over every route: enumerated from app.routes, so a new route is covered automatically."""
+"""Authorization over every route: enumerated from steady.server.routes, so a new route is covered automatically."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import re
 import pytest
 from fastapi.routing import APIRoute
 
-from app.auth.service import GRANTS, Role
-from app.main import create_app
+from steady.server.auth.service import GRANTS, Role
+from steady.server.main import create_app
 from tests.api.helpers import batch, error_msg, lease, register, spec
 
 # Routes anyone may call; any other route without a role check fails test_every_route_declares_a_role.
@@ -20,7 +20,7 @@ PUBLIC = {("GET", "/healthz"), ("GET", "/"), ("GET", "/login"), ("POST", "/login
 # (any user) changes nothing; checked in test_code_upload_belongs_to_no_one.
 SHARED_WRITES = {("PUT", "/api/v1/code/{sha256}")}
 # Guards other than require(role): the dashboard's viewer checks and /metrics admit user roles.
-# mlflow_caller: a user/admin token, or a run's own credential for that run (app.mlflow.router).
+# mlflow_caller: a user/admin token, or a run's own credential for that run (steady.server.mlflow.router).
 USER_GUARDS = {"page_viewer", "data_viewer", "_metrics_access", "mlflow_caller"}
 MLFLOW = "/mlflow/api/2.0/mlflow"
 # User writes that touch nobody's objects: creating an experiment (an external study of the
@@ -106,11 +106,11 @@ def test_worker_token_cannot_reach_other_workers_or_runs(api):
 
 
 def test_tokens_are_stored_hashed_and_compared_in_constant_time(api, monkeypatch):
-    import app.auth.service as auth
+    import steady.server.auth.service as auth
 
     secret = api.tokens["user"]
     with api.app.state.database.read() as s:
-        from app.models import ApiToken
+        from steady.server.models import ApiToken
 
         rows = [(r.token_hash, r.name, r.prefix) for r in s.query(ApiToken)]
     assert rows and all(secret not in r for r in rows)
@@ -159,7 +159,7 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:
                                                "suite": "nightly"}).json()["id"]
     assert api.client.put("/api/v1/suites/nightly/baseline", json={"study_id": frozen},
                           headers=api.h()).status_code == 200
-    from app.models import Alert
+    from steady.server.models import Alert
 
     with api.app.state.database.write() as s:
         alert = Alert(dedupe_key="k" * 64, rule_id=rule.json()["id"], kind="band_width", severity="warning",
@@ -250,7 +250,7 @@ def test_the_owner_and_admins_change_it(api, who):
 def test_objects_without_an_owner_are_changed_by_admins_only(api):
     """Rows from before owners were recorded (owner NULL): users may not change them, admins may."""
     sid = api.post("/api/v1/studies", json=spec(seeds=[0], repeats=1, determinism=["seeded"])).json()["id"]
-    from app.models import Study
+    from steady.server.models import Study
 
     with api.app.state.database.write() as s:
         s.get(Study, sid).owner_token_id = None

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from tests.scale.conftest import all_runs, create_study
-from worker.client import NonRetryableError, SteadyClient
-from worker.protocol import Heartbeat, MetricBatch, RunFailure, RunRelease, RunResult, Series, WorkerRegistration
+from steady.worker.client import NonRetryableError, SteadyClient
+from steady.worker.protocol import Heartbeat, MetricBatch, RunFailure, RunRelease, RunResult, Series, WorkerRegistration
 
 pytestmark = pytest.mark.slow
 

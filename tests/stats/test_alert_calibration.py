@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.stats.alert_rules import band_check, band_too_wide, baseline_outliers, guarantee
-from app.stats.calibration import exceeds_nominal, measure
-from app.stats.calibration.rules import all_rules
-from app.stats.calibration.rules_alerts import RULES, suite_history
-from app.stats.changepoint import (
+from steady.server.stats.alert_rules import band_check, band_too_wide, baseline_outliers, guarantee
+from steady.server.stats.calibration import exceeds_nominal, measure
+from steady.server.stats.calibration.rules import all_rules
+from steady.server.stats.calibration.rules_alerts import RULES, suite_history
+from steady.server.stats.changepoint import (
     SCORE_CLIP,
     cusum_run_length,
     cusum_threshold,
@@ -169,7 +169,7 @@ def test_large_jump_is_located_and_short_histories_wait():
 
 def test_the_old_repeated_permutation_test_is_what_the_sequential_rule_fixes():
     """Reference point for the docs: the one-shot test re-run after every study accumulates false alarms."""
-    from app.stats.changepoint import detect_shift
+    from steady.server.stats.changepoint import detect_shift
 
     rng = np.random.default_rng(1)
     fired = 0
@@ -208,7 +208,7 @@ def test_band_check_matches_chi_square_table():
 
 
 def test_shift_delays_count_from_the_first_shifted_study():
-    from app.stats.calibration.rules_alerts import shift_delays
+    from steady.server.stats.calibration.rules_alerts import shift_delays
 
     d = shift_delays(np.random.default_rng(2), n=30, start=20, shift=30.0, after=10)
     assert np.all((d >= 1) & (d <= 5))  # a 30σ jump: found within a few studies, never before it

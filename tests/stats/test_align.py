@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.stats.align import align_series
-from app.stats.report import MetricSpec, RunData, build_report
+from steady.server.stats.align import align_series
+from steady.server.stats.report import MetricSpec, RunData, build_report
 
 LO, HI = -(2**62) - 5, 2**62 + 5  # 2**63 + 10 apart: np.diff of int64 overflows here
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.stats.calibration import measure
-from app.stats.calibration.attribution import (ATTRIBUTION, PRECEDENCE, attribution_rate, expected_source,
+from steady.server.stats.calibration import measure
+from steady.server.stats.calibration.attribution import (ATTRIBUTION, PRECEDENCE, attribution_rate, expected_source,
                                                simulate_pair)
-from app.stats.repeatability import RepeatRun
-from app.stats.report import MetricSpec, RunData, build_report
-from app.stats.stack_pairs import stack_pairs
+from steady.server.stats.repeatability import RepeatRun
+from steady.server.stats.report import MetricSpec, RunData, build_report
+from steady.server.stats.stack_pairs import stack_pairs
 
 
 def _run(values, fp=None, init="w0", order=("o0",)):

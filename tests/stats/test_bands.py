@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from app.stats.align import align_series, first_nonfinite_step
-from app.stats.bands import compute_band, out_of_band_runs
-from app.stats.downsample import extreme_indices
-from app.stats.intervals import normal_tolerance_factor
+from steady.server.stats.align import align_series, first_nonfinite_step
+from steady.server.stats.bands import compute_band, out_of_band_runs
+from steady.server.stats.downsample import extreme_indices
+from steady.server.stats.intervals import normal_tolerance_factor
 
 
 def test_align_union_of_steps_and_divergence():

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.stats.alert_rules import curve_outliers, final_outliers, study_means
-from app.stats.report import RunData
+from steady.server.stats.alert_rules import curve_outliers, final_outliers, study_means
+from steady.server.stats.report import RunData
 
 
 def run(run_id: int, steps, values, *, metric: str = "loss") -> RunData:

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.stats.bands import out_of_band_curves
-from app.stats.calibration import clopper_pearson, exceeds_nominal, measure
-from app.stats.calibration import generators as gen
-from app.stats.calibration.rules_seeds import RULES, STATED_POWER, curve_level_sd, offset_for_power
-from app.stats.intervals import bonett_std_bounds
-from app.stats.portability import tost
-from app.stats.report import MetricSpec, RunData, build_report
-from app.stats.seed_stability import seed_spread
+from steady.server.stats.bands import out_of_band_curves
+from steady.server.stats.calibration import clopper_pearson, exceeds_nominal, measure
+from steady.server.stats.calibration import generators as gen
+from steady.server.stats.calibration.rules_seeds import RULES, STATED_POWER, curve_level_sd, offset_for_power
+from steady.server.stats.intervals import bonett_std_bounds
+from steady.server.stats.portability import tost
+from steady.server.stats.report import MetricSpec, RunData, build_report
+from steady.server.stats.seed_stability import seed_spread
 
 # simulations per scenario: enough to see a doubled false-alarm rate, each test a few seconds
 SIMS = {"out_of_band_run": 300, "repeatability": 100, "stack_portability:equivalent": 100,
@@ -131,7 +131,7 @@ def test_out_of_band_degenerate_cases_are_exact():
 
 def test_old_per_step_rule_is_what_this_replaces():
     """The binomial per-step rule flags most healthy AR(0.9) studies; the whole-curve test does not."""
-    from app.stats.bands import compute_band, out_of_band_runs
+    from steady.server.stats.bands import compute_band, out_of_band_runs
 
     rng = np.random.default_rng(12)
     old = new = 0

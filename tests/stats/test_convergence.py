@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.stats.convergence import (
+from steady.server.stats.convergence import (
     ReferencePoint,
     check_convergence,
     min_acceptable_mean,

@@ -1,4 +1,4 @@
-"""Calibration of the convergence check (app.stats.calibration.rules_convergence): bounded simulation
+"""Calibration of the convergence check (steady.server.stats.calibration.rules_convergence): bounded simulation
 counts with fixed seeds; each healthy scenario stays within its nominal 5% beyond simulation error
 (exact one-sided binomial test at 1%), and the planted one has power."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.stats.calibration import exceeds_nominal, measure
-from app.stats.calibration.rules import rule_by_name
+from steady.server.stats.calibration import exceeds_nominal, measure
+from steady.server.stats.calibration.rules import rule_by_name
 
 RULE = rule_by_name("convergence.rcp_fail")
 HEALTHY = [s for s in RULE.scenarios if s.kind == "healthy"]

@@ -1,4 +1,4 @@
-"""Calibration of the determinism-cost rule and the planning answers (app.stats.calibration.rules_cost).
+"""Calibration of the determinism-cost rule and the planning answers (steady.server.stats.calibration.rules_cost).
 
 Bounded simulation counts with fixed seeds: each healthy scenario must not exceed its nominal
 false-alarm level beyond simulation error (exact one-sided binomial test at 1%), and each
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.stats.calibration import Rate, clopper_pearson, exceeds_nominal, measure
-from app.stats.calibration.rules import all_rules, rule_by_name
-from app.stats.calibration.rules_cost import RULES, queue_positions, simulate_step_times
-from app.stats.cost import cost_ratio
+from steady.server.stats.calibration import Rate, clopper_pearson, exceeds_nominal, measure
+from steady.server.stats.calibration.rules import all_rules, rule_by_name
+from steady.server.stats.calibration.rules_cost import RULES, queue_positions, simulate_step_times
+from steady.server.stats.cost import cost_ratio
 
 HEALTHY = [(rule, s) for rule in RULES for s in rule.scenarios if s.kind == "healthy"]
 

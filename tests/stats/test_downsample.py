@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.stats.downsample import bucket_extremes, extreme_indices
+from steady.server.stats.downsample import bucket_extremes, extreme_indices
 
 
 def test_bucket_extremes_on_a_hand_checked_matrix():

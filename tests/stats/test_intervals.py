@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from app.stats.intervals import (howe_tolerance_factor, mean_ci, normal_tolerance_factor,
+from steady.server.stats.intervals import (howe_tolerance_factor, mean_ci, normal_tolerance_factor,
                                  normal_tolerance_interval, order_statistic_tolerance, prediction_interval,
                                  std_confidence_bounds)
 

@@ -4,7 +4,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.weightstats import ttost_ind
 
-from app.stats.portability import (adjust, band_containment, benjamini_hochberg, bootstrap_mean_diff,
+from steady.server.stats.portability import (adjust, band_containment, benjamini_hochberg, bootstrap_mean_diff,
                                    brown_forsythe, compare_stacks, hedges_g, holm, tost, welch)
 
 RNG = np.random.default_rng(99)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from app.stats.repeatability import RepeatRun, repeatability, ulp_distance
+from steady.server.stats.repeatability import RepeatRun, repeatability, ulp_distance
 
 S = np.arange(0, 50, 5)
 

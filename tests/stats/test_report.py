@@ -5,7 +5,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from app.stats.report import MetricSpec, RunData, build_report, compute_bands
+from steady.server.stats.report import MetricSpec, RunData, build_report, compute_bands
 
 STEPS = np.arange(0, 300, 3, dtype=np.int64)
 
@@ -152,7 +152,7 @@ def test_stats_core_imports_only_numpy_scipy_and_itself():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
             for name in names:
-                assert name.split(".")[0] in ALLOWED or name.startswith("app.stats"), f"{path.name} imports {name}"
+                assert name.split(".")[0] in ALLOWED or name.startswith("steady.server.stats"), f"{path.name} imports {name}"
 
 
 def _final_runs(values_by_stack):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.stats.cost import cost_ratio
-from app.stats.report import MetricSpec, RunData, build_report
+from steady.server.stats.cost import cost_ratio
+from steady.server.stats.report import MetricSpec, RunData, build_report
 
 
 def _runs(workers, slow=1.5, seed=0):

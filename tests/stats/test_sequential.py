@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.stats.calibration import exceeds_nominal, measure
-from app.stats.calibration.rules_adaptive import RULES, STATED_POWER
-from app.stats.sequential import (
+from steady.server.stats.calibration import exceeds_nominal, measure
+from steady.server.stats.calibration.rules_adaptive import RULES, STATED_POWER
+from steady.server.stats.sequential import (
     crossing_probabilities,
     information_fraction,
     obrien_fleming_constant,
@@ -130,7 +130,7 @@ def test_adaptive_false_alarm_within_nominal_over_all_stages(rule, scenario):
 def _passes(n: int, nominal: float, p: float) -> tuple[float, float]:
     """(P(the check above passes), P(exceeds_nominal alone passes)) when the true rate is ``p``: exact,
     summed over the binomial distribution of the count."""
-    from app.stats.calibration import clopper_pearson
+    from steady.server.stats.calibration import clopper_pearson
 
     pmf = stats.binom.pmf(np.arange(n + 1), n, p)
     both = sum(pmf[k] for k in range(n + 1) if clopper_pearson(k, n)[1] < 2 * nominal
@@ -164,7 +164,7 @@ def test_without_spending_the_false_alarm_rate_grows():
 
 
 def test_adaptive_rules_are_registered_with_healthy_planted_and_a_guarantee():
-    from app.stats.calibration.rules import all_rules
+    from steady.server.stats.calibration.rules import all_rules
 
     names = {r.name for r in all_rules()}
     assert {"seed_stability:adaptive:unstable", "seed_stability:adaptive:stable"} <= names

@@ -10,11 +10,11 @@ import pytest
 from scipy import stats
 from statsmodels.stats.weightstats import CompareMeans, DescrStatsW, ttost_ind
 
-from app.stats.calibration import exceeds_nominal, measure
-from app.stats.calibration.rules_adaptive_portability import RULES, STATED_POWER
-from app.stats.report import MetricSpec, RunData, SeedStages, build_report
-from app.stats.sequential import spent_alpha
-from app.stats.sequential_tost import sequential_tost_decision, tost_information_fraction
+from steady.server.stats.calibration import exceeds_nominal, measure
+from steady.server.stats.calibration.rules_adaptive_portability import RULES, STATED_POWER
+from steady.server.stats.report import MetricSpec, RunData, SeedStages, build_report
+from steady.server.stats.sequential import spent_alpha
+from steady.server.stats.sequential_tost import sequential_tost_decision, tost_information_fraction
 
 
 def _rng(*names: str) -> np.random.Generator:
@@ -155,7 +155,7 @@ def test_without_spending_false_equivalence_grows():
 
 
 def test_adaptive_portability_rules_are_registered_with_healthy_planted_and_a_guarantee():
-    from app.stats.calibration.rules import all_rules
+    from steady.server.stats.calibration.rules import all_rules
 
     names = {r.name for r in all_rules()}
     assert {"stack_portability:adaptive:equivalent", "stack_portability:adaptive:not_equivalent"} <= names

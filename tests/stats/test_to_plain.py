@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from app.stats.bands import compute_band
-from app.stats.report import GroupBand, to_plain
+from steady.server.stats.bands import compute_band
+from steady.server.stats.report import GroupBand, to_plain
 
 
 def _reference(obj):

@@ -6,12 +6,12 @@ from scipy import stats
 from statsmodels.regression.mixed_linear_model import MixedLM
 from statsmodels.stats.power import TTestIndPower
 
-from app.stats.cost import balanced_level_order, cost_ratio, cost_verdict, run_summary
-from app.stats.intervals import normal_tolerance_factor
-from app.stats.planning import (seeds_for_difference, seeds_for_equivalence, seeds_for_std_claim,
+from steady.server.stats.cost import balanced_level_order, cost_ratio, cost_verdict, run_summary
+from steady.server.stats.intervals import normal_tolerance_factor
+from steady.server.stats.planning import (seeds_for_difference, seeds_for_equivalence, seeds_for_std_claim,
                                 seeds_for_tolerance_halfwidth)
-from app.stats.seed_stability import seed_spread
-from app.stats.variance import variance_components
+from steady.server.stats.seed_stability import seed_spread
+from steady.server.stats.variance import variance_components
 
 
 def test_variance_components_unbalanced_by_hand():

@@ -12,16 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from app.reports.models import Report
-from app.reports.render import render_report
-from tests.conftest import REPO
+from steady.server.reports.models import Report
+from steady.server.reports.render import render_report
 from tests.worker.test_worker_agent_e2e import runs, series, workers  # noqa: F401 - workers is a fixture
 
 pytestmark = pytest.mark.slow
 
 TRAIN = """
     import argparse
-    from worker import sdk
+    from steady import sdk
 
     p = argparse.ArgumentParser()
     p.add_argument("--seed", type=int)
@@ -49,8 +48,8 @@ def _write(path: Path, text: str) -> None:
 
 def _steady(server, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
-    env.update(PYTHONPATH=str(REPO), XDG_CONFIG_HOME=str(cwd / ".config"), NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "app.cli", *args, "--server", server.url,
+    env.update(XDG_CONFIG_HOME=str(cwd / ".config"), NO_COLOR="1")
+    return subprocess.run([sys.executable, "-m", "steady.server.cli", *args, "--server", server.url,
                            "--token", server.tokens["user"]],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
 

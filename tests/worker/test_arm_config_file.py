@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import textwrap
 
-from worker.local import run_local
+from steady.worker.local import run_local
 
 
 def test_config_file_is_written_for_the_run(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent("""
         import os
-        from worker import sdk
+        from steady import sdk
         config = os.environ["STEADY_CONFIG_FILE"]
         assert sdk.params()["config_file"] == config, (sdk.params(), config)
         lr = float(open(config).read().split(":")[1])

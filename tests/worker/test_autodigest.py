@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.stats.expectations import SEEDS_IDENTICAL
-from app.stats.repeatability import RepeatRun, repeatability
-from app.stats.report import build_report
-from app.stats.report_data import MetricSpec, RunData
-from worker.local import run_local
+from steady.server.stats.expectations import SEEDS_IDENTICAL
+from steady.server.stats.repeatability import RepeatRun, repeatability
+from steady.server.stats.report import build_report
+from steady.server.stats.report_data import MetricSpec, RunData
+from steady.worker.local import run_local
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures"

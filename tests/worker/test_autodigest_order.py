@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from torch.utils.data import dataloader
 
-from app.stats.repeatability import RepeatRun, repeatability
-from worker.autodigest_order import install_torch
-from worker.digests import order_digest
-from worker.local import run_local
+from steady.server.stats.repeatability import RepeatRun, repeatability
+from steady.worker.autodigest_order import install_torch
+from steady.worker.digests import order_digest
+from steady.worker.local import run_local
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_loader_order.py"
 

@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from worker.client import AlreadyFinishedError, LeaseLostError, SteadyClient
-from worker.protocol import RunResult
+from steady.worker.client import AlreadyFinishedError, LeaseLostError, SteadyClient
+from steady.worker.protocol import RunResult
 
 
 def _client(handler) -> SteadyClient:

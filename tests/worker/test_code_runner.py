@@ -7,16 +7,16 @@ import textwrap
 
 import pytest
 
-from worker import codepack
-from worker.local import run_local
-from worker.runner import RunProcess
+from steady.worker import codepack
+from steady.worker.local import run_local
+from steady.worker.runner import RunProcess
 
 pytestmark = pytest.mark.slow
 
 CODE = {
     "exp/as_main.py": """
         import sys
-        from worker import sdk
+        from steady import sdk
         if __name__ == "__main__":
             sdk.log(step=0, loss=float(len(sys.argv)))
     """,
@@ -32,14 +32,14 @@ CODE = {
     """,
     "exp/echo.py": """
         import json, os, sys
-        from worker import sdk
+        from steady import sdk
         with open(os.path.join(sys.argv[-1], "argv.json"), "w") as f:
             json.dump(sys.argv[1:], f)
         sdk.log(step=0, loss=1.0)
     """,
     "exp/cmd.py": """
         import sys
-        from worker import sdk
+        from steady import sdk
         seed, device, run_dir = sys.argv[1:4]
         sdk.log(step=0, loss=float(seed))
         if seed == "13":

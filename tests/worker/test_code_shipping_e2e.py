@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
 from tests.worker.test_worker_agent_e2e import runs, series, workers  # noqa: F401 - workers is a fixture
 
 pytestmark = pytest.mark.slow
@@ -33,7 +32,7 @@ FILES = {
     """,
     "exp/cmd_train.py": """
         import argparse, os
-        from worker import sdk
+        from steady import sdk
 
         p = argparse.ArgumentParser()
         p.add_argument("--seed", type=int)
@@ -86,9 +85,9 @@ def _git_repo(root: Path) -> Path:
 
 def _submit(server, spec: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
-    env.update(PYTHONPATH=str(REPO), XDG_CONFIG_HOME=str(spec.parent / ".config"))
+    env.update(XDG_CONFIG_HOME=str(spec.parent / ".config"))
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", "submit", str(spec.name), "--server", server.url,
+        [sys.executable, "-m", "steady.server.cli", "submit", str(spec.name), "--server", server.url,
          "--token", server.tokens["user"], *extra],
         cwd=spec.parent, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
@@ -136,12 +135,12 @@ def test_shipped_code_runs_on_a_worker_elsewhere(live_server, workers, tmp_path)
     assert "boom from user code" in boom.stderr and f"{live_server.url}/studies/" in boom.stderr, boom.stderr
     bid = int(boom.stdout.split("submitted study ")[1].split()[0])
     run_id = runs(http, bid)[0]["id"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ}
     base = ["--server", live_server.url, "--token", live_server.tokens["user"]]
-    logs = subprocess.run([sys.executable, "-m", "app.cli", "logs", str(run_id), *base], env=env,
+    logs = subprocess.run([sys.executable, "-m", "steady.server.cli", "logs", str(run_id), *base], env=env,
                           capture_output=True, text=True, cwd=tmp_path, check=False)
     assert "Traceback" in logs.stdout and "RuntimeError: boom from user code" in logs.stdout, logs.stdout
-    table = subprocess.run([sys.executable, "-m", "app.cli", "runs", str(bid), *base], env=env,
+    table = subprocess.run([sys.executable, "-m", "steady.server.cli", "runs", str(bid), *base], env=env,
                            capture_output=True, text=True, cwd=tmp_path, check=False)
     assert f"{run_id}" in table.stdout and "failed" in table.stdout and "RuntimeError: boom" in table.stdout
 

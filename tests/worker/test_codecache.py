@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from worker import codecache, codepack
-from worker.client import SteadyClient
+from steady.worker import codecache, codepack
+from steady.worker.client import SteadyClient
 
 PREFIX = "/api/v1/code/"
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from worker import cli as worker_cli
-from worker.runner import REDACTED, RunAs, run_environment, scrub
+import steady
+from steady.worker import cli as worker_cli
+from steady.worker.runner import REDACTED, RunAs, run_environment, scrub
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).parent / "fixtures" / "probe_credentials.py"
@@ -32,8 +33,10 @@ def test_run_environment_is_an_allow_list(tmp_path):
     assert env["HOME"] == str(tmp_path) and env["PATH"] == "/usr/bin" and env["LANG"] == "C.UTF-8"
     assert env["PYTHONHASHSEED"] == "7" and env["CUBLAS_WORKSPACE_CONFIG"] and env["OMP_NUM_THREADS"] == "1"
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["STEADY_RUN_TOKEN"] == "stdr_1_abc"
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO), "/opt/user"]  # never the agent's cwd
-    assert os.getcwd() not in env["PYTHONPATH"].split(os.pathsep) or os.getcwd() == str(REPO)
+    first, *rest = env["PYTHONPATH"].split(os.pathsep)
+    assert rest == ["/opt/user"] and os.getcwd() not in (first, *rest)  # never the agent's cwd
+    # the first entry holds the steady package and nothing else: no checkout's app/, worker/ or tests/
+    assert os.listdir(first) == ["steady"] and os.path.samefile(os.path.join(first, "steady"), Path(steady.__file__).parent)
     narrowed = run_environment(spec, run_dir=str(tmp_path), device="cuda:1", base=base, pass_env=["HF_HOME"])
     assert narrowed["CUDA_VISIBLE_DEVICES"] == "1" and narrowed["HF_HOME"] == "/data/hf"
 
@@ -60,7 +63,7 @@ def test_token_file_is_read(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_secrets_are_scrubbed_from_error_and_stderr(tmp_path):
-    from worker.local import run_local
+    from steady.worker.local import run_local
 
     worker_token, run_token = "stdy_" + uuid.uuid4().hex, "stdr_5_" + uuid.uuid4().hex
     path = tmp_path / "leaky.py"
@@ -91,7 +94,7 @@ def _submit_probe(http, agent_files=()) -> int:
 
 
 def _run_agent(server, work_dir: Path, *extra: str, token_file: Path | None = None):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ}
     env.pop("STEADY_TOKEN", None)
     if token_file is None:
         env["STEADY_TOKEN"] = server.tokens["worker"]

@@ -61,9 +61,9 @@ def _repo(root: Path) -> Path:
 def _submit_wait(server, spec: Path) -> subprocess.CompletedProcess:
     # as tests.worker.test_code_shipping_e2e._submit, with room for six ~20 s runs on a loaded machine
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
-    env.update(PYTHONPATH=str(REPO), XDG_CONFIG_HOME=str(spec.parent / ".config"))
+    env.update(XDG_CONFIG_HOME=str(spec.parent / ".config"))
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", "submit", spec.name, "--server", server.url,
+        [sys.executable, "-m", "steady.server.cli", "submit", spec.name, "--server", server.url,
          "--token", server.tokens["user"], "--wait"],
         cwd=spec.parent, env=env, capture_output=True, text=True, timeout=1200, check=False,
     )

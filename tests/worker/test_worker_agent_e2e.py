@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
-from worker.protocol import Series
+from steady.worker.protocol import Series
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ class Worker:
             [sys.executable, "-m", "worker", "--server", server.url,
              "--name", name, "--poll-max", "0.5", "--grace", "5", "--work-dir", str(tmp_path / name), *extra],
             cwd=cwd, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            env={**os.environ, "PYTHONPATH": str(REPO), "STEADY_TOKEN": server.tokens["worker"]},
+            env={**os.environ, "STEADY_TOKEN": server.tokens["worker"]},
         )
 
     def log(self) -> str:
@@ -148,7 +148,7 @@ def test_cancelled_study_kills_the_running_run_and_user_errors_are_reported(live
     http = live_server.client()
     failing = tmp_path / "failing.py"
     failing.write_text(textwrap.dedent("""
-        from worker import sdk
+        from steady import sdk
         sdk.log(step=0, loss=1.0)
         raise RuntimeError("user code exploded")
     """))
@@ -156,7 +156,7 @@ def test_cancelled_study_kills_the_running_run_and_user_errors_are_reported(live
     slow = tmp_path / "slow.py"
     slow.write_text(textwrap.dedent(f"""
         import os, time
-        from worker import sdk
+        from steady import sdk
         open({str(pidfile)!r}, "w").write(str(os.getpid()))
         for step in range(100000):
             sdk.log(step=step, loss=1.0 / (step + 1))

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from tests.worker.test_worker_units import FakeClient, _lease, _points
-from worker import steptimes
-from worker.agent import MetricStream, batch_size
-from worker.events import EventReader, EventWriter, control_events
-from worker.protocol import MAX_BATCH_POINTS
-from worker.runner import RunProcess
+from steady.worker import steptimes
+from steady.worker.agent import MetricStream, batch_size
+from steady.worker.events import EventReader, EventWriter, control_events
+from steady.worker.protocol import MAX_BATCH_POINTS
+from steady.worker.runner import RunProcess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ def test_metric_stream_sends_steady_batches_then_catches_up_without_loss():
 
 
 def test_metric_stream_keeps_the_unconfirmed_batch_and_its_seq_while_catching_up():
-    from worker.client import RetryableError
+    from steady.worker.client import RetryableError
 
     client = FakeClient(fail_first=RetryableError)
     stream = MetricStream(client, _lease(), interval_s=0.0, max_points=500, steady_points=50)
@@ -162,7 +162,7 @@ def test_step_time_selection_orders_negative_zero_and_positive_values(tmp_path, 
 
 def test_run_outcome_is_known_before_the_metric_backlog_is_read(tmp_path):
     script = tmp_path / "many.py"
-    script.write_text("from worker import sdk\nfor i in range(20000):\n    sdk.log(step=i, loss=i * 0.5)\n")
+    script.write_text("from steady import sdk\nfor i in range(20000):\n    sdk.log(step=i, loss=i * 0.5)\n")
     spec = {"framework": "torch", "entrypoint": str(script), "seed": 0, "repeat": 0, "determinism": "none",
             "time_limit_s": 120}
     proc = RunProcess(spec, run_dir=str(tmp_path / "run"))

@@ -6,9 +6,9 @@ import json
 
 import httpx
 
-from worker.agent import Agent, AgentConfig
-from worker.client import SteadyClient
-from worker.engine import detect
+from steady.worker.agent import Agent, AgentConfig
+from steady.worker.client import SteadyClient
+from steady.worker.engine import detect
 
 
 def test_detects_a_slurm_array_task():

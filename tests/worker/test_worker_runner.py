@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from worker.local import run_local
+from steady.worker.local import run_local
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def alive(pid: int) -> bool:
 def test_user_function_logs_through_the_sdk(tmp_path, monkeypatch):
     (tmp_path / "usercode.py").write_text(textwrap.dedent("""
         import random
-        from worker import sdk
+        from steady import sdk
 
         def train(ctx):
             assert ctx.seed == 3 and ctx.determinism == "seeded" and ctx.params == {"n": 5}
@@ -65,7 +65,7 @@ def test_user_function_logs_through_the_sdk(tmp_path, monkeypatch):
 
 def test_exception_in_user_script_fails_with_traceback(tmp_path):
     path = script(tmp_path, """
-        from worker import sdk
+        from steady import sdk
         sdk.log(step=0, loss=1.0)
         print("about to fail")
         def inner():
@@ -82,7 +82,7 @@ def test_exception_in_user_script_fails_with_traceback(tmp_path):
 def test_crash_by_signal_is_a_crash(tmp_path):
     path = script(tmp_path, """
         import os, signal
-        from worker import sdk
+        from steady import sdk
         sdk.log(step=0, loss=1.0)
         os.kill(os.getpid(), signal.SIGSEGV)
     """)
@@ -95,7 +95,7 @@ def test_time_limit_kills_the_whole_process_group(tmp_path):
     pidfile = tmp_path / "pids"
     path = script(tmp_path, f"""
         import os, subprocess, sys, time
-        from worker import sdk
+        from steady import sdk
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         open({str(pidfile)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
         for step in range(1000):

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from worker.digests import state_digest
+from steady.worker.digests import state_digest
 
 
 def apply_determinism(level: str, seed: int, threads: int) -> dict[str, Any]:

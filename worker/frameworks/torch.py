@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from worker.digests import state_digest
+from steady.worker.digests import state_digest
 
 
 def apply_determinism(level: str, seed: int, threads: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import os
 
 if os.environ.pop("STEADY_COMMAND_SHIM", None) == "1":
     try:
-        from worker import command as _steady_command
+        from steady.worker import command as _steady_command
 
         _steady_command.start()
     except Exception as _exc:  # noqa: BLE001 - never stop the user's program from starting

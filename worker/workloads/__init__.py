@@ -3,7 +3,7 @@
 Each module exposes ``FRAMEWORKS`` (the frameworks it runs on) and ``run(ctx) -> dict``
 (extra final metrics). They log per-step ``loss`` and ``step_time``, per-epoch ``val_loss``
 and ``val_acc``, and record the initial/final weight, optimizer-state and per-epoch
-data-order digests through :mod:`worker.sdk`. Imported lazily by name.
+data-order digests through :mod:`steady.worker.sdk`. Imported lazily by name.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import importlib
 from types import ModuleType
 
 WORKLOADS: dict[str, str] = {
-    "torch_mlp": "worker.workloads.torch_mlp",
-    "torch_cnn": "worker.workloads.torch_cnn",
-    "torch_dataloader_workers": "worker.workloads.torch_dataloader_workers",
-    "torch_nondeterministic_kernels": "worker.workloads.torch_nondeterministic_kernels",
-    "hashseed_vocab": "worker.workloads.hashseed_vocab",
-    "torch_controls": "worker.workloads.torch_controls",
-    "keras_mlp": "worker.workloads.keras_mlp",
-    "keras_controls": "worker.workloads.keras_controls",
+    "torch_mlp": "steady.worker.workloads.torch_mlp",
+    "torch_cnn": "steady.worker.workloads.torch_cnn",
+    "torch_dataloader_workers": "steady.worker.workloads.torch_dataloader_workers",
+    "torch_nondeterministic_kernels": "steady.worker.workloads.torch_nondeterministic_kernels",
+    "hashseed_vocab": "steady.worker.workloads.hashseed_vocab",
+    "torch_controls": "steady.worker.workloads.torch_controls",
+    "keras_mlp": "steady.worker.workloads.keras_mlp",
+    "keras_controls": "steady.worker.workloads.keras_controls",
 }
 
 

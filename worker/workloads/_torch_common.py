@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from worker import sdk
-from worker.frameworks.torch import data_generator, device, module_digest, optimizer_digest, seed_worker
-from worker.sdk import RunContext
-from worker.workloads.data import Split
+from steady.worker import sdk
+from steady.worker.frameworks.torch import data_generator, device, module_digest, optimizer_digest, seed_worker
+from steady.worker.sdk import RunContext
+from steady.worker.workloads.data import Split
 
 
 class IndexedDigits(Dataset):

@@ -26,10 +26,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from worker import sdk
-from worker.digests import state_digest
-from worker.frameworks.tensorflow import model_digest, optimizer_digest
-from worker.workloads.data import digits_split
+from steady.worker import sdk
+from steady.worker.digests import state_digest
+from steady.worker.frameworks.tensorflow import model_digest, optimizer_digest
+from steady.worker.workloads.data import digits_split
 
 FRAMEWORKS = ("tensorflow",)
 PLANTS = ("none", "init", "data_order", "dropout")

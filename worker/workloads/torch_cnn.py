@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from worker import sdk
-from worker.workloads._torch_common import train_classifier
-from worker.workloads.data import digits_split
+from steady.worker import sdk
+from steady.worker.workloads._torch_common import train_classifier
+from steady.worker.workloads.data import digits_split
 
 FRAMEWORKS = ("torch",)
 

@@ -51,10 +51,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worker import sdk
-from worker.digests import state_digest
-from worker.frameworks.torch import device, optimizer_digest
-from worker.workloads.data import digits_split
+from steady.worker import sdk
+from steady.worker.digests import state_digest
+from steady.worker.frameworks.torch import device, optimizer_digest
+from steady.worker.workloads.data import digits_split
 
 FRAMEWORKS = ("torch",)
 PLANTS = ("none", "init", "data_order", "kernels", "dropout")

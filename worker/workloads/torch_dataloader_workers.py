@@ -8,8 +8,8 @@ hidden=64, num_workers=2, noise=0.05.
 
 from __future__ import annotations
 
-from worker import sdk
-from worker.workloads.torch_mlp import train_mlp
+from steady.worker import sdk
+from steady.worker.workloads.torch_mlp import train_mlp
 
 FRAMEWORKS = ("torch",)
 

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worker import sdk
-from worker.frameworks.torch import data_generator, device, module_digest, optimizer_digest
-from worker.workloads.data import digits_split
+from steady.worker import sdk
+from steady.worker.frameworks.torch import data_generator, device, module_digest, optimizer_digest
+from steady.worker.workloads.data import digits_split
 
 FRAMEWORKS = ("torch",)
 LEVELS = 17  # raw digits intensities are 0..16

@@ -7,7 +7,7 @@ should stay quiet) and of *planted* trials (the rule should fire). ``measure`` r
 ``n`` times per scenario with an explicit ``numpy.random.Generator`` and returns the rate with
 an exact (Clopper–Pearson) binomial confidence interval.
 
-Pure: numpy/scipy and ``app.stats`` only. ``steady calibrate`` prints and writes the table;
+Pure: numpy/scipy and ``steady.server.stats`` only. ``steady calibrate`` prints and writes the table;
 the tests run every rule with bounded simulation counts; ``bench/calibration_bench.py``
 writes the full-size table to ``bench/results/calibration.json``.
 

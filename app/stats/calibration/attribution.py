@@ -1,6 +1,6 @@
 """Calibration of source attribution: how often the named source is right, alone and overlapping.
 
-The rule (``app.stats.repeatability``): when runs that should be identical differ, the report
+The rule (``steady.server.stats.repeatability``): when runs that should be identical differ, the report
 names the *first cause* in the order
 
     stack  >  seeding  >  data_order  >  numerics
@@ -18,7 +18,7 @@ numerical one, which may also be too small to survive float32 rounding on its ow
 when the named source is the expected one. ``attribution_rate`` counts the same on real runs
 (the planted controls of ``steady demo --controls``) with an exact binomial interval.
 
-Pure: numpy/scipy and ``app.stats`` only. Not registered in ``rules.py``; callers take
+Pure: numpy/scipy and ``steady.server.stats`` only. Not registered in ``rules.py``; callers take
 ``ATTRIBUTION`` from here.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from itertools import combinations
 
 import numpy as np
 
-from app.stats.calibration import Rate, Rule, Scenario, clopper_pearson
-from app.stats.repeatability import RepeatRun, repeatability
+from steady.server.stats.calibration import Rate, Rule, Scenario, clopper_pearson
+from steady.server.stats.repeatability import RepeatRun, repeatability
 
 __all__ = ["PRECEDENCE", "expected_source", "simulate_pair", "named_source", "ATTRIBUTION", "attribution_rate"]
 

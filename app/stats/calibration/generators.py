@@ -176,6 +176,6 @@ def recorded_curves(workload: str = "torch_mlp") -> np.ndarray:
     for ``resample_curves``."""
     if workload != "torch_mlp":
         raise ValueError(f"no recorded curves for {workload!r} (recorded: torch_mlp)")
-    from app.stats.calibration import recorded_torch_mlp as rec
+    from steady.server.stats.calibration import recorded_torch_mlp as rec
 
     return np.asarray(rec.CURVES, dtype=np.float64)

@@ -7,8 +7,8 @@ verdicts of studies that add seeds in stages), ``adaptive_portability`` (their p
 ``convergence`` (MLPerf RCP check)."""
 from __future__ import annotations
 
-from app.stats.calibration import Rule
-from app.stats.calibration import (
+from steady.server.stats.calibration import Rule
+from steady.server.stats.calibration import (
     rules_adaptive,
     rules_adaptive_portability,
     rules_alerts,

@@ -1,7 +1,7 @@
-"""Calibration scenarios: adaptive seeds (see app.stats.calibration.rules).
+"""Calibration scenarios: adaptive seeds (see steady.server.stats.calibration.rules).
 
 An adaptive study looks at its seeds after every stage and adds seeds while the seed-stability
-verdict is inconclusive (``app.stats.sequential``). The rules here count the *final* verdict of
+verdict is inconclusive (``steady.server.stats.sequential``). The rules here count the *final* verdict of
 the whole adaptive process: a healthy scenario has σ = max_std exactly, where both claims
 ("stable", "unstable") are false, so either firing is a false alarm that must stay ≤ 5% over
 all stages together. The process is simulated exactly as the server runs it: stage k is judged
@@ -17,12 +17,12 @@ from functools import lru_cache, partial
 
 import numpy as np
 
-from app.stats import guarantees
-from app.stats.calibration import Rule, Scenario
-from app.stats.calibration import generators as gen
-from app.stats.report import MetricSpec, RunData, SeedStages, build_report
-from app.stats.seed_stability import spread_decision
-from app.stats.sequential import sequential_seed_decision, stage_sizes
+from steady.server.stats import guarantees
+from steady.server.stats.calibration import Rule, Scenario
+from steady.server.stats.calibration import generators as gen
+from steady.server.stats.report import MetricSpec, RunData, SeedStages, build_report
+from steady.server.stats.seed_stability import spread_decision
+from steady.server.stats.sequential import sequential_seed_decision, stage_sizes
 
 __all__ = ["RULES", "STATED_POWER"]
 

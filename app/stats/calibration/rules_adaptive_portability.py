@@ -1,7 +1,7 @@
-"""Calibration scenarios: stack portability in an adaptive study (see app.stats.calibration.rules).
+"""Calibration scenarios: stack portability in an adaptive study (see steady.server.stats.calibration.rules).
 
 A two-stack study with a margin grows in stages while its portability verdict is inconclusive
-(``app.stats.sequential_tost``). The rules count the *final* verdict of the whole adaptive
+(``steady.server.stats.sequential_tost``). The rules count the *final* verdict of the whole adaptive
 process, simulated as the server runs it: stage k is judged on the seeds of stages 1..k of both
 stacks and the first stage that decides ends the study.
 
@@ -20,13 +20,13 @@ from functools import lru_cache, partial
 
 import numpy as np
 
-from app.stats import guarantees
-from app.stats.calibration import Rule, Scenario
-from app.stats.calibration import generators as gen
-from app.stats.calibration.rules_adaptive import DESIGNS, DISTS, seed_stages
-from app.stats.report import MetricSpec, RunData, build_report
-from app.stats.sequential import stage_sizes
-from app.stats.sequential_tost import sequential_tost_decision
+from steady.server.stats import guarantees
+from steady.server.stats.calibration import Rule, Scenario
+from steady.server.stats.calibration import generators as gen
+from steady.server.stats.calibration.rules_adaptive import DESIGNS, DISTS, seed_stages
+from steady.server.stats.report import MetricSpec, RunData, build_report
+from steady.server.stats.sequential import stage_sizes
+from steady.server.stats.sequential_tost import sequential_tost_decision
 
 __all__ = ["RULES", "STATED_POWER"]
 

@@ -1,9 +1,9 @@
-"""Calibration scenarios: alerts family (see app.stats.calibration.rules).
+"""Calibration scenarios: alerts family (see steady.server.stats.calibration.rules).
 
 One ``Rule`` per alert kind that makes a statistical decision, each trial calling the same
-pure function the alert service calls (``app.stats.alert_rules``,
-``app.stats.changepoint.sequential_shift``, ``app.stats.repeatability``,
-``app.stats.align``):
+pure function the alert service calls (``steady.server.stats.alert_rules``,
+``steady.server.stats.changepoint.sequential_shift``, ``steady.server.stats.repeatability``,
+``steady.server.stats.align``):
 
 * ``alert.suite_shift`` — a suite's lifetime: a history of 30 or 100 study summaries of one
   stack and determinism level, re-evaluated after every study. The service's answer after
@@ -29,12 +29,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from app.stats.alert_rules import NOMINAL, band_check, baseline_curve_outliers, baseline_outliers, guarantee
-from app.stats.align import align_series
-from app.stats.calibration import Rule, Scenario
-from app.stats.calibration.generators import healthy_curves
-from app.stats.changepoint import sequential_shift
-from app.stats.repeatability import RepeatRun, repeatability
+from steady.server.stats.alert_rules import NOMINAL, band_check, baseline_curve_outliers, baseline_outliers, guarantee
+from steady.server.stats.align import align_series
+from steady.server.stats.calibration import Rule, Scenario
+from steady.server.stats.calibration.generators import healthy_curves
+from steady.server.stats.changepoint import sequential_shift
+from steady.server.stats.repeatability import RepeatRun, repeatability
 
 __all__ = ["RULES", "SUITE_SHIFT", "OUT_OF_BASELINE", "BAND_WIDTH", "DIVERGED", "REPEATABILITY_LOST",
            "suite_history", "training_finals", "shift_delays"]

@@ -1,4 +1,4 @@
-"""Calibration scenarios: convergence against a reference (``app.stats.convergence``, MLPerf RCP).
+"""Calibration scenarios: convergence against a reference (``steady.server.stats.convergence``, MLPerf RCP).
 
 Rule ``convergence.rcp_fail`` — the check's verdict is ``fail`` (the candidate converges
 significantly faster than the reference). Healthy: the candidate's runs are drawn from the
@@ -16,8 +16,8 @@ from functools import partial
 
 import numpy as np
 
-from app.stats.calibration import Rule, Scenario
-from app.stats.convergence import (
+from steady.server.stats.calibration import Rule, Scenario
+from steady.server.stats.convergence import (
     check_convergence,
     convergence_guarantee,
     reference_from_runs,

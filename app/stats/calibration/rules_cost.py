@@ -1,8 +1,8 @@
-"""Calibration scenarios: cost family (see app.stats.calibration.rules).
+"""Calibration scenarios: cost family (see steady.server.stats.calibration.rules).
 
 Rules
 -----
-* ``cost.ratio_ci`` — the step-time ratio's CI (``app.stats.cost.cost_ratio``) excludes 1.0.
+* ``cost.ratio_ci`` — the step-time ratio's CI (``steady.server.stats.cost.cost_ratio``) excludes 1.0.
   Healthy: two identical levels; a firing is a non-covering interval, nominal 5% at 95%.
 * ``cost.budget_fail`` — the verdict against a budget is ``fail``. Healthy: the true ratio
   equals the budget (the least favourable true ratio for a false ``fail``), nominal 2.5%.
@@ -21,7 +21,7 @@ with the first ``warmup_steps`` steps ``warmup_factor`` times slower, and a stra
 with probability ``straggler_p``, a factor 1 + Pareto(1.5) (heavy right tail, infinite
 variance). ``position`` is the run's place in the execution queue of N runs: ``blocked``
 (every run of one level, then the next level: the old expansion order) or ``interleaved``
-(``app.stats.cost.balanced_level_order``: the order the study service now creates runs in).
+(``steady.server.stats.cost.balanced_level_order``: the order the study service now creates runs in).
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from functools import lru_cache, partial
 import numpy as np
 from scipy import stats
 
-from app.stats.calibration import Rule, Scenario
-from app.stats.cost import balanced_level_order, cost_ratio
-from app.stats.intervals import std_confidence_bounds
-from app.stats.planning import seeds_for_equivalence, seeds_for_std_claim
+from steady.server.stats.calibration import Rule, Scenario
+from steady.server.stats.cost import balanced_level_order, cost_ratio
+from steady.server.stats.intervals import std_confidence_bounds
+from steady.server.stats.planning import seeds_for_equivalence, seeds_for_std_claim
 
 __all__ = ["RULES", "simulate_step_times", "queue_positions"]
 

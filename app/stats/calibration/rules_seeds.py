@@ -1,4 +1,4 @@
-"""Calibration scenarios: seeds family (see app.stats.calibration.rules).
+"""Calibration scenarios: seeds family (see steady.server.stats.calibration.rules).
 
 Rules: the out-of-band run flag, the two seed-stability claims ("unstable", "stable") and the
 divergence rule, repeatability, and the two stack-portability claims. Each healthy scenario is
@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 from scipy import optimize, stats
 
-from app.stats import guarantees
-from app.stats.bands import out_of_band_curves
-from app.stats.calibration import Rule, Scenario
-from app.stats.calibration import generators as gen
-from app.stats.repeatability import RepeatRun, repeatability
-from app.stats.report import MetricSpec, RunData, build_report
-from app.stats.seed_stability import seed_spread
+from steady.server.stats import guarantees
+from steady.server.stats.bands import out_of_band_curves
+from steady.server.stats.calibration import Rule, Scenario
+from steady.server.stats.calibration import generators as gen
+from steady.server.stats.repeatability import RepeatRun, repeatability
+from steady.server.stats.report import MetricSpec, RunData, build_report
+from steady.server.stats.seed_stability import seed_spread
 
 __all__ = ["RULES", "STATED_POWER", "OOB_FALSE_ALARM", "curve_level_sd", "offset_for_power", "oob_planted_power"]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from app.stats.calibration import Rate, Rule, clopper_pearson, exceeds_nominal, measure
+from steady.server.stats.calibration import Rate, Rule, clopper_pearson, exceeds_nominal, measure
 
 __all__ = ["run_table", "format_text", "format_markdown", "to_json", "update_doc", "power_offsets",
            "format_power_markdown", "KINDS", "DOC_START", "DOC_END", "POWER_START", "POWER_END"]
@@ -97,7 +97,7 @@ def power_offsets(*, rng: np.random.Generator, sims: int, seeds=(5, 10, 20), n_s
                   rho: float = 0.9) -> list[dict]:
     """For each number of seeds: the whole-curve offset (× the level sd) flagged with 80% power by
     normal theory, and the power measured at that offset on AR(1) curves with seed offsets."""
-    from app.stats.calibration.rules_seeds import curve_level_sd, offset_for_power, oob_planted_power
+    from steady.server.stats.calibration.rules_seeds import curve_level_sd, offset_for_power, oob_planted_power
 
     out = []
     for n in seeds:
