@@ -43,6 +43,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/python scripts/check-markdown
 
 test: setup
 	@$(MAKE) --no-print-directory lint
