@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# CPU builds for this machine and CI; GPU boxes install their own CUDA builds (README).
+# CPU builds for this machine and CI; GPU boxes install their own CUDA builds (docs/deploy.md).
 FRAMEWORKS := torch==2.13.0 tensorflow-cpu==2.21.*
 
 .PHONY: setup system-deps demo lint test test-fast bench serve worker clean

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from steady.server.reports.models import Report
 
-# Exit codes, for every command (README, "Exit codes").
+# Exit codes, for every command (docs/cli.md, "Exit codes").
 EXIT_OK = 0  # done; for report / submit --wait / compare: no verdict failed
 EXIT_FAIL = 1  # the command failed (server refused or unreachable, study failed) or a verdict failed
 EXIT_USAGE = 2  # wrong arguments, or a spec file that is missing or not valid YAML
