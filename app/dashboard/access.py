@@ -16,9 +16,9 @@ from urllib.parse import quote, urlsplit
 from fastapi import APIRouter, Depends, Form, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from steady.server.auth.service import GRANTS, Role, authenticate, create_session, revoke_session
+from steady.server.kit.auth import GRANTS, Role, authenticate, create_session, revoke_session
 from steady.server.dashboard.views import render
-from steady.server.deps import SESSION_COOKIE, OptionalCaller, Principal
+from steady.server.kit.deps import SESSION_COOKIE, OptionalCaller, Principal
 
 router = APIRouter(include_in_schema=False)
 

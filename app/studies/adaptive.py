@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 from sqlalchemy.orm import Session
 
-from steady.server.db import WriteSession
+from steady.server.kit.db import WriteSession
 from steady.server.models import Study, utcnow
 from steady.server.stats.report import SeedStages
 from steady.server.stats.sequential import stage_sizes

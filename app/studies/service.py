@@ -13,13 +13,13 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import steady.worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
-from steady.server.auth.service import Caller, Role, ensure_may_change
-from steady.server.config import Settings
-from steady.server.db import WriteSession
-from steady.server.errors import Conflict, Forbidden, Invalid, NotFound
+import steady.worker.contract.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
+from steady.server.kit.auth import Caller, Role, ensure_may_change
+from steady.server.kit.config import Settings
+from steady.server.kit.db import WriteSession
+from steady.server.kit.errors import Conflict, Forbidden, Invalid, NotFound
 from steady.server.metrics import repository as metrics_repo
-from steady.server.wire import wire_float
+from steady.server.kit.wire import wire_float
 from steady.server.models import Run, Study, utcnow
 from steady.server.stats.cost import balanced_level_order
 from steady.server.studies import adaptive, repository
@@ -27,7 +27,7 @@ from steady.server.runs import repository as runs_repo
 from steady.server.runs.schemas import ExternalRunIn
 from steady.server.studies.schemas import StudyOut, StudySpec, StudySummary
 from steady.server.studies.spec_parts import CodeRef
-from steady.worker.protocol import STEP_TIME_KEY, RunStatus, StudyStatus
+from steady.worker.contract.protocol import STEP_TIME_KEY, RunStatus, StudyStatus
 
 
 def ensure_suite_owner(session: Session, suite: str, caller: Caller) -> None:
