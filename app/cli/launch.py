@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from steady.server.cli.support import client_opts
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
-def add_parser(sub: Any, client_opts: Callable[[argparse.ArgumentParser], None]) -> None:
+def register(sub: Any) -> None:
+    """Add ``launch slurm`` and ``launch k8s`` to ``steady``'s subcommands."""
     p = sub.add_parser("launch", help="start agents for a study on Slurm (job array) or Kubernetes (Indexed Job)")
     engines = p.add_subparsers(dest="engine", required=True)
 

@@ -12,11 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from steady.server.cli.client import wait_for
 from steady.server.cli.support import (
+    EXIT_CANNOT_JUDGE,
     EXIT_FAIL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
+    client_opts,
+    code_opts,
     get_report,
     load_spec,
     table,
@@ -234,3 +237,71 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         print(f"{a['id']:>5}  {a['state']:<8} {a['severity']:<8} {a['kind']:<18} {printable(a['summary'])}{ack}\n"
               f"       {a['link']}")
     return EXIT_FAIL if args.fail_on_firing and any(a["state"] == "firing" for a in page["items"]) else EXIT_OK
+
+
+def register(sub: Any) -> None:
+    """Add login, logout, check, report, compare, alerts to ``steady``'s subcommands (``sub``)."""
+    p = sub.add_parser("login", help="check a server URL and token, and save both for this user")
+    p.add_argument("url", help="the server, e.g. http://steady.example:8000")
+    p.add_argument("--token", default=argparse.SUPPRESS,
+                   help="API token (default: STEADY_TOKEN, else asked for, or read from stdin when piped)")
+    p.set_defaults(func=cmd_login)
+
+    p = sub.add_parser("logout", help="forget the saved server and token")
+    p.set_defaults(func=cmd_logout)
+
+    p = sub.add_parser(
+        "check", help="CI gate: judge a study (or submit a spec and wait); exit 0 pass, 1 fail, 2 inconclusive, "
+                      "3 could not judge",
+        description="Judge a study as a CI gate. Given a spec file, submit it and wait for it (like "
+                    "`submit --wait`); given a study id, use that study (waiting if it still runs). Every level's "
+                    "expectation, every verdict, every cost budget and, with --against, every comparison with the "
+                    "suite's baseline snapshot is one check.",
+        epilog="Exit codes: 0 every check passed; 1 a check failed (or every run of the study failed); "
+               "2 no check failed but one is inconclusive (too few runs, no margin or limit given); 3 could not "
+               "judge: wrong arguments, a spec missing or invalid, the server unreachable or refusing (401, 403, "
+               "404, 422), the study cancelled. A failure wins over an inconclusive check.")
+    client_opts(p)
+    p.add_argument("target", metavar="SPEC_OR_STUDY", help="a study spec (YAML/JSON, - for stdin) or a study id")
+    p.add_argument("--against", metavar="SUITE",
+                   help="also compare the study's final metrics with SUITE's baseline snapshot (TOST within each "
+                        "metric's margin)")
+    p.add_argument("--junit", metavar="PATH", help="write a JUnit XML report (one testcase per check)")
+    p.add_argument("--markdown", metavar="PATH", help="write a Markdown summary (one line per check)")
+    p.add_argument("--webhook", metavar="URL", help='POST the summary as JSON {"text": markdown, ...}')
+    code_opts(p)
+    p.set_defaults(func=cmd_check, error_exit=EXIT_CANNOT_JUDGE)
+
+    p = sub.add_parser("report", help="the stability report of a study")
+    client_opts(p)
+    p.add_argument("study", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("compare", help="are two studies' final metrics equivalent? (exit 1 when not)")
+    client_opts(p)
+    p.add_argument("baseline", type=int, help="study id of the baseline")
+    p.add_argument("candidate", type=int, help="study id of the candidate")
+    p.add_argument("--metric", default="loss")
+    margin = p.add_mutually_exclusive_group()
+    margin.add_argument("--margin", type=float, help="absolute equivalence margin")
+    margin.add_argument("--relative-margin", type=float, help="margin as a share of the baseline mean, e.g. 0.01")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("alerts", help="alerts: list (default) or acknowledge")
+    client_opts(p)
+    asub = p.add_subparsers(dest="alerts_cmd")
+    ls = asub.add_parser("list")
+    for q in (p, ls):
+        q.add_argument("--state", choices=["firing", "resolved"])
+        q.add_argument("--suite")
+        q.add_argument("--study", type=int)
+        q.add_argument("--limit", type=int, default=50)
+        q.add_argument("--json", action="store_true")
+        q.add_argument("--fail-on-firing", action="store_true", help="exit 1 when a listed alert is firing (for CI)")
+    client_opts(ls)
+    ack = asub.add_parser("ack")
+    client_opts(ack)
+    ack.add_argument("id", type=int)
+    p.set_defaults(func=cmd_alerts)

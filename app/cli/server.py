@@ -7,12 +7,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from steady.server.cli.support import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
+    server_opts,
 )
 from steady.server.kit.terminal import printable
 
@@ -178,3 +180,59 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from steady.server.cli.demo.run import run_demo
 
     return run_demo(args)
+
+
+def register(sub: Any) -> None:
+    """Add serve, migrate, token, demo and calibrate to ``steady``'s subcommands (``sub``)."""
+    p = sub.add_parser("serve", help="run the API server and dashboard")
+    server_opts(p)
+    p.add_argument("--host", default=os.environ.get("STEADY_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("STEADY_PORT", "8000")))
+    p.add_argument("--workers", type=int, default=1, help="API processes (use PostgreSQL for more than one)")
+    p.add_argument("--public-dashboard", action="store_true", help="dashboard readable without a token")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("migrate", help="upgrade the database schema to this version")
+    server_opts(p)
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("token", help="manage API tokens (on the server's database)")
+    server_opts(p)
+    tsub = p.add_subparsers(dest="token_cmd", required=True)
+    c = tsub.add_parser("create")
+    server_opts(c)
+    c.add_argument("--role", required=True, choices=["admin", "user", "worker"])
+    c.add_argument("--name")
+    c.add_argument("--save", action="store_true", help="also write it to <data-dir>/token for the CLI")
+    c.add_argument("--quiet", "-q", action="store_true", help="print only the token")
+    server_opts(tsub.add_parser("list"))
+    r = tsub.add_parser("revoke")
+    server_opts(r)
+    r.add_argument("id", type=int)
+    p.set_defaults(func=cmd_token)
+
+    p = sub.add_parser("demo", help="serve, run a local worker, run the bundled demo study, print its report")
+    p.add_argument("--data-dir", default=os.environ.get("STEADY_DATA_DIR", ".steady-demo"))
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--exit", action="store_true", help="stop the server after the report instead of serving on")
+    p.add_argument("--quick", action="store_true", help="a smaller study (for tests)")
+    p.add_argument("--controls", action="store_true",
+                   help="instead: the planted controls (one source of nondeterminism each), judged without a server")
+    p.add_argument("--variants", action="store_true", help="with --controls: also the reference itself and the other data-order plants")
+    p.add_argument("--overlaps", action="store_true", help="with --controls: also controls with two planted sources")
+    p.add_argument("--keras", action="store_true", help="with --controls: also the Keras controls")
+    p.add_argument("--device", default="cpu", help="with --controls: device of the kernel control (cpu, cuda)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("calibrate", help="measure each decision rule's false-alarm rate and power by simulation")
+    p.add_argument("--sims", type=int, default=200, help="simulated studies per scenario (default 200)")
+    p.add_argument("--planted-sims", type=int, default=None, help="simulations per planted scenario (default --sims)")
+    p.add_argument("--rule", action="append", help="only this rule (repeatable); default: every rule")
+    p.add_argument("--seed", type=int, default=20260101, help="seed of the numpy Generator")
+    p.add_argument("--json", metavar="OUT", help="also write the table as JSON to OUT")
+    p.add_argument("--power-sims", type=int, default=0,
+                   help="also measure the out-of-band 80%%-power offsets for 5/10/20 seeds (this many sims each)")
+    p.add_argument("--update-doc", metavar="MD", help="rewrite the table block of this markdown file (docs/calibration.md)")
+    p.add_argument("--progress", action="store_true", help="print each scenario's count to stderr as it finishes")
+    p.set_defaults(func=cmd_calibrate)

@@ -12,6 +12,8 @@ from steady.server.cli.support import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    client_opts,
+    code_opts,
     failing_verdicts,
     get_report,
     load_spec,
@@ -19,6 +21,7 @@ from steady.server.cli.support import (
     verdict_exit_code,
 )
 from steady.server.kit.terminal import printable
+from steady.worker.contract.protocol import RunStatus
 
 if TYPE_CHECKING:
     from steady.server.reports.models import Report
@@ -167,3 +170,39 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     print(f"cancelled study {study['id']} ({printable(study['name'])}): {p.get('cancelled', 0)} runs cancelled,"
           f" {p.get('running', 0)} running runs asked to stop, {p.get('completed', 0)} completed kept")
     return EXIT_OK
+
+
+def register(sub: Any) -> None:
+    """Add submit, runs, logs, status, cancel to ``steady``'s subcommands (``sub``)."""
+    p = sub.add_parser("submit", help="submit a study spec (YAML or JSON)")
+    client_opts(p)
+    p.add_argument("spec", help="path to the spec, or - for stdin")
+    p.add_argument("--wait", action="store_true",
+                   help="show progress until the study ends; exit 1 if it failed or a verdict failed")
+    code_opts(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("runs", help="a study's runs: status, attempt, seed, level, error")
+    client_opts(p)
+    p.add_argument("study", type=int)
+    p.add_argument("--status", choices=[s.value for s in RunStatus])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("logs", help="a run's error and the tail of its output")
+    client_opts(p)
+    p.add_argument("run", type=int)
+    p.add_argument("--tail", type=int, default=0, help="only the last N characters")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("status", help="studies and their progress")
+    client_opts(p)
+    p.add_argument("study", nargs="?", type=int)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("cancel", help="cancel a study: queued runs are dropped, running ones asked to stop")
+    client_opts(p)
+    p.add_argument("study", type=int)
+    p.set_defaults(func=cmd_cancel)

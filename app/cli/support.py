@@ -5,6 +5,7 @@ Kept free of server dependencies (no FastAPI, no SQLAlchemy) so every user comma
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -143,3 +144,29 @@ def table(header: list[str], rows: list[list[str]]) -> str:
         cells = [str(c).ljust(w) for c, w in zip(r, widths, strict=False)] + [str(r[-1])]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+# Global options: accepted before the command (the top-level default) and after it (SUPPRESS,
+# so a subcommand that was not given the option keeps the value given before it).
+def server_opts(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+    p.add_argument("--data-dir", default=default,
+                   help="where the embedded database lives (STEADY_DATA_DIR, default .steady)")
+    p.add_argument("--database-url", default=default,
+                   help="SQLAlchemy URL, e.g. postgresql+psycopg://… (STEADY_DATABASE_URL)")
+
+
+def client_opts(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+    p.add_argument("--server", default=default,
+                   help="server URL (STEADY_SERVER, then `steady login`, default http://127.0.0.1:8000)")
+    p.add_argument("--token", default=default,
+                   help="API token (STEADY_TOKEN, then `steady login`, then <data-dir>/token)")
+
+
+def code_opts(p: argparse.ArgumentParser) -> None:
+    """How ``submit`` and ``check SPEC`` ship the code (``steady.server.cli.code``)."""
+    p.add_argument("--code", metavar="DIR", help="ship this folder as the study's code (default: the git work "
+                   "tree holding the spec, else the spec's folder); an arm's `code: DIR` ships its own folder")
+    p.add_argument("--max-code-mb", type=float, default=50.0,
+                   help="refuse to ship more code than this, per archive (default 50)")
+    p.add_argument("--no-code", action="store_true",
+                   help="ship nothing: the entrypoint is resolved on each worker's own filesystem")
