@@ -19,9 +19,8 @@ from steady.server.kit.errors import TooManyRequests
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, Worker, utcnow
 from steady.server.lifecycle import credentials
-from steady.server.reports import service as reports
 from steady.server.runs import repository as runs_repo
-from steady.server.studies import service as studies
+from steady.server.runs import settled
 from steady.worker.contract.protocol import Lease, RunSpec, RunStatus, StudyStatus
 
 CANDIDATES_PER_LEASE = 200
@@ -99,7 +98,7 @@ def reap_expired(session: WriteSession, now: datetime | None = None) -> list[int
         error="lease expired on the last allowed attempt: the worker stopped heartbeating",
     ))
     for study_id in sorted(study_ids):
-        studies.refresh_status(session, study_id, report_of=reports.compute_report)
+        settled.announce(session, study_id)
     return sorted(study_ids)
 
 
@@ -228,6 +227,6 @@ def lease_next(session: WriteSession, worker: Worker, settings: Settings, reques
         worker.lease_run_id = run.id
         session.flush()
         if study.status != StudyStatus.running:  # a lease only ever moves a study from queued to running
-            studies.refresh_status(session, study.id, report_of=reports.compute_report)
+            settled.announce(session, study.id)
         return lease
     return None

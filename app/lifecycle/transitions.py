@@ -24,10 +24,9 @@ from steady.server.kit.errors import Conflict, Forbidden, NotFound
 from steady.server.metrics import repository as metrics_repo
 from steady.server.kit.wire import wire_float
 from steady.server.models import Run, Worker, utcnow
-from steady.server.reports import service as reports
 from steady.server.runs import repository as runs_repo
+from steady.server.runs import settled
 from steady.server.runs.repository import RunState
-from steady.server.studies import service as studies
 from steady.worker.contract.protocol import (
     ErrorCode,
     FailureKind,
@@ -153,7 +152,7 @@ def complete(session: WriteSession, run_id: int, body: RunResult, principal: Pri
         return outcome
     state, _ = outcome
     metrics_repo.delete_other_attempts(session, run_id, state.attempt)
-    studies.refresh_status(session, state.study_id, report_of=reports.compute_report)
+    settled.announce(session, state.study_id)
     return RunAck(run_id=run_id, status=RunStatus.completed)
 
 
@@ -176,7 +175,7 @@ def fail(session: WriteSession, run_id: int, body: RunFailure, principal: Princi
     if isinstance(outcome, RunAck):
         return outcome
     state, _ = outcome
-    studies.refresh_status(session, state.study_id, report_of=reports.compute_report)
+    settled.announce(session, state.study_id)
     return RunAck(run_id=run_id, status=status)
 
 
@@ -200,5 +199,5 @@ def release(session: WriteSession, run_id: int, body: RunRelease, principal: Pri
         return outcome
     state, new_status = outcome
     metrics_repo.delete_attempt(session, run_id, state.attempt)
-    studies.refresh_status(session, state.study_id, report_of=reports.compute_report)
+    settled.announce(session, state.study_id)
     return RunAck(run_id=run_id, status=RunStatus(new_status))

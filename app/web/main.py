@@ -34,9 +34,11 @@ from steady.server.kit.errors import ERROR_RESPONSES, error_body
 from steady.server.launches.router import router as launches_router
 from steady.server.mlflow.router import router as mlflow_router
 from steady.server.lifecycle.committer import GroupCommitter
+from steady.server.reports import service as reports_service
 from steady.server.reports.background import ReportCacher
 from steady.server.reports.router import router as reports_router
 from steady.server.lifecycle import leasing
+from steady.server.runs import settled
 from steady.server.lifecycle.router import router as runs_router
 from steady.server.studies.router import router as studies_router
 from steady.server.workers.router import router as workers_router
@@ -183,6 +185,7 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
     settings = settings or get_settings()
     alert_settings = alert_settings or AlertSettings()
     _die_with_supervisor()
+    settled.subscribe(reports_service.run_settled)  # a run settled: the study's status, a stage judged
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
