@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, select
 
-from steady.server.demo.run import open_data_dir
+from steady.server.cli.demo.run import open_data_dir
 from steady.server.models import Study
 from tests.conftest import REPO, free_port, wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from steady.worker.local import LocalResult, run_local
+from steady.worker.agent.local import LocalResult, run_local
 
 pytestmark = pytest.mark.slow
 
