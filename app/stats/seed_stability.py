@@ -11,6 +11,7 @@ from steady.server.stats.intervals import (MeanCI, OrderStatisticTolerance, Pred
                                  ToleranceInterval, bonett_std_bounds, mean_ci, normal_tolerance_interval,
                                  order_statistic_tolerance, prediction_interval, std_confidence_bounds)
 from steady.server.stats.planning import INDISTINGUISHABLE, seeds_for_std_claim
+from steady.server.stats.quantiles import norm_ppf
 
 __all__ = ["SeedSpread", "seed_spread", "spread_decision", "MIN_SEEDS", "KURTOSIS_FLOOR", "divergence_rate_ci"]
 
@@ -176,7 +177,7 @@ def spread_decision(final_values, *, max_std: float, alpha: float = 0.05,
 def _bonett_upper(x: np.ndarray, *, alpha: float, kurtosis_floor: float) -> float:
     """Bonett's (2006) one-sided upper bound of σ with the kurtosis estimate floored at ``kurtosis_floor``."""
     n = x.size
-    z = float(stats.norm.ppf(1.0 - alpha))
+    z = norm_ppf(1.0 - alpha)
     c = n / (n - z)
     rb = bonett_std_bounds(x, alpha=alpha)
     g = max(rb.kurtosis, kurtosis_floor)
