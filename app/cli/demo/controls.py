@@ -18,6 +18,7 @@ packages plus one pinned NumPy from the package index) under the cache directory
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -136,6 +137,17 @@ def numpy_env(version: str, cache_dir: Path = DEFAULT_CACHE) -> str:
     done = root / ".ready"
     if done.exists():
         return str(python)
+    # Two processes (parallel test workers, two demos) must not build the same environment at once:
+    # the second waits for the first and then finds it ready.
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return str(python)
+        return _build_numpy_env(version, root, python, done)
+
+
+def _build_numpy_env(version: str, root: Path, python: Path, done: Path) -> str:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(root)], check=True)
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
