@@ -45,14 +45,19 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/check-markdown
 
+# The suite on TEST_WORKERS parallel processes (pytest-xdist; CONTRIBUTING.md "Tests"), the slow tier included.
+# Most tests wait on subprocesses (servers, workers, browsers), so one more worker than cores keeps both busy.
+TEST_WORKERS ?= 3
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup
 	@$(MAKE) --no-print-directory lint
-	@$(BIN)/pytest -q -rfE; rc=$$?; \
+	@$(BIN)/pytest -q -rfE $(PYTEST_PARALLEL) --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi; \
 	exit $$rc
 
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow and not browser"
+	$(BIN)/pytest -q $(PYTEST_PARALLEL) -m "not slow and not browser"
 
 # Benchmarks write bench/results/*.json. MLflow, the ingestion reference, lives in its own venv.
 MLFLOW_VENV := .venv-mlflow

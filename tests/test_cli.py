@@ -1,20 +1,33 @@
-"""The CLI as a user drives it, against a real server process."""
+"""The CLI as a user drives it, against a real server process: ``steady.server.cli.main`` in this process
+(``run_cli_in_process``: its own environment, working folder and stdin), and a few commands as real
+processes where the process is the point: the installed ``steady`` entry point, a closed pipe, Ctrl-C,
+``submit --wait`` while a worker runs."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, SQLITE_ONLY, CliResult, run_cli_in_process
 
 
-def steady(server, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def steady(server, *args: str, input: str | None = None, check: bool = True) -> CliResult:
     env = {**server.env, "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "steady.server.cli", *args], env=env, cwd=REPO, input=input,
-                          capture_output=True, text=True, check=check, timeout=120)
+    result = run_cli_in_process(*args, env=env, cwd=REPO, input=input)
+    if check:
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+    return result
+
+
+def steady_process(server, *args: str, **kw) -> subprocess.Popen:
+    """``python -m steady.server.cli ARGS`` as a child process, as the user's shell starts it."""
+    env = {**server.env, "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1"}
+    return subprocess.Popen([sys.executable, "-m", "steady.server.cli", *args], env=env, cwd=REPO, text=True, **kw)
 
 
 def test_submit_status_report(live_server, tmp_path):
@@ -24,9 +37,11 @@ def test_submit_status_report(live_server, tmp_path):
         "determinism: [seeded]\nmetrics: [loss]\n"
     )
     out = steady(live_server, "submit", str(spec)).stdout
-    assert "submitted study 1" in out and "3 runs" in out
+    assert out.startswith("submitted study ") and "3 runs" in out
+    sid = int(out.split()[2])
     status = steady(live_server, "status").stdout
     assert "cli study" in status and "0/3 runs" in status
+    assert steady(live_server, "status", str(sid)).stdout.splitlines()[1].split()[:2] == [str(sid), "queued"]
 
     bad = steady(live_server, "submit", "-", input="name: x\nseeds: []\nworkload: {framework: torch, name: torch_mlp}\n",
                  check=False)
@@ -54,14 +69,14 @@ def test_submit_status_report(live_server, tmp_path):
 
 def test_token_commands_and_errors(live_server):
     env = live_server.env
-    listed = subprocess.run([sys.executable, "-m", "steady.server.cli", "token", "list"], env=env, cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout
+    listed = run_cli_in_process("token", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    listed = listed.stdout
     assert "admin" in listed and "worker" in listed and "stdy_" in listed
     assert live_server.tokens["user"] not in listed  # only prefixes are ever shown
     r = httpx.get(live_server.url + "/api/v1/studies", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
-    no_server = subprocess.run([sys.executable, "-m", "steady.server.cli", "status", "--server", "http://127.0.0.1:9"],
-                               env=env, cwd=REPO, capture_output=True, text=True)
+    no_server = run_cli_in_process("status", "--server", "http://127.0.0.1:9", env=env)
     assert no_server.returncode == 1 and "cannot reach" in no_server.stderr
 
 
@@ -81,13 +96,13 @@ def test_control_characters_in_names_never_reach_the_terminal(live_server):
 
 def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
     import json
+    import os
 
     doc = tmp_path / "cal.md"
     doc.write_text("intro\n<!-- calibration-table:start -->\nold\n<!-- calibration-table:end -->\n"
                    "<!-- power-table:start -->\n<!-- power-table:end -->\nend\n")
-    out = subprocess.run([sys.executable, "-m", "steady.server.cli", "calibrate", "--sims", "20", "--rule", "repeatability",
-                          "--json", str(tmp_path / "cal.json"), "--power-sims", "10", "--update-doc", str(doc)],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = run_cli_in_process("calibrate", "--sims", "20", "--rule", "repeatability", "--json", str(tmp_path / "cal.json"),
+                             "--power-sims", "10", "--update-doc", str(doc), env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert "repeatability" in out.stdout and "identical-3x500" in out.stdout and "95% CI" in out.stdout
     data = json.loads((tmp_path / "cal.json").read_text())
@@ -96,8 +111,7 @@ def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
     assert [p["seeds"] for p in data["oob_power_offsets"]] == [5, 10, 20]
     text = doc.read_text()
     assert "old" not in text and "| `repeatability` | `identical-3x500` | healthy |" in text and text.endswith("end\n")
-    bad = subprocess.run([sys.executable, "-m", "steady.server.cli", "calibrate", "--rule", "nope"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+    bad = run_cli_in_process("calibrate", "--rule", "nope", env=dict(os.environ))
     assert bad.returncode == 2 and "no rule named" in bad.stderr
 
 
@@ -110,9 +124,8 @@ def client_env(server, tmp_path, **extra: str) -> dict[str, str]:
     return {**env, "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1", **extra}
 
 
-def run_cli(*args: str, env: dict[str, str], cwd=REPO, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "steady.server.cli", *args], env=env, cwd=cwd, input=input,
-                          capture_output=True, text=True, timeout=120, check=False)
+def run_cli(*args: str, env: dict[str, str], cwd=REPO, input: str | None = None) -> CliResult:
+    return run_cli_in_process(*args, env=env, cwd=cwd, input=input)
 
 
 def one_line(stderr: str) -> str:
@@ -154,9 +167,9 @@ def test_login_saves_server_and_token_and_every_401_says_how_to_fix_it(live_serv
     assert config.stat().st_mode & 0o777 == 0o600
     assert json.loads(config.read_text()) == {"server": live_server.url, "token": live_server.tokens["user"]}
 
-    status = run_cli("status", env=env, cwd=cwd)
+    status = run_cli("status", env=env, cwd=cwd)  # the saved server and token (other tests' studies are listed)
     assert status.returncode == 0, status.stderr
-    assert status.stdout.split() == ["no", "studies", "yet:", "steady", "submit", "study.yaml"]
+    assert status.stdout.splitlines()[0].split() == ["ID", "STATUS", "PROGRESS", "NAME"]
 
     bad = run_cli("status", "--token", "wrong", env=env, cwd=cwd)
     line = one_line(bad.stderr)
@@ -174,6 +187,42 @@ def test_login_saves_server_and_token_and_every_401_says_how_to_fix_it(live_serv
     assert after.returncode == 1 and "steady login URL" in one_line(after.stderr)
 
 
+@SQLITE_ONLY
+def test_status_on_an_empty_server_says_how_to_submit(api, monkeypatch, tmp_path):
+    """A fresh server (an app in this process, on its own database): the CLI's HTTP client talks to it directly."""
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setattr(httpx, "Client", lambda base_url, headers, timeout: TestClient(api.app, base_url=base_url,
+                                                                                      headers=headers))
+    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1"}
+    status = run_cli("status", "--server", "http://steady.test", "--token", api.tokens["user"], env=env, cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.split() == ["no", "studies", "yet:", "steady", "submit", "study.yaml"]
+    refused = run_cli("status", "--server", "http://steady.test", "--token", "wrong", env=env, cwd=tmp_path)
+    assert refused.returncode == 1 and "refused the token from --token (401)" in one_line(refused.stderr)
+
+
+def test_the_installed_entry_point_runs_commands(live_server, tmp_path):
+    """``steady`` as pip installed it (the console script next to this interpreter), not ``python -m``."""
+    exe = Path(sys.executable).with_name("steady")
+    assert exe.is_file(), f"no console script at {exe}: `pip install -e .` installs it"
+    env = client_env(live_server, tmp_path)
+    version = subprocess.run([str(exe), "--version"], env=env, capture_output=True, text=True, timeout=120)
+    from steady.server import __version__
+
+    assert version.returncode == 0 and version.stdout.strip() == f"steady {__version__}", version.stderr
+    with live_server.client() as c:
+        sid = external_study(c, "entry point", seeds=1)
+    status = subprocess.run([str(exe), "status", str(sid), "--server", live_server.url, "--token",
+                             live_server.tokens["user"]], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[1].split()[:2] == [str(sid), "open"]
+    usage = subprocess.run([str(exe), "status", "--no-such-option"], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert usage.returncode == 2 and "error:" in usage.stderr
+
+
 def test_global_options_work_before_and_after_the_command(live_server, tmp_path):
     env = client_env(live_server, tmp_path)
     opts = ["--server", live_server.url, "--token", live_server.tokens["user"]]
@@ -185,7 +234,9 @@ def test_global_options_work_before_and_after_the_command(live_server, tmp_path)
                  ["token", "--data-dir", str(live_server.data_dir), "list"]):
         r = run_cli(*args, env=env, cwd=tmp_path)
         assert r.returncode == 0 and "admin" in r.stdout, (args, r.stderr)
-    assert run_cli("--version", env=env).stdout.strip() == f"steady {__import__('app').__version__}"
+    from steady.server import __version__
+
+    assert run_cli("--version", env=env).stdout.strip() == f"steady {__version__}"
 
 
 def test_token_list_in_the_wrong_folder_creates_nothing(live_server, tmp_path):
@@ -267,9 +318,7 @@ def test_ctrl_c_while_waiting_says_the_study_keeps_running(live_server, tmp_path
     spec = tmp_path / "study.yaml"
     spec.write_text("name: waited\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0]\n"
                     "determinism: [seeded]\nmetrics: [loss]\n")
-    env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"]}
-    proc = subprocess.Popen([sys.executable, "-m", "steady.server.cli", "submit", str(spec), "--wait"], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = steady_process(live_server, "submit", str(spec), "--wait", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         sid = int(proc.stdout.readline().split()[2])  # "submitted study N …"
         first = proc.stderr.readline()  # the first progress line: the CLI is waiting now
@@ -293,10 +342,7 @@ def test_submit_wait_exits_1_when_a_verdict_fails(live_server, tmp_path):
     spec = tmp_path / "study.yaml"
     spec.write_text("name: spread\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0, 1, 2, 3, 4]\n"
                     "determinism: [seeded]\nmetrics: [{name: loss, max_std: 0.01}]\n")
-    env = {**live_server.env, "STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"],
-           "NO_COLOR": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "steady.server.cli", "submit", str(spec), "--wait"], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = steady_process(live_server, "submit", str(spec), "--wait", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         sid = int(proc.stdout.readline().split()[2])
         worker = FakeWorker(live_server.url, live_server.tokens["worker"], "fake", deadline_s=60)
@@ -340,3 +386,35 @@ def test_check_exits_3_when_it_cannot_judge_and_other_commands_keep_2_for_usage(
     assert run_cli("status", "--no-such-option", env=env, cwd=tmp_path).returncode == 2
     assert run_cli("submit", str(tmp_path / "nope.yaml"), env=env, cwd=tmp_path).returncode == 2
     assert run_cli("report", "12", env=env, cwd=tmp_path).returncode == 1
+
+
+# --- every command's own help and usage errors (in process, no server) -------------------------------
+
+
+def _commands() -> list[str]:
+    from steady.server.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if a.dest == "command"]
+    return sorted(sub.choices)
+
+
+COMMANDS = _commands()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_that_renders(command, tmp_path):
+    """``steady CMD --help`` prints that command's usage (a stray % in a help text would raise instead)."""
+    r = run_cli(command, "--help", env={"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path)}, cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.startswith("usage: steady") and command in r.stdout.splitlines()[0], r.stdout[:200]
+    assert not (tmp_path / ".steady").exists()  # asking for help touches no database
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_refuses_an_unknown_option_with_its_usage_code(command, tmp_path):
+    """2 for usage (3 for `check`, "could not judge"), an error line, no traceback, nothing on stdout."""
+    r = run_cli(command, "--no-such-option", env={"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path)},
+                cwd=tmp_path)
+    assert r.returncode == (3 if command == "check" else 2), (r.returncode, r.stderr)
+    assert "error:" in r.stderr and "Traceback" not in r.stderr and r.stdout == "", r.stderr
+    assert not (tmp_path / ".steady").exists()

@@ -7,21 +7,20 @@ from __future__ import annotations
 import io
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 from steady.worker.contract import codepack
+from tests.conftest import CliResult, run_cli_in_process
 
 SPEC = "name: byoc\nworkload: {framework: torch, entrypoint: train.py}\nseeds: [0]\ndeterminism: [seeded]\n"
 
 
-def _submit(server, spec: Path, *extra: str) -> subprocess.CompletedProcess:
+def _submit(server, spec: Path, *extra: str) -> CliResult:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
     env.update(XDG_CONFIG_HOME=str(spec.parent / ".config"), NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "steady.server.cli", "submit", spec.name, "--server", server.url,
-                           "--token", server.tokens["user"], *extra],
-                          cwd=spec.parent, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return run_cli_in_process("submit", spec.name, "--server", server.url, "--token", server.tokens["user"], *extra,
+                              env=env, cwd=spec.parent)
 
 
 def _git_repo_with_spec(root: Path) -> Path:
@@ -52,11 +51,12 @@ def test_code_dir_ships_that_folder_instead_of_the_git_tree(live_server, tmp_pat
     assert from_git.returncode == 2, from_git.stdout + from_git.stderr
     assert f"train.py is not in the code packed from {os.path.realpath(tmp_path / 'repo')}" in from_git.stderr
 
+    before = live_server.study_ids()
     r = _submit(live_server, spec, "--code", str(shipped))
     assert r.returncode == 0, r.stdout + r.stderr
+    (sid,) = live_server.study_ids() - before
     with live_server.client() as c:
-        (listed,) = c.get("/api/v1/studies").json()["items"]
-        study = c.get(f"/api/v1/studies/{listed['id']}").json()
+        study = c.get(f"/api/v1/studies/{sid}").json()
         assert study["code_sha256"] == codepack.pack(str(shipped)).sha256
         assert study["code_git_commit"] is None  # not the git tree's commit: the folder is not in git
         assert study["spec"]["code"]["workdir"] == "."  # the spec is outside the folder: runs start at its top
@@ -71,13 +71,14 @@ def test_max_code_mb_refuses_an_oversize_tree_naming_the_option(live_server, tmp
     (shipped / "train.py").write_text("def main(ctx):\n    ctx.log(step=0, loss=1.0)\n")
     (shipped / "weights.bin").write_bytes(os.urandom(300 * 1024))
 
+    before = live_server.study_ids()
+    code_before = sorted((live_server.data_dir / "code").rglob("*.tar.gz"))
     r = _submit(live_server, spec, "--code", str(shipped), "--max-code-mb", "0.25")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "is over the limit of 0.25 MB" in r.stderr and "--max-code-mb for submit" in r.stderr, r.stderr
     assert "at weights.bin" in r.stderr and "Traceback" not in r.stderr
-    with live_server.client() as c:  # refused before anything was uploaded or queued
-        assert c.get("/api/v1/studies").json()["items"] == []
-    assert not (live_server.data_dir / "code").exists() or not any((live_server.data_dir / "code").rglob("*.tar.gz"))
+    assert live_server.study_ids() == before  # refused before anything was uploaded or queued
+    assert sorted((live_server.data_dir / "code").rglob("*.tar.gz")) == code_before
 
 
 def test_the_servers_code_limit_reaches_the_user_as_one_line(live_server_factory, tmp_path):

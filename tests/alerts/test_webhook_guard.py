@@ -13,6 +13,9 @@ from steady.server.alerts.dispatcher import Dispatcher, TokenBucket
 from steady.server.alerts.settings import AlertSettings
 from steady.server.models import AlertDelivery
 from tests.alerts.conftest import external_study
+from tests.conftest import SQLITE_ONLY
+
+pytestmark = SQLITE_ONLY  # the guard judges URLs; its SQL is plain ORM: a PostgreSQL pass would repeat the SQLite one
 
 WIDE = [0.2, 0.9, 0.4, 1.3, 0.1, 0.7, 1.1, 0.5]
 BAND_RULE = {"kind": "band_width", "metric": "loss", "max": 0.1, "severity": "critical"}

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import REPO, create_token_cli
+from tests.conftest import REPO
 
 pytest.importorskip("mlflow")
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def test_set_experiment_finds_only_the_callers_own_study_of_that_name(live_serve
     first = _mlflow(SET_EXPERIMENT, live_server.url, live_server.tokens["user"], "shared-name")
     again = _mlflow(SET_EXPERIMENT, live_server.url, live_server.tokens["user"], "shared-name")
     assert again["experiment_id"] == first["experiment_id"]  # the owner finds theirs
-    other_user = create_token_cli(live_server.env, "user")
+    other_user = live_server.new_tokens()["user"]
     other = _mlflow(SET_EXPERIMENT, live_server.url, other_user, "shared-name")  # was: 403 at start_run
     assert other["experiment_id"] != first["experiment_id"]
     http = live_server.client()

@@ -34,6 +34,7 @@ def test_ci_script_submits_a_study_with_a_budget_waits_and_gates(live_server, tm
         "budget: {max_seeds: 6, stage_seeds: 3}\n"
         "metrics: [{name: loss, max_std: 1.0}]\n")
     script = str(REPO / "examples" / "ci-gate.sh")
+    before = live_server.study_ids()
     worker = Worker(live_server, tmp_path, "gate-worker")
     try:
         job = subprocess.run(["bash", script, str(spec), str(tmp_path / "out")],
@@ -49,10 +50,11 @@ def test_ci_script_submits_a_study_with_a_budget_waits_and_gates(live_server, tm
     assert status[("steady.expectation", "strict:")] == [] and status[("steady.repeatability", "loss")] == []
     assert status[("steady.seed_stability", "loss")] == [], status
     assert suite.get("failures") == "0" and suite.get("skipped") == "0"
-    assert "/studies/1" in (tmp_path / "out" / "summary.md").read_text()
+    (sid,) = live_server.study_ids() - before
+    assert f"/studies/{sid}" in (tmp_path / "out" / "summary.md").read_text()
     with live_server.client() as c:
-        study = c.get("/api/v1/studies/1").json()
-        runs = c.get("/api/v1/studies/1/runs", params={"limit": 100}).json()
+        study = c.get(f"/api/v1/studies/{sid}").json()
+        runs = c.get(f"/api/v1/studies/{sid}/runs", params={"limit": 100}).json()
     assert study["stage"]["stage"] == 2 and study["stage"]["seeds"] == 6, study["stage"]
     items = runs["items"] if isinstance(runs, dict) else runs
     assert sorted({r["seed"] for r in items}) == [0, 1, 2, 3, 4, 5]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import REPO, LiveServer, create_pg_database, create_token_cli, drop_pg_database, free_port, pg_url_for, server_env
+from tests.conftest import REPO, LiveServer, create_pg_database, drop_pg_database, pg_url_for, server_env, start_live_server
 
 FAST_LEASES = {"lease_seconds": 3, "heartbeat_seconds": 1, "reaper_interval_seconds": 0.5}
 
@@ -41,22 +41,18 @@ def backend_url(request, tmp_path) -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    """Factory: cluster(database_url, n=1, workers=1, **settings) -> list[Server] sharing one database."""
+def cluster(tmp_path, sqlite_template):
+    """Factory: cluster(database_url, n=1, workers=1, **settings) -> list[Server] sharing one database
+    (tokens made in process, once, on that database)."""
     started: list[Server] = []
 
     def _start(database_url: str, n: int = 1, workers: int = 1, **settings) -> list[Server]:
         servers = []
-        tokens: dict[str, str] = {}
+        tokens: dict[str, str] | None = None
         for _ in range(n):
-            data_dir = tmp_path / f"api{len(started)}"
-            data_dir.mkdir()
-            env = server_env(data_dir, database_url, **settings)
-            if not tokens:
-                tokens = {role: create_token_cli(env, role) for role in ("admin", "user", "worker")}
-            s = Server(url=f"http://127.0.0.1:{free_port()}", data_dir=data_dir, env=env, tokens=tokens,
-                       log_path=data_dir / "server.log", workers=workers)
-            s.start()
+            s = start_live_server(tmp_path / f"api{len(started)}", database_url, sqlite_template=sqlite_template,
+                                  workers=workers, cls=Server, tokens=tokens, **settings)
+            tokens = s.tokens
             started.append(s)
             servers.append(s)
         return servers

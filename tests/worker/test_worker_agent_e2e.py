@@ -104,8 +104,8 @@ def test_a_full_study_completes(live_server, workers):
         assert r["final_metrics"]["loss"] == losses[0][1][-1]
         assert r["timings"]["wall_s"] > 0
     listed = http.get("/api/v1/workers").json()["items"]
-    mine = [x for x in listed if x["name"] == "w1"]
-    assert mine and {"e2e", "rack-1", "torch", "cpu"} <= set(mine[0]["labels"])
+    mine = [x for x in listed if x["name"] == "w1"]  # the shared server may list other tests' w1 too
+    assert any({"e2e", "rack-1", "torch", "cpu"} <= set(x["labels"]) for x in mine), mine
     assert w.stop() == 0
 
 
