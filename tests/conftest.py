@@ -121,7 +121,8 @@ POSTGRES_ONLY = pytest.mark.parametrize("db_url", [pytest.param("postgres", mark
 # fewer. SQLITE_ONLY, as a module's ``pytestmark`` or on a test: its SQL is the ORM's, the same on both, so a
 # PostgreSQL pass would repeat the SQLite one. A test in such a module whose SQL or locking differs (leasing's
 # SKIP LOCKED, FOR UPDATE, an upsert, raw SQL) takes BOTH_BACKENDS back. Both stay for the committer, migrations,
-# concurrency and faults, and one PostgreSQL pass of the end-to-end path (tests/reports/test_report_e2e.py).
+# concurrency and faults (tests/scale), and the end-to-end path keeps its PostgreSQL pass (tests/engines/test_slurm.py:
+# a server on PostgreSQL, real worker agents, a study to completion).
 SQLITE_ONLY = pytest.mark.backends("sqlite")
 BOTH_BACKENDS = pytest.mark.backends("sqlite", "postgres")
 BACKEND_PARAMS = {"sqlite": "sqlite", "postgres": pytest.param("postgres", marks=pytest.mark.postgres)}
@@ -298,7 +299,7 @@ def server_env(data_dir: Path, database_url: str = "", **settings) -> dict[str, 
 
 
 def create_token_cli(env: dict[str, str], role: str) -> str:
-    """A token made by ``steady token create`` in a subprocess, as an operator makes one (the CLI smoke tests)."""
+    """A token made by ``steady token create`` in a subprocess, as an operator makes one."""
     out = subprocess.run(
         [sys.executable, "-m", "steady.server.cli", "token", "create", "--role", role, "--quiet"],
         env=env, cwd=REPO, capture_output=True, text=True, check=True,
