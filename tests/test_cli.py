@@ -5,6 +5,7 @@ processes where the process is the point: the installed ``steady`` entry point, 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -95,7 +96,6 @@ def test_control_characters_in_names_never_reach_the_terminal(live_server):
 
 
 def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
-    import json
     import os
 
     doc = tmp_path / "cal.md"
@@ -148,8 +148,6 @@ def external_study(c, name: str, *, shift: float = 0.0, seed_spread: float = 0.0
 
 
 def test_login_saves_server_and_token_and_every_401_says_how_to_fix_it(live_server, tmp_path):
-    import json
-
     env = client_env(live_server, tmp_path)
     cwd = tmp_path  # no .steady/token here
     unauth = run_cli("status", "--server", live_server.url, env=env, cwd=cwd)
@@ -167,9 +165,12 @@ def test_login_saves_server_and_token_and_every_401_says_how_to_fix_it(live_serv
     assert config.stat().st_mode & 0o777 == 0o600
     assert json.loads(config.read_text()) == {"server": live_server.url, "token": live_server.tokens["user"]}
 
-    status = run_cli("status", env=env, cwd=cwd)  # the saved server and token (other tests' studies are listed)
+    with live_server.client() as c:
+        sid = external_study(c, "after login", seeds=1)
+    status = run_cli("status", env=env, cwd=cwd)  # the saved server and token
     assert status.returncode == 0, status.stderr
     assert status.stdout.splitlines()[0].split() == ["ID", "STATUS", "PROGRESS", "NAME"]
+    assert status.stdout.splitlines()[1].split()[:2] == [str(sid), "open"]  # newest first
 
     bad = run_cli("status", "--token", "wrong", env=env, cwd=cwd)
     line = one_line(bad.stderr)
@@ -355,6 +356,54 @@ def test_submit_wait_exits_1_when_a_verdict_fails(live_server, tmp_path):
             proc.kill()
     assert proc.returncode == 1, err
     assert f"steady: study {sid}: 1 failing verdict(s) (seed_stability unstable): `steady report {sid}`" in err
+
+
+JSON_COMMANDS = {
+    "status": lambda a, b: ["status", "--json"],
+    "status-one": lambda a, b: ["status", str(a), "--json"],
+    "runs": lambda a, b: ["runs", str(a), "--json"],
+    "report": lambda a, b: ["report", str(a), "--json"],
+    "compare": lambda a, b: ["compare", str(a), str(b), "--margin", "0.1", "--json"],
+    "alerts": lambda a, b: ["alerts", "--study", str(a), "--json"],
+}
+
+
+@pytest.mark.parametrize("command", JSON_COMMANDS)
+def test_json_output_is_one_json_document_and_nothing_else(live_server, command):
+    """What a script pipes into jq: stdout parses as one JSON document, nothing on stderr."""
+    with live_server.client() as c:
+        a, b = external_study(c, "json a"), external_study(c, "json b")
+    r = steady(live_server, *JSON_COMMANDS[command](a, b))
+    assert r.stderr == ""
+    doc = json.loads(r.stdout)
+    if command == "status":
+        assert {a, b} <= {s["id"] for s in doc}
+    elif command == "status-one":
+        assert (doc[0]["id"] if isinstance(doc, list) else doc["id"]) == a
+    elif command == "runs":
+        assert sorted(x["seed"] for x in doc) == list(range(6)) and {x["study_id"] for x in doc} == {a}
+    elif command == "report":
+        assert doc["study"]["id"] == a and doc["verdicts"]
+    elif command == "compare":
+        assert "equivalent" in json.dumps(doc)
+    else:
+        assert doc == []  # no rule, no alert
+
+
+def test_runs_and_logs_of_an_uploaded_study(live_server):
+    with live_server.client() as c:
+        sid = external_study(c, "listed", seeds=3)
+    runs = steady(live_server, "runs", str(sid)).stdout.splitlines()
+    assert runs[0].split() == ["RUN", "STATUS", "ATTEMPT", "SEED", "LEVEL", "STACK", "ERROR"]
+    assert sorted(int(line.split()[3]) for line in runs[1:]) == [0, 1, 2]
+    first = int(runs[1].split()[0])
+    assert steady(live_server, "runs", str(sid), "--status", "failed").stdout.strip() == "no runs"
+    logs = steady(live_server, "logs", str(first)).stdout
+    assert logs.startswith(f"run {first} (study {sid}, seed "), logs
+    missing = steady(live_server, "logs", "999999999", check=False)
+    assert missing.returncode == 1 and "404" in one_line(missing.stderr)
+    ack = steady(live_server, "alerts", "ack", "999999999", check=False)
+    assert ack.returncode == 1 and "404" in one_line(ack.stderr)
 
 
 def test_status_shows_the_stage_of_an_adaptive_study(live_server, tmp_path):
