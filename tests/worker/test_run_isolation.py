@@ -171,6 +171,8 @@ def throwaway_user():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("run_as")  # one xdist worker: useradd locks /etc/passwd, and the o+x
+# this fixture grants on the interpreter's folders is taken back when a test ends
 def test_run_as_cannot_read_the_agents_files_or_environment(live_server, tmp_path, throwaway_user):
     # the agent's directory must be reachable (traverse only) by the run user: not under pytest's 0700 tmp
     base = Path(tmp_path_public := os.path.join("/tmp", f"steady-runas-{uuid.uuid4().hex[:8]}"))
@@ -224,6 +226,8 @@ raise SystemExit(3)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("run_as")  # one xdist worker: useradd locks /etc/passwd, and the o+x
+# this fixture grants on the interpreter's folders is taken back when a test ends
 def test_run_as_cannot_read_a_root_file_through_a_symlinked_output(live_server, tmp_path, throwaway_user):
     """The run owns its directory: it swaps output.log for a link to a file only root reads. The agent
     (root) refuses the link, so the file's content never reaches the run's stderr tail."""
