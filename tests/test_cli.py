@@ -467,3 +467,50 @@ def test_every_command_refuses_an_unknown_option_with_its_usage_code(command, tm
     assert r.returncode == (3 if command == "check" else 2), (r.returncode, r.stderr)
     assert "error:" in r.stderr and "Traceback" not in r.stderr and r.stdout == "", r.stderr
     assert not (tmp_path / ".steady").exists()
+
+
+UNREACHABLE = {
+    "status": ["status"], "runs": ["runs", "1"], "logs": ["logs", "1"], "cancel": ["cancel", "1"],
+    "report": ["report", "1"], "compare": ["compare", "1", "2", "--margin", "0.1"], "alerts": ["alerts"],
+    "alerts-ack": ["alerts", "ack", "1"],
+}
+
+
+@pytest.mark.parametrize("command", UNREACHABLE)
+def test_every_client_command_says_in_one_line_that_the_server_is_unreachable(command, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1"}
+    r = run_cli(*UNREACHABLE[command], "--server", "http://127.0.0.1:9", "--token", "stdy_unused", env=env, cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout)
+    assert one_line(r.stderr).startswith("steady: cannot reach http://127.0.0.1:9")
+
+
+def test_token_create_save_list_and_revoke_in_a_data_dir(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1"}
+    data = str(tmp_path / "data")
+    created = run_cli("token", "create", "--role", "user", "--name", "ci", "--save", "--data-dir", data, env=env,
+                      cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    token_id, secret = int(created.stdout.split()[1]), created.stdout.split()[3]
+    saved = tmp_path / "data" / "token"
+    assert saved.read_text() == secret + "\n" and saved.stat().st_mode & 0o777 == 0o600
+    assert "shown once" in created.stdout and f"saved to {saved}" in created.stderr
+    listed = run_cli("token", "list", "--data-dir", data, env=env, cwd=tmp_path).stdout.splitlines()
+    (row,) = [line for line in listed if line.split()[0] == str(token_id)]
+    assert row.split()[1:] == ["user", row.split()[2], "active", "ci"] and secret not in row
+    assert run_cli("token", "revoke", str(token_id), "--data-dir", data, env=env, cwd=tmp_path).stdout.strip() == \
+        f"revoked token {token_id}"
+    listed = run_cli("token", "list", "--data-dir", data, env=env, cwd=tmp_path).stdout
+    assert f"{token_id:>4}  user    " in listed and "revoked" in listed
+    missing = run_cli("token", "revoke", "999", "--data-dir", data, env=env, cwd=tmp_path)
+    assert missing.returncode == 1 and missing.stderr.strip() == "no token 999"
+
+
+def test_migrate_reports_the_head_revision_and_runs_twice(tmp_path):
+    from steady.server import migrate
+
+    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1"}
+    data = str(tmp_path / "data")
+    for _ in range(2):  # the second run finds the schema at head and changes nothing
+        r = run_cli("migrate", "--data-dir", data, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == f"database at revision {migrate.head_revision()}"
