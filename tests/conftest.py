@@ -312,9 +312,9 @@ def create_tokens(database_url: str, sqlite_template: Path | None = None, *, upg
     without three interpreter starts). An SQLite file that does not exist yet is copied from
     ``sqlite_template`` (migrated) when given; the database is upgraded to head unless ``upgrade=False``
     (a running server's)."""
-    from steady.server import migrate
-    from steady.server.auth.service import Role, create_token
-    from steady.server.db import Database
+    from steady.server.kit import migrate
+    from steady.server.kit.auth import Role, create_token
+    from steady.server.kit.db import Database
 
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite" and url.database and sqlite_template is not None:

@@ -506,7 +506,7 @@ def test_token_create_save_list_and_revoke_in_a_data_dir(tmp_path):
 
 
 def test_migrate_reports_the_head_revision_and_runs_twice(tmp_path):
-    from steady.server import migrate
+    from steady.server.kit import migrate
 
     env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1"}
     data = str(tmp_path / "data")
