@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
     s.add_argument("--account")
     s.add_argument("--output-dir", default=".", help="where the batch script and the tasks' logs go")
     s.add_argument("--agent-command", default="",
-                   help="how a compute node starts an agent (default: this Python's `-m worker`)")
+                   help="how a compute node starts an agent (default: this Python's `-m steady.worker`)")
     s.add_argument("--grace", type=float, default=20.0,
                    help="seconds an agent lets its run finish on scancel/preemption before releasing it "
                         "(keep under the cluster's KillWait, 30 s by default)")

@@ -43,7 +43,7 @@ class SlurmLaunch:
     mem: str | None = None
     account: str | None = None
     output_dir: str = "."
-    agent_command: str = ""  # default: this interpreter's ``-m worker``
+    agent_command: str = ""  # default: this interpreter's ``-m steady.worker``
     # On scancel or preemption Slurm sends SIGTERM, then SIGKILL after KillWait (30 s by
     # default): the agent lets its run finish for this long, else releases it to the queue.
     grace_s: float = 20.0
@@ -69,7 +69,7 @@ class SlurmLaunch:
 
 
 def agent_argv(launch: SlurmLaunch) -> list[str]:
-    base = shlex.split(launch.agent_command) if launch.agent_command else [sys.executable, "-m", "worker"]
+    base = shlex.split(launch.agent_command) if launch.agent_command else [sys.executable, "-m", "steady.worker"]
     return [*base, "--study", str(launch.study_id), "--exit-when-idle", "--grace", f"{launch.grace_s:g}",
             *launch.worker_args]
 

@@ -150,7 +150,7 @@ def test_mlflow_calls_inside_a_steady_run_land_in_it(live_server, tmp_path):
     assert r.status_code == 201, r.text
     sid = r.json()["id"]
     env = {**os.environ, "STEADY_TOKEN": live_server.tokens["worker"]}
-    proc = subprocess.run([sys.executable, "-m", "worker", "--server", live_server.url, "--once",
+    proc = subprocess.run([sys.executable, "-m", "steady.worker", "--server", live_server.url, "--once",
                            "--work-dir", str(tmp_path / "agent")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

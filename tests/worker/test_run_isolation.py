@@ -102,7 +102,7 @@ def _run_agent(server, work_dir: Path, *extra: str, token_file: Path | None = No
         extra = (*extra, "--token-file", str(token_file))
     log = work_dir.parent / f"{work_dir.name}.log"
     proc = subprocess.run(
-        [sys.executable, "-m", "worker", "--server", server.url, "--once", "--keep-run-dirs", "--poll-max", "0.5",
+        [sys.executable, "-m", "steady.worker", "--server", server.url, "--once", "--keep-run-dirs", "--poll-max", "0.5",
          "--work-dir", str(work_dir), *extra],
         cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, timeout=300,  # noqa: SIM115
     )

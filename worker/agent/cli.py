@@ -1,4 +1,4 @@
-"""``steady worker`` (also ``python -m worker``): run a worker agent.
+"""``steady worker`` (also ``python -m steady.worker``): run a worker agent.
 
     STEADY_TOKEN=... steady worker --server http://host:8000 [--token-file FILE] [--labels a,b]
                   [--device cuda:0] [--concurrency 1] [--work-dir DIR]
