@@ -23,7 +23,7 @@ class Worker:
     def __init__(self, server, tmp_path: Path, name: str, *extra: str, cwd: Path = REPO) -> None:
         self.log_path = tmp_path / f"{name}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "--server", server.url,
+            [sys.executable, "-m", "steady.worker", "--server", server.url,
              "--name", name, "--poll-max", "0.5", "--grace", "5", "--work-dir", str(tmp_path / name), *extra],
             cwd=cwd, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
             env={**os.environ, "STEADY_TOKEN": server.tokens["worker"]},
