@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # stamp of `make assets` (scripts/fetch-assets)
 ASSETS := app/dashboard/static/.assets.json
-# CPU builds for this machine and CI; GPU boxes install their own CUDA builds (README).
+# CPU builds for this machine and CI; GPU boxes install their own CUDA builds (docs/deploy.md).
 FRAMEWORKS := torch==2.13.0 tensorflow-cpu==2.21.*
 
 .PHONY: setup system-deps assets demo lint test test-fast bench serve worker clean
@@ -53,6 +53,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/python scripts/check-markdown
 	$(BIN)/python scripts/check-vendored
 
 test: setup

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import text
 
-from steady.server import migrate
-from steady.server.db import Database
+from steady.server.kit import migrate
+from steady.server.kit.db import Database
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
 from steady.server.stats.report import RunData, compute_bands

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from steady.server import migrate
+from steady.server.kit import migrate
 from steady.server.alerts import baselines
-from steady.server.db import Database
+from steady.server.kit.db import Database
 from steady.server.models import BaselineSnapshot, Study, SuiteBaseline
 from bench.bands_bench import populate
 from bench.common import RESULTS, machine

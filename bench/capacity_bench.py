@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 
 from bench.common import Server, percentile, postgres_database, run_clients, write_result
-from steady.worker.protocol import Series
+from steady.worker.contract.protocol import Series
 
 
 def _ms(values: list[float], q: float) -> float | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from steady.server.devserver import ServerProcess, free_port, serve_argv
+from steady.server.web.devserver import ServerProcess, free_port, serve_argv
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

@@ -30,7 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from steady.server.devserver import ServerProcess, free_port, serve_argv  # noqa: E402
+from steady.server.web.devserver import ServerProcess, free_port, serve_argv  # noqa: E402
 
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -39,9 +39,9 @@ CHROMIUM_ARGS = [
 
 
 def build_study(url: str, *, seeds: int, repeats: int, steps: int, chunk: int) -> tuple[int, float]:
-    from steady.server import migrate
-    from steady.server.config import Settings
-    from steady.server.db import Database
+    from steady.server.kit import migrate
+    from steady.server.kit.config import Settings
+    from steady.server.kit.db import Database
     from steady.server.metrics.repository import insert_chunks
     from steady.server.models import Run, utcnow
     from steady.server.studies.schemas import StudySpec

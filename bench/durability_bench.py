@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from steady.server import migrate
-from steady.server.db import Database
+from steady.server.kit import migrate
+from steady.server.kit.db import Database
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study
 

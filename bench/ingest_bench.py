@@ -4,7 +4,7 @@ Both systems are measured in the same invocation, on the same machine, with the 
 harness and the same client counts (default 1, 8 and 32):
 
 * Steady: a real ``steady serve`` with its defaults (one API process), fed the way its own
-  agent feeds it: through ``steady.worker.client.SteadyClient.send_metrics`` with batches of the size
+  agent feeds it: through ``steady.worker.agent.client.SteadyClient.send_metrics`` with batches of the size
   the agent sends in steady state (``AgentConfig.batch_points``, 5,000 points: 5 keys × 1,000
   steps, packed like ``MetricStream`` packs them). Each client registers, leases its own run.
 * MLflow (``bench/mlflow_reference.py``, run with a Python that has mlflow): ``mlflow server``
@@ -58,7 +58,7 @@ MLFLOW_BATCH = 1000  # MLflow's maximum number of metrics per log_batch request
 
 def agent_batch_points() -> int:
     """The number of points per batch the agent sends in steady state (its configured default)."""
-    from steady.worker.agent import AgentConfig
+    from steady.worker.agent.loop import AgentConfig
 
     return AgentConfig.__dataclass_fields__["batch_points"].default
 
@@ -68,8 +68,8 @@ def client_main(argv: list[str]) -> None:
 
     Prints ``ready`` once every agent holds its lease, reads the start time from stdin, sends
     for ``--duration`` seconds from then (at least one batch each), prints one JSON line."""
-    from steady.worker.client import SteadyClient
-    from steady.worker.protocol import MetricBatch, Series, WorkerRegistration
+    from steady.worker.agent.client import SteadyClient
+    from steady.worker.contract.protocol import MetricBatch, Series, WorkerRegistration
 
     p = argparse.ArgumentParser()
     p.add_argument("--url")

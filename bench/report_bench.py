@@ -40,7 +40,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from steady.server.devserver import ServerProcess, serve_argv  # noqa: E402
+from steady.server.web.devserver import ServerProcess, serve_argv  # noqa: E402
 from bench.common import free_port, write_result  # noqa: E402
 
 CHUNK = 10_000
@@ -51,10 +51,10 @@ EXTRA_REQUESTS = ("bands_after_report",)
 
 
 def build_study(url: str, runs: int, steps: int) -> int:
-    from steady.server import migrate
-    from steady.server.auth.service import Role
-    from steady.server.config import Settings
-    from steady.server.db import Database
+    from steady.server.kit import migrate
+    from steady.server.kit.auth import Role
+    from steady.server.kit.config import Settings
+    from steady.server.kit.db import Database
     from steady.server.metrics.repository import insert_chunks
     from steady.server.models import Run, utcnow
     from steady.server.studies.schemas import StudySpec

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import write_result  # noqa: E402
-from steady.server.devserver import free_port  # noqa: E402
+from steady.server.web.devserver import free_port  # noqa: E402
 from bench.dashboard_bench import build_study, start_server  # noqa: E402
 
 

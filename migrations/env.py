@@ -23,13 +23,13 @@ connection = context.config.attributes.get("connection")
 if connection is not None:
     _run(connection)
 else:
-    from steady.server.db import make_engine
+    from steady.server.kit.db import make_engine
 
     # The plain `alembic` CLI: the URL comes from alembic.ini if one is set there, else from the
     # server's own settings (STEADY_DATABASE_URL, or the embedded SQLite file under STEADY_DATA_DIR).
     url = context.config.get_main_option("sqlalchemy.url")
     if not url:
-        from steady.server.config import Settings
+        from steady.server.kit.config import Settings
 
         url = Settings().resolved_database_url
     engine = make_engine(url)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from steady.worker import sdk as sdk
+    from steady.worker.inrun import sdk as sdk
 
 __all__ = ["sdk"]
 
@@ -21,7 +21,7 @@ __all__ = ["sdk"]
 def __getattr__(name: str) -> Any:
     # ``from steady import sdk`` without importing the agent (or anything else) for ``import steady``
     if name == "sdk":
-        from steady.worker import sdk
+        from steady.worker.inrun import sdk
 
         return sdk
     raise AttributeError(f"module 'steady' has no attribute {name!r}")

@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from steady.server.devserver import ServerProcess, free_port, serve_argv
+from steady.server.web.devserver import ServerProcess, free_port, serve_argv
 
 REPO = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("STEADY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -66,8 +66,8 @@ def drop_pg_database(name: str) -> None:
 
 
 def _migrate(url: str) -> None:
-    from steady.server import migrate
-    from steady.server.db import Database
+    from steady.server.kit import migrate
+    from steady.server.kit.db import Database
 
     db = Database(url)
     migrate.upgrade(db.engine)
@@ -144,13 +144,13 @@ class ApiClient:
 
 
 def make_settings(db_url: str, tmp_path: Path, **overrides):
-    from steady.server.config import Settings
+    from steady.server.kit.config import Settings
 
     return Settings(database_url=db_url, data_dir=tmp_path / "data", **overrides)
 
 
 def add_tokens(app) -> dict[str, str]:
-    from steady.server.auth.service import Role, create_token
+    from steady.server.kit.auth import Role, create_token
 
     tokens = {}
     with app.state.database.write() as session:
@@ -164,7 +164,7 @@ def make_api(db_url, tmp_path):
     """Factory: an app on the test database with optional settings overrides."""
     from fastapi.testclient import TestClient
 
-    from steady.server.main import create_app
+    from steady.server.web.main import create_app
 
     clients = []
 
@@ -269,7 +269,7 @@ def live_server(live_server_factory) -> LiveServer:
 def database_with_one_run(db_url: str, *, status: str) -> tuple:
     """A ``Database`` at ``db_url`` (the ``db_url`` fixture's, migrated) given one external study with one attempt-1 run in
     ``status``: (database, run id). The caller disposes of the database."""
-    from steady.server.db import Database
+    from steady.server.kit.db import Database
     from steady.server.models import Run, Study, utcnow
 
     db = Database(db_url)

@@ -31,21 +31,120 @@ def test_import_contracts_hold():
     assert "broken" in out.stdout and "0 broken" in out.stdout
 
 
-def test_every_app_package_is_named_in_the_stats_contract():
-    # The purity contract lists the app's packages by name: a new package must join the list.
+def _contracts() -> list[dict]:
     import tomllib
 
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    stats = next(c for c in config if c.get("source_modules") == ["steady.server.stats"])
-    packages = {f"steady.server.{p.stem}" for p in (REPO / "app").iterdir()
-                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()} - {"steady.server.stats"}
-    missing = packages - set(stats["forbidden_modules"])
-    assert not missing, f"add {sorted(missing)} to the stats purity contract in pyproject.toml"
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def _subpackages(container: str) -> set[str]:
+    """The packages directly inside ``steady.server`` or ``steady.worker`` (folders with an ``__init__.py``)."""
+    folder = REPO / container.replace(".", "/")
+    return {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+
+
+def _layer_names(contract: dict) -> set[str]:
+    return {name.strip() for layer in contract["layers"] for name in layer.replace(":", "|").split("|")}
+
+
+def test_contracts_name_packages_only():
+    # No hand-kept lists of modules: a contract names a package of steady (a folder with __init__.py), or a
+    # third-party distribution; an exception (ignore_imports) names the one import it lets through.
+    for contract in _contracts():
+        containers = contract.get("containers", [])
+        names = [*contract.get("source_modules", []), *contract.get("forbidden_modules", []), *containers]
+        names += [f"{c}.{n}" for c in containers for n in _layer_names(contract)] if "layers" in contract else []
+        for name in names:
+            if name.split(".")[0] != "steady":
+                assert "." not in name, f"{contract['name']!r}: {name} is a third party's module, not its package"
+                continue
+            assert (REPO / "steady" / Path(*name.split(".")[1:]) / "__init__.py").exists(), (
+                f"{contract['name']!r} names {name}, which is no package: contracts name packages only")
+        assert len(contract.get("forbidden_modules", [])) <= 10, f"{contract['name']!r}: a hand list again?"
+        assert len(contract.get("ignore_imports", [])) <= 1, f"{contract['name']!r}: an exception list again?"
+
+
+def test_every_package_is_on_a_floor():
+    # A new package of the server (or a new side of the worker) must take its place in the layers contract.
+    for container in ("steady.server", "steady.worker"):
+        (contract,) = [c for c in _contracts() if c.get("containers") == [container]]
+        assert _layer_names(contract) == _subpackages(container), (
+            f"the layers of {container} in pyproject.toml and its packages differ")
+
+
+def _package_cycles(graph, packages: set[str]) -> list[list[str]]:
+    """Cycles (strongly connected components of more than one package) of the package-level graph."""
+    edges = {p: {q for q in packages if q != p and graph.direct_import_exists(importer=p, imported=q)}
+             for p in packages}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(p: str) -> None:  # Tarjan's algorithm
+        index[p] = low[p] = len(index)
+        stack.append(p)
+        for q in edges[p]:
+            if q not in index:
+                visit(q)
+                low[p] = min(low[p], low[q])
+            elif q in stack:
+                low[p] = min(low[p], index[q])
+        if low[p] == index[p]:
+            component = []
+            while True:
+                q = stack.pop()
+                component.append(q)
+                if q == p:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for p in sorted(packages):
+        if p not in index:
+            visit(p)
+    return cycles
+
+
+def test_no_cycle_between_packages():
+    # The import graph as grimp reads it (deferred and TYPE_CHECKING imports included): the packages of the
+    # server and of the worker import each other in one direction only.
+    import grimp
+
+    graph = grimp.build_graph("steady")
+    packages = {f"{c}.{p}" for c in ("steady.server", "steady.worker") for p in _subpackages(c)}
+    for package in packages:
+        graph.squash_module(package)
+    cycles = _package_cycles(graph, packages)
+    assert not cycles, f"packages that import each other: {cycles}"
+
+
+def test_no_cycle_between_modules():
+    # Finer still: no two modules import each other, not even through a deferred import inside a function
+    # (a cycle hidden that way is still a cycle: neither module can be understood, or moved, alone).
+    import grimp
+
+    graph = grimp.build_graph("steady")
+    cycles = _package_cycles(graph, {m for m in graph.modules if m.startswith("steady.")})
+    assert not cycles, f"modules that import each other: {cycles}"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    import grimp
+
+    graph = grimp.ImportGraph()
+    for module in ("a", "b", "c"):
+        graph.add_module(module)
+    graph.add_import(importer="a", imported="b")
+    graph.add_import(importer="b", imported="c")
+    assert _package_cycles(graph, {"a", "b", "c"}) == []
+    graph.add_import(importer="c", imported="a")
+    assert _package_cycles(graph, {"a", "b", "c"}) == [["a", "b", "c"]]
 
 
 def test_protocol_needs_only_pydantic():
     code = (
-        "import sys; import steady.worker.protocol; "
+        "import sys; import steady.worker.contract.protocol; "
         "bad = [m for m in ('fastapi','sqlalchemy','numpy','torch','tensorflow') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -54,7 +153,7 @@ def test_protocol_needs_only_pydantic():
 
 def test_worker_cli_does_not_import_server_or_frameworks():
     code = (
-        "import sys; from steady.server.cli import build_parser; import steady.worker.agent; "
+        "import sys; from steady.server.cli import build_parser; build_parser(); import steady.worker.agent.loop; "
         "bad = [m for m in ('fastapi','sqlalchemy','torch','tensorflow') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy.exc
 from sqlalchemy import create_engine, text
 
-from steady.server.background import BackgroundLoop
+from steady.server.kit.background import BackgroundLoop
 
 
 class Script:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from steady.server.cli import build_parser, main
-from steady.server.cli_support import EXIT_CANNOT_JUDGE, EXIT_USAGE
+from steady.server.cli.support import EXIT_CANNOT_JUDGE, EXIT_USAGE
 
 NOWHERE = ["--server", "http://127.0.0.1:9", "--token", "stdy_unused"]
 

@@ -11,7 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from steady.worker import codepack
+from steady.worker.contract import codepack
 
 SPEC = "name: byoc\nworkload: {framework: torch, entrypoint: train.py}\nseeds: [0]\ndeterminism: [seeded]\n"
 

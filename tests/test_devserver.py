@@ -1,4 +1,4 @@
-"""app/devserver.py: the one way the demo, the tests and the benchmarks run a server in a child process."""
+"""app/web/devserver.py: the one way the demo, the tests and the benchmarks run a server in a child process."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import textwrap
 import httpx
 import pytest
 
-from steady.server.devserver import ServerProcess, ServerStartError, free_port, port_free, serve_argv
+from steady.server.web.devserver import ServerProcess, ServerStartError, free_port, port_free, serve_argv
 from tests.conftest import wait_until
 
 # A stand-in server: answers /healthz, and starts a child in its process group (like uvicorn's workers).

@@ -11,8 +11,8 @@ import zipfile
 
 import pytest
 
-from steady.worker import codepack
-from steady.worker.local import run_local
+from steady.worker.contract import codepack
+from steady.worker.agent.local import run_local
 from tests.conftest import REPO
 
 
@@ -23,7 +23,7 @@ def test_the_wheel_installs_one_top_level_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"steady"}, top
-    for inside in ("steady/server/main.py", "steady/worker/sdk.py", "steady/worker/shim/sitecustomize.py",
+    for inside in ("steady/server/web/main.py", "steady/worker/inrun/sdk.py", "steady/worker/inrun/shim/sitecustomize.py",
                    "steady/server/dashboard/templates/base.html", "steady/migrations/env.py",
                    # the browser assets scripts/fetch-assets puts in place (not in the repository)
                    "steady/server/dashboard/static/uplot.iife.min.js", "steady/server/dashboard/static/uplot.min.css",

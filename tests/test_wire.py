@@ -1,4 +1,4 @@
-"""``steady.server.wire``: the one JSON spelling of floats ("NaN", "Infinity", "-Infinity"; null only for absent)."""
+"""``steady.server.kit.wire``: the one JSON spelling of floats ("NaN", "Infinity", "-Infinity"; null only for absent)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import orjson
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from steady.server.responses import NumbersJSONResponse
+from steady.server.kit.responses import NumbersJSONResponse
 from steady.server.stats.report import to_plain
-from steady.server.wire import NONFINITE, WireFloat, WireModel, dumps, from_wire, plain, wire_float, wire_values
+from steady.server.kit.wire import NONFINITE, WireFloat, WireModel, dumps, from_wire, plain, wire_float, wire_values
 from tests.api.helpers import bare_constant
 
 
@@ -86,7 +86,7 @@ def test_wire_values_matches_the_type():
 
 
 def test_the_stats_core_writes_the_same_spelling():
-    # steady.server.stats cannot import steady.server.wire: the two spellings are kept equal here
+    # steady.server.stats cannot import steady.server.kit.wire: the two spellings are kept equal here
     for text, x in NONFINITE.items():
         assert to_plain(x) == text == wire_float(x)
         assert to_plain(np.array([x, 1.0])) == [text, 1.0]

@@ -1,5 +1,5 @@
 import sys
 
-from steady.worker.cli import main
+from steady.worker.agent.cli import main
 
 sys.exit(main())

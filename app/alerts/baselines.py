@@ -14,7 +14,8 @@ would freeze whichever of its runs happened to have finished (409 naming ``study
 Canonical JSON: keys sorted, no whitespace, UTF-8. Final values are JSON numbers (Python's
 shortest round-trip ``repr``, so exact), non-finite ones the strings ``"nan"``, ``"inf"`` and
 ``"-inf"`` (this stored format's own spelling, kept so equal content keeps its digest; snapshots
-are not served as they are, and the API spells these as ``steady.server.wire`` does). A series is ``{"n", "steps", "values"}`` with steps as
+are not served as they are, and the API spells these as ``steady.server.kit.wire`` does). A series is
+``{"n", "steps", "values"}`` with steps as
 little-endian int64 and values as little-endian IEEE-754 float64, base64-encoded: exact bit
 for bit (NaN payloads and signed zeros included), and about 4x faster to snapshot than a
 list of decimal numbers (bench/baseline_snapshot_bench.py).
@@ -35,10 +36,10 @@ from sqlalchemy.orm import Session
 
 from steady.server.alerts import repository
 from steady.server.alerts.schemas import BaselineIn, BaselineOut
-from steady.server.auth.service import Caller, ensure_may_change
-from steady.server.errors import Conflict, Invalid, NotFound, judging
+from steady.server.kit.auth import Caller, ensure_may_change
+from steady.server.kit.errors import Conflict, Invalid, NotFound, judging
 from steady.server.models import BaselineSnapshot, Study, SuiteBaseline, utcnow
-from steady.worker.protocol import RunStatus, StudyStatus
+from steady.worker.contract.protocol import RunStatus, StudyStatus
 from steady.server.reports import service as reports
 from steady.server.reports.models import typed_verdicts, verdicts_of
 from steady.server.reports.parts import PairGroup

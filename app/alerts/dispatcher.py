@@ -1,4 +1,4 @@
-"""The alert dispatcher: a background loop per API process (``steady.server.background``), like the lease reaper.
+"""The alert dispatcher: a background loop per API process (``steady.server.kit.background``), like the lease reaper.
 
 Every tick it (1) runs requested study evaluations and (2) delivers due outbox rows. A
 delivery is claimed with a conditional UPDATE that sets a lease (owner, expiry) — exactly one
@@ -25,9 +25,9 @@ import httpx
 from steady.server import __version__
 from steady.server.alerts import egress, jobs, repository, webhooks
 from steady.server.alerts.settings import AlertSettings
-from steady.server.background import BackgroundLoop
-from steady.server.config import Settings
-from steady.server.db import Database
+from steady.server.kit.background import BackgroundLoop
+from steady.server.kit.config import Settings
+from steady.server.kit.db import Database
 from steady.server.models import AlertDelivery, Webhook, utcnow
 
 log = logging.getLogger("steady.alerts")

@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session
 from steady.server.alerts import baselines, repository
 from steady.server.alerts.findings import BAD, OK, UNKNOWN, Evaluation, Finding
 from steady.server.alerts.rules import rule_spec
-from steady.server.db import unavailable
+from steady.server.kit.db import unavailable
 from steady.server.models import Study, SuiteBaseline
-from steady.server import wire
+from steady.server.kit import wire
 from steady.server.reports import service as reports
 from steady.server.reports.models import Report, typed_verdicts, verdicts_of
 from steady.server.reports.summary import ReportSummary

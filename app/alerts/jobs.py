@@ -21,8 +21,8 @@ from steady.server.alerts.evaluators import compute_findings
 from steady.server.alerts.findings import Evaluation
 from steady.server.alerts.rules import rules_from_spec
 from steady.server.alerts.state import apply_findings
-from steady.server.db import Database, unavailable
-from steady.server.errors import Conflict
+from steady.server.kit.db import Database, unavailable
+from steady.server.kit.errors import Conflict
 from steady.server.models import Alert, AlertRule, Study, StudyEvaluation, utcnow
 from steady.server.studies import service as studies
 

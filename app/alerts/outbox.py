@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from steady.server import wire
+from steady.server.kit import wire
 from steady.server.alerts import repository
 from steady.server.alerts.schemas import AlertOut
 from steady.server.models import Alert, AlertDelivery, utcnow

@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 
 from steady.server.alerts import repository
 from steady.server.alerts.settings import AlertSettings
-from steady.server.config import Settings
+from steady.server.kit.config import Settings
 from steady.server.models import utcnow
 from steady.server.reports.summary import ReportSummary
 from steady.server.stats import vocabulary
-from steady.worker.protocol import RunStatus
+from steady.worker.contract.protocol import RunStatus
 
 RUN_STATUSES = tuple(s.value for s in RunStatus)
 

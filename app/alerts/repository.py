@@ -19,9 +19,9 @@ from steady.server.models import (
     Webhook,
     Worker,
 )
-from steady.server.repository import paginate
+from steady.server.kit.repository import paginate
 from steady.server.runs import repository as runs_repo
-from steady.worker.protocol import StudyStatus
+from steady.worker.contract.protocol import StudyStatus
 
 # --- rules -----------------------------------------------------------------------------------
 

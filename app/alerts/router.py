@@ -32,13 +32,13 @@ from steady.server.alerts.schemas import (
     WebhookIn,
     WebhookOut,
 )
-from steady.server.auth.service import GRANTS, Role
-from steady.server.db import Database
-from steady.server.deps import AdminCaller, AppSettings, ReadDB, UserCaller, WriteDB, get_database, get_principal
-from steady.server.errors import Forbidden
+from steady.server.kit.auth import GRANTS, Role
+from steady.server.kit.db import Database
+from steady.server.kit.deps import AdminCaller, AppSettings, ReadDB, UserCaller, WriteDB, get_database, get_principal
+from steady.server.kit.errors import Forbidden
 from steady.server.models import Alert, AlertRule
-from steady.server.pagination import Page, PageQuery
-from steady.server.repository import get_or_404
+from steady.server.kit.pagination import Page, PageQuery
+from steady.server.kit.repository import get_or_404
 from steady.server.studies import service as studies
 from steady.server.studies.alert_specs import AlertRuleSpec
 

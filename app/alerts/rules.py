@@ -6,8 +6,8 @@ from sqlalchemy.orm import Session
 
 from steady.server.alerts import repository
 from steady.server.alerts.schemas import AlertRuleOut
-from steady.server.auth.service import Caller, Role, ensure_may_change
-from steady.server.errors import Forbidden, Invalid, NotFound
+from steady.server.kit.auth import Caller, Role, ensure_may_change
+from steady.server.kit.errors import Forbidden, Invalid, NotFound
 from steady.server.models import AlertRule, Study
 from steady.server.studies import service as studies
 from steady.server.studies.alert_specs import _Rule, rule_adapter

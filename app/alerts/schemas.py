@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 # defined with the reports' models (the gate reads it)
 from steady.server.reports.models import BaselineComparisonOut as BaselineComparisonOut
 from steady.server.studies.alert_specs import Name, Severity, StackName
-from steady.server.wire import WireModel
+from steady.server.kit.wire import WireModel
 
 
 class AlertRuleOut(WireModel):

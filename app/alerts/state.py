@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 from steady.server.alerts import repository
 from steady.server.alerts.findings import Evaluation, Finding
 from steady.server.alerts.outbox import enqueue
-from steady.server.auth.service import Caller, Role
-from steady.server.errors import Forbidden
+from steady.server.kit.auth import Caller, Role
+from steady.server.kit.errors import Forbidden
 from steady.server.models import Alert, AlertRule, Study, utcnow
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from steady.server.alerts import egress
 from steady.server.alerts.schemas import WebhookIn
-from steady.server.errors import Invalid, NotFound
+from steady.server.kit.errors import Invalid, NotFound
 from steady.server.models import Webhook
 
 

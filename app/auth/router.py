@@ -6,11 +6,11 @@ from typing import Annotated
 from fastapi import APIRouter, Request, status
 from pydantic import BaseModel, Field
 
-from steady.server.auth import service
-from steady.server.auth.service import Role
-from steady.server.deps import AdminCaller, ReadDB, WriteDB, forget_tokens
-from steady.server.errors import NotFound
-from steady.server.pagination import Page, PageQuery
+from steady.server.kit import auth as service
+from steady.server.kit.auth import Role
+from steady.server.kit.deps import AdminCaller, ReadDB, WriteDB, forget_tokens
+from steady.server.kit.errors import NotFound
+from steady.server.kit.pagination import Page, PageQuery
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 

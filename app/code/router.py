@@ -6,7 +6,7 @@ from fastapi import APIRouter, Body, Path, Response
 from pydantic import BaseModel
 
 from steady.server.code import service
-from steady.server.deps import AppSettings, CodeReader, ReadDB, UserCaller, WriteDB
+from steady.server.kit.deps import AppSettings, CodeReader, ReadDB, UserCaller, WriteDB
 
 router = APIRouter(prefix="/api/v1/code", tags=["code"])
 Sha256 = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the archive's bytes (lowercase hex)")]

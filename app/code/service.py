@@ -9,10 +9,10 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-import steady.worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
+import steady.worker.contract.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
 from steady.server.code import repository
-from steady.server.config import Settings
-from steady.server.errors import Invalid, NotFound, TooLarge
+from steady.server.kit.config import Settings
+from steady.server.kit.errors import Invalid, NotFound, TooLarge
 from steady.server.models import CodeArchive
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")

@@ -9,24 +9,17 @@ every page is readable without a token (the dashboard never writes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from steady.server.auth.service import GRANTS, Role, authenticate, create_session, revoke_session
-from steady.server.dashboard.views import render
-from steady.server.deps import SESSION_COOKIE, OptionalCaller, Principal
+from steady.server.kit.auth import GRANTS, Role, authenticate, create_session, revoke_session
+from steady.server.dashboard.views import Viewer, render
+from steady.server.kit.deps import SESSION_COOKIE, OptionalCaller, Principal
 
 router = APIRouter(include_in_schema=False)
-
-
-@dataclass(frozen=True)
-class Viewer:
-    name: str | None  # None: an anonymous reader of a public dashboard
-    public: bool
 
 
 def _viewer(request: Request, principal: Principal | None) -> Viewer | None:

@@ -12,7 +12,7 @@ extremes exactly (a spike in one run survives), all series share one x array (wh
 wants), and a point is displaced by less than one bucket (< 0.2 % of the axis at the
 default 1000 points). Series shorter than ``max_points`` are sent whole.
 
-Values follow the API's spelling (``steady.server.wire``): a point a run logged as NaN or ±Inf is the
+Values follow the API's spelling (``steady.server.kit.wire``): a point a run logged as NaN or ±Inf is the
 string ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"`` (a bucket with no finite value shows the
 first non-finite one logged there), ``null`` is a point a series does not have (a step a run
 did not log, a band statistic that cannot be computed, a difference with a non-finite side).
@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from steady.server.errors import judging
+from steady.server.kit.errors import judging
 from steady.server.models import Run
 from steady.server.stats.align import align_series
 from steady.server.stats.downsample import bucket_extremes, extreme_indices
 from steady.server.stats.repeatability import ulp_distance
 from steady.server.stats.report import GroupBand, RunData, compute_bands
-from steady.worker.protocol import RunStatus
+from steady.worker.contract.protocol import RunStatus
 
 BAND_FIELDS = ("mean", "min", "max", "ti_low", "ti_high", "ci_low", "ci_high")
 

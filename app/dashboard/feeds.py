@@ -17,12 +17,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from steady.server.dashboard import service
 from steady.server.dashboard.access import DataViewer
 from steady.server.dashboard.views import db_key
-from steady.server.deps import ReadDB
-from steady.server.errors import NotFound
+from steady.server.kit.deps import ReadDB
+from steady.server.kit.errors import NotFound
 from steady.server.models import Study
-from steady.server.repository import get_or_404
+from steady.server.kit.repository import get_or_404
 from steady.server.runs import repository as runs_repo
-from steady.worker.protocol import StudyStatus
+from steady.worker.contract.protocol import StudyStatus
 
 STUDIES_PER_PAGE = 25  # the studies page's size: a badges request asks for at most a few pages
 

@@ -13,12 +13,12 @@ from steady.server.dashboard import access, feeds, service
 from steady.server.dashboard.access import PageViewer
 from steady.server.dashboard.feeds import STUDIES_PER_PAGE
 from steady.server.dashboard.views import HERE, db_key, not_found, render
-from steady.server.deps import ReadDB
+from steady.server.kit.deps import ReadDB
 from steady.server.launches import hints
 from steady.server.models import Study, Worker
 from steady.server.runs import repository as runs_repo
 from steady.server.workers import service as workers_service
-from steady.worker.protocol import StudyStatus
+from steady.worker.contract.protocol import StudyStatus
 
 router = APIRouter(include_in_schema=False)
 router.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")

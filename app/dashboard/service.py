@@ -29,7 +29,7 @@ from steady.server.stats.vocabulary import DETERMINISM_LEVELS, LEVEL_TITLES, LEV
 from steady.server.studies import adaptive
 from steady.server.studies import repository as studies_repo
 from steady.server.studies.schemas import Progress, StudySpec
-from steady.worker.protocol import STEP_TIME_KEY, RunStatus
+from steady.worker.contract.protocol import STEP_TIME_KEY, RunStatus
 
 # A level's badge is the worst verdict among its metrics and groups (steady.server.stats.vocabulary.severity).
 TONE = {3: "bad", 2: "unknown", 1: "ok", 0: "good"}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
@@ -17,8 +17,11 @@ from steady.server.dashboard import service
 from steady.server.models import Run, utcnow
 from steady.server.reports.parts import PairGroup, StackGroup
 
-if TYPE_CHECKING:
-    from steady.server.dashboard.access import Viewer
+@dataclass(frozen=True)
+class Viewer:
+    name: str | None  # None: an anonymous reader of a public dashboard
+    public: bool
+
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))

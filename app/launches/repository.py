@@ -6,7 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from steady.server.models import Launch
-from steady.server.repository import paginate
+from steady.server.kit.repository import paginate
 
 
 def add(session: Session, launch: Launch) -> Launch:

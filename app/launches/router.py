@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from steady.server.deps import ReadDB, UserCaller, WriteDB
+from steady.server.kit.deps import ReadDB, UserCaller, WriteDB
 from steady.server.launches import service
 from steady.server.launches.schemas import LaunchIn, LaunchOut
 from steady.server.models import Launch
-from steady.server.pagination import Page, PageParams, PageQuery
+from steady.server.kit.pagination import Page, PageParams, PageQuery
 from steady.server.studies import service as studies
 
 router = APIRouter(prefix="/api/v1", tags=["launches"])

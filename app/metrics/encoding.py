@@ -1,6 +1,6 @@
 """Metric series from the wire, exactly.
 
-Listed values spell NaN and ±Inf as the API does (``steady.server.wire``); packed series are decoded
+Listed values spell NaN and ±Inf as the API does (``steady.server.kit.wire``); packed series are decoded
 straight into NumPy arrays, bit for bit.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from steady.worker.protocol import Series
+from steady.worker.contract.protocol import Series
 
 
 def series_arrays(series: Series) -> tuple[np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from steady.server.models import MetricChunk, Run
-from steady.worker.protocol import RunStatus
+from steady.worker.contract.protocol import RunStatus
 
 STEP_DTYPE = np.dtype("<i8")
 VALUE_DTYPE = np.dtype("<f8")

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from steady.server.auth.service import GRANTS, Role, authenticate
-from steady.server.deps import AppSettings, Principal, ReadDB, WriteDB, get_database
-from steady.server.db import Database
+from steady.server.kit.auth import GRANTS, Role, authenticate
+from steady.server.kit.deps import AppSettings, Principal, ReadDB, WriteDB, get_database
+from steady.server.kit.db import Database
 from steady.server.mlflow import service
 from steady.server.mlflow.schemas import (
     MLFLOW_VERSION,
@@ -26,7 +26,7 @@ from steady.server.mlflow.schemas import (
     UpdateRunIn,
 )
 from steady.server.mlflow.service import MlflowCaller, MlflowError
-from steady.server.runs import credentials
+from steady.server.lifecycle import credentials
 
 PREFIX = "/mlflow/api/2.0/mlflow"
 _bearer = HTTPBearer(auto_error=False)

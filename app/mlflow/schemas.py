@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from steady.worker.protocol import MetricKey
+from steady.worker.contract.protocol import MetricKey
 
 MLFLOW_VERSION = "3.17.2"  # the client version the support table (docs/mlflow.md) was checked against
 MAX_BATCH_METRICS = 1000  # MLflow's own limits for log-batch

@@ -28,19 +28,19 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from steady.server.auth.service import Role, ensure_may_change
-from steady.server.config import Settings
-from steady.server.db import WriteSession
-from steady.server.deps import Principal
+from steady.server.kit.auth import Role, ensure_may_change
+from steady.server.kit.config import Settings
+from steady.server.kit.db import WriteSession
+from steady.server.kit.deps import Principal
 from steady.server.metrics import repository as metrics_repo
-from steady.server.wire import from_wire, wire_float
+from steady.server.kit.wire import from_wire, wire_float
 from steady.server.mlflow.schemas import CreateExperimentIn, CreateRunIn, LogBatchIn, MetricIn, ParamIn, TagIn, UpdateRunIn
 from steady.server.models import Run, Study, utcnow
 from steady.server.runs import repository as runs_repo
-from steady.server.runs.credentials import RunCredential
+from steady.server.lifecycle.credentials import RunCredential
 from steady.server.studies import service as studies
 from steady.server.studies.schemas import StudySpec
-from steady.worker.protocol import Determinism, RunStatus
+from steady.worker.contract.protocol import Determinism, RunStatus
 
 RUN_NAME_TAG = "mlflow.runName"
 _STATUS_OUT = {RunStatus.running.value: "RUNNING", RunStatus.queued.value: "SCHEDULED",
@@ -198,7 +198,7 @@ def _store_metrics(session: Session, run: Run, metrics: list[MetricIn], settings
     seq = _content_seq(run.id, payload)
     if metrics_repo.batch_exists(session, run.id, run.attempt, seq):
         return
-    from steady.server.runs import service as runs
+    from steady.server.lifecycle import service as runs
 
     runs.check_limits(session, run, set(grouped), len(metrics), settings)
     arrays = [(key, np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for key, (s, v) in grouped.items()]

@@ -19,7 +19,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from steady.server.models.base import Base, UTCDateTime, utcnow
-from steady.worker.protocol import RunStatus, StudyStatus
+from steady.worker.contract.protocol import RunStatus, StudyStatus
 
 
 class ApiToken(Base):
@@ -113,7 +113,7 @@ class Run(Base):
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    # SHA-256 of the run-scoped credential issued with the current lease (steady.server.runs.credentials)
+    # SHA-256 of the run-scoped credential issued with the current lease (steady.server.lifecycle.credentials)
     run_token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -215,7 +215,7 @@ class MetricChunk(Base):
 
 
 class CodeArchive(Base):
-    """A study's code: a deterministic tar.gz named by its SHA-256 (steady.worker.codepack).
+    """A study's code: a deterministic tar.gz named by its SHA-256 (steady.worker.contract.codepack).
 
     ``files`` lists its regular files, so a spec's entrypoint is checked without reading the
     archive. The bytes live in the store named by ``store``: ``filesystem`` (a file under the

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from steady.server.background import BackgroundLoop
-from steady.server.db import Database
+from steady.server.kit.background import BackgroundLoop
+from steady.server.kit.db import Database
 from steady.server.reports import service
 
 log = logging.getLogger("steady.reports")

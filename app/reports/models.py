@@ -39,7 +39,7 @@ from steady.server.stats.vocabulary import (
     VerdictValue,
     severity,
 )
-from steady.server.wire import NONFINITE_SPELLING, WireFloat, WireModel
+from steady.server.kit.wire import NONFINITE_SPELLING, WireFloat, WireModel
 
 if TYPE_CHECKING:
     from steady.server.stats.report import StudyReport

@@ -18,7 +18,7 @@ from steady.server.stats.vocabulary import (
     RepeatabilityValue,
     SeedStabilityValue,
 )
-from steady.server.wire import WireFloat, WireModel
+from steady.server.kit.wire import WireFloat, WireModel
 
 
 class Part(WireModel):

@@ -12,11 +12,11 @@ from sqlalchemy.orm import Session
 from steady.server.models import Study, StudyReport
 from steady.server.runs import repository as runs_repo
 from steady.server.studies import repository as studies_repo
-from steady.worker.protocol import StudyStatus
+from steady.worker.contract.protocol import StudyStatus
 
 SETTLED_STUDY_STATUSES = tuple(sorted(StudyStatus.TERMINAL))
 # The report's JSON format, part of every cached version: a cache written in an older format is
-# stale (2: NaN and ±Inf spelled "NaN" / "Infinity" / "-Infinity", steady.server.wire; 1 wrote null / "inf").
+# stale (2: NaN and ±Inf spelled "NaN" / "Infinity" / "-Infinity", steady.server.kit.wire; 1 wrote null / "inf").
 REPORT_FORMAT = "f2"
 
 

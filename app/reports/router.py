@@ -4,10 +4,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from steady.server.deps import ReadDB, UserCaller
+from steady.server.kit.deps import ReadDB, UserCaller
 from steady.server.reports import service
 from steady.server.reports.models import Bands, Compare, Report
-from steady.server.responses import NumbersJSONResponse
+from steady.server.kit.responses import NumbersJSONResponse
 
 router = APIRouter(prefix="/api/v1", tags=["reports"])
 

@@ -16,7 +16,8 @@ import numpy as np
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from steady.server.errors import Invalid, NotFound, judging
+from steady.server.kit.db import WriteSession
+from steady.server.kit.errors import Invalid, NotFound, judging
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
 from steady.server.reports import repository
@@ -39,10 +40,11 @@ from steady.server.stats.report import (
     to_data,
 )
 from steady.server.studies import adaptive
+from steady.server.studies import service as studies
 from steady.server.studies import repository as studies_repo
 from steady.server.studies.arms import arm_differences, differences, effective_arms
-from steady.server.wire import NONFINITE_SPELLING
-from steady.worker.protocol import STEP_TIME_KEY
+from steady.server.kit.wire import NONFINITE_SPELLING
+from steady.worker.contract.protocol import STEP_TIME_KEY
 
 
 def metric_specs(study: Study) -> list[MetricSpec]:
@@ -118,7 +120,7 @@ def study_report(session: Session, study_id: int) -> Report:
 def refresh_cached_reports(session: Session, *, limit: int = 5) -> list[int]:
     """Compute and store the report of studies that settled or changed since it was cached.
 
-    Run in the background by every API process (see ``steady.server.main``); on PostgreSQL a study is
+    Run in the background by every API process (see ``steady.server.web.main``); on PostgreSQL a study is
     computed by one process at a time. Returns the studies whose report was stored.
     """
     stored = []
@@ -391,3 +393,9 @@ def _code_comparison(base: Any, cand: Any) -> dict[str, Any]:
     short = lambda d: d[:12] if d else "none (built-in)"  # noqa: E731
     return {"baseline": a, "candidate": b, "differs": differs,
             "note": f"code differs: {short(a)} vs {short(b)}" if differs else "same code"}
+
+
+def run_settled(session: WriteSession, study_id: int) -> None:
+    """A run of the study settled (:mod:`steady.server.runs.settled`): derive the study's status again, judging
+    a settled stage of an adaptive study with its report."""
+    studies.refresh_status(session, study_id, report_of=compute_report)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from steady.server.reports.models import Report
 from steady.server.reports.parts import Part
 from steady.server.stats.vocabulary import Level, VerdictValue
-from steady.server.wire import WireFloat
+from steady.server.kit.wire import WireFloat
 
 log = logging.getLogger("steady.reports")
 

@@ -11,10 +11,10 @@ from typing import Any
 from sqlalchemy import CursorResult, and_, bindparam, distinct, exists, func, select, update
 from sqlalchemy.orm import Session
 
-from steady.server.db import WriteSession
-from steady.server.errors import NotFound
+from steady.server.kit.db import WriteSession
+from steady.server.kit.errors import NotFound
 from steady.server.models import MetricChunk, Run, Worker
-from steady.worker.protocol import RunStatus
+from steady.worker.contract.protocol import RunStatus
 
 
 def _rowcount(result: Any) -> int:

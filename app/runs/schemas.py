@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from steady.server.wire import WireFloat, WireModel
-from steady.worker.protocol import Determinism, FloatDtype, MetricKey
+from steady.server.kit.wire import WireFloat, WireModel
+from steady.worker.contract.protocol import Determinism, FloatDtype, MetricKey
 
 
 class _Spec(BaseModel):

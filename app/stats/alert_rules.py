@@ -25,11 +25,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from steady.server.stats.align import align_series, check_matrix
 from steady.server.stats.bands import curve_levels
 from steady.server.stats.intervals import std_bounds_from
+from steady.server.stats.quantiles import t_isf
 from steady.server.stats.report import RunData, common_finals
 
 __all__ = ["BaselineCheck", "baseline_outliers", "baseline_curve_outliers", "BandCheck", "band_too_wide", "band_check", "NOMINAL",
@@ -129,7 +129,7 @@ def baseline_outliers(baseline, candidates, *, alpha: float = 0.01) -> BaselineC
         raise ValueError("need at least 1 candidate value")
     n, m = int(base.size), int(cand.size)
     mean, std = float(base.mean()), float(base.std(ddof=1))
-    half = float(stats.t.isf(a / (2 * m), n - 1)) * std * np.sqrt(1.0 + 1.0 / n)
+    half = t_isf(a / (2 * m), n - 1) * std * np.sqrt(1.0 + 1.0 / n)
     low, high = mean - half, mean + half
     with np.errstate(invalid="ignore"):
         inside = np.isfinite(cand) & (cand >= low) & (cand <= high)

@@ -8,6 +8,7 @@ from scipy import stats
 
 from steady.server.stats.align import check_matrix
 from steady.server.stats.intervals import normal_tolerance_factor
+from steady.server.stats.quantiles import t_ppf
 
 __all__ = ["Band", "compute_band", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
            "curve_levels", "out_of_band_curves"]
@@ -71,7 +72,7 @@ def _t_quantiles(n: np.ndarray, confidence: float) -> np.ndarray:
     out = np.full(n.shape, np.nan)
     for value in np.unique(n):
         if value >= 2:
-            out[n == value] = stats.t.ppf(0.5 + confidence / 2.0, value - 1)
+            out[n == value] = t_ppf(0.5 + confidence / 2.0, int(value) - 1)
     return out
 
 

@@ -47,6 +47,7 @@ import numpy as np
 from scipy import stats
 
 from steady.server.stats.report import to_plain
+from steady.server.stats.quantiles import t_ppf
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -180,7 +181,7 @@ def min_acceptable_mean(mean: float, std: float, n_reference: int, n_candidate: 
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     df = n_reference + n_candidate - 2
-    t = float(stats.t.ppf(alpha, df))
+    t = t_ppf(alpha, df)
     if std == 0:
         return float(mean), t, df  # as the checker: no spread, no allowance
     return float(mean + t * std * math.sqrt(1.0 / n_reference + 1.0 / n_candidate)), t, df

@@ -10,6 +10,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import optimize, special, stats
 
+from steady.server.stats.quantiles import chi2_ppf, norm_ppf, t_ppf
+
 __all__ = [
     "MeanCI",
     "ToleranceInterval",
@@ -128,7 +130,7 @@ def mean_ci(x, *, confidence: float = 0.95) -> MeanCI:
     c = _check_prob("confidence", confidence)
     n = arr.size
     m, s = float(arr.mean()), float(arr.std(ddof=1))
-    h = float(stats.t.ppf(0.5 + c / 2.0, n - 1)) * s / np.sqrt(n)
+    h = t_ppf(0.5 + c / 2.0, n - 1) * s / np.sqrt(n)
     return MeanCI(n=n, mean=m, std=s, low=float(m - h), high=float(m + h), confidence=c)
 
 
@@ -204,7 +206,7 @@ def prediction_interval(x, *, confidence: float = 0.95) -> PredictionInterval:
     c = _check_prob("confidence", confidence)
     n = arr.size
     m, s = float(arr.mean()), float(arr.std(ddof=1))
-    h = float(stats.t.ppf(0.5 + c / 2.0, n - 1)) * s * np.sqrt(1.0 + 1.0 / n)
+    h = t_ppf(0.5 + c / 2.0, n - 1) * s * np.sqrt(1.0 + 1.0 / n)
     return PredictionInterval(n=n, mean=m, std=s, low=float(m - h), high=float(m + h), confidence=c)
 
 
@@ -225,8 +227,8 @@ def std_bounds_from(std: float, n: int, *, alpha: float = 0.05) -> StdBounds:
     a = _check_prob("alpha", alpha)
     df = n - 1
     var = df * std * std
-    return StdBounds(n=int(n), std=float(std), lower=float(np.sqrt(var / stats.chi2.ppf(1.0 - a, df))),
-                     upper=float(np.sqrt(var / stats.chi2.ppf(a, df))), alpha=a)
+    return StdBounds(n=int(n), std=float(std), lower=float(np.sqrt(var / chi2_ppf(1.0 - a, df))),
+                     upper=float(np.sqrt(var / chi2_ppf(a, df))), alpha=a)
 
 
 def std_confidence_bounds(x, *, alpha: float = 0.05) -> StdBounds:
@@ -246,6 +248,14 @@ class RobustStdBounds:
     method: str = "bonett"
 
 
+def _trim_mean(arr: np.ndarray, proportiontocut: float) -> float:
+    """``scipy.stats.trim_mean`` of a finite 1-D array, the same operations without its per-call
+    array-API and NaN-policy wrapping (which costs more than the mean itself)."""
+    lowercut = int(proportiontocut * arr.size)
+    uppercut = arr.size - lowercut
+    return float(np.mean(np.partition(arr, (lowercut, uppercut - 1))[lowercut:uppercut]))
+
+
 def bonett_std_bounds(x, *, alpha: float = 0.05) -> RobustStdBounds:
     """One-sided (1−α) confidence bounds of σ that stay valid off normality (Bonett 2006).
 
@@ -263,9 +273,9 @@ def bonett_std_bounds(x, *, alpha: float = 0.05) -> RobustStdBounds:
     s2 = float(arr.var(ddof=1))
     if s2 == 0.0:
         return RobustStdBounds(n=n, std=0.0, lower=0.0, upper=0.0, alpha=a, kurtosis=float("nan"))
-    z = float(stats.norm.ppf(1.0 - a))
+    z = norm_ppf(1.0 - a)
     c = n / (n - z)
-    trimmed = float(stats.trim_mean(arr, 1.0 / (2.0 * np.sqrt(n - 4.0)))) if n > 5 else float(np.median(arr))
+    trimmed = _trim_mean(arr, 1.0 / (2.0 * np.sqrt(n - 4.0))) if n > 5 else float(np.median(arr))
     dev = arr - arr.mean()
     gam4 = n * float(np.sum((arr - trimmed) ** 4)) / float(np.sum(dev * dev)) ** 2
     se = c * np.sqrt(max(gam4 - (n - 3.0) / n, 0.0) / (n - 1.0))

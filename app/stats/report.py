@@ -6,7 +6,7 @@ The level builders live in ``steady.server.stats.report_levels``, the dataclasse
 ``steady.server.stats.report_data``, plain-data conversion in ``steady.server.stats.serialize``.
 ``StudyReport.to_dict()`` and ``GroupBand.to_dict()`` return JSON-safe plain data: numpy
 scalars become Python numbers, arrays become lists, **NaN and ±Inf become the strings "NaN",
-"Infinity" and "-Infinity"** (the API's one spelling, ``steady.server.wire``); None stays None ("absent").
+"Infinity" and "-Infinity"** (the API's one spelling, ``steady.server.kit.wire``); None stays None ("absent").
 ``StudyReport.to_data()`` keeps non-finite floats as floats.
 """
 from __future__ import annotations

@@ -11,6 +11,7 @@ from steady.server.stats.intervals import (MeanCI, OrderStatisticTolerance, Pred
                                  ToleranceInterval, bonett_std_bounds, mean_ci, normal_tolerance_interval,
                                  order_statistic_tolerance, prediction_interval, std_confidence_bounds)
 from steady.server.stats.planning import INDISTINGUISHABLE, seeds_for_std_claim
+from steady.server.stats.quantiles import norm_ppf
 
 __all__ = ["SeedSpread", "seed_spread", "spread_decision", "MIN_SEEDS", "KURTOSIS_FLOOR", "divergence_rate_ci"]
 
@@ -150,7 +151,7 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
 def _decision_bounds(x: np.ndarray, sb: StdBounds, rb: RobustStdBounds, *, alpha: float,
                      kurtosis_floor: float) -> StdBounds:
     """The one-sided bounds the verdict compares with max_std (see ``seed_spread``)."""
-    floored = _bonett_upper(x, alpha=alpha, kurtosis_floor=kurtosis_floor) if sb.std > 0 else 0.0
+    floored = _bonett_upper(x, rb, alpha=alpha, kurtosis_floor=kurtosis_floor) if sb.std > 0 else 0.0
     return StdBounds(n=x.size, std=sb.std, lower=min(sb.lower, rb.lower), upper=max(sb.upper, floored),
                      alpha=sb.alpha)
 
@@ -173,12 +174,12 @@ def spread_decision(final_values, *, max_std: float, alpha: float = 0.05,
     return "inconclusive", db
 
 
-def _bonett_upper(x: np.ndarray, *, alpha: float, kurtosis_floor: float) -> float:
-    """Bonett's (2006) one-sided upper bound of σ with the kurtosis estimate floored at ``kurtosis_floor``."""
+def _bonett_upper(x: np.ndarray, rb: RobustStdBounds, *, alpha: float, kurtosis_floor: float) -> float:
+    """Bonett's (2006) one-sided upper bound of σ with the kurtosis estimate floored at ``kurtosis_floor``;
+    ``rb`` is ``bonett_std_bounds(x, alpha=alpha)`` (the caller has it already)."""
     n = x.size
-    z = float(stats.norm.ppf(1.0 - alpha))
+    z = norm_ppf(1.0 - alpha)
     c = n / (n - z)
-    rb = bonett_std_bounds(x, alpha=alpha)
     g = max(rb.kurtosis, kurtosis_floor)
     se = c * np.sqrt(max(g - (n - 3.0) / n, 0.0) / (n - 1.0))
     return float(np.sqrt(np.exp(np.log(c * rb.std * rb.std) + z * se)))

@@ -33,6 +33,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from steady.server.stats.seed_stability import KURTOSIS_FLOOR, MIN_SEEDS, spread_decision
+from steady.server.stats.quantiles import norm_isf
 
 __all__ = [
     "SPENDING_FUNCTIONS",
@@ -63,7 +64,7 @@ def spent_alpha(t: float, *, alpha: float, spending: str) -> float:
     if spending == "pocock":
         return alpha * math.log(1.0 + (math.e - 1.0) * t)
     if spending == "obrien_fleming":
-        return float(2.0 - 2.0 * stats.norm.cdf(stats.norm.isf(alpha / 2.0) / math.sqrt(t)))
+        return float(2.0 - 2.0 * stats.norm.cdf(norm_isf(alpha / 2.0) / math.sqrt(t)))
     raise ValueError(f"spending must be one of {SPENDING_FUNCTIONS}, got {spending!r}")
 
 

@@ -1,7 +1,7 @@
 """Stats results as JSON-safe plain data.
 
 ``to_plain`` turns dataclasses, mappings, sequences and numpy values into plain Python data with
-NaN and ±Inf as the API's strings "NaN", "Infinity", "-Infinity" (``steady.server.wire``, which the stats
+NaN and ±Inf as the API's strings "NaN", "Infinity", "-Infinity" (``steady.server.kit.wire``, which the stats
 core cannot import; a test keeps the two equal); ``to_data`` does the same but keeps non-finite floats as
 floats, for a caller that spells them itself (the API's response models do).
 """

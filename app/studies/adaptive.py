@@ -14,11 +14,12 @@ from typing import Any, Literal, Protocol
 
 from sqlalchemy.orm import Session
 
-from steady.server.db import WriteSession
+from steady.server.kit.db import WriteSession
 from steady.server.models import Study, utcnow
 from steady.server.stats.report import SeedStages
 from steady.server.stats.sequential import stage_sizes
 from steady.server.studies import repository
+from steady.server.studies.queue import insert_runs
 from steady.server.studies.schemas import StageInfo, StudySpec
 
 
@@ -107,8 +108,6 @@ def judge_stage(session: WriteSession, study: Study, report_of: ReportOf | None)
     passes it, as the reports domain builds on this one. None is refused when a stage waits to
     be judged.
     """
-    from steady.server.studies.service import insert_runs
-
     if not study.spec.get("budget") or study.kind != "managed":
         return False
     rows = repository.stages_of(session, study.id)

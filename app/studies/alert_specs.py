@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from steady.worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
+from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}

@@ -5,11 +5,11 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from steady.server.db import WriteSession
-from steady.server.errors import NotFound
+from steady.server.kit.db import WriteSession
+from steady.server.kit.errors import NotFound
 from steady.server.models import Study, StudyEvaluation, StudyStage, utcnow
 from steady.server.runs import repository as runs_repo
-from steady.server.repository import paginate
+from steady.server.kit.repository import paginate
 from steady.server.studies.schemas import Progress
 
 

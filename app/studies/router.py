@@ -4,13 +4,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
-from steady.server.deps import AppSettings, ReadDB, UserCaller, WriteDB
-from steady.server.pagination import Page, PageQuery
+from steady.server.kit.deps import AppSettings, ReadDB, UserCaller, WriteDB
+from steady.server.kit.pagination import Page, PageQuery
 from steady.server.studies import repository, service
 from steady.server.runs import repository as runs_repo
 from steady.server.runs.schemas import ExternalRunIn, RunOut
 from steady.server.studies.schemas import StudyOut, StudySpec, StudySummary
-from steady.worker.protocol import RunStatus, StudyStatus
+from steady.worker.contract.protocol import RunStatus, StudyStatus
 
 router = APIRouter(prefix="/api/v1/studies", tags=["studies"])
 

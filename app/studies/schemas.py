@@ -11,8 +11,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from steady.server.studies.alert_specs import AlertRuleSpec, check_spec_alerts
 from steady.server.studies.spec_parts import ArmSpec, CodeRef, StackName, StackSpec, WorkloadSpec, _Spec
-from steady.server.wire import WireModel
-from steady.worker.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
+from steady.server.kit.wire import WireModel
+from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
 
 MAX_STAGES = 20  # adaptive seeds: looks of the group-sequential design
 

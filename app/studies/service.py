@@ -6,28 +6,27 @@ import difflib
 import hashlib
 import json
 from collections.abc import Sequence
-from itertools import product
 from typing import Any, Literal, overload
 
 import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import steady.worker.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module, not the package
-from steady.server.auth.service import Caller, Role, ensure_may_change
-from steady.server.config import Settings
-from steady.server.db import WriteSession
-from steady.server.errors import Conflict, Forbidden, Invalid, NotFound
+from steady.server.kit.auth import Caller, Role, ensure_may_change
+from steady.server.kit.config import Settings
+from steady.server.kit.db import WriteSession
+from steady.server.kit.errors import Conflict, Forbidden, Invalid, NotFound
 from steady.server.metrics import repository as metrics_repo
-from steady.server.wire import wire_float
+from steady.server.kit.wire import wire_float
 from steady.server.models import Run, Study, utcnow
-from steady.server.stats.cost import balanced_level_order
 from steady.server.studies import adaptive, repository
+from steady.server.studies.queue import insert_runs
 from steady.server.runs import repository as runs_repo
 from steady.server.runs.schemas import ExternalRunIn
 from steady.server.studies.schemas import StudyOut, StudySpec, StudySummary
 from steady.server.studies.spec_parts import CodeRef
-from steady.worker.protocol import STEP_TIME_KEY, RunStatus, StudyStatus
+from steady.worker.contract import codepack
+from steady.worker.contract.protocol import STEP_TIME_KEY, RunStatus, StudyStatus
 
 
 def ensure_suite_owner(session: Session, suite: str, caller: Caller) -> None:
@@ -87,42 +86,6 @@ def create_study(session: WriteSession, spec: StudySpec, settings: Settings, cal
         insert_runs(session, study, spec, spec.seeds)
         adaptive.start(session, study, spec)
     return study
-
-
-def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: list[int]) -> None:
-    """Queue the runs of ``seeds``: each seed × repeat × group (stack or arm) × determinism level."""
-    assert spec.workload is not None
-    framework = spec.workload.framework.value
-    # Runs are leased in id order, so the insert order is the execution order. The levels
-    # are interleaved (one block per seed × repeat, alternating direction: A B C, C B A, …)
-    # so that a drift in machine load over the study does not read as a cost of determinism
-    # (steady.server.stats.cost). Before, every run of one level ran as one block.
-    blocks = list(product(seeds, range(spec.repeats)))
-    rows = [
-        {
-            "study_id": study.id,
-            "seed": seed,
-            "repeat": repeat,
-            "determinism": level.value,
-            "stack": stack.name,
-            "framework": framework,
-            "required_labels": sorted({framework, *stack.labels}),
-            "status": RunStatus.queued.value,
-            "attempt": 0,
-            "max_attempts": spec.max_attempts,
-            "cancel_requested": False,
-            "fingerprint": {},
-            "digests": {},
-            "determinism_applied": {},
-            "timings": {},
-            "final_metrics": {},
-            "created_at": utcnow(),
-        }
-        for (seed, repeat), levels in zip(blocks, balanced_level_order(spec.determinism, len(blocks)))
-        for stack in spec.groups
-        for level in levels
-    ]
-    runs_repo.insert_runs(session, rows)
 
 
 def check_code(session: Session, spec: StudySpec) -> None:

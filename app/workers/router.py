@@ -6,11 +6,18 @@ from typing import Any
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from steady.server.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
-from steady.server.pagination import Page, PageQuery
-from steady.server.runs import leasing
+from steady.server.kit.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
+from steady.server.kit.pagination import Page, PageQuery
+from steady.server.lifecycle import leasing
 from steady.server.workers import service
-from steady.worker.protocol import PENDING_HEADER, EngineJob, Lease, LeaseRequest, WorkerRegistered, WorkerRegistration
+from steady.worker.contract.protocol import (
+    PENDING_HEADER,
+    EngineJob,
+    Lease,
+    LeaseRequest,
+    WorkerRegistered,
+    WorkerRegistration,
+)
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 

@@ -3,14 +3,14 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from steady.server.deps import Principal
-from steady.server.errors import NotFound
-from steady.server.auth.service import Role
-from steady.server.db import WriteSession
+from steady.server.kit.deps import Principal
+from steady.server.kit.errors import NotFound
+from steady.server.kit.auth import Role
+from steady.server.kit.db import WriteSession
 from steady.server.models import Worker, utcnow
-from steady.server.repository import paginate
+from steady.server.kit.repository import paginate
 from steady.server.runs import repository as runs_repo
-from steady.worker.protocol import WorkerRegistration
+from steady.worker.contract.protocol import WorkerRegistration
 
 
 def register(session: WriteSession, body: WorkerRegistration, principal: Principal) -> Worker:

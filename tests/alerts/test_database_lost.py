@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from steady.server.alerts import evaluators, jobs
-from steady.server.db import unavailable
+from steady.server.kit.db import unavailable
 from steady.server.models import StudyEvaluation
 from steady.server.studies import repository as studies_repo
 from tests.alerts.conftest import external_study

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from steady.server.alerts import egress, webhooks
-from steady.server.errors import Invalid
+from steady.server.kit.errors import Invalid
 
 PUBLIC = "93.184.216.34"
 

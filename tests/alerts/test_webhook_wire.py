@@ -1,5 +1,5 @@
 """Alert details and webhook bodies spell non-finite values as the API does ("NaN", "Infinity",
-"-Infinity"; steady.server.wire), in strict JSON."""
+"-Infinity"; steady.server.kit.wire), in strict JSON."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from steady.worker.protocol import Series
+from steady.worker.contract.protocol import Series
 
 
 def spec(**overrides: Any) -> dict[str, Any]:

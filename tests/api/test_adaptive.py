@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from steady.server.reports.models import Report
-from steady.server.reports.render import render_report
+from steady.server.cli.render import render_report
 from steady.server.stats.sequential import sequential_seed_decision, stage_sizes
 from tests.api.helpers import batch, lease, register, result
 

@@ -11,7 +11,7 @@ import pytest
 from steady.server.studies.arms import differences, effective_arms
 from steady.server.studies.schemas import StudySpec
 from tests.api.helpers import batch, lease, register, result, spec
-from steady.worker import codepack
+from steady.worker.contract import codepack
 
 COMMAND = ["python", "train.py", "--seed", "{seed}"]
 

@@ -44,7 +44,7 @@ def test_worker_cannot_use_another_tokens_worker(api):
 
 
 def test_session_cookie_reads_but_cannot_write(api):
-    from steady.server.deps import SESSION_COOKIE
+    from steady.server.kit.deps import SESSION_COOKIE
 
     r = api.client.post("/login", data={"token": api.tokens["admin"]}, follow_redirects=False)
     assert r.status_code == 303 and api.client.cookies.get(SESSION_COOKIE)
@@ -57,7 +57,7 @@ def test_session_cookie_reads_but_cannot_write(api):
 
 
 def _login(api, role: str = "user") -> str:
-    from steady.server.deps import SESSION_COOKIE
+    from steady.server.kit.deps import SESSION_COOKIE
 
     r = api.client.post("/login", data={"token": api.tokens[role]}, follow_redirects=False)
     assert r.status_code == 303, r.text
@@ -67,7 +67,7 @@ def _login(api, role: str = "user") -> str:
 
 
 def test_the_cookie_holds_a_session_id_not_the_token(api):
-    from steady.server.deps import SESSION_COOKIE
+    from steady.server.kit.deps import SESSION_COOKIE
     from steady.server.models import DashboardSession
 
     r = api.client.post("/login", data={"token": api.tokens["user"]}, follow_redirects=False)
@@ -83,7 +83,7 @@ def test_the_cookie_holds_a_session_id_not_the_token(api):
 
 
 def test_logout_revokes_the_session(api):
-    from steady.server.deps import SESSION_COOKIE
+    from steady.server.kit.deps import SESSION_COOKIE
 
     sid = _login(api)
     stolen = {"Cookie": f"{SESSION_COOKIE}={sid}"}
@@ -100,7 +100,7 @@ def test_logout_revokes_the_session(api):
 def test_expired_session_and_revoked_token_need_a_new_login(api):
     from datetime import timedelta
 
-    from steady.server.deps import SESSION_COOKIE
+    from steady.server.kit.deps import SESSION_COOKIE
     from steady.server.models import ApiToken, DashboardSession, utcnow
 
     sid = _login(api)
@@ -120,7 +120,7 @@ def test_expired_session_and_revoked_token_need_a_new_login(api):
 
 
 def test_a_raw_token_in_the_cookie_is_not_a_session(api):
-    from steady.server.deps import SESSION_COOKIE
+    from steady.server.kit.deps import SESSION_COOKIE
 
     assert api.client.get("/api/v1/studies", headers={"Cookie": f"{SESSION_COOKIE}={api.tokens['admin']}"}).status_code == 401
 
@@ -191,7 +191,7 @@ def test_without_the_cache_every_request_looks_its_token_up(make_api):
 
 
 def test_a_lookup_that_raced_a_revocation_is_not_remembered():
-    from steady.server.auth.cache import TokenCache
+    from steady.server.kit.tokencache import TokenCache
 
     now = [0.0]
     cache: TokenCache[str] = TokenCache(5.0, clock=lambda: now[0])

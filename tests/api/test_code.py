@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.api.helpers import spec
-from steady.worker import codepack
+from steady.worker.contract import codepack
 
 
 @pytest.fixture

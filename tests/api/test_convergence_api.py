@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from steady.server.reports.models import Report
-from steady.server.reports.render import render_report
+from steady.server.cli.render import render_report
 from steady.server.stats.convergence import ReferencePoint, check_convergence, reference_from_runs
 from tests.api.helpers import batch, lease, register, result, spec
 

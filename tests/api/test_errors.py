@@ -1,5 +1,5 @@
-"""The error boundary (app/boundary.py): one error shape; a bug is a logged 500, a busy database a
-503 with Retry-After, bad input a 422 naming the field; and the one list shape (app/pagination.py)."""
+"""The error boundary (app/web/boundary.py): one error shape; a bug is a logged 500, a busy database a
+503 with Retry-After, bad input a 422 naming the field; and the one list shape (app/kit/pagination.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from steady.server import db as app_db
-from steady.server.main import create_app
+from steady.server.kit import db as app_db
+from steady.server.web.main import create_app
 from steady.server.runs import repository as runs_repo
 from steady.server.studies import repository as studies_repo
 from tests.api.helpers import error_of, register, spec

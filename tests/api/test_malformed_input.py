@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.worker.test_codepack import _zlib_error_archive
-from steady.worker import codepack
+from steady.worker.contract import codepack
 
 MLFLOW = "/mlflow/api/2.0/mlflow"
 

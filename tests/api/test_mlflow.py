@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.api.helpers import register
-from steady.worker.protocol import Series
+from steady.worker.contract.protocol import Series
 
 pytest.importorskip("mlflow")
 pytestmark = pytest.mark.slow

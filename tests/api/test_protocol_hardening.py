@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tests.api.helpers import batch, error_msg, error_of, register, result, spec
-from steady.worker.protocol import Series
+from steady.worker.contract.protocol import Series
 
 
 def _study(api, runs: int = 1, **kw):
@@ -22,7 +22,7 @@ def _lease(api, wid: int, request_id: str | None = None, role: str = "worker"):
 
 
 def _second_worker_token(api) -> str:
-    from steady.server.auth.service import Role, create_token
+    from steady.server.kit.auth import Role, create_token
 
     with api.app.state.database.write() as session:
         api.tokens["worker2"] = create_token(session, name="other-worker", role=Role.worker)[1]
@@ -109,7 +109,7 @@ def test_leases_per_worker_are_capped(make_api):
 
 def test_server_fails_a_run_past_its_time_limit_despite_heartbeats(make_api):
     from steady.server.models import utcnow
-    from steady.server.runs.leasing import reap_expired
+    from steady.server.lifecycle.leasing import reap_expired
 
     api = make_api(time_limit_grace_seconds=5.0, lease_seconds=3600.0)
     _study(api, time_limit_s=10.0)

@@ -29,8 +29,8 @@ def test_server_refuses_database_not_at_head(tmp_path):
     import pytest
     from sqlalchemy import text
 
-    from steady.server import migrate
-    from steady.server.db import Database
+    from steady.server.kit import migrate
+    from steady.server.kit.db import Database
 
     db = Database(f"sqlite:///{tmp_path / 'old.db'}")
     migrate.upgrade(db.engine)
@@ -51,8 +51,8 @@ def test_openapi_snapshot(tmp_path):
 
 
 def _openapi(tmp_path) -> dict:
-    from steady.server.config import Settings
-    from steady.server.main import create_app
+    from steady.server.kit.config import Settings
+    from steady.server.web.main import create_app
 
     return create_app(Settings(data_dir=tmp_path)).openapi()
 

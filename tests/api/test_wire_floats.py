@@ -1,4 +1,4 @@
-"""One JSON spelling of non-finite floats across the API (``steady.server.wire``): "NaN", "Infinity" and
+"""One JSON spelling of non-finite floats across the API (``steady.server.kit.wire``): "NaN", "Infinity" and
 "-Infinity" both ways, null only for "absent", and every response strict JSON.
 
 Metrics with NaN and ±Inf go in through every door (external upload, the worker protocol,
@@ -13,7 +13,7 @@ import pytest
 
 from tests.api.helpers import bare_constant as _bare_constant
 from tests.api.helpers import lease, register, result, spec, strict
-from steady.worker.protocol import MetricBatch, RunResult, Series
+from steady.worker.contract.protocol import MetricBatch, RunResult, Series
 
 SPELLING = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -126,7 +126,7 @@ def test_worker_protocol_sends_strict_json_and_the_server_reads_it(api):
     run_id, lid = leased["run_id"], leased["lease_id"]
     values = [0.5, math.nan, math.inf, -math.inf]
     batch = MetricBatch(lease_id=lid, seq=0, series=[Series(key="loss", steps=[0, 1, 2, 3], values=values)])
-    body = batch.model_dump_json(exclude_none=True)  # what steady.worker.client sends
+    body = batch.model_dump_json(exclude_none=True)  # what steady.worker.agent.client sends
     assert json.loads(body, parse_constant=_bare_constant)["series"][0]["values"] == [0.5, "NaN", "Infinity", "-Infinity"]
     h = {**api.h("worker"), "content-type": "application/json"}
     assert api.client.post(f"/api/v1/runs/{run_id}/metrics", content=body, headers=h).status_code == 200

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from steady.server.dashboard import charts
 from steady.server.dashboard import service as dashboard
-from steady.server.db import Database
+from steady.server.kit.db import Database
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
 from steady.server.reports import service as reports

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from steady.server.devserver import free_port
+from steady.server.web.devserver import free_port
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO, create_pg_database, drop_pg_database, pg_url_for, wait_until
 from tests.engines.slurm_cluster import SlurmCluster, missing_binaries
-from steady.worker.protocol import Series
+from steady.worker.contract.protocol import Series
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 STEPS = 200

@@ -42,6 +42,6 @@ def test_bad_options_are_refused(bad):
 
 def test_submit_without_sbatch_says_so(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr("steady.server.cli_client.Api.get", lambda self, path, **kw: {"id": 1, "name": "s"})
+    monkeypatch.setattr("steady.server.cli.client.Api.get", lambda self, path, **kw: {"id": 1, "name": "s"})
     rc = main(["launch", "slurm", "1", "--tasks", "2", "--worker-token", "t", "--output-dir", str(tmp_path)])
     assert rc == 1 and "sbatch not found" in capsys.readouterr().err

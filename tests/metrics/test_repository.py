@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from steady.server.db import Database
+from steady.server.kit.db import Database
 from steady.server.metrics import repository as repo
 from steady.server.models import Run, Study, utcnow
 from tests.conftest import database_with_one_run

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from steady.server.reports.models import Report
-from steady.server.reports.render import render_report
+from steady.server.cli.render import render_report
 from tests.reports.test_report_e2e import _wait_done
 from tests.worker.test_worker_agent_e2e import Worker
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from steady.server.alerts.schemas import BaselineComparisonOut
-from steady.server.reports import gate
+from steady.server.cli import gate
 from steady.server.reports.models import Report, typed_verdicts
 from steady.server.reports.parts import PairGroup
 from steady.server.stats.report import MetricSpec, RunData, build_report
@@ -172,7 +172,7 @@ def _with_convergence(hits: list[float]) -> Report:
 
 
 def test_a_candidate_converging_significantly_faster_than_the_reference_fails_the_gate(tmp_path):
-    from steady.server.cli_support import failing_verdicts, verdict_exit_code
+    from steady.server.cli.support import failing_verdicts, verdict_exit_code
 
     fast = _with_convergence([190000.0 + 1000 * s for s in range(10)])  # olympic mean 194500 < floor 206333
     items = gate.gate_items(fast)

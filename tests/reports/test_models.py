@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from steady.server.alerts.prometheus import SnapshotCollector
-from steady.server.cli_support import failing_verdicts, verdict_exit_code
+from steady.server.cli.support import failing_verdicts, verdict_exit_code
 from steady.server.dashboard.service import badges, cost_scale, first_divergent_step
 from steady.server.reports.models import (
     PortabilityVerdict,
@@ -24,7 +24,7 @@ from steady.server.reports.models import (
 from steady.server.reports.summary import ReportSummary
 from steady.server.stats.report import MetricSpec, SeedStages, build_report
 from steady.server.stats.vocabulary import LEVELS
-from steady.server.wire import WireFloat, WireModel
+from steady.server.kit.wire import WireFloat, WireModel
 from tests.stats.test_report import METRICS, RUNS
 
 STUDY = {"id": 3, "name": "two stacks", "status": "completed"}
@@ -143,7 +143,7 @@ def test_bands_data_is_what_the_bands_model_describes():
     """The /bands route renders plain data (no validation, for speed): it must read as ``Bands``."""
     from steady.server.reports.models import Bands
     from steady.server.stats.report import compute_bands
-    from steady.server.wire import NONFINITE_SPELLING
+    from steady.server.kit.wire import NONFINITE_SPELLING
 
     groups = compute_bands(RUNS[:3], metric="loss")  # one seed: std and intervals are NaN at every step
     body = {"study_id": 1, "metric": "loss", "coverage": 0.9, "confidence": 0.95,

@@ -6,7 +6,7 @@ import numpy as np
 
 from steady.server.reports.models import Report
 from steady.server.reports.parts import DeterminismCost
-from steady.server.reports.render import render_report
+from steady.server.cli.render import render_report
 from steady.server.stats.report import MetricSpec, RunData, build_report
 
 STUDY = {"id": 1, "name": "s", "status": "completed"}
@@ -30,7 +30,7 @@ def test_render_variance_and_cost_from_a_real_report():
 
 
 def test_render_cost_verdict_against_budget():
-    from steady.server.reports.render import _cost_line
+    from steady.server.cli.render import _cost_line
     from steady.server.stats.cost import cost_ratio
 
     slow = [np.full(20, 0.03) * f for f in (1.0, 1.02, 0.98)]

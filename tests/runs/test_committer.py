@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from steady.server.db import Database, unavailable
-from steady.server.errors import Conflict
+from steady.server.kit.db import Database, unavailable
+from steady.server.kit.errors import Conflict
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import MetricChunk
-from steady.server.runs.committer import GroupCommitter
+from steady.server.lifecycle.committer import GroupCommitter
 from tests.api.helpers import batch, lease, register, spec
 from tests.conftest import POSTGRES_ONLY, database_with_one_run, terminate_own_connection, wait_until
 

@@ -9,11 +9,12 @@ import typing
 import pytest
 from sqlalchemy.orm import Session
 
-from steady.server.db import ReadOnlySessionError, ReadSession, WriteSession
-from steady.server.runs import ingest, leasing, repository, service, transitions
+from steady.server.kit.db import ReadOnlySessionError, ReadSession, WriteSession
+from steady.server.lifecycle import ingest, leasing, service, transitions
+from steady.server.runs import repository
 from steady.server.studies import service as studies
 from tests.api.helpers import register, result, spec
-from steady.worker.protocol import RunResult
+from steady.worker.contract.protocol import RunResult
 
 WRITES = [
     transitions.heartbeat, transitions.complete, transitions.fail, transitions.release,
@@ -57,8 +58,8 @@ def test_a_read_session_refuses_a_transition(api):
     assert r.status_code == 201, r.text
     wid = register(api)
     lease = api.post(f"/api/v1/workers/{wid}/lease", role="worker", json={"worker_id": wid}).json()
-    from steady.server.auth.service import Role
-    from steady.server.deps import Principal
+    from steady.server.kit.auth import Role
+    from steady.server.kit.deps import Principal
 
     admin = Principal(token_id=0, name="admin", role=Role.admin)
     body = RunResult.model_validate(result(lease["lease_id"]))

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.api.helpers import register, result, spec
-from steady.worker.protocol import RunAck, RunFailure, RunRelease, RunResult, RunStatus
+from steady.worker.contract.protocol import RunAck, RunFailure, RunRelease, RunResult, RunStatus
 
 RACES = 6
 
@@ -33,8 +33,8 @@ def _leased_runs(api, n: int) -> list[dict]:
 
 def _holder(api):
     """The principal of the worker token that holds the leases."""
-    from steady.server.auth.service import Role
-    from steady.server.deps import Principal
+    from steady.server.kit.auth import Role
+    from steady.server.kit.deps import Principal
     from steady.server.models import Worker
 
     with api.app.state.database.read() as session:
@@ -61,7 +61,7 @@ def _race(api, *calls: Callable[[Any], Any]) -> list[Any]:
 
 
 def _conflict_code(outcome: Any) -> str | None:
-    from steady.server.errors import Conflict
+    from steady.server.kit.errors import Conflict
 
     return outcome.code if isinstance(outcome, Conflict) else None
 
@@ -71,8 +71,8 @@ def test_complete_racing_the_reaper_has_one_winner(make_api):
     the run: either the run is completed with the worker's result, or it is queued again with
     nothing of that result and the worker was told its lease is lost."""
     from steady.server.models import utcnow
-    from steady.server.runs import transitions
-    from steady.server.runs.leasing import reap_expired
+    from steady.server.lifecycle import transitions
+    from steady.server.lifecycle.leasing import reap_expired
 
     api = make_api(lease_seconds=60.0)
     leases = _leased_runs(api, RACES)
@@ -102,7 +102,7 @@ def test_complete_racing_the_reaper_has_one_winner(make_api):
 @pytest.mark.parametrize("rounds", [RACES])
 def test_complete_fail_and_release_race_one_winner(make_api, rounds):
     """Three transitions of one lease (different request ids) at once: exactly one is applied."""
-    from steady.server.runs import transitions
+    from steady.server.lifecycle import transitions
 
     api = make_api()
     leases = _leased_runs(api, rounds)
@@ -137,7 +137,7 @@ def test_complete_fail_and_release_race_one_winner(make_api, rounds):
 def test_a_retry_racing_its_original_gets_the_same_answer(make_api):
     """The same complete sent twice at once (a client retry after a timeout): one applies it,
     the other gets that acknowledgement back as a duplicate, not a 409."""
-    from steady.server.runs import transitions
+    from steady.server.lifecycle import transitions
 
     api = make_api()
     leases = _leased_runs(api, RACES)
@@ -158,9 +158,9 @@ def test_a_heartbeat_under_a_stale_lease_loses_to_the_new_holder(make_api):
     """Run leased by worker A, re-queued (A stopped heartbeating) and leased by worker B: A's late
     heartbeat, racing B's, is refused and leaves B's lease as B set it."""
     from steady.server.models import utcnow
-    from steady.server.runs import transitions
-    from steady.server.runs.leasing import reap_expired
-    from steady.worker.protocol import Heartbeat
+    from steady.server.lifecycle import transitions
+    from steady.server.lifecycle.leasing import reap_expired
+    from steady.worker.contract.protocol import Heartbeat
 
     api = make_api(lease_seconds=60.0)
     (old,) = _leased_runs(api, 1)
@@ -189,12 +189,12 @@ def test_a_transition_checked_against_a_stale_read_changes_nothing(make_api, mon
     it is still leased, the reaper re-queues it before the transition writes. The write is the
     conditional UPDATE, so it matches no row: the caller gets 409 and the re-queued run keeps
     the reaper's state (a read-modify-write would have overwritten it)."""
-    from steady.server.errors import Conflict
+    from steady.server.kit.errors import Conflict
     from steady.server.models import utcnow
     from steady.server.runs import repository as runs_repo
-    from steady.server.runs import transitions
-    from steady.server.runs.leasing import reap_expired
-    from steady.worker.protocol import Heartbeat
+    from steady.server.lifecycle import transitions
+    from steady.server.lifecycle.leasing import reap_expired
+    from steady.worker.contract.protocol import Heartbeat
 
     api = make_api(lease_seconds=60.0)
     (lease,) = _leased_runs(api, 1)

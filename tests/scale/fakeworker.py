@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from steady.worker.protocol import Series
+from steady.worker.contract.protocol import Series
 
 RETRYABLE = {429, 500, 502, 503, 504}
 

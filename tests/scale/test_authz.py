@@ -8,8 +8,8 @@ import re
 import pytest
 from fastapi.routing import APIRoute
 
-from steady.server.auth.service import GRANTS, Role
-from steady.server.main import create_app
+from steady.server.kit.auth import GRANTS, Role
+from steady.server.web.main import create_app
 from tests.api.helpers import batch, error_msg, lease, register, spec
 
 # Routes anyone may call; any other route without a role check fails test_every_route_declares_a_role.
@@ -106,7 +106,7 @@ def test_worker_token_cannot_reach_other_workers_or_runs(api):
 
 
 def test_tokens_are_stored_hashed_and_compared_in_constant_time(api, monkeypatch):
-    import steady.server.auth.service as auth
+    from steady.server.kit import auth
 
     secret = api.tokens["user"]
     with api.app.state.database.read() as s:

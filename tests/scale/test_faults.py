@@ -76,7 +76,7 @@ def test_api_killed_during_ingestion_loses_no_acked_batch_and_duplicates_nothing
             run_id, lid = lease["run_id"], lease["lease_id"]
             for seq, start in enumerate(range(0, steps, batch)):
                 chunk = range(start, start + batch)
-                from steady.worker.protocol import Series
+                from steady.worker.contract.protocol import Series
 
                 packed = Series.packed("loss", list(chunk), expected_values(run_id, chunk)).model_dump(exclude_none=True)
                 body = {"lease_id": lid, "seq": seq, "series": [packed]}

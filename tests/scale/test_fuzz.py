@@ -26,9 +26,9 @@ EXAMPLES = int(os.environ.get("STEADY_FUZZ_EXAMPLES", "12"))
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory):
-    from steady.server import migrate
-    from steady.server.auth.service import Role, create_token
-    from steady.server.db import Database
+    from steady.server.kit import migrate
+    from steady.server.kit.auth import Role, create_token
+    from steady.server.kit.db import Database
 
     data_dir = tmp_path_factory.mktemp("fuzz")
     url = f"sqlite:///{data_dir / 'steady.db'}"

@@ -8,7 +8,13 @@ import pytest
 
 from steady.server.studies.spec_parts import MAX_PARAMS_BYTES
 from tests.api.helpers import batch, lease, register, spec
-from steady.worker.protocol import MAX_ERROR_LENGTH, MAX_KEY_LENGTH, MAX_LABELS, MAX_NAME_LENGTH, MAX_SERIES_PER_BATCH
+from steady.worker.contract.protocol import (
+    MAX_ERROR_LENGTH,
+    MAX_KEY_LENGTH,
+    MAX_LABELS,
+    MAX_NAME_LENGTH,
+    MAX_SERIES_PER_BATCH,
+)
 
 
 def _detail(r) -> str:

@@ -19,8 +19,16 @@ import httpx
 import pytest
 
 from tests.scale.conftest import all_runs, create_study
-from steady.worker.client import NonRetryableError, SteadyClient
-from steady.worker.protocol import Heartbeat, MetricBatch, RunFailure, RunRelease, RunResult, Series, WorkerRegistration
+from steady.worker.agent.client import NonRetryableError, SteadyClient
+from steady.worker.contract.protocol import (
+    Heartbeat,
+    MetricBatch,
+    RunFailure,
+    RunRelease,
+    RunResult,
+    Series,
+    WorkerRegistration,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +98,7 @@ class AnswerDroppingProxy:
 
 
 def test_retries_through_dropped_answers_lease_once_and_never_report_a_false_lease_loss(live_server_factory, backend_url):
-    logging.getLogger("steady.worker.client").setLevel(logging.ERROR)  # a warning per retry otherwise
+    logging.getLogger("steady.worker.agent.client").setLevel(logging.ERROR)  # a warning per retry otherwise
     server = live_server_factory(backend_url, lease_seconds=600, heartbeat_seconds=60, reaper_interval_seconds=1)
     study_id = create_study(server, runs=600)
     rng = random.Random(7)

@@ -109,7 +109,7 @@ def test_nan_case_does_not_claim_zero_ulps():
 
 
 def test_sdk_records_the_logged_dtype():
-    from steady.worker.sdk import float_dtype
+    from steady.worker.inrun.sdk import float_dtype
 
     assert float_dtype(1.0) == "float64" and float_dtype(3) == "float64"
     assert float_dtype(np.float32(1)) == "float32" and float_dtype(np.array(1, np.float16)) == "float16"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from steady.server.reports.models import Report
-from steady.server.reports.render import render_report
+from steady.server.cli.render import render_report
 from tests.worker.test_worker_agent_e2e import runs, series, workers  # noqa: F401 - workers is a fixture
 
 pytestmark = pytest.mark.slow

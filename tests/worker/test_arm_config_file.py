@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-from steady.worker.local import run_local
+from steady.worker.agent.local import run_local
 
 
 def test_config_file_is_written_for_the_run(tmp_path):

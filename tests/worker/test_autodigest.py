@@ -12,7 +12,7 @@ from steady.server.stats.expectations import SEEDS_IDENTICAL
 from steady.server.stats.repeatability import RepeatRun, repeatability
 from steady.server.stats.report import build_report
 from steady.server.stats.report_data import MetricSpec, RunData
-from steady.worker.local import run_local
+from steady.worker.agent.local import run_local
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -11,9 +11,9 @@ import pytest
 from torch.utils.data import dataloader
 
 from steady.server.stats.repeatability import RepeatRun, repeatability
-from steady.worker.autodigest_order import install_torch
-from steady.worker.digests import order_digest
-from steady.worker.local import run_local
+from steady.worker.inrun.autodigest_order import install_torch
+from steady.worker.contract.digests import order_digest
+from steady.worker.agent.local import run_local
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_loader_order.py"
 

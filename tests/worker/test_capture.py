@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from steady.worker.capture import (
+from steady.worker.agent.capture import (
     DEFAULT_PATTERN,
     Capture,
     TFRecordTail,
@@ -160,7 +160,7 @@ SCRIPT = """
 
 @pytest.mark.slow
 def test_a_command_workload_is_captured_without_the_sdk(tmp_path):
-    from steady.worker.local import run_local
+    from steady.worker.agent.local import run_local
 
     code = tmp_path / "run" / "code"
     (code / "old").mkdir(parents=True)
@@ -183,7 +183,7 @@ def test_a_command_workload_is_captured_without_the_sdk(tmp_path):
 
 
 def test_everything_left_is_read_at_the_end(tmp_path, monkeypatch):
-    from steady.worker import capture
+    from steady.worker.agent import capture
 
     monkeypatch.setattr(capture, "READ_BYTES", 64)  # many reads per pass
     out = tmp_path / "output.log"

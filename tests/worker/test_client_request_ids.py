@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from steady.worker.client import AlreadyFinishedError, LeaseLostError, SteadyClient
-from steady.worker.protocol import RunResult
+from steady.worker.agent.client import AlreadyFinishedError, LeaseLostError, SteadyClient
+from steady.worker.contract.protocol import RunResult
 
 
 def _client(handler) -> SteadyClient:

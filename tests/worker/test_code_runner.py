@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from steady.worker import codepack
-from steady.worker.local import run_local
-from steady.worker.runner import RunProcess
+from steady.worker.contract import codepack
+from steady.worker.agent.local import run_local
+from steady.worker.agent.runner import RunProcess
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from steady.worker import codecache, codepack
-from steady.worker.client import SteadyClient
+from steady.worker.agent import codecache
+from steady.worker.contract import codepack
+from steady.worker.agent.client import SteadyClient
 
 PREFIX = "/api/v1/code/"
 

@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from steady.worker import codepack
+from steady.worker.contract import codepack
 
 
 def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from steady.server.demo.controls import CONTROLS, KERAS_CONTROLS, OVERLAPS, VARIANTS, format_table, run_controls
+from steady.server.cli.demo.controls import CONTROLS, KERAS_CONTROLS, OVERLAPS, VARIANTS, format_table, run_controls
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def test_keras_controls_name_the_planted_source():
 def test_the_numpy_environment_cache_is_keyed_by_the_base_environment(tmp_path):
     """The cached environment reaches the base's packages through a .pth line: one built over a
     virtual environment since deleted (a CI checkout of yesterday) must not be reused."""
-    from steady.server.demo.controls import env_root
+    from steady.server.cli.demo.controls import env_root
 
     a, b = tmp_path / "a" / "site-packages", tmp_path / "b" / "site-packages"
     assert env_root("2.0.2", tmp_path, str(a)) != env_root("2.0.2", tmp_path, str(b))

@@ -9,8 +9,8 @@ import struct
 import pydantic
 import pytest
 
-from steady.worker import protocol
-from steady.worker.protocol import MetricBatch, Series
+from steady.worker.contract import protocol
+from steady.worker.contract.protocol import MetricBatch, Series
 
 BAD = ["AA==AA", "@@@@", "AAA", "==", "AA=A", "AA\nAA", " AAAA"]
 

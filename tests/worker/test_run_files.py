@@ -1,4 +1,4 @@
-"""The agent opens files a run can replace without trusting them (steady.worker.runfiles).
+"""The agent opens files a run can replace without trusting them (steady.worker.contract.runfiles).
 
 Real symlinks, a real FIFO and /dev/zero: a run that swaps its output for a link to a secret
 must not get the secret into its record, and capture must come back promptly from files that
@@ -15,10 +15,10 @@ import threading
 import pytest
 
 from tests.conftest import wait_until
-from steady.worker import runfiles
-from steady.worker.capture import Capture
-from steady.worker.events import EventReader, control_events
-from steady.worker.runner import RunProcess
+from steady.worker.contract import runfiles
+from steady.worker.agent.capture import Capture
+from steady.worker.contract.events import EventReader, control_events
+from steady.worker.agent.runner import RunProcess
 
 SECRET = "stdw_THE-AGENT-TOKEN-never-in-a-record"
 

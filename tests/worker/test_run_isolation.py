@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import steady
-from steady.worker import cli as worker_cli
-from steady.worker.runner import REDACTED, RunAs, run_environment, scrub
+from steady.worker.agent import cli as worker_cli
+from steady.worker.agent.runner import REDACTED, RunAs, run_environment, scrub
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).parent / "fixtures" / "probe_credentials.py"
@@ -63,7 +63,7 @@ def test_token_file_is_read(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_secrets_are_scrubbed_from_error_and_stderr(tmp_path):
-    from steady.worker.local import run_local
+    from steady.worker.agent.local import run_local
 
     worker_token, run_token = "stdy_" + uuid.uuid4().hex, "stdr_5_" + uuid.uuid4().hex
     path = tmp_path / "leaky.py"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
-from steady.worker.protocol import Series
+from steady.worker.contract.protocol import Series
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from tests.worker.test_worker_units import FakeClient, _lease, _points
-from steady.worker import steptimes
-from steady.worker.agent import MetricStream, batch_size
-from steady.worker.events import EventReader, EventWriter, control_events
-from steady.worker.protocol import MAX_BATCH_POINTS
-from steady.worker.runner import RunProcess
+from steady.worker.inrun import steptimes
+from steady.worker.agent.loop import MetricStream, batch_size
+from steady.worker.contract.events import EventReader, EventWriter, control_events
+from steady.worker.contract.protocol import MAX_BATCH_POINTS
+from steady.worker.agent.runner import RunProcess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ def test_metric_stream_sends_steady_batches_then_catches_up_without_loss():
 
 
 def test_metric_stream_keeps_the_unconfirmed_batch_and_its_seq_while_catching_up():
-    from steady.worker.client import RetryableError
+    from steady.worker.agent.client import RetryableError
 
     client = FakeClient(fail_first=RetryableError)
     stream = MetricStream(client, _lease(), interval_s=0.0, max_points=500, steady_points=50)

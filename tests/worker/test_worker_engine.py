@@ -6,9 +6,9 @@ import json
 
 import httpx
 
-from steady.worker.agent import Agent, AgentConfig
-from steady.worker.client import SteadyClient
-from steady.worker.engine import detect
+from steady.worker.agent.loop import Agent, AgentConfig
+from steady.worker.agent.client import SteadyClient
+from steady.worker.agent.engine import detect
 
 
 def test_detects_a_slurm_array_task():

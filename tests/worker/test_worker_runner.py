@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from steady.worker.local import run_local
+from steady.worker.agent.local import run_local
 
 pytestmark = pytest.mark.slow
 

@@ -14,15 +14,16 @@ import httpx
 import numpy as np
 import pytest
 
-from steady.worker import determinism, sdk
-from steady.worker.agent import MetricStream
-from steady.worker.client import LeaseLostError, NonRetryableError, RetryableError, SteadyClient
-from steady.worker.digests import ORDER_MAGIC, STATE_MAGIC, order_digest, state_digest
-from steady.worker.events import EventReader, EventWriter
-from steady.worker.protocol import BUILTIN_WORKLOADS, Heartbeat, Lease, MetricBatch, RunSpec
-from steady.worker.runner import device_env
-import steady.worker.workloads
-from steady.worker.workloads import WORKLOADS
+from steady.worker.contract import determinism
+from steady.worker.inrun import sdk
+from steady.worker.agent.loop import MetricStream
+from steady.worker.agent.client import LeaseLostError, NonRetryableError, RetryableError, SteadyClient
+from steady.worker.contract.digests import ORDER_MAGIC, STATE_MAGIC, order_digest, state_digest
+from steady.worker.contract.events import EventReader, EventWriter
+from steady.worker.contract.protocol import BUILTIN_WORKLOADS, Heartbeat, Lease, MetricBatch, RunSpec
+from steady.worker.agent.runner import device_env
+import steady.worker.inrun.workloads
+from steady.worker.inrun.workloads import WORKLOADS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,7 +95,7 @@ def test_builtin_workloads_match_the_protocol():
     # Read the declaration without importing the module (that would import torch or TensorFlow).
     assert set(WORKLOADS) == set(BUILTIN_WORKLOADS)
     for name, module in WORKLOADS.items():
-        path = Path(steady.worker.workloads.__file__).parent / f"{module.rsplit('.', 1)[1]}.py"
+        path = Path(steady.worker.inrun.workloads.__file__).parent / f"{module.rsplit('.', 1)[1]}.py"
         declared = next(
             ast.literal_eval(node.value)
             for node in ast.parse(path.read_text()).body
@@ -115,8 +116,8 @@ def test_sdk_outside_a_run_is_harmless(capsys, monkeypatch):
 
 def test_agent_and_cli_import_no_framework_and_no_server():
     code = (
-        "import sys, steady.worker.agent, steady.worker.cli, steady.worker.local, steady.worker.sdk; "
-        "from steady.worker.fingerprint import auto_labels; auto_labels(); "
+        "import sys, steady.worker.agent.loop, steady.worker.agent.cli, steady.worker.agent.local, steady.worker.inrun.sdk; "
+        "from steady.worker.contract.fingerprint import auto_labels; auto_labels(); "
         "bad = [m for m in ('torch', 'tensorflow', 'keras', 'app', 'fastapi', 'sqlalchemy') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -124,7 +125,7 @@ def test_agent_and_cli_import_no_framework_and_no_server():
 
 
 def test_auto_labels_name_installed_frameworks_without_importing_them():
-    from steady.worker.fingerprint import auto_labels, framework_versions
+    from steady.worker.contract.fingerprint import auto_labels, framework_versions
 
     labels = auto_labels("cpu")
     for name, version in framework_versions().items():
@@ -142,7 +143,7 @@ class FakeClient:
         self.too_large_over = too_large_over
 
     def send_metrics(self, run_id, batch, deadline_s=None):
-        from steady.worker.client import PayloadTooLargeError
+        from steady.worker.agent.client import PayloadTooLargeError
 
         if self.fail_first:
             exc, self.fail_first = self.fail_first, None

@@ -1,0 +1,140 @@
+"""``steady demo``: a whole stability study on one machine, end to end.
+
+Starts the server on the embedded SQLite default and a local worker, submits the bundled
+demo studies (PyTorch and TensorFlow workloads, all three determinism levels), shows
+progress, prints each study's report, and leaves the dashboard running at a printed URL.
+
+The data folder is kept: a second demo opens the database the first left (every study a user
+submitted to the demo server stays) and adds its own studies. SIGTERM stops the demo as Ctrl-C
+does: the server's and the worker's process groups are stopped before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from steady.server.web.devserver import ServerProcess, ServerStartError, free_port, port_free, serve_argv, stop_group
+
+DEMO_DIR = Path(__file__).resolve().parent
+SPECS = ("torch_mlp.yaml", "torch_kernels.yaml", "keras_mlp.yaml")
+
+
+def _quick(spec: dict) -> dict:
+    """A smaller matrix for tests: fewer seeds and repeats, one epoch."""
+    spec = dict(spec)
+    spec["seeds"] = spec["seeds"][:2]
+    spec["repeats"] = min(spec.get("repeats", 1), 2)
+    spec["workload"] = {**spec["workload"], "params": {**spec["workload"].get("params", {}), "epochs": 1}}
+    return spec
+
+
+def open_data_dir(data_dir: Path) -> tuple[str, str, int]:
+    """The demo's database in ``data_dir``: a new one, or the one an earlier demo left, migrated and
+    kept with every study in it. Returns this demo's user and worker tokens (the user token also in
+    ``data_dir/token``, mode 0600) and how many studies were there already."""
+    from sqlalchemy import func, select
+
+    from steady.server.kit import migrate
+    from steady.server.kit.auth import Role, create_token
+    from steady.server.kit.config import Settings
+    from steady.server.kit.db import Database
+    from steady.server.models import Study
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    settings = Settings(data_dir=data_dir, database_url="")
+    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    try:
+        migrate.upgrade(db.engine)
+        with db.write() as session:
+            kept = session.scalar(select(func.count()).select_from(Study)) or 0
+            user_token = create_token(session, name="demo-user", role=Role.admin)[1]
+            worker_token = create_token(session, name="demo-worker", role=Role.worker)[1]
+    finally:
+        db.dispose()
+    token = data_dir / "token"
+    token.unlink(missing_ok=True)  # written anew, never readable by others, even for a moment
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(user_token + "\n")
+    return user_token, worker_token, kept
+
+
+class _Terminated(Exception):
+    """SIGTERM reached the demo: stop like Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from steady.server.cli.client import Api, wait_for
+    from steady.server.reports.models import Report
+    from steady.server.cli.render import render_report
+
+    data_dir = Path(args.data_dir).resolve()
+    user_token, worker_token, kept = open_data_dir(data_dir)
+
+    port = args.port if port_free(args.port) else free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "STEADY_DATA_DIR": str(data_dir), "STEADY_PUBLIC_URL": url}
+    env.pop("STEADY_DATABASE_URL", None)
+    server_log, worker_log = data_dir / "server.log", data_dir / "worker.log"
+    print(f"steady demo: data in {data_dir}"
+          + (f" (kept from an earlier demo: {kept} stud{'y' if kept == 1 else 'ies'}; this demo adds its own)" if kept else ""))
+    print(f"steady demo: starting the server at {url} (SQLite, WAL) …", flush=True)
+    server = ServerProcess(serve_argv(port), url=url, log_path=server_log, env=env, start_timeout=90,
+                           stop_timeout=20)
+    worker = None
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        try:
+            server.start()
+        except ServerStartError as exc:
+            raise SystemExit(f"steady demo: {exc}") from None
+        print("steady demo: starting a local worker (runs each training run in a fresh subprocess) …", flush=True)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "steady.server.cli", "worker", "--server", url, "--work-dir", str(data_dir / "work")],
+            env={**env, "STEADY_TOKEN": worker_token}, stdout=open(worker_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
+        )
+        api = Api(url, user_token, timeout=120)
+        study_ids = []
+        for name in SPECS:
+            spec = yaml.safe_load((DEMO_DIR / name).read_text())
+            if args.quick:
+                spec = _quick(spec)
+            study = api.post("/api/v1/studies", json=spec)
+            study_ids.append(study["id"])
+            print(f"  submitted study {study['id']}: {study['name']} ({study['progress']['total']} runs)")
+        print()
+        for sid in study_ids:
+            wait_for(api, sid, interval=1.0, stream=sys.stdout)
+            if worker.poll() is not None:
+                raise SystemExit(f"steady demo: the worker exited:\n{worker_log.read_text()[-2000:]}")
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        for sid in study_ids:
+            print()
+            print(render_report(Report.model_validate(api.get(f"/api/v1/studies/{sid}/report")), color=color))
+        print()
+        print(f"Dashboard: {url}/studies/{study_ids[0]}   (log in with the token in {data_dir / 'token'})")
+        print(f"API:       {url}/docs")
+        print(f"CLI:       steady login {url} < {data_dir / 'token'}   then: steady status")
+        if args.exit:
+            return 0
+        print("The server and worker keep running; press Ctrl-C to stop.", flush=True)
+        server.wait()
+        return 1
+    except (KeyboardInterrupt, _Terminated):
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        stop_group(worker, timeout=20)
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)

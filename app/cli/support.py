@@ -1,0 +1,172 @@
+"""What the CLI needs besides its commands: exit codes, one-line errors, the login file, spec loading.
+
+Kept free of server dependencies (no FastAPI, no SQLAlchemy) so every user command stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from steady.server.reports.models import Report
+
+# Exit codes, for every command (docs/cli.md, "Exit codes").
+EXIT_OK = 0  # done; for report / submit --wait / compare: no verdict failed
+EXIT_FAIL = 1  # the command failed (server refused or unreachable, study failed) or a verdict failed
+EXIT_USAGE = 2  # wrong arguments, or a spec file that is missing or not valid YAML
+# `steady check` only: the gate could not judge (wrong arguments, a missing or invalid spec, the server
+# unreachable or refusing, the study cancelled). Not 1 or 2, so a CI job that lets an inconclusive
+# study (2) pass never lets a typo pass, and a job can tell "the code failed" from "the gate broke".
+EXIT_CANNOT_JUDGE = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+EXIT_BROKEN_PIPE = 141  # the reader of stdout went away, e.g. `steady status --json | head` (128 + SIGPIPE)
+
+# Verdicts that mean "not stable": out of tolerance, unstable, not equivalent, over the cost budget.
+LOGIN_HINT = "run `steady login URL`, or pass --token / set STEADY_TOKEN"
+
+
+class CliError(Exception):
+    """A failure the user can fix: printed as one line ``steady: <message>``, then exit ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAIL) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+# --- the login file: one server and its token per user --------------------------------------
+
+
+def config_path() -> Path:
+    """``$XDG_CONFIG_HOME/steady/config.json`` (default ``~/.config/steady/config.json``)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "steady" / "config.json"
+
+
+def load_login() -> dict[str, str]:
+    """The saved ``{"server", "token"}``, or ``{}`` when nobody logged in (or the file is unreadable)."""
+    try:
+        data = json.loads(config_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: str(data[k]) for k in ("server", "token") if isinstance(data, dict) and data.get(k)}
+
+
+def save_login(server: str, token: str) -> Path:
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"server": server, "token": token}, f)
+        f.write("\n")
+    path.chmod(0o600)  # an older file may have had wider permissions
+    return path
+
+
+def remove_login() -> Path | None:
+    path = config_path()
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return None
+    return path
+
+
+# --- study specs ----------------------------------------------------------------------------
+
+
+def load_spec(path: str) -> dict[str, Any]:
+    """A study spec from a YAML/JSON file (``-``: stdin); every problem is one line with file:line:column."""
+    import yaml
+
+    if path == "-":
+        text, name = sys.stdin.read(), "<stdin>"
+    else:
+        name = path
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise CliError(f"no such file: {path}", EXIT_USAGE) from None
+        except IsADirectoryError:
+            raise CliError(f"{path} is a directory, not a study spec", EXIT_USAGE) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}", EXIT_USAGE) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+        problem = exc.problem or exc.context or "not valid YAML"
+        raise CliError(f"{where}: {problem}", EXIT_USAGE) from None
+    except yaml.YAMLError as exc:
+        raise CliError(f"{name}: {' '.join(str(exc).split())}", EXIT_USAGE) from None
+    if not isinstance(data, dict):
+        raise CliError(f"{name}: a study spec is a mapping (YAML or JSON object)", EXIT_USAGE)
+    return data
+
+
+# --- verdicts -------------------------------------------------------------------------------
+
+
+def get_report(api: Any, study_id: int) -> Report:
+    """A study's report from the server, read as the typed ``Report``."""
+    from steady.server.reports.models import Report
+
+    return Report.model_validate(api.get(f"/api/v1/studies/{study_id}/report"))
+
+
+def failing_verdicts(report: Report) -> list[tuple[str, str]]:
+    """(what, verdict) of the report's verdicts, cost-of-determinism budgets and convergence checks that
+    say "not stable" (a convergence ``fail``: significantly faster than the reference, or too many runs
+    that never reached the target)."""
+    from steady.server.stats.vocabulary import SEVERITY
+
+    bad = SEVERITY["unstable"]
+    rows: list[tuple[str, str]] = [(v.level, v.verdict) for v in report.verdicts if SEVERITY.get(v.verdict) == bad]
+    rows += [("cost", c.verdict) for c in report.determinism_cost if c.verdict and SEVERITY.get(c.verdict) == bad]
+    rows += [("convergence", c.verdict) for c in report.convergence or () if SEVERITY.get(c.verdict) == bad]
+    return rows
+
+
+def verdict_exit_code(report: Report) -> int:
+    return EXIT_FAIL if failing_verdicts(report) else EXIT_OK
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns, two spaces apart; the last column is not padded."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
+    lines = []
+    for r in [header, *rows]:
+        cells = [str(c).ljust(w) for c, w in zip(r, widths, strict=False)] + [str(r[-1])]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+# Global options: accepted before the command (the top-level default) and after it (SUPPRESS,
+# so a subcommand that was not given the option keeps the value given before it).
+def server_opts(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+    p.add_argument("--data-dir", default=default,
+                   help="where the embedded database lives (STEADY_DATA_DIR, default .steady)")
+    p.add_argument("--database-url", default=default,
+                   help="SQLAlchemy URL, e.g. postgresql+psycopg://… (STEADY_DATABASE_URL)")
+
+
+def client_opts(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+    p.add_argument("--server", default=default,
+                   help="server URL (STEADY_SERVER, then `steady login`, default http://127.0.0.1:8000)")
+    p.add_argument("--token", default=default,
+                   help="API token (STEADY_TOKEN, then `steady login`, then <data-dir>/token)")
+
+
+def code_opts(p: argparse.ArgumentParser) -> None:
+    """How ``submit`` and ``check SPEC`` ship the code (``steady.server.cli.code``)."""
+    p.add_argument("--code", metavar="DIR", help="ship this folder as the study's code (default: the git work "
+                   "tree holding the spec, else the spec's folder); an arm's `code: DIR` ships its own folder")
+    p.add_argument("--max-code-mb", type=float, default=50.0,
+                   help="refuse to ship more code than this, per archive (default 50)")
+    p.add_argument("--no-code", action="store_true",
+                   help="ship nothing: the entrypoint is resolved on each worker's own filesystem")

@@ -1,0 +1,132 @@
+"""Group commit: the metric batches of one API process share transactions and fsyncs.
+
+With SQLite's ``synchronous=FULL`` every commit waits for an fsync of the WAL (milliseconds), and
+one write transaction runs at a time, so committing each batch alone caps a process at one
+batch per fsync. Here each request hands its work to the process's one committer thread and
+waits; the thread takes everything queued, runs each piece of work in its own savepoint of one
+write transaction, commits once, and only then answers every request. So:
+
+* a request is answered only after its rows are committed (durably: the commit is the fsync);
+* a piece of work that raises (lease lost, limits, a database error of its own) is rolled back
+  to its savepoint and answered with its error; the others in the transaction are unaffected;
+* a database that is lost or busy while a piece runs fails the transaction, not the piece (the
+  session cannot go on: committing it would raise PendingRollbackError, answered 500);
+* when the transaction itself fails (at commit, or the database is refused), nothing of it was
+  stored: each piece is run again in a transaction of its own, so one cause fails only itself.
+
+Work runs in the committer's thread, inside ``Database.write(queue=True)``: in line with the
+process's other writers (heartbeats, the lease reaper), on SQLite and PostgreSQL alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session
+
+from steady.server.kit.db import Database, database_message, unavailable
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+MAX_GROUP = 128  # pieces of work per transaction at most
+
+
+@dataclass(frozen=True)
+class _Item:
+    work: Callable[[Session], Any]
+    future: Future
+
+
+class GroupCommitter:
+    def __init__(self, database: Database, *, max_group: int = MAX_GROUP) -> None:
+        self.database = database
+        self.max_group = max_group
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="steady-group-commit", daemon=True)
+        self._stopped = False
+        self.transactions = 0  # committed or failed group transactions (for tests and benchmarks)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish what is queued, then stop; work submitted afterwards is refused."""
+        self._stopped = True
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def submit(self, work: Callable[[Session], T]) -> Future[T]:
+        """Run ``work(session)`` in the next group transaction; the future resolves after its commit."""
+        future: Future[T] = Future()
+        if self._stopped:
+            future.set_exception(RuntimeError("the server is shutting down"))
+            return future
+        self._queue.put(_Item(work, future))
+        return future
+
+    async def run(self, work: Callable[[Session], T]) -> T:
+        return await asyncio.wrap_future(self.submit(work))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            group = [item]
+            stop = False
+            while len(group) < self.max_group:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                group.append(nxt)
+            live = [it for it in group if it.future.set_running_or_notify_cancel()]
+            if live:
+                self._commit(live)
+            if stop:
+                return
+
+    def _commit(self, group: list[_Item]) -> None:
+        outcomes: list[tuple[_Item, bool, Any]] = []
+        try:
+            with self.database.write(queue=True) as session:
+                for it in group:
+                    try:
+                        with session.begin_nested():
+                            outcomes.append((it, True, it.work(session)))
+                    except Exception as exc:  # this piece's own error, answered to it alone
+                        if unavailable(exc):  # a lost or busy database ends the transaction, not just the savepoint
+                            raise
+                        outcomes.append((it, False, exc))
+        except Exception as exc:  # noqa: BLE001 - the transaction failed: none of it was stored
+            self.transactions += 1
+            if len(group) == 1:
+                group[0].future.set_exception(exc)
+                return
+            log.warning("group commit of %d batches failed (%s); committing each alone", len(group),
+                        database_message(exc))
+            for it in group:
+                self._commit([it])
+            return
+        except BaseException as exc:  # the thread is going down: answer everyone before it does
+            for it in group:
+                if not it.future.done():
+                    it.future.set_exception(RuntimeError(f"the committer stopped: {exc!r}"))
+            raise
+        self.transactions += 1
+        for it, ok, value in outcomes:
+            if ok:
+                it.future.set_result(value)
+            else:
+                it.future.set_exception(value)

@@ -1,0 +1,74 @@
+"""Runs outside the lease protocol's transitions: reading a run, storing metric batches, and
+excluding a run from judgement.
+
+The run state machine is split by role: ``leasing`` (queued → running, re-queueing expired
+leases), ``transitions`` (heartbeat, complete, fail, release), each a conditional UPDATE in
+``repository``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from steady.server.kit.auth import Caller
+from steady.server.kit.config import Settings
+from steady.server.kit.db import WriteSession
+from steady.server.kit.errors import Conflict, Invalid
+from steady.server.metrics import repository as metrics_repo
+from steady.server.models import Run, utcnow
+from steady.server.runs import repository as runs_repo
+from steady.server.studies import service as studies
+
+
+def get_run(session: Session, run_id: int) -> Run:
+    return runs_repo.get_run(session, run_id)
+
+
+def check_limits(session: Session, run: Run, batch_keys: set[str], points: int, settings: Settings) -> None:
+    """Refuse (422) a write that would take the run's current attempt over its key or point limit
+    (writes outside the worker's batch path, e.g. the MLflow-compatible endpoint)."""
+    keys, stored = metrics_repo.attempt_usage(session, run.id, run.attempt)
+    check_run_limits(run.id, len(keys | batch_keys), stored + points, settings)
+
+
+def check_run_limits(run_id: int, keys: int, points: int, settings: Settings) -> None:
+    """``keys`` and ``points``: what the run's attempt would hold with the batch."""
+    if keys > settings.max_keys_per_run:
+        raise Invalid(
+            ("body", "series"),
+            f"run {run_id} would have {keys} metric keys, over the limit of "
+            f"{settings.max_keys_per_run} keys per run (STEADY_MAX_KEYS_PER_RUN)",
+        )
+    if points > settings.max_points_per_run:
+        raise Invalid(
+            ("body", "series"),
+            f"run {run_id} would hold {points} points, over the limit of "
+            f"{settings.max_points_per_run} points per run (STEADY_MAX_POINTS_PER_RUN)",
+        )
+
+
+def exclude_run(session: WriteSession, run_id: int, reason: str, caller: Caller) -> Run:
+    """Leave a run out of every judgement (reports, bands, alerts); it stays stored and listed.
+
+    Recorded with who, when and why. Excluding an excluded run updates the reason.
+    """
+    run = get_run(session, run_id)
+    study = studies.get_study(session, run.study_id)
+    studies.ensure_study_owner(study, caller)
+    run.excluded_at, run.excluded_by, run.excluded_reason = utcnow(), f"{caller.name} (token {caller.token_id})", reason
+    study.updated_at = utcnow()
+    session.flush()
+    return run
+
+
+def include_run(session: WriteSession, run_id: int, caller: Caller) -> Run:
+    """Undo an exclusion: the run is judged again."""
+    run = get_run(session, run_id)
+    study = studies.get_study(session, run.study_id)
+    studies.ensure_study_owner(study, caller)
+    if run.excluded_at is None:
+        raise Conflict(f"run {run_id} is not excluded")
+    run.excluded_at = run.excluded_by = run.excluded_reason = None
+    study.updated_at = utcnow()
+    session.flush()
+    return run

@@ -1,0 +1,203 @@
+"""The worker's transitions of a leased run: heartbeat, complete, fail, release.
+
+Each is one conditional UPDATE (``runs_repo.transition``): ``WHERE id = :id AND status =
+'running' AND lease_id = :lease AND worker_id = :holder AND the lease is live``, never a
+read-modify-write. The state read first only chooses the answer (a repeated request's original
+acknowledgement, or why the lease is not the caller's); when another transition changes the run
+in between (the reaper re-queued it, a concurrent complete or fail won), the UPDATE matches no
+row and the caller gets 409, so exactly one of any number of racing transitions takes effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import case, update
+
+from steady.server.kit.auth import Role
+from steady.server.kit.config import Settings
+from steady.server.kit.db import WriteSession
+from steady.server.kit.deps import Principal
+from steady.server.kit.errors import Conflict, Forbidden, NotFound
+from steady.server.metrics import repository as metrics_repo
+from steady.server.kit.wire import wire_float
+from steady.server.models import Run, Worker, utcnow
+from steady.server.runs import repository as runs_repo
+from steady.server.runs import settled
+from steady.server.runs.repository import RunState
+from steady.worker.contract.protocol import (
+    ErrorCode,
+    FailureKind,
+    Heartbeat,
+    HeartbeatAck,
+    RunAck,
+    RunFailure,
+    RunRelease,
+    RunResult,
+    RunStatus,
+)
+
+
+def _finished(run_id: int, status: str) -> Conflict:
+    return Conflict(f"run {run_id} is already {status}; nothing was changed", code=ErrorCode.already_finished.value)
+
+
+def _lost(run_id: int) -> Conflict:
+    return Conflict(
+        f"lease lost: run {run_id} is no longer leased under this lease (it was re-queued or taken over)",
+        code=ErrorCode.lease_lost.value,
+    )
+
+
+def verify_lease(run_id: int, status: str, run_lease_id: str | None, lease_expires_at: datetime | None,
+                 holder_token_id: Callable[[], int | None], lease_id: str, principal: Principal) -> None:
+    """Raise unless ``lease_id`` is the run's live lease and the caller's token is the leasing worker's."""
+    if status in RunStatus.TERMINAL and run_lease_id in (lease_id, None):
+        raise _finished(run_id, status)
+    if run_lease_id != lease_id or status != RunStatus.running:
+        raise _lost(run_id)
+    if principal.role is not Role.admin and holder_token_id() != principal.token_id:
+        raise Forbidden(
+            f"run {run_id} is leased by another worker; only the worker holding the lease may write to it",
+            code=ErrorCode.not_lease_holder.value,
+        )
+    if lease_expires_at is not None and lease_expires_at < utcnow():
+        raise Conflict(
+            f"lease lost: the lease of run {run_id} expired at {lease_expires_at.isoformat()}",
+            code=ErrorCode.lease_lost.value,
+        )
+
+
+def _leased_state(session: WriteSession, run_id: int, lease_id: str, principal: Principal,
+                  state: RunState | None = None) -> RunState:
+    """The run's state (``state`` if already read), if ``lease_id`` is its live lease and the
+    caller's token is the leasing worker's."""
+    state = state or runs_repo.run_state(session, run_id)
+    if state is None:
+        raise NotFound(f"run {run_id} not found")
+    verify_lease(state.run_id, state.status, state.lease_id, state.lease_expires_at,
+                 lambda: state.holder_token_id, lease_id, principal)
+    return state
+
+
+def _duplicate(state: RunState | None, request_id: str | None) -> RunAck | None:
+    """The original acknowledgement, when this transition repeats the last one applied."""
+    if (state is not None and request_id is not None and state.transition_request_id == request_id
+            and state.transition_status):
+        return RunAck(run_id=state.run_id, status=RunStatus(state.transition_status), duplicate=True)
+    return None
+
+
+def _lost_race(session: WriteSession, run_id: int, lease_id: str, request_id: str | None,
+               principal: Principal) -> RunAck:
+    """After a conditional UPDATE matched no row: the original ack if the winner was this very
+    request (a retry racing its original), else the 409 that the run's new state calls for."""
+    state = runs_repo.run_state(session, run_id)
+    if (ack := _duplicate(state, request_id)) is not None:
+        return ack
+    if state is not None:
+        verify_lease(state.run_id, state.status, state.lease_id, state.lease_expires_at,
+                     lambda: state.holder_token_id, lease_id, principal)
+    raise _lost(run_id)  # the run changed and changed back (re-queued, then leased again)
+
+
+def _apply(session: WriteSession, run_id: int, lease_id: str, request_id: str | None, principal: Principal,
+           values: dict[str, Any], now: datetime) -> tuple[RunState, str] | RunAck:
+    """Check, then transition the leased run to ``values``: (its state before, its new status), or
+    the acknowledgement to answer instead (of an earlier identical request, or of the race's
+    winner when that was this same request)."""
+    before = runs_repo.run_state(session, run_id)
+    if (ack := _duplicate(before, request_id)) is not None:
+        return ack
+    state = _leased_state(session, run_id, lease_id, principal, before)
+    values = {**values, "transition_request_id": request_id, "transition_status": values["status"]}
+    row = runs_repo.transition(session, state, lease_id, now, values, returning=(Run.status,))
+    if row is None:
+        return _lost_race(session, run_id, lease_id, request_id, principal)
+    return state, row[0]
+
+
+def heartbeat(session: WriteSession, run_id: int, body: Heartbeat, settings: Settings,
+              principal: Principal) -> HeartbeatAck:
+    state = _leased_state(session, run_id, body.lease_id, principal)
+    now = utcnow()
+    values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=settings.lease_seconds)}
+    if body.step is not None:
+        values["progress_step"] = body.step
+    row = runs_repo.transition(session, state, body.lease_id, now, values,
+                               returning=(Run.lease_expires_at, Run.cancel_requested))
+    if row is None:
+        _lost_race(session, run_id, body.lease_id, None, principal)  # raises: no request id to repeat
+        raise _lost(run_id)
+    if state.worker_id is not None:
+        session.execute(update(Worker).where(Worker.id == state.worker_id).values(last_seen_at=now))
+    return HeartbeatAck(lease_expires_at=row[0], cancel=row[1])
+
+
+def complete(session: WriteSession, run_id: int, body: RunResult, principal: Principal) -> RunAck:
+    now = utcnow()
+    outcome = _apply(session, run_id, body.lease_id, body.request_id, principal, {
+        "status": RunStatus.completed.value,
+        "final_metrics": {k: wire_float(v) for k, v in body.final_metrics.items()},
+        "digests": body.digests.model_dump(mode="json"),
+        "fingerprint": body.fingerprint,
+        "determinism_applied": body.determinism_applied,
+        "timings": {k: wire_float(v) for k, v in body.timings.items()},
+        "finished_at": now,
+        "lease_expires_at": None,
+    }, now)
+    if isinstance(outcome, RunAck):
+        return outcome
+    state, _ = outcome
+    metrics_repo.delete_other_attempts(session, run_id, state.attempt)
+    settled.announce(session, state.study_id)
+    return RunAck(run_id=run_id, status=RunStatus.completed)
+
+
+def fail(session: WriteSession, run_id: int, body: RunFailure, principal: Principal) -> RunAck:
+    now = utcnow()
+    status = RunStatus.cancelled if body.kind is FailureKind.cancelled else RunStatus.failed
+    values: dict[str, Any] = {
+        "status": status.value,
+        "failure_kind": body.kind.value,
+        "error": body.error,
+        "stderr_tail": body.stderr_tail,
+        "finished_at": now,
+        "lease_expires_at": None,
+    }
+    if body.fingerprint:
+        values["fingerprint"] = body.fingerprint
+    if body.determinism_applied:
+        values["determinism_applied"] = body.determinism_applied
+    outcome = _apply(session, run_id, body.lease_id, body.request_id, principal, values, now)
+    if isinstance(outcome, RunAck):
+        return outcome
+    state, _ = outcome
+    settled.announce(session, state.study_id)
+    return RunAck(run_id=run_id, status=status)
+
+
+def release(session: WriteSession, run_id: int, body: RunRelease, principal: Principal) -> RunAck:
+    """Give the run back to the queue; the attempt does not count and its points are dropped.
+
+    A run whose study was cancelled meanwhile ends cancelled instead; the choice is made in the
+    UPDATE, on the row as it is then, so a cancellation racing the release is not lost."""
+    now = utcnow()
+    cancelled = Run.cancel_requested.is_(True)
+    status = case((cancelled, RunStatus.cancelled.value), else_=RunStatus.queued.value)
+    outcome = _apply(session, run_id, body.lease_id, body.request_id, principal, {
+        "status": status,
+        "finished_at": case((cancelled, now), else_=Run.finished_at),
+        "attempt": case((cancelled, Run.attempt), else_=Run.attempt - 1),  # a leased run's attempt is >= 1
+        "lease_id": None,
+        "lease_expires_at": None,
+        "worker_id": None,
+    }, now)
+    if isinstance(outcome, RunAck):
+        return outcome
+    state, new_status = outcome
+    metrics_repo.delete_attempt(session, run_id, state.attempt)
+    settled.announce(session, state.study_id)
+    return RunAck(run_id=run_id, status=RunStatus(new_status))

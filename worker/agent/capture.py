@@ -1,0 +1,336 @@
+"""Zero-code metric capture: TensorBoard event files and stdout/stderr lines of a run.
+
+A run that logs only to TensorBoard (``SummaryWriter.add_scalar``, ``tf.summary.scalar``) or
+prints ``step 100 | loss 2.31`` lines still reports metrics: the agent tails what the run
+writes and appends metric events (``{"e": "m", ...}``, with ``"c"`` naming the source) to the
+run's own event file, so they take the agent's normal path (bounded reads, batches, retries).
+
+TensorBoard files are read here with a small TFRecord + protobuf reader (about 100 lines)
+instead of the ``tensorboard`` package: the worker must run without TensorFlow and without
+tensorboard's own dependencies (grpcio, werkzeug, protobuf, markdown…). Only scalar summaries
+are read: ``simple_value`` (float32, what torch's SummaryWriter writes) and scalar tensors
+(what TF2 ``tf.summary.scalar`` writes: float32; a float64 tensor keeps its double precision).
+Record checksums are not verified: a torn last record is simply read again on the next pass.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+from steady.worker.contract import runfiles
+from steady.worker.contract.events import EventWriter
+from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
+from steady.worker.contract.protocol import check_capture_pattern as check_pattern
+
+__all__ = ["DEFAULT_PATTERN", "Capture", "TFRecordTail", "check_pattern", "parse_event", "read_scalars"]
+
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_.:/\-]")
+MAX_LINE_BYTES = 64 * 1024  # a longer line (a progress bar without newlines) is cut
+READ_BYTES = 1 << 20  # per file per pass
+MAX_RECORD_BYTES = 64 << 20  # an event record larger than this means the file is not one
+SCAN_INTERVAL_S = 0.5
+PUMP_READS = 16  # reads per file per pass while the run goes (the rest waits for the next pass)
+CLOSE_READS = 256  # per file once the run exited: a file still growing cannot hold the agent
+
+
+def metric_key(name: str) -> str:
+    """A TensorBoard tag or group name as a metric key (characters the server refuses -> '_')."""
+    return _KEY_BAD.sub("_", name.strip())[:200] or "_"
+
+
+# --- TensorBoard: TFRecord framing + the few protobuf fields of Event/Summary/TensorProto ----
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, i
+        shift += 7
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of a protobuf message: ints for varints, bytes for
+    length-delimited fields, raw 8/4 bytes for fixed64/fixed32."""
+    i, n = 0, len(buf)
+    value: Any
+    while i < n:
+        key, i = _varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 1:
+            value, i = buf[i:i + 8], i + 8
+        elif wire == 2:
+            size, i = _varint(buf, i)
+            value, i = buf[i:i + size], i + size
+        elif wire == 5:
+            value, i = buf[i:i + 4], i + 4
+        else:  # groups (deprecated) do not occur in these messages
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield num, wire, value
+
+
+_DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64, _DT_HALF = 1, 2, 3, 9, 19
+
+
+def _tensor_scalar(buf: bytes) -> tuple[float, str] | None:
+    dtype, content = 0, b""
+    floats: list[float] = []
+    doubles: list[float] = []
+    ints: list[int] = []
+    halves: list[int] = []
+    for num, wire, value in _fields(buf):
+        if num == 1:
+            dtype = value
+        elif num == 2:  # shape: a scalar has no dims; reject anything with more than one element
+            for dnum, _, dim in _fields(value):
+                if dnum == 2 and any(n == 1 and v != 1 for n, _, v in _fields(dim)):
+                    return None
+        elif num == 4:
+            content = value
+        elif num == 5:
+            floats += struct.unpack(f"<{len(value) // 4}f", value) if wire == 2 else struct.unpack("<f", value)
+        elif num == 6:
+            doubles += struct.unpack(f"<{len(value) // 8}d", value) if wire == 2 else struct.unpack("<d", value)
+        elif num in (7, 10):
+            ints.append(value)  # packed varints are rare for scalars; the common case is one value
+        elif num == 13:
+            halves.append(value)
+    if dtype == _DT_FLOAT:
+        vals = list(floats) or (list(struct.unpack("<f", content)) if len(content) == 4 else [])
+        return (vals[0], "float32") if len(vals) == 1 else None
+    if dtype == _DT_DOUBLE:
+        vals = list(doubles) or (list(struct.unpack("<d", content)) if len(content) == 8 else [])
+        return (vals[0], "float64") if len(vals) == 1 else None
+    if dtype == _DT_HALF:
+        if content:
+            return struct.unpack("<e", content[:2])[0], "float16"
+        return (struct.unpack("<e", struct.pack("<H", halves[0]))[0], "float16") if halves else None
+    if dtype in (_DT_INT32, _DT_INT64):
+        if content:
+            return float(struct.unpack("<i" if dtype == _DT_INT32 else "<q", content[:4 if dtype == _DT_INT32 else 8])[0]), "float64"
+        return (float(ints[0]), "float64") if ints else None
+    return None
+
+
+def parse_event(record: bytes) -> tuple[int, list[tuple[str, float, str]]]:
+    """(step, [(tag, value, dtype)]) of one serialized ``tensorflow.Event``; scalars only."""
+    step, out = 0, []
+    for num, _, value in _fields(record):
+        if num == 2:
+            step = value - (1 << 64) if value >= 1 << 63 else value
+        elif num == 5:  # summary
+            for vnum, _, v in _fields(value):
+                if vnum != 1:
+                    continue
+                tag, scalar = "", None
+                for fnum, _, f in _fields(v):
+                    if fnum == 1:
+                        tag = f.decode("utf-8", "replace")
+                    elif fnum == 2:  # simple_value (float)
+                        scalar = (struct.unpack("<f", f)[0], "float32")
+                    elif fnum == 8:  # tensor
+                        scalar = _tensor_scalar(f)
+                if tag and scalar is not None:
+                    out.append((tag, scalar[0], scalar[1]))
+    return step, out
+
+
+class TFRecordTail:
+    """Complete records appended to one TFRecord file since the last call."""
+
+    def __init__(self, path: str, root: str | None = None) -> None:
+        self.path = os.path.abspath(path)
+        self.root = root or os.path.dirname(self.path)  # the run directory: nothing outside is read
+        self.offset = 0
+
+    def read_new(self, max_bytes: int = READ_BYTES) -> list[bytes]:
+        """Complete records after :attr:`offset`, from one bounded read; :class:`runfiles.UnsafeFileError`
+        when the path is a symlink, FIFO or device (never opened, never read)."""
+        try:
+            data = runfiles.read_at(self.path, self.root, self.offset, max_bytes)
+        except runfiles.UnsafeFileError:
+            raise
+        except OSError:
+            return []
+        records: list[bytes] = []
+        i = 0
+        while len(data) - i >= 12:
+            (length,) = struct.unpack_from("<Q", data, i)
+            if length > MAX_RECORD_BYTES:  # not a TFRecord file (or a corrupt one): read no further
+                self.offset = 1 << 62
+                return records
+            end = i + 12 + length + 4
+            if end > len(data):
+                if 12 + length + 4 > max_bytes:  # a record larger than a read: read it alone
+                    max_bytes = 12 + length + 4
+                    self.offset += i
+                    return records + self.read_new(max_bytes)
+                break
+            records.append(data[i + 12:i + 12 + length])
+            i = end
+        self.offset += i
+        return records
+
+
+def read_scalars(path: str) -> list[tuple[int, str, float, str]]:
+    """Every scalar of one event file as (step, tag, value, dtype) (for tests and tools)."""
+    out: list[tuple[int, str, float, str]] = []
+    tail = TFRecordTail(path)
+    while records := tail.read_new():
+        for record in records:
+            step, values = parse_event(record)
+            out.extend((step, tag, value, dtype) for tag, value, dtype in values)
+    return out
+
+
+# --- the capture a runner drives --------------------------------------------------------------
+
+
+class Capture:
+    """Tails a run's output file and its TensorBoard event files, appending metric events."""
+
+    def __init__(self, *, events_path: str, output_path: str, roots: list[str], tensorboard: bool = True,
+                 patterns: list[str] | None = None) -> None:
+        self.events_path = events_path
+        self.output_path = output_path
+        self.roots = roots
+        self.tensorboard = tensorboard
+        self.patterns = [re.compile(p) for p in (patterns or [])]
+        self._writer: EventWriter | None = None
+        self._out_offset = 0
+        self._partial = b""
+        self._tails: dict[str, TFRecordTail] = {}
+        self.last: dict[str, float] = {}  # last captured value of every key (final metrics)
+        self.keys_by_source: dict[str, set[str]] = {"tensorboard": set(), "stdout": set()}
+        self.sdk_keys: set[str] = set()  # keys the run logs through the SDK: those win
+        self.skipped: dict[str, str] = {}  # path -> why it was not read (a symlink, FIFO, device…)
+        self._before = set(self._event_files()) if tensorboard else set()  # shipped with the code: not this run's
+
+    def _skip(self, exc: runfiles.UnsafeFileError) -> None:
+        self.skipped.setdefault(exc.path, exc.reason)
+
+    def _emit(self, source: str, step: int, values: dict[str, float], dtypes: dict[str, str]) -> None:
+        if self.sdk_keys:
+            values = {k: v for k, v in values.items() if k not in self.sdk_keys}
+            dtypes = {k: d for k, d in dtypes.items() if k in values}
+        if not values:
+            return
+        if self._writer is None:
+            try:
+                self._writer = EventWriter(self.events_path)
+            except runfiles.UnsafeFileError as exc:  # the run replaced its event file: nothing is appended
+                self._skip(exc)
+                return
+            except OSError:
+                return
+        event: dict[str, Any] = {"e": "m", "s": int(step), "v": values, "c": source}
+        if dtypes:
+            event["t"] = dtypes
+        self._writer.write(event)
+        self.last.update(values)
+        self.keys_by_source[source].update(values)
+
+    def pump(self) -> None:
+        """One pass while the run goes: at most :data:`PUMP_READS` reads of each file (the rest on later passes)."""
+        for _ in range(PUMP_READS if self.patterns else 0):
+            if not self._pump_output():
+                break
+        if self.tensorboard:
+            self._pump_tensorboard(PUMP_READS)
+
+    def close(self) -> None:
+        """The last pass, once the run exited: what is left in its files, up to :data:`CLOSE_READS` reads each."""
+        for _ in range(CLOSE_READS if self.patterns else 0):
+            if not self._pump_output():
+                break
+        if self.tensorboard:
+            self._pump_tensorboard(CLOSE_READS)
+        if self.patterns and self._partial:  # a last line without a newline
+            self._match(self._partial)
+            self._partial = b""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # stdout / stderr
+    def _pump_output(self) -> int:
+        if self.output_path in self.skipped:
+            return 0
+        try:
+            chunk = runfiles.read_at(self.output_path, os.path.dirname(self.output_path), self._out_offset, READ_BYTES)
+        except runfiles.UnsafeFileError as exc:
+            self._skip(exc)
+            return 0
+        except OSError:
+            return 0
+        self._out_offset += len(chunk)
+        data = self._partial + chunk
+        lines = re.split(rb"\r\n|\r|\n", data)
+        self._partial = lines.pop()[-MAX_LINE_BYTES:]
+        for line in lines:
+            self._match(line[:MAX_LINE_BYTES])
+        return len(chunk)
+
+    def _match(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace")
+        for rx in self.patterns:
+            m = rx.search(line)
+            if m is None:
+                continue
+            values = {}
+            for name, text in m.groupdict().items():
+                if name == "step" or text is None:
+                    continue
+                try:
+                    values[metric_key(name)] = float(text)
+                except ValueError:
+                    continue
+            try:
+                step = int(m.group("step"))
+            except (TypeError, ValueError):
+                continue
+            self._emit("stdout", step, values, {})
+
+    # TensorBoard
+    def _root_of(self, path: str) -> str:
+        return next((r for r in self.roots if os.path.commonpath([os.path.abspath(r), path]) == os.path.abspath(r)),
+                    os.path.dirname(path))
+
+    def _event_files(self) -> Iterator[str]:
+        for root in self.roots:
+            for folder, dirs, files in os.walk(root):
+                dirs.sort()
+                for name in sorted(files):
+                    if "tfevents" in name:
+                        yield os.path.abspath(os.path.join(folder, name))
+
+    def _pump_tensorboard(self, reads: int) -> None:
+        for path in self._event_files():
+            if path not in self._tails and path not in self._before:
+                self._tails[path] = TFRecordTail(path, self._root_of(path))
+        for tail in self._tails.values():
+            for _ in range(0 if tail.path in self.skipped else reads):
+                try:
+                    records = tail.read_new()
+                except runfiles.UnsafeFileError as exc:
+                    self._skip(exc)
+                    break
+                if not records:
+                    break
+                for record in records:
+                    try:
+                        step, scalars = parse_event(record)
+                    except (ValueError, IndexError, struct.error):
+                        continue  # not an event (or a corrupt record): skipped
+                    values = {metric_key(tag): v for tag, v, _ in scalars}
+                    dtypes = {metric_key(tag): d for tag, _, d in scalars if d != "float64"}
+                    self._emit("tensorboard", step, values, dtypes)

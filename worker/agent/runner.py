@@ -1,0 +1,484 @@
+"""Run one RunSpec in a fresh subprocess and collect what it reports.
+
+The subprocess (``python -m steady.worker.inrun.harness``) starts in its own session, so it and anything
+it forks (DataLoader workers) form one process group that :meth:`RunProcess.kill` ends
+together. Its environment carries the determinism settings that must exist before the
+interpreter starts. It reports through an append-only event file (see
+:mod:`steady.worker.contract.events`) that :meth:`RunProcess.poll` reads incrementally; stdout and stderr go
+to ``output.log`` whose tail is reported on failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from steady.worker.contract import determinism, runfiles
+from steady.worker.agent.capture import DEFAULT_PATTERN, SCAN_INTERVAL_S, Capture
+from steady.worker.contract.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
+
+STDERR_TAIL_BYTES = 16_000
+_WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # steady/worker
+_STEADY_DIR = os.path.dirname(_WORKER_DIR)  # the installed ``steady`` package
+_SHIM_DIR = os.path.join(_WORKER_DIR, "inrun", "shim")
+COMMAND_SHIM_ENV = "STEADY_COMMAND_SHIM"
+
+# The only names a run subprocess inherits from the agent's environment (``--pass-env`` adds
+# more). Everything else it gets is set here: HOME (its run directory), the determinism
+# variables, the device narrowing and the run-scoped variables. The worker's own token never
+# reaches it.
+INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
+REDACTED = "[redacted]"
+
+
+def scrub(text: str, secrets: list[str] | tuple[str, ...]) -> str:
+    """``text`` with every occurrence of each secret replaced, so Steady's own credentials never
+    end up in a run record (error text, stderr tail)."""
+    for secret in secrets:
+        if secret and len(secret) >= 8:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def run_environment(
+    spec: dict[str, Any],
+    *,
+    run_dir: str,
+    device: str | None,
+    run_vars: dict[str, str] | None = None,
+    pass_env: tuple[str, ...] | list[str] = (),
+    base: dict[str, str] | None = None,
+    python_path: tuple[str, ...] | list[str] = (),
+) -> dict[str, str]:
+    """The whole environment of a run subprocess, built from an allow-list.
+
+    From ``base`` (the agent's environment) only :data:`INHERITED_ENV` and the operator's
+    ``pass_env`` names are copied; then HOME and TMPDIR point into the run directory, the
+    determinism level's variables are set, ``device`` narrows CUDA_VISIBLE_DEVICES, and
+    ``run_vars`` (events file, spec file, run-scoped credential) are added. PYTHONPATH is a
+    folder holding only the ``steady`` package (:func:`package_path`), then ``python_path`` (e.g.
+    the run's unpacked code), then the agent's PYTHONPATH entries; never the agent's working
+    directory, and nothing named ``app`` or ``worker`` that could shadow the user's own."""
+    base = dict(os.environ if base is None else base)
+    inherited = {k: base[k] for k in (*INHERITED_ENV, *pass_env) if k in base}
+    env = determinism.subprocess_env(spec["determinism"], int(spec["seed"]), int(spec.get("threads") or 2), base=inherited)
+    env.setdefault("PATH", os.defpath)
+    env["HOME"] = run_dir
+    env["TMPDIR"] = os.path.join(run_dir, "tmp")
+    env.update(device_env(device))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_path(), *python_path, base.get("PYTHONPATH")) if p)
+    env.update(run_vars or {})
+    return env
+
+
+def package_path() -> str:
+    """A folder whose only entry is a link to the installed ``steady`` package: the first PYTHONPATH
+    entry of every run, so a run's interpreter (the agent's or the user's own) imports ``steady``
+    and nothing else of the agent's: not the folder ``steady`` was installed from (a checkout holds
+    ``app/``, ``worker/`` and ``tests/``), not the agent's site-packages. One per user and package,
+    made once and atomically (``os.replace`` of a finished folder), readable by a ``--run-as`` user."""
+    key = hashlib.sha256(_STEADY_DIR.encode()).hexdigest()[:16]
+    home = os.path.join(tempfile.gettempdir(), f"steady-path-{os.getuid()}-{key}")
+    link = os.path.join(home, "steady")
+    if os.path.islink(link) and os.readlink(link) == _STEADY_DIR:
+        return home
+    fresh = tempfile.mkdtemp(prefix=f"{os.path.basename(home)}.", dir=os.path.dirname(home))
+    os.chmod(fresh, 0o755)
+    os.symlink(_STEADY_DIR, os.path.join(fresh, "steady"))
+    try:
+        os.replace(fresh, home)  # fails if another process made it first (a non-empty folder): use theirs
+    except OSError:
+        shutil.rmtree(fresh, ignore_errors=True)
+        if not (os.path.islink(link) and os.readlink(link) == _STEADY_DIR):
+            raise RuntimeError(f"{home} exists and does not hold a link to {_STEADY_DIR}") from None
+    return home
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """An unprivileged account the run subprocess becomes (``steady worker --run-as USER``)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @classmethod
+    def lookup(cls, name: str) -> RunAs:
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            raise ValueError(f"--run-as: no such user {name!r}") from None
+        if pw.pw_uid == 0:
+            raise ValueError("--run-as: the run user must not be root")
+        return cls(name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(name, pw.pw_gid)))
+
+    def can_read(self, path: str) -> bool:
+        """Whether this user may read ``path`` by its mode bits (owner, then group, then others;
+        ACLs aside): the agent refuses a ``--token-file`` its runs could read."""
+        st = os.stat(path)
+        if st.st_uid == self.uid:
+            return bool(st.st_mode & stat.S_IRUSR)
+        if st.st_gid == self.gid or st.st_gid in self.groups:
+            return bool(st.st_mode & stat.S_IRGRP)
+        return bool(st.st_mode & stat.S_IROTH)
+
+
+def _chown_tree(path: str, uid: int, gid: int) -> None:
+    os.chown(path, uid, gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGKILL it when the agent thread that started it
+    dies, so a SIGKILLed agent leaves no orphaned training process behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def device_env(device: str | None) -> dict[str, str]:
+    """``--device`` -> environment: 'cuda:3' narrows CUDA_VISIBLE_DEVICES to GPU 3 (the run
+    sees it as cuda:0); 'cpu' hides all GPUs; None leaves the choice to the run."""
+    if device is None or device == "auto":
+        return {"STEADY_DEVICE": "auto"}
+    if device == "cpu":
+        return {"STEADY_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    if device.startswith("cuda"):
+        _, _, index = device.partition(":")
+        env = {"STEADY_DEVICE": "cuda"}
+        if index:
+            env["CUDA_VISIBLE_DEVICES"] = index
+        return env
+    raise ValueError(f"unsupported device {device!r}: use cpu, cuda or cuda:N")
+
+
+@dataclass
+class Collected:
+    """Everything the run reported, accumulated from its events."""
+
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    determinism_applied: dict[str, Any] = field(default_factory=dict)
+    digests: dict[str, Any] = field(default_factory=lambda: {"data_order": {}})
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    last_step: int | None = None
+    captured: dict[str, float] = field(default_factory=dict)  # last values captured without the SDK
+
+    def absorb(self, event: dict[str, Any]) -> None:
+        kind = event.get("e")
+        if kind == "m":
+            self.last_step = event["s"] if self.last_step is None else max(self.last_step, event["s"])
+        elif kind == "digest":
+            if event["kind"] == "data_order":
+                self.digests["data_order"][int(event["epoch"])] = event["value"]
+            else:
+                self.digests[event["kind"]] = event["value"]
+        elif kind == "fingerprint":
+            self.fingerprint = event["value"]
+        elif kind == "determinism" or kind == "info":
+            self.determinism_applied.update(event["value"])
+        elif kind == "result":
+            self.result = event
+        elif kind == "error":
+            self.error = event
+
+    def digests_model(self) -> dict[str, Any]:
+        orders = self.digests.get("data_order", {})
+        return {
+            "initial_weights": self.digests.get("initial_weights"),
+            "data_order": [orders[k] for k in sorted(orders)],
+            "final_weights": self.digests.get("final_weights"),
+            "optimizer_state": self.digests.get("optimizer_state"),
+        }
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    kind: str | None = None  # FailureKind value when not ok
+    error: str = ""
+    stderr_tail: str = ""
+    returncode: int | None = None
+    wall_s: float = 0.0
+
+
+class RunProcess:
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        *,
+        run_dir: str,
+        device: str | None = None,
+        python: str | None = None,
+        run_vars: dict[str, str] | None = None,
+        secrets: list[str] | tuple[str, ...] = (),
+        run_as: RunAs | None = None,
+        pass_env: tuple[str, ...] | list[str] = (),
+    ) -> None:
+        self.spec = dict(spec)
+        self.run_vars = dict(run_vars or {})
+        # never written into a record: the worker token and the run token
+        self.secrets = tuple(s for s in (*secrets, *self.run_vars.get("STEADY_RUN_TOKEN", "").split()) if s)
+        self.run_as = run_as
+        self.pass_env = tuple(pass_env)
+        self.run_dir = os.path.abspath(run_dir)
+        self.device = device
+        self.python = python or sys.executable
+        self.events_path = os.path.join(self.run_dir, "events.jsonl")
+        self.output_path = os.path.join(self.run_dir, "output.log")
+        self.spec_path = os.path.join(self.run_dir, "spec.json")
+        self.reader = EventReader(self.events_path)
+        self.collected = Collected()
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self._kill_reason: str | None = None
+        self._outcome: Outcome | None = None
+        self.code_dir: str | None = None  # the unpacked study code (steady.worker.agent.codecache), if it ships any
+        self.capture: Capture | None = None
+        self._captured_at = 0.0
+        self._refused: dict[str, str] = {}  # files under run_dir the agent would not open (runfiles)
+
+    # --- the study's code: where the run starts and what it runs ------------------------------
+
+    def working_dir(self) -> str:
+        """The run's working directory: the spec's folder in its fresh copy of the code, else the run's
+        own directory (never the agent's: user code must not see the agent's files)."""
+        if self.code_dir is None:
+            return self.run_dir
+        return os.path.normpath(os.path.join(self.code_dir, self.spec.get("code_workdir") or "."))
+
+    def code_path(self) -> list[str]:
+        """PYTHONPATH entries for the code: its working directory, then the archive's top (modules)."""
+        if self.code_dir is None:
+            return []
+        return list(dict.fromkeys([self.working_dir(), self.code_dir]))
+
+    def argv(self) -> list[str]:
+        """The harness for built-in workloads and entrypoints; a command workload's own argv with
+        its placeholders filled (``python``/``python3`` as first word: the worker's interpreter)."""
+        command = self.spec.get("command")
+        if not command:
+            return [self.python, "-m", "steady.worker.inrun.harness"]
+        values = {
+            "seed": self.spec["seed"], "repeat": self.spec.get("repeat") or 0, "determinism": self.spec["determinism"],
+            "device": device_env(self.device)["STEADY_DEVICE"], "run_dir": self.run_dir,
+            "threads": self.spec.get("threads") or 2,
+        }
+        argv = [arg.format(**values) for arg in command]
+        if argv[0] in ("python", "python3"):
+            argv[0] = self.python
+        return argv
+
+    def environment(self) -> dict[str, str]:
+        env = run_environment(
+            self.spec, run_dir=self.run_dir, device=self.device, pass_env=self.pass_env,
+            run_vars={**self.run_vars, EVENTS_ENV: self.events_path, SPEC_ENV: self.spec_path},
+            python_path=(*self.shim_path(), *self.code_path()),
+        )
+        if self.spec.get("config_file"):
+            env[CONFIG_FILE_ENV] = os.path.join(self.run_dir, "config", os.path.basename(self.spec["config_file"]["name"]))
+        if self.spec.get("command"):
+            env[COMMAND_SHIM_ENV] = "1"
+        return env
+
+    def shim_path(self) -> list[str]:
+        """A command workload starts with worker/inrun/shim on PYTHONPATH: its ``sitecustomize`` applies
+        the determinism level in-process and records the fingerprint and result (steady.worker.inrun.shim)."""
+        return [_SHIM_DIR] if self.spec.get("command") else []
+
+    def start(self) -> None:
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
+        for path in (self.events_path, self.output_path):
+            if os.path.exists(path):
+                os.remove(path)
+        os.makedirs(os.path.join(self.run_dir, "tmp"), mode=0o700, exist_ok=True)
+        spec = dict(self.spec, device=device_env(self.device)["STEADY_DEVICE"], work_dir=self.run_dir)
+        config = spec.get("config_file")
+        if config:  # an arm's config file: written per run, its path in the env and in params
+            path = os.path.join(self.run_dir, "config", os.path.basename(config["name"]))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            runfiles.write_new(path, self.run_dir, config["content"].encode("utf-8"))
+            spec["params"] = dict(spec.get("params") or {}, config_file=path)
+        runfiles.write_new(self.spec_path, self.run_dir, json.dumps(spec).encode("utf-8"))
+        identity: dict[str, Any] = {}
+        if self.run_as is not None:
+            _chown_tree(self.run_dir, self.run_as.uid, self.run_as.gid)
+            # setgid + initgroups + setuid in the child, before exec (the agent stays root)
+            identity = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.run_as.groups)}
+        self.capture = self._capture()
+        # never through a link, even one planted before the child starts
+        out = os.fdopen(runfiles.open_fd(self.output_path, self.run_dir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+        try:
+            self.proc = subprocess.Popen(
+                self.argv(),
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: kill() reaches DataLoader workers too
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                cwd=self.working_dir(),  # its own directory (or its code's), never the agent's
+                **identity,
+            )
+        finally:
+            out.close()
+        self.started_at = time.monotonic()
+
+    def _capture(self) -> Capture | None:
+        """TensorBoard files under the run's directory (the code's copy is inside it) and
+        output lines matching the spec's patterns; a command gets both by default."""
+        spec = self.spec.get("capture")
+        if spec is None:
+            if not self.spec.get("command"):
+                return None
+            spec = {}
+        tensorboard = spec.get("tensorboard", True)
+        patterns = (spec.get("patterns") or [DEFAULT_PATTERN]) if spec.get("stdout", True) else []
+        if not tensorboard and not patterns:
+            return None
+        return Capture(events_path=self.events_path, output_path=self.output_path, roots=[self.run_dir],
+                       tensorboard=tensorboard, patterns=patterns)
+
+    def _pump_capture(self) -> None:
+        if self.capture is not None and time.monotonic() - self._captured_at >= SCAN_INTERVAL_S:
+            self._captured_at = time.monotonic()
+            self.capture.pump()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at if self.started_at else 0.0
+
+    def poll(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
+        """New events since the last call (also absorbed into :attr:`collected`); at most about
+        ``max_bytes`` of the file per call (``None``: all of it). The rest stays in the file."""
+        self._pump_capture()
+        events = self.reader.read_new(max_bytes)
+        for event in events:
+            self.collected.absorb(event)
+            if self.capture is not None and event.get("e") == "m" and "c" not in event:
+                self.capture.sdk_keys.update(event["v"])  # a key the run logs itself is not captured
+        return events
+
+    def unread_bytes(self) -> int:
+        """Bytes of events the run wrote that :meth:`poll` has not returned yet."""
+        return self.reader.unread_bytes()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, reason: str) -> None:
+        """SIGKILL the whole process group; ``reason`` is a FailureKind value."""
+        if self._kill_reason is None:
+            self._kill_reason = reason
+        self._killpg()
+
+    def _killpg(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def check_time_limit(self) -> bool:
+        limit = float(self.spec.get("time_limit_s") or 0)
+        if limit and self.running() and self.elapsed() > limit:
+            self.kill("timeout")
+            return True
+        return False
+
+    def stderr_tail(self, limit: int = STDERR_TAIL_BYTES) -> str:
+        """The end of the run's output (secrets scrubbed), then one line per file the agent refused
+        to read (a symlink, FIFO or device the run put in its directory: :mod:`steady.worker.contract.runfiles`)."""
+        text = ""
+        try:  # margin: a secret cut by the window is still whole
+            raw = runfiles.read_tail(self.output_path, self.run_dir, limit + 512)
+            text = scrub(raw.decode("utf-8", "replace"), self.secrets)
+        except runfiles.UnsafeFileError as exc:
+            self._refused.setdefault(exc.path, exc.reason)
+        except OSError:
+            pass
+        notes = "\n".join(self.warnings())[-limit:]
+        room = limit - len(notes) - 1  # the notes come last: the agent keeps the end of the tail
+        if not notes:
+            return text[-limit:]
+        return text[-room:] + "\n" + notes if text and room > 0 else notes
+
+    def warnings(self) -> list[str]:
+        """One line per file under the run directory the agent refused to open, and why."""
+        refused = dict(self._refused)
+        if self.reader.refused is not None:
+            refused.setdefault(self.events_path, self.reader.refused)
+        if self.capture is not None:
+            for path, reason in self.capture.skipped.items():
+                refused.setdefault(path, reason)
+        return [f"[steady] skipped {os.path.relpath(path, self.run_dir)}: {reason}; the worker reads only "
+                "regular files inside the run directory" for path, reason in sorted(refused.items())]
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def outcome(self) -> Outcome:
+        """Call once the process has exited: reap stragglers, read the last events, classify."""
+        if self._outcome is not None:
+            return self._outcome
+        assert self.proc is not None
+        rc = self.proc.wait()
+        self._killpg()  # leftover children (e.g. DataLoader workers) of an exited run
+        if self.capture is not None:  # what the run wrote last, appended before the last reads
+            self.capture.close()
+            self.collected.captured = dict(self.capture.last)
+        # What the run reported about itself may lie behind a metric backlog that poll() has not
+        # reached: read it without the metric lines (absorbing an event twice changes nothing),
+        # and leave those to later poll() calls.
+        for event in control_events(self.events_path, self.reader.offset):
+            self.collected.absorb(event)
+        wall = self.elapsed()
+        tail = self.stderr_tail()
+        c = self.collected
+        if self._kill_reason == "timeout":
+            limit = float(self.spec.get("time_limit_s") or 0)
+            out = Outcome(False, "timeout", f"run exceeded its time limit of {limit:g} s and was killed", tail, rc, wall)
+        elif self._kill_reason is not None:
+            out = Outcome(False, self._kill_reason, f"run was killed ({self._kill_reason})", tail, rc, wall)
+        elif rc == 0 and (c.result is not None or self.spec.get("command")):  # a command need not use the SDK
+            out = Outcome(True, None, "", tail, rc, wall)
+        elif c.error is not None:
+            out = Outcome(False, "error", scrub(c.error.get("error", "error"), self.secrets), tail, rc, wall)
+        elif rc is not None and rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = str(-rc)
+            out = Outcome(False, "crash", f"run process was killed by signal {name}", tail, rc, wall)
+        else:
+            out = Outcome(False, "error", f"run process exited with status {rc} without reporting a result", tail, rc, wall)
+        self._outcome = out
+        return out

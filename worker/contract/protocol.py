@@ -1,0 +1,523 @@
+"""The wire contract between the Steady server and its workers.
+
+This module is the single source of truth for lease, heartbeat, metric batch and result
+messages. It depends on pydantic (and pybase64) only: the server imports it (``app -> steady.worker.contract.protocol``),
+the worker never imports the server.
+
+Floats travel exactly, as strict JSON: a finite value is a number, NaN and ±Inf are the strings
+``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (``WireFloat``, the one spelling of the whole
+API); ``null`` only ever means "absent". For one release the server still accepts the bare
+``NaN`` / ``Infinity`` tokens that workers before this change wrote (not valid JSON).
+For speed and bit-exactness a series may instead be *packed*:
+``steps_b64`` is base64 of little-endian int64 and ``values_b64`` base64 of little-endian
+float64 (``<i8`` / ``<f8``), which is what the worker sends.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import re
+import struct
+from datetime import datetime
+from enum import Enum, nonmember
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PrivateAttr,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+_pybase64_decode: Callable[..., bytes] | None
+b64encode: Callable[[bytes], bytes]
+try:  # SIMD base64 (a dependency): a 5,000-point batch's arrays decode ~15x faster than with binascii
+    from pybase64 import b64decode as _pybase64_decode
+    from pybase64 import b64encode
+except ImportError:  # an install without it still speaks the protocol, the same strict way, slower
+    _pybase64_decode = None
+    from base64 import b64encode
+
+PROTOCOL_VERSION = 1
+
+# Limits shared by both sides; the server may be configured lower, never higher.
+MAX_KEY_LENGTH = 200
+MAX_NAME_LENGTH = 200
+MAX_LABELS = 64
+MAX_SERIES_PER_BATCH = 256
+# Points in one metric batch: the server's default STEADY_MAX_BATCH_POINTS. A server configured
+# lower answers 413 and the worker halves its batches.
+MAX_BATCH_POINTS = 200_000
+MAX_ERROR_LENGTH = 65_536
+
+# Name of the series in which workers record the wall time of every training step (s).
+STEP_TIME_KEY = "step_time"
+
+# A client-chosen id of one logical request, reused by every retry of it: the server answers a
+# repeated lease, complete, fail or release with the acknowledgement of the first one.
+RequestId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+
+
+class ErrorCode(str, Enum):
+    """Machine-readable ``code`` of a 409 answer to a worker."""
+
+    lease_lost = "lease_lost"  # the run is no longer leased under this lease id
+    already_finished = "already_finished"  # the run already completed, failed or was cancelled
+    not_lease_holder = "not_lease_holder"  # another worker holds this run's lease
+
+
+FloatDtype = Literal["float64", "float32", "float16", "bfloat16"]
+MetricKey = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH, pattern=r"^[A-Za-z0-9_.:/\-]+$")]
+Label = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[A-Za-z0-9_.:/+=\-]+$")]
+
+
+# --- floats -----------------------------------------------------------------------------------
+
+# JSON has no NaN or ±Inf. The API's one spelling of them (JavaScript's names, as MLflow and
+# proto3 JSON write them): these strings, both ways; null is never a number, only "absent".
+NONFINITE: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def wire_float(value: float) -> float | str:
+    """``value`` for JSON: a finite float as it is, NaN and ±Inf as ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"``."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _from_wire(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return NONFINITE[value]
+        except KeyError:
+            raise ValueError(f"a number, or one of 'NaN', 'Infinity', '-Infinity'; got the string {value[:40]!r}") from None
+    return value
+
+
+def _to_wire(value: Any) -> Any:
+    return wire_float(value) if isinstance(value, float) else value
+
+
+# A float field of the API: validates numbers and the three strings (no other string, and no
+# null unless the field says ``WireFloat | None``); writes non-finite values as the strings in
+# JSON (Python-mode dumps keep the float).
+WireFloat = Annotated[
+    float,
+    BeforeValidator(_from_wire),
+    PlainSerializer(_to_wire, when_used="json"),
+    WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "string", "enum": list(NONFINITE)}],
+                    "description": "a number; NaN and ±Inf as the strings 'NaN', 'Infinity', '-Infinity'"}),
+]
+
+
+class _Model(BaseModel):
+    # non-finite floats in untyped fields (params, fingerprints) are written as the strings too
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+def _without_nul(value: Any) -> Any:
+    """NUL characters replaced by U+FFFD, recursively: PostgreSQL text and jsonb cannot hold NUL,
+    and a failure report must be stored whatever bytes a crashing run printed."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value
+
+
+class _FreeText(_Model):
+    """A message whose strings come from user code or the host (errors, fingerprints)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strip_nul(cls, data: Any) -> Any:
+        return _without_nul(data)
+
+
+class Framework(str, Enum):
+    torch = "torch"
+    tensorflow = "tensorflow"
+
+
+class Determinism(str, Enum):
+    none = "none"
+    seeded = "seeded"
+    strict = "strict"
+
+
+# Built-in workloads and the framework each runs on. The server validates study specs
+# against this table; worker/inrun/workloads/ implements each name.
+BUILTIN_WORKLOADS: dict[str, str] = {
+    "torch_mlp": "torch",
+    "torch_cnn": "torch",
+    "torch_dataloader_workers": "torch",
+    "torch_nondeterministic_kernels": "torch",
+    "hashseed_vocab": "torch",
+    "torch_controls": "torch",
+    "keras_mlp": "tensorflow",
+    "keras_controls": "tensorflow",
+}
+
+
+# Placeholders a command workload's arguments may use (steady.server.studies.schemas checks them).
+COMMAND_PLACEHOLDERS = ("seed", "repeat", "determinism", "device", "run_dir", "threads")
+
+
+class RunStatus(str, Enum):
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    # The status sets, as the values stored in ``runs.status`` (a member is equal to its value,
+    # so ``status in RunStatus.TERMINAL`` holds for either; SQL takes them in ``.in_()``).
+    ACTIVE = nonmember(frozenset({"queued", "running"}))  # waiting for a worker or on one
+    TERMINAL = nonmember(frozenset({"completed", "failed", "cancelled"}))  # never changes again
+
+
+class StudyStatus(str, Enum):
+    """A study's status: derived from its runs' statuses (``steady.server.studies.service.refresh_status``);
+    an external study (uploaded runs) stays ``open``."""
+
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+    open = "open"
+
+    ACTIVE = nonmember(frozenset({"queued", "running"}))
+    TERMINAL = nonmember(frozenset({"completed", "failed", "cancelled"}))
+    # Ended by its runs, not by a user: judged once (outcome, alerts) when it gets there.
+    JUDGED = nonmember(frozenset({"completed", "failed"}))
+
+
+class FailureKind(str, Enum):
+    error = "error"  # the training code raised or the process exited non-zero
+    crash = "crash"  # killed by a signal
+    timeout = "timeout"  # ran past its time limit
+    cancelled = "cancelled"  # the study was cancelled
+
+
+# --- registration ---------------------------------------------------------------------------
+
+
+class EngineJob(_Model):
+    """Where a batch scheduler started this agent, so a run can be traced to the job's own logs.
+
+    ``engine`` is ``slurm`` or ``kubernetes`` (``local`` when no scheduler is detected is not
+    sent); ``job_id`` is what the engine's own tools take (``123_4`` for Slurm array task 4 of
+    job 123, the pod name on Kubernetes); ``node`` the host it runs on.
+    """
+
+    engine: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_\-]+$")]
+    job_id: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+    node: Annotated[str, Field(max_length=MAX_NAME_LENGTH)] | None = None
+    detail: Annotated[dict[str, Annotated[str, Field(max_length=MAX_NAME_LENGTH)]], Field(max_length=16)] = {}
+
+
+class WorkerRegistration(_FreeText):
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+    labels: Annotated[list[Label], Field(max_length=MAX_LABELS)] = []
+    fingerprint: dict[str, Any] = {}
+    engine: EngineJob | None = None
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class WorkerRegistered(_Model):
+    worker_id: int
+    name: str
+    labels: list[str]
+    lease_seconds: float
+    heartbeat_seconds: float
+
+
+# --- leasing --------------------------------------------------------------------------------
+
+
+# Header of a 204 (nothing to lease) answer: runs in the request's scope (its study, or the
+# whole queue) that are still running elsewhere and may come back to the queue if their
+# lease expires. An agent started with --exit-when-idle stops once this is 0.
+PENDING_HEADER = "X-Steady-Pending"
+
+
+class LeaseRequest(_Model):
+    worker_id: int
+    study_id: int | None = None  # lease only runs of this study (agents launched for one study)
+    request_id: RequestId | None = None
+    # lease only runs of built-in workloads, never user code; None (left out): any run, so a
+    # worker that does not ask for it still speaks to older servers, which forbid the field
+    builtin_only: bool | None = None
+    # ask for a run-scoped credential with the lease (Lease.run_token); a worker that does not
+    # ask (older ones, whose Lease model forbids the field) gets a lease without it
+    run_credential: bool | None = None
+
+
+class ConfigFile(_Model):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
+    content: str = Field(max_length=64 * 1024)
+
+
+# step N ... loss X: "step 100 | loss 2.31", "Step 100: loss=2.31", "iter 100, loss: 2.31",
+# "Epoch 3 step 100 loss 2.31e-1", captured as the metric ``loss`` (steady.worker.agent.capture).
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
+DEFAULT_CAPTURE_PATTERN = (r"(?i)\b(?:step|iter|iteration|it)\b\s*[:=#]?\s*(?P<step>\d+)\b"
+                           r"[^\n]*?\bloss\b\s*[:=]?\s*(?P<loss>" + _NUMBER + r")")
+
+
+def check_capture_pattern(pattern: str) -> str | None:
+    """Why ``pattern`` cannot capture metrics, or None (used at submit and by the worker)."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        return f"not a valid regular expression: {exc}"
+    if "step" not in rx.groupindex:
+        return "needs a named group 'step', e.g. (?P<step>\\d+)"
+    if len(rx.groupindex) < 2:
+        return "needs a named group per metric besides 'step', e.g. (?P<loss>[-+.\\deE]+)"
+    return None
+
+
+class CaptureSpec(_Model):
+    """What the worker captures from a run besides the SDK (steady.worker.agent.capture): scalars of
+    TensorBoard event files written under the run's directory, and stdout/stderr lines matched
+    by ``patterns`` (regexes with a named group ``step`` and one per metric; none given: the
+    default ``step N ... loss X`` pattern)."""
+
+    tensorboard: bool = True
+    stdout: bool = True
+    patterns: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(max_length=32)] = []
+
+    @field_validator("patterns")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        for i, pattern in enumerate(value):
+            why = check_capture_pattern(pattern)
+            if why:
+                raise ValueError(f"pattern {i} {pattern!r}: {why}")
+        return value
+
+
+class RunSpec(_Model):
+    """Everything a worker needs to execute one run."""
+
+    framework: Framework
+    workload: str | None = None  # a built-in workload name
+    entrypoint: str | None = None  # "package.module:function" or "path/to/script.py[:function]"
+    command: list[str] | None = None  # argv with COMMAND_PLACEHOLDERS, run in the code's directory
+    code_sha256: str | None = None  # the code archive this run executes: its arm's, else the study's (GET /api/v1/code/{sha256})
+    code_workdir: str = "."  # the run's working directory inside the unpacked archive
+    params: dict[str, Any] = {}
+    seed: int
+    repeat: int
+    determinism: Determinism
+    threads: int = 2
+    time_limit_s: float = 600.0
+    metrics: list[str] = []
+    stack: str = "default"  # the run's group: a stack name, or the arm's name in a study with arms
+    config_file: ConfigFile | None = None  # the arm's config file, written into the run's directory
+    code: str | None = None  # the arm's own code digest (informational: code_sha256 is what runs)
+    capture: CaptureSpec | None = None  # None: a command workload gets the default capture, others none
+
+
+class Lease(_Model):
+    run_id: int
+    study_id: int
+    attempt: int
+    lease_id: str
+    lease_expires_at: datetime
+    heartbeat_seconds: float
+    spec: RunSpec
+    # A credential for this run alone, valid while this lease is: the run subprocess gets it
+    # (never the worker's token) for its own writes, e.g. the MLflow-compatible endpoint.
+    run_token: str | None = None
+
+
+class Heartbeat(_Model):
+    lease_id: str
+    step: int | None = None  # progress, if known
+
+
+class HeartbeatAck(_Model):
+    lease_expires_at: datetime
+    cancel: bool = False
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def b64decode_strict(text: str) -> bytes:
+    """Standard base64 with padding and nothing else (binascii.Error, a ValueError, otherwise)."""
+    if _pybase64_decode is not None:
+        return _pybase64_decode(text, validate=True)
+    return binascii.a2b_base64(text, strict_mode=True)
+
+
+_ENCODED_HERE = "steady.series_bytes"  # validation context of ``Series.from_bytes``
+
+
+class Series(_Model):
+    """One metric's points in a batch: either lists or packed little-endian arrays."""
+
+    key: MetricKey
+    steps: list[int] | None = None
+    values: list[WireFloat] | None = None
+    steps_b64: str | None = None
+    values_b64: str | None = None
+    # The type the values were logged in (values travel as float64 either way): ULPs between
+    # repeats are counted in it. None: float64 (a Python float).
+    dtype: FloatDtype | None = None
+    # The packed arrays' bytes, decoded once by the validation below (not part of the message).
+    _packed_bytes: tuple[bytes, bytes] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _one_encoding(self, info: ValidationInfo) -> Series:
+        lists = self.steps is not None or self.values is not None
+        packed = self.steps_b64 is not None or self.values_b64 is not None
+        if lists == packed:
+            raise ValueError("give either steps and values, or steps_b64 and values_b64")
+        if lists:
+            if self.steps is None or self.values is None:
+                raise ValueError("steps and values must both be given")
+            if len(self.steps) != len(self.values):
+                raise ValueError(f"steps has {len(self.steps)} items but values has {len(self.values)}")
+        else:
+            if self.steps_b64 is None or self.values_b64 is None:
+                raise ValueError("steps_b64 and values_b64 must both be given")
+            if self._packed_bytes is not None:  # an instance validated before (e.g. as a batch's field)
+                return self
+            encoded = (info.context or {}).get(_ENCODED_HERE)
+            if encoded is not None:  # ``from_bytes``: the bytes this process just encoded, not decoded back
+                steps, values = encoded
+            else:
+                try:
+                    steps, values = b64decode_strict(self.steps_b64), b64decode_strict(self.values_b64)
+                except ValueError as exc:
+                    raise ValueError(f"invalid base64: {exc}") from None
+            if len(steps) % 8 or len(values) % 8 or len(steps) != len(values):
+                raise ValueError("packed steps and values must be int64/float64 arrays of equal length")
+            self._packed_bytes = (steps, values)
+        return self
+
+    def packed_bytes(self) -> tuple[bytes, bytes]:
+        """Little-endian int64 steps and float64 values of a packed series, as bytes."""
+        if self._packed_bytes is None:
+            self._packed_bytes = (base64.b64decode(self.steps_b64 or ""), base64.b64decode(self.values_b64 or ""))
+        return self._packed_bytes
+
+    def __len__(self) -> int:
+        if self.steps is not None:
+            return len(self.steps)
+        return len(self.steps_b64 or "") * 3 // 4 // 8
+
+    @classmethod
+    def packed(cls, key: str, steps: list[int], values: list[float], dtype: str | None = None) -> Series:
+        """Pack python lists without numpy (the SDK and agent may run without it)."""
+        n = len(steps)
+        return cls.from_bytes(key, struct.pack(f"<{n}q", *steps), struct.pack(f"<{n}d", *values), dtype)
+
+    @classmethod
+    def from_bytes(cls, key: str, steps: bytes, values: bytes, dtype: str | None = None) -> Series:
+        """A packed series from little-endian int64 steps and float64 values. Validated like any
+        message, except that the base64 this builds is not decoded back to check it."""
+        return cls.model_validate(
+            {
+                "key": key,
+                "dtype": dtype if dtype in FLOAT_DTYPES and dtype != "float64" else None,
+                "steps_b64": b64encode(steps).decode("ascii"),
+                "values_b64": b64encode(values).decode("ascii"),
+            },
+            context={_ENCODED_HERE: (bytes(steps), bytes(values))},
+        )
+
+    def unpacked(self) -> tuple[list[int], list[float]]:
+        if self.steps is not None and self.values is not None:
+            return list(self.steps), list(self.values)
+        steps = base64.b64decode(self.steps_b64 or "")
+        values = base64.b64decode(self.values_b64 or "")
+        n = len(steps) // 8
+        return list(struct.unpack(f"<{n}q", steps)), list(struct.unpack(f"<{n}d", values))
+
+
+class MetricBatch(_Model):
+    """A batch of points for one run. ``seq`` makes a re-sent batch idempotent."""
+
+    lease_id: str
+    seq: Annotated[int, Field(ge=0)]
+    series: Annotated[list[Series], Field(min_length=1, max_length=MAX_SERIES_PER_BATCH)]
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> MetricBatch:
+        seen: set[str] = set()
+        for s in self.series:
+            if s.key in seen:
+                raise ValueError(f"metric key {s.key!r} appears twice in one batch; send each key once")
+            seen.add(s.key)
+        return self
+
+
+class BatchAck(_Model):
+    run_id: int
+    seq: int
+    points: int
+    duplicate: bool = False
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+class Digests(_Model):
+    """SHA-256 hex digests recorded inside the training process."""
+
+    initial_weights: str | None = None
+    data_order: list[str] = []  # one per epoch
+    final_weights: str | None = None
+    optimizer_state: str | None = None
+
+
+class RunResult(_FreeText):
+    lease_id: str
+    request_id: RequestId | None = None
+    final_metrics: dict[str, WireFloat] = {}
+    digests: Digests = Digests()
+    fingerprint: dict[str, Any] = {}
+    determinism_applied: dict[str, Any] = {}
+    timings: dict[str, WireFloat] = {}  # wall_s, step_time_mean_s, ...
+
+
+class RunFailure(_FreeText):
+    lease_id: str
+    request_id: RequestId | None = None
+    kind: FailureKind = FailureKind.error
+    error: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)]
+    stderr_tail: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)] = ""
+    fingerprint: dict[str, Any] = {}
+    determinism_applied: dict[str, Any] = {}
+
+
+class RunRelease(_Model):
+    """Give a leased run back to the queue (agent shutting down); the attempt is not counted."""
+
+    lease_id: str
+    request_id: RequestId | None = None
+
+
+class RunAck(_Model):
+    run_id: int
+    status: RunStatus
+    duplicate: bool = False  # true when this answers a repeat of an already applied request

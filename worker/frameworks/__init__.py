@@ -1,1 +1,0 @@
-"""Framework adapters, imported lazily: a torch-only box never imports TensorFlow."""

@@ -1,0 +1,30 @@
+"""Built-in workloads: small training jobs on scikit-learn's bundled digits data.
+
+Each module exposes ``FRAMEWORKS`` (the frameworks it runs on) and ``run(ctx) -> dict``
+(extra final metrics). They log per-step ``loss`` and ``step_time``, per-epoch ``val_loss``
+and ``val_acc``, and record the initial/final weight, optimizer-state and per-epoch
+data-order digests through :mod:`steady.worker.inrun.sdk`. Imported lazily by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+WORKLOADS: dict[str, str] = {
+    "torch_mlp": "steady.worker.inrun.workloads.torch_mlp",
+    "torch_cnn": "steady.worker.inrun.workloads.torch_cnn",
+    "torch_dataloader_workers": "steady.worker.inrun.workloads.torch_dataloader_workers",
+    "torch_nondeterministic_kernels": "steady.worker.inrun.workloads.torch_nondeterministic_kernels",
+    "hashseed_vocab": "steady.worker.inrun.workloads.hashseed_vocab",
+    "torch_controls": "steady.worker.inrun.workloads.torch_controls",
+    "keras_mlp": "steady.worker.inrun.workloads.keras_mlp",
+    "keras_controls": "steady.worker.inrun.workloads.keras_controls",
+}
+
+
+def load(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(WORKLOADS[name])
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}; built-in workloads: {', '.join(sorted(WORKLOADS))}") from None
