@@ -5,12 +5,14 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# stamp of `make assets` (scripts/fetch-assets)
+ASSETS := app/dashboard/static/.assets.json
 # CPU builds for this machine and CI; GPU boxes install their own CUDA builds (docs/deploy.md).
 FRAMEWORKS := torch==2.13.0 tensorflow-cpu==2.21.*
 
-.PHONY: setup system-deps demo lint test test-fast bench serve worker clean
+.PHONY: setup system-deps assets demo lint test test-fast bench serve worker clean
 
-setup: $(STAMP) system-deps
+setup: $(STAMP) system-deps $(ASSETS)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,13 +31,21 @@ system-deps:
 	{ command -v slurmctld || test -x /usr/sbin/slurmctld; } >/dev/null || missing="$$missing slurm-wlm"; \
 	{ command -v munged || test -x /usr/sbin/munged; } >/dev/null || missing="$$missing munge"; \
 	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-demo: $(STAMP)
+# The dashboard's and /docs' browser assets (uPlot, Swagger UI, ReDoc): npm packages at the versions
+# package-lock.json pins (integrity-checked by npm ci), copied into app/dashboard/static (git-ignored).
+assets: $(ASSETS)
+$(ASSETS): package.json package-lock.json scripts/fetch-assets
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory system-deps
+	$(PYTHON) scripts/fetch-assets
+
+demo: $(STAMP) $(ASSETS)
 	$(BIN)/steady demo
 
 # The house rules, configured in pyproject.toml (CONTRIBUTING.md): any finding fails the build.
@@ -44,6 +54,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/check-markdown
+	$(BIN)/python scripts/check-vendored
 
 # The suite on TEST_WORKERS parallel processes (pytest-xdist; CONTRIBUTING.md "Tests"), the slow tier included.
 # Most tests wait on subprocesses (servers, workers, browsers), so one more worker than cores keeps both busy.
@@ -79,8 +90,8 @@ bench: setup $(MLFLOW_VENV)/.installed
 	$(BIN)/python bench/worker_memory_bench.py
 	$(BIN)/python bench/report_bench.py
 
-serve: $(STAMP)
+serve: $(STAMP) $(ASSETS)
 	$(BIN)/steady serve
 
 clean:
-	rm -rf $(VENV) $(MLFLOW_VENV) .steady .steady-demo artifacts bench/results
+	rm -rf $(VENV) $(MLFLOW_VENV) .steady .steady-demo artifacts bench/results node_modules .cache

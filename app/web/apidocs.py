@@ -2,7 +2,8 @@
 
 FastAPI's own pages load both from jsDelivr and start them with an inline script, so offline
 they are blank and under the Content-Security-Policy they would not run. These pages load the
-vendored assets in ``app/dashboard/static/apidocs/`` and start them from a file.
+assets ``scripts/fetch-assets`` puts in ``app/dashboard/static/apidocs/`` (npm packages pinned in
+``package-lock.json``, shipped in the wheel) and start them from a file.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ log = logging.getLogger("steady")
 
 
 # The dashboard and /docs run with no inline script or style: everything comes from /static
-# (Swagger UI and ReDoc are vendored, app/web/apidocs.py). /redoc alone also allows the <style>
+# (Swagger UI and ReDoc ship in the package, app/web/apidocs.py). /redoc alone also allows the <style>
 # elements and blob: worker ReDoc creates at run time (apidocs.REDOC_CSP_EXTRA); no page may
 # load anything from another host.
 _CSP = {"default-src": "'self'", "script-src": "'self'", "style-src": "'self'", "img-src": "'self' data:",

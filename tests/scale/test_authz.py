@@ -13,7 +13,7 @@ from steady.server.web.main import create_app
 from tests.api.helpers import batch, error_msg, lease, register, spec
 
 # Routes anyone may call; any other route without a role check fails test_every_route_declares_a_role.
-# /docs and /redoc serve the API reference (vendored Swagger UI / ReDoc), public like /openapi.json
+# /docs and /redoc serve the API reference (Swagger UI / ReDoc, served from the package), public like /openapi.json
 PUBLIC = {("GET", "/healthz"), ("GET", "/"), ("GET", "/login"), ("POST", "/login"), ("POST", "/logout"),
           ("GET", "/docs"), ("GET", "/redoc")}
 # User writes of no one's object: a code archive is named by its content, so re-uploading it

@@ -1,5 +1,5 @@
-"""A third-party training script, vendored byte for byte from a published package
-(``examples/third_party/e3nn_tetris``: e3nn 0.6.0's ``examples/tetris.py``, MIT), is judged
+"""A third-party training script, byte for byte as published (e3nn 0.6.0's ``examples/tetris.py``,
+MIT, fetched from its PyPI source archive by ``tests.fetched``, hashes pinned there), is judged
 without a change: copied into a fresh git repository, submitted as a command workload with
 ``steady submit --wait`` to a worker that runs in another directory. The script seeds nothing and
 only prints ``epoch N | loss X | A% accuracy`` lines; a capture pattern reads them. The worker's
@@ -19,13 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.fetched import SCRIPTS, fetch
 from tests.worker.test_worker_agent_e2e import runs, series, workers  # noqa: F401 - workers is a fixture
 
 pytestmark = pytest.mark.slow
-
-VENDORED = REPO / "examples" / "third_party" / "e3nn_tetris"
-TETRIS_SHA256 = "fd2c02c59108f00acf408ae9404d9a496bcb6cac0b4a951fca3844992ed6f4db"  # e3nn-0.6.0/examples/tetris.py
 
 SPEC = r"""
     name: e3nn tetris, unmodified
@@ -44,12 +41,16 @@ SPEC = r"""
 """
 
 
-def test_the_vendored_script_is_the_published_one():
-    assert hashlib.sha256((VENDORED / "tetris.py").read_bytes()).hexdigest() == TETRIS_SHA256
+def test_the_fetched_script_is_the_published_one():
+    folder = fetch("e3nn_tetris")
+    assert sorted(p.name for p in folder.iterdir()) == ["LICENSE", "tetris.py"]
+    assert hashlib.sha256((folder / "tetris.py").read_bytes()).hexdigest() == \
+        SCRIPTS["e3nn_tetris"].files["examples/tetris.py"]
+    assert "def tetris()" in (folder / "tetris.py").read_text()
 
 
 def _repo(root: Path) -> Path:
-    shutil.copytree(VENDORED, root)
+    shutil.copytree(fetch("e3nn_tetris"), root)  # tetris.py and e3nn's LICENSE, hashes checked
     (root / "study.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
