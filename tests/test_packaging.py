@@ -6,14 +6,13 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import textwrap
 import zipfile
 
 import pytest
 
-from steady.worker.contract import codepack
 from steady.worker.agent.local import run_local
 from tests.conftest import REPO
+from tests.worker.test_code_runner import unpacked_code
 
 
 def test_the_wheel_installs_one_top_level_package(tmp_path):
@@ -73,15 +72,10 @@ USER_PROJECT = {
 
 @pytest.mark.slow
 def test_a_user_project_with_its_own_app_and_worker_runs_as_a_command(tmp_path):
-    src = tmp_path / "project"
-    for name, body in USER_PROJECT.items():
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        (src / name).write_text(textwrap.dedent(body))
-    code = tmp_path / "run" / "code"
-    codepack.extract(codepack.pack(str(src)).data, str(code))
+    code = unpacked_code(USER_PROJECT, tmp_path)
     spec = {"framework": "torch", "seed": 4, "repeat": 0, "determinism": "seeded",
             "command": ["python", "train.py", "--seed", "{seed}"]}
-    r = run_local(spec, code_dir=str(code), work_dir=str(tmp_path / "run"))
+    r = run_local(spec, code_dir=code, work_dir=str(tmp_path / "run"))
     assert r.ok, r.error + r.stderr_tail
     assert r.values("own_modules") == [1.0, 1.0]
     assert r.values("loss") == [0.5, 0.5]  # 4 * 0.25 * 0.5, then 1.0 * 0.5: the user's app.model and worker

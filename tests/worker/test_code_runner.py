@@ -49,15 +49,21 @@ CODE = {
 }
 
 
-@pytest.fixture
-def code(tmp_path):
+def unpacked_code(files: dict[str, str], tmp_path) -> str:
+    """``files`` (path -> source) written to a folder, packed as ``steady submit`` packs it and unpacked
+    where a run's code goes: the code a run gets."""
     src = tmp_path / "src"
-    for name, body in CODE.items():
+    for name, body in files.items():
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_text(textwrap.dedent(body))
     dest = tmp_path / "run" / "code"
     codepack.extract(codepack.pack(str(src)).data, str(dest))
     return str(dest)
+
+
+@pytest.fixture
+def code(tmp_path):
+    return unpacked_code(CODE, tmp_path)
 
 
 def _run(code: str, tmp_path, **spec):
