@@ -148,11 +148,11 @@ def run_bench(steps: int, stall_s: float, workdir: Path, *, sample_s: float = 0.
         agent_log = workdir / "agent.log"
         with open(agent_log, "wb") as log:
             agent = subprocess.Popen(
-                [sys.executable, "-m", "worker", "--server", server.url,
+                [sys.executable, "-m", "steady.worker", "--server", server.url,
                  "--name", "memory-bench", "--work-dir", str(workdir / "agent"), "--max-runs", "1",
                  "--poll-max", "0.5", "--keep-run-dirs"],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "STEADY_TOKEN": server.tokens["worker"]},
+                env={**os.environ, "PYTHONPATH": str(REPO), "STEADY_TOKEN": server.tokens["worker"]},  # the run imports bench.*
             )
         samples: list[tuple[float, float | None, float | None]] = []
         t0 = time.monotonic()

@@ -4,6 +4,7 @@ user's own ``app`` package and ``worker.py`` are the ones a run imports."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import zipfile
@@ -46,6 +47,11 @@ def test_no_code_imports_a_generic_top_level_name():
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+                if isinstance(node, (ast.List, ast.Tuple)):  # an argv such as [sys.executable, "-m", "worker"]
+                    words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+                    names += [m for flag, m in zip(words, words[1:]) if flag == "-m" and isinstance(m, str)]
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):  # "python -m worker ..."
+                    names += re.findall(r"-m\s+([\w.]+)", node.value)
                 offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in ("app", "worker")]
     assert not offenders, offenders
 
