@@ -133,6 +133,13 @@ def pytest_configure(config) -> None:
                                        "(tests/conftest.py: SQLITE_ONLY, BOTH_BACKENDS)")
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """The slow tier first (a stable sort: otherwise in file order). Parallel workers take tests in this
+    order, so the long training runs start at once and the short tests fill the gaps around them,
+    instead of one long test starting near the end and running alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def _parametrizes(metafunc, name: str) -> bool:
     for mark in metafunc.definition.iter_markers("parametrize"):
         names = mark.args[0]

@@ -65,8 +65,10 @@ def download_sdist(script: Script, dest: Path) -> Path:
     req = dest / "requirements.txt"
     req.write_text(f"{script.package}=={script.version} --hash=sha256:{script.sdist_sha256}\n")
     done = subprocess.run(
+        # --no-build-isolation: pip reads the archive's metadata with the setuptools already installed here
+        # instead of first installing a build environment from the index (1 s instead of minutes)
         [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-         "--require-hashes", "--dest", str(dest), "-r", str(req)],
+         "--no-build-isolation", "--require-hashes", "--dest", str(dest), "-r", str(req)],
         capture_output=True, text=True, timeout=900, check=False)
     archive = dest / script.sdist
     if done.returncode != 0 or not archive.is_file():
