@@ -52,6 +52,23 @@ def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "co
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, process group) of ``pid`` from ``/proc/PID/stat``; None once it is gone. The
+    command name may hold spaces and parentheses, so the fields are read after its last ``)``."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (exited, not yet reaped) is dead for a test's purposes."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
 def _pg_admin():
     return create_engine(PG_URL, isolation_level="AUTOCOMMIT")
 

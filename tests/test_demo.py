@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, select
 
 from steady.server.cli.demo.run import open_data_dir
 from steady.server.models import Study
-from tests.conftest import REPO, free_port, wait_until
+from tests.conftest import REPO, free_port, proc_stat, wait_until
 
 
 def _demo_env() -> dict[str, str]:
@@ -84,17 +84,8 @@ def test_demo_runs_a_whole_study(tmp_path):
 
 def _processes() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, process group) of every live process (zombies excluded)."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path("/proc", entry, "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if fields[0] != "Z":
-                found[int(entry)] = (int(fields[1]), int(fields[2]))
-    return found
+    stats = {int(e): proc_stat(int(e)) for e in os.listdir("/proc") if e.isdigit()}
+    return {pid: (s[1], s[2]) for pid, s in stats.items() if s is not None and s[0] != "Z"}
 
 
 def _descendants(pid: int) -> set[int]:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from steady.server.web.devserver import ServerProcess, ServerStartError, free_port, port_free, serve_argv
-from tests.conftest import wait_until
+from tests.conftest import alive, wait_until
 
 # A stand-in server: answers /healthz, and starts a child in its process group (like uvicorn's workers).
 FAKE_SERVER = textwrap.dedent("""
@@ -27,15 +27,6 @@ FAKE_SERVER = textwrap.dedent("""
             pass
     http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_free_port_is_bindable_and_port_free_sees_a_listener():
@@ -60,9 +51,9 @@ def test_start_waits_for_healthz_and_stop_ends_the_whole_process_group(tmp_path)
                        log_path=log) as server:
         assert httpx.get(server.url + "/healthz").status_code == 200
         child = int(wait_until(lambda: log.read_text().split()[1:2], timeout=30, what="the child's pid")[0])
-        assert _alive(child) and os.getpgid(child) == server.pid
+        assert alive(child) and os.getpgid(child) == server.pid
     assert not server.running()
-    wait_until(lambda: not _alive(child), timeout=10, what="the child to end with its group")
+    wait_until(lambda: not alive(child), timeout=10, what="the child to end with its group")
 
 
 def test_a_server_that_exits_reports_its_status_and_log(tmp_path):

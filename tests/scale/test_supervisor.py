@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import alive, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -22,23 +22,17 @@ def _children(pid: int) -> set[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def test_sigkill_of_the_supervisor_ends_its_workers_and_the_port_is_free(cluster, pg_database):
     (server,) = cluster(pg_database, workers=2)
     supervisor = server.proc.pid
-    wait_until(lambda: len([c for c in _children(supervisor) if _alive(c)]) >= 2, timeout=60,
+    wait_until(lambda: len([c for c in _children(supervisor) if alive(c)]) >= 2, timeout=60,
                what="two uvicorn worker processes")
-    workers = {c for c in _children(supervisor) if _alive(c)}
+    workers = {c for c in _children(supervisor) if alive(c)}
     os.kill(supervisor, signal.SIGKILL)
     server.proc.wait(timeout=30)
-    wait_until(lambda: not any(_alive(w) for w in workers), timeout=60, what="workers gone after SIGKILL")
+    wait_until(lambda: not any(alive(w) for w in workers), timeout=60, what="workers gone after SIGKILL")
     with pytest.raises(httpx.HTTPError):
         httpx.get(server.url + "/healthz", timeout=2)
     server.start()  # same port: "address in use" before the fix

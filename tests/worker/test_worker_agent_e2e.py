@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import alive, wait_until
 from steady.worker.contract.protocol import Series
 
 pytestmark = pytest.mark.slow
@@ -135,15 +135,6 @@ def test_sigkilled_worker_run_is_requeued_and_completed_by_another(live_server, 
     assert run["final_metrics"]["loss"] == values[-1]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except (ProcessLookupError, OSError):
-        return False
-
-
 def test_cancelled_study_kills_the_running_run_and_user_errors_are_reported(live_server, workers, tmp_path):
     http = live_server.client()
     failing = tmp_path / "failing.py"
@@ -182,7 +173,7 @@ def test_cancelled_study_kills_the_running_run_and_user_errors_are_reported(live
     wait_for(lambda: runs(http, study)[0]["progress_step"], 30, "a heartbeat with progress")
     r = http.post(f"/api/v1/studies/{study}/cancel")
     assert r.status_code == 200, r.text
-    wait_for(lambda: not _pid_alive(pid), 20, f"the run process to be killed\n{w.log()}")
+    wait_for(lambda: not alive(pid), 20, f"the run process to be killed\n{w.log()}")
     wait_for(lambda: runs(http, study)[0]["status"] == "cancelled", 20, f"the run to be reported cancelled\n{w.log()}")
     assert study_status(http, study) == "cancelled"
     assert w.proc.poll() is None, "the worker must carry on after a cancelled run"
@@ -196,7 +187,7 @@ def test_cancelled_study_kills_the_running_run_and_user_errors_are_reported(live
     t0 = time.monotonic()
     assert w.stop() == 0
     assert time.monotonic() - t0 < 15
-    assert not _pid_alive(pid)
+    assert not alive(pid)
     run = runs(http, again)[0]
     assert run["status"] == "queued", run
     assert "released back to the queue" in w.log()

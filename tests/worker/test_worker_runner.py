@@ -3,13 +3,12 @@ reach the whole process group, user code logs through the SDK."""
 
 from __future__ import annotations
 
-import os
 import textwrap
 import time
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import alive, wait_until
 from steady.worker.agent.local import run_local
 
 pytestmark = pytest.mark.slow
@@ -25,18 +24,6 @@ def script(tmp_path, body: str, name: str = "train.py") -> str:
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))
     return str(path)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def test_user_function_logs_through_the_sdk(tmp_path, monkeypatch):
