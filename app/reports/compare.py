@@ -109,7 +109,7 @@ def _metric_specs(base: dict[str, Any], cand: dict[str, Any], names: list[str], 
 
 def _attribution(diffs: list[Difference]) -> tuple[str | None, str]:
     """(the source a difference in results is attributed to, None: as the runs' digests say; the sentence)."""
-    setup = [d for d in diffs if d.kind != STACK]
+    setup = [d for d in diffs if d.kind not in (STACK, "spec_file")]  # a spec file's settings are listed as such
     stack = [d for d in diffs if d.kind == STACK]
     if setup:
         named = "; ".join(d.note for d in setup[:3]) + (f"; and {len(setup) - 3} more" if len(setup) > 3 else "")

@@ -89,7 +89,11 @@ def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
 
 
 def _diff_maps(kind: str, prefix: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
-    fa, fb = _flat(prefix, dict(a), {}), _flat(prefix, dict(b), {})
+    fa: dict[str, Any] = {}
+    fb: dict[str, Any] = {}
+    for src, dst in ((a, fa), (b, fb)):
+        for k, v in src.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, dst)
     missing = object()
     out = []
     for key in sorted(set(fa) | set(fb)):

@@ -95,8 +95,8 @@ def size_phrase(max_abs: float, max_ulps: int | None, resolution: float | None, 
         if resolution is None:
             return f"max |Δ| {max_abs:.3g}"
         units = f"{max_abs / resolution:.0f}" if np.isfinite(max_abs) else "∞"
-        return (f"max |Δ| {max_abs:.{_decimals(resolution)}f} ({units} in the last printed digit, {resolution:g}; "
-                "values parsed from text carry no ULPs)")
+        return (f"max |Δ| {max_abs:.{_decimals(resolution)}f} ({units} in the last printed digit, {resolution:g}, "
+                "of values parsed from text)")
     return f"max |Δ| {max_abs:.3g}, {max_ulps} {dtype} ULPs"
 
 
