@@ -1,9 +1,10 @@
-"""``steady compare`` on a user's own script, as a user drives it: a small argparse script in a git folder
-(``--seed {seed} --lr X``, prints ``step N loss X`` with four decimals) submitted three times through
-the CLI: once as it is and once with ``--lr`` changed in the spec (both run by a real worker), once
-with a change to one code file (compared by what it would run, never run). Compare names the argument and the file, never blames ``numerics``, never
-says "code differs" for a changed spec, judges the spec's metric with the spec's margin, and counts
-the difference of stdout-parsed values in printed decimals, not ULPs."""
+"""``steady compare`` on a user's own script, as a user drives it: a small argparse script in a git
+folder (``--seed {seed} --lr X``, prints ``step N loss X`` with four decimals) submitted three times
+through the CLI: as it is and with ``--lr`` changed in the spec (both run by a real worker), and with
+a change to one code file (compared by what it would run, never run). Compare names the argument and
+the file, never blames ``numerics``, never says "code differs" for a changed spec, judges the spec's
+metric with the spec's margin, and counts the difference of stdout-parsed values in printed decimals,
+not ULPs."""
 
 from __future__ import annotations
 
