@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from steady.server.studies.arms import effective_arms
 
 __all__ = ["CodeFiles", "Difference", "StudySide", "differences", "is_spec_text", "setup_differences",
            "stack_differences"]
@@ -214,7 +213,8 @@ def _code_differences(a: CodeFiles | None, b: CodeFiles | None) -> list[Differen
 
 
 def _arms(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
-    return effective_arms(dict(spec)) if spec.get("arms") else None
+    """Arm name → its own overrides (params, config): the workload's params are compared once, as such."""
+    return {a["name"]: dict(a) for a in spec["arms"]} if spec.get("arms") else None
 
 
 def _arm_differences(a: Mapping[str, Any], b: Mapping[str, Any], side_a: StudySide,

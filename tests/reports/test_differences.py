@@ -67,3 +67,13 @@ def test_stack_fields_that_differ_and_not_the_determinism_environment():
     assert _notes(stack_differences(a, b)) == ["stack numpy_version: 1.26.4 → 2.0.0",
                                                "stack threads.OMP_NUM_THREADS: 1 → 2"]
     assert stack_differences(a, []) == []  # a study without runs has no stack to compare
+
+
+def test_arms_by_name_their_params_and_config():
+    arms = [{"name": "old", "params": {"lr": 0.1}}, {"name": "new", "params": {"lr": 0.2}}]
+    other = [{"name": "old", "params": {"lr": 0.1}},
+             {"name": "new", "params": {"lr": 0.3}, "config": {"name": "c.yaml", "content": "x: 1\n"}},
+             {"name": "third"}]
+    notes = _notes(differences(StudySide({**SPEC, "arms": arms}), StudySide({**SPEC, "arms": other})))
+    assert notes[:2] == ["arms.new.params.lr: 0.2 → 0.3", "arms.new.config: unset → c.yaml sha256:" + notes[1][-12:]]
+    assert notes[2:] == ["arm third: unset → present"]
