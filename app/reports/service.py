@@ -31,6 +31,7 @@ from steady.server.stats.convergence import (
     steps_to_target,
 )
 from steady.server.stats.downsample import extreme_indices
+from steady.server.stats.report_levels import same_seed_phrase
 from steady.server.stats.report import (
     GroupBand,
     MetricSpec,
@@ -313,6 +314,20 @@ def _name_arm_differences(report: Report, spec: dict[str, Any]) -> None:
         ref, cand = arms.get(v.group.reference_stack or ""), arms.get(v.group.candidate_stack)
         if ref is not None and cand is not None:
             v.group.differ_by = differences(ref, cand)
+            if any(not d.startswith("stack (") for d in v.group.differ_by):
+                _attribute_to_setup(v)
+
+
+def _attribute_to_setup(v: Any) -> None:
+    """Arms that differ by params, config or code: a same-seed difference between them is their own
+    doing (source ``setup``), never the kernels' (``numerics``)."""
+    pairs = v.same_seed
+    if not pairs.n_pairs or pairs.verdict == "identical" or pairs.source == "setup":
+        return
+    old = same_seed_phrase(pairs)
+    v.same_seed = pairs.model_copy(update={"source": "setup"})
+    if v.reason.endswith(old):
+        v.reason = v.reason.removesuffix(old) + same_seed_phrase(v.same_seed)
 
 
 def study_bands(

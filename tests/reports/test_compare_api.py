@@ -29,12 +29,12 @@ def _study(api, **overrides: Any) -> int:
     return r.json()["id"]
 
 
-def _run_all(api, worker: int, values: dict[tuple[int, int], list[float]], fingerprint: dict[int, dict]) -> None:
+def _run_all(api, worker: int, values: dict[tuple, list[float]], fingerprint: dict[int, dict]) -> None:
     """Lease every queued run and report it: ``acc`` as stdout-parsed text (4 decimals), ``loss`` as binary
-    floats; ``values[(study, seed)]`` are the acc values, loss is acc / 3."""
+    floats; ``values[(study, seed[, arm])]`` are the acc values, loss is acc / 3."""
     while (leased := lease(api, worker)) is not None:
         run = api.get(f"/api/v1/runs/{leased['run_id']}").json()
-        acc = values[(run["study_id"], run["seed"])]
+        acc = values.get((run["study_id"], run["seed"], run["stack"])) or values[(run["study_id"], run["seed"])]
         text = Series.packed("acc", list(range(len(acc))), acc)
         text = text.model_copy(update={"resolution": 1e-4})
         binary = Series.packed("loss", list(range(len(acc))), [a / 3 for a in acc])
@@ -89,3 +89,14 @@ def test_a_margin_and_a_relative_margin_together_are_refused_naming_the_field(ap
     a, b = _study(api), _study(api)
     r = api.get("/api/v1/compare", params={"baseline": a, "candidate": b, "margin": 0.1, "relative_margin": 0.1})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "relative_margin"], r.text
+
+
+def test_arms_that_differ_by_a_param_are_not_blamed_on_numerics(api):
+    sid = _study(api, arms=[{"name": "slow", "params": {"lr": 0.05}}, {"name": "fast", "params": {"lr": 0.1}}])
+    fp = {"numpy_version": "2.0.0"}
+    _run_all(api, register(api), {(sid, 0, "slow"): [0.5, 0.8123], (sid, 1, "slow"): [0.5, 0.8311],
+                                  (sid, 0, "fast"): [0.5, 0.8201], (sid, 1, "fast"): [0.5, 0.8391]}, {sid: fp})
+    # each seed's two arms start alike and differ later, on one stack: the stats alone would say numerics
+    (v,) = [v for v in api.get(f"/api/v1/studies/{sid}/report").json()["verdicts"] if v["level"] == "stack_portability"]
+    assert v["group"]["differ_by"] == ["params.lr (0.05 vs 0.1)"]
+    assert v["same_seed"]["source"] == "setup" and "source setup" in v["reason"] and "numerics" not in v["reason"]
