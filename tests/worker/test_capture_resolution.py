@@ -8,8 +8,16 @@ import json
 import pytest
 
 from steady.worker.agent.capture import Capture, printed_resolution
+from steady.worker.agent.client import NonRetryableError
 from steady.worker.agent.loop import MetricStream
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERN
+
+
+class _Lease:
+    lease_id, run_id = "l", 7
+
+
+LEASE = _Lease()
 
 
 @pytest.mark.parametrize(("text", "unit"), [("0.1234", 1e-4), ("2.31e-1", 1e-3), ("12", 1.0), ("1.50", 1e-2),
@@ -26,8 +34,7 @@ def test_stdout_values_carry_their_printed_resolution_into_the_batch(tmp_path):
     cap.close()
     lines = [json.loads(line) for line in events.read_text().splitlines()]
     assert [e["r"] for e in lines] == [{"loss": pytest.approx(1e-4)}, {"loss": pytest.approx(1e-2)}]
-    stream = MetricStream(client=None, lease=None, interval_s=1.0, max_points=100)  # type: ignore[arg-type]
-    stream.lease = type("L", (), {"lease_id": "l"})()  # type: ignore[assignment]
+    stream = MetricStream(client=None, lease=LEASE, interval_s=1.0, max_points=100)  # type: ignore[arg-type]
     for e in lines:
         stream.add(e["s"], e["v"], e.get("t"), e.get("r"))
     stream.add(2, {"acc": 0.5})  # an SDK value: binary
@@ -35,3 +42,27 @@ def test_stdout_values_carry_their_printed_resolution_into_the_batch(tmp_path):
     assert batch is not None
     by_key = {s.key: s for s in batch.series}
     assert by_key["loss"].resolution == pytest.approx(1e-2) and by_key["acc"].resolution is None
+
+
+class _OlderServer:
+    """A server from before ``Series.resolution``: it forbids the field, as its models forbid any unknown one."""
+
+    def __init__(self) -> None:
+        self.stored: list = []
+
+    def send_metrics(self, run_id, batch, *, deadline_s=None):
+        if any(s.resolution is not None for s in batch.series):
+            raise NonRetryableError("body.series.0.resolution: Extra inputs are not permitted", 422)
+        self.stored.append(batch)
+
+
+def test_an_older_server_gets_the_values_without_their_resolution():
+    server = _OlderServer()
+    stream = MetricStream(client=server, lease=LEASE, interval_s=0.0, max_points=100)  # type: ignore[arg-type]
+    stream.add(0, {"loss": 0.1234}, None, {"loss": 1e-4})
+    stream.flush(everything=True)
+    stream.add(1, {"loss": 0.1}, None, {"loss": 1e-1})
+    stream.flush(everything=True)
+    assert [[(s.key, s.unpacked(), s.resolution) for s in b.series] for b in server.stored] == [
+        [("loss", ([0], [0.1234]), None)], [("loss", ([1], [0.1]), None)]]
+    assert [b.seq for b in server.stored] == [0, 1]
