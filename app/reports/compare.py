@@ -128,7 +128,8 @@ def _same_seed_note(v: PortabilityVerdict, source: str | None, diffs: list[Diffe
         return ""
     if p.verdict == "identical":
         return f"; same seed in both studies: bitwise identical ({p.n_pairs} seed(s))"
-    size = size_phrase(p.max_abs_delta, p.max_ulps, p.resolution)
+    size = (size_phrase(p.max_abs_delta, p.max_ulps, p.resolution) if p.resolution is not None
+            else f"max |Δ| {p.max_abs_delta:.3g} ({p.max_ulps} ULPs in the logged type)")
     if source == SETUP:
         cause = "as the studies' setup differs"
     elif source == STACK:
