@@ -303,8 +303,10 @@ def test_status_header_cancel_compare_and_verdict_exit_codes(live_server, tmp_pa
     ok = steady(live_server, "compare", str(base), str(same), "--margin", "0.1", check=False)
     assert ok.returncode == 0, ok.stderr
     lines = ok.stdout.splitlines()
-    assert lines[0].startswith(f"baseline  study {base} (base, 6 runs)") and "equivalent" in lines[2]
-    assert lines[4].split() == ["DETERMINISM", "VERDICT", "RUNS", "WHY"] and lines[5].split()[:2] == ["seeded", "equivalent"]
+    assert lines[0].startswith(f"baseline  study {base} (base, 6 runs)")
+    assert lines[2] == "differs by: nothing recorded (same setup, same stack fingerprint)"
+    assert lines[4] == "final loss, margin 0.1 (given): equivalent"
+    assert lines[6].split() == ["DETERMINISM", "VERDICT", "RUNS", "WHY"] and lines[7].split()[:2] == ["seeded", "equivalent"]
     far = steady(live_server, "compare", str(base), str(shifted), "--margin", "0.1", check=False)
     assert far.returncode == 1 and "not_equivalent" in far.stdout
 

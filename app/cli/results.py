@@ -28,7 +28,7 @@ from steady.server.cli.support import (
 from steady.server.kit.terminal import printable
 
 if TYPE_CHECKING:
-    from steady.server.reports.models import Compare, CompareStudy
+    from steady.server.reports.models import Compare, CompareMetric, CompareStudy
 
 
 
@@ -132,7 +132,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from steady.server.cli.client import Api
 
     api = Api(args.server, args.token)
-    params = {"baseline": args.baseline, "candidate": args.candidate, "metric": args.metric}
+    params = {"baseline": args.baseline, "candidate": args.candidate}
+    if args.metric is not None:
+        params["metric"] = args.metric
     if args.margin is not None:
         params["margin"] = args.margin
     if args.relative_margin is not None:
@@ -148,18 +150,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _render_comparison(c: Compare) -> str:
+    """The two studies, what differs between them and what a difference is attributed to, then the verdicts."""
     def side(s: CompareStudy) -> str:
         return f"study {s.id} ({printable(s.name)}, {s.n_runs} runs)"
 
-    margin = "none given" if c.margin is None else f"{c.margin:.4g}"
-    lines = [f"baseline  {side(c.baseline)}", f"candidate {side(c.candidate)}",
-             f"final {printable(c.metric)}, equivalence margin {margin}: {c.verdict}"]
-    if c.code.differs:
-        lines.append(printable(c.code.note))
+    def margin(m: CompareMetric) -> str:
+        if m.margin is None:
+            return "no margin given"
+        origin = {"spec": "from the spec", "query": "given", "relative_margin": "relative"}.get(m.margin_from, "")
+        return f"margin {m.margin:.4g} ({origin})"
+
+    lines = [f"baseline  {side(c.baseline)}", f"candidate {side(c.candidate)}"]
+    if c.differences:
+        lines.append("differs by:")
+        lines += [f"  {printable(d.note)}" for d in c.differences]
+    else:
+        lines.append("differs by: nothing recorded (same setup, same stack fingerprint)")
+    lines.append(printable(c.attribution))
+    lines.append("final " + "; ".join(f"{printable(m.name)}, {margin(m)}" for m in c.metrics) + f": {c.verdict}")
     lines.append("")
-    rows = [[v.group.determinism, v.verdict, str(v.n_runs), printable(v.reason)] for v in c.verdicts]
+    several = len(c.metrics) > 1
+    rows = [[*([printable(v.metric)] if several else []), v.group.determinism, v.verdict, str(v.n_runs),
+             printable(v.reason)] for v in c.verdicts]
     if rows:
-        lines.append(table(["DETERMINISM", "VERDICT", "RUNS", "WHY"], rows))
+        lines.append(table([*(["METRIC"] if several else []), "DETERMINISM", "VERDICT", "RUNS", "WHY"], rows))
     else:
         lines.append("(no determinism level with completed runs in both studies)")
     return "\n".join(lines)
@@ -282,9 +296,9 @@ def register(sub: Any) -> None:
     client_opts(p)
     p.add_argument("baseline", type=int, help="study id of the baseline")
     p.add_argument("candidate", type=int, help="study id of the candidate")
-    p.add_argument("--metric", default="loss")
+    p.add_argument("--metric", help="the metric to judge (default: every metric both studies' specs name)")
     margin = p.add_mutually_exclusive_group()
-    margin.add_argument("--margin", type=float, help="absolute equivalence margin")
+    margin.add_argument("--margin", type=float, help="absolute equivalence margin (default: the spec's margin)")
     margin.add_argument("--relative-margin", type=float, help="margin as a share of the baseline mean, e.g. 0.01")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)

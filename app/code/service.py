@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -69,3 +70,26 @@ def read(session: Session, sha256: str, settings: Settings) -> bytes:
     except FileNotFoundError:
         raise NotFound(f"code archive {sha256} is recorded but its file is missing from "
                        f"{_path(settings, sha256).parent} (STEADY_DATA_DIR)") from None
+
+
+MAX_UNPACKED_FOR_DIGESTS = 512 * 1024 * 1024
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+_digest_cache: dict[str, tuple[dict[str, str], dict[str, bytes]]] = {}
+_DIGEST_CACHE_SIZE = 32
+_digest_lock = threading.Lock()
+
+
+def file_digests(session: Session, sha256: str, settings: Settings) -> tuple[dict[str, str], dict[str, bytes]]:
+    """Each file's SHA-256 in the archive ``sha256``, and the bytes of its small YAML/JSON files (a
+    spec among them is told apart from the code). An archive never changes under its digest, so the
+    answer is kept for the next comparison. Raises ``NotFound`` or ``codepack.CodeError``."""
+    with _digest_lock:
+        found = _digest_cache.get(sha256)
+    if found is None:
+        found = codepack.file_digests(read(session, sha256, settings), max_unpacked=MAX_UNPACKED_FOR_DIGESTS,
+                                      keep=SPEC_SUFFIXES)
+        with _digest_lock:
+            while len(_digest_cache) >= _DIGEST_CACHE_SIZE:
+                _digest_cache.pop(next(iter(_digest_cache)))
+            _digest_cache[sha256] = found
+    return found

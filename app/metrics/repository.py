@@ -63,11 +63,13 @@ def insert_chunks(
 
 
 def chunk_rows(series: Iterable[tuple]) -> list[dict]:
-    """The chunk rows of one batch of (key, steps, values[, dtype]), without their run, attempt
-    and seq: the encoding work, which needs no database (``insert_rows`` stores them)."""
+    """The chunk rows of one batch of (key, steps, values[, dtype[, resolution]]), without their run,
+    attempt and seq: the encoding work, which needs no database (``insert_rows`` stores them).
+    ``resolution``: values parsed from printed text, the unit of their last printed digit."""
     rows = []
     for key, steps, values, *rest in series:
         dtype = rest[0] if rest and rest[0] != "float64" else None
+        resolution = rest[1] if len(rest) > 1 else None
         if len(steps) == 0:
             continue
         steps_b, values_b = encode(steps, values)
@@ -80,6 +82,7 @@ def chunk_rows(series: Iterable[tuple]) -> list[dict]:
                 "steps": steps_b,
                 "values": values_b,
                 "dtype": dtype,
+                "resolution": resolution,
             }
         )
     return rows
@@ -315,7 +318,26 @@ def load_dtypes(session: Session, run_ids: Sequence[int], keys: Sequence[str] | 
     return {(run_id, key): dtype for run_id, key, dtype in session.execute(stmt)}
 
 
+def load_resolutions(session: Session, run_ids: Sequence[int],
+                     keys: Sequence[str] | None = None) -> dict[tuple[int, str], float]:
+    """{(run_id, key): unit of the last printed digit} of the series parsed from printed text (current
+    attempts; the coarsest of its chunks). A series absent here carries binary floats."""
+    if not run_ids:
+        return {}
+    table, runs = MetricChunk.__table__, Run.__table__
+    stmt = (
+        select(table.c.run_id, table.c.key, func.max(table.c.resolution))
+        .join(runs, (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt))
+        .where(table.c.run_id.in_(list(run_ids)), table.c.resolution.is_not(None))
+        .group_by(table.c.run_id, table.c.key)
+    )
+    if keys is not None:
+        stmt = stmt.where(table.c.key.in_(list(keys)))
+    return {(run_id, key): float(r) for run_id, key, r in session.execute(stmt)}
+
+
 __all__ = [
+    "load_resolutions",
     "load_dtypes",
     "delete_attempt",
     "delete_other_attempts",

@@ -212,6 +212,8 @@ class MetricChunk(Base):
     values: Mapped[bytes] = mapped_column(LargeBinary)
     # the type the values were logged in (stored as float64 either way); NULL: float64
     dtype: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # values parsed from printed text: the unit of their last printed digit (1e-4 for "0.1234"); NULL: binary floats
+    resolution: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class CodeArchive(Base):

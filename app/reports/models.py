@@ -49,7 +49,7 @@ NONFINITE_ENCODING = "NaN, +Inf, -Inf -> " + ", ".join(f'"{s}"' for s in NONFINI
 __all__ = [
     "RepeatabilityVerdict", "SeedStabilityVerdict", "PortabilityVerdict", "Verdict", "Report", "StudyHeader",
     "JudgedMetric", "ExcludedRun", "Stage", "StageDecision", "SequentialTost", "TostLook", "ArmDifference", "BandGroup", "Bands", "Compare",
-    "CompareStudy", "CodeComparison", "RunCounts", "worst", "verdicts_of", "typed_verdicts",
+    "CompareStudy", "CompareDifference", "CompareMetric", "CodeComparison", "RunCounts", "worst", "verdicts_of", "typed_verdicts",
 ]
 
 
@@ -75,6 +75,8 @@ class RepeatabilityVerdict(_VerdictBase):
     max_abs_delta: WireFloat | None = None
     max_rel_delta: WireFloat | None = None
     max_ulps: int | None = None
+    resolution: WireFloat | None = Field(None, description="values parsed from printed text: the unit of their last "
+                                         "printed digit, which |Δ| is counted in instead of ULPs")
     first_divergent_step: int | None = None
     source: str | None = Field(None, description="what diverged first: seeding, input pipeline or kernels")
     data_order_epoch: int | None = None
@@ -353,20 +355,47 @@ class CompareStudy(Part):
 class CodeComparison(Part):
     baseline: str | None
     candidate: str | None
-    differs: bool
+    differs: bool = Field(description="whether a file the runs execute differs (a changed spec file does not count)")
+    changed_files: list[str] = Field([], description="files of the code that differ (changed, added or removed)")
+    spec_files: list[str] = Field([], description="study spec files in the code that differ: settings, not code")
     note: str
 
 
+class CompareDifference(Part):
+    """One thing the two studies differ by (``steady.server.reports.differences``)."""
+
+    kind: Literal["workload", "command", "params", "config", "code", "spec_file", "determinism", "settings", "stack"]
+    name: str = Field(description="as a user knows it: '--lr', 'params.lr', 'train.py', 'numpy_version'")
+    baseline: str | None = Field(description="its value (a file: its digest) in the baseline; null: unset or absent")
+    candidate: str | None
+    note: str = Field(description="one line: '--lr: 0.05 → 0.1'")
+
+
+class CompareMetric(Part):
+    """A metric judged, with the margin and tolerances it was judged with."""
+
+    name: str
+    margin: WireFloat | None
+    margin_from: Literal["spec", "query", "relative_margin", "none"]
+    atol: WireFloat
+    rtol: WireFloat
+
+
 class Compare(Part):
-    """Stack portability of two studies, their runs relabelled ``baseline`` and ``candidate``."""
+    """Stack portability of two studies, their runs relabelled ``baseline`` and ``candidate``, and what
+    differs between them."""
 
     baseline: CompareStudy
     candidate: CompareStudy
-    metric: str
-    margin: WireFloat | None
+    metric: str = Field(description="the first metric judged (all of them: metrics)")
+    margin: WireFloat | None = Field(description="the first metric's margin")
+    metrics: list[CompareMetric]
     verdicts: list[PortabilityVerdict]
     verdict: PortabilityValue
     code: CodeComparison
+    differences: list[CompareDifference]
+    attribution: str = Field(description="what a difference in results is attributed to: the studies' setup when it "
+                             "differs, else the stack when it differs, else numerics")
 
 
 class BaselineComparisonOut(WireModel):

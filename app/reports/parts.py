@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from steady.server.stats.vocabulary import (
     CheckValue,
@@ -184,13 +184,15 @@ class RepeatabilityResult(Part):
     steps_identical: bool
     max_abs_delta: WireFloat
     max_rel_delta: WireFloat
-    max_ulps: int
+    max_ulps: int | None = Field(description="null when values were parsed from text (see resolution)")
     first_divergent_step: int | None
     first_out_of_tolerance_step: int | None
     source: str | None
     data_order_epoch: int | None
     reason: str
     dtype: str = "float64"
+    resolution: WireFloat | None = Field(None, description="values parsed from printed text: the unit of their last "
+                                         "printed digit, which differences are counted in instead of ULPs")
 
 
 class SeedRepeats(RepeatabilityResult):
@@ -208,8 +210,10 @@ class StackPairs(Part):
     first_divergent_step: int | None
     max_abs_delta: WireFloat
     max_rel_delta: WireFloat
-    max_ulps: int
+    max_ulps: int | None = Field(description="null when values were parsed from text (see resolution)")
     reason: str
+    resolution: WireFloat | None = Field(None, description="values parsed from printed text: the unit of their last "
+                                         "printed digit")
 
 
 # --------------------------------------------------------------------------- portability

@@ -4,8 +4,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from steady.server.kit.deps import ReadDB, UserCaller
+from steady.server.kit.deps import AppSettings, ReadDB, UserCaller
 from steady.server.reports import service
+from steady.server.reports.compare import compare_studies
 from steady.server.reports.models import Bands, Compare, Report
 from steady.server.kit.responses import NumbersJSONResponse
 
@@ -43,13 +44,18 @@ def study_bands(
 def compare(
     db: ReadDB,
     caller: UserCaller,
+    settings: AppSettings,
     baseline: int,
     candidate: int,
-    metric: Annotated[str, Query(min_length=1, max_length=200)] = "loss",
-    margin: Annotated[float | None, Query(gt=0, description="absolute equivalence margin")] = None,
+    metric: Annotated[str | None, Query(min_length=1, max_length=200,
+                                        description="default: every metric both specs name")] = None,
+    margin: Annotated[float | None, Query(gt=0, description="absolute equivalence margin (default: the spec's)")] = None,
     relative_margin: Annotated[float | None, Query(gt=0, description="margin as a share of the baseline mean")] = None,
 ) -> Compare:
-    """Stack portability of two studies (e.g. last week's stack against today's)."""
-    return service.compare_studies(
-        db, baseline=baseline, candidate=candidate, metric=metric, margin=margin, relative_margin=relative_margin
+    """Stack portability of two studies (e.g. last week's stack against today's), with what differs
+    between them (command arguments, params, config, code files, determinism, stack) and what a
+    difference in results is attributed to."""
+    return compare_studies(
+        db, settings, baseline=baseline, candidate=candidate, metric=metric, margin=margin,
+        relative_margin=relative_margin,
     )

@@ -17,11 +17,11 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from steady.server.kit.db import WriteSession
-from steady.server.kit.errors import Invalid, NotFound, judging
+from steady.server.kit.errors import NotFound, judging
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
 from steady.server.reports import repository
-from steady.server.reports.models import Compare, Report, typed_verdicts, verdicts_of, worst
+from steady.server.reports.models import Report
 from steady.server.runs import repository as runs_repo
 from steady.server.stats.convergence import (
     ReferencePoint,
@@ -31,6 +31,7 @@ from steady.server.stats.convergence import (
     steps_to_target,
 )
 from steady.server.stats.downsample import extreme_indices
+from steady.server.stats.report_levels import same_seed_phrase
 from steady.server.stats.report import (
     GroupBand,
     MetricSpec,
@@ -74,6 +75,7 @@ def excluded_runs(session: Session, study_id: int) -> list[dict[str, Any]]:
 def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stack_as: str | None = None) -> list[RunData]:
     series = metrics_repo.load_series_shared(session, [r.id for r in runs], list(keys))
     dtypes = metrics_repo.load_dtypes(session, [r.id for r in runs], list(keys))
+    printed = metrics_repo.load_resolutions(session, [r.id for r in runs], list(keys))
     out = []
     for r in runs:
         out.append(
@@ -89,6 +91,7 @@ def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stac
                 series={k: series[(r.id, k)] for k in keys if (r.id, k) in series},
                 worker=r.worker_id,
                 dtypes={k: dtypes[(r.id, k)] for k in keys if (r.id, k) in dtypes},
+                resolutions={k: printed[(r.id, k)] for k in keys if (r.id, k) in printed},
             )
         )
     return out
@@ -311,6 +314,20 @@ def _name_arm_differences(report: Report, spec: dict[str, Any]) -> None:
         ref, cand = arms.get(v.group.reference_stack or ""), arms.get(v.group.candidate_stack)
         if ref is not None and cand is not None:
             v.group.differ_by = differences(ref, cand)
+            if any(not d.startswith("stack (") for d in v.group.differ_by):
+                _attribute_to_setup(v)
+
+
+def _attribute_to_setup(v: Any) -> None:
+    """Arms that differ by params, config or code: a same-seed difference between them is their own
+    doing (source ``setup``), never the kernels' (``numerics``)."""
+    pairs = v.same_seed
+    if not pairs.n_pairs or pairs.verdict == "identical" or pairs.source == "setup":
+        return
+    old = same_seed_phrase(pairs)
+    v.same_seed = pairs.model_copy(update={"source": "setup"})
+    if v.reason.endswith(old):
+        v.reason = v.reason.removesuffix(old) + same_seed_phrase(v.same_seed)
 
 
 def study_bands(
@@ -337,62 +354,6 @@ def study_bands(
                                    max_points=max_points)
     return {"study_id": study_id, "metric": metric, "coverage": coverage, "confidence": confidence,
             "groups": [g.to_dict(spelling=NONFINITE_SPELLING) for g in groups]}
-
-
-def compare_studies(
-    session: Session,
-    *,
-    baseline: int,
-    candidate: int,
-    metric: str,
-    margin: float | None,
-    relative_margin: float | None,
-) -> Compare:
-    """Stack portability between two studies on the final value of each run's series.
-
-    Both studies' runs are relabelled as two stacks, ``baseline`` and ``candidate``, and
-    judged by the same rule as the study report's stack-portability verdicts, per
-    determinism level present in both.
-    """
-    if margin is not None and relative_margin is not None:
-        raise Invalid(("query", "relative_margin"), "give either margin or relative_margin, not both")
-    if baseline == candidate:
-        raise Invalid(("query", "candidate"), "baseline and candidate are the same study")
-    base_study, cand_study = studies_repo.get_study(session, baseline), studies_repo.get_study(session, candidate)
-    base_runs = run_data(session, completed_runs(session, baseline), [metric], stack_as="baseline")
-    cand_runs = run_data(session, completed_runs(session, candidate), [metric], stack_as="candidate")
-    if relative_margin is not None:
-        finals = [d.series[metric][1][-1] for d in base_runs if metric in d.series and len(d.series[metric][1])]
-        finite = [f for f in finals if np.isfinite(f)]
-        if not finite:
-            raise Invalid(("query", "relative_margin"), f"the baseline has no finite final {metric!r} to scale by")
-        margin = abs(float(np.mean(finite))) * relative_margin
-    with judging(("query", "metric")):
-        report = build_report(
-            [*base_runs, *cand_runs],
-            [MetricSpec(name=metric, margin=margin)],
-            reference_stack="baseline",
-            rng=_rng(baseline, candidate, zlib.crc32(metric.encode())),
-        )
-    verdicts = verdicts_of(typed_verdicts(report), "stack_portability")
-    return Compare.model_validate({
-        "baseline": {"id": base_study.id, "name": base_study.name, "n_runs": len(base_runs)},
-        "candidate": {"id": cand_study.id, "name": cand_study.name, "n_runs": len(cand_runs)},
-        "metric": metric,
-        "margin": margin,
-        "verdicts": verdicts,
-        "verdict": worst([v.verdict for v in verdicts]),
-        "code": _code_comparison(base_study, cand_study),
-    })
-
-
-def _code_comparison(base: Any, cand: Any) -> dict[str, Any]:
-    """Different code makes two different arms: say so next to the verdict."""
-    a, b = base.code_sha256, cand.code_sha256
-    differs = a != b
-    short = lambda d: d[:12] if d else "none (built-in)"  # noqa: E731
-    return {"baseline": a, "candidate": b, "differs": differs,
-            "note": f"code differs: {short(a)} vs {short(b)}" if differs else "same code"}
 
 
 def run_settled(session: WriteSession, study_id: int) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from steady.server.stats.align import align_series
 
-__all__ = ["RepeatRun", "Repeatability", "repeatability", "ulp_distance", "VERDICT_ORDER"]
+__all__ = ["RepeatRun", "Repeatability", "repeatability", "size_phrase", "ulp_distance", "VERDICT_ORDER"]
 
 IDENTICAL, WITHIN, OUT, INCONCLUSIVE = "identical", "within_tolerance", "out_of_tolerance", "inconclusive"
 VERDICT_ORDER = {IDENTICAL: 0, WITHIN: 1, OUT: 2}  # worst case = highest
@@ -62,6 +62,9 @@ class RepeatRun:
     data_order: Sequence[str] = ()
     other_digests: Mapping | None = None  # e.g. final_weights, optimizer_state
     dtype: str | None = None  # the logged value's type (float32, …); None: float64
+    # Values parsed from printed text (stdout): the unit of their last printed digit (1e-4 for "0.1234").
+    # They carry no binary precision, so their difference is counted in that unit, not in ULPs. None: binary floats.
+    resolution: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,13 +78,30 @@ class Repeatability:
     steps_identical: bool
     max_abs_delta: float
     max_rel_delta: float
-    max_ulps: int
+    max_ulps: int | None  # None when a run's values were parsed from text (``resolution``)
     first_divergent_step: int | None  # first step whose bits differ from the reference run
     first_out_of_tolerance_step: int | None
     source: str | None  # stack | seeding | data_order | numerics | None when identical
     data_order_epoch: int | None  # first epoch whose data-order digest differs
     reason: str
     dtype: str = "float64"  # the type ULPs are counted in
+    resolution: float | None = None  # values parsed from text: the coarsest last printed digit of the runs
+
+
+def size_phrase(max_abs: float, max_ulps: int | None, resolution: float | None, dtype: str = "float64") -> str:
+    """The size of a difference: in ULPs of ``dtype`` for binary floats; for values parsed from printed
+    text, in units of their last printed digit (``resolution``), the precision they were printed with."""
+    if resolution is not None or max_ulps is None:
+        if resolution is None:
+            return f"max |Δ| {max_abs:.3g}"
+        units = f"{max_abs / resolution:.0f}" if np.isfinite(max_abs) else "∞"
+        return (f"max |Δ| {max_abs:.{_decimals(resolution)}f} ({units} in the last printed digit, {resolution:g}, "
+                "of values parsed from text)")
+    return f"max |Δ| {max_abs:.3g}, {max_ulps} {dtype} ULPs"
+
+
+def _decimals(resolution: float) -> int:
+    return max(0, min(20, -int(np.floor(np.log10(resolution) + 1e-9)))) if resolution > 0 else 6
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -147,6 +167,7 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
     if dtype not in FLOAT_DTYPES:
         dtype = "float64"
     ulps = np.where(finite, ulp_distance(others, np.broadcast_to(ref, others.shape), dtype), 0)
+    resolution = max((r.resolution for r in runs if r.resolution is not None), default=None)
     nonfinite_mismatch = bool((both & ~finite & ~bits_equal).any())
 
     def first_bad(mask_ok):
@@ -159,7 +180,7 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
     max_rel = float(reld.max()) if reld.size else 0.0
     if nonfinite_mismatch:
         max_abs = max_rel = float("inf")
-    max_ulps = int(ulps.max()) if ulps.size else 0
+    max_ulps: int | None = (int(ulps.max()) if ulps.size else 0) if resolution is None else None
 
     source = epoch = None
     if not (values_identical and digests_identical):
@@ -189,12 +210,12 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
         src = f"source: {source}" + (f", epoch {epoch}" if epoch is not None else "")
         if source == "seeding" and all(i is None for i in inits):
             src += f"; {UNSEEDED_INIT}"
-        size = (f"max |Δ| {max_abs:.3g}, {max_ulps} {dtype} ULPs" if not nonfinite_mismatch else
-                f"a value is non-finite in one repeat and not the other (max |Δ| of finite values "
-                f"{float(absd.max()) if absd.size else 0.0:.3g}, {max_ulps} {dtype} ULPs)")
+        size = (size_phrase(max_abs, max_ulps, resolution, dtype) if not nonfinite_mismatch else
+                f"a value is non-finite in one repeat and not the other "
+                f"({size_phrase(float(absd.max()) if absd.size else 0.0, max_ulps, resolution, dtype)} of finite values)")
         reason = f"{where} ({src}), {size}"
         if verdict == OUT and first_oot is not None:
             reason += f"; outside atol={atol:g}/rtol={rtol:g} from step {first_oot}"
     return Repeatability(verdict, n, float(atol), float(rtol), values_identical, digests_identical,
                          steps_identical, max_abs, max_rel, max_ulps, first_div, first_oot, source, epoch, reason,
-                         dtype)
+                         dtype, resolution)

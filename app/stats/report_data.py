@@ -33,6 +33,8 @@ class RunData:
     series: Mapping = field(default_factory=dict)
     worker: int | str | None = None  # who ran it (pairs the cost comparison when one worker ran both runs)
     dtypes: Mapping = field(default_factory=dict)  # metric key -> logged value type ("float32"…); absent: float64
+    # metric key -> the last printed digit's unit of values parsed from text (stdout); absent: binary floats
+    resolutions: Mapping = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 from steady.server.stats import expectations, guarantees
 from steady.server.stats.bands import DEFAULT_QUANTILES, out_of_band_curves
 from steady.server.stats.portability import adjust, band_containment, compare_stacks
-from steady.server.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
+from steady.server.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability, size_phrase
 from steady.server.stats.report_data import (
     Finals,
     GroupBand,
@@ -77,7 +77,9 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
             w = conclusive[worst_seed][1]
             numbers = {"worst_seed": worst_seed, "max_abs_delta": max(v[1].max_abs_delta for v in conclusive.values()),
                        "max_rel_delta": max(v[1].max_rel_delta for v in conclusive.values()),
-                       "max_ulps": max(v[1].max_ulps for v in conclusive.values()),
+                       "max_ulps": _max_ulps([v[1].max_ulps for v in conclusive.values()]),
+                       "resolution": max((v[1].resolution for v in conclusive.values() if v[1].resolution is not None),
+                                         default=None),
                        "first_divergent_step": w.first_divergent_step, "source": w.source,
                        "data_order_epoch": w.data_order_epoch}
         out.append(Verdict("repeatability", spec.name, {"determinism": det, "stack": stack}, verdict, n_runs, reason,
@@ -88,6 +90,11 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
                             "suspicious": list(exp.suspicious),
                             "guarantee": guarantees.repeatability()}))
     return out
+
+
+def _max_ulps(ulps: Sequence[int | None]) -> int | None:
+    """None when any series was parsed from text (no ULPs), else the largest count."""
+    return None if None in ulps else max((u for u in ulps if u is not None), default=0)
 
 
 def _dtype(runs: Sequence[RunData], metric: str) -> str:
@@ -101,7 +108,7 @@ def _repeat_run(r: RunData, metric: str) -> RepeatRun:
                      initial_weights=r.digests.get("initial_weights"),
                      data_order=tuple(r.digests.get("data_order") or ()),
                      other_digests={k: r.digests.get(k) for k in ("final_weights", "optimizer_state")},
-                     dtype=r.dtypes.get(metric))
+                     dtype=r.dtypes.get(metric), resolution=r.resolutions.get(metric))
 
 
 def _all_identical(runs: Sequence[RunData], metric: str) -> bool:
@@ -327,7 +334,7 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
                       + f"; for reference, the fixed-sample rule on all seeds: {reason}")
         if base["diverged_run_ids"]:
             reason += f"; {len(base['diverged_run_ids'])} diverged run(s) excluded"
-        reason += _same_seed_phrase(base["same_seed"])
+        reason += same_seed_phrase(base["same_seed"])
         out.append(Verdict("stack_portability", spec.name, group, verdict, n_runs, reason, details))
     return out
 
@@ -344,11 +351,14 @@ def _same_seed(ref_runs, cand_runs, spec: MetricSpec):
                        atol=spec.atol, rtol=spec.rtol)
 
 
-def _same_seed_phrase(pairs) -> str:
+def same_seed_phrase(pairs) -> str:
+    """The end of a portability verdict's reason: the same seeds on both stacks compared step by step."""
     if pairs.n_pairs == 0:
         return ""
     if pairs.verdict == "identical":
         return f"; same seed on both stacks: bitwise identical ({pairs.n_pairs} seed(s))"
+    size = (f"max |Δ| {pairs.max_abs_delta:.3g} ({pairs.max_ulps} ULPs)" if pairs.resolution is None
+            else size_phrase(pairs.max_abs_delta, pairs.max_ulps, pairs.resolution))
     return (f"; same seed on both stacks: source {pairs.source}, first divergence at step "
-            f"{pairs.first_divergent_step}, max |Δ| {pairs.max_abs_delta:.3g} ({pairs.max_ulps} ULPs)")
+            f"{pairs.first_divergent_step}, {size}")
 

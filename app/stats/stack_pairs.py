@@ -26,8 +26,9 @@ class StackPairs:
     first_divergent_step: int | None  # of the worst pair
     max_abs_delta: float  # over all pairs and steps
     max_rel_delta: float
-    max_ulps: int
+    max_ulps: int | None  # None when a pair's values were parsed from text (see ``resolution``)
     reason: str
+    resolution: float | None = None  # values parsed from text: the coarsest last printed digit of the pairs
 
 
 def stack_pairs(pairs: Mapping[int, tuple[RepeatRun, RepeatRun]], *, atol: float = 0.0,
@@ -46,6 +47,8 @@ def stack_pairs(pairs: Mapping[int, tuple[RepeatRun, RepeatRun]], *, atol: float
         reason = f"bitwise identical on both stacks for {n} seed(s)"
     else:
         reason = f"same seed on both stacks, seed {worst} (worst of {n}): {w.reason}"
+    ulps = [r.max_ulps for r in results.values()]
+    resolution = max((r.resolution for r in results.values() if r.resolution is not None), default=None)
     return StackPairs(n, w.verdict, w.source, worst, w.first_divergent_step,
                       max(r.max_abs_delta for r in results.values()), max(r.max_rel_delta for r in results.values()),
-                      max(r.max_ulps for r in results.values()), reason)
+                      None if None in ulps else max(u for u in ulps if u is not None), reason, resolution)

@@ -155,4 +155,6 @@ def test_shipped_code_runs_on_a_worker_elsewhere(live_server, workers, tmp_path)
     assert "'los'" in los.stderr
     assert study["code_dirty"] is True and study["code_sha256"] != http.get(f"/api/v1/studies/{sid}").json()["code_sha256"]
     compare = http.get("/api/v1/compare", params={"baseline": sid, "candidate": lid}).json()
-    assert compare["code"]["differs"] and compare["code"]["note"].startswith("code differs: ")
+    # named file by file: the one edited file, not "code differs"
+    assert compare["code"]["differs"] and compare["code"]["changed_files"] == ["exp/helper.py"], compare["code"]
+    assert compare["code"]["note"] == "code differs in 1 file(s): exp/helper.py"

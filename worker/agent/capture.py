@@ -15,6 +15,7 @@ Record checksums are not verified: a torn last record is simply read again on th
 
 from __future__ import annotations
 
+import decimal
 import os
 import re
 import struct
@@ -195,6 +196,16 @@ def read_scalars(path: str) -> list[tuple[int, str, float, str]]:
 # --- the capture a runner drives --------------------------------------------------------------
 
 
+def printed_resolution(text: str) -> float | None:
+    """The unit of the last digit ``text`` prints a number with ("0.1234" -> 1e-4, "2.31e-1" -> 1e-3,
+    "12" -> 1): what a value parsed from text is precise to. None for nan/inf or what is not a number."""
+    try:
+        exponent = decimal.Decimal(text.strip()).as_tuple().exponent
+    except (decimal.InvalidOperation, ValueError):
+        return None
+    return float(10.0 ** exponent) if isinstance(exponent, int) and -300 < exponent < 300 else None
+
+
 class Capture:
     """Tails a run's output file and its TensorBoard event files, appending metric events."""
 
@@ -218,10 +229,12 @@ class Capture:
     def _skip(self, exc: runfiles.UnsafeFileError) -> None:
         self.skipped.setdefault(exc.path, exc.reason)
 
-    def _emit(self, source: str, step: int, values: dict[str, float], dtypes: dict[str, str]) -> None:
+    def _emit(self, source: str, step: int, values: dict[str, float], dtypes: dict[str, str],
+              printed: dict[str, float] | None = None) -> None:
         if self.sdk_keys:
             values = {k: v for k, v in values.items() if k not in self.sdk_keys}
             dtypes = {k: d for k, d in dtypes.items() if k in values}
+            printed = {k: r for k, r in (printed or {}).items() if k in values}
         if not values:
             return
         if self._writer is None:
@@ -235,6 +248,8 @@ class Capture:
         event: dict[str, Any] = {"e": "m", "s": int(step), "v": values, "c": source}
         if dtypes:
             event["t"] = dtypes
+        if printed:
+            event["r"] = printed
         self._writer.write(event)
         self.last.update(values)
         self.keys_by_source[source].update(values)
@@ -286,7 +301,7 @@ class Capture:
             m = rx.search(line)
             if m is None:
                 continue
-            values = {}
+            values, printed = {}, {}
             for name, text in m.groupdict().items():
                 if name == "step" or text is None:
                     continue
@@ -294,11 +309,14 @@ class Capture:
                     values[metric_key(name)] = float(text)
                 except ValueError:
                     continue
+                unit = printed_resolution(text)
+                if unit is not None:
+                    printed[metric_key(name)] = unit
             try:
                 step = int(m.group("step"))
             except (TypeError, ValueError):
                 continue
-            self._emit("stdout", step, values, {})
+            self._emit("stdout", step, values, {}, printed)
 
     # TensorBoard
     def _root_of(self, path: str) -> str:

@@ -109,13 +109,13 @@ def batch_size(pending: int, *, backlog: bool, steady: int, limit: int) -> int:
     return min(pending, steady)
 
 
-def _packed(key: str, steps: array, values: array, dtype: str | None) -> Series:
+def _packed(key: str, steps: array, values: array, dtype: str | None, resolution: float | None = None) -> Series:
     """A packed series straight from int64/float64 arrays (the wire is little-endian)."""
     if sys.byteorder != "little":
         steps, values = array("q", steps), array("d", values)
         steps.byteswap()
         values.byteswap()
-    return Series.from_bytes(key, steps.tobytes(), values.tobytes(), dtype)
+    return Series.from_bytes(key, steps.tobytes(), values.tobytes(), dtype, resolution)
 
 
 class MetricStream:
@@ -143,6 +143,8 @@ class MetricStream:
         self.points_sent = 0
         self.batches_sent = 0
         self.dtypes: dict[str, str] = {}  # key -> logged float type, when not float64
+        self.resolutions: dict[str, float] = {}  # key -> coarsest last printed digit, for values parsed from text
+        self.send_resolutions = True  # False once a server older than the field refused it
 
     @property
     def max_points(self) -> int:
@@ -153,9 +155,13 @@ class MetricStream:
         """Whether the reader should take more events from the file (the window is not full)."""
         return self.pending_points < self.limit
 
-    def add(self, step: int, values: dict[str, float], dtypes: dict[str, str] | None = None) -> None:
+    def add(self, step: int, values: dict[str, float], dtypes: dict[str, str] | None = None,
+            printed: dict[str, float] | None = None) -> None:
         if dtypes:
             self.dtypes.update(dtypes)
+        for key, unit in (printed or {}).items():
+            if isinstance(unit, (int, float)) and unit > 0:
+                self.resolutions[key] = max(self.resolutions.get(key, 0.0), float(unit))
         step = int(step)
         pending = self.pending
         for key, value in values.items():
@@ -171,6 +177,17 @@ class MetricStream:
             self.pending_points > 0 and time.monotonic() - self.last_flush >= self.interval_s
         )
 
+    def _resolution(self, key: str) -> float | None:
+        return self.resolutions.get(key) if self.send_resolutions else None
+
+    def _without_resolutions(self, batch: MetricBatch) -> MetricBatch | None:
+        """The batch for a server that forbids ``Series.resolution`` (older than it); None when it has none."""
+        if all(s.resolution is None for s in batch.series):
+            return None
+        self.send_resolutions = False
+        log.warning("the server does not take the printed resolution of captured values: sending them without it")
+        return batch.model_copy(update={"series": [s.model_copy(update={"resolution": None}) for s in batch.series]})
+
     def _next_batch(self) -> MetricBatch | None:
         if not self.pending_points:
             return None
@@ -182,10 +199,10 @@ class MetricStream:
             steps, vals = self.pending[key]
             take = min(len(steps), budget)
             if take == len(steps):
-                series.append(_packed(key, steps, vals, self.dtypes.get(key)))
+                series.append(_packed(key, steps, vals, self.dtypes.get(key), self._resolution(key)))
                 del self.pending[key]
             else:
-                series.append(_packed(key, steps[:take], vals[:take], self.dtypes.get(key)))
+                series.append(_packed(key, steps[:take], vals[:take], self.dtypes.get(key), self._resolution(key)))
                 del steps[:take]  # one memmove of at most a window: no quadratic re-slicing
                 del vals[:take]
             budget -= take
@@ -210,6 +227,13 @@ class MetricStream:
                 self.unsent = None
                 self.limit = max(1, points // 2)
                 self.steady = min(self.steady, self.limit)
+                continue
+            except NonRetryableError as exc:
+                older = exc.status_code == 422 and "resolution" in str(exc)
+                retry = self._without_resolutions(self.unsent) if older else None
+                if retry is None:
+                    raise
+                self.unsent = retry
                 continue
             self.points_sent += sum(len(s) for s in self.unsent.series)
             self.batches_sent += 1
@@ -317,7 +341,7 @@ class RunExecution:
             read += len(events)
             for event in events:
                 if event.get("e") == "m":
-                    self.stream.add(event["s"], event["v"], event.get("t"))
+                    self.stream.add(event["s"], event["v"], event.get("t"), event.get("r"))
         self.stream.backlog = self.proc.unread_bytes() > 0
         return read
 

@@ -212,3 +212,36 @@ def present(name: str, files: set[str] | list[str], workdir: str = ".") -> bool:
     if path in files:
         return True
     return path.endswith(".py") and path[:-3] + "/__init__.py" in files
+
+
+def file_digests(data: bytes, *, max_unpacked: int, keep: tuple[str, ...] = (),
+                 keep_max: int = 256 * 1024) -> tuple[dict[str, str], dict[str, bytes]]:
+    """The SHA-256 of each regular file's bytes ({name: hex}), so two archives can be compared file by
+    file; and the bytes of the files whose name ends with one of ``keep`` (at most ``keep_max`` each).
+    Reads at most ``max_unpacked`` bytes of file content in all: a larger archive raises ``CodeError``
+    (an archive small when packed may unpack to far more)."""
+    digests: dict[str, str] = {}
+    kept: dict[str, bytes] = {}
+    left = max_unpacked
+    try:
+        with _open(data) as tar:
+            for m in _members(tar):
+                name = posixpath.normpath(m.name)
+                src = tar.extractfile(m)
+                assert src is not None
+                h = hashlib.sha256()
+                small = name.endswith(keep) if keep else False
+                buf = bytearray()
+                while chunk := src.read(1 << 20):
+                    left -= len(chunk)
+                    if left < 0:
+                        raise CodeError(f"the archive unpacks to more than {max_unpacked} bytes")
+                    h.update(chunk)
+                    if small and len(buf) <= keep_max:
+                        buf += chunk
+                digests[name] = h.hexdigest()
+                if small and len(buf) <= keep_max:
+                    kept[name] = bytes(buf)
+    except _CORRUPT as exc:
+        raise CodeError(f"not a tar.gz archive: {exc}") from None
+    return digests, kept

@@ -10,7 +10,8 @@ Event kinds (field ``e``):
 
 ``m``            metric points at one step: ``{"e": "m", "s": step, "v": {key: value}}``; the agent
                  appends those it captures itself with ``"c": "tensorboard" | "stdout"``
-                 (:mod:`steady.worker.agent.capture`)
+                 (:mod:`steady.worker.agent.capture`); ``"t": {key: dtype}`` the type a value was logged
+                 in, ``"r": {key: unit}`` the last printed digit's unit of a value parsed from text
 ``digest``       ``{"e": "digest", "kind": "initial_weights" | "final_weights" |
                  "optimizer_state" | "data_order", "value": hex, "epoch": int | null}``
 ``fingerprint``  ``{"e": "fingerprint", "value": {...}}``

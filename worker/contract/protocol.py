@@ -382,6 +382,9 @@ class Series(_Model):
     # The type the values were logged in (values travel as float64 either way): ULPs between
     # repeats are counted in it. None: float64 (a Python float).
     dtype: FloatDtype | None = None
+    # Values parsed from printed text (a run's stdout): the unit of their last printed digit (1e-4 for
+    # "0.1234"), what they are precise to; their differences are counted in it, not in ULPs. None: binary floats.
+    resolution: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     # The packed arrays' bytes, decoded once by the validation below (not part of the message).
     _packed_bytes: tuple[bytes, bytes] | None = PrivateAttr(default=None)
 
@@ -432,13 +435,15 @@ class Series(_Model):
         return cls.from_bytes(key, struct.pack(f"<{n}q", *steps), struct.pack(f"<{n}d", *values), dtype)
 
     @classmethod
-    def from_bytes(cls, key: str, steps: bytes, values: bytes, dtype: str | None = None) -> Series:
+    def from_bytes(cls, key: str, steps: bytes, values: bytes, dtype: str | None = None,
+                   resolution: float | None = None) -> Series:
         """A packed series from little-endian int64 steps and float64 values. Validated like any
         message, except that the base64 this builds is not decoded back to check it."""
         return cls.model_validate(
             {
                 "key": key,
                 "dtype": dtype if dtype in FLOAT_DTYPES and dtype != "float64" else None,
+                "resolution": resolution,
                 "steps_b64": b64encode(steps).decode("ascii"),
                 "values_b64": b64encode(values).decode("ascii"),
             },
