@@ -31,6 +31,10 @@ def test_upload_is_verified_idempotent_and_fetched_by_workers(make_api, archive,
     assert first.status_code == 200 and first.json() == {"sha256": archive.sha256, "size": len(archive.data),
                                                          "files": 2, "created": True}
     assert _put(api, archive.sha256, archive.data).json()["created"] is False
+    for role in ("worker", "user"):  # a worker token fetches only the code of a run it leases
+        assert api.client.get(f"/api/v1/code/{archive.sha256}", headers=api.h(role)).status_code == (
+            403 if role == "worker" else 200)
+    _lease_a_run_of(api, archive)
     for role in ("worker", "user"):
         head = api.client.head(f"/api/v1/code/{archive.sha256}", headers=api.h(role))
         assert head.status_code == 200 and int(head.headers["content-length"]) == len(archive.data)
@@ -38,6 +42,16 @@ def test_upload_is_verified_idempotent_and_fetched_by_workers(make_api, archive,
         assert got.status_code == 200 and got.content == archive.data
     assert api.client.get(f"/api/v1/code/{'1' * 64}", headers=api.h("worker")).status_code == 404
     assert _put(api, archive.sha256, archive.data, role="worker").status_code == 403
+
+
+def _lease_a_run_of(api, archive: codepack.Packed) -> None:
+    from tests.api.helpers import lease, register
+
+    code = {"sha256": archive.sha256, "workdir": "exp"}
+    study = api.post("/api/v1/studies", json=spec(workload={"framework": "torch", "entrypoint": "train.py:main"},
+                                                  seeds=[0], repeats=1, determinism=["seeded"], code=code))
+    assert study.status_code == 201, study.text
+    assert lease(api, register(api))["study_id"] == study.json()["id"]
 
 
 def test_an_unsafe_archive_is_refused(api, tmp_path):
