@@ -95,7 +95,11 @@ class Spool:
             raise _disk_error(exc, root) from None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.path: Path | None = Path(path)
-        self.file: BinaryIO = os.fdopen(fd, "w+b")
+        self.file: BinaryIO = self._open(fd)
+
+    @staticmethod
+    def _open(fd: int) -> BinaryIO:
+        return os.fdopen(fd, "w+b")
 
     def write(self, chunk: bytes) -> None:
         self.size += len(chunk)
@@ -140,7 +144,10 @@ class Spool:
             yield chunk
 
     def close(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:
+            pass  # buffered bytes of a failed upload could not be written (a full disk): removed below
         if self.path is not None:
             self.path.unlink(missing_ok=True)
             self.path = None
