@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bz2
 import io
+import os
 import tarfile
 import zlib
 
@@ -63,3 +64,11 @@ def many_entries(count: int) -> bytes:
         for i in range(count):
             tar.addfile(tarfile.TarInfo(f"f/{i}.py"))
     return buf.getvalue()
+
+
+def incompressible(size: int, name: str = "weights.bin") -> bytes:
+    """A .tar.gz of one member of ``size`` random bytes, stored (gzip level 0): as large as what it
+    holds, built at memory speed."""
+    z = zlib.compressobj(0, zlib.DEFLATED, 31)
+    return b"".join([z.compress(header(name, size)), z.compress(os.urandom(size)),
+                     z.compress(_pad(size) + bytes(2 * _BLOCK)), z.flush()])
