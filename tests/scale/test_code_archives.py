@@ -39,9 +39,9 @@ def test_a_bomb_upload_leaves_other_writers_p99_under_a_second(live_server):
     while min(len(x) for x in latencies) < 5 and time.monotonic() < deadline:  # both writers going
         time.sleep(0.05)
     marks = [len(x) for x in latencies]
-    with httpx.Client(base_url=live_server.url, headers=live_server.headers("user"), timeout=300) as c:
-        with ThreadPoolExecutor(len(bombs)) as pool:
-            answers = list(pool.map(lambda d: c.put(f"/api/v1/code/{codepack.sha256_of(d)}", content=d), bombs))
+    with httpx.Client(base_url=live_server.url, headers=live_server.headers("user"), timeout=300) as c, \
+            ThreadPoolExecutor(len(bombs)) as pool:
+        answers = list(pool.map(lambda d: c.put(f"/api/v1/code/{codepack.sha256_of(d)}", content=d), bombs))
     after = [len(x) for x in latencies]
     while min(len(x) - a for x, a in zip(latencies, after)) < 20 and time.monotonic() < deadline + 60:
         time.sleep(0.05)  # and a while after: a lock the upload left behind would show here

@@ -138,7 +138,7 @@ def test_entrypoint_and_script_lookup():
 from tests import archives  # noqa: E402 - grouped with the tests that use it
 
 
-def _refused(data: bytes, tmp_path, match: str, limits: codepack.Limits = codepack.Limits()) -> None:
+def _refused(data: bytes, tmp_path, match: str, limits: codepack.Limits = codepack.DEFAULT_LIMITS) -> None:
     """Refused by the server's check and by the worker's unpacking, which leaves nothing behind."""
     with pytest.raises(codepack.CodeError, match=match):
         codepack.file_list(data, limits)

@@ -105,7 +105,7 @@ def archive(cache_dir: str, sha256: str, fetch: Callable[[str], bytes],
 
 
 def unpack_for_run(cache_dir: str, sha256: str, run_dir: str, fetch: Callable[[str], bytes],
-                   limits: codepack.Limits = codepack.Limits(),
+                   limits: codepack.Limits = codepack.DEFAULT_LIMITS,
                    stop: Callable[[], str | None] | None = None) -> str:
     """A fresh copy of the code in ``<run_dir>/code`` (safely extracted, within ``limits``;
     ``stop()`` may give up between files); returns its path."""

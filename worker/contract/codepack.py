@@ -184,6 +184,9 @@ class Limits:
                 "(STEADY_MAX_CODE_RATIO): refused as a compression bomb")
 
 
+DEFAULT_LIMITS = Limits()
+
+
 class _Inflater:
     """The gzip stream of ``raw`` inflated on demand, never past ``budget`` bytes in all."""
 
@@ -375,7 +378,7 @@ def _members(raw: BinaryIO, packed_bytes: int, limits: Limits) -> _TarStream:
     return _TarStream(_Inflater(raw, budget, over), limits, budget, over)
 
 
-def scan(raw: BinaryIO, packed_bytes: int, limits: Limits = Limits()) -> list[str]:
+def scan(raw: BinaryIO, packed_bytes: int, limits: Limits = DEFAULT_LIMITS) -> list[str]:
     """Names of the regular files of an archive of ``packed_bytes`` read from ``raw``, every member
     checked and the limits enforced while it inflates (the server's check of an upload)."""
     names = []
@@ -388,12 +391,12 @@ def scan(raw: BinaryIO, packed_bytes: int, limits: Limits = Limits()) -> list[st
     return sorted(names)
 
 
-def file_list(data: bytes, limits: Limits = Limits()) -> list[str]:
+def file_list(data: bytes, limits: Limits = DEFAULT_LIMITS) -> list[str]:
     """Names of the regular files in an archive, after checking every member is safe."""
     return scan(io.BytesIO(data), len(data), limits)
 
 
-def extract(data: bytes, dest: str, limits: Limits = Limits(),
+def extract(data: bytes, dest: str, limits: Limits = DEFAULT_LIMITS,
             stop: Callable[[], str | None] | None = None) -> list[str]:
     """Unpack into the new directory ``dest``: regular files only, each checked to land inside it,
     the limits enforced while it inflates. ``stop()``, asked between files, may name a reason to
