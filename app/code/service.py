@@ -93,7 +93,10 @@ class Spool:
             fd, path = tempfile.mkstemp(dir=root, prefix=UPLOAD_PREFIX)
         except OSError as exc:
             raise _disk_error(exc, root) from None
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            log.warning("code uploads: no flock on %s; a sweep at start cannot tell this upload is live", root)
         self.path: Path | None = Path(path)
         self.file: BinaryIO = self._open(fd)
 
