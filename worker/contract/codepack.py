@@ -200,21 +200,23 @@ class _Inflater:
         self._raw, self._budget, self._over = raw, budget, over
         self._z = zlib.decompressobj(wbits=31)
         self._pending = self._z.decompress(head)
+        self._pos = 0  # what of _pending was handed out (slicing it off would copy the rest each read)
         self.inflated = len(self._pending)
 
     def read(self, n: int) -> bytes:
         """Up to ``n`` bytes (at least one unless the stream ended)."""
-        while not self._pending:
+        while self._pos >= len(self._pending):
             if self._z.eof:
                 return b""
             src = self._z.unconsumed_tail or self._raw.read(_INFLATE_CHUNK)
             if not src:
                 raise CodeError("not a tar.gz archive: the gzip stream is truncated")
-            self._pending = self._z.decompress(src, _INFLATE_CHUNK)
+            self._pending, self._pos = self._z.decompress(src, _INFLATE_CHUNK), 0
             self.inflated += len(self._pending)
             if self.inflated > self._budget:
                 raise CodeError(f"code archive refused: {self._over}")
-        out, self._pending = self._pending[:n], self._pending[n:]
+        out = self._pending[self._pos:self._pos + n]
+        self._pos += len(out)
         return out
 
     def read_exact(self, n: int) -> bytes:
