@@ -175,3 +175,19 @@ def test_a_cache_directory_replaced_by_a_link_is_not_followed(tmp_path, code_ser
     assert (Path(got) / "train.py").read_text() == "print('one')\n"
     assert not any(elsewhere.iterdir())  # nothing written through the link
     assert (tmp_path / "cache").is_dir() and not (tmp_path / "cache").is_symlink()
+
+
+def test_unpacking_for_a_run_stays_within_the_workers_limits(tmp_path, code_server):
+    """A sparse member declaring 8 GiB (163 bytes, once enough to fill a worker's disk) and an archive
+    past the agent's STEADY_MAX_CODE_FILES are refused before anything lands in the run's directory."""
+    from tests import archives
+
+    many = archives.many_entries(20)
+    for data, limits, reason in [(archives.sparse(8 << 30), codepack.DEFAULT_LIMITS, "a sparse file"),
+                                 (many, codepack.Limits.from_env({"STEADY_MAX_CODE_FILES": "5"}), "more than 5 entries")]:
+        sha = codepack.sha256_of(data)
+        code_server.archives[sha] = data
+        with pytest.raises(codepack.CodeError, match=reason):
+            codecache.unpack_for_run(str(tmp_path / "cache"), sha, str(tmp_path / f"run-{sha[:8]}"),
+                                     _client(code_server).fetch_code, limits)
+        assert not (tmp_path / f"run-{sha[:8]}" / "code").exists()
