@@ -178,7 +178,7 @@ def test_a_cache_directory_replaced_by_a_link_is_not_followed(tmp_path, code_ser
 
 
 def test_unpacking_for_a_run_stays_within_the_workers_limits(tmp_path, code_server):
-    """A sparse member declaring 8 GiB (163 bytes, once enough to fill a worker's disk) and an archive
+    """A sparse member declaring 8 GiB (200 bytes: unpacked, enough to fill a worker's disk) and an archive
     past the agent's STEADY_MAX_CODE_FILES are refused before anything lands in the run's directory."""
     from tests import archives
 

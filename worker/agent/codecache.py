@@ -31,13 +31,13 @@ def _private_dir(path: str) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        os.makedirs(path, mode=0o700)
+        os.makedirs(path, mode=0o700, exist_ok=True)  # another agent on this work dir may make it first
         return
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         aside = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".code-cache-replaced-")
         os.replace(path, os.path.join(aside, "entry"))
         shutil.rmtree(aside, ignore_errors=True)
-        os.makedirs(path, mode=0o700)
+        os.makedirs(path, mode=0o700, exist_ok=True)
     elif stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
 
