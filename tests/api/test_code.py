@@ -188,6 +188,7 @@ def _leftovers(api) -> list[str]:
     return sorted(p.name for p in root.rglob(".upload-*")) if root.exists() else []
 
 
+@pytest.mark.backends("sqlite")  # refused before any SQL
 @pytest.mark.parametrize("store", ["filesystem", "database"])
 def test_bombs_are_refused_while_they_inflate_and_leave_no_file(make_api, store):
     from tests import archives

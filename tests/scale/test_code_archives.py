@@ -25,9 +25,9 @@ def _writer(url: str, token: str, name: str, latencies: list[float], stop: threa
 
 
 def test_a_bomb_upload_leaves_other_writers_p99_under_a_second(live_server):
-    """SQLite: two writers run while a 9 kB bzip2 bomb (3.3 GB unpacked) and a 65 kB gzip one
-    (64 MB) are uploaded; every write while the uploads were in flight, and a while after, counts."""
-    bombs = [archives.bzip2_bomb(200), archives.gzip_of_zeros(64 << 20)]
+    """SQLite: two writers run while a 9 kB bzip2 bomb (3.3 GB unpacked) and a 33 kB gzip one
+    (32 MB) are uploaded; every write while the uploads were in flight, and a while after, counts."""
+    bombs = [archives.bzip2_bomb(200), archives.gzip_of_zeros(32 << 20)]
     assert len(bombs[0]) < 10_000
     stop = threading.Event()
     latencies: list[list[float]] = [[], []]
@@ -43,13 +43,14 @@ def test_a_bomb_upload_leaves_other_writers_p99_under_a_second(live_server):
             ThreadPoolExecutor(len(bombs)) as pool:
         answers = list(pool.map(lambda d: c.put(f"/api/v1/code/{codepack.sha256_of(d)}", content=d), bombs))
     after = [len(x) for x in latencies]
-    while min(len(x) - a for x, a in zip(latencies, after)) < 20 and time.monotonic() < deadline + 60:
-        time.sleep(0.05)  # and a while after: a lock the upload left behind would show here
+    while (min(len(x) - a for x, a in zip(latencies, after)) < 20  # and a while after: a lock left behind shows
+           or sum(len(x) - m for x, m in zip(latencies, marks)) < 200) and time.monotonic() < deadline + 60:
+        time.sleep(0.05)  # enough writes that the p99 is not just the slowest one
     stop.set()
     for w in writers:
         w.join(150)
     during = sorted(t for x, m in zip(latencies, marks) for t in x[m:])
-    assert len(during) >= 40
+    assert len(during) >= 150
     p99 = during[min(len(during) - 1, int(0.99 * len(during)))]
     assert p99 < 1.0, f"p99 {p99:.2f} s over {len(during)} writes (median {statistics.median(during):.3f} s)"
     assert [r.status_code for r in answers] == [422, 422], [r.text for r in answers]
