@@ -2,14 +2,20 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel
 
 from steady.server.code import service
-from steady.server.kit.deps import AppSettings, CodeReader, ReadDB, UserCaller, WriteDB
+from steady.server.kit.auth import Role
+from steady.server.kit.db import Database
+from steady.server.kit.deps import AppSettings, CodeReader, Principal, ReadDB, UserCaller, get_database
 
 router = APIRouter(prefix="/api/v1/code", tags=["code"])
 Sha256 = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the archive's bytes (lowercase hex)")]
+_SPOOL_BYTES = 1024 * 1024  # what the request's chunks gather into before one write to the spool file
+_IMMUTABLE = {"Cache-Control": "private, max-age=31536000, immutable"}
 
 
 class CodeArchiveOut(BaseModel):
@@ -19,31 +25,69 @@ class CodeArchiveOut(BaseModel):
     created: bool = False
 
 
-@router.put("/{sha256}", response_model=CodeArchiveOut)
-def put_code(
+_BODY = {"requestBody": {"required": True, "description": "the deterministic tar.gz that steady submit writes",
+                         "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+@router.put("/{sha256}", response_model=CodeArchiveOut, openapi_extra=_BODY)
+async def put_code(
     sha256: Sha256,
-    db: WriteDB,
+    request: Request,
     caller: UserCaller,
     settings: AppSettings,
-    body: Annotated[bytes, Body(media_type="application/gzip", description="the deterministic tar.gz")],
+    database: Annotated[Database, Depends(get_database)],
 ) -> CodeArchiveOut:
-    """Upload a study's code once, named by its digest; 422 when the bytes do not match it.
+    """Upload a study's code once, named by its digest; 422 when the bytes do not match it or the
+    archive is not the format ``steady submit`` writes, unsafe, or unpacks past the limits
+    (``STEADY_MAX_CODE_UNPACKED_BYTES``, ``STEADY_MAX_CODE_FILES``, ``STEADY_MAX_CODE_RATIO``,
+    enforced while it inflates); 413 over ``STEADY_MAX_CODE_BYTES``; 507 on a full disk.
 
-    Idempotent: uploading a digest the server holds returns its record (``created`` false).
+    Idempotent: uploading a digest the server holds returns its record (``created`` false), and
+    puts its file back if it went missing. The body streams to disk; no database transaction is
+    open until every check passed.
     """
-    row, created = service.put(db, sha256, body, settings)
-    return CodeArchiveOut(sha256=row.sha256, size=row.size, files=len(row.files), created=created)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > settings.max_code_bytes:
+        raise service.too_large(settings, int(declared))
+    spool = await run_in_threadpool(service.Spool, settings)
+    try:
+        pending: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            pending.append(chunk)
+            size += len(chunk)
+            if size >= _SPOOL_BYTES:
+                await run_in_threadpool(spool.write, b"".join(pending))
+                pending, size = [], 0
+        await run_in_threadpool(spool.write, b"".join(pending))
+        row, created = await run_in_threadpool(service.store, database, sha256, spool, settings)
+    finally:
+        await run_in_threadpool(spool.close)
+    return CodeArchiveOut(sha256=row.sha256, size=row.size, files=row.files, created=created)
+
+
+def _readable(db: ReadDB, sha256: str, caller: Principal):
+    row = service.get(db, sha256)
+    if caller.role == Role.worker:
+        service.check_worker_may_read(db, sha256, caller.token_id)
+    return row
 
 
 @router.head("/{sha256}")
 def head_code(sha256: Sha256, db: ReadDB, caller: CodeReader) -> Response:
-    row = service.get(db, sha256)
+    row = _readable(db, sha256, caller)
     return Response(status_code=200, headers={"Content-Length": str(row.size), "Content-Type": "application/gzip"})
 
 
 @router.get("/{sha256}", response_class=Response,
             responses={200: {"content": {"application/gzip": {}}, "description": "the archive's bytes"}})
-def get_code(sha256: Sha256, db: ReadDB, caller: CodeReader, settings: AppSettings) -> Response:
-    """The archive (workers fetch it by digest and verify it before unpacking)."""
-    return Response(service.read(db, sha256, settings), media_type="application/gzip",
-                    headers={"Cache-Control": "private, max-age=31536000, immutable"})
+def get_code(sha256: Sha256, db: ReadDB, caller: CodeReader, settings: AppSettings,
+             database: Annotated[Database, Depends(get_database)]) -> Response:
+    """The archive, streamed (workers fetch it by digest and verify it before unpacking). A worker
+    token fetches only the code of runs its workers hold a lease on (403 otherwise)."""
+    row = _readable(db, sha256, caller)
+    if row.store == "filesystem":
+        return FileResponse(service.file_path(settings, row), media_type="application/gzip", headers=_IMMUTABLE)
+    _, chunks = service.stream_chunks(database, sha256)
+    return StreamingResponse(chunks, media_type="application/gzip",
+                             headers={**_IMMUTABLE, "Content-Length": str(row.size)})

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     # database, so every API process behind a load balancer sees every archive (docs/deploy.md).
     code_store: Literal["filesystem", "database"] = "filesystem"
     max_code_bytes: int = Field(50 * 1024 * 1024, ge=1024)
+    # What one archive may unpack to, enforced while it inflates (a compression bomb stops at its
+    # budget): bytes of the tar stream, entries, and unpacked bytes per archive byte above 16 MiB.
+    # Workers read the same names from their environment.
+    max_code_unpacked_bytes: int = Field(1024 * 1024 * 1024, ge=1024)
+    max_code_files: int = Field(100_000, ge=1)
+    max_code_ratio: float = Field(200.0, gt=1)
 
     # SQLite only: PRAGMA synchronous. FULL: an acknowledged write survives power loss
     # (fsync of the WAL at every commit). NORMAL: it survives a crash of the process, but the

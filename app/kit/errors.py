@@ -60,6 +60,13 @@ class TooLarge(SteadyError):
     status_code = 413
 
 
+class InsufficientStorage(SteadyError):
+    """The server's disk is full (or over quota): nothing was stored; the message says where."""
+
+    status_code = 507
+    retry_after_s = 60
+
+
 class Invalid(SteadyError):
     """Bad input discovered past schema validation; answered 422 naming the field."""
 

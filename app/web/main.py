@@ -25,6 +25,7 @@ from steady.server.alerts.settings import AlertSettings
 from steady.server.kit.tokencache import TokenCache
 from steady.server.auth.router import router as tokens_router
 from steady.server.kit.background import BackgroundLoop
+from steady.server.code import service as code_service
 from steady.server.code.router import router as code_router
 from steady.server.kit.config import Settings, get_settings
 from steady.server.dashboard.feeds import GZipFeeds
@@ -196,6 +197,7 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
             migrate.upgrade(database.engine)
             migrate.verify(database.engine)
         app.state.database = database
+        code_service.sweep_uploads(settings)  # uploads a crash or kill -9 cut short
         app.state.committer = GroupCommitter(database)
         background: list[BackgroundLoop | Dispatcher | ReportCacher | GroupCommitter] = [
             app.state.committer, reaper(database, settings.reaper_interval_seconds),

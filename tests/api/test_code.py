@@ -31,6 +31,10 @@ def test_upload_is_verified_idempotent_and_fetched_by_workers(make_api, archive,
     assert first.status_code == 200 and first.json() == {"sha256": archive.sha256, "size": len(archive.data),
                                                          "files": 2, "created": True}
     assert _put(api, archive.sha256, archive.data).json()["created"] is False
+    for role in ("worker", "user"):  # a worker token fetches only the code of a run it leases
+        assert api.client.get(f"/api/v1/code/{archive.sha256}", headers=api.h(role)).status_code == (
+            403 if role == "worker" else 200)
+    _lease_a_run_of(api, archive)
     for role in ("worker", "user"):
         head = api.client.head(f"/api/v1/code/{archive.sha256}", headers=api.h(role))
         assert head.status_code == 200 and int(head.headers["content-length"]) == len(archive.data)
@@ -38,6 +42,16 @@ def test_upload_is_verified_idempotent_and_fetched_by_workers(make_api, archive,
         assert got.status_code == 200 and got.content == archive.data
     assert api.client.get(f"/api/v1/code/{'1' * 64}", headers=api.h("worker")).status_code == 404
     assert _put(api, archive.sha256, archive.data, role="worker").status_code == 403
+
+
+def _lease_a_run_of(api, archive: codepack.Packed) -> None:
+    from tests.api.helpers import lease, register
+
+    code = {"sha256": archive.sha256, "workdir": "exp"}
+    study = api.post("/api/v1/studies", json=spec(workload={"framework": "torch", "entrypoint": "train.py:main"},
+                                                  seeds=[0], repeats=1, determinism=["seeded"], code=code))
+    assert study.status_code == 201, study.text
+    assert lease(api, register(api))["study_id"] == study.json()["id"]
 
 
 def test_an_unsafe_archive_is_refused(api, tmp_path):
@@ -164,3 +178,98 @@ def test_the_code_limit_replaces_a_smaller_body_limit_for_archives(make_api, tmp
     assert r.status_code == 413 and "16384 bytes (STEADY_MAX_CODE_BYTES)" in r.text, r.text
     big_json = api.post("/api/v1/studies", json={"name": "x" * 8 * 1024})  # other routes keep the body limit
     assert big_json.status_code == 413 and "4096 bytes (STEADY_MAX_BODY_BYTES)" in big_json.text
+
+
+# --- uploads checked as they stream, outside any transaction ----------------------------------------
+
+
+def _leftovers(api) -> list[str]:
+    root = api.app.state.settings.data_dir / "code"
+    return sorted(p.name for p in root.rglob(".upload-*")) if root.exists() else []
+
+
+@pytest.mark.backends("sqlite")  # refused before any SQL
+@pytest.mark.parametrize("store", ["filesystem", "database"])
+def test_bombs_are_refused_while_they_inflate_and_leave_no_file(make_api, store):
+    from tests import archives
+
+    api = make_api(code_store=store, max_code_unpacked_bytes=4 << 20, max_code_files=50)
+    cases = {
+        "bzip2": (archives.bzip2_bomb(200), "not a tar.gz archive (bzip2)"),  # 9 kB declaring 3.3 GB
+        "gzip": (archives.gzip_of_zeros(8 << 20), "more than 4194304 bytes (STEADY_MAX_CODE_UNPACKED_BYTES)"),
+        "sparse": (archives.sparse(8 << 30), "a sparse file"),  # 200 bytes declaring 8 GiB
+        "entries": (archives.many_entries(400), "more than 50 entries (STEADY_MAX_CODE_FILES)"),
+    }
+    for name, (data, reason) in cases.items():
+        r = _put(api, codepack.sha256_of(data), data)
+        assert r.status_code == 422, (name, r.text)
+        assert r.json()["detail"][0]["loc"] == ["body"] and reason in r.json()["detail"][0]["msg"], (name, r.text)
+        assert api.client.head(f"/api/v1/code/{codepack.sha256_of(data)}", headers=api.h("user")).status_code == 404
+    mismatch = _put(api, "0" * 64, archives.many_entries(3))
+    assert mismatch.status_code == 422
+    assert _leftovers(api) == []  # every refused upload's spool file is gone
+
+
+@pytest.mark.backends("sqlite")
+def test_a_re_upload_restores_a_missing_file(api, archive):
+    assert _put(api, archive.sha256, archive.data).json()["created"] is True
+    path = api.app.state.settings.data_dir / "code" / archive.sha256[:2] / f"{archive.sha256}.tar.gz"
+    path.unlink()  # lost (a restore from an old backup, an operator's cleanup)
+    gone = api.client.get(f"/api/v1/code/{archive.sha256}", headers=api.h("user"))
+    assert gone.status_code == 404 and "uploading it again restores it" in gone.text
+    again = _put(api, archive.sha256, archive.data)
+    assert again.status_code == 200 and again.json()["created"] is False
+    assert api.client.get(f"/api/v1/code/{archive.sha256}", headers=api.h("user")).content == archive.data
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.backends("sqlite")
+def test_unfinished_uploads_are_swept_at_start_but_not_one_in_flight(make_api, tmp_path):
+    import fcntl
+    import os
+
+    root = tmp_path / "data" / "code"
+    (root / "ab").mkdir(parents=True)
+    for stale in (root / ".upload-killed", root / "ab" / ".upload-old-layout"):
+        stale.write_bytes(b"half an archive")  # what a kill -9 mid-upload leaves
+    in_flight = root / ".upload-another-process"
+    in_flight.write_bytes(b"still arriving")
+    fd = os.open(in_flight, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held by a live upload of another API process on this directory
+    try:
+        make_api()
+        assert sorted(p.name for p in root.rglob(".upload-*")) == [".upload-another-process"]
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("store", ["filesystem", "database"])
+def test_concurrent_uploads_of_one_digest_all_succeed(make_api, archive, store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    api = make_api(code_store=store)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: _put(api, archive.sha256, archive.data), range(8)))
+    assert [r.status_code for r in answers] == [200] * 8, [r.text for r in answers]
+    assert sum(r.json()["created"] for r in answers) == 1
+    assert api.client.get(f"/api/v1/code/{archive.sha256}", headers=api.h("user")).content == archive.data
+    assert _leftovers(api) == []
+
+
+@pytest.mark.backends("sqlite")
+def test_a_full_disk_answers_507_with_the_reason(api, archive, monkeypatch):
+    from steady.server.code import service
+
+    def full_disk(fd: int):
+        import os
+
+        os.close(fd)
+        return open("/dev/full", "w+b")  # every write fails with ENOSPC, as on a full disk
+
+    monkeypatch.setattr(service.Spool, "_open", staticmethod(full_disk))
+    r = _put(api, archive.sha256, archive.data)
+    assert r.status_code == 507, r.text
+    assert "no space left for the code archive" in r.text and "STEADY_DATA_DIR" in r.text
+    assert _leftovers(api) == []
+    monkeypatch.undo()
+    assert _put(api, archive.sha256, archive.data).json()["created"] is True  # nothing half-stored in the way

@@ -112,3 +112,82 @@ def test_a_corrupted_cache_entry_is_fetched_again(tmp_path, code_server):
     assert code_server.gets == [packed.sha256, packed.sha256]
     assert entry.read_bytes() == packed.data  # the cache is repaired
     assert (Path(got) / "train.py").read_text() == "print('intact')\n"
+
+
+def _unpack_within(seconds: float, *args) -> str:
+    """unpack_for_run in a thread that must finish in ``seconds`` (a FIFO must not hang it)."""
+    result: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            result["dir"] = codecache.unpack_for_run(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            result["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "unpacking hung on the poisoned cache entry"
+    if "error" in result:
+        raise result["error"]  # type: ignore[misc]
+    return str(result["dir"])
+
+
+@pytest.mark.parametrize("poison", ["fifo", "symlink", "directory", "other-archive"])
+def test_a_run_that_poisons_the_cache_costs_one_download(tmp_path, code_server, poison):
+    """Without --run-as a run is the agent's own user and can write in the cache: whatever it puts
+    in place of another study's archive is seen at the next use, removed and fetched again."""
+    import os
+
+    victim, attacker = _pack(tmp_path, "a", "print('victim')\n"), _pack(tmp_path, "b", "print('attacker')\n")
+    code_server.archives[victim.sha256] = victim.data
+    client, cache = _client(code_server), tmp_path / "cache"
+    codecache.unpack_for_run(str(cache), victim.sha256, str(tmp_path / "run0"), client.fetch_code)
+    assert oct((cache.stat().st_mode) & 0o777) == "0o700"  # with --run-as, out of a run's reach
+    entry = cache / f"{victim.sha256}.tar.gz"
+    entry.unlink()
+    if poison == "fifo":
+        os.mkfifo(entry)
+    elif poison == "symlink":
+        (tmp_path / "evil.tar.gz").write_bytes(attacker.data)
+        entry.symlink_to(tmp_path / "evil.tar.gz")
+    elif poison == "directory":
+        entry.mkdir()
+        (entry / "x").write_text("x")
+    else:
+        entry.write_bytes(attacker.data)
+    got = _unpack_within(30, str(cache), victim.sha256, str(tmp_path / "run1"), client.fetch_code)
+    assert (Path(got) / "train.py").read_text() == "print('victim')\n"
+    assert code_server.gets == [victim.sha256, victim.sha256]
+    assert entry.is_file() and not entry.is_symlink() and entry.read_bytes() == victim.data
+    if poison == "symlink":  # the file the link pointed to is left alone, not overwritten through it
+        assert (tmp_path / "evil.tar.gz").read_bytes() == attacker.data
+
+
+def test_a_cache_directory_replaced_by_a_link_is_not_followed(tmp_path, code_server):
+    packed = _pack(tmp_path, "src", "print('one')\n")
+    code_server.archives[packed.sha256] = packed.data
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "cache").symlink_to(elsewhere)
+    got = codecache.unpack_for_run(str(tmp_path / "cache"), packed.sha256, str(tmp_path / "run"),
+                                   _client(code_server).fetch_code)
+    assert (Path(got) / "train.py").read_text() == "print('one')\n"
+    assert not any(elsewhere.iterdir())  # nothing written through the link
+    assert (tmp_path / "cache").is_dir() and not (tmp_path / "cache").is_symlink()
+
+
+def test_unpacking_for_a_run_stays_within_the_workers_limits(tmp_path, code_server):
+    """A sparse member declaring 8 GiB (200 bytes: unpacked, enough to fill a worker's disk) and an archive
+    past the agent's STEADY_MAX_CODE_FILES are refused before anything lands in the run's directory."""
+    from tests import archives
+
+    many = archives.many_entries(20)
+    for data, limits, reason in [(archives.sparse(8 << 30), codepack.DEFAULT_LIMITS, "a sparse file"),
+                                 (many, codepack.Limits.from_env({"STEADY_MAX_CODE_FILES": "5"}), "more than 5 entries")]:
+        sha = codepack.sha256_of(data)
+        code_server.archives[sha] = data
+        with pytest.raises(codepack.CodeError, match=reason):
+            codecache.unpack_for_run(str(tmp_path / "cache"), sha, str(tmp_path / f"run-{sha[:8]}"),
+                                     _client(code_server).fetch_code, limits)
+        assert not (tmp_path / f"run-{sha[:8]}" / "code").exists()

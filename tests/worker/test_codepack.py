@@ -131,3 +131,84 @@ def test_entrypoint_and_script_lookup():
     assert codepack.present(codepack.entrypoint_file("pkg2.sub:run"), files)
     assert codepack.script_of(["python", "train.py", "--seed", "{seed}"]) == "train.py"
     assert codepack.script_of(["bash", "run.sh"]) is None
+
+
+# --- archives checked while they inflate (tests/archives.py builds the hostile ones) -----------------
+
+from tests import archives  # noqa: E402 - grouped with the tests that use it
+
+
+def _refused(data: bytes, tmp_path, match: str, limits: codepack.Limits = codepack.DEFAULT_LIMITS) -> None:
+    """Refused by the server's check and by the worker's unpacking, which leaves nothing behind."""
+    with pytest.raises(codepack.CodeError, match=match):
+        codepack.file_list(data, limits)
+    with pytest.raises(codepack.CodeError, match=match):
+        codepack.extract(data, str(tmp_path / "out"), limits)
+    assert not (tmp_path / "out").exists()
+
+
+def test_only_the_gzip_tar_the_cli_writes_is_read(tmp_path):
+    bomb = archives.bzip2_bomb(200)  # 9 kB declaring 3.3 GB: refused by its first bytes, nothing inflated
+    assert len(bomb) < 10_000
+    _refused(bomb, tmp_path, r"not a tar.gz archive \(bzip2\): only the gzip-compressed tar")
+    for mode in ("w:xz", "w"):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode=mode) as tar:
+            info, data = _file("a.py")
+            tar.addfile(info, io.BytesIO(data))
+        _refused(buf.getvalue(), tmp_path, "not a tar.gz archive")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.GNU_FORMAT) as tar:
+        info, data = _file("a.py")
+        tar.addfile(info, io.BytesIO(data))
+    _refused(buf.getvalue(), tmp_path, "not POSIX ustar/pax")
+
+
+def test_a_gzip_bomb_stops_at_its_budget(tmp_path):
+    bomb = archives.gzip_of_zeros(24 << 20)  # 24 kB of archive, 24 MB unpacked
+    _refused(bomb, tmp_path, rf"more than 200 times its {len(bomb)} bytes \(STEADY_MAX_CODE_RATIO\)")
+    _refused(bomb, tmp_path, r"more than 1048576 bytes \(STEADY_MAX_CODE_UNPACKED_BYTES\)",
+             codepack.Limits(max_unpacked_bytes=1 << 20, max_ratio=10_000))
+    roomy = codepack.Limits(max_ratio=10_000)
+    assert codepack.extract(bomb, str(tmp_path / "ok"), roomy) == ["zeros.bin"]  # within the limits: unpacked
+    assert (tmp_path / "ok" / "zeros.bin").stat().st_size == 24 << 20
+
+
+def test_a_sparse_member_is_refused_by_its_header(tmp_path):
+    bomb = archives.sparse(8 << 30)  # 200 bytes declaring 8 GiB: unpacked, it would fill the disk
+    assert len(bomb) < 300
+    _refused(bomb, tmp_path, "a sparse file")
+
+
+def test_entries_are_counted_as_they_stream(tmp_path):
+    data = archives.many_entries(300)
+    _refused(data, tmp_path, r"more than 100 entries \(STEADY_MAX_CODE_FILES\)", codepack.Limits(max_files=100))
+    assert len(codepack.file_list(data, codepack.Limits(max_files=300))) == 300
+
+
+def test_a_declared_size_over_the_budget_is_refused_before_inflating(tmp_path):
+    big = archives.header("big.bin", 8 << 30) + b"x" * 512  # claims 8 GiB, holds 512 bytes
+    data = zlib.compress(big, 9, wbits=31)
+    _refused(data, tmp_path, r"at 'big.bin': it unpacks to more than")
+
+
+def test_unpacking_stops_when_asked_and_leaves_nothing(tmp_path):
+    data = archives.many_entries(50)
+    seen = []
+
+    def stop() -> str | None:
+        seen.append(1)
+        return "the lease was lost" if len(seen) > 3 else None
+
+    with pytest.raises(codepack.CodeError, match="unpacking stopped: the lease was lost"):
+        codepack.extract(data, str(tmp_path / "out"), stop=stop)
+    assert not (tmp_path / "out").exists() and len(seen) == 4
+
+
+def test_limits_come_from_the_same_names_on_the_worker():
+    limits = codepack.Limits.from_env({"STEADY_MAX_CODE_UNPACKED_BYTES": "4096", "STEADY_MAX_CODE_FILES": "7",
+                                       "STEADY_MAX_CODE_RATIO": "12.5"})
+    assert limits == codepack.Limits(4096, 7, 12.5)
+    assert codepack.Limits.from_env({}) == codepack.Limits()
+    with pytest.raises(codepack.CodeError, match="STEADY_MAX_CODE_FILES='many' is not a number"):
+        codepack.Limits.from_env({"STEADY_MAX_CODE_FILES": "many"})

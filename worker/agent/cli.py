@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 
+from steady.worker.contract import codepack
 from steady.worker.contract.protocol import Label
 
 
@@ -155,13 +156,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"steady worker: invalid label: {exc}", file=sys.stderr)
         return 2
+    try:
+        code_limits = codepack.Limits.from_env(os.environ)
+    except codepack.CodeError as exc:
+        print(f"steady worker: {exc}", file=sys.stderr)
+        return 2
     config = AgentConfig(
         server=args.server, token=token, labels=labels, device=args.device,
         concurrency=args.concurrency, work_dir=args.work_dir, name=args.name, grace_s=args.grace,
         poll_max_s=args.poll_max, max_runs=args.max_runs, keep_run_dirs=args.keep_run_dirs,
         health_file=args.health_file, study_id=args.study, exit_when_idle=args.exit_when_idle, once=args.once,
         run_as=run_as, builtin_only=args.builtin_only,
-        pass_env=tuple(x.strip() for x in args.pass_env.split(",") if x.strip()),
+        pass_env=tuple(x.strip() for x in args.pass_env.split(",") if x.strip()), code_limits=code_limits,
     )
     agent = Agent(config)
     agent.install_signal_handlers()

@@ -88,6 +88,8 @@ class AgentConfig:
     run_as: Any = None  # steady.worker.agent.runner.RunAs: run user code as this unprivileged user
     builtin_only: bool = False  # lease built-in workloads only
     pass_env: tuple[str, ...] = ()  # extra environment names the runs inherit
+    # what one code archive may unpack to (STEADY_MAX_CODE_UNPACKED_BYTES, _FILES, _RATIO)
+    code_limits: codepack.Limits = field(default_factory=codepack.Limits)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -380,6 +382,7 @@ class RunExecution:
                     lease_id=self.lease.lease_id, kind=FailureKind.error,
                     error="this worker runs built-in workloads only (--builtin-only); it does not execute user code")))
                 return
+            self.heartbeat_thread.start()  # before the code is fetched and unpacked: that may take a while
             if not self._prepare_code():
                 return
             try:
@@ -389,7 +392,6 @@ class RunExecution:
                 self._try(lambda: self.client.fail(run_id, RunFailure(
                     lease_id=self.lease.lease_id, kind=FailureKind.error, error=error)))
                 return
-            self.heartbeat_thread.start()
             log.info("run %d (attempt %d): started pid %s: %s", run_id, self.lease.attempt, self.proc.pid,
                      self.lease.spec.workload or self.lease.spec.entrypoint or " ".join(self.lease.spec.command or []))
             while self.proc.running():
@@ -429,14 +431,37 @@ class RunExecution:
             return True
         try:
             self.proc.code_dir = codecache.unpack_for_run(
-                os.path.join(self.config.work_dir, "code-cache"), sha, self.run_dir, self.client.fetch_code)
+                os.path.join(self.config.work_dir, "code-cache"), sha, self.run_dir, self.client.fetch_code,
+                self.config.code_limits, self._stop_reason)
             return True
         except (codepack.CodeError, RetryableError, NonRetryableError, OSError) as exc:
+            if self.lease_lost.is_set():
+                log.warning("run %d: lease lost while its code was prepared", self.lease.run_id)
+                return False
+            if self.cancel.is_set() or self.agent.stopping.is_set():
+                kind = "cancelled" if self.cancel.is_set() else "shutting down"
+                log.info("run %d: stopped while its code was prepared (%s)", self.lease.run_id, kind)
+                if self.cancel.is_set():
+                    self._try(lambda: self.client.fail(self.lease.run_id, RunFailure(
+                        lease_id=self.lease.lease_id, kind=FailureKind.cancelled, error="cancelled")))
+                else:
+                    self._try(lambda: self.client.release(self.lease.run_id, RunRelease(lease_id=self.lease.lease_id)))
+                return False
             log.error("run %d: cannot prepare code %s: %s", self.lease.run_id, sha[:12], exc)
             error = f"the worker could not fetch or unpack the study's code {sha[:12]}: {exc}"[:MAX_ERROR_LENGTH]
             self._try(lambda: self.client.fail(self.lease.run_id, RunFailure(
                 lease_id=self.lease.lease_id, kind=FailureKind.error, error=error)))
             return False
+
+    def _stop_reason(self) -> str | None:
+        """Why unpacking the code should stop now (asked between its files), or None."""
+        if self.lease_lost.is_set():
+            return "the lease was lost"
+        if self.cancel.is_set():
+            return "the run was cancelled"
+        if self.agent.stopping.is_set():
+            return "the worker is shutting down"
+        return None
 
     def _try(self, call: Any) -> None:
         try:
