@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import threading
 import time
 
@@ -65,15 +66,27 @@ def test_step_lines_are_timed_by_their_arrival_on_the_pipe(tmp_path):
     assert out.read_bytes().count(b"\n") == 4
 
 
-def test_tensorboard_wall_times_give_step_times(tmp_path):
-    from torch.utils.tensorboard import SummaryWriter
+def _record(data: bytes) -> bytes:
+    """A TFRecord (the capture does not check its CRCs, written as zeros here)."""
+    return struct.pack("<Q", len(data)) + b"\0" * 4 + data + b"\0" * 4
 
+
+def _event(wall: float, step: int, tag: str, value: float) -> bytes:
+    """A ``tensorflow.Event`` (event.proto: wall_time = 1, step = 2, summary = 5) with one scalar."""
+    name = tag.encode()
+    scalar = b"\x0a" + bytes([len(name)]) + name + b"\x15" + struct.pack("<f", value)  # Value: tag, simple_value
+    summary = b"\x0a" + bytes([len(scalar)]) + scalar
+    return b"\x09" + struct.pack("<d", wall) + b"\x10" + bytes([step]) + b"\x2a" + bytes([len(summary)]) + summary
+
+
+def test_tensorboard_wall_times_give_step_times(tmp_path):
     cap = Capture(events_path=str(tmp_path / "events.jsonl"), output_path=str(tmp_path / "output.log"),
                   roots=[str(tmp_path)], patterns=[])
-    with SummaryWriter(str(tmp_path / "tb")) as w:
+    (tmp_path / "tb").mkdir()
+    with open(tmp_path / "tb" / "events.out.tfevents.1.host", "wb") as f:
         for step, wall in ((0, 1000.0), (1, 1000.25), (3, 1001.25)):
-            w.add_scalar("Loss/train", 1.0 / (step + 1), step, walltime=wall)
-            w.add_scalar("lr", 0.1, step, walltime=wall + 0.01)  # a second tag at the same step
+            f.write(_record(_event(wall, step, "Loss/train", 1.0 / (step + 1))))
+            f.write(_record(_event(wall + 0.01, step, "lr", 0.1)))  # a second tag at the same step
     cap.close()
     times = [(e["s"], e["v"]) for e in _events(tmp_path / "events.jsonl") if "step_time:tensorboard" in e["v"]]
     assert times == [(1, {"step_time:tensorboard": 0.25}), (3, {"step_time:tensorboard": 0.5})]
