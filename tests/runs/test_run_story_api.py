@@ -39,3 +39,8 @@ def test_a_completed_runs_tail_argv_and_params_are_kept_and_shown_safely(live_se
     assert "/usr/bin/python3 train.py --seed 5" in page and '{"lr": 0.05}' in page
     assert "&lt;/pre&gt;&lt;script&gt;alert(&#39;run&#39;)&lt;/script&gt;" in page and "epoch 1 done" in page
     assert "<script>alert" not in page and "\x1b" not in page and "[31m" not in page
+
+    # one level, no step times: the report and the study page say why there is no cost of determinism
+    report = http.get(f"/api/v1/studies/{sid}/report").json()
+    assert report["determinism_cost"] == [] and report["cost_note"].startswith("only one determinism level (seeded)")
+    assert "Not computed: only one determinism level (seeded)" in http.get(f"/studies/{sid}").text

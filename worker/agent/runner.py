@@ -159,14 +159,26 @@ def _chown_tree(path: str, uid: int, gid: int) -> None:
             os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
 
 
+def _load_libc() -> Any:
+    """libc through ctypes, loaded in the agent: the child runs :func:`_die_with_parent` after it became
+    the ``--run-as`` user, who may not be allowed to list the interpreter's folders to import ctypes."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except (ImportError, OSError):
+        return None
+
+
+_LIBC = _load_libc() if sys.platform.startswith("linux") else None
+
+
 def _die_with_parent() -> None:
     """In the child before exec (Linux): SIGKILL it when the agent thread that started it
     dies, so a SIGKILLed agent leaves no orphaned training process behind."""
     try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if _LIBC is not None:
+            _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
