@@ -32,7 +32,8 @@ def test_step_clock_divides_time_over_the_steps_between_reports():
     assert clock.observe(20, 11.5 + 1.0) == pytest.approx(0.15)  # the evaluation's time is in the next steps
     assert clock.observe(21, 12.5) is None  # arrived with the last one: timed with the next later report
     assert clock.observe(22, 12.7) == pytest.approx(0.1)
-    assert clock.observe(0, 20.0) is None and clock.observe(1, 20.5) == pytest.approx(0.5)  # a new phase
+    assert clock.observe(0, 20.0) is None and clock.observe(1, 20.5) is None  # a counter that starts over:
+    assert clock.observe(30, 23.4) == pytest.approx(0.1)  # only steps never timed get a time
 
 
 def test_step_lines_are_timed_by_their_arrival_on_the_pipe(tmp_path):

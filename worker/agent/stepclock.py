@@ -22,14 +22,16 @@ class StepClock:
 
     def __init__(self) -> None:
         self._last: tuple[int, float] | None = None
+        self._timed = -1  # the highest step given a time: each step is timed once (a value per run, key and step)
 
     def observe(self, step: int, at: float) -> float | None:
         """The step time that the report of ``step`` at ``at`` (seconds) closes, or None.
 
         A step reported again (an evaluation line, a second TensorBoard tag) changes nothing; a step
-        below the last one (a new phase counting from 0) starts over; a report that arrived at the
-        same instant as the last timed one (two lines in one read of the pipe) waits for the next
-        later report, which is then divided over all the steps in between."""
+        below the last one (a counter that starts over each epoch) restarts the clock, and times only
+        steps above every step already timed, so no step gets two different times; a report that
+        arrived at the same instant as the last timed one (two lines in one read of the pipe) waits
+        for the next later report, which is then divided over all the steps in between."""
         last = self._last
         if last is None or step < last[0]:
             self._last = (step, at)
@@ -37,4 +39,7 @@ class StepClock:
         if step == last[0] or not at > last[1]:
             return None
         self._last = (step, at)
+        if step <= self._timed:
+            return None
+        self._timed = step
         return (at - last[1]) / (step - last[0])
