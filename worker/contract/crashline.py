@@ -3,7 +3,8 @@
 A run that dies of an uncaught exception prints a traceback and exits with status 1; "exited with
 status 1" alone sends the user to the logs for the one line that matters (``RuntimeError: loss is
 NaN``). The agent puts that line into the run's error, so ``steady runs``, ``steady submit --wait``
-and the study page show it; the server can find it the same way in a tail an older worker sent.
+and the study page show it. It lives in the contract so that any reader of a run's tail finds the
+same line.
 """
 
 from __future__ import annotations
