@@ -106,6 +106,12 @@ def render_report(report: Report, *, color: bool = False) -> str:
         lines.append(_paint("Cost of determinism", "1", color) + " (step time ratio, with CI)")
         for cost in report.determinism_cost:
             lines.append("  " + _cost_line(cost))
+        for text in sorted({c.source_text for c in report.determinism_cost if c.source_text}):
+            lines.append(f"  step times from {text}; each run's warm-up (its first"
+                         f" {report.determinism_cost[0].warmup_fraction:.0%} of steps) dropped")
+    elif report.cost_note:
+        lines.append("")
+        lines.append(_paint("Cost of determinism", "1", color) + f": not computed: {report.cost_note}")
     return "\n".join(lines)
 
 

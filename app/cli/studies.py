@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from steady.server.cli.support import (
     table,
     verdict_exit_code,
 )
-from steady.server.kit.terminal import printable
+from steady.server.kit.terminal import printable, printable_output
 from steady.worker.contract.protocol import RunStatus
 
 if TYPE_CHECKING:
@@ -93,21 +94,47 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """A run's error and the tail of its output (stdout and stderr) as the worker captured it."""
+    """A run's story: what it ran (argv as run, params, config file, code), its error, and the tail of
+    its output (stdout and stderr) as the worker captured it, for a completed run too."""
     from steady.server.cli.client import Api
 
     run = Api(args.server, args.token).get(f"/api/v1/runs/{args.run}")
     print(f"run {run['id']} (study {run['study_id']}, seed {run['seed']}, {run['determinism']}): {run['status']}"
           f", attempt {run['attempt']}/{run['max_attempts']}")
+    for line in _story_lines(run):
+        print(line)
     if run.get("error"):
         print(f"error ({run.get('failure_kind') or 'error'}): {printable(run['error'])}")
     tail = run.get("stderr_tail")
     if tail:
         print("--- output tail ---")
-        print(printable(tail[-args.tail:]) if args.tail else printable(tail))
-    elif run["status"] == "failed":
+        print(printable_output(tail[-args.tail:]) if args.tail else printable_output(tail))
+    elif run["status"] in ("failed", "completed"):
         print("(the worker captured no output)")
     return EXIT_OK
+
+
+def _story_lines(run: dict[str, Any]) -> list[str]:
+    """``key: value`` lines of what the run executed (``RunOut.argv`` and ``RunOut.story``)."""
+    story = run.get("story") or {}
+    lines = []
+    if run.get("argv"):
+        lines.append("argv as run: " + printable(shlex.join(run["argv"])))
+    elif story.get("command"):
+        lines.append("command: " + printable(shlex.join(story["command"])) + " (not run yet)")
+    elif story.get("entrypoint"):
+        lines.append("entrypoint: " + printable(story["entrypoint"]))
+    elif story.get("workload"):
+        lines.append("workload: " + printable(story["workload"]))
+    if story.get("params"):
+        lines.append("params: " + printable(json.dumps(story["params"], sort_keys=True)))
+    if story.get("config_file"):
+        cfg = story["config_file"]
+        lines.append(f"config file: {printable(cfg.get('name'))} ({len(cfg.get('content') or '')} characters)")
+    if story.get("code_sha256"):
+        commit = f", git {story['code_git_commit']}" if story.get("code_git_commit") else ""
+        lines.append(f"code: {story['code_sha256']}{printable(commit)}{' (dirty)' if story.get('code_dirty') else ''}")
+    return lines
 
 
 def _verdict_summary(report: Report, sid: int) -> int:

@@ -15,6 +15,7 @@ from steady.server.dashboard.feeds import STUDIES_PER_PAGE
 from steady.server.dashboard.views import HERE, db_key, not_found, render
 from steady.server.kit.deps import ReadDB
 from steady.server.launches import hints
+from steady.server.lifecycle.service import run_story
 from steady.server.models import Study, Worker
 from steady.server.runs import repository as runs_repo
 from steady.server.workers import service as workers_service
@@ -96,7 +97,7 @@ def run_page(request: Request, run_id: int, db: ReadDB, viewer: PageViewer) -> H
         return not_found(request, viewer, f"run {run_id}")
     study = db.get(Study, run.study_id)
     worker = db.get(Worker, run.worker_id) if run.worker_id is not None else None
-    return render(request, "run.html", viewer, run=run, study=study, worker=worker,
+    return render(request, "run.html", viewer, run=run, study=study, worker=worker, story=run_story(db, run),
                    keys=service.run_keys(db, run), engine_job=hints.job_label(run.engine),
                    engine_logs=hints.log_hint(run.engine))
 

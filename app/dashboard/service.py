@@ -29,7 +29,7 @@ from steady.server.stats.vocabulary import DETERMINISM_LEVELS, LEVEL_TITLES, LEV
 from steady.server.studies import adaptive
 from steady.server.studies import repository as studies_repo
 from steady.server.studies.schemas import Progress, StudySpec
-from steady.worker.contract.protocol import STEP_TIME_KEY, RunStatus
+from steady.worker.contract.protocol import STEP_TIME_KEYS, RunStatus
 
 # A level's badge is the worst verdict among its metrics and groups (steady.server.stats.vocabulary.severity).
 TONE = {3: "bad", 2: "unknown", 1: "ok", 0: "good"}
@@ -309,7 +309,7 @@ def study_metrics(study: Study) -> list[str]:
 def run_keys(session: Session, run: Run) -> list[str]:
     keys = metrics_repo.metric_keys(session, [run.id]).get(run.id, [])
     # The judged metrics first, step time last.
-    return sorted(keys, key=lambda k: (k == STEP_TIME_KEY, k))
+    return sorted(keys, key=lambda k: (k in STEP_TIME_KEYS, k))
 
 
 def run_chart(session: Session, run: Run, key: str, max_points: int) -> str | None:

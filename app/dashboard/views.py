@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 
 from steady.server.dashboard import service
+from steady.server.kit.terminal import printable_output
 from steady.server.models import Run, utcnow
 from steady.server.reports.parts import PairGroup, StackGroup
 
@@ -127,6 +129,11 @@ def _markdown_inline(text: object) -> Markup:
     return Markup("".join(f"<p>{_MD_INLINE.sub(one, str(escape(p)))}</p>" for p in paragraphs if p))
 
 
+def _first_line(text: object) -> str:
+    """The first non-blank line of a run's error (the crash line the worker put first)."""
+    return next((ln.strip() for ln in printable_output(text or "").splitlines() if ln.strip()), "")[:300]
+
+
 def _when(value: datetime) -> str:
     """A timestamp for people: UTC, to the second (no microseconds, no ISO 'T')."""
     if value.tzinfo is not None:
@@ -138,4 +145,5 @@ templates.env.filters["when"] = _when
 templates.env.tests["finite"] = _finite
 templates.env.tests["loss_like"] = lambda name: bool(re.search(r"loss|mse|mae|rmse|error|perplexity|nll", str(name), re.IGNORECASE))
 templates.env.filters.update(ago=_ago, duration=_duration, short=_short, num=_num, pct=_pct, group=_group,
-                             tone=service.tone, markdown_inline=_markdown_inline)
+                             tone=service.tone, markdown_inline=_markdown_inline, output=printable_output,
+                             first_line=_first_line, shell=shlex.join)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["printable", "printable_tree"]
+__all__ = ["printable", "printable_output", "printable_tree"]
 
 # C0 controls except tab and newline, DEL, and C1 controls (U+0080–U+009F, e.g. the 8-bit CSI)
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -14,6 +14,19 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def printable(text: Any) -> str:
     """``str(text)`` without terminal control characters."""
     return _CONTROL.sub("", str(text))
+
+
+# Whole escape sequences: CSI (colours, cursor moves: ESC [ ... final), OSC (titles, links: ESC ] ... BEL
+# or ESC \\), and the two-character ones; removing only the ESC would leave "[31m" in the text.
+_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+_REDRAWN = re.compile(r"[^\n]*\r(?!\n)")
+
+
+def printable_output(text: Any) -> str:
+    """A run's output as a person reads it: escape sequences removed, a line redrawn with a carriage
+    return (a progress bar) shown as it was last drawn, then :func:`printable`."""
+    text = _ESCAPE.sub("", str(text))
+    return printable(_REDRAWN.sub("", text))
 
 
 def printable_tree(value: Any) -> Any:

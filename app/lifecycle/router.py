@@ -32,6 +32,7 @@ def get_run(run_id: int, db: ReadDB, caller: UserCaller) -> RunOut:
     run = service.get_run(db, run_id)
     out = RunOut.model_validate(run, from_attributes=True)
     out.metric_keys = metrics_repo.metric_keys(db, [run.id]).get(run.id, [])
+    out.story = service.run_story(db, run)
     return out
 
 

@@ -8,6 +8,8 @@ leases), ``transitions`` (heartbeat, complete, fail, release), each a conditiona
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from steady.server.kit.auth import Caller
@@ -17,11 +19,27 @@ from steady.server.kit.errors import Conflict, Invalid
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, utcnow
 from steady.server.runs import repository as runs_repo
+from steady.server.runs.schemas import RunStory
 from steady.server.studies import service as studies
 
 
 def get_run(session: Session, run_id: int) -> Run:
     return runs_repo.get_run(session, run_id)
+
+
+def run_story(session: Session, run: Run) -> RunStory:
+    """What ``run`` executed: its study's workload, with the arm's params, config file and code
+    where the run belongs to an arm (the same choice as the run's lease, ``leasing._spec_for``)."""
+    spec = studies.get_study(session, run.study_id).spec
+    workload = spec.get("workload") or {}
+    arm: dict[str, Any] = next((a for a in spec.get("arms") or [] if a.get("name") == run.stack), {})
+    code = arm["code"] if isinstance(arm.get("code"), dict) else spec.get("code") or {}
+    return RunStory(
+        workload=workload.get("name"), entrypoint=workload.get("entrypoint"), command=workload.get("command"),
+        params={**(workload.get("params") or {}), **(arm.get("params") or {})}, config_file=arm.get("config"),
+        code_sha256=code.get("sha256"), code_git_commit=code.get("git_commit"),
+        code_dirty=code.get("dirty") if code else None,
+    )
 
 
 def check_limits(session: Session, run: Run, batch_keys: set[str], points: int, settings: Settings) -> None:

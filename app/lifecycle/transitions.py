@@ -145,6 +145,8 @@ def complete(session: WriteSession, run_id: int, body: RunResult, principal: Pri
         "fingerprint": body.fingerprint,
         "determinism_applied": body.determinism_applied,
         "timings": {k: wire_float(v) for k, v in body.timings.items()},
+        "stderr_tail": body.stderr_tail or None,
+        "argv": body.argv,
         "finished_at": now,
         "lease_expires_at": None,
     }, now)
@@ -164,6 +166,7 @@ def fail(session: WriteSession, run_id: int, body: RunFailure, principal: Princi
         "failure_kind": body.kind.value,
         "error": body.error,
         "stderr_tail": body.stderr_tail,
+        "argv": body.argv,
         "finished_at": now,
         "lease_expires_at": None,
     }

@@ -136,6 +136,7 @@ class Run(Base):
     failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     stderr_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    argv: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # a command's argv as run (placeholders filled)
 
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -268,6 +268,7 @@ class Report(Part):
     verdicts: list[Verdict]
     variance_by_source: list[VarianceBySource]
     determinism_cost: list[DeterminismCost]
+    cost_note: str | None = None  # why determinism_cost is empty, when the study has completed runs
     diverged: list[DivergedRun]
     options: ReportOptions
     arms: list[ArmDifference]

@@ -333,6 +333,8 @@ class DeterminismCost(Part):
     reason: str
     guarantee: str
     method: str
+    source: str | None = None  # the series the step times came from (steady.server.stats.report_data.STEP_TIME_SOURCES)
+    source_text: str | None = None  # the same in words, for a reader
 
 
 class DivergedRun(Part):

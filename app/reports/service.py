@@ -45,7 +45,7 @@ from steady.server.studies import service as studies
 from steady.server.studies import repository as studies_repo
 from steady.server.studies.arms import arm_differences, differences, effective_arms
 from steady.server.kit.wire import NONFINITE_SPELLING
-from steady.worker.contract.protocol import STEP_TIME_KEY
+from steady.worker.contract.protocol import STEP_TIME_KEYS
 
 
 def metric_specs(study: Study) -> list[MetricSpec]:
@@ -216,7 +216,7 @@ def compute_report(session: Session, study_id: int) -> Report:
     specs = metric_specs(study)
     runs = completed_runs(session, study_id)
     spec = study.spec
-    keys = [m.name for m in specs] + [STEP_TIME_KEY]
+    keys = [m.name for m in specs] + list(STEP_TIME_KEYS)
     if spec.get("convergence") and spec["convergence"]["metric"] not in keys:
         keys.append(spec["convergence"]["metric"])
     data = run_data(session, runs, keys)

@@ -15,6 +15,20 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class RunStory(WireModel):
+    """What a run executed, as its study and arm define it: with the run's ``argv`` (what the worker
+    ran) and ``stderr_tail`` (the end of what it printed), a finished run can be read without its study."""
+
+    workload: str | None = Field(None, description="the built-in workload's name")
+    entrypoint: str | None = None
+    command: list[str] | None = Field(None, description="the command as the study gives it, with its placeholders")
+    params: dict[str, Any] = {}
+    config_file: dict[str, Any] | None = Field(None, description="the arm's config file: name and content")
+    code_sha256: str | None = Field(None, description="the digest of the code archive the run executed")
+    code_git_commit: str | None = None
+    code_dirty: bool | None = None
+
+
 class RunOut(WireModel):
     id: int
     study_id: int
@@ -38,7 +52,9 @@ class RunOut(WireModel):
     final_metrics: dict[str, WireFloat]  # the last logged value of each metric
     failure_kind: str | None
     error: str | None
-    stderr_tail: str | None
+    stderr_tail: str | None = Field(description="the end of the run's stdout and stderr (every finished run)")
+    argv: list[str] | None = Field(None, description="a command workload's argv as it ran (placeholders filled)")
+    story: RunStory | None = Field(None, description="what the run executed (GET /api/v1/runs/{id} only)")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

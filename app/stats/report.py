@@ -20,6 +20,7 @@ from steady.server.stats import expectations
 from steady.server.stats.cost import cost_ratio
 from steady.server.stats.report_data import (
     STEP_TIME_KEY,
+    STEP_TIME_SOURCES,
     Finals,
     GroupBand,
     MetricSpec,
@@ -108,7 +109,7 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     for r in runs:
         for key in sorted(r.series):
             _, div = _final(r, key)
-            if div is not None and key != STEP_TIME_KEY:
+            if div is not None and key not in STEP_TIME_SOURCES:
                 diverged.append({"run_id": r.run_id, "metric": key, "step": div, "determinism": r.determinism,
                                  "stack": r.stack, "seed": r.seed})
     options = {"coverage": coverage, "confidence": confidence, "alpha": alpha, "reference_stack": reference_stack,
@@ -119,9 +120,10 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     head = expectations.headline(
         {"group": v.group, "met_expectation": v.details["met_expectation"], "expectation": v.details["expectation"],
          "suspicious": v.details["suspicious"]} for v in verdicts if v.level == "repeatability")
+    cost = _cost(runs, confidence=confidence, budget=cost_budget)
     return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics)),
-                       determinism_cost=tuple(_cost(runs, confidence=confidence, budget=cost_budget)),
-                       diverged=tuple(diverged), options=options, headline=head, bands=tuple(bands))
+                       determinism_cost=tuple(cost), diverged=tuple(diverged), options=options, headline=head,
+                       bands=tuple(bands), cost_note=None if cost else _cost_note(runs))
 
 
 def _variance(groups, metrics) -> list[dict]:
@@ -163,23 +165,50 @@ def _cost(runs, *, confidence, budget=None) -> list[dict]:
     (``RunData.worker``); otherwise the levels are compared as independent samples (Welch).
     ``budget``: the largest acceptable ratio for every pair, judged ``pass``/``fail``/``inconclusive``.
     """
-    times: dict[str, dict[str, list[tuple]]] = defaultdict(lambda: defaultdict(list))
+    # stack -> source key -> level -> [((seed, repeat), step times, worker)]
+    times: dict[str, dict[str, dict[str, list[tuple]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in runs:
-        sv = _series(r, STEP_TIME_KEY)
-        if sv is not None and np.isfinite(sv[1]).any():
-            times[r.stack][r.determinism].append(((r.seed, r.repeat), sv[1], r.worker))
+        for key in STEP_TIME_SOURCES:
+            sv = _series(r, key)
+            if sv is not None and np.isfinite(sv[1]).any():
+                times[r.stack][key][r.determinism].append(((r.seed, r.repeat), sv[1], r.worker))
     out = []
     for stack in sorted(times):
         for num, den in _COST_PAIRS:
-            if num in times[stack] and den in times[stack]:
-                a = sorted(times[stack][num], key=lambda t: t[0])
-                b = sorted(times[stack][den], key=lambda t: t[0])
+            # one source for both levels: the most direct one that runs of both have
+            source = next((k for k in STEP_TIME_SOURCES if num in times[stack][k] and den in times[stack][k]), None)
+            if source is not None:
+                a = sorted(times[stack][source][num], key=lambda t: t[0])
+                b = sorted(times[stack][source][den], key=lambda t: t[0])
                 paired = (len(a) >= 2 and [k for k, _, _ in a] == [k for k, _, _ in b]
                           and len({k for k, _, _ in a}) == len(a)
                           and all(wa is not None and wa == wb for (_, _, wa), (_, _, wb) in zip(a, b)))
                 cr = cost_ratio([t for _, t, _ in a], [t for _, t, _ in b], numerator=num, denominator=den,
                                 confidence=confidence, paired=paired, budget=budget)
-                out.append({"stack": stack, **to_data(cr)})
+                out.append({"stack": stack, **to_data(cr), "source": source,
+                            "source_text": STEP_TIME_SOURCES[source]})
     return out
+
+
+def _cost_note(runs) -> str | None:
+    """Why a study with completed runs has no cost of determinism (None without runs)."""
+    if not runs:
+        return None
+    levels: dict[str, set[str]] = defaultdict(set)
+    timed: dict[str, set[str]] = defaultdict(set)
+    for r in runs:
+        levels[r.stack].add(r.determinism)
+        if any((sv := _series(r, k)) is not None and np.isfinite(sv[1]).any() for k in STEP_TIME_SOURCES):
+            timed[r.stack].add(r.determinism)
+    if all(len(v) < 2 for v in levels.values()):
+        names = ", ".join(sorted(set().union(*levels.values())))
+        return (f"only one determinism level ({names}) per stack: the cost compares step times between two "
+                "levels of one stack")
+    if not timed:
+        return ("no step times captured: the runs log no step_time, print no step lines the worker reads, and "
+                "write no TensorBoard events")
+    return ("step times at only one determinism level per stack: "
+            + "; ".join(f"{stack}: {', '.join(sorted(timed[stack])) or 'none'} of {', '.join(sorted(levels[stack]))}"
+                        for stack in sorted(levels)))
 
 

@@ -16,6 +16,14 @@ from steady.server.stats.serialize import WIRE, to_data, to_plain
 from steady.server.stats.vocabulary import DETERMINISM_LEVELS
 
 STEP_TIME_KEY = "step_time"
+# Where a run's step times come from, in the order the cost of determinism prefers them: the run's own
+# (logged ``step_time``, or the SDK timing its ``log`` calls), then what the worker derives for a run
+# that logs none: TensorBoard events' wall times, the arrival of step lines on stdout.
+STEP_TIME_SOURCES = {
+    STEP_TIME_KEY: "the run's own step_time (logged, or the SDK timing its log calls)",
+    "step_time:tensorboard": "TensorBoard events' wall times",
+    "step_time:stdout": "the arrival times of step lines on stdout",
+}
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ class StudyReport:
     diverged: tuple
     options: Mapping
     headline: tuple = ()  # expectations.LevelHeadline per determinism level (repeatability)
+    cost_note: str | None = None  # why there is no cost of determinism, when there is none
     # The full-resolution seed band (GroupBand) of every (metric, group) behind the seed-stability
     # verdicts, for consumers that draw it; not part of ``to_dict``.
     bands: tuple = ()
@@ -103,6 +112,7 @@ class StudyReport:
             "determinism_cost": convert(self.determinism_cost),
             "diverged": convert(self.diverged),
             "options": convert(self.options),
+            "cost_note": self.cost_note,
         }
         for v in self.verdicts:
             entry = {"level": v.level, "metric": v.metric, "group": convert(v.group), "verdict": v.verdict,

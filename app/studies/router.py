@@ -46,8 +46,14 @@ def get_study(study_id: int, db: ReadDB, caller: UserCaller) -> StudyOut:
 @router.get("/{study_id}/runs", response_model=Page[RunOut])
 def list_runs(study_id: int, db: ReadDB, caller: UserCaller, page: PageQuery, status: RunStatusQ = None) -> Page[RunOut]:
     service.get_study(db, study_id)
+    """A page of the study's runs. A completed run's output tail is left out of the list (up to 60,000
+    characters a run); ``GET /api/v1/runs/{id}`` has it."""
     rows, total = runs_repo.list_runs(db, study_id, status=status, limit=page.limit, offset=page.offset)
-    return Page.of([RunOut.model_validate(r, from_attributes=True) for r in rows], total, page)
+    items = [RunOut.model_validate(r, from_attributes=True) for r in rows]
+    for item in items:
+        if item.status == RunStatus.completed:
+            item.stderr_tail = None
+    return Page.of(items, total, page)
 
 
 @router.post("/{study_id}/cancel", response_model=StudyOut)

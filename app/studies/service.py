@@ -26,7 +26,7 @@ from steady.server.runs.schemas import ExternalRunIn
 from steady.server.studies.schemas import StudyOut, StudySpec, StudySummary
 from steady.server.studies.spec_parts import CodeRef
 from steady.worker.contract import codepack
-from steady.worker.contract.protocol import STEP_TIME_KEY, RunStatus, StudyStatus
+from steady.worker.contract.protocol import STEP_TIME_KEY, STEP_TIME_KEYS, RunStatus, StudyStatus
 
 
 def ensure_suite_owner(session: Session, suite: str, caller: Caller) -> None:
@@ -226,7 +226,7 @@ def _judge_outcome(session: Session, study: Study, status: StudyStatus) -> tuple
         line = (first.error or "no error text").strip().splitlines()[0] if (first.error or "").strip() else "no error text"
         return status, f"every run failed; first: run {first.id}: {line[:500]}"
     wanted = [m["name"] for m in study.spec.get("metrics", [])]
-    logged = sorted(metrics_repo.study_metric_keys(session, study.id) - {STEP_TIME_KEY})
+    logged = sorted(metrics_repo.study_metric_keys(session, study.id) - set(STEP_TIME_KEYS))
     missing = [m for m in wanted if m not in logged]
     if not missing:
         return status, None

@@ -19,9 +19,10 @@ import decimal
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from steady.worker.agent.stepclock import StepClock
 from steady.worker.contract import runfiles
 from steady.worker.contract.events import EventWriter
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
@@ -124,9 +125,19 @@ def _tensor_scalar(buf: bytes) -> tuple[float, str] | None:
 
 def parse_event(record: bytes) -> tuple[int, list[tuple[str, float, str]]]:
     """(step, [(tag, value, dtype)]) of one serialized ``tensorflow.Event``; scalars only."""
+    _, step, out = parse_timed_event(record)
+    return step, out
+
+
+def parse_timed_event(record: bytes) -> tuple[float | None, int, list[tuple[str, float, str]]]:
+    """(wall time, step, [(tag, value, dtype)]) of one serialized ``tensorflow.Event``: its
+    ``wall_time`` (seconds since the epoch, when the run wrote it) too."""
+    wall: float | None = None
     step, out = 0, []
-    for num, _, value in _fields(record):
-        if num == 2:
+    for num, wire, value in _fields(record):
+        if num == 1 and wire == 1:
+            wall = struct.unpack("<d", value)[0]
+        elif num == 2:
             step = value - (1 << 64) if value >= 1 << 63 else value
         elif num == 5:  # summary
             for vnum, _, v in _fields(value):
@@ -142,7 +153,7 @@ def parse_event(record: bytes) -> tuple[int, list[tuple[str, float, str]]]:
                         scalar = _tensor_scalar(f)
                 if tag and scalar is not None:
                     out.append((tag, scalar[0], scalar[1]))
-    return step, out
+    return wall, step, out
 
 
 class TFRecordTail:
@@ -225,12 +236,17 @@ class Capture:
         self.sdk_keys: set[str] = set()  # keys the run logs through the SDK: those win
         self.skipped: dict[str, str] = {}  # path -> why it was not read (a symlink, FIFO, device…)
         self._before = set(self._event_files()) if tensorboard else set()  # shipped with the code: not this run's
+        # step times of a run that does not log them (steady.worker.agent.stepclock): when each step
+        # line arrived (``arrival(end offset)``, the runner's output tee) and TensorBoard wall times
+        self.arrival: Callable[[int], float | None] | None = None
+        self.clocks: dict[str, StepClock] = {}
+        self._timed_file: str | None = None  # the one TensorBoard file whose wall times are used
 
     def _skip(self, exc: runfiles.UnsafeFileError) -> None:
         self.skipped.setdefault(exc.path, exc.reason)
 
     def _emit(self, source: str, step: int, values: dict[str, float], dtypes: dict[str, str],
-              printed: dict[str, float] | None = None) -> None:
+              printed: dict[str, float] | None = None, *, final: bool = True) -> None:
         if self.sdk_keys:
             values = {k: v for k, v in values.items() if k not in self.sdk_keys}
             dtypes = {k: d for k, d in dtypes.items() if k in values}
@@ -251,8 +267,17 @@ class Capture:
         if printed:
             event["r"] = printed
         self._writer.write(event)
-        self.last.update(values)
-        self.keys_by_source[source].update(values)
+        if final:
+            self.last.update(values)
+            self.keys_by_source[source].update(values)
+
+    def _time_step(self, source: str, step: int, at: float | None) -> None:
+        """Date a reported step; emit the step time it closes as ``step_time:<source>``."""
+        if at is None:
+            return
+        elapsed = self.clocks.setdefault(source, StepClock()).observe(step, at)
+        if elapsed is not None:
+            self._emit(source, step, {f"step_time:{source}": elapsed}, {}, final=False)
 
     def pump(self) -> None:
         """One pass while the run goes: at most :data:`PUMP_READS` reads of each file (the rest on later passes)."""
@@ -287,15 +312,17 @@ class Capture:
             return 0
         except OSError:
             return 0
+        end = self._out_offset - len(self._partial)  # the file offset where ``data`` starts
         self._out_offset += len(chunk)
         data = self._partial + chunk
-        lines = re.split(rb"\r\n|\r|\n", data)
-        self._partial = lines.pop()[-MAX_LINE_BYTES:]
-        for line in lines:
-            self._match(line[:MAX_LINE_BYTES])
+        parts = re.split(rb"(\r\n|\r|\n)", data)
+        self._partial = parts.pop()[-MAX_LINE_BYTES:]
+        for line, sep in zip(parts[0::2], parts[1::2]):
+            end += len(line) + len(sep)
+            self._match(line[:MAX_LINE_BYTES], end)
         return len(chunk)
 
-    def _match(self, raw: bytes) -> None:
+    def _match(self, raw: bytes, end: int | None = None) -> None:
         line = raw.decode("utf-8", "replace")
         for rx in self.patterns:
             m = rx.search(line)
@@ -317,6 +344,8 @@ class Capture:
             except (TypeError, ValueError):
                 continue
             self._emit("stdout", step, values, {}, printed)
+            if self.arrival is not None and end is not None:
+                self._time_step("stdout", step, self.arrival(end))
 
     # TensorBoard
     def _root_of(self, path: str) -> str:
@@ -346,9 +375,12 @@ class Capture:
                     break
                 for record in records:
                     try:
-                        step, scalars = parse_event(record)
+                        wall, step, scalars = parse_timed_event(record)
                     except (ValueError, IndexError, struct.error):
                         continue  # not an event (or a corrupt record): skipped
                     values = {metric_key(tag): v for tag, v, _ in scalars}
                     dtypes = {metric_key(tag): d for tag, _, d in scalars if d != "float64"}
                     self._emit("tensorboard", step, values, dtypes)
+                    if values and (self._timed_file or tail.path) == tail.path:
+                        self._timed_file = tail.path
+                        self._time_step("tensorboard", step, wall)

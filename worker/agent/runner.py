@@ -5,7 +5,9 @@ it forks (DataLoader workers) form one process group that :meth:`RunProcess.kill
 together. Its environment carries the determinism settings that must exist before the
 interpreter starts. It reports through an append-only event file (see
 :mod:`steady.worker.contract.events`) that :meth:`RunProcess.poll` reads incrementally; stdout and stderr go
-to ``output.log`` whose tail is reported on failure.
+to a pipe that the agent copies to ``output.log`` (:mod:`steady.worker.agent.tee`, which dates each
+chunk so captured step lines get their arrival times); the tail of that file, at most
+:data:`TAIL_LINES` lines, is reported with every run, completed or failed.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from typing import Any
 
 from steady.worker.contract import determinism, runfiles
 from steady.worker.agent.capture import DEFAULT_PATTERN, SCAN_INTERVAL_S, Capture
+from steady.worker.agent.tee import OutputTee
+from steady.worker.contract.crashline import crash_line
 from steady.worker.contract.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
 
-STDERR_TAIL_BYTES = 16_000
+STDERR_TAIL_BYTES = 60_000  # characters of the output tail a run reports (the wire allows 65,536)
+TAIL_LINES = 200  # and at most this many lines of it
 _WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # steady/worker
 _STEADY_DIR = os.path.dirname(_WORKER_DIR)  # the installed ``steady`` package
 _SHIM_DIR = os.path.join(_WORKER_DIR, "inrun", "shim")
@@ -106,6 +111,17 @@ def package_path() -> str:
     return home
 
 
+def last_lines(text: str, n: int) -> str:
+    """The last ``n`` lines of ``text`` (a trailing newline does not count as a line)."""
+    end = len(text) - 1 if text.endswith("\n") else len(text)
+    cut = end
+    for _ in range(n):
+        cut = text.rfind("\n", 0, cut)
+        if cut < 0:
+            return text
+    return text[cut + 1:]
+
+
 @dataclass(frozen=True)
 class RunAs:
     """An unprivileged account the run subprocess becomes (``steady worker --run-as USER``)."""
@@ -143,14 +159,26 @@ def _chown_tree(path: str, uid: int, gid: int) -> None:
             os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
 
 
+def _load_libc() -> Any:
+    """libc through ctypes, loaded in the agent: the child runs :func:`_die_with_parent` after it became
+    the ``--run-as`` user, who may not be allowed to list the interpreter's folders to import ctypes."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except (ImportError, OSError):
+        return None
+
+
+_LIBC = _load_libc() if sys.platform.startswith("linux") else None
+
+
 def _die_with_parent() -> None:
     """In the child before exec (Linux): SIGKILL it when the agent thread that started it
     dies, so a SIGKILLed agent leaves no orphaned training process behind."""
     try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if _LIBC is not None:
+            _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -254,6 +282,7 @@ class RunProcess:
         self._outcome: Outcome | None = None
         self.code_dir: str | None = None  # the unpacked study code (steady.worker.agent.codecache), if it ships any
         self.capture: Capture | None = None
+        self.tee: OutputTee | None = None
         self._captured_at = 0.0
         self._refused: dict[str, str] = {}  # files under run_dir the agent would not open (runfiles)
 
@@ -271,6 +300,13 @@ class RunProcess:
         if self.code_dir is None:
             return []
         return list(dict.fromkeys([self.working_dir(), self.code_dir]))
+
+    def argv_as_run(self) -> list[str] | None:
+        """A command workload's argv as it ran (placeholders filled; the worker's secrets scrubbed),
+        for the run's record; None for built-in workloads and entrypoints (the harness runs those)."""
+        if not self.spec.get("command"):
+            return None
+        return [scrub(arg, self.secrets) for arg in self.argv()]
 
     def argv(self) -> list[str]:
         """The harness for built-in workloads and entrypoints; a command workload's own argv with
@@ -327,21 +363,30 @@ class RunProcess:
             identity = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.run_as.groups)}
         self.capture = self._capture()
         # never through a link, even one planted before the child starts
-        out = os.fdopen(runfiles.open_fd(self.output_path, self.run_dir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+        out_fd = runfiles.open_fd(self.output_path, self.run_dir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        read_fd, write_fd = os.pipe()
         try:
             self.proc = subprocess.Popen(
                 self.argv(),
                 env=self.environment(),
                 stdin=subprocess.DEVNULL,
-                stdout=out,
+                stdout=write_fd,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: kill() reaches DataLoader workers too
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                 cwd=self.working_dir(),  # its own directory (or its code's), never the agent's
                 **identity,
             )
+        except BaseException:
+            for fd in (read_fd, out_fd):
+                os.close(fd)
+            raise
         finally:
-            out.close()
+            os.close(write_fd)  # the run holds the only write end: end of file when it (and its children) exit
+        self.tee = OutputTee(read_fd, out_fd)
+        self.tee.start()
+        if self.capture is not None:
+            self.capture.arrival = self.tee.arrival
         self.started_at = time.monotonic()
 
     def _capture(self) -> Capture | None:
@@ -421,6 +466,7 @@ class RunProcess:
             self._refused.setdefault(exc.path, exc.reason)
         except OSError:
             pass
+        text = last_lines(text, TAIL_LINES)
         notes = "\n".join(self.warnings())[-limit:]
         room = limit - len(notes) - 1  # the notes come last: the agent keeps the end of the tail
         if not notes:
@@ -452,6 +498,8 @@ class RunProcess:
         assert self.proc is not None
         rc = self.proc.wait()
         self._killpg()  # leftover children (e.g. DataLoader workers) of an exited run
+        if self.tee is not None:  # the last bytes of the pipe into output.log, before the capture and the tail read it
+            self.tee.close()
         if self.capture is not None:  # what the run wrote last, appended before the last reads
             self.capture.close()
             self.collected.captured = dict(self.capture.last)
@@ -479,6 +527,9 @@ class RunProcess:
                 name = str(-rc)
             out = Outcome(False, "crash", f"run process was killed by signal {name}", tail, rc, wall)
         else:
-            out = Outcome(False, "error", f"run process exited with status {rc} without reporting a result", tail, rc, wall)
+            line = crash_line(tail)
+            error = (f"{line} (the run exited with status {rc})" if line
+                     else f"run process exited with status {rc} without reporting a result")
+            out = Outcome(False, "error", error, tail, rc, wall)
         self._outcome = out
         return out

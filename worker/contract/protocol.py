@@ -61,6 +61,12 @@ MAX_ERROR_LENGTH = 65_536
 
 # Name of the series in which workers record the wall time of every training step (s).
 STEP_TIME_KEY = "step_time"
+# Step times the agent derives for a run that does not log them (steady.worker.agent.stepclock): from
+# the arrival of its step lines on stdout, from its TensorBoard events' wall times. The report takes
+# the first of STEP_TIME_KEYS that the compared runs have, and says which.
+STEP_TIME_STDOUT_KEY = "step_time:stdout"
+STEP_TIME_TENSORBOARD_KEY = "step_time:tensorboard"
+STEP_TIME_KEYS = (STEP_TIME_KEY, STEP_TIME_TENSORBOARD_KEY, STEP_TIME_STDOUT_KEY)
 
 # A client-chosen id of one logical request, reused by every retry of it: the server answers a
 # repeated lease, complete, fail or release with the acknowledgement of the first one.
@@ -495,6 +501,10 @@ class Digests(_Model):
     optimizer_state: str | None = None
 
 
+# A command's argv as the worker ran it (placeholders filled): kept with the run.
+Argv = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=1024)]
+
+
 class RunResult(_FreeText):
     lease_id: str
     request_id: RequestId | None = None
@@ -503,6 +513,8 @@ class RunResult(_FreeText):
     fingerprint: dict[str, Any] = {}
     determinism_applied: dict[str, Any] = {}
     timings: dict[str, WireFloat] = {}  # wall_s, step_time_mean_s, ...
+    stderr_tail: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)] = ""  # the end of its stdout and stderr
+    argv: Argv | None = None
 
 
 class RunFailure(_FreeText):
@@ -513,6 +525,7 @@ class RunFailure(_FreeText):
     stderr_tail: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)] = ""
     fingerprint: dict[str, Any] = {}
     determinism_applied: dict[str, Any] = {}
+    argv: Argv | None = None
 
 
 class RunRelease(_Model):

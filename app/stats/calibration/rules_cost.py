@@ -22,6 +22,12 @@ with probability ``straggler_p``, a factor 1 + Pareto(1.5) (heavy right tail, in
 variance). ``position`` is the run's place in the execution queue of N runs: ``blocked``
 (every run of one level, then the next level: the old expansion order) or ``interleaved``
 (``steady.server.stats.cost.balanced_level_order``: the order the study service now creates runs in).
+
+Derived step times (``line_arrival_times``): what the worker measures for a run that logs no step
+times and prints a step line every ``every`` steps, each line reaching the agent after a scheduling
+delay drawn from an exponential distribution of mean ``jitter`` seconds (lines keep their order; a
+line that arrives with the one before it is timed with the next later one, as
+``steady.worker.agent.stepclock.StepClock`` does).
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ from steady.server.stats.cost import balanced_level_order, cost_ratio
 from steady.server.stats.intervals import std_confidence_bounds
 from steady.server.stats.planning import seeds_for_equivalence, seeds_for_std_claim
 
-__all__ = ["RULES", "simulate_step_times", "queue_positions"]
+__all__ = ["RULES", "simulate_step_times", "queue_positions", "line_arrival_times"]
 
 LEVELS = ("seeded", "strict")
 
@@ -78,8 +84,20 @@ def simulate_step_times(rng: np.random.Generator, *, n_per_level: int, ratio: fl
     return out
 
 
-def _ratio_ci_excludes_one(rng: np.random.Generator, *, ratio: float, paired: bool = False, **kw) -> bool:
+def line_arrival_times(rng: np.random.Generator, step_times: np.ndarray, *, every: int, jitter: float) -> np.ndarray:
+    """The step times the worker derives from step lines printed after every ``every``-th step of a run
+    whose true step times are ``step_times``: the time between two lines' arrivals over the steps between."""
+    steps = np.arange(every - 1, step_times.size, every)
+    arrivals = np.maximum.accumulate(np.cumsum(step_times)[steps] + rng.exponential(jitter, steps.size))
+    later = np.concatenate([[True], np.diff(arrivals) > 0])
+    return np.diff(arrivals[later]) / np.diff(steps[later])
+
+
+def _ratio_ci_excludes_one(rng: np.random.Generator, *, ratio: float, paired: bool = False,
+                           every: int | None = None, jitter: float = 0.0, **kw) -> bool:
     t = simulate_step_times(rng, ratio=ratio, **kw)
+    if every is not None:
+        t = {lv: [line_arrival_times(rng, r, every=every, jitter=jitter) for r in runs] for lv, runs in t.items()}
     cr = cost_ratio(t["strict"], t["seeded"], numerator="strict", denominator="seeded", paired=paired)
     return cr.ci_low is not None and cr.ci_high is not None and not (cr.ci_low <= 1.0 <= cr.ci_high)
 
@@ -140,8 +158,23 @@ RULES: list[Rule] = [
                _ratio_ci_excludes_one, ratio=1.0, n_per_level=3, drift=0.0),
             _s("identical_3_noisy_runs", "healthy", "identical levels, 3 runs each, 20% run-to-run sd, no drift",
                _ratio_ci_excludes_one, ratio=1.0, n_per_level=3, drift=0.0, run_sd=0.2),
+            _s("identical_3_line_arrival_every_step", "healthy",
+               "identical levels, 3 runs each, interleaved, 15% drift; times from a line per step arriving "
+               "after an exponential delay of mean 5 ms (a quarter of the 20 ms step)",
+               _ratio_ci_excludes_one, ratio=1.0, n_per_level=3, every=1, jitter=0.005),
+            _s("identical_3_line_arrival_no_drift", "healthy",
+               "identical levels, 3 runs each, 5% run-to-run sd, no drift; times from a line per step arriving "
+               "after an exponential delay of mean 5 ms",
+               _ratio_ci_excludes_one, ratio=1.0, n_per_level=3, drift=0.0, every=1, jitter=0.005),
+            _s("identical_3_line_arrival_every_10", "healthy",
+               "identical levels, 3 runs each, interleaved, 15% drift; times from a line every 10th step, "
+               "arriving after an exponential delay of mean 5 ms",
+               _ratio_ci_excludes_one, ratio=1.0, n_per_level=3, every=10, jitter=0.005),
             _s("strict_1.3x_3_interleaved", "planted", "strict 1.3× slower, 3 runs each, interleaved, 15% drift",
                _ratio_ci_excludes_one, ratio=1.3, n_per_level=3),
+            _s("strict_1.3x_3_line_arrival_every_10", "planted",
+               "strict 1.3× slower, 3 runs each, interleaved, 15% drift; times from a line every 10th step",
+               _ratio_ci_excludes_one, ratio=1.3, n_per_level=3, every=10, jitter=0.005),
             _s("strict_1.1x_5_interleaved", "planted", "strict 1.1× slower, 5 runs each, interleaved, 15% drift",
                _ratio_ci_excludes_one, ratio=1.1, n_per_level=5),
         ),
