@@ -106,6 +106,11 @@ def render_report(report: Report, *, color: bool = False) -> str:
         lines.append(_paint("Cost of determinism", "1", color) + " (step time ratio, with CI)")
         for cost in report.determinism_cost:
             lines.append("  " + _cost_line(cost))
+    if report.caveats:
+        lines.append("")
+        lines.append(_paint("Caveats", "1", color) + " (what the verdicts above rest on)")
+        for caveat in report.caveats:
+            lines.append("  " + _paint(caveat.message, "33", color))
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from steady.server.cli.support import (
     verdict_exit_code,
 )
 from steady.server.kit.terminal import printable
+from steady.server.runs.conflicts import conflict_lines
 from steady.worker.contract.protocol import RunStatus
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
           f", attempt {run['attempt']}/{run['max_attempts']}")
     if run.get("error"):
         print(f"error ({run.get('failure_kind') or 'error'}): {printable(run['error'])}")
+    for line in conflict_lines(run.get("metric_conflicts")):
+        print(printable(line))
     tail = run.get("stderr_tail")
     if tail:
         print("--- output tail ---")

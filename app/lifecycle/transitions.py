@@ -32,6 +32,7 @@ from steady.worker.contract.protocol import (
     FailureKind,
     Heartbeat,
     HeartbeatAck,
+    MetricConflicts,
     RunAck,
     RunFailure,
     RunRelease,
@@ -136,6 +137,11 @@ def heartbeat(session: WriteSession, run_id: int, body: Heartbeat, settings: Set
     return HeartbeatAck(lease_expires_at=row[0], cancel=row[1])
 
 
+def _conflicts(conflicts: MetricConflicts | None) -> dict[str, Any] | None:
+    """What the run stores of its capture conflicts (non-finite values as the wire spells them)."""
+    return conflicts.model_dump(mode="json") if conflicts is not None and conflicts.count else None
+
+
 def complete(session: WriteSession, run_id: int, body: RunResult, principal: Principal) -> RunAck:
     now = utcnow()
     outcome = _apply(session, run_id, body.lease_id, body.request_id, principal, {
@@ -145,6 +151,7 @@ def complete(session: WriteSession, run_id: int, body: RunResult, principal: Pri
         "fingerprint": body.fingerprint,
         "determinism_applied": body.determinism_applied,
         "timings": {k: wire_float(v) for k, v in body.timings.items()},
+        "metric_conflicts": _conflicts(body.conflicts),
         "finished_at": now,
         "lease_expires_at": None,
     }, now)
@@ -164,6 +171,7 @@ def fail(session: WriteSession, run_id: int, body: RunFailure, principal: Princi
         "failure_kind": body.kind.value,
         "error": body.error,
         "stderr_tail": body.stderr_tail,
+        "metric_conflicts": _conflicts(body.conflicts),
         "finished_at": now,
         "lease_expires_at": None,
     }

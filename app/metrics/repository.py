@@ -168,11 +168,15 @@ def _assemble(chunks: list[tuple[int, int, np.ndarray, bytes]]) -> tuple[np.ndar
     steps = np.concatenate([c[2] for c in chunks]).astype(np.int64, copy=False)
     values = np.frombuffer(b"".join(c[3] for c in chunks), dtype=VALUE_DTYPE).astype(np.float64, copy=False)
     if len(steps) > 1 and not np.all(steps[1:] > steps[:-1]):
-        # Out of order or repeated steps (e.g. a step logged twice): sort, keep the last write.
+        # Out of order or repeated steps (e.g. a step logged twice): in the order logged (batch seq,
+        # then position), sorted by step; a repeated step keeps its first value, never a later one.
+        chunks.sort(key=lambda c: (c[1], c[0]))
+        steps = np.concatenate([c[2] for c in chunks]).astype(np.int64, copy=False)
+        values = np.frombuffer(b"".join(c[3] for c in chunks), dtype=VALUE_DTYPE).astype(np.float64, copy=False)
         order = np.argsort(steps, kind="stable")
         steps, values = steps[order], values[order]
-        last = np.append(steps[1:] != steps[:-1], True)
-        steps, values = steps[last], values[last]
+        first = np.insert(steps[1:] != steps[:-1], 0, True)
+        steps, values = steps[first], values[first]
     return steps, values
 
 
@@ -212,7 +216,7 @@ def load_series_shared(
     them. A run that logged every step of the grid gets ``(grid, matrix[i])`` — the one grid array
     shared by all runs and a row *view* of the matrix; a run with gaps gets copies of its logged
     steps. Runs with unevenly spaced or overlapping chunks (a step re-logged) go through
-    ``load_series`` (sort, keep the last write). Same result as ``load_series``, bit for bit.
+    ``load_series`` (sort, keep the first write). Same result as ``load_series``, bit for bit.
     """
     if not run_ids:
         return {}

@@ -136,6 +136,8 @@ class Run(Base):
     failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     stderr_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # protocol.MetricConflicts: values logged twice, differently, for one (key, step); the first was kept
+    metric_conflicts: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -39,6 +39,9 @@ class RunOut(WireModel):
     failure_kind: str | None
     error: str | None
     stderr_tail: str | None
+    metric_conflicts: dict[str, Any] | None = Field(
+        None, description="values the run logged twice, differently, for one (key, step): {count, first: "
+        "[{key, step, kept: {value, source}, dropped: {value, source}}]}; the kept value is the first logged")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -459,6 +459,7 @@ class RunExecution:
                 fingerprint=c.fingerprint,
                 determinism_applied=c.determinism_applied,
                 timings=timings,
+                conflicts=self.proc.guard.summary(),
             )
             self._try(lambda: self.client.complete(run_id, body))
             log.info("run %d: completed (%d points in %d batches, %.1f s)", run_id, self.stream.points_sent,
@@ -472,6 +473,7 @@ class RunExecution:
                 stderr_tail=outcome.stderr_tail[-MAX_ERROR_LENGTH:],
                 fingerprint=c.fingerprint,
                 determinism_applied=c.determinism_applied,
+                conflicts=self.proc.guard.summary(),
             )
             self._try(lambda: self.client.fail(run_id, failure))
             log.info("run %d: failed (%s): %s", run_id, kind, outcome.error)

@@ -275,6 +275,13 @@ class ConfigFile(_Model):
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
 DEFAULT_CAPTURE_PATTERN = (r"(?i)\b(?:step|iter|iteration|it)\b\s*[:=#]?\s*(?P<step>\d+)\b"
                            r"[^\n]*?\bloss\b\s*[:=]?\s*(?P<loss>" + _NUMBER + r")")
+# A tqdm bar's postfix: " 50%|#####     | 50/100 [00:01<00:01, 45.2it/s, loss=2.31]" or "50it [00:01, loss=2.31]",
+# the bar's count as the step. No nested quantifiers: these patterns also run in a linear-time engine (RE2).
+TQDM_CAPTURE_PATTERN = (r"(?P<step>\d+)(?:/\d+)?(?:it)? \[[^\]\n]*?\bloss=(?P<loss>" + _NUMBER + r")")
+DEFAULT_CAPTURE_PATTERNS = (DEFAULT_CAPTURE_PATTERN, TQDM_CAPTURE_PATTERN)
+# Logging shapes a preset reads (steady.worker.agent.presets): Keras fit's epoch and progress lines, the
+# Hugging Face Trainer's dict lines, PyTorch Lightning's progress bar, any tqdm bar's postfix.
+CapturePreset = Literal["keras", "hf", "lightning", "tqdm"]
 
 
 def check_capture_pattern(pattern: str) -> str | None:
@@ -293,12 +300,15 @@ def check_capture_pattern(pattern: str) -> str | None:
 class CaptureSpec(_Model):
     """What the worker captures from a run besides the SDK (steady.worker.agent.capture): scalars of
     TensorBoard event files written under the run's directory, and stdout/stderr lines matched
-    by ``patterns`` (regexes with a named group ``step`` and one per metric; none given: the
-    default ``step N ... loss X`` pattern)."""
+    by ``patterns`` (regexes with a named group ``step`` and one per metric) and by ``preset`` (a known
+    logging shape: Keras ``fit``, the Hugging Face Trainer, Lightning, tqdm); neither given: the default
+    ``step N ... loss X`` and tqdm ``N/T [..., loss=X]`` patterns)."""
 
     tensorboard: bool = True
     stdout: bool = True
     patterns: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(max_length=32)] = []
+    # a known logging shape read from the output instead of the default pattern (patterns still apply)
+    preset: CapturePreset | None = None
 
     @field_validator("patterns")
     @classmethod
@@ -490,6 +500,33 @@ class Digests(_Model):
     optimizer_state: str | None = None
 
 
+MAX_CONFLICTS_KEPT = 20  # conflicts a run keeps in full; the rest are counted
+
+
+class ValueOrigin(_FreeText):
+    """One value logged for a (key, step), and where it came from: the channel (``sdk``, ``stdout``,
+    ``tensorboard``) and the line or record (``line 512``, ``train/events.out.tfevents.1 record 17``)."""
+
+    value: WireFloat
+    source: Annotated[str, Field(max_length=300)]
+
+
+class MetricConflict(_FreeText):
+    """Two different values logged for one (key, step): the first is kept, the second is not stored."""
+
+    key: MetricKey
+    step: int
+    kept: ValueOrigin
+    dropped: ValueOrigin
+
+
+class MetricConflicts(_FreeText):
+    """A run's capture conflicts: the first :data:`MAX_CONFLICTS_KEPT` in full, and how many in all."""
+
+    count: Annotated[int, Field(ge=0)]
+    first: Annotated[list[MetricConflict], Field(max_length=MAX_CONFLICTS_KEPT)] = []
+
+
 class RunResult(_FreeText):
     lease_id: str
     request_id: RequestId | None = None
@@ -498,6 +535,7 @@ class RunResult(_FreeText):
     fingerprint: dict[str, Any] = {}
     determinism_applied: dict[str, Any] = {}
     timings: dict[str, WireFloat] = {}  # wall_s, step_time_mean_s, ...
+    conflicts: MetricConflicts | None = None  # values logged twice, differently, for one (key, step)
 
 
 class RunFailure(_FreeText):
@@ -508,6 +546,7 @@ class RunFailure(_FreeText):
     stderr_tail: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)] = ""
     fingerprint: dict[str, Any] = {}
     determinism_applied: dict[str, Any] = {}
+    conflicts: MetricConflicts | None = None
 
 
 class RunRelease(_Model):

@@ -1,0 +1,47 @@
+"""How a run's capture conflicts read, in one wording for ``steady logs``, the run page and the report.
+
+A conflict is a second, different value logged for one (key, step) of a run (``runs.metric_conflicts``,
+``protocol.MetricConflicts``): the first value was kept, the second not stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["conflict_lines", "conflict_phrase", "conflict_summary"]
+
+
+def _value(v: Any) -> str:
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def conflict_phrase(conflict: dict[str, Any]) -> str:
+    """``loss at step 500: kept 2.31 (stdout line 51), not stored 2.295 (stdout line 52)``."""
+    kept, dropped = conflict["kept"], conflict["dropped"]
+    return (f"{conflict['key']} at step {conflict['step']}: kept {_value(kept['value'])} ({kept['source']}), "
+            f"not stored {_value(dropped['value'])} ({dropped['source']})")
+
+
+def conflict_summary(conflicts: dict[str, Any] | None) -> str | None:
+    """One line: how many values were logged twice differently, and for which keys; None when none."""
+    if not conflicts or not conflicts.get("count"):
+        return None
+    count = int(conflicts["count"])
+    keys = sorted({c["key"] for c in conflicts.get("first") or []})
+    shown = f" ({', '.join(keys)}{', …' if count > len(conflicts.get('first') or []) else ''})" if keys else ""
+    noun = "value was" if count == 1 else "values were"
+    return (f"{count} {noun} logged a second time, differently, for a step that already had one{shown}: "
+            "the first value was kept and the second not stored")
+
+
+def conflict_lines(conflicts: dict[str, Any] | None) -> list[str]:
+    """The summary, then one line per conflict kept in full, then how many more were only counted."""
+    summary = conflict_summary(conflicts)
+    if summary is None or conflicts is None:
+        return []
+    first = conflicts.get("first") or []
+    lines = [f"capture conflicts: {summary}"] + [f"  {conflict_phrase(c)}" for c in first]
+    more = int(conflicts["count"]) - len(first)
+    if more > 0:
+        lines.append(f"  … and {more} more (counted, not kept)")
+    return lines
