@@ -19,7 +19,7 @@ The presets read what the libraries print, as they print it:
                ``name=number`` of it. Step: the bar's count.
 
 Every regex here is a plain sequence of character classes with single quantifiers (no nested or
-overlapping repetition), so none backtracks catastrophically and all also run in RE2.
+overlapping repetition, no lookaround), so none backtracks catastrophically and all also run in RE2.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class PatternReader:
 
 class KerasReader:
     _EPOCH = re.compile(r"^\s*Epoch (\d+)/\d+\s*$")
-    _PAIR = re.compile(r" - ([A-Za-z_][A-Za-z0-9_./]*): (" + NUMBER + r")(?:\s|$)")
+    _PAIR = re.compile(r" - ([A-Za-z_][A-Za-z0-9_./]*): (" + NUMBER + r")\b")
 
     def __init__(self) -> None:
         self.epoch: int | None = None
@@ -86,7 +86,7 @@ class KerasReader:
 
 
 class HuggingFaceReader:
-    _PAIR = re.compile(r"'([A-Za-z_][A-Za-z0-9_./\-]*)': (?:np\.float\d+\()?(" + NUMBER + r")\)?(?=[,}])")
+    _PAIR = re.compile(r"'([A-Za-z_][A-Za-z0-9_./\-]*)': (?:np\.float\d+\()?(" + NUMBER + r")\b")
     _STEP_KEYS = ("step", "global_step")
 
     def __init__(self) -> None:
@@ -110,7 +110,7 @@ class HuggingFaceReader:
         return [(step, values)] if values else []
 
 
-_POSTFIX_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_./\-]*)=(" + NUMBER + r")(?=[,\]\s]|$)")
+_POSTFIX_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_./\-]*)=(" + NUMBER + r")\b")
 
 
 class TqdmReader:
