@@ -233,3 +233,35 @@ def test_builtin_only_worker_never_leases_user_code(api):
     taken = lease(api, wid)
     assert taken["study_id"] == user_code and taken["spec"]["entrypoint"] == "train.py"
     assert taken["run_token"].startswith(f"stdr_{taken['run_id']}_")
+
+
+def _conflict(step: int, kept: float, dropped: float) -> dict:
+    return {"key": "loss", "step": step, "kept": {"value": kept, "source": f"stdout line {step}"},
+            "dropped": {"value": dropped, "source": f"stdout line {step + 1}"}}
+
+
+def test_capture_conflicts_are_kept_on_the_run_and_named_in_the_report(api):
+    sid = _one_run_study(api)
+    leased = lease(api, register(api))
+    run_id, lid = leased["run_id"], leased["lease_id"]
+    too_many = {"count": 30, "first": [_conflict(s, 1.0, 2.0) for s in range(21)]}
+    r = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid, conflicts=too_many))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "conflicts", "first"]  # bounded
+    conflicts = {"count": 30, "first": [_conflict(500, 2.31, 2.295), _conflict(1000, 1.5, "NaN")]}
+    assert api.post(f"/api/v1/runs/{run_id}/complete", role="worker",
+                    json=result(lid, conflicts=conflicts)).status_code == 200
+    assert api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"] == conflicts
+    (caveat,) = api.get(f"/api/v1/studies/{sid}/report").json()["caveats"]
+    assert caveat["kind"] == "capture_conflicts" and caveat["run_id"] == run_id
+    assert caveat["message"].startswith(f"run {run_id}: 30 values were logged a second time, differently")
+    assert "loss at step 500: kept 2.31 (stdout line 500), not stored 2.295 (stdout line 501)" in caveat["message"]
+
+
+def test_a_failed_run_keeps_its_capture_conflicts(api):
+    _one_run_study(api)
+    leased = lease(api, register(api))
+    conflicts = {"count": 1, "first": [_conflict(3, 0.5, 0.25)]}
+    r = api.post(f"/api/v1/runs/{leased['run_id']}/fail", role="worker",
+                 json={"lease_id": leased["lease_id"], "error": "ValueError: boom", "conflicts": conflicts})
+    assert r.status_code == 200, r.text
+    assert api.get(f"/api/v1/runs/{leased['run_id']}").json()["metric_conflicts"] == conflicts
