@@ -151,13 +151,13 @@ def complete(session: WriteSession, run_id: int, body: RunResult, principal: Pri
         "fingerprint": body.fingerprint,
         "determinism_applied": body.determinism_applied,
         "timings": {k: wire_float(v) for k, v in body.timings.items()},
-        "metric_conflicts": _conflicts(body.conflicts),
         "finished_at": now,
         "lease_expires_at": None,
     }, now)
     if isinstance(outcome, RunAck):
         return outcome
     state, _ = outcome
+    runs_repo.add_conflicts(session, run_id, _conflicts(body.conflicts))
     metrics_repo.delete_other_attempts(session, run_id, state.attempt)
     settled.announce(session, state.study_id)
     return RunAck(run_id=run_id, status=RunStatus.completed)
@@ -171,7 +171,6 @@ def fail(session: WriteSession, run_id: int, body: RunFailure, principal: Princi
         "failure_kind": body.kind.value,
         "error": body.error,
         "stderr_tail": body.stderr_tail,
-        "metric_conflicts": _conflicts(body.conflicts),
         "finished_at": now,
         "lease_expires_at": None,
     }
@@ -183,6 +182,7 @@ def fail(session: WriteSession, run_id: int, body: RunFailure, principal: Princi
     if isinstance(outcome, RunAck):
         return outcome
     state, _ = outcome
+    runs_repo.add_conflicts(session, run_id, _conflicts(body.conflicts))
     settled.announce(session, state.study_id)
     return RunAck(run_id=run_id, status=status)
 

@@ -8,7 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["conflict_lines", "conflict_phrase", "conflict_summary"]
+from steady.worker.contract.protocol import MAX_CONFLICTS_KEPT
+
+__all__ = ["conflict_lines", "conflict_phrase", "conflict_summary", "merged"]
+
+
+def merged(existing: dict[str, Any] | None, more: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two records of a run's conflicts as one (the MLflow endpoint's, found as they were written, and the
+    worker's, reported with the result): counts added, the first :data:`MAX_CONFLICTS_KEPT` kept in full."""
+    if not more or not more.get("count"):
+        return existing
+    if not existing or not existing.get("count"):
+        return more
+    first = [*(existing.get("first") or []), *(more.get("first") or [])][:MAX_CONFLICTS_KEPT]
+    return {"count": int(existing["count"]) + int(more["count"]), "first": first}
 
 
 def _value(v: Any) -> str:

@@ -265,3 +265,33 @@ def test_a_failed_run_keeps_its_capture_conflicts(api):
                  json={"lease_id": leased["lease_id"], "error": "ValueError: boom", "conflicts": conflicts})
     assert r.status_code == 200, r.text
     assert api.get(f"/api/v1/runs/{leased['run_id']}").json()["metric_conflicts"] == conflicts
+
+
+def test_a_value_sent_twice_through_mlflow_keeps_the_first_and_is_recorded(api):
+    """The MLflow-compatible endpoint is a channel the worker does not see: the server keeps the first value
+    of a (key, step) itself, records a different second one, and adds the worker's own with the result."""
+    _one_run_study(api)
+    leased = lease(api, register(api))
+    run_id, lid = leased["run_id"], leased["lease_id"]
+    h = {"Authorization": f"Bearer {leased['run_token']}"}
+    assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker",
+                    json=batch(lid, 0, "loss", [0, 1, 2], [1.0, 0.5, 0.25])).status_code == 200
+
+    def log(step: int, value: float) -> None:
+        r = api.client.post("/mlflow/api/2.0/mlflow/runs/log-batch", headers=h, json={
+            "run_id": str(run_id), "metrics": [{"key": "loss", "value": value, "step": step, "timestamp": 1}]})
+        assert r.status_code == 200, r.text
+
+    log(1, 0.5)  # the same value again: silent
+    log(2, 9.0)  # a different one: recorded, not stored
+    log(3, 0.125)
+    got = api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()
+    assert got["steps"] == [0, 1, 2, 3] and got["values"] == [1.0, 0.5, 0.25, 0.125]
+    stored = api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"]
+    assert stored == {"count": 1, "first": [{"key": "loss", "step": 2, "kept": {"value": 0.25, "source": "stored before"},
+                                             "dropped": {"value": 9.0, "source": "mlflow request"}}]}
+    worker_side = {"count": 4, "first": [_conflict(7, 1.0, 2.0)]}
+    assert api.post(f"/api/v1/runs/{run_id}/complete", role="worker",
+                    json=result(lid, conflicts=worker_side)).status_code == 200
+    both = api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"]
+    assert both["count"] == 5 and [c["step"] for c in both["first"]] == [2, 7]

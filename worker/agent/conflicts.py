@@ -93,13 +93,23 @@ class ConflictGuard:
         digits: dict[str, int] = event.get("d") or {}
         step = int(event["s"])
         out = {}
+        room = self.tracked < self.max_points
         for key, raw in values.items():
             try:
                 value = float(raw)
             except (TypeError, ValueError):
                 out[key] = raw  # not a number: the server says why it refuses it
                 continue
-            if self._admit_one(key, step, value, origin, int(digits.get(key) or 0)):
+            series = self._series.get(key)
+            if room and series is not None and (not series.steps or step > series.steps[-1]):
+                # the usual case, a new step after the last one: append (no search)
+                series.steps.append(step)
+                series.values.append(value)
+                series.origins.append(origin)
+                series.digits.append(min(int(digits.get(key) or 0), 127))
+                self.tracked += 1
+                out[key] = raw
+            elif self._admit_one(key, step, value, origin, int(digits.get(key) or 0)):
                 out[key] = raw
         return out
 
