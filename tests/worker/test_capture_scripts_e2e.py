@@ -1,6 +1,7 @@
 """User scripts as people publish them, submitted with ``steady submit`` from their own git folders and run
 by a worker: what each gets captured, and where a value logged twice shows (``steady logs``, ``steady
-report``, the run page). One worker runs the three studies; the Keras script is the one real training.
+report``, the run page, the study page). One worker runs the three studies at once; the Keras script is
+the one real training.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def test_published_script_shapes_are_captured_and_a_repeated_key_is_shown(live_s
         assert done.returncode == 0, done.stderr
         studies[name] = int(done.stdout.split("submitted study ")[1].split()[0])
     (tmp_path / "worker-home").mkdir()
-    w = workers(live_server, "w1", cwd=tmp_path / "worker-home")
+    w = workers(live_server, "w1", "--concurrency", "3", cwd=tmp_path / "worker-home")
     for name, sid in studies.items():
         wait_for(lambda sid=sid: {r["status"] for r in runs(http, sid)} <= {"completed", "failed"}, 240,
                  f"{name} study {sid}\n{w.log()}")
@@ -108,6 +109,9 @@ def test_published_script_shapes_are_captured_and_a_repeated_key_is_shown(live_s
     assert "Caveats" in report.stdout and f"run {run['id']}: 2 values were logged" in report.stdout, report.stdout
     page = http.get(f"/runs/{run['id']}")
     assert page.status_code == 200 and "Capture conflicts" in page.text and "loss at step 1000" in page.text
+    page = http.get(f"/studies/{studies['eval-line']}")
+    assert page.status_code == 200 and "<h3>Caveats</h3>" in page.text
+    assert f'<a href="/runs/{run["id"]}">run {run["id"]}</a>: 2 values were logged a second time' in page.text
 
     (run,) = runs(http, studies["keras"])
     assert run["status"] == "completed", run
