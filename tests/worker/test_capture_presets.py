@@ -100,6 +100,18 @@ def test_the_default_capture_takes_a_tqdm_postfix_once_per_step(tmp_path):
     assert all("acc" not in e["v"] for e in events)  # the default takes loss only; the tqdm preset takes all
 
 
+@pytest.mark.parametrize("line, step", [
+    (" 50%|#####     | 50/100 [00:01<00:01, 45.2it/s, loss=2.31]", 50),
+    ("50it [00:01, 45.2it/s, loss=2.31]", 50),
+    ("train: 100%|##########| 7/7 [1:02:03<00:00,  1.25s/it, lr=0.1, loss=2.31]", 7),
+    ("2026-12-01 12:00:00,123 [INFO] loss=2.31", None),  # a logging format's bracket is not a bar
+    ("2026/12/01 [INFO] loss=2.31", None),
+])
+def test_the_default_tqdm_pattern(tmp_path, line, step):
+    events = _captured(tmp_path, line + "\n", patterns=list(DEFAULT_PATTERNS))
+    assert [(e["s"], e["v"]) for e in events] == ([(step, {"loss": 2.31})] if step is not None else [])
+
+
 def test_tqdm_preset_takes_every_postfix_number(tmp_path):
     got = _captured(tmp_path, _tqdm_output(LOSSES, desc="train"), preset="tqdm")
     acc = _series(got, "acc")

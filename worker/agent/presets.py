@@ -114,7 +114,7 @@ _POSTFIX_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_./\-]*)=(" + NUMBER + r")\b")
 
 
 class TqdmReader:
-    _BAR = re.compile(r"(\d+)(?:/\d+)?(?:it)? \[")
+    _BAR = re.compile(r"(\d+)(?:/\d+|it) \[\d+:\d\d")
 
     def read(self, line: str) -> list[Reading]:
         m = self._BAR.search(line)

@@ -276,8 +276,9 @@ _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|in
 DEFAULT_CAPTURE_PATTERN = (r"(?i)\b(?:step|iter|iteration|it)\b\s*[:=#]?\s*(?P<step>\d+)\b"
                            r"[^\n]*?\bloss\b\s*[:=]?\s*(?P<loss>" + _NUMBER + r")")
 # A tqdm bar's postfix: " 50%|#####     | 50/100 [00:01<00:01, 45.2it/s, loss=2.31]" or "50it [00:01, loss=2.31]",
-# the bar's count as the step. No nested quantifiers: these patterns also run in a linear-time engine (RE2).
-TQDM_CAPTURE_PATTERN = (r"(?P<step>\d+)(?:/\d+)?(?:it)? \[[^\]\n]*?\bloss=(?P<loss>" + _NUMBER + r")")
+# the bar's count as the step (the elapsed time after the bracket tells a bar from "12:00:00,123 [INFO]").
+# No nested quantifiers, no lookaround: these patterns also run in a linear-time engine (RE2).
+TQDM_CAPTURE_PATTERN = (r"(?P<step>\d+)(?:/\d+|it) \[\d+:\d\d[^\]\n]*?\bloss=(?P<loss>" + _NUMBER + r")")
 DEFAULT_CAPTURE_PATTERNS = (DEFAULT_CAPTURE_PATTERN, TQDM_CAPTURE_PATTERN)
 # Logging shapes a preset reads (steady.worker.agent.presets): Keras fit's epoch and progress lines, the
 # Hugging Face Trainer's dict lines, PyTorch Lightning's progress bar, any tqdm bar's postfix.
