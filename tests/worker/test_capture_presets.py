@@ -11,6 +11,7 @@ code prints them (the Trainer's ``ProgressCallback.on_log`` writes ``str(logs)``
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 from pathlib import Path
@@ -39,6 +40,7 @@ def _series(events: list[dict], key: str) -> dict[int, float]:
     return {e["s"]: e["v"][key] for e in events if key in e["v"]}
 
 
+@functools.cache
 def _keras_output(verbose: int):
     keras = pytest.importorskip("keras")
     import numpy as np
