@@ -135,3 +135,13 @@ def test_events_name_their_line(tmp_path):
     cap.close()
     (event,) = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert event["o"] == 2 and event["d"] == {"loss": 2}
+
+
+def test_a_conflict_always_fits_the_result_message():
+    """A deep event file's path or a key the server would refuse must not make the run's report invalid."""
+    guard = ConflictGuard()
+    deep = "/".join(["d" * 50] * 10) + "/events.out.tfevents.1"
+    guard.admit({"e": "m", "s": 1, "v": {"bad key!": 1.0}, "c": "tensorboard", "o": 1, "f": deep})
+    guard.admit({"e": "m", "s": 1, "v": {"bad key!": 2.0}, "c": "tensorboard", "o": 2, "f": deep})
+    (c,) = MetricConflicts.model_validate(guard.summary()).first
+    assert c.key == "bad key!" and c.kept.source.endswith("events.out.tfevents.1 record 1")

@@ -24,7 +24,7 @@ from array import array
 from bisect import bisect_left
 from typing import Any
 
-from steady.worker.contract.protocol import MAX_CONFLICTS_KEPT
+from steady.worker.contract.protocol import MAX_CONFLICTS_KEPT, MAX_KEY_LENGTH, MAX_SOURCE_LENGTH
 
 __all__ = ["MAX_TRACKED_POINTS", "ConflictGuard", "same_value"]
 
@@ -153,9 +153,9 @@ class ConflictGuard:
     def _record(self, key: str, step: int, kept: float, kept_origin: int, value: float, origin: int) -> None:
         self.count += 1
         if len(self.first) < self.keep:
-            self.first.append({"key": key, "step": step,
-                               "kept": {"value": kept, "source": self._describe(kept_origin)},
-                               "dropped": {"value": value, "source": self._describe(origin)}})
+            self.first.append({"key": key[:MAX_KEY_LENGTH] or "_", "step": step,
+                               "kept": {"value": kept, "source": self._describe(kept_origin)[-MAX_SOURCE_LENGTH:]},
+                               "dropped": {"value": value, "source": self._describe(origin)[-MAX_SOURCE_LENGTH:]}})
 
     def _origin(self, channel: str, event: dict[str, Any]) -> int:
         code = _CHANNELS.index(channel) if channel in _CHANNELS else 0

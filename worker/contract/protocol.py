@@ -502,6 +502,7 @@ class Digests(_Model):
 
 
 MAX_CONFLICTS_KEPT = 20  # conflicts a run keeps in full; the rest are counted
+MAX_SOURCE_LENGTH = 300
 
 
 class ValueOrigin(_FreeText):
@@ -509,13 +510,13 @@ class ValueOrigin(_FreeText):
     ``tensorboard``) and the line or record (``line 512``, ``train/events.out.tfevents.1 record 17``)."""
 
     value: WireFloat
-    source: Annotated[str, Field(max_length=300)]
+    source: Annotated[str, Field(max_length=MAX_SOURCE_LENGTH)]
 
 
 class MetricConflict(_FreeText):
     """Two different values logged for one (key, step): the first is kept, the second is not stored."""
 
-    key: MetricKey
+    key: Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]  # as logged, even a key refused
     step: int
     kept: ValueOrigin
     dropped: ValueOrigin
