@@ -15,13 +15,18 @@ __all__ = ["conflict_lines", "conflict_phrase", "conflict_summary", "merged"]
 
 def merged(existing: dict[str, Any] | None, more: dict[str, Any] | None) -> dict[str, Any] | None:
     """Two records of a run's conflicts as one (the MLflow endpoint's, found as they were written, and the
-    worker's, reported with the result): counts added, the first :data:`MAX_CONFLICTS_KEPT` kept in full."""
+    worker's, reported with the result): counts added, the first :data:`MAX_CONFLICTS_KEPT` kept in full.
+    A conflict recorded already, the same in every part, is a client's retry of one request: not counted again."""
     if not more or not more.get("count"):
         return existing
     if not existing or not existing.get("count"):
         return more
-    first = [*(existing.get("first") or []), *(more.get("first") or [])][:MAX_CONFLICTS_KEPT]
-    return {"count": int(existing["count"]) + int(more["count"]), "first": first}
+    count, new = int(more["count"]), list(more.get("first") or [])
+    if count == len(new):  # every conflict given in full: the ones seen before can be told apart
+        new = [c for c in new if c not in (existing.get("first") or [])]
+        count = len(new)
+    first = [*(existing.get("first") or []), *new][:MAX_CONFLICTS_KEPT]
+    return {"count": int(existing["count"]) + count, "first": first}
 
 
 def _value(v: Any) -> str:

@@ -288,6 +288,7 @@ def test_a_value_sent_twice_through_mlflow_keeps_the_first_and_is_recorded(api):
 
     log(1, 0.5)  # the same value again: silent
     log(2, 9.0)  # a different one: recorded, not stored
+    log(2, 9.0)  # the client's retry of that request: recorded once
     log(3, 0.125)
     got = api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()
     assert got["steps"] == [0, 1, 2, 3] and got["values"] == [1.0, 0.5, 0.25, 0.125]
