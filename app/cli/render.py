@@ -112,6 +112,11 @@ def render_report(report: Report, *, color: bool = False) -> str:
     elif report.cost_note:
         lines.append("")
         lines.append(_paint("Cost of determinism", "1", color) + f": not computed: {report.cost_note}")
+    if report.caveats:
+        lines.append("")
+        lines.append(_paint("Caveats", "1", color) + " (what the verdicts above rest on)")
+        for caveat in report.caveats:
+            lines.append("  " + _paint(caveat.message, "33", color))
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ from steady.server.cli.support import (
     verdict_exit_code,
 )
 from steady.server.kit.terminal import printable, printable_output
+from steady.server.runs.conflicts import conflict_lines
 from steady.worker.contract.protocol import RunStatus
 
 if TYPE_CHECKING:
@@ -105,6 +106,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         print(line)
     if run.get("error"):
         print(f"error ({run.get('failure_kind') or 'error'}): {printable(run['error'])}")
+    for line in conflict_lines(run.get("metric_conflicts")):
+        print(printable(line))
     tail = run.get("stderr_tail")
     if tail:
         print("--- output tail ---")

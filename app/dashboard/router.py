@@ -18,6 +18,7 @@ from steady.server.launches import hints
 from steady.server.lifecycle.service import run_story
 from steady.server.models import Study, Worker
 from steady.server.runs import repository as runs_repo
+from steady.server.runs.conflicts import conflict_phrase, conflict_summary
 from steady.server.workers import service as workers_service
 from steady.worker.contract.protocol import StudyStatus
 
@@ -99,7 +100,9 @@ def run_page(request: Request, run_id: int, db: ReadDB, viewer: PageViewer) -> H
     worker = db.get(Worker, run.worker_id) if run.worker_id is not None else None
     return render(request, "run.html", viewer, run=run, study=study, worker=worker, story=run_story(db, run),
                    keys=service.run_keys(db, run), engine_job=hints.job_label(run.engine),
-                   engine_logs=hints.log_hint(run.engine))
+                   engine_logs=hints.log_hint(run.engine),
+                   conflicts_summary=conflict_summary(run.metric_conflicts),
+                   conflicts=[conflict_phrase(c) for c in (run.metric_conflicts or {}).get("first") or []])
 
 
 @router.get("/workers", response_class=HTMLResponse)

@@ -212,6 +212,7 @@ def lease_next(session: WriteSession, worker: Worker, settings: Settings, reques
             engine=worker.engine,
             started_at=now,
             progress_step=None,
+            metric_conflicts=None,  # an earlier attempt's, like its points, are not this attempt's
             # In this one UPDATE: a second UPDATE of the row in the same transaction makes
             # PostgreSQL re-check its foreign keys, taking a KEY SHARE lock on the study row
             # that refresh_status's FOR UPDATE then has to upgrade (deadlocks between leasers).

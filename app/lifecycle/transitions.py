@@ -32,6 +32,7 @@ from steady.worker.contract.protocol import (
     FailureKind,
     Heartbeat,
     HeartbeatAck,
+    MetricConflicts,
     RunAck,
     RunFailure,
     RunRelease,
@@ -136,6 +137,11 @@ def heartbeat(session: WriteSession, run_id: int, body: Heartbeat, settings: Set
     return HeartbeatAck(lease_expires_at=row[0], cancel=row[1])
 
 
+def _conflicts(conflicts: MetricConflicts | None) -> dict[str, Any] | None:
+    """What the run stores of its capture conflicts (non-finite values as the wire spells them)."""
+    return conflicts.model_dump(mode="json") if conflicts is not None and conflicts.count else None
+
+
 def complete(session: WriteSession, run_id: int, body: RunResult, principal: Principal) -> RunAck:
     now = utcnow()
     outcome = _apply(session, run_id, body.lease_id, body.request_id, principal, {
@@ -153,6 +159,7 @@ def complete(session: WriteSession, run_id: int, body: RunResult, principal: Pri
     if isinstance(outcome, RunAck):
         return outcome
     state, _ = outcome
+    runs_repo.add_conflicts(session, run_id, _conflicts(body.conflicts))
     metrics_repo.delete_other_attempts(session, run_id, state.attempt)
     settled.announce(session, state.study_id)
     return RunAck(run_id=run_id, status=RunStatus.completed)
@@ -178,6 +185,7 @@ def fail(session: WriteSession, run_id: int, body: RunFailure, principal: Princi
     if isinstance(outcome, RunAck):
         return outcome
     state, _ = outcome
+    runs_repo.add_conflicts(session, run_id, _conflicts(body.conflicts))
     settled.announce(session, state.study_id)
     return RunAck(run_id=run_id, status=status)
 

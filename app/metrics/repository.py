@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -167,15 +167,21 @@ def study_metric_keys(session: Session, study_id: int) -> set[str]:
 
 
 def _assemble(chunks: list[tuple[int, int, np.ndarray, bytes]]) -> tuple[np.ndarray, np.ndarray]:
-    chunks.sort(key=lambda c: (c[0], c[1]))  # by first step, then batch seq
+    """One series from its chunks, given as (step_min, chunk id, steps, value bytes)."""
+    chunks.sort(key=lambda c: (c[0], c[1]))  # by first step, then the order stored
     steps = np.concatenate([c[2] for c in chunks]).astype(np.int64, copy=False)
     values = np.frombuffer(b"".join(c[3] for c in chunks), dtype=VALUE_DTYPE).astype(np.float64, copy=False)
     if len(steps) > 1 and not np.all(steps[1:] > steps[:-1]):
-        # Out of order or repeated steps (e.g. a step logged twice): sort, keep the last write.
+        # Out of order or repeated steps (e.g. a step logged twice): in the order stored (chunk id: the
+        # agent's batches and the MLflow endpoint's requests alike), then position, sorted by step; a
+        # repeated step keeps its first value, never a later one.
+        chunks.sort(key=lambda c: (c[1], c[0]))
+        steps = np.concatenate([c[2] for c in chunks]).astype(np.int64, copy=False)
+        values = np.frombuffer(b"".join(c[3] for c in chunks), dtype=VALUE_DTYPE).astype(np.float64, copy=False)
         order = np.argsort(steps, kind="stable")
         steps, values = steps[order], values[order]
-        last = np.append(steps[1:] != steps[:-1], True)
-        steps, values = steps[last], values[last]
+        first = np.insert(steps[1:] != steps[:-1], 0, True)
+        steps, values = steps[first], values[first]
     return steps, values
 
 
@@ -190,7 +196,7 @@ def load_series(
     # No ORDER BY: sorting in SQL would copy every blob through a temporary b-tree; the few
     # chunks of each series are ordered in Python instead.
     stmt = (
-        select(table.c.run_id, table.c.key, table.c.seq, table.c.step_min, table.c.step_max, table.c.n,
+        select(table.c.run_id, table.c.key, table.c.id, table.c.step_min, table.c.step_max, table.c.n,
                table.c.steps, table.c["values"])
         .join(runs, (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt))
         .where(table.c.run_id.in_(list(run_ids)))
@@ -198,9 +204,29 @@ def load_series(
     if keys is not None:
         stmt = stmt.where(table.c.key.in_(list(keys)))
     parts: dict[tuple[int, str], list[tuple[int, int, np.ndarray, bytes]]] = defaultdict(list)
-    for run_id, key, seq, step_min, step_max, n, steps_b, values_b in session.execute(stmt):
-        parts[(run_id, key)].append((step_min, seq, decode_steps(steps_b, step_min, step_max, n), values_b))
+    for run_id, key, chunk_id, step_min, step_max, n, steps_b, values_b in session.execute(stmt):
+        parts[(run_id, key)].append((step_min, chunk_id, decode_steps(steps_b, step_min, step_max, n), values_b))
     return {rk: _assemble(chunks) for rk, chunks in parts.items()}
+
+
+def stored_points(session: Session, run_id: int, attempt: int,
+                  ranges: dict[str, tuple[int, int]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """What one attempt of a run already holds for each key between the steps (lo, hi) given, first value
+    per step, read from the chunks that overlap that range only (a write checks what it would repeat)."""
+    if not ranges:
+        return {}
+    table = MetricChunk.__table__
+    overlap = or_(*[(table.c.key == key) & (table.c.step_max >= lo) & (table.c.step_min <= hi)
+                    for key, (lo, hi) in ranges.items()])
+    stmt = (
+        select(table.c.key, table.c.id, table.c.step_min, table.c.step_max, table.c.n, table.c.steps,
+               table.c["values"])
+        .where(table.c.run_id == run_id, table.c.attempt == attempt, overlap)
+    )
+    parts: dict[str, list[tuple[int, int, np.ndarray, bytes]]] = defaultdict(list)
+    for key, chunk_id, step_min, step_max, n, steps_b, values_b in session.execute(stmt):
+        parts[key].append((step_min, chunk_id, decode_steps(steps_b, step_min, step_max, n), values_b))
+    return {key: _assemble(chunks) for key, chunks in parts.items()}
 
 
 def load_series_shared(
@@ -215,7 +241,7 @@ def load_series_shared(
     them. A run that logged every step of the grid gets ``(grid, matrix[i])`` — the one grid array
     shared by all runs and a row *view* of the matrix; a run with gaps gets copies of its logged
     steps. Runs with unevenly spaced or overlapping chunks (a step re-logged) go through
-    ``load_series`` (sort, keep the last write). Same result as ``load_series``, bit for bit.
+    ``load_series`` (sort, keep the first write). Same result as ``load_series``, bit for bit.
     """
     if not run_ids:
         return {}
@@ -349,4 +375,5 @@ __all__ = [
     "load_series_shared",
     "runs_with_key",
     "metric_keys",
+    "stored_points",
 ]

@@ -40,7 +40,7 @@ from steady.server.runs import repository as runs_repo
 from steady.server.lifecycle.credentials import RunCredential
 from steady.server.studies import service as studies
 from steady.server.studies.schemas import StudySpec
-from steady.worker.contract.protocol import Determinism, RunStatus
+from steady.worker.contract.protocol import MAX_CONFLICTS_KEPT, Determinism, RunStatus
 
 RUN_NAME_TAG = "mlflow.runName"
 _STATUS_OUT = {RunStatus.running.value: "RUNNING", RunStatus.queued.value: "SCHEDULED",
@@ -201,8 +201,39 @@ def _store_metrics(session: Session, run: Run, metrics: list[MetricIn], settings
     from steady.server.lifecycle import service as runs
 
     runs.check_limits(session, run, set(grouped), len(metrics), settings)
+    grouped = _first_values(session, run, grouped)
     arrays = [(key, np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for key, (s, v) in grouped.items()]
     metrics_repo.insert_chunks(session, run.id, run.attempt, seq, arrays)
+
+
+def _first_values(session: Session, run: Run, grouped: dict[str, tuple[list[int], list[float]]]
+                  ) -> dict[str, tuple[list[int], list[float]]]:
+    """The points of a request that give a step its first value. A step the run already holds (or that the
+    request names twice) keeps the value it has: the same value again is dropped without a word, a
+    different one is recorded on the run as a capture conflict and not stored."""
+    stored = metrics_repo.stored_points(session, run.id, run.attempt,
+                                        {key: (min(s), max(s)) for key, (s, _) in grouped.items()})
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    conflicts: list[dict[str, Any]] = []
+    for key, (steps, values) in grouped.items():
+        held_steps, held_values = stored.get(key, ((), ()))
+        have = {int(s): (float(v), "stored before") for s, v in zip(held_steps, held_values)}
+        keep: tuple[list[int], list[float]] = ([], [])
+        for step, value in zip(steps, values):
+            if step in have:
+                kept, source = have[step]
+                if np.float64(kept).tobytes() != np.float64(value).tobytes() and not (np.isnan(kept) and np.isnan(value)):
+                    conflicts.append({"key": key, "step": step, "kept": {"value": wire_float(kept), "source": source},
+                                      "dropped": {"value": wire_float(value), "source": "mlflow request"}})
+                continue
+            have[step] = (value, "mlflow request")
+            keep[0].append(step)
+            keep[1].append(value)
+        if keep[0]:
+            out[key] = keep
+    if conflicts:
+        runs_repo.add_conflicts(session, run.id, {"count": len(conflicts), "first": conflicts[:MAX_CONFLICTS_KEPT]})
+    return out
 
 
 def _set_params(run: Run, params: list[ParamIn]) -> None:

@@ -137,6 +137,8 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     stderr_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
     argv: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # a command's argv as run (placeholders filled)
+    # protocol.MetricConflicts: values logged twice, differently, for one (key, step); the first was kept
+    metric_conflicts: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

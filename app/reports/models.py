@@ -256,6 +256,15 @@ class ArmDifference(Part):
     differ_by: list[str]
 
 
+class Caveat(Part):
+    """Something the verdicts rest on that a reader should know, e.g. a run whose capture met a second,
+    different value for a step (``capture_conflicts``: the first value was judged, the second not stored)."""
+
+    kind: Literal["capture_conflicts"]
+    run_id: int | None = None
+    message: str
+
+
 class Report(Part):
     """A study's report: verdicts per level, metric and group, with the numbers behind them."""
 
@@ -273,6 +282,7 @@ class Report(Part):
     options: ReportOptions
     arms: list[ArmDifference]
     convergence: list[Convergence] | None = None
+    caveats: list[Caveat] = []
 
     @classmethod
     def assemble(cls, built: StudyReport, *, study: StudyHeader | dict, metrics: list | tuple = (),

@@ -21,8 +21,9 @@ from steady.server.kit.errors import NotFound, judging
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
 from steady.server.reports import repository
-from steady.server.reports.models import Report
+from steady.server.reports.models import Caveat, Report
 from steady.server.runs import repository as runs_repo
+from steady.server.runs.conflicts import conflict_phrase, conflict_summary
 from steady.server.stats.convergence import (
     ReferencePoint,
     check_convergence,
@@ -246,7 +247,21 @@ def compute_report(session: Session, study_id: int) -> Report:
         convergence=convergence,
     )
     _name_arm_differences(report, spec)
+    report.caveats = capture_caveats(runs)
     return report
+
+
+def capture_caveats(runs: Sequence[Run]) -> list[Caveat]:
+    """One caveat per judged run whose capture kept a first value over a second, different one."""
+    out = []
+    for run in runs:
+        summary = conflict_summary(run.metric_conflicts)
+        if summary is not None and run.metric_conflicts is not None:
+            first = run.metric_conflicts.get("first") or []
+            example = f"; e.g. {conflict_phrase(first[0])}" if first else ""
+            out.append(Caveat(kind="capture_conflicts", run_id=run.id,
+                              message=f"run {run.id}: {summary}{example} (`steady logs {run.id}`)"))
+    return out
 
 
 def _steps_to_target(data: Sequence[RunData], conv: dict[str, Any]) -> list[float]:

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import NotFound
 from steady.server.models import MetricChunk, Run, Worker
+from steady.server.runs.conflicts import merged
 from steady.worker.contract.protocol import RunStatus
 
 
@@ -335,3 +336,12 @@ def status_totals(session: Session) -> dict[str, int]:
 
 def last_finished_at(session: Session, study_id: int) -> datetime | None:
     return session.scalar(select(func.max(Run.finished_at)).where(Run.study_id == study_id))
+
+
+def add_conflicts(session: Session, run_id: int, conflicts: dict[str, Any] | None) -> None:
+    """Add capture conflicts to those the run holds (the worker's with its result, the MLflow endpoint's
+    as they are written): counted in all, the first ones kept in full."""
+    if not conflicts or not conflicts.get("count"):
+        return
+    current = session.scalar(select(Run.metric_conflicts).where(Run.id == run_id))
+    session.execute(update(Run).where(Run.id == run_id).values(metric_conflicts=merged(current, conflicts)))

@@ -55,6 +55,9 @@ class RunOut(WireModel):
     stderr_tail: str | None = Field(description="the end of the run's stdout and stderr (every finished run)")
     argv: list[str] | None = Field(None, description="a command workload's argv as it ran (placeholders filled)")
     story: RunStory | None = Field(None, description="what the run executed (GET /api/v1/runs/{id} only)")
+    metric_conflicts: dict[str, Any] | None = Field(
+        None, description="values the run logged twice, differently, for one (key, step): {count, first: "
+        "[{key, step, kept: {value, source}, dropped: {value, source}}]}; the kept value is the first logged")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -33,8 +33,9 @@ class WorkloadSpec(_Spec):
     params: dict[str, Any] = Field({}, description=f"passed to the workload; at most {MAX_PARAMS_BYTES} bytes as JSON")
     capture: CaptureSpec | None = Field(
         None, description="metrics captured without the SDK: TensorBoard scalars under the run's directory and "
-        "stdout/stderr lines matched by regexes with a named group 'step' (default for a command: both, with "
-        "the pattern 'step N ... loss X')",
+        "stdout/stderr lines matched by regexes with a named group 'step' or read by a preset (keras, hf, "
+        "lightning, tqdm); default for a command: both, with the patterns 'step N ... loss X' and tqdm's "
+        "'N/T [..., loss=X]'",
     )
 
     @field_validator("command")

@@ -148,6 +148,11 @@ def test_capture_patterns_are_checked_at_submit(api):
     ok = submit({"tensorboard": False, "patterns": ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)"]})
     assert ok.status_code in (200, 201), ok.text
     assert ok.json()["spec"]["workload"]["capture"]["patterns"] == ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)"]
+    unknown = submit({"preset": "fastai"})
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["body", "workload", "capture", "preset"]
+    assert "'keras', 'hf', 'lightning' or 'tqdm'" in unknown.json()["detail"][0]["msg"]
+    keras = submit({"preset": "keras"})
+    assert keras.status_code == 201 and keras.json()["spec"]["workload"]["capture"]["preset"] == "keras"
 
 
 def _random_archive(tmp_path, name: str, size: int) -> codepack.Packed:

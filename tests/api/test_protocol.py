@@ -123,10 +123,14 @@ def test_expired_lease_requeued_and_late_worker_refused(make_api, clock):
     first = lease(api, w1)
     run_id = first["run_id"]
     api.post(f"/api/v1/runs/{run_id}/metrics", role="worker", json=batch(first["lease_id"], 0, "loss", [0, 1], [9.0, 9.0]))
+    relog = api.client.post("/mlflow/api/2.0/mlflow/runs/log-metric", headers={"Authorization": f"Bearer {first['run_token']}"},
+                            json={"run_id": str(run_id), "key": "loss", "value": 8.0, "step": 1, "timestamp": 1})
+    assert relog.status_code == 200 and api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"]["count"] == 1
     assert lease(api, w2) is None  # the lease still holds
     clock.advance(31)
     second = lease(api, w2)  # leasing reaps the expired run first
     assert second["run_id"] == run_id and second["attempt"] == 2
+    assert api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"] is None  # the first attempt's, gone with it
     # the first worker is late: heartbeat, metrics and completion are all refused
     for path, body in (
         ("heartbeat", {"lease_id": first["lease_id"]}),
@@ -233,3 +237,66 @@ def test_builtin_only_worker_never_leases_user_code(api):
     taken = lease(api, wid)
     assert taken["study_id"] == user_code and taken["spec"]["entrypoint"] == "train.py"
     assert taken["run_token"].startswith(f"stdr_{taken['run_id']}_")
+
+
+def _conflict(step: int, kept: float, dropped: float) -> dict:
+    return {"key": "loss", "step": step, "kept": {"value": kept, "source": f"stdout line {step}"},
+            "dropped": {"value": dropped, "source": f"stdout line {step + 1}"}}
+
+
+def test_capture_conflicts_are_kept_on_the_run_and_named_in_the_report(api):
+    sid = _one_run_study(api)
+    leased = lease(api, register(api))
+    run_id, lid = leased["run_id"], leased["lease_id"]
+    too_many = {"count": 30, "first": [_conflict(s, 1.0, 2.0) for s in range(21)]}
+    r = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid, conflicts=too_many))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "conflicts", "first"]  # bounded
+    conflicts = {"count": 30, "first": [_conflict(500, 2.31, 2.295), _conflict(1000, 1.5, "NaN")]}
+    assert api.post(f"/api/v1/runs/{run_id}/complete", role="worker",
+                    json=result(lid, conflicts=conflicts)).status_code == 200
+    assert api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"] == conflicts
+    (caveat,) = api.get(f"/api/v1/studies/{sid}/report").json()["caveats"]
+    assert caveat["kind"] == "capture_conflicts" and caveat["run_id"] == run_id
+    assert caveat["message"].startswith(f"run {run_id}: 30 values were logged a second time, differently")
+    assert "loss at step 500: kept 2.31 (stdout line 500), not stored 2.295 (stdout line 501)" in caveat["message"]
+
+
+def test_a_failed_run_keeps_its_capture_conflicts(api):
+    _one_run_study(api)
+    leased = lease(api, register(api))
+    conflicts = {"count": 1, "first": [_conflict(3, 0.5, 0.25)]}
+    r = api.post(f"/api/v1/runs/{leased['run_id']}/fail", role="worker",
+                 json={"lease_id": leased["lease_id"], "error": "ValueError: boom", "conflicts": conflicts})
+    assert r.status_code == 200, r.text
+    assert api.get(f"/api/v1/runs/{leased['run_id']}").json()["metric_conflicts"] == conflicts
+
+
+def test_a_value_sent_twice_through_mlflow_keeps_the_first_and_is_recorded(api):
+    """The MLflow-compatible endpoint is a channel the worker does not see: the server keeps the first value
+    of a (key, step) itself, records a different second one, and adds the worker's own with the result."""
+    _one_run_study(api)
+    leased = lease(api, register(api))
+    run_id, lid = leased["run_id"], leased["lease_id"]
+    h = {"Authorization": f"Bearer {leased['run_token']}"}
+    assert api.post(f"/api/v1/runs/{run_id}/metrics", role="worker",
+                    json=batch(lid, 0, "loss", [0, 1, 2], [1.0, 0.5, 0.25])).status_code == 200
+
+    def log(step: int, value: float) -> None:
+        r = api.client.post("/mlflow/api/2.0/mlflow/runs/log-batch", headers=h, json={
+            "run_id": str(run_id), "metrics": [{"key": "loss", "value": value, "step": step, "timestamp": 1}]})
+        assert r.status_code == 200, r.text
+
+    log(1, 0.5)  # the same value again: silent
+    log(2, 9.0)  # a different one: recorded, not stored
+    log(2, 9.0)  # the client's retry of that request: recorded once
+    log(3, 0.125)
+    got = api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()
+    assert got["steps"] == [0, 1, 2, 3] and got["values"] == [1.0, 0.5, 0.25, 0.125]
+    stored = api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"]
+    assert stored == {"count": 1, "first": [{"key": "loss", "step": 2, "kept": {"value": 0.25, "source": "stored before"},
+                                             "dropped": {"value": 9.0, "source": "mlflow request"}}]}
+    worker_side = {"count": 4, "first": [_conflict(7, 1.0, 2.0)]}
+    assert api.post(f"/api/v1/runs/{run_id}/complete", role="worker",
+                    json=result(lid, conflicts=worker_side)).status_code == 200
+    both = api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"]
+    assert both["count"] == 5 and [c["step"] for c in both["first"]] == [2, 7]

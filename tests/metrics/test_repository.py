@@ -26,7 +26,9 @@ def run_id(db_url):
         [[7]],  # a single point
         [[0, 5, 7, 100]],  # irregular
         [[5, 6], [0, 1, 2]],  # batches out of order
-        [[0, 1, 2], [2, 3]],  # step 2 logged twice: the later batch wins
+        [[0, 1, 2], [2, 3]],  # step 2 logged twice: the first batch's value is kept
+        [[5, 6], [0, 5]],  # a later batch that starts lower repeats step 5: still the first value kept
+        [[0, 1, 1, 2]],  # step 1 twice in one batch: its first value kept
     ],
 )
 def test_roundtrip(run_id, chunks):
@@ -38,7 +40,8 @@ def test_roundtrip(run_id, chunks):
             values = rng.standard_normal(len(steps))
             values[0] = np.nan if seq == 0 else values[0]
             repo.insert_chunks(s, rid, 1, seq, [("loss", np.array(steps), values)])
-            expected.update(zip(steps, values))
+            for step, value in zip(steps, values):
+                expected.setdefault(step, value)  # a value is never replaced by a later one
     with db.read() as s:
         steps, values = repo.load_series(s, [rid], ["loss"])[(rid, "loss")]
     want_steps = np.array(sorted(expected))
@@ -76,7 +79,7 @@ def test_shared_load_matches_load_series_bit_for_bit(db_url):
         [np.arange(0, 30)],  # stopped early
         [np.arange(10, 100, 2)],  # logged every other step, later start
         [np.array([0, 5, 7, 99])],  # irregular: steps stored explicitly
-        [np.arange(0, 60), np.arange(59, 100)],  # step 59 logged twice: the later batch wins
+        [np.arange(0, 60), np.arange(59, 100)],  # step 59 logged twice: the first value is kept
         [np.array([7])],  # a single point
     ]
     rng = np.random.default_rng(5)

@@ -11,6 +11,14 @@ tensorboard's own dependencies (grpcio, werkzeug, protobuf, markdown…). Only s
 are read: ``simple_value`` (float32, what torch's SummaryWriter writes) and scalar tensors
 (what TF2 ``tf.summary.scalar`` writes: float32; a float64 tensor keeps its double precision).
 Record checksums are not verified: a torn last record is simply read again on the next pass.
+
+Output lines are read by the spec's patterns and preset (:mod:`steady.worker.agent.presets`). A line
+redrawn with ``\r`` (a progress bar) is one line: each step it shows counts once, with the last value
+drawn for it (a bar redrawn five times at count 50 gives one point, its last). ANSI colours and
+backspaces are removed before matching. Every captured event names its origin (``"o"``: the output's
+line number or the event file's record number, ``"f"``: that event file) and, for printed values, the
+significant digits printed (``"d"``), so a second value for one (key, step) can be told apart from the
+same value printed rounded (:mod:`steady.worker.agent.conflicts`).
 """
 
 from __future__ import annotations
@@ -22,15 +30,18 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from steady.worker.agent.stepclock import StepClock
 from steady.worker.contract import runfiles
 from steady.worker.contract.events import EventWriter
+from steady.worker.agent.presets import PatternReader, Reader, preset_reader, significant_digits
+from steady.worker.agent.stepclock import StepClock
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
+from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERNS as DEFAULT_PATTERNS
 from steady.worker.contract.protocol import check_capture_pattern as check_pattern
 
-__all__ = ["DEFAULT_PATTERN", "Capture", "TFRecordTail", "check_pattern", "parse_event", "read_scalars"]
+__all__ = ["DEFAULT_PATTERN", "DEFAULT_PATTERNS", "Capture", "TFRecordTail", "check_pattern", "parse_event", "read_scalars"]
 
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_.:/\-]")
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x08\x1b]")  # colours, cursor moves, backspaces
 MAX_LINE_BYTES = 64 * 1024  # a longer line (a progress bar without newlines) is cut
 READ_BYTES = 1 << 20  # per file per pass
 MAX_RECORD_BYTES = 64 << 20  # an event record larger than this means the file is not one
@@ -163,6 +174,7 @@ class TFRecordTail:
         self.path = os.path.abspath(path)
         self.root = root or os.path.dirname(self.path)  # the run directory: nothing outside is read
         self.offset = 0
+        self.records = 0  # records read so far (the number of the last one)
 
     def read_new(self, max_bytes: int = READ_BYTES) -> list[bytes]:
         """Complete records after :attr:`offset`, from one bounded read; :class:`runfiles.UnsafeFileError`
@@ -204,9 +216,6 @@ def read_scalars(path: str) -> list[tuple[int, str, float, str]]:
     return out
 
 
-# --- the capture a runner drives --------------------------------------------------------------
-
-
 def printed_resolution(text: str) -> float | None:
     """The unit of the last digit ``text`` prints a number with ("0.1234" -> 1e-4, "2.31e-1" -> 1e-3,
     "12" -> 1): what a value parsed from text is precise to. None for nan/inf or what is not a number."""
@@ -217,16 +226,24 @@ def printed_resolution(text: str) -> float | None:
     return float(10.0 ** exponent) if isinstance(exponent, int) and -300 < exponent < 300 else None
 
 
+# --- the capture a runner drives --------------------------------------------------------------
+
+
 class Capture:
     """Tails a run's output file and its TensorBoard event files, appending metric events."""
 
     def __init__(self, *, events_path: str, output_path: str, roots: list[str], tensorboard: bool = True,
-                 patterns: list[str] | None = None) -> None:
+                 patterns: list[str] | None = None, preset: str | None = None) -> None:
         self.events_path = events_path
         self.output_path = output_path
         self.roots = roots
         self.tensorboard = tensorboard
-        self.patterns = [re.compile(p) for p in (patterns or [])]
+        self.patterns: list[Reader] = [PatternReader(p) for p in (patterns or [])]
+        if preset:
+            self.patterns.append(preset_reader(preset))
+        self._line_no = 1  # the output's line being read (1-based; a \r redraw stays on its line)
+        self._pending: dict[int, tuple[int, dict[str, str]]] = {}  # reader -> the line's last reading so far
+        self._last_step: dict[str, int] = {}
         self._writer: EventWriter | None = None
         self._out_offset = 0
         self._partial = b""
@@ -241,12 +258,14 @@ class Capture:
         self.arrival: Callable[[int], float | None] | None = None
         self.clocks: dict[str, StepClock] = {}
         self._timed_file: str | None = None  # the one TensorBoard file whose wall times are used
+        self._at = 0  # the output's offset just after what was matched last (for ``arrival``)
 
     def _skip(self, exc: runfiles.UnsafeFileError) -> None:
         self.skipped.setdefault(exc.path, exc.reason)
 
     def _emit(self, source: str, step: int, values: dict[str, float], dtypes: dict[str, str],
-              printed: dict[str, float] | None = None, *, final: bool = True) -> None:
+              origin: dict[str, Any] | None = None, printed: dict[str, float] | None = None, *,
+              final: bool = True) -> None:
         if self.sdk_keys:
             values = {k: v for k, v in values.items() if k not in self.sdk_keys}
             dtypes = {k: d for k, d in dtypes.items() if k in values}
@@ -264,12 +283,20 @@ class Capture:
         event: dict[str, Any] = {"e": "m", "s": int(step), "v": values, "c": source}
         if dtypes:
             event["t"] = dtypes
+        if origin:
+            event.update(origin)
+            if "d" in origin:
+                event["d"] = {k: d for k, d in origin["d"].items() if k in values}
         if printed:
             event["r"] = printed
         self._writer.write(event)
-        if final:
-            self.last.update(values)
-            self.keys_by_source[source].update(values)
+        if not final:  # a derived value (a step time): neither a final metric nor a captured key
+            return
+        for key, value in values.items():  # the final value: the one at the highest step, first logged
+            if step > self._last_step.get(key, step - 1):
+                self._last_step[key] = step
+                self.last[key] = value
+        self.keys_by_source[source].update(values)
 
     def _time_step(self, source: str, step: int, at: float | None) -> None:
         """Date a reported step; emit the step time it closes as ``step_time:<source>``."""
@@ -294,8 +321,11 @@ class Capture:
                 break
         if self.tensorboard:
             self._pump_tensorboard(CLOSE_READS)
-        if self.patterns and self._partial:  # a last line without a newline
-            self._match(self._partial)
+        if self.patterns:  # a last line without a newline
+            if self._partial:
+                self._at = self._out_offset
+                self._match(self._partial)
+            self._end_line()
             self._partial = b""
         if self._writer is not None:
             self._writer.close()
@@ -312,40 +342,56 @@ class Capture:
             return 0
         except OSError:
             return 0
-        end = self._out_offset - len(self._partial)  # the file offset where ``data`` starts
+        self._at = self._out_offset - len(self._partial)  # the offset where the data below starts
         self._out_offset += len(chunk)
-        data = self._partial + chunk
-        parts = re.split(rb"(\r\n|\r|\n)", data)
-        self._partial = parts.pop()[-MAX_LINE_BYTES:]
-        for line, sep in zip(parts[0::2], parts[1::2]):
-            end += len(line) + len(sep)
-            self._match(line[:MAX_LINE_BYTES], end)
+        lines = (self._partial + chunk).split(b"\n")
+        partial = lines.pop()
+        for line in lines:
+            for drawn in line.split(b"\r"):  # a bar's redraws, then the line's end
+                self._at += len(drawn) + 1
+                if drawn:
+                    self._match(drawn[:MAX_LINE_BYTES])
+            self._end_line()
+        *redraws, partial = partial.split(b"\r")  # redraws of a line still being drawn
+        for drawn in redraws:
+            self._at += len(drawn) + 1
+            if drawn:
+                self._match(drawn[:MAX_LINE_BYTES])
+        self._partial = partial[-MAX_LINE_BYTES:]
         return len(chunk)
 
-    def _match(self, raw: bytes, end: int | None = None) -> None:
-        line = raw.decode("utf-8", "replace")
-        for rx in self.patterns:
-            m = rx.search(line)
-            if m is None:
-                continue
-            values, printed = {}, {}
-            for name, text in m.groupdict().items():
-                if name == "step" or text is None:
-                    continue
-                try:
-                    values[metric_key(name)] = float(text)
-                except ValueError:
-                    continue
-                unit = printed_resolution(text)
-                if unit is not None:
-                    printed[metric_key(name)] = unit
+    def _match(self, raw: bytes) -> None:
+        """Read one drawn line; a reading waits until the line ends or a redraw shows another step."""
+        line = _TERMINAL_CODES.sub("", raw.decode("utf-8", "replace"))
+        for i, reader in enumerate(self.patterns):
+            for step, texts in reader.read(line):
+                pending = self._pending.get(i)
+                if pending is not None and pending[0] != step:
+                    self._emit_reading(*pending)
+                self._pending[i] = (step, texts)
+
+    def _end_line(self) -> None:
+        for i in sorted(self._pending):
+            self._emit_reading(*self._pending[i])
+        self._pending.clear()
+        self._line_no += 1
+
+    def _emit_reading(self, step: int, texts: dict[str, str]) -> None:
+        values, digits, printed = {}, {}, {}
+        for name, text in texts.items():
             try:
-                step = int(m.group("step"))
-            except (TypeError, ValueError):
+                value = float(text)
+            except ValueError:
                 continue
-            self._emit("stdout", step, values, {}, printed)
-            if self.arrival is not None and end is not None:
-                self._time_step("stdout", step, self.arrival(end))
+            key = metric_key(name)
+            values[key] = value
+            digits[key] = significant_digits(text)
+            unit = printed_resolution(text)
+            if unit is not None:
+                printed[key] = unit
+        self._emit("stdout", step, values, {}, {"o": self._line_no, "d": digits}, printed)
+        if self.arrival is not None and values:
+            self._time_step("stdout", step, self.arrival(self._at))
 
     # TensorBoard
     def _root_of(self, path: str) -> str:
@@ -374,13 +420,15 @@ class Capture:
                 if not records:
                     break
                 for record in records:
+                    tail.records += 1
                     try:
                         wall, step, scalars = parse_timed_event(record)
                     except (ValueError, IndexError, struct.error):
                         continue  # not an event (or a corrupt record): skipped
                     values = {metric_key(tag): v for tag, v, _ in scalars}
                     dtypes = {metric_key(tag): d for tag, _, d in scalars if d != "float64"}
-                    self._emit("tensorboard", step, values, dtypes)
+                    where = os.path.relpath(tail.path, self.roots[0]) if self.roots else os.path.basename(tail.path)
+                    self._emit("tensorboard", step, values, dtypes, {"o": tail.records, "f": where})
                     if values and (self._timed_file or tail.path) == tail.path:
                         self._timed_file = tail.path
                         self._time_step("tensorboard", step, wall)

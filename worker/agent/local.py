@@ -32,6 +32,7 @@ class LocalResult:
     error: str = ""
     stderr_tail: str = ""
     returncode: int | None = None
+    conflicts: dict[str, Any] | None = None  # protocol.MetricConflicts: values logged twice, differently
 
     def values(self, key: str) -> list[float]:
         return self.series.get(key, ([], []))[1]
@@ -105,6 +106,7 @@ def run_local(
             error=outcome.error,
             stderr_tail=outcome.stderr_tail,
             returncode=outcome.returncode,
+            conflicts=proc.guard.summary(),
         )
     finally:
         if proc.running():

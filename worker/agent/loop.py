@@ -510,6 +510,7 @@ class RunExecution:
                 timings=timings,
                 stderr_tail=outcome.stderr_tail[-MAX_ERROR_LENGTH:],
                 argv=self.proc.argv_as_run(),
+                conflicts=self.proc.guard.summary(),
             )
             self._try(lambda: self.client.complete(run_id, body))
             log.info("run %d: completed (%d points in %d batches, %.1f s)", run_id, self.stream.points_sent,
@@ -524,6 +525,7 @@ class RunExecution:
                 fingerprint=c.fingerprint,
                 determinism_applied=c.determinism_applied,
                 argv=self.proc.argv_as_run(),
+                conflicts=self.proc.guard.summary(),
             )
             self._try(lambda: self.client.fail(run_id, failure))
             log.info("run %d: failed (%s): %s", run_id, kind, outcome.error)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steady.worker.contract import determinism, runfiles
-from steady.worker.agent.capture import DEFAULT_PATTERN, SCAN_INTERVAL_S, Capture
+from steady.worker.agent.capture import DEFAULT_PATTERNS, SCAN_INTERVAL_S, Capture
+from steady.worker.agent.conflicts import ConflictGuard
 from steady.worker.agent.tee import OutputTee
 from steady.worker.contract.crashline import crash_line
 from steady.worker.contract.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
@@ -276,6 +277,7 @@ class RunProcess:
         self.spec_path = os.path.join(self.run_dir, "spec.json")
         self.reader = EventReader(self.events_path)
         self.collected = Collected()
+        self.guard = ConflictGuard()
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
         self._kill_reason: str | None = None
@@ -398,11 +400,12 @@ class RunProcess:
                 return None
             spec = {}
         tensorboard = spec.get("tensorboard", True)
-        patterns = (spec.get("patterns") or [DEFAULT_PATTERN]) if spec.get("stdout", True) else []
-        if not tensorboard and not patterns:
+        stdout, preset = spec.get("stdout", True), spec.get("preset")
+        patterns = (spec.get("patterns") or ([] if preset else list(DEFAULT_PATTERNS))) if stdout else []
+        if not tensorboard and not patterns and not (stdout and preset):
             return None
         return Capture(events_path=self.events_path, output_path=self.output_path, roots=[self.run_dir],
-                       tensorboard=tensorboard, patterns=patterns)
+                       tensorboard=tensorboard, patterns=patterns, preset=preset if stdout else None)
 
     def _pump_capture(self) -> None:
         if self.capture is not None and time.monotonic() - self._captured_at >= SCAN_INTERVAL_S:
@@ -425,6 +428,8 @@ class RunProcess:
             self.collected.absorb(event)
             if self.capture is not None and event.get("e") == "m" and "c" not in event:
                 self.capture.sdk_keys.update(event["v"])  # a key the run logs itself is not captured
+            if event.get("e") == "m":  # a second, different value for a (key, step) is recorded, not sent
+                event["v"] = self.guard.admit(event)
         return events
 
     def unread_bytes(self) -> int:

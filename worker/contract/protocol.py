@@ -281,6 +281,14 @@ class ConfigFile(_Model):
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
 DEFAULT_CAPTURE_PATTERN = (r"(?i)\b(?:step|iter|iteration|it)\b\s*[:=#]?\s*(?P<step>\d+)\b"
                            r"[^\n]*?\bloss\b\s*[:=]?\s*(?P<loss>" + _NUMBER + r")")
+# A tqdm bar's postfix: " 50%|#####     | 50/100 [00:01<00:01, 45.2it/s, loss=2.31]" or "50it [00:01, loss=2.31]",
+# the bar's count as the step (the elapsed time after the bracket tells a bar from "12:00:00,123 [INFO]").
+# No nested quantifiers, no lookaround: these patterns also run in a linear-time engine (RE2).
+TQDM_CAPTURE_PATTERN = (r"(?P<step>\d+)(?:/\d+|it) \[\d+:\d\d[^\]\n]*?\bloss=(?P<loss>" + _NUMBER + r")")
+DEFAULT_CAPTURE_PATTERNS = (DEFAULT_CAPTURE_PATTERN, TQDM_CAPTURE_PATTERN)
+# Logging shapes a preset reads (steady.worker.agent.presets): Keras fit's epoch and progress lines, the
+# Hugging Face Trainer's dict lines, PyTorch Lightning's progress bar, any tqdm bar's postfix.
+CapturePreset = Literal["keras", "hf", "lightning", "tqdm"]
 
 
 def check_capture_pattern(pattern: str) -> str | None:
@@ -299,12 +307,15 @@ def check_capture_pattern(pattern: str) -> str | None:
 class CaptureSpec(_Model):
     """What the worker captures from a run besides the SDK (steady.worker.agent.capture): scalars of
     TensorBoard event files written under the run's directory, and stdout/stderr lines matched
-    by ``patterns`` (regexes with a named group ``step`` and one per metric; none given: the
-    default ``step N ... loss X`` pattern)."""
+    by ``patterns`` (regexes with a named group ``step`` and one per metric) and by ``preset`` (a known
+    logging shape: Keras ``fit``, the Hugging Face Trainer, Lightning, tqdm); neither given: the default
+    ``step N ... loss X`` and tqdm ``N/T [..., loss=X]`` patterns)."""
 
     tensorboard: bool = True
     stdout: bool = True
     patterns: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(max_length=32)] = []
+    # a known logging shape read from the output instead of the default pattern (patterns still apply)
+    preset: CapturePreset | None = None
 
     @field_validator("patterns")
     @classmethod
@@ -503,6 +514,32 @@ class Digests(_Model):
 
 # A command's argv as the worker ran it (placeholders filled): kept with the run.
 Argv = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=1024)]
+MAX_CONFLICTS_KEPT = 20  # conflicts a run keeps in full; the rest are counted
+MAX_SOURCE_LENGTH = 300
+
+
+class ValueOrigin(_FreeText):
+    """One value logged for a (key, step), and where it came from: the channel (``sdk``, ``stdout``,
+    ``tensorboard``) and the line or record (``line 512``, ``train/events.out.tfevents.1 record 17``)."""
+
+    value: WireFloat
+    source: Annotated[str, Field(max_length=MAX_SOURCE_LENGTH)]
+
+
+class MetricConflict(_FreeText):
+    """Two different values logged for one (key, step): the first is kept, the second is not stored."""
+
+    key: Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]  # as logged, even a key refused
+    step: int
+    kept: ValueOrigin
+    dropped: ValueOrigin
+
+
+class MetricConflicts(_FreeText):
+    """A run's capture conflicts: the first :data:`MAX_CONFLICTS_KEPT` in full, and how many in all."""
+
+    count: Annotated[int, Field(ge=0)]
+    first: Annotated[list[MetricConflict], Field(max_length=MAX_CONFLICTS_KEPT)] = []
 
 
 class RunResult(_FreeText):
@@ -515,6 +552,7 @@ class RunResult(_FreeText):
     timings: dict[str, WireFloat] = {}  # wall_s, step_time_mean_s, ...
     stderr_tail: Annotated[str, Field(max_length=MAX_ERROR_LENGTH)] = ""  # the end of its stdout and stderr
     argv: Argv | None = None
+    conflicts: MetricConflicts | None = None  # values logged twice, differently, for one (key, step)
 
 
 class RunFailure(_FreeText):
@@ -526,6 +564,7 @@ class RunFailure(_FreeText):
     fingerprint: dict[str, Any] = {}
     determinism_applied: dict[str, Any] = {}
     argv: Argv | None = None
+    conflicts: MetricConflicts | None = None
 
 
 class RunRelease(_Model):

@@ -1,0 +1,146 @@
+"""Readers of output lines: the capture spec's regex patterns and the presets for common logging shapes.
+
+Each reader takes one drawn line (a line, or one redraw of a ``\\r``-redrawn progress bar, ANSI colours
+removed) and returns the readings it holds: ``(step, {key: text})``. The text is kept, not only the
+number, so a value can be compared with another channel's at the precision it was printed with
+(:mod:`steady.worker.agent.conflicts`).
+
+The presets read what the libraries print, as they print it:
+
+``keras``      ``model.fit``: an ``Epoch 3/10`` line, then (``verbose=2``) ``2/2 - 0s - 185ms/step -
+               accuracy: 0.7500 - loss: 0.6370 - val_loss: 0.6337`` or (``verbose=1``) a progress bar
+               redrawn with ``\\r`` whose last redraw holds the epoch's values. Step: the epoch (from 1).
+``hf``         the Hugging Face Trainer's log lines, ``{'loss': 2.31, 'learning_rate': 5e-05, 'epoch': 0.5}``.
+               Step: the dict's ``step`` or ``global_step`` when it has one, else the line's number among
+               the dict lines the run printed (1, 2, 3…), the same in every run of one script.
+``lightning``  PyTorch Lightning's progress bar, ``Epoch 2: 100%|…| 32/32 [00:01<00:00, v_num=0,
+               train_loss=0.693]``. Step: the epoch (from 0, as Lightning prints it); ``v_num`` is not a metric.
+``tqdm``       any tqdm bar's postfix, ``50/100 [00:01<00:01, 45.2it/s, loss=2.31, acc=0.91]``: every
+               ``name=number`` of it. Step: the bar's count.
+
+Every regex here is a plain sequence of character classes with single quantifiers (no nested or
+overlapping repetition, no lookaround), so none backtracks catastrophically and all also run in RE2.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from steady.worker.contract.protocol import CapturePreset
+
+NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
+Reading = tuple[int, dict[str, str]]
+
+__all__ = ["NUMBER", "PRESETS", "PatternReader", "Reader", "Reading", "preset_reader", "significant_digits"]
+
+
+class Reader(Protocol):
+    def read(self, line: str) -> list[Reading]: ...
+
+
+def significant_digits(text: str) -> int:
+    """How many significant digits a printed number carries ("0.2954" -> 4, "2.31e-1" -> 3, "100" -> 3);
+    0 for NaN and infinities (which compare exactly)."""
+    mantissa = re.split(r"[eE]", text.strip().lstrip("+-"), maxsplit=1)[0]
+    digits = mantissa.replace(".", "")
+    if not digits.isdigit():
+        return 0
+    return max(1, len(digits.lstrip("0")))
+
+
+class PatternReader:
+    """A capture pattern: a regex with a named group ``step`` and one per metric."""
+
+    def __init__(self, pattern: str) -> None:
+        self.rx = re.compile(pattern)
+
+    def read(self, line: str) -> list[Reading]:
+        m = self.rx.search(line)
+        if m is None:
+            return []
+        try:
+            step = int(m.group("step"))
+        except (TypeError, ValueError, IndexError):
+            return []
+        values = {name: text for name, text in m.groupdict().items() if name != "step" and text is not None}
+        return [(step, values)] if values else []
+
+
+class KerasReader:
+    _EPOCH = re.compile(r"^\s*Epoch (\d+)/\d+\s*$")
+    _PAIR = re.compile(r" - ([A-Za-z_][A-Za-z0-9_./]*): (" + NUMBER + r")\b")
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+
+    def read(self, line: str) -> list[Reading]:
+        m = self._EPOCH.match(line)
+        if m:
+            self.epoch = int(m.group(1))
+            return []
+        if self.epoch is None:
+            return []
+        values = dict(self._PAIR.findall(line))
+        return [(self.epoch, values)] if values else []
+
+
+class HuggingFaceReader:
+    _PAIR = re.compile(r"'([A-Za-z_][A-Za-z0-9_./\-]*)': (?:np\.float\d+\()?(" + NUMBER + r")\b")
+    _STEP_KEYS = ("step", "global_step")
+
+    def __init__(self) -> None:
+        self.lines = 0
+
+    def read(self, line: str) -> list[Reading]:
+        text = line.strip()
+        if not (text.startswith("{") and text.endswith("}")):
+            return []
+        values = dict(self._PAIR.findall(text))
+        if not values:
+            return []
+        self.lines += 1
+        step = self.lines
+        for key in self._STEP_KEYS:
+            if key in values:
+                try:
+                    step = int(float(values.pop(key)))
+                except ValueError:
+                    return []
+        return [(step, values)] if values else []
+
+
+_POSTFIX_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_./\-]*)=(" + NUMBER + r")\b")
+
+
+class TqdmReader:
+    _BAR = re.compile(r"(\d+)(?:/\d+|it) \[\d+:\d\d")
+
+    def read(self, line: str) -> list[Reading]:
+        m = self._BAR.search(line)
+        if m is None:
+            return []
+        values = dict(_POSTFIX_PAIR.findall(line, m.end()))
+        return [(int(m.group(1)), values)] if values else []
+
+
+class LightningReader:
+    _EPOCH = re.compile(r"\bEpoch (\d+):")
+    _SKIP = ("v_num",)
+
+    def read(self, line: str) -> list[Reading]:
+        m = self._EPOCH.search(line)
+        if m is None:
+            return []
+        values = {k: v for k, v in _POSTFIX_PAIR.findall(line, m.end()) if k not in self._SKIP}
+        return [(int(m.group(1)), values)] if values else []
+
+
+PRESETS: dict[str, type] = {"keras": KerasReader, "hf": HuggingFaceReader, "lightning": LightningReader,
+                            "tqdm": TqdmReader}
+
+
+def preset_reader(name: CapturePreset | str) -> Reader:
+    """A fresh reader (its own state: Keras' current epoch, the Trainer's line count) for one run."""
+    reader: Reader = PRESETS[name]()
+    return reader
