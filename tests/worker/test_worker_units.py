@@ -21,7 +21,8 @@ from steady.worker.agent.client import LeaseLostError, NonRetryableError, Retrya
 from steady.worker.contract.digests import ORDER_MAGIC, STATE_MAGIC, order_digest, state_digest
 from steady.worker.contract.events import EventReader, EventWriter
 from steady.worker.contract.protocol import BUILTIN_WORKLOADS, Heartbeat, Lease, MetricBatch, RunSpec
-from steady.worker.agent.runner import device_env
+from steady.worker.agent.runner import RunProcess, device_env
+from steady.worker.contract.placeholders import PlaceholderError
 import steady.worker.inrun.workloads
 from steady.worker.inrun.workloads import WORKLOADS
 
@@ -257,3 +258,11 @@ def test_gpu_check_exits_cleanly_without_cuda():
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-check")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "no CUDA device" in out.stdout or "bitwise reproducible" in out.stdout
+
+
+@pytest.mark.parametrize("arg", ["{seed:>99999}", "{seed:{foo}}", "{device!r}", "{seed.real}"])
+def test_the_worker_refuses_a_placeholder_that_is_not_a_plain_name(tmp_path, arg):
+    """Defence in depth: a spec that reached the worker unchecked is not padded, nested or converted."""
+    spec = {"framework": "torch", "seed": 1, "determinism": "none", "command": ["python", "train.py", arg]}
+    with pytest.raises(PlaceholderError, match="command argument"):
+        RunProcess(spec, run_dir=str(tmp_path / "r"), device="cpu").argv()

@@ -42,6 +42,7 @@ from steady.worker.agent.client import (
 )
 from steady.worker.contract.events import READ_CHUNK_BYTES
 from steady.worker.contract.fingerprint import auto_labels, host_fingerprint
+from steady.worker.contract.placeholders import PlaceholderError
 from steady.worker.contract.protocol import (
     MAX_BATCH_POINTS,
     MAX_ERROR_LENGTH,
@@ -360,7 +361,7 @@ class RunExecution:
                 return
             try:
                 self.proc.start()
-            except OSError as exc:  # e.g. a command workload whose program is not installed here
+            except (OSError, PlaceholderError) as exc:  # e.g. a program not installed here, a '{seed:>9999}'
                 error = f"could not start the run: {exc}"[:MAX_ERROR_LENGTH]
                 self._try(lambda: self.client.fail(run_id, RunFailure(
                     lease_id=self.lease.lease_id, kind=FailureKind.error, error=error)))

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from steady.worker.contract import determinism, runfiles
+from steady.worker.contract import determinism, placeholders, runfiles
 from steady.worker.agent.capture import DEFAULT_PATTERN, SCAN_INTERVAL_S, Capture
 from steady.worker.contract.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
 
@@ -283,7 +283,7 @@ class RunProcess:
             "device": device_env(self.device)["STEADY_DEVICE"], "run_dir": self.run_dir,
             "threads": self.spec.get("threads") or 2,
         }
-        argv = [arg.format(**values) for arg in command]
+        argv = [placeholders.fill(arg, values) for arg in command]  # names only, even if the server let one by
         if argv[0] in ("python", "python3"):
             argv[0] = self.python
         return argv
