@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steady.worker.contract.placeholders import placeholder_names
 from steady.worker.contract.protocol import BUILTIN_WORKLOADS, COMMAND_PLACEHOLDERS, CaptureSpec, Framework, Label
@@ -94,7 +94,16 @@ class StackSpec(_Spec):
     )
 
 
-ConfigFileName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
+def _not_dots(name: str) -> str:
+    """``.`` and ``..`` match the pattern but name the config folder or the run directory, not a file:
+    every run of the arm would fail writing it."""
+    if set(name) == {"."}:
+        raise ValueError(f"a config file name may not be {name!r}: it must name a file")
+    return name
+
+
+ConfigFileName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$"),
+                           AfterValidator(_not_dots)]
 MAX_CONFIG_BYTES = 64 * 1024  # a config file travels with every lease of its arm's runs
 
 
