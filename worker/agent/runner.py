@@ -10,6 +10,7 @@ to ``output.log`` whose tail is reported on failure.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steady.worker.contract import determinism, placeholders, runfiles
+from steady.worker.agent import reaper
 from steady.worker.agent.capture import DEFAULT_PATTERN, SCAN_INTERVAL_S, Capture
 from steady.worker.contract.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
 
@@ -32,6 +34,8 @@ STDERR_TAIL_BYTES = 16_000
 _WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # steady/worker
 _STEADY_DIR = os.path.dirname(_WORKER_DIR)  # the installed ``steady`` package
 _SHIM_DIR = os.path.join(_WORKER_DIR, "inrun", "shim")
+_REAPER = os.path.abspath(reaper.__file__)
+_LINUX = sys.platform.startswith("linux")
 COMMAND_SHIM_ENV = "STEADY_COMMAND_SHIM"
 
 # The only names a run subprocess inherits from the agent's environment (``--pass-env`` adds
@@ -141,6 +145,17 @@ def _chown_tree(path: str, uid: int, gid: int) -> None:
     for root, dirs, files in os.walk(path):
         for name in dirs + files:
             os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
+def _check_program(program: str, env: dict[str, str], cwd: str) -> None:
+    """FileNotFoundError, as ``Popen`` would raise, for a program that is not there: the reaper execs it in
+    a child, where a missing program would only be an exit status 127."""
+    if os.sep in program:
+        found = os.path.isfile(os.path.join(cwd, program)) and os.access(os.path.join(cwd, program), os.X_OK)
+    else:
+        found = shutil.which(program, path=env.get("PATH", os.defpath)) is not None
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (or not executable)", program)
 
 
 def _die_with_parent() -> None:
@@ -328,15 +343,19 @@ class RunProcess:
         self.capture = self._capture()
         # never through a link, even one planted before the child starts
         out = os.fdopen(runfiles.open_fd(self.output_path, self.run_dir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+        argv, env = self.argv(), self.environment()
+        _check_program(argv[0], env, self.working_dir())
+        if _LINUX:  # through the run's own subreaper: no daemon it starts outlives it (steady.worker.agent.reaper)
+            argv = [self.python, "-I", "-S", _REAPER, *argv]
         try:
             self.proc = subprocess.Popen(
-                self.argv(),
-                env=self.environment(),
+                argv,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: kill() reaches DataLoader workers too
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=_die_with_parent if _LINUX else None,
                 cwd=self.working_dir(),  # its own directory (or its code's), never the agent's
                 **identity,
             )
@@ -398,6 +417,8 @@ class RunProcess:
     def _killpg(self) -> None:
         if self.proc is None:
             return
+        if _LINUX and self.proc.poll() is None:
+            reaper.end_tree(self.proc.pid)  # first what left the group (a setsid daemon), then the group
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
