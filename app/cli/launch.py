@@ -167,6 +167,7 @@ def launch_lines(launches: list[dict[str, Any]]) -> list[str]:
     out = []
     for x in launches:
         d = x.get("detail") or {}
-        where = f"  ns {d['namespace']}" if d.get("namespace") else ""
-        out.append(f"       {x['engine']} job {x['job_id']}  {x['tasks']} agent(s){where}  launched {x['created_at'][:19]}Z")
+        where = f"  ns {printable(d['namespace'])}" if d.get("namespace") else ""  # recorded by a user: no escapes
+        out.append(f"       {x['engine']} job {printable(x['job_id'])}  {x['tasks']} agent(s){where}  "
+                   f"launched {printable(x['created_at'][:19])}Z")
     return out

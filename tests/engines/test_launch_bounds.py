@@ -11,6 +11,7 @@ import pytest
 
 from tests.api.helpers import spec
 from tests.conftest import run_cli_in_process
+from steady.server.cli.launch import launch_lines
 
 
 @pytest.mark.parametrize("option", [
@@ -58,3 +59,10 @@ def test_launch_asks_the_server_before_sbatch_and_prints_the_study_name_escaped(
     assert owner.returncode == 0, owner.stderr
     assert owner.stdout == "4242\n" and calls.read_text().count("\n") == 1
     assert "evil]0;owned" in owner.stderr and "\x1b" not in owner.stderr and "\x07" not in owner.stderr
+
+
+def test_status_prints_a_recorded_launch_without_terminal_escapes():
+    """A launch's job id and namespace are what its owner recorded; ``steady status`` shows them to everyone."""
+    (line,) = launch_lines([{"engine": "slurm", "job_id": "42\x1b[2J\x1b]0;x\x07", "tasks": 2,
+                             "detail": {"namespace": "ml\x9b31m"}, "created_at": "2026-12-01T19:00:00"}])
+    assert "job 42[2J]0;x  2 agent(s)  ns ml31m" in line and not any(ord(c) < 32 or 0x7f <= ord(c) <= 0x9f for c in line)
