@@ -11,7 +11,8 @@ run's argv as its one child and waits; when that child exits it SIGKILLs whateve
 reaps it all, and exits as the child did (the same status, or killed by the same signal).
 
 The agent, to end a run early (time limit, cancel, lost lease), kills the tree below the reaper with
-:func:`end_tree` and then the process group, the reaper with it.
+:func:`end_tree` and then the process group, the reaper with it. A SIGTERM, SIGINT or SIGHUP sent to the
+group (``scancel``, preemption) is the run's to handle as before; the reaper outlives it to clean up.
 
 What is not covered: a process that the run's own user kills the reaper from (without ``--run-as`` a
 run runs as the agent's user, and can signal it anyway), and a SIGKILLed agent (the reaper dies with it,
@@ -115,14 +116,28 @@ def _exit_like(status: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status))
 
 
+_OUTLIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _outlive(signum: int, frame: object) -> None:
+    """The reaper's answer to a signal its run also got: none (it exits when the run has)."""
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         sys.stderr.write("usage: reaper.py PROGRAM [ARG...]\n")
         os._exit(2)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    # A scheduler's SIGTERM (scancel, preemption) or a Ctrl-C reaches the whole group: the run decides
+    # what to do with it, and the reaper stays to end what the run leaves behind. (A handler, not
+    # SIG_IGN, which the run would inherit through exec.)
+    for sig in _OUTLIVED:
+        signal.signal(sig, _outlive)
     me = os.getpid()
     child = os.fork()
     if child == 0:
+        for sig in _OUTLIVED:
+            signal.signal(sig, signal.SIG_DFL)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the run dies with its reaper
         if os.getppid() != me:
             os._exit(137)
