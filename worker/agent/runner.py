@@ -341,12 +341,12 @@ class RunProcess:
             # setgid + initgroups + setuid in the child, before exec (the agent stays root)
             identity = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.run_as.groups)}
         self.capture = self._capture()
-        # never through a link, even one planted before the child starts
-        out = os.fdopen(runfiles.open_fd(self.output_path, self.run_dir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
         argv, env = self.argv(), self.environment()
         _check_program(argv[0], env, self.working_dir())
         if _LINUX:  # through the run's own subreaper: no daemon it starts outlives it (steady.worker.agent.reaper)
             argv = [self.python, "-I", "-S", _REAPER, *argv]
+        # never through a link, even one planted before the child starts
+        out = os.fdopen(runfiles.open_fd(self.output_path, self.run_dir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
         try:
             self.proc = subprocess.Popen(
                 argv,
