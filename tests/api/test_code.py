@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.api.helpers import spec
+from tests.conftest import SQLITE_ONLY
 from steady.worker.contract import codepack
 
 
@@ -82,6 +83,7 @@ def test_unknown_placeholder_is_a_422_naming_it(api):
     assert "unknown placeholder 'sed'" in r.text and "{seed}" in r.text
 
 
+@SQLITE_ONLY  # pydantic, no SQL
 @pytest.mark.parametrize("arg", ["{seed:>1000000000}", "--seed={seed:{foo}}", "{seed!r}", "{run_dir!s:>9}"])
 def test_a_placeholder_with_a_format_spec_or_conversion_is_a_422_naming_the_argument(api, arg):
     """A spec pads an argument to a gigabyte at the worker, and a nested field slipped past the name check."""
