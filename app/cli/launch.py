@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from steady.server.cli.support import client_opts
+from steady.server.kit.terminal import printable
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -72,6 +73,13 @@ def register(sub: Any) -> None:
     k.set_defaults(func=cmd_k8s)
 
 
+def _study_to_launch(api: Any, study_id: int) -> dict[str, Any]:
+    """The study, once the server said the caller may launch for it: before any job exists, so a refused
+    launch (another user's study: 403) leaves nothing running on the cluster."""
+    api.get(f"/api/v1/studies/{study_id}/launches/permission")
+    return api.get(f"/api/v1/studies/{study_id}")
+
+
 def _record(api: Any, study_id: int, engine: str, job_id: str, tasks: int, detail: dict[str, Any]) -> None:
     api.post(f"/api/v1/studies/{study_id}/launches",
              json={"engine": engine, "job_id": job_id, "tasks": tasks, "detail": detail})
@@ -99,7 +107,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     if not args.worker_token:
         print("steady launch slurm: --worker-token (or STEADY_WORKER_TOKEN) is required", file=sys.stderr)
         return EXIT_USAGE
-    study = api.get(f"/api/v1/studies/{args.study}")
+    study = _study_to_launch(api, args.study)
     script = Path(args.output_dir).resolve() / f"steady-study-{args.study}.sbatch"
     try:
         job_id = slurm.submit(launch, worker_token=args.worker_token, script_path=script)
@@ -110,8 +118,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         "script": str(script), "partition": args.partition or "", "time": args.time or "",
         "gpus_per_task": args.gpus_per_task, "output": str(Path(args.output_dir).resolve() / "steady-slurm-%A_%a.out"),
     })
-    print(f"submitted Slurm job array {job_id} ({args.tasks} tasks) for study {study['id']} ({study['name']});"
-          f" logs: {Path(args.output_dir).resolve()}/steady-slurm-{job_id}_N.out", file=sys.stderr)
+    print(f"submitted Slurm job array {job_id} ({args.tasks} tasks) for study {study['id']} ({printable(study['name'])});"
+          f" logs: {printable(Path(args.output_dir).resolve())}/steady-slurm-{job_id}_N.out", file=sys.stderr)
     print(job_id)
     return EXIT_OK
 
@@ -136,12 +144,12 @@ def cmd_k8s(args: argparse.Namespace) -> int:
         print("steady launch k8s: --with-secret needs --worker-token (or STEADY_WORKER_TOKEN)", file=sys.stderr)
         return EXIT_USAGE
     if args.apply:
-        study = api.get(f"/api/v1/studies/{args.study}")
+        study = _study_to_launch(api, args.study)
         uid = k8s.apply(launch, secret_token=args.worker_token if args.with_secret else None)
         _record(api, args.study, "kubernetes", launch.job_name, args.parallelism,
                 {"namespace": launch.namespace, "uid": uid, "image": launch.image, "gpu": launch.gpu})
         print(f"created Job {launch.namespace}/{launch.job_name} ({args.parallelism} pods) for study "
-              f"{study['id']} ({study['name']})", file=sys.stderr)
+              f"{study['id']} ({printable(study['name'])})", file=sys.stderr)
         print(launch.job_name)
         return EXIT_OK
     docs = ([k8s.token_secret(launch, args.worker_token)] if args.with_secret else []) + [k8s.agent_job(launch)]
@@ -159,6 +167,7 @@ def launch_lines(launches: list[dict[str, Any]]) -> list[str]:
     out = []
     for x in launches:
         d = x.get("detail") or {}
-        where = f"  ns {d['namespace']}" if d.get("namespace") else ""
-        out.append(f"       {x['engine']} job {x['job_id']}  {x['tasks']} agent(s){where}  launched {x['created_at'][:19]}Z")
+        where = f"  ns {printable(d['namespace'])}" if d.get("namespace") else ""  # recorded by a user: no escapes
+        out.append(f"       {x['engine']} job {printable(x['job_id'])}  {x['tasks']} agent(s){where}  "
+                   f"launched {printable(x['created_at'][:19])}Z")
     return out

@@ -59,6 +59,15 @@ class SlurmLaunch:
             raise LaunchError("--gpus-per-task must be >= 0 and --cpus-per-task >= 1")
         if self.time is not None and not _TIME.match(self.time):
             raise LaunchError(f"--time {self.time!r} is not a Slurm time (e.g. 90, 4:00:00, 1-12:00)")
+        # The batch script is lines: a newline in a path or an option would start a line of its own
+        # (a further #SBATCH directive, or a command run on every node).
+        texts = [("--output-dir", self.output_dir), ("--agent-command", self.agent_command), ("--server", self.server),
+                 *(("--worker-arg", a) for a in self.worker_args), *(("--sbatch-option", o) for o in self.extra_sbatch)]
+        for flag, text in texts:
+            bad = sorted({c for c in text if ord(c) < 32 or ord(c) == 127 or 0x80 <= ord(c) <= 0x9f})
+            if bad:
+                raise LaunchError(f"{flag} {text!r} holds control characters ({', '.join(map(repr, bad))}): "
+                                  "the batch script would run them as lines of their own")
         for name, value in (("partition", self.partition), ("account", self.account), ("mem", self.mem)):
             if value is not None and not re.match(r"^[A-Za-z0-9_.,:\-]+$", value):
                 raise LaunchError(f"--{name} {value!r} has characters Slurm does not accept")

@@ -19,6 +19,14 @@ def record_launch(study_id: int, body: LaunchIn, db: WriteDB, caller: UserCaller
     return LaunchOut.model_validate(service.record(db, study_id, body), from_attributes=True)
 
 
+@router.get("/studies/{study_id}/launches/permission", status_code=status.HTTP_204_NO_CONTENT,
+            responses={403: {"description": "the caller may not launch agents for this study"}})
+def launch_permission(study_id: int, db: ReadDB, caller: UserCaller) -> None:
+    """May the caller launch agents for this study (its owner or an admin)? ``steady launch`` asks before it
+    calls ``sbatch`` or the Kubernetes API, so a refused launch starts no job: 204 yes, 403 no, 404 no such study."""
+    studies.ensure_study_owner(studies.get_study(db, study_id), caller)
+
+
 @router.get("/studies/{study_id}/launches", response_model=Page[LaunchOut])
 def study_launches(study_id: int, db: ReadDB, caller: UserCaller, page: PageQuery) -> Page[LaunchOut]:
     studies.get_study(db, study_id)

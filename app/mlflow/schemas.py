@@ -20,6 +20,11 @@ MAX_BATCH_PARAMS = 100
 MAX_BATCH_TAGS = 100
 MAX_PARAM_LENGTH = 6000
 MAX_TAG_LENGTH = 8000
+# Per run, over all calls (MLflow sets none): without them 60 log-batch calls of 100 × 8 KB tags make
+# one run's record 48 MB, rewritten on every write. An MLflow autolog run stays far below.
+MAX_RUN_PARAMS = 1000
+MAX_RUN_TAGS = 1000
+MAX_RUN_PARAMS_TAGS_BYTES = 1024 * 1024  # keys and values, UTF-8, params and tags together
 
 _SPECIAL = {"nan": math.nan, "infinity": math.inf, "-infinity": -math.inf, "inf": math.inf, "-inf": -math.inf}
 

@@ -34,7 +34,18 @@ from steady.server.kit.db import WriteSession
 from steady.server.kit.deps import Principal
 from steady.server.metrics import repository as metrics_repo
 from steady.server.kit.wire import from_wire, wire_float
-from steady.server.mlflow.schemas import CreateExperimentIn, CreateRunIn, LogBatchIn, MetricIn, ParamIn, TagIn, UpdateRunIn
+from steady.server.mlflow.schemas import (
+    MAX_RUN_PARAMS,
+    MAX_RUN_PARAMS_TAGS_BYTES,
+    MAX_RUN_TAGS,
+    CreateExperimentIn,
+    CreateRunIn,
+    LogBatchIn,
+    MetricIn,
+    ParamIn,
+    TagIn,
+    UpdateRunIn,
+)
 from steady.server.models import Run, Study, utcnow
 from steady.server.runs import repository as runs_repo
 from steady.server.lifecycle.credentials import RunCredential
@@ -234,6 +245,23 @@ def _first_values(session: Session, run: Run, grouped: dict[str, tuple[list[int]
     if conflicts:
         runs_repo.add_conflicts(session, run.id, {"count": len(conflicts), "first": conflicts[:MAX_CONFLICTS_KEPT]})
     return out
+def _too_large(message: str) -> MlflowError:
+    return MlflowError(413, "RESOURCE_LIMIT_EXCEEDED", message)
+
+
+def _check_record(run_id: int | None, params: dict[str, str], tags: dict[str, str]) -> None:
+    """The per-run caps on MLflow params and tags (:data:`MAX_RUN_PARAMS`, :data:`MAX_RUN_TAGS`,
+    :data:`MAX_RUN_PARAMS_TAGS_BYTES`), checked on what the run would hold after the write, so a
+    refused write changes nothing and a re-sent one (same keys, same values) still passes."""
+    which = f"run {run_id}" if run_id is not None else "a run"
+    if len(params) > MAX_RUN_PARAMS:
+        raise _too_large(f"{which} would hold {len(params)} params; the limit is {MAX_RUN_PARAMS} per run")
+    if len(tags) > MAX_RUN_TAGS:
+        raise _too_large(f"{which} would hold {len(tags)} tags; the limit is {MAX_RUN_TAGS} per run")
+    size = sum(len(k.encode()) + len(v.encode()) for d in (params, tags) for k, v in d.items())
+    if size > MAX_RUN_PARAMS_TAGS_BYTES:
+        raise _too_large(f"{which}'s params and tags would take {size} bytes; the limit is "
+                         f"{MAX_RUN_PARAMS_TAGS_BYTES} bytes per run (keys and values, UTF-8)")
 
 
 def _set_params(run: Run, params: list[ParamIn]) -> None:
@@ -246,6 +274,7 @@ def _set_params(run: Run, params: list[ParamIn]) -> None:
             raise _invalid(f"param {p.key!r} of run {run.id} is already {current[p.key]!r}; params cannot change "
                            f"(got {p.value!r})")
         current[p.key] = p.value
+    _check_record(run.id, current, dict(meta.get("tags") or {}))
     meta["params"] = current
     run.mlflow = meta
 
@@ -259,6 +288,7 @@ def _set_tags(run: Run, tags: list[TagIn]) -> None:
         current[t.key] = t.value
         if t.key == RUN_NAME_TAG:
             meta["run_name"] = t.value
+    _check_record(run.id, dict(meta.get("params") or {}), current)
     meta["tags"] = current
     run.mlflow = meta
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 
 from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
 
@@ -19,6 +19,21 @@ SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
 StackName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:+\-]+$")]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+def _addressable(name: str) -> str:
+    """A suite name is one segment of ``/api/v1/suites/{suite}/baseline``: a ``/`` or ``\\`` splits it,
+    ``.`` and ``..`` are rewritten by clients, a control character cannot be typed; such a suite could
+    never get a baseline, so it is refused when the study is submitted."""
+    bad = sorted({c for c in name if c in "/\\" or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ValueError(f"a suite name may not contain {', '.join(map(repr, bad))}: it names a URL path segment")
+    if set(name) == {"."}:
+        raise ValueError(f"a suite name may not be {name!r}: it names a URL path segment")
+    return name
+
+
+SuiteName = Annotated[Name, AfterValidator(_addressable)]
 
 
 class _Rule(BaseModel):
@@ -33,7 +48,7 @@ class _Rule(BaseModel):
     # Scope, for rules created over REST. In a study spec the rule applies to that study
     # (or its suite, when it has one) and these must be left out.
     study_id: Annotated[int, Field(ge=1)] | None = None
-    suite: Name | None = None
+    suite: SuiteName | None = None
 
     @property
     def rule_name(self) -> str:

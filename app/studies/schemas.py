@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, NoReturn
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from steady.server.studies.alert_specs import AlertRuleSpec, check_spec_alerts
+from steady.server.studies.alert_specs import AlertRuleSpec, SuiteName, check_spec_alerts
 from steady.server.studies.spec_parts import ArmSpec, CodeRef, StackName, StackSpec, WorkloadSpec, _Spec
 from steady.server.kit.wire import WireModel
 from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
@@ -126,7 +126,7 @@ class StudySpec(_Spec):
     convergence: ConvergenceSpec | None = Field(
         None, description="judge the steps to reach a target against a reference (MLPerf RCP check)"
     )
-    suite: Name | None = None
+    suite: SuiteName | None = None
     budget: BudgetSpec | None = Field(
         None,
         description="adaptive seeds: when a seed-stability verdict (max_std) or a stack-portability verdict "

@@ -4,11 +4,11 @@ the stacks and the arms (``steady.server.studies.schemas.StudySpec`` puts them t
 from __future__ import annotations
 
 import json
-import string
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from steady.worker.contract.placeholders import placeholder_names
 from steady.worker.contract.protocol import BUILTIN_WORKLOADS, COMMAND_PLACEHOLDERS, CaptureSpec, Framework, Label
 
 MAX_PARAMS_BYTES = 64 * 1024  # workload.params travel with every lease of the study's runs
@@ -42,14 +42,7 @@ class WorkloadSpec(_Spec):
     @classmethod
     def _placeholders(cls, value: list[str] | None) -> list[str] | None:
         for arg in value or []:
-            try:
-                fields = [f for _, f, _, _ in string.Formatter().parse(arg) if f is not None]
-            except ValueError as exc:
-                raise ValueError(f"command argument {arg!r}: {exc} (write {{{{ and }}}} for literal braces)") from None
-            unknown = [f for f in fields if f not in COMMAND_PLACEHOLDERS]
-            if unknown:
-                raise ValueError(f"command argument {arg!r} has unknown placeholder(s) {', '.join(map(repr, unknown))}; "
-                                 "known: " + ", ".join("{" + p + "}" for p in COMMAND_PLACEHOLDERS))
+            placeholder_names(arg)  # a PlaceholderError is a ValueError: a 422 naming the argument
         return value
 
     @model_validator(mode="after")
@@ -102,7 +95,16 @@ class StackSpec(_Spec):
     )
 
 
-ConfigFileName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
+def _not_dots(name: str) -> str:
+    """``.`` and ``..`` match the pattern but name the config folder or the run directory, not a file:
+    every run of the arm would fail writing it."""
+    if set(name) == {"."}:
+        raise ValueError(f"a config file name may not be {name!r}: it must name a file")
+    return name
+
+
+ConfigFileName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$"),
+                           AfterValidator(_not_dots)]
 MAX_CONFIG_BYTES = 64 * 1024  # a config file travels with every lease of its arm's runs
 
 

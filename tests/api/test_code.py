@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.api.helpers import spec
+from tests.conftest import SQLITE_ONLY
 from steady.worker.contract import codepack
 
 
@@ -93,7 +94,18 @@ def test_a_spec_is_checked_against_its_code(api, archive):
 def test_unknown_placeholder_is_a_422_naming_it(api):
     r = api.post("/api/v1/studies", json=spec(workload={"framework": "torch", "command": ["python", "t.py", "{sed}"]}))
     assert r.status_code == 422
-    assert "unknown placeholder(s) 'sed'" in r.text and "{seed}" in r.text
+    assert "unknown placeholder 'sed'" in r.text and "{seed}" in r.text
+
+
+@SQLITE_ONLY  # pydantic, no SQL
+@pytest.mark.parametrize("arg", ["{seed:>1000000000}", "--seed={seed:{foo}}", "{seed!r}", "{run_dir!s:>9}"])
+def test_a_placeholder_with_a_format_spec_or_conversion_is_a_422_naming_the_argument(api, arg):
+    """A spec pads an argument to a gigabyte at the worker, and a nested field slipped past the name check."""
+    r = api.post("/api/v1/studies", json=spec(workload={"framework": "torch", "command": ["python", "t.py", arg]}))
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == ["body", "workload", "command"]
+    assert repr(arg) in detail["msg"] and "names only" in detail["msg"]
 
 
 def _finish_one(api, sid: int, keys: list[str] | None = None, error: str | None = None) -> None:

@@ -3,7 +3,8 @@ MIT, fetched from its PyPI source archive by ``tests.fetched``, hashes pinned th
 without a change: copied into a fresh git repository, submitted as a command workload with
 ``steady submit --wait`` to a worker that runs in another directory. The script seeds nothing and
 only prints ``epoch N | loss X | A% accuracy`` lines; a capture pattern reads them. The worker's
-shim seeds torch at ``seeded``/``strict`` (repeats identical on CPU); at ``none`` the repeats
+shim seeds torch at ``seeded`` (repeats identical on CPU; ``strict`` adds
+deterministic kernels on top of that, shown by the controls and determinism tests, so it is not run here); at ``none`` the repeats
 differ and the automatic digests of the optimizer hook blame seeding.
 """
 
@@ -34,7 +35,7 @@ SPEC = r"""
           - 'epoch\s+(?P<step>\d+) \| loss (?P<loss>[-+.\deE]+)\s+\|\s+(?P<accuracy>[.\d]+)% accuracy'
     seeds: [1]
     repeats: 2
-    determinism: [none, seeded, strict]
+    determinism: [none, seeded]
     threads: 1
     max_attempts: 1
     metrics: [loss]
@@ -60,7 +61,7 @@ def _repo(root: Path) -> Path:
 
 
 def _submit_wait(server, spec: Path) -> subprocess.CompletedProcess:
-    # as tests.worker.test_code_shipping_e2e._submit, with room for six ~20 s runs on a loaded machine
+    # as tests.worker.test_code_shipping_e2e._submit, with room for four ~20 s runs on a loaded machine
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
     env.update(XDG_CONFIG_HOME=str(spec.parent / ".config"))
     return subprocess.run(
@@ -70,7 +71,7 @@ def _submit_wait(server, spec: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.timeout(1200)  # six ~20 s runs, one after another, on a loaded machine
+@pytest.mark.timeout(1200)  # four ~20 s runs, one after another, on a loaded machine
 def test_an_unmodified_third_party_script_is_judged(live_server, workers, tmp_path):  # noqa: F811
     pytest.importorskip("e3nn")
     pytest.importorskip("torch_geometric")
@@ -84,7 +85,7 @@ def test_an_unmodified_third_party_script_is_judged(live_server, workers, tmp_pa
     assert "1 failing verdict(s) (repeatability out_of_tolerance)" in done.stderr, done.stderr
     sid = int(done.stdout.split("submitted study ")[1].split()[0])
     items = runs(http, sid)
-    assert len(items) == 6 and {r["status"] for r in items} == {"completed"}, items
+    assert len(items) == 4 and {r["status"] for r in items} == {"completed"}, items
     by_level: dict[str, list] = {}
     for r in items:
         loss, acc = series(http, r["id"], "loss"), series(http, r["id"], "accuracy")
@@ -92,7 +93,7 @@ def test_an_unmodified_third_party_script_is_judged(live_server, workers, tmp_pa
         assert r["final_metrics"]["loss"] == loss[1][-1]
         assert r["digests"]["initial_weights"], r  # recorded by the optimizer hook, no SDK involved
         by_level.setdefault(r["determinism"], []).append((r, loss, acc))
-    for level in ("seeded", "strict"):
+    for level in ("seeded",):
         (ra, la, aa), (rb, lb, ab) = by_level[level]
         assert la == lb and aa == ab, level  # the shim's seeding made the unchanged script repeatable
         assert ra["digests"]["initial_weights"] == rb["digests"]["initial_weights"], level
@@ -102,7 +103,7 @@ def test_an_unmodified_third_party_script_is_judged(live_server, workers, tmp_pa
     report = http.get(f"/api/v1/studies/{sid}/report").json()
     judged = {v["group"]["determinism"]: v for v in report["verdicts"]
               if v["level"] == "repeatability" and v["metric"] == "loss"}
-    assert judged["seeded"]["verdict"] == judged["strict"]["verdict"] == "identical"
+    assert judged["seeded"]["verdict"] == "identical"
     none = judged["none"]
     assert none["verdict"] == "out_of_tolerance" and none["expectation"] == "varies, as expected"
     assert none["source"] == "seeding" and none["dtype"] == "float64"

@@ -20,8 +20,9 @@ from steady.worker.agent.loop import MetricStream
 from steady.worker.agent.client import LeaseLostError, NonRetryableError, RetryableError, SteadyClient
 from steady.worker.contract.digests import ORDER_MAGIC, STATE_MAGIC, order_digest, state_digest
 from steady.worker.contract.events import EventReader, EventWriter
-from steady.worker.contract.protocol import BUILTIN_WORKLOADS, Heartbeat, Lease, MetricBatch, RunSpec
-from steady.worker.agent.runner import device_env
+from steady.worker.contract.protocol import BUILTIN_WORKLOADS, Heartbeat, Lease, MetricBatch, RunFailure, RunSpec
+from steady.worker.agent.runner import RunProcess, device_env
+from steady.worker.contract.placeholders import PlaceholderError
 import steady.worker.inrun.workloads
 from steady.worker.inrun.workloads import WORKLOADS
 
@@ -257,3 +258,34 @@ def test_gpu_check_exits_cleanly_without_cuda():
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-check")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "no CUDA device" in out.stdout or "bitwise reproducible" in out.stdout
+
+
+@pytest.mark.parametrize("arg", ["{seed:>99999}", "{seed:{foo}}", "{device!r}", "{seed.real}"])
+def test_the_worker_refuses_a_placeholder_that_is_not_a_plain_name(tmp_path, arg):
+    """Defence in depth: a spec that reached the worker unchecked is not padded, nested or converted."""
+    spec = {"framework": "torch", "seed": 1, "determinism": "none", "command": ["python", "train.py", arg]}
+    with pytest.raises(PlaceholderError, match="command argument"):
+        RunProcess(spec, run_dir=str(tmp_path / "r"), device="cpu").argv()
+
+
+def test_a_stopping_agents_calls_give_up_at_its_shutdown_deadline():
+    """Against a server that is gone, a call retries for its whole deadline (120 s by default); once the
+    agent stops, every call ends at the shutdown deadline instead, and none starts after it."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = SteadyClient(f"http://127.0.0.1:{port}", "t", backoff_base_s=0.05, backoff_max_s=0.2)
+    cutoff = time.monotonic() + 1.0
+    client.stop_by(cutoff)
+    t0 = time.monotonic()
+    with pytest.raises(RetryableError):
+        client.heartbeat(1, Heartbeat(lease_id="l", step=0))
+    assert time.monotonic() - t0 < 2.0
+    while time.monotonic() <= cutoff:  # a deadline to pass, not a race: nothing else happens meanwhile
+        time.sleep(0.05)
+    with pytest.raises(RetryableError, match="shutting down"):
+        client.fail(1, RunFailure(lease_id="l", kind="error", error="x"))
+    client.close()

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", default=os.environ.get("STEADY_WORKER_DIR", ".steady/worker"), help="scratch directory for runs")
     p.add_argument("--name", default="", help="worker name (default host-pid)")
     p.add_argument("--grace", type=float, default=30.0, help="seconds a running run may take to finish on SIGTERM before it is released")
+    p.add_argument("--report-timeout", type=float, default=10.0,
+                   help="on SIGTERM, seconds after the grace the agent keeps trying to report or release its runs; "
+                        "it exits within grace + this even when the server is gone (default 10)")
     p.add_argument("--poll-max", type=float, default=15.0, help="longest wait between polls of an empty queue (s)")
     p.add_argument("--max-runs", type=int, default=None, help="exit after this many runs")
     p.add_argument("--study", type=int, default=_env_int("STEADY_STUDY"),
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     config = AgentConfig(
         server=args.server, token=token, labels=labels, device=args.device,
         concurrency=args.concurrency, work_dir=args.work_dir, name=args.name, grace_s=args.grace,
+        report_s=max(0.0, args.report_timeout),
         poll_max_s=args.poll_max, max_runs=args.max_runs, keep_run_dirs=args.keep_run_dirs,
         health_file=args.health_file, study_id=args.study, exit_when_idle=args.exit_when_idle, once=args.once,
         run_as=run_as, builtin_only=args.builtin_only,

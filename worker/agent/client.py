@@ -131,6 +131,8 @@ class SteadyClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = server.rstrip("/")
+        self.timeout_s = timeout_s
+        self.cutoff: float | None = None  # time.monotonic() past which no call is tried (stop_by)
         self.retry_deadline_s = retry_deadline_s
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
@@ -144,6 +146,27 @@ class SteadyClient:
     def close(self) -> None:
         self._http.close()
 
+    def stop_by(self, when: float) -> None:
+        """Give up every call at ``when`` (``time.monotonic()``), the agent's shutdown deadline: retries,
+        backoff and each request's own timeout end there, so a server that is gone cannot hold a stopping
+        agent for the calls' full retry deadlines (minutes)."""
+        self.cutoff = when if self.cutoff is None else min(self.cutoff, when)
+
+    def _deadline(self, deadline_s: float | None) -> float:
+        deadline = time.monotonic() + (self.retry_deadline_s if deadline_s is None else deadline_s)
+        return deadline if self.cutoff is None else min(deadline, self.cutoff)
+
+    def _timeout(self, path: str, method: str = "POST", longest: float | None = None) -> float:
+        """This request's timeout: the client's (or ``longest``), cut to what is left before the cutoff;
+        RetryableError, without a request, once it has passed."""
+        timeout = longest or self.timeout_s
+        if self.cutoff is None:
+            return timeout
+        left = self.cutoff - time.monotonic()
+        if left <= 0:
+            raise RetryableError(f"{method} {path}: not sent: the agent is shutting down and its time to report is up")
+        return min(timeout, max(0.1, left))
+
     def __enter__(self) -> SteadyClient:
         return self
 
@@ -153,11 +176,13 @@ class SteadyClient:
     # --- transport -------------------------------------------------------------------------
 
     def _once(self, path: str, body: BaseModel) -> httpx.Response:
+        timeout = self._timeout(path)
         try:
             # Unset optional fields are left out, so an agent that uses no newer field (a lease
             # scoped to a study, an engine job) still speaks to an older server.
             response = self._http.post(
-                path, content=body.model_dump_json(exclude_none=True), headers={"Content-Type": "application/json"}
+                path, content=body.model_dump_json(exclude_none=True), headers={"Content-Type": "application/json"},
+                timeout=timeout,
             )
         except (httpx.TransportError, httpx.TimeoutException) as exc:
             raise RetryableError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
@@ -178,8 +203,8 @@ class SteadyClient:
         raise NonRetryableError(message, status)
 
     def post(self, path: str, body: BaseModel, *, deadline_s: float | None = None) -> httpx.Response:
-        """POST with retries of retryable errors until ``deadline_s`` (default: the client's)."""
-        deadline = time.monotonic() + (self.retry_deadline_s if deadline_s is None else deadline_s)
+        """POST with retries of retryable errors until ``deadline_s`` (default: the client's), or the cutoff."""
+        deadline = self._deadline(deadline_s)
         attempt = 0
         while True:
             try:
@@ -229,11 +254,12 @@ class SteadyClient:
 
     def fetch_code(self, sha256: str, *, deadline_s: float | None = None) -> bytes:
         """A study's code archive (GET /api/v1/code/{sha256}), retried like every call; the caller verifies it."""
-        deadline = time.monotonic() + (self.retry_deadline_s if deadline_s is None else deadline_s)
+        deadline = self._deadline(deadline_s)
         path, attempt = f"/api/v1/code/{sha256}", 0
         while True:
+            timeout = self._timeout(path, "GET", max(60.0, self.timeout_s))
             try:
-                response = self._http.get(path, timeout=max(60.0, self._http.timeout.read or 0))
+                response = self._http.get(path, timeout=timeout)
             except (httpx.TransportError, httpx.TimeoutException) as exc:
                 err: ClientError = RetryableError(f"GET {path}: {type(exc).__name__}: {exc}")
             else:

@@ -10,7 +10,10 @@ same ``seq`` after a timeout, so ingestion stays idempotent.
 
 Shutdown: the first SIGTERM/SIGINT stops leasing; running runs get ``grace_s`` to finish
 and are reported normally, otherwise they are killed and released back to the queue. A
-second signal kills and releases at once.
+second signal kills and releases at once. Either way the agent exits within ``grace_s`` +
+``report_s`` of the first signal (plus one request's timeout, 15 s, if a call was under way
+and the grace is shorter): every call to the server gives up at that deadline
+(:meth:`SteadyClient.stop_by`), so a server that is gone cannot hold it for minutes of retries.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from steady.worker.agent.client import (
 )
 from steady.worker.contract.events import READ_CHUNK_BYTES
 from steady.worker.contract.fingerprint import auto_labels, host_fingerprint
+from steady.worker.contract.placeholders import PlaceholderError
 from steady.worker.contract.protocol import (
     MAX_BATCH_POINTS,
     MAX_ERROR_LENGTH,
@@ -76,6 +80,7 @@ class AgentConfig:
     poll_min_s: float = 1.0
     poll_max_s: float = 15.0
     grace_s: float = 30.0
+    report_s: float = 10.0  # on shutdown, after the grace: time to report or release runs before exiting anyway
     batch_interval_s: float = 0.5
     batch_points: int = 5_000
     max_runs: int | None = None  # exit after this many runs (tests, one-shot workers)
@@ -387,7 +392,7 @@ class RunExecution:
                 return
             try:
                 self.proc.start()
-            except OSError as exc:  # e.g. a command workload whose program is not installed here
+            except (OSError, PlaceholderError) as exc:  # e.g. a program not installed here, a '{seed:>9999}'
                 error = f"could not start the run: {exc}"[:MAX_ERROR_LENGTH]
                 self._try(lambda: self.client.fail(run_id, RunFailure(
                     lease_id=self.lease.lease_id, kind=FailureKind.error, error=error)))
@@ -536,6 +541,7 @@ class Agent:
         self.config = config
         self.client = client or SteadyClient(config.server, config.token)
         self.stopping = threading.Event()
+        self.stop_at: float | None = None  # time.monotonic() of the first stop signal
         self.force = threading.Event()
         self.registered: WorkerRegistered | None = None
         self.executions: list[RunExecution] = []
@@ -556,12 +562,22 @@ class Agent:
             if self.stopping.is_set():
                 log.warning("second signal: killing and releasing running runs")
                 self.force.set()
+                self.client.stop_by(time.monotonic() + self.config.report_s)
             else:
                 log.info("signal %d: no new runs; finishing current ones (grace %.0f s)", signum, self.config.grace_s)
+                self.stop(signalled=True)
             self.stopping.set()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+
+    def stop(self, *, signalled: bool = False) -> None:
+        """Stop leasing; with ``signalled`` (SIGTERM/SIGINT) the shutdown is bounded from now: runs get the
+        grace, reports ``report_s`` more, and no call to the server outlasts that."""
+        if signalled and self.stop_at is None:
+            self.stop_at = time.monotonic()
+            self.client.stop_by(self.stop_at + self.config.grace_s + self.config.report_s)
+        self.stopping.set()
 
     def labels(self) -> list[str]:
         seen: list[str] = []
@@ -666,12 +682,18 @@ class Agent:
         return 0
 
     def _shutdown(self) -> None:
-        deadline = time.monotonic() + (self.config.grace_s if self.stopping.is_set() else math.inf)
+        start = self.stop_at if self.stop_at is not None else time.monotonic()
+        deadline = start + (self.config.grace_s if self.stopping.is_set() else math.inf)
         for execution in list(self._active()):
             while not execution.finished.is_set():
                 if self.force.is_set() or time.monotonic() >= deadline:
                     execution.release_requested.set()
+                if time.monotonic() >= deadline + self.config.report_s + 1.0:  # its thread is stuck: go anyway
+                    log.warning("run %d: not reported within the shutdown bound; exiting", execution.lease.run_id)
+                    execution.proc.kill("released")
+                    break
                 execution.finished.wait(0.1)
+        end = deadline + self.config.report_s + 1.0
         for execution in self.executions:
-            execution.thread.join(timeout=5)
+            execution.thread.join(timeout=max(0.0, min(5.0, end - time.monotonic())) if math.isfinite(end) else 5.0)
         self.client.close()

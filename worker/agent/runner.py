@@ -12,6 +12,7 @@ chunk so captured step lines get their arrival times); the tail of that file, at
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,7 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from steady.worker.contract import determinism, runfiles
+from steady.worker.contract import determinism, placeholders, runfiles
+from steady.worker.agent import reaper
 from steady.worker.agent.capture import DEFAULT_PATTERNS, SCAN_INTERVAL_S, Capture
 from steady.worker.agent.conflicts import ConflictGuard
 from steady.worker.agent.tee import OutputTee
@@ -38,6 +40,8 @@ TAIL_LINES = 200  # and at most this many lines of it
 _WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # steady/worker
 _STEADY_DIR = os.path.dirname(_WORKER_DIR)  # the installed ``steady`` package
 _SHIM_DIR = os.path.join(_WORKER_DIR, "inrun", "shim")
+_REAPER = os.path.abspath(reaper.__file__)
+_LINUX = sys.platform.startswith("linux")
 COMMAND_SHIM_ENV = "STEADY_COMMAND_SHIM"
 
 # The only names a run subprocess inherits from the agent's environment (``--pass-env`` adds
@@ -172,6 +176,17 @@ def _load_libc() -> Any:
 
 
 _LIBC = _load_libc() if sys.platform.startswith("linux") else None
+
+
+def _check_program(program: str, env: dict[str, str], cwd: str) -> None:
+    """FileNotFoundError, as ``Popen`` would raise, for a program that is not there: the reaper execs it in
+    a child, where a missing program would only be an exit status 127."""
+    if os.sep in program:
+        found = os.path.isfile(os.path.join(cwd, program)) and os.access(os.path.join(cwd, program), os.X_OK)
+    else:
+        found = shutil.which(program, path=env.get("PATH", os.defpath)) is not None
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (or not executable)", program)
 
 
 def _die_with_parent() -> None:
@@ -321,7 +336,7 @@ class RunProcess:
             "device": device_env(self.device)["STEADY_DEVICE"], "run_dir": self.run_dir,
             "threads": self.spec.get("threads") or 2,
         }
-        argv = [arg.format(**values) for arg in command]
+        argv = [placeholders.fill(arg, values) for arg in command]  # names only, even if the server let one by
         if argv[0] in ("python", "python3"):
             argv[0] = self.python
         return argv
@@ -364,18 +379,22 @@ class RunProcess:
             # setgid + initgroups + setuid in the child, before exec (the agent stays root)
             identity = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.run_as.groups)}
         self.capture = self._capture()
+        argv, env = self.argv(), self.environment()
+        _check_program(argv[0], env, self.working_dir())
+        if _LINUX:  # through the run's own subreaper: no daemon it starts outlives it (steady.worker.agent.reaper)
+            argv = [self.python, "-I", "-S", _REAPER, *argv]
         # never through a link, even one planted before the child starts
         out_fd = runfiles.open_fd(self.output_path, self.run_dir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         read_fd, write_fd = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                self.argv(),
-                env=self.environment(),
+                argv,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: kill() reaches DataLoader workers too
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=_die_with_parent if _LINUX else None,
                 cwd=self.working_dir(),  # its own directory (or its code's), never the agent's
                 **identity,
             )
@@ -448,6 +467,8 @@ class RunProcess:
     def _killpg(self) -> None:
         if self.proc is None:
             return
+        if _LINUX and self.proc.poll() is None:
+            reaper.end_tree(self.proc.pid)  # first what left the group (a setsid daemon), then the group
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
