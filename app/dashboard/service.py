@@ -158,8 +158,22 @@ def repeatability_badge(report_: Report) -> Badge:
     return Badge("repeatability", title, "met expectations", "good", count, hint)
 
 
+OUTCOME_TONE = {"pass": "good", "fail": "bad", "inconclusive": "unknown"}
+BADGE_COLUMNS = ("outcome", *LEVELS)  # the studies list's badge columns, in the order ``badges`` gives them
+BADGE_TITLES = {"outcome": "Outcome", **LEVEL_TITLES}
+
+
+def outcome_badge(report_: Report) -> Badge:
+    """The study's judgment as the report states it (``Report.outcome``: the one policy ``steady report``,
+    ``submit --wait`` and ``check`` exit by), its reason in the tooltip."""
+    out = report_.outcome
+    return Badge("outcome", BADGE_TITLES["outcome"], {"pass": "passed", "fail": "failed"}.get(out.status, out.status),
+                 OUTCOME_TONE[out.status], len(out.checks), out.reason)
+
+
 def badges(report_: Report) -> list[Badge]:
-    out = []
+    """The outcome, then one badge per level."""
+    out = [outcome_badge(report_)]
     for level in LEVELS:
         if level == "repeatability":
             out.append(repeatability_badge(report_))
