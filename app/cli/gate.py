@@ -71,6 +71,17 @@ def exit_code(items: Iterable[GateItem]) -> int:
     return EXIT_CODES[PASS]
 
 
+def outcome_reason(items: list[GateItem], report: Report | None) -> str:
+    """Why the gate gives its exit code: the report's own reason (the one ``steady report`` and
+    ``submit --wait`` print) unless a check the report does not hold (the suite baseline, a failed
+    study) decided it instead."""
+    status = {v: k for k, v in EXIT_CODES.items()}[exit_code(items)]
+    if report is not None and report.outcome.status == status:
+        return report.outcome.reason
+    first = next((i for i in items if i.status == status), None)
+    return f"{first.name}: {first.reason}" if first is not None else ""
+
+
 def outcome(code: int) -> str:
     return {0: "passed", 1: "FAILED", 2: "inconclusive"}.get(code, f"exit {code}")
 
