@@ -137,8 +137,8 @@ class Badge:
 def repeatability_badge(report_: Report) -> Badge:
     """Did every determinism level meet its expectation (``steady.server.stats.expectations``)?
 
-    Not the worst verdict: at ``none`` repeats are expected to differ, and identical repeats
-    there are the suspicious case."""
+    Not the worst verdict: at ``none`` a built-in's repeats are expected to differ (user code may
+    seed itself there), and runs of different seeds that are identical are the suspicious case."""
     head = report_.headline
     title = LEVEL_TITLES["repeatability"]
     if not head:
@@ -160,7 +160,7 @@ def repeatability_badge(report_: Report) -> Badge:
 
 OUTCOME_TONE = {"pass": "good", "fail": "bad", "inconclusive": "unknown"}
 BADGE_COLUMNS = ("outcome", *LEVELS)  # the studies list's badge columns, in the order ``badges`` gives them
-BADGE_TITLES = {"outcome": "Outcome", **LEVEL_TITLES}
+BADGE_TITLES: dict[str, str] = {"outcome": "Outcome", **{str(k): v for k, v in LEVEL_TITLES.items()}}
 
 
 def outcome_badge(report_: Report) -> Badge:

@@ -10,7 +10,7 @@ from steady.server.alerts.findings import BAD
 from steady.server.models import AlertRule
 from steady.server.reports.models import Report
 from steady.server.stats.alert_rules import band_check, band_check_values
-from steady.server.stats.expectations import SeedRoute
+from steady.server.stats.expectations import BUILTIN, SeedRoute
 from steady.server.stats.report import MetricSpec, RunData, build_report
 from steady.server.studies.alert_specs import rule_adapter
 
@@ -21,7 +21,7 @@ FINALS = np.array([0.0, 0.01, 0.0, -0.01, 1.0])
 FINALS = 1.0 + FINALS / FINALS.std(ddof=1) * 0.048
 
 
-def _report(finals, *, route: SeedRoute = SeedRoute()) -> Report:
+def _report(finals, *, route: SeedRoute = BUILTIN) -> Report:
     runs = [RunData(run_id=i + 1, seed=i, repeat=0, determinism="seeded", stack="cpu",
                     series={"loss": (STEPS, np.linspace(2.0, f, STEPS.size))}) for i, f in enumerate(finals)]
     built = build_report(runs, [MetricSpec("loss", max_std=0.02)], rng=np.random.default_rng(0), route=route)

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from steady.server.stats.expectations import (
+    BUILTIN,
     SEEDS_IDENTICAL,
     SeedRoute,
     repeatability_expectation,
@@ -55,7 +56,7 @@ def test_user_code_at_none_has_no_expectation_a_correct_script_can_miss(route, v
 
 
 @pytest.mark.parametrize("route,det,reaches", [
-    (SeedRoute(), "none", False), (SeedRoute(), "seeded", True), (COMMAND_WITHOUT_SEED, "none", False),
+    (BUILTIN, "none", False), (BUILTIN, "seeded", True), (COMMAND_WITHOUT_SEED, "none", False),
     (COMMAND_WITHOUT_SEED, "strict", True), (COMMAND_WITH_SEED, "none", True), (ENTRYPOINT, "none", True),
 ])
 def test_seeds_identical_is_evidence_only_where_the_seed_reached_the_code(route, det, reaches):
@@ -69,7 +70,7 @@ def _run(i, seed, repeat, det, values, dtype=None):
                    series={"loss": (np.arange(v.size), v)}, dtypes={"loss": dtype} if dtype else {})
 
 
-def _study(ignore_seed: bool, route: SeedRoute = SeedRoute()):
+def _study(ignore_seed: bool, route: SeedRoute = BUILTIN):
     """Two seeds × two repeats at each level; `none` varies unless the code ignores the seed."""
     rng = np.random.default_rng(0)
     runs, i = [], 0
