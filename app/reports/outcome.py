@@ -13,19 +13,16 @@ Prometheus export present the same judgment with the same reason instead of each
   (or there is nothing to judge), and passes otherwise. The reason is the first failing (else
   inconclusive) check's plain first line.
 
-Reads the report duck-typed (``level``, ``verdict``, ``summary`` …), so ``models`` can judge a report
-as it is read without an import cycle.
+Reads the report duck-typed (``level``, ``verdict``, ``summary`` …; a ``steady.server.reports.models.Report``),
+so ``models`` can judge a report as it is read without the two modules importing each other.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from steady.server.reports.parts import Part
 from steady.server.stats.vocabulary import severity
-
-if TYPE_CHECKING:
-    from steady.server.reports.models import Report
 
 __all__ = ["PASS", "FAIL", "INCONCLUSIVE", "Check", "Outcome", "judge", "checks", "combine", "verdict_status",
            "group_label"]
@@ -88,7 +85,7 @@ def _convergence_check(c: Any) -> Check:
                  reason=f"{c.verdict}: {c.reason} ({numbers})", guarantee=c.guarantee)
 
 
-def checks(report: Report) -> list[Check]:
+def checks(report: Any) -> list[Check]:
     """The report as checks, in report order (see the module's docstring for the rules)."""
     out: list[Check] = []
     for h in report.headline:
@@ -133,6 +130,6 @@ def combine(items: list[Check]) -> Outcome:
     return Outcome(status="pass", reason=f"all {len(items)} checks passed", checks=items)
 
 
-def judge(report: Report) -> Outcome:
+def judge(report: Any) -> Outcome:
     """The study's outcome (the policy every gate and view presents)."""
     return combine(checks(report))
