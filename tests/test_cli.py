@@ -357,7 +357,9 @@ def test_submit_wait_exits_1_when_a_verdict_fails(live_server, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err
-    assert f"steady: study {sid}: 1 failing verdict(s) (seed_stability unstable): `steady report {sid}`" in err
+    # the report's outcome and its one reason (what `steady report` and `steady check` say too)
+    assert f"steady: study {sid}: FAILED (1 failing check(s)): loss seeded/default: unstable: std " in err, err
+    assert f"(`steady report {sid}`)" in err
 
 
 JSON_COMMANDS = {

@@ -23,7 +23,7 @@ from steady.server.kit import wire
 from steady.server.reports import service as reports
 from steady.server.reports.models import Report, typed_verdicts, verdicts_of
 from steady.server.reports.summary import ReportSummary
-from steady.server.stats.alert_rules import band_check, curve_outliers, final_outliers, guarantee, study_means
+from steady.server.stats.alert_rules import band_check_values, curve_outliers, final_outliers, guarantee, study_means
 from steady.server.stats.changepoint import sequential_shift
 from steady.server.stats.report import MetricSpec, build_report
 from steady.server.stats.vocabulary import Level
@@ -85,11 +85,17 @@ def _eval_band_width(session, study, rule, spec, report, baseline) -> list[Findi
             continue
         spread = v.spread
         n = spread.n
+        if v.verdict == "seed_has_no_effect":  # a spread of 0 by construction, not a band within the limit
+            out.append(Finding(rule, spec.metric, group, BAD, f"{_label(group)}: {v.summary} ({v.reason})",
+                               {"stat": spec.stat, "value": spread.std, "max": spec.max, "n_seeds": n,
+                                "verdict": v.verdict, "final_run_ids": v.final_run_ids, "guarantee": promise}))
+            continue
         check = None
         if spec.stat == "std":
             value = spread.std
-            if value is not None and n >= 2:
-                check = band_check(value, int(n), limit=spec.max, alpha=spec.alpha)
+            finite = [x for x in v.final_values if isinstance(x, float) and math.isfinite(x)]
+            if value is not None and len(finite) >= 2:  # the report's bound for the same seeds
+                check = band_check_values(finite, limit=spec.max, alpha=spec.alpha)
         else:
             ti = spread.tolerance
             value = None if ti is None else ti.high - ti.low
@@ -101,7 +107,8 @@ def _eval_band_width(session, study, rule, spec, report, baseline) -> list[Findi
             continue
         if check is not None:
             numbers.update(lower_bound=check.lower, alpha=spec.alpha,
-                           method="one-sided chi-square test of the seed std against max")
+                           method="one-sided test of the seed std against max on the report's lower bound "
+                                  "(chi-square; from 5 seeds the smaller of it and Bonett's)")
             firing = check.firing
             detail = (f"lower {1 - spec.alpha:.0%} bound {check.lower:.4g} {'>' if firing else '≤'} {spec.max:g}")
         else:

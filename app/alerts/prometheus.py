@@ -44,11 +44,17 @@ class SnapshotCollector:
         verdict = GaugeMetricFamily(
             "steady_verdict",
             "Verdict as a number: 0 identical/stable/equivalent, 1 within_tolerance, 2 inconclusive, "
-            "3 out_of_tolerance/unstable/not_equivalent",
+            "3 out_of_tolerance/unstable/seed_has_no_effect/not_equivalent",
             labels=[*study_labels, "level", "metric", "group"],
         )
+        outcome = GaugeMetricFamily(
+            "steady_study_outcome",
+            "The study's outcome as steady report/check judge it: 0 pass, 1 fail, 2 inconclusive "
+            "(latest evaluation)", labels=study_labels)
         for study, summary in snap["evaluations"]:
             base = [str(study["id"]), study["name"], study["suite"] or ""]
+            if summary.outcome is not None:
+                outcome.add_metric(base, {"pass": 0, "fail": 1, "inconclusive": 2}[summary.outcome])
             for v in summary.verdicts:
                 verdict.add_metric([*base, v.level, v.metric, v.group_label], vocabulary.severity(v.verdict))
                 if v.level == "seed_stability":
@@ -57,7 +63,7 @@ class SnapshotCollector:
                         std.add_metric(labels, v.std)
                     if v.ti_width is not None:
                         width.add_metric(labels, v.ti_width)
-        yield from (std, width, verdict)
+        yield from (std, width, verdict, outcome)
 
         runs = GaugeMetricFamily("steady_study_runs", "Runs of a study by status", labels=[*study_labels, "status"])
         for study, counts in snap["study_runs"]:

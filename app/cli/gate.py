@@ -12,67 +12,23 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from steady.server.reports.models import (
-    BaselineComparisonOut,
-    Convergence,
-    RepeatabilityVerdict,
-    Report,
-    SeedStabilityVerdict,
-    Verdict,
-)
-from steady.server.reports.parts import PairGroup, StackGroup
-from steady.server.stats.vocabulary import severity
+from steady.server.reports.models import BaselineComparisonOut, Report
+from steady.server.reports.outcome import FAIL, INCONCLUSIVE, PASS, group_label, verdict_status
 from steady.server.kit.terminal import printable
 
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}  # failure wins over inconclusive (see exit_code)
-
-_EXPECTATION_STATUS = {True: PASS, False: FAIL, None: INCONCLUSIVE}
 
 
 @dataclass(frozen=True)
 class GateItem:
-    """One check of the gate: a level's expectation, a verdict, a cost budget or a baseline comparison."""
+    """One check of the gate: a check of the report's outcome (``Report.outcome.checks``) or a baseline comparison."""
 
     kind: str  # expectation | repeatability | seed_stability | stack_portability | determinism_cost | convergence
-    #            | baseline
+    #            | baseline | study | report
     name: str
     status: str  # pass | fail | inconclusive
     reason: str
     guarantee: str  # the decision's stated false-alarm level, in words ("" when it has none)
-
-
-def _group(group: StackGroup | PairGroup) -> str:
-    if isinstance(group, PairGroup):
-        return f"{group.determinism}/{group.candidate_stack} vs {group.reference_stack or 'reference'}"
-    return "/".join(p for p in (group.determinism, group.stack) if p)
-
-
-def _guarantee(v: Verdict) -> str:
-    parts = [v.guarantee] if v.guarantee else []
-    if isinstance(v, SeedStabilityVerdict) and v.out_of_band_test is not None and v.out_of_band_test.guarantee:
-        parts.append(f"out-of-band runs: {v.out_of_band_test.guarantee}")
-    return "; ".join(parts)
-
-
-def _verdict_status(verdict: str | None) -> str:
-    """Good and within-tolerance values pass, bad ones fail; anything else is inconclusive, never a pass."""
-    return {0: PASS, 1: PASS, 3: FAIL}.get(severity(verdict), INCONCLUSIVE)
-
-
-def _number(x: float | None, fmt: str = ".6g") -> str:
-    return "n/a" if x is None else format(x, fmt)
-
-
-def _convergence_item(c: Convergence) -> GateItem:
-    """A convergence check (MLPerf RCP rule): the numbers a reviewer needs to see why it passed or
-    failed, whatever the reason's wording: candidate mean, floor, allowed speed-up, normalisation."""
-    name = f"steps to {c.metric}{'<=' if c.direction == 'min' else '>='}{c.target:g} {_group(c.group)}"
-    numbers = (f"candidate mean {_number(c.candidate_mean)} steps; minimum acceptable mean "
-               f"{_number(c.min_acceptable_mean)}; max speed-up ×{_number(c.max_speedup, '.4f')}; "
-               f"normalisation factor ×{_number(c.normalization_factor, '.4f')}")
-    return GateItem("convergence", name, _verdict_status(c.verdict), f"{c.verdict}: {c.reason} ({numbers})",
-                    c.guarantee)
 
 
 def baseline_name(c: BaselineComparisonOut) -> str:
@@ -85,47 +41,23 @@ def baseline_name(c: BaselineComparisonOut) -> str:
 
 
 def gate_items(report: Report, comparison: BaselineComparisonOut | None = None) -> list[GateItem]:
-    """The report as gate checks, in report order: one per level expectation (headline), per verdict,
-    per cost-of-determinism budget, per convergence group and per comparison with the suite baseline.
-
-    A repeatability verdict passes when its level met its expectation (runs at ``none`` are expected
-    to differ), other verdicts by their value; anything not understood is inconclusive, never a pass.
-    A report with nothing to judge gives one inconclusive item: an empty gate does not pass.
-    """
-    items: list[GateItem] = []
-    for h in report.headline:
-        promise = next((v.guarantee for v in report.of_level("repeatability")
-                        if v.group.determinism == h.determinism and v.guarantee), "")
-        reason = h.phrase
-        if h.suspicious:
-            reason += "; suspicious: " + "; ".join(h.suspicious)
-        items.append(GateItem("expectation", f"{h.determinism}: {h.expected}",
-                              _EXPECTATION_STATUS[h.met], reason, promise))
-    for v in report.verdicts:
-        if isinstance(v, RepeatabilityVerdict):
-            status = _EXPECTATION_STATUS[v.met_expectation]
-            reason = f"{v.verdict}: {v.reason} (expected: {v.expectation})"
-        else:
-            status = _verdict_status(v.verdict)
-            reason = f"{v.verdict}: {v.reason}"
-        items.append(GateItem(v.level, f"{v.metric} {_group(v.group)}", status, reason, _guarantee(v)))
-    for c in report.determinism_cost:
-        if c.verdict is None:  # no budget given: a measurement, not a check
-            continue
-        name = f"step time {c.numerator}/{c.denominator} {c.stack}".rstrip()
-        reason = f"{c.verdict}: ratio {c.ratio} (CI {c.ci_low}..{c.ci_high}) against budget ×{c.budget}"
-        items.append(GateItem("determinism_cost", name, _verdict_status(c.verdict), c.reason or reason, c.guarantee))
-    items += [_convergence_item(c) for c in report.convergence or ()]
+    """The checks of the report's outcome, as the server judged them (``steady.server.reports.outcome``:
+    one policy for every gate), each with its plain first line before its statistics, then one per
+    comparison with the suite baseline. A report with nothing to judge gives one inconclusive item:
+    an empty gate does not pass."""
+    items = [GateItem(c.kind, c.name, c.status, c.reason if c.summary == c.reason else f"{c.summary} — {c.reason}",
+                      c.guarantee) for c in report.outcome.checks]
     if comparison is not None:
         against = baseline_name(comparison)
         for pv in comparison.verdicts:
-            items.append(GateItem("baseline", f"{pv.metric} {_group(pv.group)} vs {against}",
-                                  _verdict_status(pv.verdict), f"{pv.verdict}: {pv.reason}", _guarantee(pv)))
+            guarantee = pv.guarantee or ""
+            items.append(GateItem("baseline", f"{pv.metric} {group_label(pv.group)} vs {against}",
+                                  verdict_status(pv.verdict), f"{pv.verdict}: {pv.reason}", guarantee))
         if not comparison.verdicts:
             items.append(GateItem("baseline", f"vs {against}", INCONCLUSIVE,
                                   "no metric and determinism level in common with the baseline", ""))
     if not items:
-        items.append(GateItem("report", "study", INCONCLUSIVE, "nothing to judge: no verdict in the report", ""))
+        items.append(GateItem("report", "study", INCONCLUSIVE, report.outcome.reason, ""))
     return items
 
 
@@ -137,6 +69,17 @@ def exit_code(items: Iterable[GateItem]) -> int:
     if INCONCLUSIVE in statuses:
         return EXIT_CODES[INCONCLUSIVE]
     return EXIT_CODES[PASS]
+
+
+def outcome_reason(items: list[GateItem], report: Report | None) -> str:
+    """Why the gate gives its exit code: the report's own reason (the one ``steady report`` and
+    ``submit --wait`` print) unless a check the report does not hold (the suite baseline, a failed
+    study) decided it instead."""
+    status = {v: k for k, v in EXIT_CODES.items()}[exit_code(items)]
+    if report is not None and report.outcome.status == status:
+        return report.outcome.reason
+    first = next((i for i in items if i.status == status), None)
+    return f"{first.name}: {first.reason}" if first is not None else ""
 
 
 def outcome(code: int) -> str:

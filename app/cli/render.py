@@ -54,6 +54,9 @@ def render_report(report: Report, *, color: bool = False) -> str:
         f"  runs judged: {report.n_runs_judged} completed of {progress.total}"
         f" (failed {progress.failed}, still running {progress.running + progress.queued})"
     )
+    out = report.outcome
+    mark = {"pass": ("PASSED", "32"), "fail": ("FAILED", "31"), "inconclusive": ("INCONCLUSIVE", "33")}[out.status]
+    lines.append(f"  outcome: {_paint(mark[0], mark[1], color)}: {out.reason}")
     if report.stages:
         lines.append("")
         lines.extend(stage_lines(report, color=color))
@@ -79,7 +82,8 @@ def render_report(report: Report, *, color: bool = False) -> str:
         for v in rows:
             label = f"{v.metric}  {_group(v.group)}".ljust(width)
             verdict = _paint(f"{v.verdict:<16}", _color_of(v.verdict), color)
-            lines.append(f"  {label}  {verdict} n={v.n_runs:<3} {v.reason}")
+            lines.append(f"  {label}  {verdict} n={v.n_runs:<3} {v.summary}")
+            lines.append(" " * (width + 4) + v.reason)
             promise = _guarantee(v)
             if promise:
                 lines.append(" " * (width + 4) + _paint(f"guarantee: {promise}", "2", color))

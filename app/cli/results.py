@@ -28,7 +28,7 @@ from steady.server.cli.support import (
 from steady.server.kit.terminal import printable
 
 if TYPE_CHECKING:
-    from steady.server.reports.models import Compare, CompareMetric, CompareStudy
+    from steady.server.reports.models import Compare, CompareMetric, CompareStudy, Report
 
 
 
@@ -70,6 +70,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     title = f"study {sid} ({study['name']})"
     if study["status"] == "cancelled":
         raise CliError(f"study {sid} was cancelled: nothing to judge (`steady status {sid}`)")
+    report: Report | None = None
     if study["status"] == "failed":
         items = [gate.GateItem("study", f"study {sid}", gate.FAIL,
                                f"the study failed (every run failed): see `steady runs {sid}`", "")]
@@ -89,7 +90,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     rows = [[i.status.upper() if i.status == gate.FAIL else i.status, i.kind, printable(i.name), printable(i.reason)]
             for i in items]
     print(table(["STATUS", "CHECK", "NAME", "WHY"], rows))
-    print(f"steady check: {printable(title)}: {gate.outcome(code)} (exit {code}); {link}")
+    print(f"steady check: {printable(title)}: {gate.outcome(code)} (exit {code}): "
+          f"{printable(gate.outcome_reason(items, report))}; {link}")
     if args.junit:
         from datetime import UTC, datetime
 
@@ -100,6 +102,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         _write(args.markdown, text.encode())
     if args.webhook:
         _post_summary(args.webhook, {"text": text, "exit_code": code, "outcome": gate.outcome(code),
+                                     "reason": gate.outcome_reason(items, report),
                                      "study_id": sid, "link": link,
                                      "checks": [i.__dict__ for i in items]})
     return code

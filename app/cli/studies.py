@@ -141,14 +141,13 @@ def _story_lines(run: dict[str, Any]) -> list[str]:
 
 
 def _verdict_summary(report: Report, sid: int) -> int:
-    """One line on stderr naming the failing verdicts; the exit code that goes with them."""
+    """One line on stderr with the study's outcome and its reason (the report's, as every gate says it);
+    the exit code that goes with them."""
+    out = report.outcome
     failing = failing_verdicts(report)
-    if failing:
-        names = ", ".join(sorted({f"{what} {verdict}" for what, verdict in failing}))
-        print(f"steady: study {sid}: {len(failing)} failing verdict(s) ({printable(names)}): `steady report {sid}`",
-              file=sys.stderr)
-    else:
-        print(f"steady: study {sid}: no failing verdict (`steady report {sid}`)", file=sys.stderr)
+    what = f"FAILED ({len(failing)} failing check(s))" if out.status == "fail" else (
+        "passed" if out.status == "pass" else "inconclusive")
+    print(f"steady: study {sid}: {what}: {printable(out.reason)} (`steady report {sid}`)", file=sys.stderr)
     return verdict_exit_code(report)
 
 

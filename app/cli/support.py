@@ -120,20 +120,15 @@ def get_report(api: Any, study_id: int) -> Report:
 
 
 def failing_verdicts(report: Report) -> list[tuple[str, str]]:
-    """(what, verdict) of the report's verdicts, cost-of-determinism budgets and convergence checks that
-    say "not stable" (a convergence ``fail``: significantly faster than the reference, or too many runs
-    that never reached the target)."""
-    from steady.server.stats.vocabulary import SEVERITY
-
-    bad = SEVERITY["unstable"]
-    rows: list[tuple[str, str]] = [(v.level, v.verdict) for v in report.verdicts if SEVERITY.get(v.verdict) == bad]
-    rows += [("cost", c.verdict) for c in report.determinism_cost if c.verdict and SEVERITY.get(c.verdict) == bad]
-    rows += [("convergence", c.verdict) for c in report.convergence or () if SEVERITY.get(c.verdict) == bad]
-    return rows
+    """(check, its plain first line) of the report's failing checks, as the server's one failure
+    policy judged them (``Report.outcome``, ``steady.server.reports.outcome``)."""
+    return [(c.name, c.summary) for c in report.outcome.checks if c.status == "fail"]
 
 
 def verdict_exit_code(report: Report) -> int:
-    return EXIT_FAIL if failing_verdicts(report) else EXIT_OK
+    """1 exactly when the report's outcome is a failure (``steady check`` exits 1 then too), else 0:
+    ``report`` and ``submit --wait`` keep 2 for usage errors, so an inconclusive study exits 0 here."""
+    return EXIT_FAIL if report.outcome.status == "fail" else EXIT_OK
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

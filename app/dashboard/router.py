@@ -51,8 +51,8 @@ def studies_page(
                                        per_page=STUDIES_PER_PAGE)
     pages = max(1, math.ceil(total / STUDIES_PER_PAGE))
     return render(request, "studies.html", viewer, rows=rows, total=total, page=page, pages=pages,
-                   status=status_, name=name or "", statuses=STUDY_STATUSES, levels=service.LEVELS,
-                   level_titles=service.LEVEL_TITLES)
+                   status=status_, name=name or "", statuses=STUDY_STATUSES, levels=service.BADGE_COLUMNS,
+                   level_titles=service.BADGE_TITLES)
 
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)

@@ -137,8 +137,8 @@ class Badge:
 def repeatability_badge(report_: Report) -> Badge:
     """Did every determinism level meet its expectation (``steady.server.stats.expectations``)?
 
-    Not the worst verdict: at ``none`` repeats are expected to differ, and identical repeats
-    there are the suspicious case."""
+    Not the worst verdict: at ``none`` a built-in's repeats are expected to differ (user code may
+    seed itself there), and runs of different seeds that are identical are the suspicious case."""
     head = report_.headline
     title = LEVEL_TITLES["repeatability"]
     if not head:
@@ -158,8 +158,22 @@ def repeatability_badge(report_: Report) -> Badge:
     return Badge("repeatability", title, "met expectations", "good", count, hint)
 
 
+OUTCOME_TONE = {"pass": "good", "fail": "bad", "inconclusive": "unknown"}
+BADGE_COLUMNS = ("outcome", *LEVELS)  # the studies list's badge columns, in the order ``badges`` gives them
+BADGE_TITLES: dict[str, str] = {"outcome": "Outcome", **{str(k): v for k, v in LEVEL_TITLES.items()}}
+
+
+def outcome_badge(report_: Report) -> Badge:
+    """The study's judgment as the report states it (``Report.outcome``: the one policy ``steady report``,
+    ``submit --wait`` and ``check`` exit by), its reason in the tooltip."""
+    out = report_.outcome
+    return Badge("outcome", BADGE_TITLES["outcome"], {"pass": "passed", "fail": "failed"}.get(out.status, out.status),
+                 OUTCOME_TONE[out.status], len(out.checks), out.reason)
+
+
 def badges(report_: Report) -> list[Badge]:
-    out = []
+    """The outcome, then one badge per level."""
+    out = [outcome_badge(report_)]
     for level in LEVELS:
         if level == "repeatability":
             out.append(repeatability_badge(report_))

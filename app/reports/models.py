@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, model_validator
 
+from steady.server.reports.outcome import Outcome, judge
 from steady.server.reports.parts import (
     Convergence,
     DeterminismCost,
@@ -56,6 +57,8 @@ __all__ = [
 class _VerdictBase(Part):
     metric: str
     n_runs: int
+    summary: str = Field(description="the plain first line: what the verdict means and what to do "
+                         "(the statistics are in `reason`)")
     reason: str
     guarantee: str = Field(description="the verdict's false-alarm level, in one phrase")
 
@@ -283,6 +286,16 @@ class Report(Part):
     arms: list[ArmDifference]
     convergence: list[Convergence] | None = None
     caveats: list[Caveat] = []
+    outcome: Outcome = Field(None, description="the study's judgment (pass / fail / inconclusive) and its one reason, "  # type: ignore[assignment]
+                             "computed once from the checks below: what `steady report`, `submit --wait`, "
+                             "`check`, the dashboard and the metrics export present")
+
+    @model_validator(mode="after")
+    def _judged(self) -> Report:
+        """A report read without its outcome (built here, or cached before it had one) is judged now."""
+        if self.outcome is None:
+            self.outcome = judge(self)
+        return self
 
     @classmethod
     def assemble(cls, built: StudyReport, *, study: StudyHeader | dict, metrics: list | tuple = (),

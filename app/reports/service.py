@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import string
 import threading
 import time
 import zlib
@@ -33,6 +34,7 @@ from steady.server.stats.convergence import (
 )
 from steady.server.stats.downsample import extreme_indices
 from steady.server.stats.report_levels import same_seed_phrase
+from steady.server.stats.expectations import BUILTIN, SeedRoute
 from steady.server.stats.report import (
     GroupBand,
     MetricSpec,
@@ -60,6 +62,21 @@ def metric_specs(study: Study) -> list[MetricSpec]:
         )
         for m in study.spec.get("metrics", [])
     ]
+
+
+def seed_route(study: Study) -> SeedRoute:
+    """How the study's code receives Steady's seed: an entrypoint gets ``ctx.seed`` at every level, a
+    command where an argument holds the ``{seed}`` placeholder, an external study's code is the one
+    that labelled its runs with their seeds; a built-in is Steady's own code."""
+    if study.kind == "external":
+        return SeedRoute("external", receives_seed=True)
+    workload = study.spec.get("workload") or {}
+    if workload.get("entrypoint"):
+        return SeedRoute("entrypoint", receives_seed=True)
+    if workload.get("command"):
+        fields = {f for arg in workload["command"] for _, f, _, _ in string.Formatter().parse(arg)}
+        return SeedRoute("command", receives_seed="seed" in fields)
+    return BUILTIN
 
 
 def completed_runs(session: Session, study_id: int) -> list[Run]:
@@ -230,6 +247,7 @@ def compute_report(session: Session, study_id: int) -> Report:
         rng=_rng(study_id),
         cost_budget=spec.get("cost_budget"),
         stages=adaptive.seed_stages(session, study),
+        route=seed_route(study),
     )
     convergence = convergence_section(session, data, spec["convergence"]) if spec.get("convergence") else None
     del data  # the series: the bands below are all that is kept

@@ -4,7 +4,7 @@ Prometheus exporter reads (the report is not recomputed on a scrape)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -32,6 +32,8 @@ class VerdictSummary(Part):
 
 class ReportSummary(Part):
     verdicts: list[VerdictSummary] = []
+    outcome: Literal["pass", "fail", "inconclusive"] | None = None  # the report's outcome (None: stored before it)
+    outcome_reason: str | None = None
 
     @classmethod
     def of(cls, report: Report) -> ReportSummary:
@@ -44,7 +46,7 @@ class ReportSummary(Part):
                 row.std = v.spread.std
                 row.ti_width = None if ti is None else ti.high - ti.low
             rows.append(row)
-        return cls(verdicts=rows)
+        return cls(verdicts=rows, outcome=report.outcome.status, outcome_reason=report.outcome.reason)
 
     @classmethod
     def read(cls, stored: dict[str, Any] | None) -> ReportSummary:

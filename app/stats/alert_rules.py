@@ -28,7 +28,7 @@ import numpy as np
 
 from steady.server.stats.align import align_series, check_matrix
 from steady.server.stats.bands import curve_levels
-from steady.server.stats.intervals import std_bounds_from
+from steady.server.stats.intervals import bonett_std_bounds, std_bounds_from
 from steady.server.stats.quantiles import t_isf
 from steady.server.stats.report import RunData, common_finals
 
@@ -195,6 +195,24 @@ def band_too_wide(values, *, limit: float, alpha: float = 0.05) -> BandCheck:
     if x.size < 2:
         raise ValueError(f"need at least 2 finite values, got {x.size}")
     return band_check(float(x.std(ddof=1)), int(x.size), limit=limit, alpha=alpha)
+
+
+def band_check_values(values, *, limit: float, alpha: float = 0.05) -> BandCheck:
+    """``band_too_wide`` with the lower bound the study report decides ``unstable`` with
+    (``steady.server.stats.seed_stability``): from 5 values the smaller of the chi-square bound and
+    Bonett's (2006) kurtosis-adjusted one, which stays valid off normality; below 5 the chi-square
+    bound. One number per claim: the alert and the report quote the same bound for the same seeds
+    (at the same α)."""
+    x = _finite_1d("values", values)
+    x = x[np.isfinite(x)]
+    if x.size < 2:
+        raise ValueError(f"need at least 2 finite values, got {x.size}")
+    check = band_check(float(x.std(ddof=1)), int(x.size), limit=limit, alpha=alpha)
+    if x.size < 5 or check.std == 0.0:
+        return check
+    robust = bonett_std_bounds(x, alpha=check.alpha)
+    return BandCheck(std=check.std, lower=min(check.lower, robust.lower), limit=check.limit, n=check.n,
+                     alpha=check.alpha)
 
 
 def band_check(std: float, n: int, *, limit: float, alpha: float = 0.05) -> BandCheck:

@@ -1,9 +1,17 @@
 """What each determinism level is expected to show, and whether a study met it.
 
-The one place that says what "good" means per level. A repeatability verdict alone is not a
-headline: at ``none`` Steady applies no seeds, so repeats that *differ* are the expected
-outcome, and repeats that are bitwise identical mean the code seeds itself (it ignores
-Steady's seed). The rules:
+The one place that says what "good" means per level, and it depends on who runs the code and
+whether the code receives Steady's seed itself (``SeedRoute``):
+
+* a **built-in** workload is Steady's own code: at ``none`` it draws every random stream from fresh
+  entropy, so its repeats are expected to differ;
+* an **entrypoint** receives the seed as ``ctx.seed`` at every level, and a **command** receives it
+  where its argv has the ``{seed}`` placeholder: a correct script that seeds itself from it is
+  bitwise identical at ``none`` too (Steady fixes nothing at ``none``; the code may). So at ``none``
+  user code has no expectation it could miss: identical repeats say the code fixes its own seeds,
+  repeats that differ say something it does not seed (kernels, data loader, hash order) varies;
+* a **command without** ``{seed}`` receives no seed at ``none``; at ``seeded``/``strict`` Steady still
+  seeds Python's, NumPy's and the framework's global generators in its process.
 
 ========  ====================================  ==============================================
 level     expected                              met when
@@ -15,28 +23,71 @@ seeded    identical unless kernels vary         identical, or repeats that diffe
                                                 what ``strict`` is for); a difference blamed on
                                                 seeding or data order, or a non-finite one (a
                                                 repeat diverged), misses it
-none      varies                                repeats differ (within or out of tolerance)
+none      built-in: varies                      repeats differ (within or out of tolerance)
+none      your code: whatever it fixes itself   always (identical or not: a statement, not a test)
 ========  ====================================  ==============================================
 
 ``inconclusive`` (fewer than two repeats of a seed) neither meets nor misses the expectation.
-Independently of repeats, runs of *different* seeds that are bitwise identical are suspicious
-at every level: the code probably ignores Steady's seed.
+"The code ignores the seed" is claimed only from evidence that the seed has no effect: runs of
+*different* seeds bitwise identical where the seed reached the code (``SeedRoute.reaches``),
+never from identical repeats of one seed. That finding fails the seed-stability row
+(``seed_has_no_effect``, see ``steady.server.stats.report_levels``); here it is only noted
+(``suspicious``) next to the repeats it does not change.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["EXPECTED", "IGNORES_SEED", "SEEDS_IDENTICAL", "Expectation", "LevelHeadline", "headline",
-           "repeatability_expectation"]
+__all__ = ["EXPECTED", "SEEDS_IDENTICAL", "BUILTIN", "Expectation", "LevelHeadline", "SeedRoute", "expected",
+           "headline", "repeatability_expectation"]
 
 EXPECTED = {
     "strict": "identical",
     "seeded": "identical unless kernels are known to vary",
     "none": "varies",
 }
-IGNORES_SEED = "repeats are identical although Steady applied no seed: the code probably ignores Steady's seed"
-SEEDS_IDENTICAL = "runs of different seeds are bitwise identical: the code probably ignores Steady's seed"
+_NONE_USER = {  # what `none` can say about user code: Steady fixes nothing there, the code may
+    True: "identical if the code seeds itself from the seed it receives, else varies",
+    False: "varies unless the code fixes its own seeds (it receives no seed)",
+}
+SEEDS_IDENTICAL = ("runs of different seeds are bitwise identical: the seed has no effect "
+                   "(the code ignores the seed it is given)")
+
+CodeKind = Literal["builtin", "entrypoint", "command", "external"]  # external: runs uploaded, seeds labelled by the code
+
+
+@dataclass(frozen=True)
+class SeedRoute:
+    """Who runs a study's code and whether it receives Steady's seed itself.
+
+    ``receives_seed``: the code is handed the seed at every level, ``none`` included (an entrypoint's
+    ``ctx.seed``; a command whose argv has ``{seed}``). A built-in draws from fresh entropy at ``none``."""
+
+    kind: CodeKind = "builtin"
+    receives_seed: bool = False
+
+    def reaches(self, determinism: str) -> bool:
+        """Does the seed reach the code at this level? Steady seeds the global generators at ``seeded``
+        and ``strict``; at ``none`` only code that receives the seed itself gets it."""
+        return determinism != "none" or self.receives_seed
+
+    @property
+    def user_code(self) -> bool:
+        return self.kind != "builtin"
+
+
+BUILTIN = SeedRoute()
+
+
+def expected(determinism: str, route: SeedRoute = BUILTIN) -> str:
+    """What repeats at ``determinism`` are expected to show for code reached by ``route``."""
+    if determinism not in EXPECTED:
+        raise ValueError(f"unknown determinism level {determinism!r}")
+    if determinism == "none" and route.user_code:
+        return _NONE_USER[route.receives_seed]
+    return EXPECTED[determinism]
 
 
 @dataclass(frozen=True)
@@ -48,26 +99,31 @@ class Expectation:
 
 
 def repeatability_expectation(determinism: str, verdict: str, *, source: str | None = None,
-                              seeds_identical: bool | None = None, deltas_finite: bool = True) -> Expectation:
+                              seeds_identical: bool | None = None, deltas_finite: bool = True,
+                              route: SeedRoute = BUILTIN) -> Expectation:
     """Judge one repeatability verdict (``identical`` / ``within_tolerance`` / ``out_of_tolerance``
-    / ``inconclusive``) against the expectation of its determinism level.
+    / ``inconclusive``) against the expectation of its determinism level for code reached by ``route``.
 
     ``source`` is the attributed source of the first difference (``numerics`` = kernels,
     reduction order, threads); ``deltas_finite`` is False when a repeat turned non-finite where
     its reference did not; ``seeds_identical`` is True when runs of two or more different
-    seeds are bitwise identical (None when fewer than two seeds were compared)."""
-    if determinism not in EXPECTED:
-        raise ValueError(f"unknown determinism level {determinism!r}")
-    expected = EXPECTED[determinism]
-    suspicious = []
-    if seeds_identical:
-        suspicious.append(SEEDS_IDENTICAL)
+    seeds are bitwise identical (None when fewer than two seeds were compared): noted as
+    suspicious where the seed reached the code, never a reason to miss the expectation of repeats."""
+    exp = expected(determinism, route)
+    suspicious = (SEEDS_IDENTICAL,) if seeds_identical and route.reaches(determinism) else ()
     if verdict == "inconclusive":
         met, phrase = None, "not enough repeats to tell"
+    elif determinism == "none" and route.user_code:
+        met = True
+        if verdict == "identical":
+            phrase = ("identical: the code seeds itself from the seed it receives" if route.receives_seed
+                      else "identical: the code fixes its own seeds")
+        else:
+            phrase = (f"{verdict.replace('_', ' ')}: something the code does not seed itself varies "
+                      "(Steady fixes nothing at none)")
     elif determinism == "none":
         if verdict == "identical":
-            met, phrase = False, "identical, expected to vary"
-            suspicious.insert(0, IGNORES_SEED)
+            met, phrase = False, "identical, expected to vary: the built-in fixed a seed at none"
         else:
             met, phrase = True, "varies, as expected"
     elif verdict == "identical":
@@ -78,9 +134,7 @@ def repeatability_expectation(determinism: str, verdict: str, *, source: str | N
     else:
         met, phrase = False, f"{verdict.replace('_', ' ')}, expected identical" + (
             f" (source: {source})" if source else "")
-    if suspicious and met:
-        met = False
-    return Expectation(expected, met, phrase, tuple(suspicious))
+    return Expectation(exp, met, phrase, suspicious)
 
 
 @dataclass(frozen=True)
@@ -95,7 +149,7 @@ class LevelHeadline:
 
 def headline(entries: Iterable[Mapping]) -> tuple:
     """One ``LevelHeadline`` per determinism level from repeatability entries carrying
-    ``group.determinism``, ``met_expectation``, ``expectation`` and ``suspicious``."""
+    ``group.determinism``, ``expected``, ``met_expectation``, ``expectation`` and ``suspicious``."""
     by_level: dict[str, list[Mapping]] = {}
     for e in entries:
         by_level.setdefault(e["group"]["determinism"], []).append(e)
@@ -104,6 +158,7 @@ def headline(entries: Iterable[Mapping]) -> tuple:
         rows = by_level.get(det)
         if not rows:
             continue
+        exp = rows[0].get("expected") or EXPECTED[det]
         mets = [r["met_expectation"] for r in rows]
         suspicious = tuple(dict.fromkeys(s for r in rows for s in r.get("suspicious", ())))
         if any(m is False for m in mets):
@@ -113,6 +168,6 @@ def headline(entries: Iterable[Mapping]) -> tuple:
             met, phrase = None, "not enough repeats to tell"
         else:
             met = True
-            phrase = "met: " + EXPECTED[det]
-        out.append(LevelHeadline(det, EXPECTED[det], met, phrase, len(rows), suspicious))
+            phrase = "met: " + exp
+        out.append(LevelHeadline(det, exp, met, phrase, len(rows), suspicious))
     return tuple(out)

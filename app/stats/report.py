@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from steady.server.stats import expectations
+from steady.server.stats.expectations import BUILTIN, SeedRoute
 from steady.server.stats.cost import cost_ratio
 from steady.server.stats.report_data import (
     STEP_TIME_KEY,
@@ -54,7 +55,8 @@ _COST_PAIRS = (("strict", "seeded"), ("seeded", "none"), ("strict", "none"))
 def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, coverage: float = 0.9,
                  confidence: float = 0.95, alpha: float = 0.05, reference_stack: str | None = None,
                  rng: np.random.Generator, adjust_method: str = "holm", false_alarm: float = 0.01,
-                 cost_budget: float | None = None, stages: SeedStages | None = None) -> StudyReport:
+                 cost_budget: float | None = None, stages: SeedStages | None = None,
+                 route: SeedRoute = BUILTIN) -> StudyReport:
     """Build the study report: the three verdict levels, variance by source, cost, divergences.
 
     Groups are (determinism, stack).
@@ -82,6 +84,10 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     ``stages`` (an adaptive study): seed-stability verdicts with a ``max_std`` are judged
       group-sequentially over the stages (``SeedStages``; details carry ``sequential``), and so
       are portability verdicts with a margin (``steady.server.stats.sequential_tost``).
+    ``route``: who runs the code and whether it receives the seed itself (built-in, entrypoint,
+      command with or without ``{seed}``): what ``none`` is expected to show
+      (``steady.server.stats.expectations``) and whether runs of different seeds that are bitwise
+      identical mean the seed has no effect (``seed_has_no_effect``, a failing seed-stability verdict).
     ``rng`` drives every bootstrap (portability CI). ``cost_budget``: the largest acceptable
     step-time ratio between determinism levels; the cost entries then carry a
     ``pass``/``fail``/``inconclusive`` verdict (``steady.server.stats.cost``).
@@ -98,9 +104,9 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     bands: list[GroupBand] = []
     pending_port = []
     for spec in metrics:
-        verdicts += _repeatability_verdicts(groups, spec)
+        verdicts += _repeatability_verdicts(groups, spec, route=route)
         verdicts += _seed_verdicts(groups, spec, coverage=coverage, confidence=confidence, alpha=alpha,
-                                   false_alarm=false_alarm, stages=stages, bands=bands)
+                                   false_alarm=false_alarm, stages=stages, bands=bands, route=route)
         pending_port += [(spec, *p) for p in _portability_verdicts(groups, spec, reference_stack=reference_stack,
                                                                    alpha=alpha, rng=rng, coverage=coverage,
                                                                    confidence=confidence, stages=stages)]
@@ -118,7 +124,8 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
                                                           "spending": stages.spending, "stage": stages.current},
                "nonfinite_encoding": "NaN, +/-Inf -> 'NaN', 'Infinity', '-Infinity'; null: absent"}
     head = expectations.headline(
-        {"group": v.group, "met_expectation": v.details["met_expectation"], "expectation": v.details["expectation"],
+        {"group": v.group, "expected": v.details["expected"], "met_expectation": v.details["met_expectation"],
+         "expectation": v.details["expectation"],
          "suspicious": v.details["suspicious"]} for v in verdicts if v.level == "repeatability")
     cost = _cost(runs, confidence=confidence, budget=cost_budget)
     return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics)),

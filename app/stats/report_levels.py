@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from steady.server.stats import expectations, guarantees
+from steady.server.stats import expectations, guarantees, plain
+from steady.server.stats.expectations import BUILTIN, SeedRoute
 from steady.server.stats.bands import DEFAULT_QUANTILES, out_of_band_curves
 from steady.server.stats.portability import adjust, band_containment, compare_stacks
 from steady.server.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability, size_phrase
@@ -33,7 +34,7 @@ from steady.server.stats.serialize import to_data
 from steady.server.stats.stack_pairs import stack_pairs
 
 
-def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
+def _repeatability_verdicts(groups, spec: MetricSpec, *, route: SeedRoute = BUILTIN) -> list[Verdict]:
     out = []
     for (det, stack), group_runs in groups.items():
         by_seed: dict[int, list[RunData]] = defaultdict(list)
@@ -70,7 +71,7 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
         seeds_identical = _all_identical(firsts, spec.name) if len(firsts) >= 2 else None
         exp = expectations.repeatability_expectation(
             det, verdict, source=conclusive[worst_seed][1].source if worst_seed is not None else None,
-            seeds_identical=seeds_identical,
+            seeds_identical=seeds_identical, route=route,
             deltas_finite=all(np.isfinite(res.max_abs_delta) for _, res in conclusive.values()))
         numbers = {}
         if worst_seed is not None:
@@ -82,8 +83,9 @@ def _repeatability_verdicts(groups, spec: MetricSpec) -> list[Verdict]:
                                          default=None),
                        "first_divergent_step": w.first_divergent_step, "source": w.source,
                        "data_order_epoch": w.data_order_epoch}
+        first = plain.repeatability_line(verdict, det, exp, numbers, n_seeds=len(per_seed))
         out.append(Verdict("repeatability", spec.name, {"determinism": det, "stack": stack}, verdict, n_runs, reason,
-                           {**numbers, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail,
+                           {**numbers, "summary": first, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail,
                             "dtype": _dtype(group_runs, spec.name),
                             "seeds_identical": seeds_identical, "n_seeds_compared": len(firsts),
                             "expected": exp.expected, "met_expectation": exp.met, "expectation": exp.phrase,
@@ -151,7 +153,8 @@ def _sequential_reason(d, stages: SeedStages, alpha: float) -> str:
 
 
 def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, false_alarm,
-                   stages: SeedStages | None = None, bands: list | None = None) -> list[Verdict]:
+                   stages: SeedStages | None = None, bands: list | None = None,
+                   route: SeedRoute = BUILTIN) -> list[Verdict]:
     out = []
     for (det, stack), group_runs in groups.items():
         chosen, aligned, band = _group_band(group_runs, spec.name, coverage=coverage, confidence=confidence,
@@ -169,6 +172,9 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
             verdict = sequential.verdict
             reason = (_sequential_reason(sequential, stages, alpha)
                       + f"; for reference, the fixed-sample rule on all {spread.n} seeds: {spread.reason}")
+        without_effect = len(chosen) >= 2 and _all_identical(chosen, spec.name)
+        if without_effect:
+            verdict, reason, sequential = _seeds_without_effect(len(chosen), det, route)
         if fin.step is not None:
             reason += f"; final values at step {fin.step}"
             if fin.short_run_ids:
@@ -201,15 +207,35 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
             if flagged:
                 reason += (f"; out of band: run(s) {', '.join(map(str, flagged))} "
                            f"(whole curve vs the other runs, false alarm ≤ {false_alarm:g} per study)")
+        first = plain.seed_line(verdict, spread, sequential=sequential, n_seeds=len(chosen),
+                                identical=without_effect)
         out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, verdict,
                            len(chosen), reason,
-                           {"spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
+                           {"summary": first, "spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
                             "final_step": fin.step, "short_run_ids": fin.short_run_ids,
-                            "one_run_per_seed": per_seed, "n_needed": spread.n_needed,
+                            "one_run_per_seed": per_seed,
+                            "n_needed": None if without_effect else spread.n_needed,
                             "out_of_band": flagged, "out_of_band_test": oob_info,
                             "sequential": sequential,
                             "guarantee": guarantees.seed_stability(alpha, sequential=sequential is not None)}))
     return out
+
+
+def _seeds_without_effect(n: int, det: str, route: SeedRoute) -> tuple[str, str, None]:
+    """Runs of ``n`` different seeds bitwise identical. Where the seed reached the code this is
+    evidence that it has no effect: not stability (nothing varied, so the spread says nothing about
+    other seeds) but a finding that fails. Where it did not (``none`` and code that receives no seed),
+    the seeds were only labels: the runs are repeats, and seed stability cannot be judged."""
+    if route.reaches(det):
+        return ("seed_has_no_effect",
+                f"runs of all {n} seeds are bitwise identical: the seed has no effect (the code ignores the seed "
+                "it is given, e.g. a hard-coded seed), so the spread over seeds is 0 by construction and says "
+                "nothing about other seeds", None)
+    why = ("the command has no {seed} placeholder" if route.kind == "command"
+           else "Steady seeds nothing at none")
+    return ("inconclusive",
+            f"runs of all {n} seeds are bitwise identical, but the seed does not reach the code at none ({why}): "
+            "the seeds are only labels here, so seed stability cannot be judged at this level", None)
 
 
 def _split_by_stage(values, run_ids, seed_of: dict, stages: SeedStages | None) -> list[list[float]] | None:
@@ -298,7 +324,8 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
         if res is None:
             out.append(Verdict("stack_portability", spec.name, group, "inconclusive", n_runs,
                                f"need at least 2 finite runs per stack (reference {base['n_reference']}, "
-                               f"candidate {base['n_candidate']})", {**details, "n_needed": 2}))
+                               f"candidate {base['n_candidate']})",
+                               {**details, "n_needed": 2, "summary": plain.portability_line("inconclusive", details)}))
             continue
         details.update({"result": res, "tost_p_adjusted": tost_adj.get(i), "welch_p_adjusted": welch_adj.get(i),
                         "n_needed": res.n_needed})
@@ -335,6 +362,7 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
         if base["diverged_run_ids"]:
             reason += f"; {len(base['diverged_run_ids'])} diverged run(s) excluded"
         reason += same_seed_phrase(base["same_seed"])
+        details["summary"] = plain.portability_line(verdict, details)
         out.append(Verdict("stack_portability", spec.name, group, verdict, n_runs, reason, details))
     return out
 

@@ -14,7 +14,9 @@ __all__ = [
 Level = Literal["repeatability", "seed_stability", "stack_portability"]
 Determinism = Literal["none", "seeded", "strict"]
 RepeatabilityValue = Literal["identical", "within_tolerance", "out_of_tolerance", "inconclusive"]
-SeedStabilityValue = Literal["stable", "unstable", "inconclusive"]
+# seed_has_no_effect: runs of different seeds bitwise identical where the seed reached the code (a
+# finding that fails, not stability: see steady.server.stats.expectations).
+SeedStabilityValue = Literal["stable", "unstable", "seed_has_no_effect", "inconclusive"]
 PortabilityValue = Literal["equivalent", "not_equivalent", "inconclusive"]
 VerdictValue = Literal[RepeatabilityValue, SeedStabilityValue, PortabilityValue]
 # A measurement judged against a limit: the cost of determinism against a budget, convergence.
@@ -32,7 +34,7 @@ SEVERITY: dict[str, int] = {
     "identical": 0, "stable": 0, "equivalent": 0, "pass": 0,
     "within_tolerance": 1,
     "inconclusive": 2,
-    "out_of_tolerance": 3, "unstable": 3, "not_equivalent": 3, "fail": 3,
+    "out_of_tolerance": 3, "unstable": 3, "seed_has_no_effect": 3, "not_equivalent": 3, "fail": 3,
 }
 
 

@@ -71,11 +71,15 @@ def test_headline_met_expectations_and_suspicious(live_server, new_page):
     cell(bad).wait_for()
     assert cell(good).inner_text() == "met expectations"
     assert cell(bad).inner_text() == "suspicious"
-    assert "ignores Steady's seed" in cell(bad).get_attribute("title")
+    assert "the seed has no effect" in cell(bad).get_attribute("title")
+    outcome = page.locator(f"tr[data-study-id='{bad}'] td[data-level='outcome'] .verdict")
+    assert outcome.inner_text() == "failed" and "the seed has no effect" in outcome.get_attribute("title")
 
     page.goto(f"{live_server.url}/studies/{good}")
     head = page.locator("#headline")
-    assert head.locator("li[data-met='yes']").count() == 3 and "expected: varies" in head.inner_text()
+    # uploaded runs are the user's code: at none it may seed itself, so both outcomes meet the expectation
+    assert head.locator("li[data-met='yes']").count() == 3
+    assert "expected: identical if the code seeds itself from the seed it receives, else varies" in head.inner_text()
     # backticks and ** in the description are rendered, not shown raw
     assert page.locator(".description code").inner_text() == "torch.use_deterministic_algorithms(True)"
     assert "`" not in page.locator(".description").inner_text()
@@ -83,6 +87,8 @@ def test_headline_met_expectations_and_suspicious(live_server, new_page):
 
     page.goto(f"{live_server.url}/studies/{bad}")
     assert page.locator("#headline [data-suspicious]").count() >= 1
+    assert page.locator("#outcome").get_attribute("data-outcome") == "fail"
+    assert "the seed has no effect" in page.locator("#outcome").inner_text()
     assert page.console_errors == [] and page.csp_violations == []
 
 

@@ -108,11 +108,11 @@ def test_consumers_read_the_model(report):
     assert cost_scale(report) == pytest.approx(
         max([1.0] + [x for c in report.determinism_cost for x in (c.ratio, c.ci_high) if x is not None]) * 1.15)
 
-    bad = failing_verdicts(report)
-    expect = [(v.level, v.verdict) for v in report.verdicts if v.verdict in {"out_of_tolerance", "unstable",
-                                                                           "not_equivalent"}]
-    expect += [("cost", c.verdict) for c in report.determinism_cost if c.verdict == "fail"]
-    assert bad == expect and verdict_exit_code(report) == (1 if expect else 0)
+    # the exit code follows the report's one outcome: out_of_tolerance at none is what none allows
+    failing = [c for c in report.outcome.checks if c.status == "fail"]
+    assert {c.kind for c in failing} == {"seed_stability", "determinism_cost"}
+    assert failing_verdicts(report) == [(c.name, c.summary) for c in failing]
+    assert verdict_exit_code(report) == 1 and report.outcome.status == "fail"
 
 
 def test_prometheus_reads_the_stored_summary(report):

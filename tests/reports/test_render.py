@@ -55,8 +55,10 @@ def test_render_shows_each_verdicts_guarantee():
     text = render_report(Report.assemble(report, study=STUDY))
     lines = text.splitlines()
     i = next(k for k, line in enumerate(lines) if "loss  seeded / cpu" in line and "stable" in line)
-    assert "guarantee: each claim wrong ≤ 5%" in lines[i + 1]
-    assert "out-of-band runs: false alarm ≤ 1% per study" in lines[i + 1]
+    assert lines[i].rstrip().endswith("the limit 0.5, below it with 95% confidence")  # the plain first line
+    assert "upper 95% bound" in lines[i + 1]  # then the statistics
+    assert "guarantee: each claim wrong ≤ 5%" in lines[i + 2]
+    assert "out-of-band runs: false alarm ≤ 1% per study" in lines[i + 2]
 
 
 def test_render_headline_per_level_and_none_variance_note():

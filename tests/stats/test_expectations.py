@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 
 from steady.server.stats.expectations import (
-    IGNORES_SEED,
+    BUILTIN,
     SEEDS_IDENTICAL,
+    SeedRoute,
     repeatability_expectation,
 )
 from steady.server.stats.repeatability import RepeatRun, repeatability, ulp_distance
@@ -32,11 +33,35 @@ def test_a_repeat_that_diverged_at_seeded_misses_the_expectation():
     assert repeatability_expectation("seeded", "out_of_tolerance", source="numerics", deltas_finite=False).met is False
 
 
-def test_none_identical_is_suspicious():
+def test_identical_repeats_never_claim_the_seed_is_ignored():
+    """A built-in fixed a seed at none: the expectation is missed, but nothing says "ignores the seed"."""
     e = repeatability_expectation("none", "identical")
-    assert e.met is False and IGNORES_SEED in e.suspicious
+    assert e.met is False and e.suspicious == () and "ignore" not in e.phrase
     e = repeatability_expectation("seeded", "identical", seeds_identical=True)
-    assert e.met is False and SEEDS_IDENTICAL in e.suspicious
+    assert e.met is True and SEEDS_IDENTICAL in e.suspicious  # noted; the seed-stability row fails it
+
+
+COMMAND_WITH_SEED, COMMAND_WITHOUT_SEED = SeedRoute("command", True), SeedRoute("command", False)
+ENTRYPOINT = SeedRoute("entrypoint", True)
+
+
+@pytest.mark.parametrize("route", [COMMAND_WITH_SEED, COMMAND_WITHOUT_SEED, ENTRYPOINT])
+@pytest.mark.parametrize("verdict", ["identical", "within_tolerance", "out_of_tolerance"])
+def test_user_code_at_none_has_no_expectation_a_correct_script_can_miss(route, verdict):
+    """A script that seeds itself from {seed} / ctx.seed is identical at none; one that does not varies:
+    both are what none means for user code."""
+    e = repeatability_expectation("none", verdict, route=route)
+    assert e.met is True and e.suspicious == ()
+    assert "seeds itself" in e.expected or "fixes its own" in e.expected
+
+
+@pytest.mark.parametrize("route,det,reaches", [
+    (BUILTIN, "none", False), (BUILTIN, "seeded", True), (COMMAND_WITHOUT_SEED, "none", False),
+    (COMMAND_WITHOUT_SEED, "strict", True), (COMMAND_WITH_SEED, "none", True), (ENTRYPOINT, "none", True),
+])
+def test_seeds_identical_is_evidence_only_where_the_seed_reached_the_code(route, det, reaches):
+    e = repeatability_expectation(det, "identical", seeds_identical=True, route=route)
+    assert (SEEDS_IDENTICAL in e.suspicious) is reaches
 
 
 def _run(i, seed, repeat, det, values, dtype=None):
@@ -45,7 +70,7 @@ def _run(i, seed, repeat, det, values, dtype=None):
                    series={"loss": (np.arange(v.size), v)}, dtypes={"loss": dtype} if dtype else {})
 
 
-def _study(ignore_seed: bool):
+def _study(ignore_seed: bool, route: SeedRoute = BUILTIN):
     """Two seeds × two repeats at each level; `none` varies unless the code ignores the seed."""
     rng = np.random.default_rng(0)
     runs, i = [], 0
@@ -58,7 +83,7 @@ def _study(ignore_seed: bool):
                 if det == "none" and not ignore_seed:
                     v = v + rng.normal(0, 1e-3, v.size)
                 runs.append(_run(i, seed, rep, det, v))
-    return build_report(runs, [MetricSpec("loss")], rng=np.random.default_rng(1)).to_dict()
+    return build_report(runs, [MetricSpec("loss")], rng=np.random.default_rng(1), route=route).to_dict()
 
 
 def test_demo_like_study_meets_every_expectation():
@@ -69,11 +94,23 @@ def test_demo_like_study_meets_every_expectation():
     assert none["between_seed_applies"] is False
 
 
-def test_code_ignoring_the_seed_is_flagged():
-    rep = _study(ignore_seed=True)
+def test_code_ignoring_the_seed_fails_seed_stability_not_the_repeats():
+    """A command that receives {seed} and ignores it: identical at every level. Its repeats meet every
+    expectation (at none the code may seed itself); runs of different seeds being identical is the
+    evidence, and the seed-stability row fails with it at every level."""
+    rep = _study(ignore_seed=True, route=COMMAND_WITH_SEED)
     by = {h["determinism"]: h for h in rep["headline"]}
-    assert by["none"]["met"] is False and IGNORES_SEED in by["none"]["suspicious"]
-    assert by["seeded"]["met"] is False and SEEDS_IDENTICAL in by["seeded"]["suspicious"]
+    assert all(h["met"] is True for h in by.values())
+    assert all(SEEDS_IDENTICAL in h["suspicious"] for h in by.values())
+    seeds = {v["group"]["determinism"]: v for v in rep["verdicts"] if v["level"] == "seed_stability"}
+    assert {d: v["verdict"] for d, v in seeds.items()} == dict.fromkeys(("none", "seeded", "strict"),
+                                                                      "seed_has_no_effect")
+    assert all(v["summary"].startswith("the seed has no effect") for v in seeds.values())
+    # a built-in at none was not given the seed: the same runs are repeats there, not evidence
+    rep = _study(ignore_seed=True)
+    seeds = {v["group"]["determinism"]: v for v in rep["verdicts"] if v["level"] == "seed_stability"}
+    assert seeds["none"]["verdict"] == "inconclusive" and seeds["seeded"]["verdict"] == "seed_has_no_effect"
+    assert "does not reach the code" in seeds["none"]["reason"]
 
 
 def test_float32_ulps_match_nextafter():

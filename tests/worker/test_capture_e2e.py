@@ -93,9 +93,10 @@ def test_a_script_that_logs_only_to_tensorboard_and_stdout_is_judged(live_server
     (tmp_path / "worker-home").mkdir()
     w = workers(live_server, "w1", cwd=tmp_path / "worker-home")
     done = _submit(live_server, repo / "study.yaml", "--wait")
-    # judged: `none` repeats differ (a failing repeatability verdict per metric), the others are identical
-    assert done.returncode == 1, done.stdout + done.stderr + w.log()
-    assert "2 failing verdict(s) (repeatability out_of_tolerance)" in done.stderr, done.stderr
+    # judged: `none` repeats differ, which `none` allows for a script that fixes no seed itself; the others are
+    # identical. One seed cannot show a seed band: inconclusive, not a failure (exit 0)
+    assert done.returncode == 0, done.stdout + done.stderr + w.log()
+    assert ": inconclusive: " in done.stderr and "too few seeds" in done.stderr, done.stderr
     sid = int(done.stdout.split("submitted study ")[1].split()[0])
     items = runs(http, sid)
     assert len(items) == 6 and {r["status"] for r in items} == {"completed"}
@@ -119,5 +120,6 @@ def test_a_script_that_logs_only_to_tensorboard_and_stdout_is_judged(live_server
     for metric, dtype in (("Loss/train", "float32"), ("loss", "float64")):
         assert judged[metric, "seeded"]["verdict"] == judged[metric, "strict"]["verdict"] == "identical"
         none = judged[metric, "none"]
-        assert none["verdict"] == "out_of_tolerance" and none["expectation"] == "varies, as expected"
+        assert none["verdict"] == "out_of_tolerance" and none["met_expectation"] is True
+        assert none["expectation"].endswith("something the code does not seed itself varies (Steady fixes nothing at none)")
         assert none["source"] == "seeding" and none["dtype"] == dtype

@@ -80,9 +80,10 @@ def test_an_unmodified_third_party_script_is_judged(live_server, workers, tmp_pa
     (tmp_path / "worker-home").mkdir()
     w = workers(live_server, "w1", cwd=tmp_path / "worker-home")
     done = _submit_wait(live_server, repo / "study.yaml")
-    # judged: `none` repeats differ (one failing repeatability verdict), the others are identical
-    assert done.returncode == 1, done.stdout + done.stderr + w.log()
-    assert "1 failing verdict(s) (repeatability out_of_tolerance)" in done.stderr, done.stderr
+    # judged: `none` repeats differ, which is what `none` allows for a script that fixes no seed itself; the
+    # others are identical. One seed cannot show a seed band: inconclusive, not a failure (exit 0)
+    assert done.returncode == 0, done.stdout + done.stderr + w.log()
+    assert ": inconclusive: " in done.stderr and "too few seeds" in done.stderr, done.stderr
     sid = int(done.stdout.split("submitted study ")[1].split()[0])
     items = runs(http, sid)
     assert len(items) == 4 and {r["status"] for r in items} == {"completed"}, items
@@ -105,5 +106,6 @@ def test_an_unmodified_third_party_script_is_judged(live_server, workers, tmp_pa
               if v["level"] == "repeatability" and v["metric"] == "loss"}
     assert judged["seeded"]["verdict"] == "identical"
     none = judged["none"]
-    assert none["verdict"] == "out_of_tolerance" and none["expectation"] == "varies, as expected"
+    assert none["verdict"] == "out_of_tolerance" and none["met_expectation"] is True
+    assert none["expectation"].endswith("something the code does not seed itself varies (Steady fixes nothing at none)")
     assert none["source"] == "seeding" and none["dtype"] == "float64"

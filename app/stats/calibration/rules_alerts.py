@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from steady.server.stats.alert_rules import NOMINAL, band_check, baseline_curve_outliers, baseline_outliers, guarantee
+from steady.server.stats.alert_rules import NOMINAL, band_check_values, baseline_curve_outliers, baseline_outliers, guarantee
 from steady.server.stats.align import align_series
 from steady.server.stats.calibration import Rule, Scenario
 from steady.server.stats.calibration.generators import healthy_curves
@@ -206,7 +206,7 @@ BAND_LIMIT = 0.02
 def _band(n: int, ratio: float, *, dist: str = "normal"):
     def trial(rng: np.random.Generator) -> bool:
         x = training_finals(rng, n, dist=dist, scale=BAND_LIMIT * ratio)
-        return band_check(float(x.std(ddof=1)), n, limit=BAND_LIMIT, alpha=BAND_ALPHA).firing
+        return band_check_values(x, limit=BAND_LIMIT, alpha=BAND_ALPHA).firing
     return trial
 
 

@@ -213,10 +213,33 @@ def _seed_rules() -> list[Rule]:
                          partial(_diverged, n=8, n_diverged=0)),
                 Scenario("3-of-8-diverged", "planted", "through build_report: 3 of 8 seeds diverge (Inf)",
                          partial(_diverged, n=8, n_diverged=3)))
+    without_effect = (
+        Scenario("seeds-differ-5", "healthy", "through build_report: 5 seeds, healthy curves, max_std given",
+                 partial(_without_effect, n=5, identical=False)),
+        Scenario("coarse-seeds-differ-5", "healthy",
+                 "through build_report: 5 seeds, curves rounded to 4 decimals (parsed from text)",
+                 partial(_without_effect, n=5, identical=False, decimals=4)),
+        Scenario("seed-ignored-5", "planted", "through build_report: 5 seeds, the same curve (a hard-coded seed)",
+                 partial(_without_effect, n=5, identical=True)))
     g = guarantees.seed_stability(ALPHA)
     return [Rule("seed_stability:unstable", ALPHA, g, tuple(unstable)),
             Rule("seed_stability:stable", ALPHA, g, tuple(stable)),
-            Rule("seed_stability:diverged", 0.0, "exact: a study without divergences never fires", diverged)]
+            Rule("seed_stability:diverged", 0.0, "exact: a study without divergences never fires", diverged),
+            Rule("seed_stability:seed_has_no_effect", 0.0,
+                 "exact: fires only when runs of different seeds are bitwise identical", without_effect)]
+
+
+def _without_effect(rng, *, n, identical, decimals=None):
+    """Fires when seed stability says ``seed_has_no_effect``: by construction only when every seed's
+    curve is bitwise the same, never for seeds that differ anywhere (even after rounding)."""
+    x = gen.healthy_curves(rng, n, 50, rho=0.9)
+    if identical:
+        x = np.repeat(x[:1], n, axis=0)
+    if decimals is not None:
+        x = np.round(x, decimals)
+    rep = build_report(_runs_from(x), [MetricSpec("loss", max_std=10.0)], rng=rng, alpha=ALPHA)
+    (v,) = [v for v in rep.verdicts if v.level == "seed_stability"]
+    return v.verdict == "seed_has_no_effect"
 
 
 # --------------------------------------------------------------------------- repeatability

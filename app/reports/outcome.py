@@ -1,0 +1,135 @@
+"""One failure policy: whether a study passes, fails or is inconclusive, and why, decided once.
+
+``judge`` turns a report into its checks (one per level expectation, verdict, cost-of-determinism
+budget and convergence group) and the ``Outcome`` they give. The report carries it (``Report.outcome``),
+so ``steady report``, ``steady submit --wait``, ``steady check``, the dashboard's badges and the
+Prometheus export present the same judgment with the same reason instead of each deciding anew:
+
+* a repeatability verdict passes when its level met its expectation (``steady.server.stats.expectations``:
+  at ``none`` repeats may differ), an expectation the same way;
+* any other verdict passes when it is good or within tolerance, fails when it is bad (``unstable``,
+  ``seed_has_no_effect``, ``not_equivalent``, a cost or convergence ``fail``), else is inconclusive;
+* the study fails when one check fails, is inconclusive when none fails and one is inconclusive
+  (or there is nothing to judge), and passes otherwise. The reason is the first failing (else
+  inconclusive) check's plain first line.
+
+Reads the report duck-typed (``level``, ``verdict``, ``summary`` …; a ``steady.server.reports.models.Report``),
+so ``models`` can judge a report as it is read without the two modules importing each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from steady.server.reports.parts import Part
+from steady.server.stats.vocabulary import severity
+
+__all__ = ["PASS", "FAIL", "INCONCLUSIVE", "Check", "Outcome", "judge", "checks", "combine", "verdict_status",
+           "group_label"]
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+Status = Literal["pass", "fail", "inconclusive"]
+_EXPECTATION_STATUS: dict[bool | None, Status] = {True: "pass", False: "fail", None: "inconclusive"}
+
+
+class Check(Part):
+    """One thing the study is judged on: a level's expectation, a verdict, a cost budget, a convergence group."""
+
+    kind: str  # expectation | repeatability | seed_stability | stack_portability | determinism_cost | convergence
+    name: str
+    status: Status
+    summary: str  # the plain first line: what it means and what to do
+    reason: str  # the statistics behind it
+    guarantee: str  # the decision's stated false-alarm level, in words ("" when it has none)
+
+
+class Outcome(Part):
+    """The study's judgment: ``status`` and the one ``reason`` every view quotes, with the checks behind it."""
+
+    status: Status
+    reason: str
+    checks: list[Check]
+
+
+def verdict_status(verdict: str | None) -> Status:
+    """Good and within-tolerance values pass, bad ones fail; anything else is inconclusive, never a pass."""
+    return {0: "pass", 1: "pass", 3: "fail"}.get(severity(verdict), "inconclusive")  # type: ignore[return-value]
+
+
+def group_label(group: Any) -> str:
+    if getattr(group, "candidate_stack", None) is not None:
+        return f"{group.determinism}/{group.candidate_stack} vs {group.reference_stack or 'reference'}"
+    return "/".join(p for p in (group.determinism, getattr(group, "stack", None)) if p)
+
+
+def _guarantee(v: Any) -> str:
+    parts = [v.guarantee] if v.guarantee else []
+    oob = getattr(v, "out_of_band_test", None)
+    if oob is not None and oob.guarantee:
+        parts.append(f"out-of-band runs: {oob.guarantee}")
+    return "; ".join(parts)
+
+
+def _number(x: float | None, fmt: str = ".6g") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _convergence_check(c: Any) -> Check:
+    """A convergence check (MLPerf RCP rule): the numbers a reviewer needs to see why it passed or
+    failed, whatever the reason's wording: candidate mean, floor, allowed speed-up, normalisation."""
+    name = f"steps to {c.metric}{'<=' if c.direction == 'min' else '>='}{c.target:g} {group_label(c.group)}"
+    numbers = (f"candidate mean {_number(c.candidate_mean)} steps; minimum acceptable mean "
+               f"{_number(c.min_acceptable_mean)}; max speed-up ×{_number(c.max_speedup, '.4f')}; "
+               f"normalisation factor ×{_number(c.normalization_factor, '.4f')}")
+    return Check(kind="convergence", name=name, status=verdict_status(c.verdict), summary=f"{c.verdict}: {c.reason}",
+                 reason=f"{c.verdict}: {c.reason} ({numbers})", guarantee=c.guarantee)
+
+
+def checks(report: Any) -> list[Check]:
+    """The report as checks, in report order (see the module's docstring for the rules)."""
+    out: list[Check] = []
+    for h in report.headline:
+        promise = next((v.guarantee for v in report.of_level("repeatability")
+                        if v.group.determinism == h.determinism and v.guarantee), "")
+        reason = h.phrase + ("; suspicious: " + "; ".join(h.suspicious) if h.suspicious else "")
+        mark = {True: "met", False: "NOT met", None: "not enough repeats to tell"}[h.met]
+        out.append(Check(kind="expectation", name=f"{h.determinism}: {h.expected}",
+                         status=_EXPECTATION_STATUS[h.met], summary=f"{h.determinism} expectation {mark}: {h.phrase}",
+                         reason=reason, guarantee=promise))
+    for v in report.verdicts:
+        name = f"{v.metric} {group_label(v.group)}"
+        if v.level == "repeatability":
+            status = _EXPECTATION_STATUS[v.met_expectation]
+            reason = f"{v.verdict}: {v.reason} (expected: {v.expectation})"
+        else:
+            status, reason = verdict_status(v.verdict), f"{v.verdict}: {v.reason}"
+        out.append(Check(kind=v.level, name=name, status=status, summary=v.summary or reason, reason=reason,
+                         guarantee=_guarantee(v)))
+    for c in report.determinism_cost:
+        if c.verdict is None:  # no budget given: a measurement, not a check
+            continue
+        name = f"step time {c.numerator}/{c.denominator} {c.stack}".rstrip()
+        reason = c.reason or f"{c.verdict}: ratio {c.ratio} (CI {c.ci_low}..{c.ci_high}) against budget ×{c.budget}"
+        out.append(Check(kind="determinism_cost", name=name, status=verdict_status(c.verdict),
+                         summary=f"{c.verdict}: step time ×{c.ratio:.3g} against the budget ×{c.budget:g}"
+                         if c.budget is not None else reason, reason=reason, guarantee=c.guarantee))
+    out += [_convergence_check(c) for c in report.convergence or ()]
+    return out
+
+
+def combine(items: list[Check]) -> Outcome:
+    """The outcome of ``items``: the first failing check decides, else the first inconclusive one."""
+    for status in (FAIL, INCONCLUSIVE):
+        hits = [c for c in items if c.status == status]
+        if hits:
+            more = f" (and {len(hits) - 1} more {'failing' if status == FAIL else 'inconclusive'} check(s))" \
+                if len(hits) > 1 else ""
+            return Outcome(status=status, reason=f"{hits[0].name}: {hits[0].summary}{more}", checks=items)
+    if not items:
+        return Outcome(status="inconclusive", reason="nothing to judge: no verdict in the report", checks=items)
+    return Outcome(status="pass", reason=f"all {len(items)} checks passed", checks=items)
+
+
+def judge(report: Any) -> Outcome:
+    """The study's outcome (the policy every gate and view presents)."""
+    return combine(checks(report))

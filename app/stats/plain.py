@@ -1,0 +1,101 @@
+"""The first line of every verdict: what it means and what to do, in plain words, before the
+statistics (the ``reason``) that back it. One number per claim: the line quotes the numbers the
+verdict was decided on (the observed std against the limit, the seeds the plan needs), never a
+second estimate of the same thing.
+
+The report carries the line as ``summary``; ``steady report``, the study page, the CI gate and
+the alerts print it as it is."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from steady.server.stats.expectations import Expectation
+
+__all__ = ["repeatability_line", "seed_line", "portability_line", "times"]
+
+_FIX = {  # what to do about the first difference between repeats, by its source
+    "seeding": "seed every random generator from the seed (initial weights differ)",
+    "data_order": "seed the data loader's shuffle (the data order differs)",
+    "numerics": "run at strict for deterministic kernels (kernels, reduction order or threads differ)",
+    "stack": "compare on one stack (the runs' software or hardware differ)",
+}
+
+
+def times(value: float, limit: float) -> str:
+    """``value`` as a multiple of ``limit``: "2.4×", "0.41×"."""
+    r = value / limit
+    return f"{r:.2g}×" if r < 10 else f"{r:.0f}×"
+
+
+def _more(n_needed: int | None, n: int, unit: str = "seeds") -> str:
+    if n_needed is None:
+        return f"more {unit} will hardly settle it (over the planning limit)"
+    return f"run ~{max(n_needed - n, 1)} more {unit} to confirm"
+
+
+def seed_line(verdict: str, spread: Any, *, n_seeds: int, sequential: Any = None, identical: bool = False) -> str:
+    """The seed-stability line from ``SeedSpread`` (``steady.server.stats.seed_stability``)."""
+    if verdict == "seed_has_no_effect":
+        return (f"the seed has no effect: all {n_seeds} seeds gave bitwise identical runs; make the code use the "
+                "seed it is given (no hard-coded seed) to judge seed stability")
+    if identical:
+        return (f"cannot judge seeds here: all {n_seeds} runs are identical and the seed does not reach the code at "
+                "none; pass {seed} to the command or judge seeds at seeded")
+    s, limit = spread.std, spread.max_std
+    if spread.n_diverged:
+        total = spread.n + spread.n_diverged
+        return (f"unstable: {spread.n_diverged} of {total} seeds diverged (non-finite); find what blows up "
+                "before judging the spread")
+    if s is None:
+        return f"too few seeds: {spread.n} with a final value; run at least {max(5 - spread.n, 1)} more"
+    if limit is None:
+        return f"no limit to judge against: std {s:.3g} over {spread.n} seeds; give the metric a max_std"
+    ratio = times(s, limit)
+    if verdict == "stable":
+        return f"stable: std {s:.3g} is {ratio} the limit {limit:g}, below it with 95% confidence"
+    if verdict == "unstable":
+        return (f"unstable: std {s:.3g} is {ratio} the limit {limit:g}, above it with 95% confidence; "
+                "find the source of the spread (or raise max_std if it is acceptable)")
+    likely = "likely stable" if s < limit else "likely unstable"
+    if sequential is not None and not sequential.final:
+        return f"{likely}: std {s:.3g} is {ratio} the limit {limit:g}; the next stage adds seeds to confirm"
+    return f"{likely}: std {s:.3g} is {ratio} the limit {limit:g}; {_more(spread.n_needed, spread.n)}"
+
+
+def repeatability_line(verdict: str, determinism: str, exp: Expectation, numbers: Mapping,
+                       *, n_seeds: int) -> str:
+    """The repeatability line: what the repeats show and whether that is what the level promises."""
+    if verdict == "inconclusive":
+        return f"cannot tell: no seed has 2 repeats at {determinism}; run each seed at least twice"
+    if verdict == "identical":
+        what = "identical: every repeat bitwise equal"
+    else:
+        delta = numbers.get("max_abs_delta")
+        step = numbers.get("first_divergent_step")
+        size = f"by up to {delta:.3g}" if delta is not None else ""
+        tol = "within tolerance" if verdict == "within_tolerance" else "repeats differ"
+        what = f"{tol}: {size} from step {step}".replace(":  ", ": ")
+    if exp.met is False:
+        fix = _FIX.get(numbers.get("source") or "", "")
+        return f"{what}; not what {determinism} promises ({exp.expected})" + (f": {fix}" if fix else "")
+    if verdict == "identical" or determinism != "seeded":
+        return f"{what}; as expected at {determinism}"
+    return f"{what}; allowed at seeded (kernels), strict should remove it"
+
+
+def portability_line(verdict: str, details: Mapping) -> str:
+    """The stack-portability line from a verdict's details (``result``: ``Portability``)."""
+    res, margin = details.get("result"), details.get("margin")
+    cand = details.get("n_candidate", 0)
+    if res is None:
+        return "cannot compare: need at least 2 finite runs on each stack"
+    diff = f"means differ by {res.diff:.3g}"
+    if verdict == "equivalent":
+        return f"equivalent: {diff}, within ±{margin:g}"
+    if verdict == "not_equivalent":
+        return (f"not equivalent: {diff}, outside ±{margin:g}" if margin is not None
+                else f"different: {diff}; give a margin to say whether that matters")
+    if margin is None:
+        return f"no margin: {diff}; give the metric a margin to claim equivalence"
+    return f"not yet equivalent: {diff} against ±{margin:g}; {_more(res.n_needed, cand, 'seeds per stack')}"
