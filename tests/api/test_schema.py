@@ -97,4 +97,4 @@ def test_report_responses_describe_every_field(tmp_path, route):
         verdicts = components["Report"]["properties"]["verdicts"]["items"]
         assert set(verdicts["discriminator"]["mapping"]) == {"repeatability", "seed_stability", "stack_portability"}
         seed = components["SeedStabilityVerdict"]["properties"]["verdict"]
-        assert set(seed["enum"]) == {"stable", "unstable", "inconclusive"}
+        assert set(seed["enum"]) == {"stable", "unstable", "inconclusive", "seed_has_no_effect"}
