@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from steady.worker.contract.placeholders import placeholder_names
 from steady.worker.contract.protocol import BUILTIN_WORKLOADS, COMMAND_PLACEHOLDERS, CaptureSpec, Framework, Label
@@ -20,8 +21,19 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _at(field: str, value: Any, message: str) -> ValidationError:
+    """A validation error at ``field`` of the model being checked (a model validator's own error would
+    name only the model), so the 422 names e.g. ``workload.framework``."""
+    return ValidationError.from_exception_data(
+        "WorkloadSpec", [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(field,), input=value)]
+    )
+
+
 class WorkloadSpec(_Spec):
-    framework: Framework
+    framework: Framework = Field(
+        description="what the code trains with: torch, tensorflow, or python (your command or entrypoint uses no ML "
+        "framework: plain Python, NumPy, scikit-learn; its runs import neither torch nor TensorFlow)"
+    )
     name: str | None = Field(None, description="a built-in workload: " + ", ".join(sorted(BUILTIN_WORKLOADS)))
     entrypoint: Annotated[str, Field(min_length=1, max_length=500)] | None = Field(
         None, description="user code: 'package.module:function' or 'path/to/script.py'"
@@ -60,7 +72,11 @@ class WorkloadSpec(_Spec):
                     f"unknown built-in workload {self.name!r}; known: {', '.join(sorted(BUILTIN_WORKLOADS))}"
                 )
             if framework != self.framework.value:
-                raise ValueError(f"workload {self.name!r} runs on {framework}, not {self.framework.value}")
+                # named at workload.framework: the framework is what the user got wrong for a built-in
+                why = ("'python' is for your own code (a command or an entrypoint) that uses no ML framework"
+                       if self.framework is Framework.python else f"not {self.framework.value}")
+                raise _at("framework", self.framework.value,
+                          f"built-in workload {self.name!r} runs on {framework}, {why}: give framework {framework!r}")
         if self.entrypoint is not None and ":" not in self.entrypoint and not self.entrypoint.endswith(".py"):
             raise ValueError("entrypoint must be 'package.module:function' or a path ending in .py")
         return self

@@ -182,6 +182,17 @@ def test_labels_select_runs(api):
     assert lease(api, tf_only) is None
 
 
+def test_a_python_study_is_leased_by_a_worker_without_any_framework(api):
+    """``framework: python`` code needs no ML framework: a box with neither torch nor TensorFlow runs it
+    (every worker labels itself ``python``), and a torch box without that label (an older agent) does not."""
+    body = spec(seeds=[0], repeats=1, determinism=["seeded"],
+                workload={"framework": "python", "command": ["python", "train.py", "--seed", "{seed}"]})
+    assert api.post("/api/v1/studies", json=body).status_code == 201
+    assert lease(api, register(api, "old-torch-box", ("torch", "cpu"))) is None
+    leased = lease(api, register(api, "bare-box", ("python", "cpu")))
+    assert leased["spec"]["framework"] == "python" and leased["spec"]["command"][1] == "train.py"
+
+
 def test_user_failure_is_recorded(api):
     sid = _one_run_study(api)
     leased = lease(api, register(api))

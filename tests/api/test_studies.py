@@ -26,6 +26,8 @@ def test_create_expands_matrix(api):
     [
         ({"seeds": []}, "", "at least one seed"),
         ({"workload": {"framework": "jax", "name": "torch_mlp"}}, "framework", "torch"),
+        ({"workload": {"framework": "python", "name": "torch_mlp"}}, "workload.framework", "runs on torch, 'python' is"),
+        ({"workload": {"framework": "tensorflow", "name": "torch_mlp"}}, "workload.framework", "runs on torch"),
         ({"workload": {"framework": "torch", "name": "nope"}}, "workload", "unknown built-in workload"),
         ({"workload": {"framework": "torch"}}, "workload", "exactly one"),
         ({"determinism": ["seeded", "seeded"]}, "determinism", "distinct"),

@@ -132,6 +132,8 @@ def test_auto_labels_name_installed_frameworks_without_importing_them():
     for name, version in framework_versions().items():
         assert name in labels and f"{name}-{version.split('+')[0]}" in labels
     assert "cpu" in labels
+    # every worker runs ``framework: python`` code, with or without torch or TensorFlow installed
+    assert labels[0] == "python"
 
 
 # --- metric batching ------------------------------------------------------------------------

@@ -140,7 +140,8 @@ def host_fingerprint(device: str | None = None) -> dict[str, Any]:
 
 def auto_labels(device: str | None = None) -> list[str]:
     versions = framework_versions()
-    labels: list[str] = []
+    # every worker runs Python: a ``framework: python`` run (code with no ML framework) asks only for this
+    labels: list[str] = ["python"]
     for name, version in sorted(versions.items()):
         labels += [name, f"{name}-{version.split('+', 1)[0]}"]
     if device == "cpu":

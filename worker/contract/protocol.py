@@ -152,8 +152,13 @@ class _FreeText(_Model):
 
 
 class Framework(str, Enum):
+    """What the run's code trains with. ``python``: code that uses no ML framework (plain Python,
+    NumPy, scikit-learn); its runs import neither torch nor TensorFlow, so they cost no framework
+    start-up and run on any worker. Only user code (``command``, ``entrypoint``) can be ``python``."""
+
     torch = "torch"
     tensorflow = "tensorflow"
+    python = "python"
 
 
 class Determinism(str, Enum):

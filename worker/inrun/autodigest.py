@@ -143,7 +143,10 @@ def _install_keras() -> Any:
 
 def install(framework: str) -> Any:
     """Install the hooks for ``framework``; returns a function that records the final digests
-    (call it when the user code has returned). Never raises: no hook, no automatic digest."""
+    (call it when the user code has returned). Never raises: no hook, no automatic digest.
+    ``python`` code has no framework to hook (and importing one would cost seconds): nothing."""
+    if framework not in ("torch", "tensorflow"):
+        return lambda: None
     try:
         finish = _install_torch() if framework == "torch" else _install_keras()
     except Exception:  # noqa: BLE001 - an old framework without the hooks: just no digests

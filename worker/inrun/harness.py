@@ -93,7 +93,9 @@ def _attribute(module: Any, dotted: str, entrypoint: str) -> Any:
 
 
 def _resolve_device(framework: str, wanted: str) -> str:
-    if wanted == "cpu":
+    # code that uses no ML framework runs on the CPU as far as the worker can tell (and asking a
+    # framework whether a GPU is there would import it)
+    if wanted == "cpu" or framework == "python":
         return "cpu"
     if framework == "torch":
         import torch

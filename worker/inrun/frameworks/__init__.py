@@ -1,4 +1,5 @@
-"""Framework adapters, imported lazily: a torch-only box never imports TensorFlow.
+"""Framework adapters, imported lazily: a torch-only box never imports TensorFlow, and a ``python`` run
+(code that uses no ML framework) imports neither.
 
 Also what the run subprocess does first, through the adapter of its framework: apply the determinism
 level in-process (:func:`apply_determinism`) and record the fingerprint of the stack it sees
@@ -26,6 +27,10 @@ def _adapter(framework: str) -> ModuleType:
         from steady.worker.inrun.frameworks import tensorflow
 
         return tensorflow
+    if framework == "python":
+        from steady.worker.inrun.frameworks import python
+
+        return python
     raise ValueError(f"unknown framework {framework!r}")
 
 
@@ -65,5 +70,5 @@ def run_fingerprint(framework: str) -> dict[str, Any]:
     fp["python_executable"] = sys.executable
     fp["env"] = {k: os.environ[k] for k in determinism.DETERMINISM_ENV_VARS if k in os.environ}
     fp["threads"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
-    fp.update(_adapter("torch" if framework == "torch" else "tensorflow").fingerprint())
+    fp.update(_adapter(framework).fingerprint())
     return fp
