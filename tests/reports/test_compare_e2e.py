@@ -47,7 +47,7 @@ MODEL = """
 SPEC = """
     name: lr {lr}
     workload:
-      framework: torch
+      framework: python
       command: ["python", "train.py", "--seed", "{{seed}}", "--lr", "{lr}"]
     seeds: [0, 1]
     determinism: [seeded]

@@ -40,7 +40,7 @@ SCRIPT = """
 SPEC = """
     name: {name}
     workload:
-      framework: torch
+      framework: python
       command: ["python", "train.py", "--seed", "{{seed}}"]
     seeds: [{seeds}]
     repeats: {repeats}

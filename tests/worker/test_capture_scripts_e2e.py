@@ -74,12 +74,12 @@ def test_published_script_shapes_are_captured_and_a_repeated_key_is_shown(live_s
         return run_cli_in_process(*args, env=env, cwd=cwd)
 
     projects = {
-        "eval-line": _project(tmp_path / "eval-line", EVAL_SCRIPT, '{framework: torch, command: ["python", "train.py"]}'),
+        "eval-line": _project(tmp_path / "eval-line", EVAL_SCRIPT, '{framework: python, command: ["python", "train.py"]}'),
         "keras": _project(tmp_path / "keras", KERAS_SCRIPT,
                           '{framework: tensorflow, command: ["python", "train.py"], capture: {preset: keras}}'),
-        "tqdm": _project(tmp_path / "tqdm", TQDM_SCRIPT, '{framework: torch, command: ["python", "train.py"]}'),
+        "tqdm": _project(tmp_path / "tqdm", TQDM_SCRIPT, '{framework: python, command: ["python", "train.py"]}'),
     }
-    bad = _project(tmp_path / "bad", TQDM_SCRIPT, '{framework: torch, command: ["python", "train.py"], '
+    bad = _project(tmp_path / "bad", TQDM_SCRIPT, '{framework: python, command: ["python", "train.py"], '
                    'capture: {preset: fastai}}')
     refused = steady("submit", "study.yaml", cwd=bad)
     assert refused.returncode == 1 and "422: body.workload.capture.preset: Input should be" in refused.stderr, refused.stderr

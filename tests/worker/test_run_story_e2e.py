@@ -3,7 +3,7 @@ shows a completed run's output tail, its argv as run (placeholders filled), para
 ``RuntimeError`` line is what ``steady runs``, ``steady submit --wait`` and the study page say; and a study at
 two levels gets a cost of determinism from the arrival times of its step lines (it never logs ``step_time``).
 
-The script is pure Python (the worker's shim still seeds what it can); its step takes a fixed pause, twice as
+The script is pure Python (``framework: python``: no ML framework is imported for it); its step takes a fixed pause, twice as
 long at ``strict`` as at ``seeded``, so the measured ratio has a known answer.
 """
 
@@ -50,7 +50,7 @@ CRASH = """
 SPEC = """
     name: {name}
     workload:
-      framework: torch
+      framework: python
       command: {command}
       params: {{lr: 0.1}}
     seeds: {seeds}
