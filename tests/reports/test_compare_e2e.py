@@ -19,8 +19,6 @@ from tests.conftest import run_cli_in_process
 from tests.reports.test_report_e2e import _wait_done
 from tests.worker.test_worker_agent_e2e import Worker
 
-pytestmark = pytest.mark.slow  # real runs on a real worker agent
-
 TRAIN = """
     # Fits w to 3 by noisy gradient steps; seeds itself from --seed. Pure Python.
     import argparse

@@ -1,7 +1,7 @@
 """A new user's own script, submitted as a command from a fresh git folder, judged as a user meets it.
 
 A tiny argparse script that seeds itself from ``--seed {seed}`` (pure-Python ``random``, ``step N loss X``
-on stdout) at ``none`` and ``seeded``: every expectation met (at ``none`` Steady fixes nothing and a
+on stdout; ``framework: python``) at ``none`` and ``seeded``: every expectation met (at ``none`` Steady fixes nothing and a
 correct script seeds itself), never "ignores the seed", and ``submit --wait``, ``report`` and ``check``
 all exit 0. A copy with a hard-coded seed: seed stability fails with ``seed_has_no_effect`` and every
 gate exits 1 with the same reason. A real ``steady serve`` (the shared one) and a real worker: running
@@ -15,12 +15,8 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import run_cli_in_process
 from tests.worker.test_worker_agent_e2e import Worker
-
-pytestmark = pytest.mark.slow
 
 SCRIPT = """
     import argparse

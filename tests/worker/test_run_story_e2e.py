@@ -3,8 +3,8 @@ shows a completed run's output tail, its argv as run (placeholders filled), para
 ``RuntimeError`` line is what ``steady runs``, ``steady submit --wait`` and the study page say; and a study at
 two levels gets a cost of determinism from the arrival times of its step lines (it never logs ``step_time``).
 
-The script is pure Python (``framework: python``: no ML framework is imported for it); its step takes a fixed pause, twice as
-long at ``strict`` as at ``seeded``, so the measured ratio has a known answer.
+The script is pure Python (``framework: python``: no ML framework is imported into its runs, as it prints);
+its step takes a fixed pause, twice as long at ``strict`` as at ``seeded``, so the measured ratio has a known answer.
 """
 
 from __future__ import annotations
@@ -14,15 +14,12 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import CliResult, run_cli_in_process
 from tests.worker.test_worker_agent_e2e import runs, workers  # noqa: F401 - workers is a fixture
 
-pytestmark = pytest.mark.slow
-
 TRAIN = """
     import argparse
+    import sys
     import time
 
     parser = argparse.ArgumentParser()
@@ -39,6 +36,7 @@ TRAIN = """
         loss *= 1 - args.lr
         print(f"step {step} loss {loss:.6f}", flush=True)
     print("\\x1b[32mtraining done\\x1b[0m")
+    print(f"frameworks loaded: torch={'torch' in sys.modules} tensorflow={'tensorflow' in sys.modules}")
 """
 
 CRASH = """
@@ -118,6 +116,8 @@ def test_a_users_script_keeps_its_story_its_crash_line_and_gets_a_cost(live_serv
     study = http.get(f"/api/v1/studies/{sid}").json()
     assert f"code: {study['code_sha256']}, git {commit}" in logs.stdout, logs.stdout
     assert "step 11 loss " in logs.stdout and "training done" in logs.stdout
+    # framework: python: the worker's shim imported no ML framework into the run (at strict too)
+    assert "frameworks loaded: torch=False tensorflow=False" in logs.stdout, logs.stdout
     assert "\x1b" not in logs.stdout and "[32m" not in logs.stdout
     page = http.get(f"/runs/{run['id']}").text
     assert "--seed 7 --level strict" in page and "step 11 loss" in page and "[32m" not in page
