@@ -58,6 +58,7 @@ def test_a_python_command_imports_no_framework_and_is_seeded(tmp_path):
     assert applied["framework"] == "python" and applied["python_random_seeded"] and applied["numpy_seeded"]
     assert applied["framework_seeded"] is False and applied["deterministic_algorithms"] is False
     assert applied["strict_adds"] == STRICT_ADDS and applied["env"]["MKL_CBWR"]
+    assert "generator" in applied["data_order"] and "shuffle" not in applied["data_order"]
     fp = r.fingerprint
     assert fp["framework"] == "python" and fp["ml_framework"] is None
     assert fp["numpy_version"] == np.__version__ and fp["framework_version"] == fp["python"]

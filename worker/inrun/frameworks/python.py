@@ -20,6 +20,8 @@ STRICT_ADDS = ("environment variables only (MKL_CBWR, CUBLAS_WORKSPACE_CONFIG, T
 
 def apply_determinism(level: str, seed: int, threads: int) -> dict[str, Any]:
     applied: dict[str, Any] = {"ml_framework": None}
+    if level != "none":  # no framework data loader to seed: the order is whatever the code draws
+        applied["data_order"] = "the code's own: random and NumPy's global generators seeded"
     if level == "strict":
         applied["strict_adds"] = STRICT_ADDS
     return applied
