@@ -191,12 +191,16 @@ def difference_chart(
     metric: str,
     unit: str,
     max_points: int,
+    resolutions: dict[int, float] | None = None,
 ) -> str:
     """Each repeat's difference from its seed's reference repeat (the lowest), as JSON text.
 
     For every seed with two or more repeats that have data, every other repeat minus the
     reference at the steps both logged: the signed difference (``unit="abs"``) or the ULP
-    distance in the series' logged dtype (``unit="ulp"``). Decimated with
+    distance in the series' logged dtype (``unit="ulp"``). A series parsed from printed text
+    (``resolutions``: run id -> the unit of its last printed digit) carries no binary precision:
+    its "ulp" view counts units of the last printed digit instead (``basis`` "printed" on the
+    line and the chart), never ULPs of a float it was never stored as. Decimated with
     ``extreme_indices`` per line, plus each line's first nonzero step, so where the repeats
     part and the largest difference stay on the chart. Non-finite points are gaps.
     """
@@ -216,8 +220,11 @@ def difference_chart(
         steps, ri, oi = np.intersect1d(np.asarray(rs, np.int64), np.asarray(os_, np.int64), return_indices=True)
         a, b = np.asarray(ov, np.float64)[oi], np.asarray(rv, np.float64)[ri]
         finite = np.isfinite(a) & np.isfinite(b)
+        printed = max((resolutions or {}).get(other.id) or 0.0, (resolutions or {}).get(ref.id) or 0.0)
         if unit == "abs":
             d = np.where(finite, a - b, np.nan)
+        elif printed > 0:
+            d = np.where(finite, np.rint((a - b) / printed), np.nan)
         else:
             dtype = dtypes.get(other.id) or dtypes.get(ref.id) or "float64"
             d = np.where(finite, ulp_distance(np.where(finite, a, 0.0), np.where(finite, b, 0.0), dtype)
@@ -228,6 +235,8 @@ def difference_chart(
             "run_id": other.id, "reference_run_id": ref.id, "seed": other.seed, "repeat": other.repeat,
             "reference_repeat": ref.repeat, "status": other.status,
             "dtype": dtypes.get(other.id) or "float64",
+            "basis": "printed" if printed > 0 and unit == "ulp" else ("binary" if unit == "ulp" else None),
+            "resolution": printed or None,
             "first_nonzero_step": int(steps[nonzero[0]]) if nonzero.size else None,
             "max_abs": float(mag.max()) if mag.size else 0.0,
             "max_abs_step": int(steps[finite][int(np.argmax(mag))]) if mag.size else None,
@@ -259,6 +268,8 @@ def difference_chart(
         "identical": bool(lines_meta) and all(m["max_abs"] == 0 for m in lines_meta),
         "first_nonzero_step": min(starts) if starts else None,
         "max_abs": max((m["max_abs"] for m in lines_meta), default=0.0),
+        # "printed" when any line counts units of its last printed digit rather than ULPs
+        "basis": ("printed" if any(m["basis"] == "printed" for m in lines_meta) else "binary") if unit == "ulp" else None,
         "lines": lines_meta,
     }
     body = json.dumps(head, allow_nan=False)[:-1]

@@ -302,7 +302,9 @@ def difference_chart(session: Session, study: Study, version: tuple, db_key: str
         loaded = metrics_repo.load_series(session, ids, [metric])
         series = {run_id: sv for (run_id, _), sv in loaded.items()}
         dtypes = {run_id: dtype for (run_id, _), dtype in metrics_repo.load_dtypes(session, ids, [metric]).items()}
-        return charts.difference_chart(runs, series, dtypes, metric=metric, unit=unit, max_points=max_points)
+        printed = {run_id: r for (run_id, _), r in metrics_repo.load_resolutions(session, ids, [metric]).items()}
+        return charts.difference_chart(runs, series, dtypes, metric=metric, unit=unit, max_points=max_points,
+                                       resolutions=printed)
 
     key = ("difference", db_key, study.id, version, metric, determinism, stack, unit, max_points)
     return _charts.get_or_compute(key, compute)

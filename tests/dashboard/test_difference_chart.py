@@ -42,3 +42,19 @@ def test_ulps_in_the_logged_dtype_and_identical_repeats():
     same = json.loads(difference_chart(runs, {1: (steps, a), 2: (steps, a.copy())}, {}, metric="loss", unit="ulp",
                                        max_points=100))
     assert same["identical"] and same["first_nonzero_step"] is None
+
+
+def test_values_parsed_from_text_count_printed_digits_not_ulps():
+    """stdout values printed with four decimals differ by 0.0002: two units of the last printed digit,
+    not the ~10^12 float64 ULPs between the parsed numbers."""
+    steps = np.arange(4)
+    a = np.array([2.3101, 2.2004, 2.1007, 2.0])
+    b = a + np.array([0.0, 0.0, 0.0002, 0.0003])
+    runs = [_run(1, 0, 0), _run(2, 0, 1)]
+    d = json.loads(difference_chart(runs, {1: (steps, a), 2: (steps, b)}, {}, metric="loss", unit="ulp",
+                                    max_points=100, resolutions={1: 1e-4, 2: 1e-4}))
+    assert d["basis"] == "printed" and d["lines"][0]["basis"] == "printed" and d["lines"][0]["resolution"] == 1e-4
+    assert d["y"][0] == [0, 0, 2, 3] and d["max_abs"] == 3 and d["first_nonzero_step"] == 2
+    binary = json.loads(difference_chart(runs, {1: (steps, a), 2: (steps, b)}, {}, metric="loss", unit="ulp",
+                                         max_points=100))
+    assert binary["basis"] == "binary" and binary["max_abs"] > 1e9  # the same floats, counted as binary

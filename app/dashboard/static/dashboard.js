@@ -211,12 +211,15 @@
     const series = [{ label: "step", value: (u, v) => (v === null || v === undefined ? "—" : String(v)) }];
     const ulp = d.unit === "ulp";
     d.lines.forEach((ln, i) => {
+      const per = ln.basis === "printed" ? ` × ${ln.resolution} (printed digit)` : " ULP";
       data.push(drawable(d.y[i]));
       series.push(lineSeries(`run ${ln.run_id} − run ${ln.reference_run_id}`, DIFF_COLORS[i % DIFF_COLORS.length],
-        1.25, { value: ulp ? (u, v) => (v === null || v === undefined ? "—" : `${v} ULP`) : valueFmt }));
+        1.25, { value: ulp ? (u, v) => (v === null || v === undefined ? "—" : `${v}${per}`) : valueFmt }));
     });
     const marker = { first_divergent_step: d.first_nonzero_step, lines: [] };
-    const label = ulp ? `${d.metric}: ULPs from reference repeat` : `${d.metric}: Δ from reference repeat`;
+    const label = !ulp ? `${d.metric}: Δ from reference repeat`
+      : d.basis === "printed" ? `${d.metric}: last printed digits from reference repeat`
+        : `${d.metric}: ULPs from reference repeat`;
     return {
       opts: {
         width, height: height || 300, series,
@@ -231,11 +234,14 @@
   }
 
   function diffSummary(d, group) {
-    const unit = d.unit === "ulp" ? "ULP distance" : "difference";
+    const printed = d.unit === "ulp" && d.basis === "printed";
+    const unit = d.unit !== "ulp" ? "difference"
+      : printed ? "difference in units of the last printed digit (values parsed from text carry no binary precision)"
+        : "ULP distance";
     const parts = [`${d.metric}, ${group}: ${unit} of each repeat from its seed's reference repeat`];
     parts.push(`${d.n_lines} repeat(s) over ${d.n_seeds_with_repeats} seed(s)`);
     if (d.first_nonzero_step !== null) parts.push(`repeats first part at step ${d.first_nonzero_step}`);
-    parts.push(`largest |Δ| ${d.unit === "ulp" ? d.max_abs + " ULP" : fmt(d.max_abs)}`);
+    parts.push(`largest |Δ| ${d.unit !== "ulp" ? fmt(d.max_abs) : d.max_abs + (printed ? " printed digit(s)" : " ULP")}`);
     parts.push(`${d.points} of ${d.total_steps} steps plotted${d.downsampled ? " (decimated, extremes and first difference kept)" : ""}`);
     return parts.join("; ") + ".";
   }
