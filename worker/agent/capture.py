@@ -113,7 +113,7 @@ def _tensor_scalar(buf: bytes) -> tuple[float, str] | None:
     doubles: list[bytes] = []
     ints: list[int] = []
     halves: list[int] = []
-    for num, wire, value in _fields(buf):
+    for num, _, value in _fields(buf):
         if num == 1:
             dtype = value
         elif num == 2:  # shape: a scalar has no dims; reject anything with more than one element

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import re
 import struct
 from datetime import datetime
 from enum import Enum, nonmember
@@ -35,7 +34,6 @@ from pydantic import (
     PrivateAttr,
     ValidationInfo,
     WithJsonSchema,
-    field_validator,
     model_validator,
 )
 
