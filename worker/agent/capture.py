@@ -420,7 +420,9 @@ class Capture:
 
     def _match(self, raw: bytes) -> None:
         """Read one drawn line; a reading waits until the line ends or a redraw shows another step."""
-        line = _TERMINAL_CODES.sub("", raw.decode("utf-8", "replace"))
+        line = raw.decode("utf-8", "replace")
+        if "\x1b" in line or "\x08" in line:  # most lines have no escapes: no pass over them
+            line = _TERMINAL_CODES.sub("", line)
         for i, reader in enumerate(self.patterns):
             for step, texts in reader.read(line):
                 pending = self._pending.get(i)
