@@ -110,7 +110,7 @@ def test_events_with_a_step_outside_int64_cost_the_run_a_warning_not_its_points(
         import json, os
         with open(os.environ["STEADY_EVENTS_FILE"], "a") as f:
             for event in ({"e": "m", "s": 0, "v": {"loss": 1.0}}, {"e": "m", "s": 2 ** 64, "v": {"loss": 9.0}},
-                          {"e": "m", "s": 1, "v": {"loss": 0.5, "acc": 10 ** 400}}, {"e": "m", "s": "x", "v": {}},
+                          {"e": "m", "s": 1, "v": {"loss": 0.5, "acc": 10 ** 400}, "t": "x", "r": [1]}, {"e": "m", "s": "x", "v": {}},
                           {"e": "digest", "kind": "data_order", "value": "ab", "epoch": "no"}):
                 f.write(json.dumps(event) + "\\n")
         print("step 18446744073709551616 acc 3.0", flush=True)

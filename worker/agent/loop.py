@@ -499,6 +499,7 @@ class RunExecution:
             log.info("run %d: released back to the queue", run_id)
             return
         delivered = self._deliver_all() if self.refused is None else False
+        outcome.stderr_tail = self.proc.stderr_tail()  # again: its notes count what was skipped while delivering
         if self.lease_lost.is_set():
             return
         if self.refused is not None:

@@ -482,6 +482,11 @@ class RunProcess:
             if len(kept) < len(values):
                 self.bad_events += 1
                 event["v"] = kept
+            for extra, kind in (("t", str), ("r", (int, float))):  # dtypes, printed units: well-formed or left out
+                given = event.get(extra)
+                if given is not None and not (isinstance(given, dict) and all(
+                        isinstance(k, str) and isinstance(v, kind) and not isinstance(v, bool) for k, v in given.items())):
+                    del event[extra]
             return bool(kept) or not values
         try:  # what absorb() reads of the other kinds, checked on a copy of the record
             Collected().absorb(event)
