@@ -152,11 +152,20 @@ def test_capture_patterns_are_checked_at_submit(api):
     bad = submit({"patterns": ["step (?P<step>\\d+ loss (?P<loss>\\S+)"]})
     assert bad.status_code == 422, bad.text
     detail = bad.json()["detail"][0]
-    assert detail["loc"] == ["body", "workload", "capture", "patterns"]
-    assert "pattern 0" in detail["msg"] and "not a valid regular expression" in detail["msg"]
+    assert detail["loc"] == ["body", "workload", "capture", "patterns", 0]
+    assert "not a valid regular expression" in detail["msg"]
     no_step = submit({"patterns": ["loss (?P<loss>\\S+)"]})
     assert no_step.status_code == 422 and "named group 'step'" in no_step.text
-    assert no_step.json()["detail"][0]["loc"][:4] == ["body", "workload", "capture", "patterns"]
+    assert no_step.json()["detail"][0]["loc"][:5] == ["body", "workload", "capture", "patterns", 0]
+    # what the linear-time engine cannot run (a lookaround, a backreference) is refused, naming the pattern
+    for unsupported in ("step (?P<step>\\d+)(?= ) loss (?P<loss>\\S+)", "(?P<step>\\d+) (?P<loss>\\S+) \\2"):
+        refused = submit({"patterns": ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)", unsupported]})
+        assert refused.status_code == 422, refused.text
+        detail = refused.json()["detail"][0]
+        assert detail["loc"] == ["body", "workload", "capture", "patterns", 1]
+        assert "not supported by the linear-time regex engine" in detail["msg"], detail
+    catastrophic = submit({"patterns": ["(?P<step>\\d+)(?P<loss>(a+)+)x"]})  # linear on RE2: accepted
+    assert catastrophic.status_code == 201, catastrophic.text
     ok = submit({"tensorboard": False, "patterns": ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)"]})
     assert ok.status_code in (200, 201), ok.text
     assert ok.json()["spec"]["workload"]["capture"]["patterns"] == ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)"]

@@ -27,11 +27,13 @@ import decimal
 import os
 import re
 import struct
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from steady.worker.contract import runfiles
-from steady.worker.contract.events import EventWriter
+from steady.worker.contract.events import EventWriter, step_in_range
+from steady.worker.contract.linear_re import compile_linear
 from steady.worker.agent.presets import PatternReader, Reader, preset_reader, significant_digits
 from steady.worker.agent.stepclock import StepClock
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
@@ -41,10 +43,16 @@ from steady.worker.contract.protocol import check_capture_pattern as check_patte
 __all__ = ["DEFAULT_PATTERN", "DEFAULT_PATTERNS", "Capture", "TFRecordTail", "check_pattern", "parse_event", "read_scalars"]
 
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_.:/\-]")
-_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x08\x1b]")  # colours, cursor moves, backspaces
+_TERMINAL_CODES = compile_linear(r"\x1b\[[0-9;?]*[A-Za-z]|[\x08\x1b]")  # colours, cursor moves, backspaces
 MAX_LINE_BYTES = 64 * 1024  # a longer line (a progress bar without newlines) is cut
 READ_BYTES = 1 << 20  # per file per pass
 MAX_RECORD_BYTES = 64 << 20  # an event record larger than this means the file is not one
+# A scalar event is a few hundred bytes; a larger record (an image, a histogram, a graph, or a 64 MiB
+# packed-float "scalar") is stepped over by its length, never read: memory per pass stays one READ_BYTES.
+MAX_SCALAR_RECORD_BYTES = 1 << 20
+MAX_VARINT_BYTES = 10  # a protobuf varint is at most 10 bytes (64 bits); a longer one is not protobuf
+PUMP_SECONDS = 0.5  # work per pass while the run goes (then the run's thread reads events and flushes)
+CLOSE_SECONDS = 30.0  # and once it exited: a hostile output costs its own run this much, never the agent
 SCAN_INTERVAL_S = 0.5
 PUMP_READS = 16  # reads per file per pass while the run goes (the rest waits for the next pass)
 CLOSE_READS = 256  # per file once the run exited: a file still growing cannot hold the agent
@@ -59,14 +67,17 @@ def metric_key(name: str) -> str:
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    """(value, next index) of the varint at ``i``: at most :data:`MAX_VARINT_BYTES` bytes (ValueError
+    past that), so a hostile megabyte of continuation bits costs nothing (it was quadratic)."""
     shift = result = 0
-    while True:
+    for _ in range(MAX_VARINT_BYTES):
         b = buf[i]
         i += 1
         result |= (b & 0x7F) << shift
         if b < 0x80:
-            return result, i
+            return result & 0xFFFF_FFFF_FFFF_FFFF, i  # as protobuf reads it: 64 bits
         shift += 7
+    raise ValueError("varint longer than 10 bytes")
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
@@ -95,12 +106,14 @@ _DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64, _DT_HALF = 1, 2, 3, 9, 19
 
 
 def _tensor_scalar(buf: bytes) -> tuple[float, str] | None:
+    """The one value of a scalar TensorProto, or None. A field with more than one element (a packed
+    array) makes it no scalar: it is counted by its length, never unpacked."""
     dtype, content = 0, b""
-    floats: list[float] = []
-    doubles: list[float] = []
+    floats: list[bytes] = []
+    doubles: list[bytes] = []
     ints: list[int] = []
     halves: list[int] = []
-    for num, wire, value in _fields(buf):
+    for num, _, value in _fields(buf):
         if num == 1:
             dtype = value
         elif num == 2:  # shape: a scalar has no dims; reject anything with more than one element
@@ -110,27 +123,32 @@ def _tensor_scalar(buf: bytes) -> tuple[float, str] | None:
         elif num == 4:
             content = value
         elif num == 5:
-            floats += struct.unpack(f"<{len(value) // 4}f", value) if wire == 2 else struct.unpack("<f", value)
+            floats.append(value)
         elif num == 6:
-            doubles += struct.unpack(f"<{len(value) // 8}d", value) if wire == 2 else struct.unpack("<d", value)
+            doubles.append(value)
         elif num in (7, 10):
             ints.append(value)  # packed varints are rare for scalars; the common case is one value
         elif num == 13:
             halves.append(value)
+        if len(floats) > 1 or len(doubles) > 1:
+            return None
     if dtype == _DT_FLOAT:
-        vals = list(floats) or (list(struct.unpack("<f", content)) if len(content) == 4 else [])
-        return (vals[0], "float32") if len(vals) == 1 else None
+        if floats:
+            return (struct.unpack("<f", floats[0])[0], "float32") if len(floats[0]) == 4 else None
+        return (struct.unpack("<f", content)[0], "float32") if len(content) == 4 else None
     if dtype == _DT_DOUBLE:
-        vals = list(doubles) or (list(struct.unpack("<d", content)) if len(content) == 8 else [])
-        return (vals[0], "float64") if len(vals) == 1 else None
+        if doubles:
+            return (struct.unpack("<d", doubles[0])[0], "float64") if len(doubles[0]) == 8 else None
+        return (struct.unpack("<d", content)[0], "float64") if len(content) == 8 else None
     if dtype == _DT_HALF:
         if content:
             return struct.unpack("<e", content[:2])[0], "float16"
-        return (struct.unpack("<e", struct.pack("<H", halves[0]))[0], "float16") if halves else None
+        ok = halves and isinstance(halves[0], int)
+        return (struct.unpack("<e", struct.pack("<H", halves[0] & 0xFFFF))[0], "float16") if ok else None
     if dtype in (_DT_INT32, _DT_INT64):
         if content:
             return float(struct.unpack("<i" if dtype == _DT_INT32 else "<q", content[:4 if dtype == _DT_INT32 else 8])[0]), "float64"
-        return (float(ints[0]), "float64") if ints else None
+        return (float(ints[0]), "float64") if ints and isinstance(ints[0], int) else None
     return None
 
 
@@ -175,10 +193,13 @@ class TFRecordTail:
         self.root = root or os.path.dirname(self.path)  # the run directory: nothing outside is read
         self.offset = 0
         self.records = 0  # records read so far (the number of the last one)
+        self.oversized = 0  # records over MAX_SCALAR_RECORD_BYTES, stepped over unread
 
     def read_new(self, max_bytes: int = READ_BYTES) -> list[bytes]:
         """Complete records after :attr:`offset`, from one bounded read; :class:`runfiles.UnsafeFileError`
-        when the path is a symlink, FIFO or device (never opened, never read)."""
+        when the path is a symlink, FIFO or device (never opened, never read). A record over
+        :data:`MAX_SCALAR_RECORD_BYTES` is stepped over by its length (counted in :attr:`oversized`):
+        no read ever takes more than ``max_bytes``."""
         try:
             data = runfiles.read_at(self.path, self.root, self.offset, max_bytes)
         except runfiles.UnsafeFileError:
@@ -193,11 +214,15 @@ class TFRecordTail:
                 self.offset = 1 << 62
                 return records
             end = i + 12 + length + 4
+            if length > MAX_SCALAR_RECORD_BYTES:  # not a scalar: skipped unread (read_at past the end gives b"")
+                self.oversized += 1
+                self.records += 1
+                if end > len(data):
+                    self.offset += end
+                    return records
+                i = end
+                continue
             if end > len(data):
-                if 12 + length + 4 > max_bytes:  # a record larger than a read: read it alone
-                    max_bytes = 12 + length + 4
-                    self.offset += i
-                    return records + self.read_new(max_bytes)
                 break
             records.append(data[i + 12:i + 12 + length])
             i = end
@@ -209,7 +234,11 @@ def read_scalars(path: str) -> list[tuple[int, str, float, str]]:
     """Every scalar of one event file as (step, tag, value, dtype) (for tests and tools)."""
     out: list[tuple[int, str, float, str]] = []
     tail = TFRecordTail(path)
-    while records := tail.read_new():
+    while True:
+        before = tail.offset
+        records = tail.read_new()
+        if tail.offset == before:
+            break
         for record in records:
             step, values = parse_event(record)
             out.extend((step, tag, value, dtype) for tag, value, dtype in values)
@@ -252,6 +281,9 @@ class Capture:
         self.keys_by_source: dict[str, set[str]] = {"tensorboard": set(), "stdout": set()}
         self.sdk_keys: set[str] = set()  # keys the run logs through the SDK: those win
         self.skipped: dict[str, str] = {}  # path -> why it was not read (a symlink, FIFO, device…)
+        self.bad_records = 0  # TensorBoard records that are no event (corrupt, or a varint over 10 bytes)
+        self.bad_steps = 0  # readings whose step is outside int64 (skipped; the run's other points kept)
+        self.unfinished = False  # the last pass ran out of time before the end of the run's files
         self._before = set(self._event_files()) if tensorboard else set()  # shipped with the code: not this run's
         # step times of a run that does not log them (steady.worker.agent.stepclock): when each step
         # line arrived (``arrival(end offset)``, the runner's output tee) and TensorBoard wall times
@@ -259,6 +291,21 @@ class Capture:
         self.clocks: dict[str, StepClock] = {}
         self._timed_file: str | None = None  # the one TensorBoard file whose wall times are used
         self._at = 0  # the output's offset just after what was matched last (for ``arrival``)
+
+    def notes(self) -> list[str]:
+        """What this capture left out of the run's own files, one line each (the run's warnings)."""
+        out = []
+        oversized = sum(t.oversized for t in self._tails.values())
+        if oversized:
+            out.append(f"{oversized} TensorBoard record(s) over {MAX_SCALAR_RECORD_BYTES} bytes skipped unread "
+                       "(no scalar is that large)")
+        if self.bad_records:
+            out.append(f"{self.bad_records} TensorBoard record(s) skipped: not a readable event")
+        if self.bad_steps:
+            out.append(f"{self.bad_steps} captured reading(s) skipped: step outside the 64-bit signed range")
+        if self.unfinished:
+            out.append(f"the run's output and event files were not read to their end within {CLOSE_SECONDS:g} s")
+        return out
 
     def _skip(self, exc: runfiles.UnsafeFileError) -> None:
         self.skipped.setdefault(exc.path, exc.reason)
@@ -271,6 +318,9 @@ class Capture:
             dtypes = {k: d for k, d in dtypes.items() if k in values}
             printed = {k: r for k, r in (printed or {}).items() if k in values}
         if not values:
+            return
+        if not step_in_range(step):  # e.g. "step 18446744073709551616": this reading only is dropped
+            self.bad_steps += 1
             return
         if self._writer is None:
             try:
@@ -307,20 +357,28 @@ class Capture:
             self._emit(source, step, {f"step_time:{source}": elapsed}, {}, final=False)
 
     def pump(self) -> None:
-        """One pass while the run goes: at most :data:`PUMP_READS` reads of each file (the rest on later passes)."""
+        """One pass while the run goes: at most :data:`PUMP_READS` reads of each file and about
+        :data:`PUMP_SECONDS` of work (the rest on later passes)."""
+        deadline = time.monotonic() + PUMP_SECONDS
         for _ in range(PUMP_READS if self.patterns else 0):
-            if not self._pump_output():
+            if not self._pump_output() or time.monotonic() > deadline:
                 break
-        if self.tensorboard:
-            self._pump_tensorboard(PUMP_READS)
+        if self.tensorboard:  # a budget of its own: a flood of output does not starve the event files
+            self._pump_tensorboard(PUMP_READS, time.monotonic() + PUMP_SECONDS)
 
     def close(self) -> None:
-        """The last pass, once the run exited: what is left in its files, up to :data:`CLOSE_READS` reads each."""
+        """The last pass, once the run exited: what is left in its files, up to :data:`CLOSE_READS` reads
+        each and :data:`CLOSE_SECONDS` in all (what is left past either is not read: :meth:`notes` says so)."""
+        deadline = time.monotonic() + CLOSE_SECONDS
         for _ in range(CLOSE_READS if self.patterns else 0):
             if not self._pump_output():
                 break
+            if time.monotonic() > deadline:
+                self.unfinished = True
+                break
         if self.tensorboard:
-            self._pump_tensorboard(CLOSE_READS)
+            self._pump_tensorboard(CLOSE_READS, deadline)
+            self.unfinished = self.unfinished or time.monotonic() > deadline
         if self.patterns:  # a last line without a newline
             if self._partial:
                 self._at = self._out_offset
@@ -362,7 +420,9 @@ class Capture:
 
     def _match(self, raw: bytes) -> None:
         """Read one drawn line; a reading waits until the line ends or a redraw shows another step."""
-        line = _TERMINAL_CODES.sub("", raw.decode("utf-8", "replace"))
+        line = raw.decode("utf-8", "replace")
+        if "\x1b" in line or "\x08" in line:  # most lines have no escapes: no pass over them
+            line = _TERMINAL_CODES.sub("", line)
         for i, reader in enumerate(self.patterns):
             for step, texts in reader.read(line):
                 pending = self._pending.get(i)
@@ -406,24 +466,28 @@ class Capture:
                     if "tfevents" in name:
                         yield os.path.abspath(os.path.join(folder, name))
 
-    def _pump_tensorboard(self, reads: int) -> None:
+    def _pump_tensorboard(self, reads: int, deadline: float = float("inf")) -> None:
         for path in self._event_files():
             if path not in self._tails and path not in self._before:
                 self._tails[path] = TFRecordTail(path, self._root_of(path))
         for tail in self._tails.values():
             for _ in range(0 if tail.path in self.skipped else reads):
+                if time.monotonic() > deadline:
+                    return
+                before = tail.offset
                 try:
                     records = tail.read_new()
                 except runfiles.UnsafeFileError as exc:
                     self._skip(exc)
                     break
-                if not records:
+                if tail.offset == before:  # nothing complete yet (records stepped over count as progress)
                     break
                 for record in records:
                     tail.records += 1
                     try:
                         wall, step, scalars = parse_timed_event(record)
                     except (ValueError, IndexError, struct.error):
+                        self.bad_records += 1
                         continue  # not an event (or a corrupt record): skipped
                     values = {metric_key(tag): v for tag, v, _ in scalars}
                     dtypes = {metric_key(tag): d for tag, _, d in scalars if d != "float64"}

@@ -104,7 +104,7 @@ def run_local(
             timings=timings,
             failure_kind=outcome.kind,
             error=outcome.error,
-            stderr_tail=outcome.stderr_tail,
+            stderr_tail=proc.stderr_tail(),  # again: its notes count what drain() skipped after the exit
             returncode=outcome.returncode,
             conflicts=proc.guard.summary(),
         )

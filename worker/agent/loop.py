@@ -340,10 +340,17 @@ class RunExecution:
     def _pump(self) -> int:
         """Read events while the stream has room (what does not fit stays in the run's event
         file, to be read once batches went out); returns how many were read."""
-        read = 0
+        read = skipped = 0
         while self.stream.wants_more():
+            before = self.proc.consumed()
             events = self.proc.poll(READ_CHUNK_BYTES)
             if not events:
+                # a chunk of an oversized line, skipped: read on (read > 0 keeps _deliver_all going), a
+                # bounded number of chunks per call so the loop still checks the time limit and flushes
+                if self.proc.consumed() > before and skipped < 64:
+                    read += 1
+                    skipped += 1
+                    continue
                 break
             read += len(events)
             for event in events:
@@ -492,6 +499,7 @@ class RunExecution:
             log.info("run %d: released back to the queue", run_id)
             return
         delivered = self._deliver_all() if self.refused is None else False
+        outcome.stderr_tail = self.proc.stderr_tail()  # again: its notes count what was skipped while delivering
         if self.lease_lost.is_set():
             return
         if self.refused is not None:

@@ -18,8 +18,8 @@ The presets read what the libraries print, as they print it:
 ``tqdm``       any tqdm bar's postfix, ``50/100 [00:01<00:01, 45.2it/s, loss=2.31, acc=0.91]``: every
                ``name=number`` of it. Step: the bar's count.
 
-Every regex here is a plain sequence of character classes with single quantifiers (no nested or
-overlapping repetition, no lookaround), so none backtracks catastrophically and all also run in RE2.
+Every regex here, and every pattern of a capture spec, runs on RE2 (:mod:`steady.worker.contract.linear_re`):
+time linear in the line whatever the pattern, so a run's output can slow only its own capture.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
+from steady.worker.contract.linear_re import compile_linear
 from steady.worker.contract.protocol import CapturePreset
 
 NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
@@ -53,7 +54,7 @@ class PatternReader:
     """A capture pattern: a regex with a named group ``step`` and one per metric."""
 
     def __init__(self, pattern: str) -> None:
-        self.rx = re.compile(pattern)
+        self.rx = compile_linear(pattern)
 
     def read(self, line: str) -> list[Reading]:
         m = self.rx.search(line)
@@ -68,8 +69,8 @@ class PatternReader:
 
 
 class KerasReader:
-    _EPOCH = re.compile(r"^\s*Epoch (\d+)/\d+\s*$")
-    _PAIR = re.compile(r" - ([A-Za-z_][A-Za-z0-9_./]*): (" + NUMBER + r")\b")
+    _EPOCH = compile_linear(r"^\s*Epoch (\d+)/\d+\s*$")
+    _PAIR = compile_linear(r" - ([A-Za-z_][A-Za-z0-9_./]*): (" + NUMBER + r")\b")
 
     def __init__(self) -> None:
         self.epoch: int | None = None
@@ -86,7 +87,7 @@ class KerasReader:
 
 
 class HuggingFaceReader:
-    _PAIR = re.compile(r"'([A-Za-z_][A-Za-z0-9_./\-]*)': (?:np\.float\d+\()?(" + NUMBER + r")\b")
+    _PAIR = compile_linear(r"'([A-Za-z_][A-Za-z0-9_./\-]*)': (?:np\.float\d+\()?(" + NUMBER + r")\b")
     _STEP_KEYS = ("step", "global_step")
 
     def __init__(self) -> None:
@@ -110,11 +111,11 @@ class HuggingFaceReader:
         return [(step, values)] if values else []
 
 
-_POSTFIX_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_./\-]*)=(" + NUMBER + r")\b")
+_POSTFIX_PAIR = compile_linear(r"([A-Za-z_][A-Za-z0-9_./\-]*)=(" + NUMBER + r")\b")
 
 
 class TqdmReader:
-    _BAR = re.compile(r"(\d+)(?:/\d+|it) \[\d+:\d\d")
+    _BAR = compile_linear(r"(\d+)(?:/\d+|it) \[\d+:\d\d")
 
     def read(self, line: str) -> list[Reading]:
         m = self._BAR.search(line)
@@ -125,7 +126,7 @@ class TqdmReader:
 
 
 class LightningReader:
-    _EPOCH = re.compile(r"\bEpoch (\d+):")
+    _EPOCH = compile_linear(r"\bEpoch (\d+):")
     _SKIP = ("v_num",)
 
     def read(self, line: str) -> list[Reading]:

@@ -33,7 +33,14 @@ from steady.worker.agent.capture import DEFAULT_PATTERNS, SCAN_INTERVAL_S, Captu
 from steady.worker.agent.conflicts import ConflictGuard
 from steady.worker.agent.tee import OutputTee
 from steady.worker.contract.crashline import crash_line
-from steady.worker.contract.events import CONFIG_FILE_ENV, EVENTS_ENV, SPEC_ENV, EventReader, control_events
+from steady.worker.contract.events import (
+    CONFIG_FILE_ENV,
+    EVENTS_ENV,
+    SPEC_ENV,
+    EventReader,
+    control_events,
+    step_in_range,
+)
 
 STDERR_TAIL_BYTES = 60_000  # characters of the output tail a run reports (the wire allows 65,536)
 TAIL_LINES = 200  # and at most this many lines of it
@@ -302,6 +309,7 @@ class RunProcess:
         self.tee: OutputTee | None = None
         self._captured_at = 0.0
         self._refused: dict[str, str] = {}  # files under run_dir the agent would not open (runfiles)
+        self.bad_events = 0  # events skipped: a step outside int64, values that are no numbers, a missing field
 
     # --- the study's code: where the run starts and what it runs ------------------------------
 
@@ -442,14 +450,53 @@ class RunProcess:
         """New events since the last call (also absorbed into :attr:`collected`); at most about
         ``max_bytes`` of the file per call (``None``: all of it). The rest stays in the file."""
         self._pump_capture()
-        events = self.reader.read_new(max_bytes)
-        for event in events:
+        events = []
+        for event in self.reader.read_new(max_bytes):
+            if not self._admissible(event):  # a hostile or broken line costs its run a warning, nothing more
+                self.bad_events += 1
+                continue
+            events.append(event)
             self.collected.absorb(event)
             if self.capture is not None and event.get("e") == "m" and "c" not in event:
                 self.capture.sdk_keys.update(event["v"])  # a key the run logs itself is not captured
             if event.get("e") == "m":  # a second, different value for a (key, step) is recorded, not sent
                 event["v"] = self.guard.admit(event)
         return events
+
+    def _admissible(self, event: Any) -> bool:
+        """Whether an event can be taken as the run's: a metric event needs an int64 step and numbers
+        (a value that is no float is dropped, its event's other values kept), the others their fields."""
+        if not isinstance(event, dict):
+            return False
+        if event.get("e") == "m":
+            values = event.get("v")
+            if not step_in_range(event.get("s")) or not isinstance(values, dict):
+                return False
+            kept = {}
+            for key, value in values.items():
+                if isinstance(key, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    try:
+                        kept[key] = float(value)
+                    except OverflowError:  # an int beyond float (10**400)
+                        continue
+            if len(kept) < len(values):
+                self.bad_events += 1
+                event["v"] = kept
+            for extra, kind in (("t", str), ("r", (int, float))):  # dtypes, printed units: well-formed or left out
+                given = event.get(extra)
+                if given is not None and not (isinstance(given, dict) and all(
+                        isinstance(k, str) and isinstance(v, kind) and not isinstance(v, bool) for k, v in given.items())):
+                    del event[extra]
+            return bool(kept) or not values
+        try:  # what absorb() reads of the other kinds, checked on a copy of the record
+            Collected().absorb(event)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+            return False
+        return True
+
+    def consumed(self) -> int:
+        """Bytes of the event file read so far (grows on a read that skipped an oversized line, too)."""
+        return self.reader.consumed
 
     def unread_bytes(self) -> int:
         """Bytes of events the run wrote that :meth:`poll` has not returned yet."""
@@ -507,8 +554,17 @@ class RunProcess:
         if self.capture is not None:
             for path, reason in self.capture.skipped.items():
                 refused.setdefault(path, reason)
-        return [f"[steady] skipped {os.path.relpath(path, self.run_dir)}: {reason}; the worker reads only "
-                "regular files inside the run directory" for path, reason in sorted(refused.items())]
+        lines = [f"[steady] skipped {os.path.relpath(path, self.run_dir)}: {reason}; the worker reads only "
+                 "regular files inside the run directory" for path, reason in sorted(refused.items())]
+        if self.reader.oversized:
+            lines.append(f"[steady] skipped {self.reader.oversized} line(s) of events.jsonl over "
+                         f"{self.reader.max_line_bytes} bytes")
+        if self.bad_events:
+            lines.append(f"[steady] skipped {self.bad_events} event(s) or value(s) of events.jsonl: a step outside "
+                         "the 64-bit signed range, a value that is no number or a missing field")
+        if self.capture is not None:
+            lines += [f"[steady] {note}" for note in self.capture.notes()]
+        return lines
 
     def wait(self, timeout: float | None = None) -> int | None:
         assert self.proc is not None
@@ -533,7 +589,8 @@ class RunProcess:
         # reached: read it without the metric lines (absorbing an event twice changes nothing),
         # and leave those to later poll() calls.
         for event in control_events(self.events_path, self.reader.offset):
-            self.collected.absorb(event)
+            if isinstance(event, dict) and event.get("e") != "m" and self._admissible(event):
+                self.collected.absorb(event)
         wall = self.elapsed()
         tail = self.stderr_tail()
         c = self.collected

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -63,6 +62,16 @@ class EventWriter:
 
 
 READ_CHUNK_BYTES = 1 << 18  # what one bounded read takes from the file (~3,500 metric events)
+# The longest event line read: a metric event of a few thousand keys fits. A longer line (an unterminated
+# 600 MB one the run wrote) is skipped to its end, counted in EventReader.oversized, and never held: the
+# reader keeps at most this many bytes of a line however long it grows.
+MAX_EVENT_LINE_BYTES = 1 << 20
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def step_in_range(step: Any) -> bool:
+    """Whether ``step`` is an int the wire and the storage hold (int64); a bool is not a step."""
+    return isinstance(step, int) and not isinstance(step, bool) and INT64_MIN <= step <= INT64_MAX
 _METRIC_PREFIX = b'{"e":"m",'  # how EventWriter starts every metric line (compact separators, "e" first)
 
 
@@ -78,19 +87,29 @@ class EventReader:
 
     The file is the buffer: ``read_new(max_bytes=...)`` takes at most that many bytes, so a
     reader that falls behind a fast writer holds a bounded window in memory and resumes from
-    :attr:`offset` (the byte after the last complete line it returned) on the next call.
+    :attr:`offset` (the byte after the last complete line it returned) on the next call. A line over
+    ``max_line_bytes`` is dropped as it is read (the bytes up to its newline are skipped, never joined),
+    so each read costs its own size whatever the run wrote.
     """
 
-    def __init__(self, path: str, offset: int = 0) -> None:
+    def __init__(self, path: str, offset: int = 0, *, max_line_bytes: int = MAX_EVENT_LINE_BYTES) -> None:
         self.path = os.path.abspath(path)
         self._offset = offset  # bytes read from the file so far (complete lines + the partial one)
         self._partial = b""
+        self._skipping = False  # inside a line over the bound: drop bytes up to its newline
+        self.max_line_bytes = max_line_bytes
+        self.oversized = 0  # lines over the bound, skipped
         self.refused: str | None = None  # why the file is not read (a symlink, a FIFO…), once it was refused
 
     @property
     def offset(self) -> int:
-        """File offset of the first byte not yet returned as part of a complete line."""
+        """File offset of the first byte not yet returned as part of a complete line (or skipped)."""
         return self._offset - len(self._partial)
+
+    @property
+    def consumed(self) -> int:
+        """Bytes taken from the file so far: grows on every read that found data, lines or not."""
+        return self._offset
 
     def unread_bytes(self) -> int:
         """Bytes in the file after :attr:`offset` (0 when the file does not exist yet)."""
@@ -109,9 +128,23 @@ class EventReader:
         except FileNotFoundError:
             return []
         self._offset += len(chunk)
+        if self._skipping:
+            cut = chunk.find(b"\n")
+            if cut < 0:
+                return []
+            chunk, self._skipping = chunk[cut + 1:], False
         data = self._partial + chunk
         *lines, self._partial = data.split(b"\n")
-        return [_parse(line) for line in lines if line.strip()]
+        if len(self._partial) > self.max_line_bytes:
+            self._partial, self._skipping = b"", True
+            self.oversized += 1
+        out = []
+        for line in lines:
+            if len(line) > self.max_line_bytes:
+                self.oversized += 1
+            elif line.strip():
+                out.append(_parse(line))
+        return out
 
 
 def _read(path: str, offset: int, max_bytes: int | None) -> bytes:
@@ -122,23 +155,31 @@ def _read(path: str, offset: int, max_bytes: int | None) -> bytes:
         return f.read()
 
 
-def control_events(path: str, offset: int = 0, *, chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[dict[str, Any]]:
+def control_events(path: str, offset: int = 0, *, chunk_bytes: int = READ_CHUNK_BYTES,
+                   max_line_bytes: int = MAX_EVENT_LINE_BYTES) -> Iterator[dict[str, Any]]:
     """Every complete event after ``offset`` except metric points, read in bounded chunks.
 
     What a run reported about itself (result, error, digests, fingerprint) is found without
-    holding its metric backlog in memory: metric lines are skipped by their prefix, unparsed.
+    holding its metric backlog in memory: metric lines are skipped by their prefix, unparsed, and a
+    line over ``max_line_bytes`` is skipped as it is read (never joined), as :class:`EventReader` does.
     """
-    control = re.compile(rb"^(?!" + re.escape(_METRIC_PREFIX) + rb")[^\n]*\S[^\n]*$", re.MULTILINE)
     partial = b""
+    skipping = False
     path = os.path.abspath(path)
     try:
         with os.fdopen(runfiles.open_fd(path, os.path.dirname(path)), "rb") as f:
             f.seek(offset)
             while chunk := f.read(chunk_bytes):
-                data = partial + chunk
-                cut = data.rfind(b"\n") + 1
-                data, partial = data[:cut], data[cut:]
-                for match in control.finditer(data):
-                    yield _parse(match.group(0))
+                if skipping:
+                    cut = chunk.find(b"\n")
+                    if cut < 0:
+                        continue
+                    chunk, skipping = chunk[cut + 1:], False
+                *lines, partial = (partial + chunk).split(b"\n")
+                if len(partial) > max_line_bytes:
+                    partial, skipping = b"", True
+                for line in lines:
+                    if len(line) <= max_line_bytes and not line.startswith(_METRIC_PREFIX) and line.strip():
+                        yield _parse(line)
     except (FileNotFoundError, runfiles.UnsafeFileError):
         return  # no file, or one the run replaced (EventReader.refused says so)

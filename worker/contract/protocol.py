@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import re
 import struct
 from datetime import datetime
 from enum import Enum, nonmember
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -34,9 +34,10 @@ from pydantic import (
     PrivateAttr,
     ValidationInfo,
     WithJsonSchema,
-    field_validator,
     model_validator,
 )
+
+from steady.worker.contract.linear_re import PatternError, compile_linear
 
 _pybase64_decode: Callable[..., bytes] | None
 b64encode: Callable[[bytes], bytes]
@@ -297,16 +298,26 @@ CapturePreset = Literal["keras", "hf", "lightning", "tqdm"]
 
 
 def check_capture_pattern(pattern: str) -> str | None:
-    """Why ``pattern`` cannot capture metrics, or None (used at submit and by the worker)."""
+    """Why ``pattern`` cannot capture metrics, or None (used at submit and by the worker). Patterns run
+    on the linear-time engine (:mod:`steady.worker.contract.linear_re`): one it cannot run is refused here."""
     try:
-        rx = re.compile(pattern)
-    except re.error as exc:
+        rx = compile_linear(pattern)
+    except PatternError as exc:
+        if exc.unsupported:
+            return f"not supported by the linear-time regex engine: {exc}"
         return f"not a valid regular expression: {exc}"
     if "step" not in rx.groupindex:
         return "needs a named group 'step', e.g. (?P<step>\\d+)"
     if len(rx.groupindex) < 2:
         return "needs a named group per metric besides 'step', e.g. (?P<loss>[-+.\\deE]+)"
     return None
+
+
+def _capture_pattern(pattern: str) -> str:
+    why = check_capture_pattern(pattern)
+    if why:
+        raise ValueError(f"pattern {pattern!r}: {why}")
+    return pattern
 
 
 class CaptureSpec(_Model):
@@ -318,18 +329,11 @@ class CaptureSpec(_Model):
 
     tensorboard: bool = True
     stdout: bool = True
-    patterns: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]], Field(max_length=32)] = []
+    # each checked on its own, so a 422 names it: workload.capture.patterns[i]
+    patterns: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_capture_pattern)]],
+                        Field(max_length=32)] = []
     # a known logging shape read from the output instead of the default pattern (patterns still apply)
     preset: CapturePreset | None = None
-
-    @field_validator("patterns")
-    @classmethod
-    def _regexes(cls, value: list[str]) -> list[str]:
-        for i, pattern in enumerate(value):
-            why = check_capture_pattern(pattern)
-            if why:
-                raise ValueError(f"pattern {i} {pattern!r}: {why}")
-        return value
 
 
 class RunSpec(_Model):
