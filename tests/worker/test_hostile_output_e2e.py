@@ -1,7 +1,10 @@
-"""One run's output cannot stall the agent: with a hostile run and a normal one side by side
+"""One run cannot stall the agent: with a hostile run and a normal one side by side
 (``--concurrency 2``, leases of 5 s, heartbeats every 1 s), the normal run keeps its lease, its
-heartbeats stay on time and it completes; the hostile run completes with its valid points and
-warnings; the agent leases again afterwards."""
+heartbeats stay on time and it completes; the hostile run (64 KiB lines, a backtracking pattern, an
+oversized event line, a step of 2^64, a double-forked daemon) completes with its valid points and
+warnings, and its daemon ends with it; the agent leases again afterwards. The archive side (bombs,
+a FIFO in the code cache) is tested where it is handled: tests/worker/test_codepack.py,
+tests/worker/test_codecache.py, tests/worker/test_code_prepare.py."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import pytest
 
 from steady.worker.contract.events import MAX_EVENT_LINE_BYTES
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERN
+from tests.conftest import alive
 from tests.worker.test_worker_agent_e2e import runs, series, submit, wait_for, workers  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -23,6 +27,14 @@ HOSTILE = textwrap.dedent("""
     deadline = time.monotonic() + 60
     while not os.path.exists(started) and time.monotonic() < deadline:  # the normal run goes first
         time.sleep(0.05)
+    if os.fork() == 0:  # a daemon: double fork, its own session, out of the run's process group
+        os.setsid()
+        if os.fork() == 0:
+            open(sys.argv[3] + ".tmp", "w").write(str(os.getpid()))
+            os.rename(sys.argv[3] + ".tmp", sys.argv[3])
+            while True:
+                time.sleep(0.2)
+        os._exit(0)
     line = 64 * 1024
     for _ in range(6):  # 14.6 s each for the default pattern on a backtracking engine; (a+)+x: forever
         print("it 1 " * (line // 5), flush=True)
@@ -68,7 +80,8 @@ def test_a_hostile_run_cannot_stall_a_normal_run_beside_it(live_server, workers,
     w = workers(live_server, "w1", "--concurrency", "2")
     good = _command_study(http, "normal", normal, str(started), str(done))
     wait_for(started.exists, 60, f"the normal run to start\n{w.log()}")
-    bad = _command_study(http, "hostile", hostile, str(started), str(done), capture={
+    daemon = tmp_path / "daemon.pid"
+    bad = _command_study(http, "hostile", hostile, str(started), str(done), str(daemon), capture={
         "tensorboard": False, "patterns": [DEFAULT_CAPTURE_PATTERN, r"(?P<step>\d+)(?P<loss>(a+)+)x"]})
 
     renewals: list[tuple[float, str]] = []  # (when seen, lease expiry): each new expiry is a heartbeat
@@ -96,6 +109,8 @@ def test_a_hostile_run_cannot_stall_a_normal_run_beside_it(live_server, workers,
     tail = http.get(f"/api/v1/runs/{hostile_run['id']}").json()["stderr_tail"]  # the list leaves it out
     assert f"[steady] skipped 1 line(s) of events.jsonl over {MAX_EVENT_LINE_BYTES} bytes" in tail, tail[-2000:]
     assert "[steady] skipped 1 event(s)" in tail
+    pid = int(daemon.read_text())  # written before the run printed anything hostile
+    wait_for(lambda: not alive(pid), 30, f"the hostile run's daemon {pid} to end with its run")
 
     again = _command_study(http, "again", normal, str(tmp_path / "started-again"), str(done))
     wait_for(lambda: runs(http, again)[0]["status"] == "completed", 60, f"the agent to lease again\n{w.log()}")
