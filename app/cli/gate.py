@@ -45,7 +45,7 @@ def gate_items(report: Report, comparison: BaselineComparisonOut | None = None) 
     one policy for every gate), each with its plain first line before its statistics, then one per
     comparison with the suite baseline. A report with nothing to judge gives one inconclusive item:
     an empty gate does not pass."""
-    items = [GateItem(c.kind, c.name, c.status, c.reason if c.summary == c.reason else f"{c.summary} — {c.reason}",
+    items = [GateItem(c.kind, c.name, c.status, c.summary if c.reason in c.summary else f"{c.summary} — {c.reason}",
                       c.guarantee) for c in report.outcome.checks]
     if comparison is not None:
         against = baseline_name(comparison)

@@ -93,8 +93,10 @@ def checks(report: Any) -> list[Check]:
                         if v.group.determinism == h.determinism and v.guarantee), "")
         reason = h.phrase + ("; suspicious: " + "; ".join(h.suspicious) if h.suspicious else "")
         mark = {True: "met", False: "NOT met", None: "not enough repeats to tell"}[h.met]
+        said = h.phrase.removeprefix("met: ")  # the headline's phrase may start with the mark already
+        summary = f"{h.determinism} expectation {mark}" + ("" if said == mark else f": {said}")
         out.append(Check(kind="expectation", name=f"{h.determinism}: {h.expected}",
-                         status=_EXPECTATION_STATUS[h.met], summary=f"{h.determinism} expectation {mark}: {h.phrase}",
+                         status=_EXPECTATION_STATUS[h.met], summary=summary,
                          reason=reason, guarantee=promise))
     for v in report.verdicts:
         name = f"{v.metric} {group_label(v.group)}"
