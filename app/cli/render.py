@@ -206,6 +206,8 @@ def _variance_line(v: VarianceBySource) -> str:
         return text + f"not available ({v.reason or 'too few runs'})"
     if v.between_seed_applies is False:
         return text + f"run-to-run var {_num(c.between + c.within)}; {v.note}"
+    if not math.isfinite(c.share_within):  # no variance at all: every run gave the same value
+        return text + "no variance to split: every run's final value is identical (between-seed and within-seed var 0)"
     return (text + f"nondeterminism share {c.share_within * 100:.1f}%"
             f"  (between-seed var {_num(c.between)}, within-seed var {_num(c.within)})")
 

@@ -76,3 +76,16 @@ def test_render_headline_per_level_and_none_variance_note():
     assert "seeded  expected identical unless kernels are known to vary: met" in text
     assert "none    expected varies: met" in text
     assert "the between-seed split does not apply" in text
+
+
+def test_render_says_there_is_no_variance_to_split_when_every_run_is_identical():
+    """A hard-coded seed: every run of every seed gives the same final value; the share of
+    nondeterminism is 0/0, which the report says in words, never as "nan%"."""
+    steps = np.arange(20)
+    loss = 1.0 / (steps + 2.0)  # the final value 0.0476… in every run
+    runs = [RunData(run_id=seed * 2 + repeat + 1, seed=seed, repeat=repeat, determinism="seeded", stack="cpu",
+                    series={"loss": (steps, loss.copy())}) for seed in range(3) for repeat in range(2)]
+    report = build_report(runs, [MetricSpec(name="loss")], rng=np.random.default_rng(1))
+    text = render_report(Report.assemble(report, study=STUDY))
+    assert "nan%" not in text
+    assert "loss  seeded / cpu: no variance to split: every run's final value is identical" in text
