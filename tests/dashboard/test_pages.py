@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from tests.api.helpers import spec
 from tests.dashboard.conftest import curve, shot, upload_external
@@ -50,10 +51,11 @@ def test_login_logout_and_cookie(live_server, new_page):
     assert page.url.startswith(live_server.url + "/login?next=")
     page.fill("#token", "stdy_not-a-real-token")
     page.click("button[type=submit]")
-    assert page.get_by_role("alert").inner_text().startswith("That token is not valid")
+    # expect() retries until the page after the post shows it: a plain read could see the page before it
+    expect(page.get_by_role("alert")).to_contain_text("That token is not valid")
     page.fill("#token", live_server.tokens["worker"])
     page.click("button[type=submit]")
-    assert "worker token cannot open the dashboard" in page.get_by_role("alert").inner_text()
+    expect(page.get_by_role("alert")).to_contain_text("worker token cannot open the dashboard")
     page.fill("#token", live_server.tokens["user"])
     page.click("button[type=submit]")
     page.wait_for_url(live_server.url + "/studies?status=completed")
@@ -139,6 +141,9 @@ def test_studies_list_badges_filters_and_escaping(live_server, new_page):
     page.select_option("#f-status", "queued")
     page.fill("#f-name", "")
     page.click("text=Filter")
+    # wait for the filtered page itself, not the one it replaces: a bare read here raced the navigation
+    page.wait_for_url(re.compile(r".*status=queued.*"))
+    page.wait_for_load_state()
     assert [int(x) for x in page.locator("tr[data-study-id]").evaluate_all("rs => rs.map(r => r.dataset.studyId)")] \
         == [managed["id"]]
     assert page.dialogs == [] and page.console_errors == []
