@@ -109,13 +109,25 @@ def test_a_full_study_completes(live_server, workers):
     assert w.stop() == 0
 
 
-# Long enough that the agent is killed mid-run on any machine (60 epochs finished first on CI).
-EPOCHS = 300
+# The run logs STEPS steps; its first attempt stops at HOLD and waits for a file the test writes only after
+# killing that attempt's agent, so the kill lands mid-run on any machine without a long workload.
+STEPS, HOLD = 400, 150
 
 
-def test_sigkilled_worker_run_is_requeued_and_completed_by_another(live_server, workers):
+def test_sigkilled_worker_run_is_requeued_and_completed_by_another(live_server, workers, tmp_path):
     http = live_server.client()
-    study = submit(http, name="kill", workload={"framework": "torch", "name": "torch_mlp", "params": {"epochs": EPOCHS}},
+    go = tmp_path / "go"
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        from steady import sdk
+
+        for step in range({STEPS}):
+            sdk.log(step=step, loss=1.0 / (step + 1))
+            while step == {HOLD} and not os.path.exists({str(go)!r}):
+                time.sleep(0.05)
+    """))
+    study = submit(http, name="kill", workload={"framework": "python", "entrypoint": str(script)},
                    seeds=[1], repeats=1, determinism=["seeded"], max_attempts=3)
     a = workers(live_server, "wa")
     run_id = wait_for(lambda: [r["id"] for r in runs(http, study) if r["status"] == "running" and r["progress_step"]],
@@ -123,15 +135,16 @@ def test_sigkilled_worker_run_is_requeued_and_completed_by_another(live_server, 
     wait_for(lambda: "loss" in (http.get(f"/api/v1/runs/{run_id}").json().get("metric_keys") or []), 30, "first metrics")
     a.proc.send_signal(signal.SIGKILL)
     a.proc.wait()
-    # The premise: the kill lands mid-run (a fast machine must not finish the run first).
+    # The premise: the kill lands mid-run (the first attempt cannot pass HOLD before `go` exists).
     assert http.get(f"/api/v1/runs/{run_id}").json()["status"] == "running"
+    go.touch()
     b = workers(live_server, "wb")
-    # b runs all EPOCHS again: minutes on a loaded 2-core machine (this waits on the condition, no margin to tune)
-    wait_for(lambda: study_status(http, study) == "completed", 900, f"completion by the second worker\n{b.log()}")
+    wait_for(lambda: study_status(http, study) == "completed", 300, f"completion by the second worker\n{b.log()}")
     run = http.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == "completed" and run["attempt"] >= 2
     steps, values = series(http, run_id, "loss")
-    assert steps == list(range(EPOCHS * 23)), "missing or duplicate steps"
+    assert steps == list(range(STEPS)), "missing or duplicate steps"
+    assert values == [1.0 / (s + 1) for s in steps]
     assert run["final_metrics"]["loss"] == values[-1]
 
 
@@ -156,7 +169,7 @@ def test_cancelled_study_kills_the_running_run_and_user_errors_are_reported(live
     w = workers(live_server, "w1")
 
     # an exception in user code: failed, with the traceback in the stderr tail
-    bad = submit(http, name="bad", workload={"framework": "torch", "entrypoint": str(failing)},
+    bad = submit(http, name="bad", workload={"framework": "python", "entrypoint": str(failing)},
                  seeds=[0], determinism=["seeded"], max_attempts=1)
     wait_for(lambda: study_status(http, bad) in ("failed", "completed"), 60, f"the failing study\n{w.log()}")
     run = runs(http, bad)[0]
@@ -166,7 +179,7 @@ def test_cancelled_study_kills_the_running_run_and_user_errors_are_reported(live
     assert series(http, run["id"], "loss") == ([0], [1.0])
 
     # cancel a study while its run executes: the run process is killed, the worker carries on
-    study = submit(http, name="cancel", workload={"framework": "torch", "entrypoint": str(slow)},
+    study = submit(http, name="cancel", workload={"framework": "python", "entrypoint": str(slow)},
                    seeds=[0], determinism=["none"])
     wait_for(pidfile.exists, 60, f"the slow run to start\n{w.log()}")
     pid = int(pidfile.read_text())
@@ -180,7 +193,7 @@ def test_cancelled_study_kills_the_running_run_and_user_errors_are_reported(live
 
     # SIGTERM while a run executes: past the grace period it is killed and released to the queue
     pidfile.unlink()
-    again = submit(http, name="release", workload={"framework": "torch", "entrypoint": str(slow)},
+    again = submit(http, name="release", workload={"framework": "python", "entrypoint": str(slow)},
                    seeds=[0], determinism=["none"])
     wait_for(pidfile.exists, 60, f"the run to start\n{w.log()}")
     pid = int(pidfile.read_text())
