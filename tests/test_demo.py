@@ -68,7 +68,7 @@ def test_demo_runs_a_whole_study(tmp_path):
         assert f"demo: {study}  [completed]" in text
     assert text.count("1. Repeatability") == 3 and text.count("2. Seed stability") == 3
     assert "source: seeding" in text  # `none` repeats differ from their first step
-    assert "strict runs bitwise identical" in text
+    assert "strict runs of seed 0 bitwise identical across 2 repeats" in text  # --quick: one seed
     assert "source: numerics" in text  # the kernel workload at `seeded`
     # every level of every demo study met its expectation (none varies, seeded identical or kernel
     # numerics, strict identical): the studies list shows them all as "met expectations"

@@ -25,11 +25,22 @@ def _ci_env(server) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_ci_script_submits_a_study_with_a_budget_waits_and_gates(live_server, tmp_path):
-    """Real training runs. 3 seeds are too few to claim a band (inconclusive); the budget lets the
-    server add a stage of 3 more seeds, after which the band is claimed: the job passes, exit 0."""
+    """Real runs on a real worker (a NumPy script: the gate's logic does not need a framework, whose
+    import would cost seconds per run). 3 seeds are too few to claim a band (inconclusive); the budget lets
+    the server add a stage of 3 more seeds, after which the band is claimed: the job passes, exit 0."""
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import numpy as np\nfrom steady import sdk\n\n"
+        "w = np.random.standard_normal(8)  # NumPy's generator, seeded by the worker\n"
+        "for step in range(30):\n"
+        "    w -= 0.1 * (w - 0.5) + 0.01 * np.random.standard_normal(8)\n"
+        "    sdk.log(step=step, loss=float(np.mean((w - 0.5) ** 2)))\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for argv in (["git", "init", "-q"], [*git, "add", "train.py"], [*git, "commit", "-qm", "train"]):
+        subprocess.run(argv, cwd=tmp_path, check=True)  # the code a CI job checks out: a git repository
     spec = tmp_path / "spec.yaml"
     spec.write_text(
-        "name: gate\nworkload: {framework: torch, name: torch_mlp, params: {epochs: 1}}\n"
+        "name: gate\nworkload: {framework: python, entrypoint: train.py}\n"
         "seeds: [0, 1, 2]\nrepeats: 2\ndeterminism: [strict]\nthreads: 1\n"
         "budget: {max_seeds: 6, stage_seeds: 3}\n"
         "metrics: [{name: loss, max_std: 1.0}]\n")

@@ -1,8 +1,9 @@
 """Zero-code capture end to end: a training script that knows nothing of Steady (no SDK, no
 ``--seed``; it logs to TensorBoard and prints ``Epoch N step M loss X``) runs as a command
 workload from its own git repository, with ``steady submit --wait`` against a worker elsewhere.
-The worker's shim seeds Python/NumPy/torch, so seeded/strict repeats are identical; at ``none``
-they differ.
+The worker's shim seeds Python/NumPy/torch, so seeded repeats are identical; at ``none``
+they differ. (``strict`` adds deterministic kernels on top of seeded, which the determinism tests show;
+it adds nothing to capture, so it is not run here: two runs fewer of a suite on a budget.)
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ SPEC = """
       command: ["python", "train.py", "--epochs", "3"]
     seeds: [1]
     repeats: 2
-    determinism: [none, seeded, strict]
+    determinism: [none, seeded]
     threads: 1
     max_attempts: 1
     metrics: [Loss/train, loss]
@@ -93,13 +94,13 @@ def test_a_script_that_logs_only_to_tensorboard_and_stdout_is_judged(live_server
     (tmp_path / "worker-home").mkdir()
     w = workers(live_server, "w1", cwd=tmp_path / "worker-home")
     done = _submit(live_server, repo / "study.yaml", "--wait")
-    # judged: `none` repeats differ, which `none` allows for a script that fixes no seed itself; the others are
-    # identical. One seed cannot show a seed band: inconclusive, not a failure (exit 0)
+    # judged: `none` repeats differ, which `none` allows for a script that fixes no seed itself;
+    # seeded is identical. One seed cannot show a seed band: inconclusive, not a failure (exit 0)
     assert done.returncode == 0, done.stdout + done.stderr + w.log()
     assert ": inconclusive: " in done.stderr and "too few seeds" in done.stderr, done.stderr
     sid = int(done.stdout.split("submitted study ")[1].split()[0])
     items = runs(http, sid)
-    assert len(items) == 6 and {r["status"] for r in items} == {"completed"}
+    assert len(items) == 4 and {r["status"] for r in items} == {"completed"}
     by_level: dict[str, list] = {}
     for r in items:
         tb, out = series(http, r["id"], "Loss/train"), series(http, r["id"], "loss")
@@ -107,9 +108,8 @@ def test_a_script_that_logs_only_to_tensorboard_and_stdout_is_judged(live_server
         assert [round(v, 6) for v in np.float32(tb[1])[[0, 5, 10]].tolist()] == out[1]  # stdout's 6 digits
         assert r["final_metrics"]["Loss/train"] == tb[1][-1]
         by_level.setdefault(r["determinism"], []).append((tb, out))
-    for level in ("seeded", "strict"):
-        a, b = by_level[level]
-        assert a == b, level  # the shim's seeding made the unchanged script repeatable
+    a, b = by_level["seeded"]
+    assert a == b  # the shim's seeding made the unchanged script repeatable
     a, b = by_level["none"]
     assert a[0][1] != b[0][1]
     report = http.get(f"/api/v1/studies/{sid}/report").json()
@@ -118,7 +118,7 @@ def test_a_script_that_logs_only_to_tensorboard_and_stdout_is_judged(live_server
     # differ between the unseeded repeats, so the source at `none` is seeding, not kernels
     assert all(r["digests"]["initial_weights"] for r in items)
     for metric, dtype in (("Loss/train", "float32"), ("loss", "float64")):
-        assert judged[metric, "seeded"]["verdict"] == judged[metric, "strict"]["verdict"] == "identical"
+        assert judged[metric, "seeded"]["verdict"] == "identical"
         none = judged[metric, "none"]
         assert none["verdict"] == "out_of_tolerance" and none["met_expectation"] is True
         assert none["expectation"].endswith("something the code does not seed itself varies (Steady fixes nothing at none)")
