@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from steady.worker.agent.capture import Capture, printed_resolution
+from steady.worker.agent.capture import Capture
+from steady.worker.agent.presets import printed_resolution
 from steady.worker.agent.client import NonRetryableError
 from steady.worker.agent.loop import MetricStream
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERN

@@ -23,7 +23,6 @@ same value printed rounded (:mod:`steady.worker.agent.conflicts`).
 
 from __future__ import annotations
 
-import decimal
 import os
 import re
 import struct
@@ -34,7 +33,7 @@ from typing import Any
 from steady.worker.contract import runfiles
 from steady.worker.contract.events import EventWriter, step_in_range
 from steady.worker.contract.linear_re import compile_linear
-from steady.worker.agent.presets import PatternReader, Reader, preset_reader, significant_digits
+from steady.worker.agent.presets import PatternReader, Reader, preset_reader, printed_precision
 from steady.worker.agent.stepclock import StepClock
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERNS as DEFAULT_PATTERNS
@@ -245,16 +244,6 @@ def read_scalars(path: str) -> list[tuple[int, str, float, str]]:
     return out
 
 
-def printed_resolution(text: str) -> float | None:
-    """The unit of the last digit ``text`` prints a number with ("0.1234" -> 1e-4, "2.31e-1" -> 1e-3,
-    "12" -> 1): what a value parsed from text is precise to. None for nan/inf or what is not a number."""
-    try:
-        exponent = decimal.Decimal(text.strip()).as_tuple().exponent
-    except (decimal.InvalidOperation, ValueError):
-        return None
-    return float(10.0 ** exponent) if isinstance(exponent, int) and -300 < exponent < 300 else None
-
-
 # --- the capture a runner drives --------------------------------------------------------------
 
 
@@ -445,8 +434,7 @@ class Capture:
                 continue
             key = metric_key(name)
             values[key] = value
-            digits[key] = significant_digits(text)
-            unit = printed_resolution(text)
+            digits[key], unit = printed_precision(text)
             if unit is not None:
                 printed[key] = unit
         self._emit("stdout", step, values, {}, {"o": self._line_no, "d": digits}, printed)

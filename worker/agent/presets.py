@@ -24,7 +24,7 @@ time linear in the line whatever the pattern, so a run's output can slow only it
 
 from __future__ import annotations
 
-import re
+import decimal
 from typing import Protocol
 
 from steady.worker.contract.linear_re import compile_linear
@@ -33,21 +33,35 @@ from steady.worker.contract.protocol import CapturePreset
 NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
 Reading = tuple[int, dict[str, str]]
 
-__all__ = ["NUMBER", "PRESETS", "PatternReader", "Reader", "Reading", "preset_reader", "significant_digits"]
+__all__ = ["NUMBER", "PRESETS", "PatternReader", "Reader", "Reading", "preset_reader", "printed_precision",
+           "printed_resolution", "significant_digits"]
 
 
 class Reader(Protocol):
     def read(self, line: str) -> list[Reading]: ...
 
 
+def printed_precision(text: str) -> tuple[int, float | None]:
+    """How precisely ``text`` prints a number, from one parse: its significant digits ("0.2954" -> 4,
+    "2.31e-1" -> 3, "100" -> 3; what the conflict check compares two readings at) and the unit of its last
+    digit ("0.2954" -> 1e-4, "2.31e-1" -> 1e-3, "12" -> 1; what the server knows a parsed value to).
+    ``(0, None)`` for NaN and infinities (which compare exactly) and for what is not a number."""
+    try:
+        sign, digits, exponent = decimal.Decimal(text.strip()).as_tuple()
+    except (decimal.InvalidOperation, ValueError):
+        return 0, None
+    if not isinstance(exponent, int):  # 'n', 'N', 'F': NaN, sNaN, infinity
+        return 0, None
+    significant = max(1, len("".join(map(str, digits)).lstrip("0")))
+    return significant, (float(10.0 ** exponent) if -300 < exponent < 300 else None)
+
+
 def significant_digits(text: str) -> int:
-    """How many significant digits a printed number carries ("0.2954" -> 4, "2.31e-1" -> 3, "100" -> 3);
-    0 for NaN and infinities (which compare exactly)."""
-    mantissa = re.split(r"[eE]", text.strip().lstrip("+-"), maxsplit=1)[0]
-    digits = mantissa.replace(".", "")
-    if not digits.isdigit():
-        return 0
-    return max(1, len(digits.lstrip("0")))
+    return printed_precision(text)[0]
+
+
+def printed_resolution(text: str) -> float | None:
+    return printed_precision(text)[1]
 
 
 class PatternReader:
