@@ -11,9 +11,11 @@ re-upload of a digest whose file went missing puts the file back.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
+import io
 import logging
 import os
 import re
@@ -274,12 +276,18 @@ def stream_chunks(database: Database, sha256: str) -> tuple[list[int], Iterator[
     return indexes, chunks()
 
 
-def read(session: Session, sha256: str, settings: Settings) -> bytes:
-    """The whole archive (for the comparison of two archives' files; downloads stream instead)."""
+@contextlib.contextmanager
+def open_archive(session: Session, sha256: str, settings: Settings) -> Iterator[tuple[BinaryIO, int]]:
+    """The archive as a file read a chunk at a time, and its size (for the comparison of two archives'
+    files; downloads stream their own way): never the whole archive in memory."""
     row = get(session, sha256)
     if row.store == "database":
-        return b"".join(repository.read_chunk(session, sha256, i) for i in repository.chunk_indexes(session, sha256))
-    return file_path(settings, row).read_bytes()
+        chunks = (repository.read_chunk(session, sha256, i) for i in repository.chunk_indexes(session, sha256))
+        with io.BufferedReader(codepack.ChunkReader(chunks)) as f:
+            yield f, row.size
+        return
+    with file_path(settings, row).open("rb") as f:
+        yield f, row.size
 
 
 MAX_UNPACKED_FOR_DIGESTS = 512 * 1024 * 1024
@@ -296,8 +304,8 @@ def file_digests(session: Session, sha256: str, settings: Settings) -> tuple[dic
     with _digest_lock:
         found = _digest_cache.get(sha256)
     if found is None:
-        found = codepack.file_digests(read(session, sha256, settings), max_unpacked=MAX_UNPACKED_FOR_DIGESTS,
-                                      keep=SPEC_SUFFIXES)
+        with open_archive(session, sha256, settings) as (f, size):
+            found = codepack.file_digests(f, size, max_unpacked=MAX_UNPACKED_FOR_DIGESTS, keep=SPEC_SUFFIXES)
         with _digest_lock:
             while len(_digest_cache) >= _DIGEST_CACHE_SIZE:
                 _digest_cache.pop(next(iter(_digest_cache)))

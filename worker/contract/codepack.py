@@ -464,18 +464,19 @@ def present(name: str, files: set[str] | list[str], workdir: str = ".") -> bool:
     return path.endswith(".py") and path[:-3] + "/__init__.py" in files
 
 
-def file_digests(data: bytes, *, max_unpacked: int, keep: tuple[str, ...] = (),
+def file_digests(raw: BinaryIO, packed_bytes: int, *, max_unpacked: int, keep: tuple[str, ...] = (),
                  keep_max: int = 256 * 1024) -> tuple[dict[str, str], dict[str, bytes]]:
-    """The SHA-256 of each regular file's bytes ({name: hex}), so two archives can be compared file by
-    file; and the bytes of the files whose name ends with one of ``keep`` (at most ``keep_max`` each).
-    Reads through the same checked stream as an upload, with at most ``max_unpacked`` bytes unpacked
-    (an archive small when packed may unpack to far more): a larger one raises ``CodeError``."""
+    """The SHA-256 of each regular file's bytes ({name: hex}) in the archive of ``packed_bytes`` read from
+    ``raw``, so two archives can be compared file by file; and the bytes of the files whose name ends with
+    one of ``keep`` (at most ``keep_max`` each). Reads through the same checked stream as an upload, one
+    chunk at a time, with at most ``max_unpacked`` bytes unpacked (an archive small when packed may unpack
+    to far more): a larger one raises ``CodeError``."""
     digests: dict[str, str] = {}
     kept: dict[str, bytes] = {}
     limits = Limits(max_unpacked_bytes=max_unpacked, max_files=DEFAULT_MAX_FILES,
-                    max_ratio=max(DEFAULT_MAX_RATIO, max_unpacked / max(len(data), 1)))
+                    max_ratio=max(DEFAULT_MAX_RATIO, max_unpacked / max(packed_bytes, 1)))
     try:
-        tar = _members(io.BytesIO(data), len(data), limits)
+        tar = _members(raw, packed_bytes, limits)
         while (m := tar.next()) is not None:
             h = hashlib.sha256()
             small = m.name.endswith(keep) if keep else False
@@ -490,3 +491,26 @@ def file_digests(data: bytes, *, max_unpacked: int, keep: tuple[str, ...] = (),
     except zlib.error as exc:
         raise CodeError(f"not a tar.gz archive: {exc}") from None
     return digests, kept
+
+
+class ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of byte chunks (an archive read from the database a chunk at a
+    time), so a check that reads a file never holds more than one chunk."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._rest = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._rest:
+            try:
+                self._rest = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buffer), len(self._rest))
+        buffer[:n] = self._rest[:n]
+        self._rest = self._rest[n:]
+        return n
