@@ -141,8 +141,10 @@ def test_capture_appends_metric_events_incrementally(tmp_path):
 
     lines = [json.loads(line) for line in events.read_text().splitlines()]
     got = [(e["c"], e["s"], e["v"]) for e in lines]
+    # once the SDK logs "acc", a captured "acc" is not sent, only held beside the event for the conflict check
     assert got == [("stdout", 1, {"loss": 0.5}), ("stdout", 1, {"acc": 0.25}),
-                   ("tensorboard", 1, {"Loss/train": 0.75}), ("stdout", 2, {"loss": 0.125})]
+                   ("tensorboard", 1, {"Loss/train": 0.75}), ("stdout", 2, {"loss": 0.125}), ("stdout", 2, {})]
+    assert lines[-1]["h"] == {"acc": 0.5} and "h" not in lines[0]
     assert lines[2]["t"] == {"Loss/train": "float32"}
     assert cap.last == {"loss": 0.125, "acc": 0.25, "Loss/train": 0.75}
 

@@ -145,3 +145,53 @@ def test_a_conflict_always_fits_the_result_message():
     guard.admit({"e": "m", "s": 1, "v": {"bad key!": 2.0}, "c": "tensorboard", "o": 2, "f": deep})
     (c,) = MetricConflicts.model_validate(guard.summary()).first
     assert c.key == "bad key!" and c.kept.source.endswith("events.out.tfevents.1 record 1")
+
+
+@pytest.mark.parametrize("sdk_first", [True, False])
+def test_a_captured_value_of_a_key_the_sdk_logs_is_held_and_recorded_when_it_differs(sdk_first):
+    """The SDK's value wins (it is sent, the captured one never is), and a captured value that differs from
+    it at its step is a recorded conflict, whichever arrived first; one equal at its printed digits is not."""
+    guard = ConflictGuard()
+    sdk = [{"e": "m", "s": s, "v": {"loss": v}} for s, v in ((1, 0.5), (2, 0.29540001), (3, 0.75))]
+    held = [{"e": "m", "s": s, "v": {}, "h": {"loss": v}, "d": {"loss": 4}, "c": "stdout", "o": line}
+            for s, v, line in ((1, 0.6125, 11), (2, 0.2954, 12))]
+    sent = []
+    for event in (sdk + held if sdk_first else held + sdk):
+        sent.append(guard.admit(event))
+    assert [v for v in sent if v] == [{"loss": 0.5}, {"loss": 0.29540001}, {"loss": 0.75}]
+    summary = guard.summary()
+    assert summary is not None and summary["count"] == 1  # step 2 agrees at the 4 digits printed
+    (conflict,) = summary["first"]
+    assert conflict["key"] == "loss" and conflict["step"] == 1
+    assert conflict["kept"]["value"] == 0.5 and conflict["kept"]["source"].startswith("sdk call")
+    assert conflict["dropped"] == {"value": 0.6125, "source": "stdout line 11"}
+
+
+def test_a_run_that_logs_with_the_sdk_and_prints_another_value_gets_the_conflict_recorded(tmp_path):
+    """A real run (pure Python, no framework): the SDK logs the loss and a print shows it again, once with
+    another value. The SDK's values are the series; the printed one that differs is in the run's conflicts."""
+    from steady.worker.agent.local import run_local
+    from tests.worker.test_code_runner import unpacked_code
+
+    script = textwrap.dedent("""
+        import time
+        from steady import sdk
+
+        for step in range(5):
+            loss = 1.0 / (step + 1)
+            sdk.log(step=step, loss=loss)
+            time.sleep(0.05)  # the SDK's event and the printed line may reach the agent in either order
+            shown = loss * 2 if step == 3 else loss
+            print(f"step {step} | loss {shown:.4f}", flush=True)
+    """)
+    code = unpacked_code({"exp/train.py": script}, tmp_path / "code")
+    r = run_local({"framework": "python", "seed": 0, "repeat": 0, "determinism": "seeded", "threads": 1,
+                   "time_limit_s": 60, "code_workdir": "exp", "command": ["python", "train.py"]},
+                  code_dir=code, work_dir=str(tmp_path / "run"), device="cpu")
+    assert r.ok, (r.error, r.stderr_tail)
+    assert r.series["loss"] == ([0, 1, 2, 3, 4], [1.0 / (s + 1) for s in range(5)])
+    conflicts = MetricConflicts.model_validate(r.conflicts)
+    assert conflicts.count == 1, r.conflicts
+    (c,) = conflicts.first
+    assert (c.key, c.step, c.kept.value, c.dropped.value) == ("loss", 3, 0.25, 0.5)
+    assert c.kept.source.startswith("sdk call") and c.dropped.source == "stdout line 4"

@@ -302,11 +302,15 @@ class Capture:
     def _emit(self, source: str, step: int, values: dict[str, float], dtypes: dict[str, str],
               origin: dict[str, Any] | None = None, printed: dict[str, float] | None = None, *,
               final: bool = True) -> None:
+        held: dict[str, float] = {}
         if self.sdk_keys:
+            # a key the run logs itself through the SDK is the SDK's: its captured value is not sent, only
+            # held beside the event so that the agent can record it when it differs from the SDK's
+            held = {k: v for k, v in values.items() if k in self.sdk_keys}
             values = {k: v for k, v in values.items() if k not in self.sdk_keys}
             dtypes = {k: d for k, d in dtypes.items() if k in values}
             printed = {k: r for k, r in (printed or {}).items() if k in values}
-        if not values:
+        if not values and not held:
             return
         if not step_in_range(step):  # e.g. "step 18446744073709551616": this reading only is dropped
             self.bad_steps += 1
@@ -320,12 +324,14 @@ class Capture:
             except OSError:
                 return
         event: dict[str, Any] = {"e": "m", "s": int(step), "v": values, "c": source}
+        if held:
+            event["h"] = held
         if dtypes:
             event["t"] = dtypes
         if origin:
             event.update(origin)
             if "d" in origin:
-                event["d"] = {k: d for k, d in origin["d"].items() if k in values}
+                event["d"] = {k: d for k, d in origin["d"].items() if k in values or k in held}
         if printed:
             event["r"] = printed
         self._writer.write(event)

@@ -11,6 +11,11 @@ a conflict (both values and where each came from), which the run reports with it
 the same at the precision printed: ``0.2954`` on stdout and ``0.29540001`` in a TensorBoard file are one
 value, ``2.3100`` and ``2.2950`` are two.
 
+A key the run logs through the SDK is the SDK's: the capture does not send its stdout or TensorBoard
+values but holds them beside the event (``"h"``), and a held value that differs from the SDK's at its
+step is recorded like any other conflict (kept: the SDK call; dropped: the line or record), whichever of
+the two arrived first.
+
 Memory: per point 25 bytes (step, value, origin, digits) in flat arrays, for at most
 :data:`MAX_TRACKED_POINTS` points of a run; past that, new points go on unchecked (the server keeps the
 first value of a step it is sent twice, so nothing is replaced, but such a duplicate is not recorded).
@@ -29,6 +34,7 @@ from steady.worker.contract.protocol import MAX_CONFLICTS_KEPT, MAX_KEY_LENGTH, 
 __all__ = ["MAX_TRACKED_POINTS", "ConflictGuard", "same_value"]
 
 MAX_TRACKED_POINTS = 2_000_000
+MAX_HELD_WAITING = 100_000  # held values whose step the SDK has not logged yet (it may never)
 _CHANNELS = ("sdk", "stdout", "tensorboard")
 _CHANNEL_SHIFT, _FILE_SHIFT = 60, 44
 _NUMBER_MASK = (1 << _FILE_SHIFT) - 1
@@ -81,6 +87,7 @@ class ConflictGuard:
         self._series: dict[str, _Series] = {}
         self._files: list[str] = []
         self._sdk_events = 0
+        self._held: dict[tuple[str, int], tuple[float, int, int]] = {}  # (key, step): (value, origin, digits)
 
     def admit(self, event: dict[str, Any]) -> dict[str, float]:
         """The values of a metric event that go on to the server (the others are dropped, and recorded
@@ -111,7 +118,29 @@ class ConflictGuard:
                 out[key] = raw
             elif self._admit_one(key, step, value, origin, int(digits.get(key) or 0)):
                 out[key] = raw
+            if self._held and key in out:
+                waiting = self._held.pop((key, step), None)
+                if waiting is not None:  # a held value came first: compared now, the SDK's value kept
+                    held, held_origin, held_digits = waiting
+                    if not same_value(value, held, int(digits.get(key) or 0), held_digits):
+                        self._record(key, step, value, origin, held, held_origin)
+        for key, raw in (event.get("h") or {}).items():
+            self._hold(key, step, float(raw), origin, int(digits.get(key) or 0))
         return out
+
+    def _hold(self, key: str, step: int, value: float, origin: int, digits: int) -> None:
+        """A captured value of a key the SDK logs: never sent; recorded when it differs from the SDK's value
+        at its step (now, or when that value arrives)."""
+        series = self._series.get(key)
+        if series is not None and series.steps:
+            i = bisect_left(series.steps, step)
+            if i < len(series.steps) and series.steps[i] == step:
+                kept, kept_digits = series.values[i], series.digits[i]
+                if not same_value(kept, value, kept_digits, digits):
+                    self._record(key, step, kept, series.origins[i], value, origin)
+                return
+        if len(self._held) < MAX_HELD_WAITING:
+            self._held.setdefault((key, step), (value, origin, min(digits, 127)))
 
     def summary(self) -> dict[str, Any] | None:
         """The run's conflicts as ``protocol.MetricConflicts`` fields, or None when there were none."""

@@ -482,12 +482,13 @@ class RunProcess:
             if len(kept) < len(values):
                 self.bad_events += 1
                 event["v"] = kept
-            for extra, kind in (("t", str), ("r", (int, float))):  # dtypes, printed units: well-formed or left out
+            # dtypes, printed units, held values (a captured value of a key the SDK logs): well-formed or left out
+            for extra, kind in (("t", str), ("r", (int, float)), ("h", (int, float))):
                 given = event.get(extra)
                 if given is not None and not (isinstance(given, dict) and all(
                         isinstance(k, str) and isinstance(v, kind) and not isinstance(v, bool) for k, v in given.items())):
                     del event[extra]
-            return bool(kept) or not values
+            return bool(kept) or not values or bool(event.get("h"))
         try:  # what absorb() reads of the other kinds, checked on a copy of the record
             Collected().absorb(event)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
