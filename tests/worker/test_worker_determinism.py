@@ -92,14 +92,14 @@ def test_nondeterministic_kernels_vary_at_seeded_and_not_at_strict():
     # may run back to back more often, so allow a few more tries before calling it fixed.
     while len({tuple(r.values("loss")) for r in seeded}) < 2 and len(seeded) < 8:
         seeded.append(run("torch_nondeterministic_kernels", "seeded"))
-    strict = [run("torch_nondeterministic_kernels", "strict") for _ in range(3)]
+    strict = [run("torch_nondeterministic_kernels", "strict") for _ in range(2)]
     assert_complete(seeded[0])
     # same seed, same initial weights and data order: the kernels are the only source
     assert len({r.digests["initial_weights"] for r in seeded + strict}) == 1
     assert len({tuple(r.digests["data_order"]) for r in seeded + strict}) == 1
     distinct_seeded = len({tuple(r.values("loss")) for r in seeded})
     distinct_strict = len({signature(r) for r in strict})
-    print(f"kernel workload: {distinct_seeded} distinct loss series in {len(seeded)} seeded runs, {distinct_strict} in 3 strict runs")
+    print(f"kernel workload: {distinct_seeded} distinct loss series in {len(seeded)} seeded runs, {distinct_strict} in 2 strict runs")
     assert distinct_seeded >= 2
     assert distinct_strict == 1
 
