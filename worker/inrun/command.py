@@ -41,6 +41,10 @@ def start() -> None:
     # never raises; only for the frameworks it hooks (importing TensorFlow for another is slow)
     finish_digests = (autodigest.install(ctx.framework) if ctx.framework in ("torch", "tensorflow")
                       else (lambda: None))
+    if ctx.framework == "torch":
+        from steady.worker.inrun import localize
+
+        localize.install_from_env()  # off unless the agent asked (steady localize)
 
     def finish() -> None:
         finish_digests()

@@ -134,6 +134,10 @@ def run(spec: dict[str, Any]) -> int:
             from steady.worker.inrun import autodigest
 
             finish_digests = autodigest.install(ctx.framework)
+            if ctx.framework == "torch":
+                from steady.worker.inrun import localize
+
+                localize.install_from_env()  # off unless the agent asked (steady localize)
             returned = _call_entrypoint(spec["entrypoint"], ctx)
             finish_digests()
         t_end = time.perf_counter()

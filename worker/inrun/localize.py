@@ -39,6 +39,9 @@ _UNINITIALISED = frozenset({"aten::empty", "aten::empty_like", "aten::empty_stri
                             "aten::new_empty_strided", "aten::resize_", "aten::set_"})
 
 
+_UNINIT = object()  # an argument the op overwrites that held uninitialised memory
+
+
 def tensor_hash(t: Any) -> str:
     """Order-aware hash of a tensor's dtype, shape and bytes (16 hex digits)."""
     import torch
@@ -70,7 +73,9 @@ def _hash_all(values: Any) -> tuple[str, str]:
     other: list[str] = []
 
     def walk(v: Any) -> None:
-        if isinstance(v, torch.Tensor):
+        if v is _UNINIT:
+            hashes.append("uninitialised")
+        elif isinstance(v, torch.Tensor):
             hashes.append(tensor_hash(v))
         elif isinstance(v, (list, tuple)):
             for x in v:
@@ -80,7 +85,8 @@ def _hash_all(values: Any) -> tuple[str, str]:
                 other.append(str(k))
                 walk(v[k])
         else:
-            other.append(repr(v))
+            text = repr(v)
+            other.append(type(v).__name__ if " at 0x" in text else text)  # no addresses: they differ by run
 
     walk(values)
     h = hashlib.blake2b("|".join(hashes).encode(), digest_size=8).hexdigest() if hashes else "-"
@@ -367,7 +373,7 @@ class Localizer:
             # an argument the op overwrites, still holding uninitialised memory: not an input
             if (i in written and isinstance(a, torch.Tensor) and a.layout == torch.strided
                     and a.untyped_storage().data_ptr() in self._uninit):
-                masked.append("uninitialised")
+                masked.append(_UNINIT)
             else:
                 masked.append(a)
         self._pending = (*_hash_all((masked, kwargs)), [a for i, a in enumerate(args) if i in written])
