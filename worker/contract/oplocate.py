@@ -126,6 +126,8 @@ def first_divergent_op(a: list[dict[str, Any]], b: list[dict[str, Any]], *, step
                             index=ia[0] if inner is None else ia[inner], inputs_identical=first_in,
                             cause="op" if first_in else "outside", aligned_by="modules", note=note,
                             ops_compared=ia[-1] + 1)
+    if [k for k, _ in sa] == [k for k, _ in sb]:
+        return None  # other kernels, the same outputs at every module boundary
     # the module sequence itself differs: the first op where the streams part is the best answer
     if parted >= len(a):
         return None if len(a) == len(b) else OpDivergence(
