@@ -115,7 +115,7 @@ FAULTS = [
     Fault("Adam update of hidden.weight", "aten::addcdiv_", "optimizer:hidden.weight"),
     Fault("Adam update of head.bias", "aten::addcdiv_", "optimizer:head.bias"),
     Fault("Adam first moment of embed.weight", "aten::lerp_", "optimizer:embed.weight"),
-    Fault("Adam denominator of norm.weight", "aten::sqrt", "optimizer:norm.weight"),
+    Fault("Adam second moment of norm.weight", "aten::mul_", "optimizer:norm.weight"),
     Fault("batch permuted in collate", "aten::stack", "data", kind="permute"),
     Fault("batch values in collate", "aten::stack", "data"),
     Fault("epoch order (sampler)", "aten::randperm", "data", kind="permute", fire_step=0),
@@ -239,6 +239,7 @@ def train(fault: Fault | None, localizer: Localizer | None, *, steps: int = STEP
 
 @dataclass
 class Diagnosis:
+    parted: bool  # the step digests differ somewhere
     step: int | None
     answer: OpDivergence | None
     replays: int
@@ -254,13 +255,41 @@ def diagnose(fault: Fault | None, *, trace_anyway: int | None = None) -> Diagnos
     train(fault, b)
     k = first_divergent_step(a.digests, b.digests)
     if k is None and trace_anyway is None:
-        return Diagnosis(None, None, 0, time.perf_counter() - t0)
+        return Diagnosis(False, None, None, 0, time.perf_counter() - t0)
+    parted = k is not None
     k = trace_anyway if k is None else k
     ta, tb = Localizer("trace", step=k), Localizer("trace", step=k)
     train(fault, ta)
     train(fault, tb)
     answer = first_divergent_op(ta.trace, tb.trace, step=k)
-    return Diagnosis(k, answer, 2, time.perf_counter() - t0)
+    return Diagnosis(parted, k, answer, 2, time.perf_counter() - t0)
+
+
+def overhead(width: int, *, steps: int = 30, reps: int = 3) -> tuple[float, float]:
+    """Seconds per training step of an MLP ``width`` wide (3 layers, Adam), without and with the step
+    digests (best of ``reps``): what ``STEADY_LOCALIZE=steps`` costs."""
+    def run(loc: Localizer | None) -> float:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                              nn.Linear(width, 10))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x, y = torch.randn(64, width), torch.randint(0, 10, (64,))
+        if loc is not None:
+            loc.install()
+        try:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            return (time.perf_counter() - t0) / steps
+        finally:
+            if loc is not None:
+                loc.close()
+
+    off = min(run(None) for _ in range(reps))
+    on = min(run(Localizer("steps")) for _ in range(reps))
+    return off, on
 
 
 def _module_shown(module: str) -> str:
@@ -272,8 +301,18 @@ def main(argv: list[str] | None = None) -> int:
                                 description="planted single-op faults in a PyTorch training, localized")
     p.add_argument("--clean", type=int, default=50, help="clean repeat pairs (no fault)")
     p.add_argument("--faults", default="all", help="'all' or comma-separated indices into the fault list")
+    p.add_argument("--overhead", action="store_true", help="also measure the step digests' cost")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    if args.overhead:
+        print("| MLP width | parameters | step, digests off | step, digests on | overhead |")
+        print("| --- | --- | --- | --- | --- |")
+        for width in (64, 256, 1024):
+            off, on = overhead(width)
+            n = 2 * width * width + 10 * width + 2 * width + 10
+            print(f"| {width} | {n:,} | {off * 1e3:.2f} ms | {on * 1e3:.2f} ms | {100 * (on / off - 1):+.0f}% |",
+                  flush=True)
+        print()
     chosen = FAULTS if args.faults == "all" else [FAULTS[int(i)] for i in args.faults.split(",")]
     print("| # | planted fault | op | module | phase | fires from step | first divergent step | named | replays |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -292,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for _ in range(args.clean):
         d = diagnose(None, trace_anyway=STEPS // 2)  # digests agree: trace a step anyway, no op may differ
-        false += d.answer is not None
+        false += d.parted or d.answer is not None
     clean_s = time.perf_counter() - t0
     print(f"\nnamed exactly: {hits}/{len(chosen)}; false localizations on clean pairs: {false}/{args.clean} "
           f"({clean_s:.1f} s for the clean pairs)")
