@@ -133,7 +133,7 @@ _FILE_IS_LIB: dict[str, bool] = {}
 
 def user_line(skip: int = 1) -> str:
     """``path:line`` of the innermost frame outside torch, Steady and the installed packages."""
-    f = sys._getframe(skip)
+    f: Any = sys._getframe(skip)
     libs = _library_dirs()
     while f is not None:
         name = f.f_code.co_filename
@@ -228,7 +228,7 @@ class Localizer:
             finally:
                 me._in_data -= 1
 
-        cls.__next__ = __next__  # type: ignore[method-assign]
+        cls.__next__ = __next__  # type: ignore[method-assign,assignment]
         self._restore.append((cls, "__next__", original))
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:

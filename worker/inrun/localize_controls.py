@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from steady.worker.contract.oplocate import OpDivergence, first_divergent_op, first_divergent_step
@@ -47,6 +47,7 @@ class Pool(nn.Module):
     def __init__(self, width: int, groups: int) -> None:
         super().__init__()
         self.groups = groups
+        self.index: torch.Tensor
         self.register_buffer("index", torch.arange(width) % groups)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -257,7 +258,9 @@ def diagnose(fault: Fault | None, *, trace_anyway: int | None = None) -> Diagnos
     if k is None and trace_anyway is None:
         return Diagnosis(False, None, None, 0, time.perf_counter() - t0)
     parted = k is not None
-    k = trace_anyway if k is None else k
+    if k is None:
+        assert trace_anyway is not None
+        k = trace_anyway
     ta, tb = Localizer("trace", step=k), Localizer("trace", step=k)
     train(fault, ta)
     train(fault, tb)
