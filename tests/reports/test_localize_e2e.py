@@ -127,9 +127,16 @@ def test_own_script_with_a_jittering_layer_gets_the_op_and_the_layer_named(live_
         "aten::uniform_", "Net.pool", "forward", "train.py:16")
     assert set(got.run_ids) == set(verdict.per_seed[0].run_ids)
 
+    # the run pages of both runs show it, each linking to the other
+    with live_server.client() as c:
+        for me, other in (got.run_ids, got.run_ids[::-1]):
+            page = c.get(f"/runs/{me}")
+            assert page.status_code == 200
+            assert f'<a href="/runs/{other}">run {other}</a>' in page.text
+            assert "aten::uniform_" in page.text and "Net.pool" in page.text and "train.py:16" in page.text
+
     # two runs that are not repeats of one another, or of another study: 422 naming the field
     with live_server.client() as c:
         bad = c.post(f"/api/v1/studies/{sid}/localizations",
-                     json={**got.model_dump(mode="json", exclude={"localized_at"}), "run_ids": [got.run_ids[0]] * 2},
-                     headers={"Authorization": f"Bearer {live_server.tokens['user']}"})
+                     json={**got.model_dump(mode="json", exclude={"localized_at"}), "run_ids": [got.run_ids[0]] * 2})
     assert bad.status_code == 422 and "run_ids" in bad.text, bad.text

@@ -55,9 +55,10 @@ def localize_pair(spec_a: dict[str, Any], spec_b: dict[str, Any], *, step: int |
     ``python``, ``device``). Returns a JSON-able dict: ``status`` (``localized``, ``identical``,
     ``failed``), ``step``, ``replays``, ``answer`` (the op, module, phase, line, cause) and ``sentence``."""
     for spec in (spec_a, spec_b):
-        if spec.get("framework") != "torch":
+        if spec.get("framework") not in ("torch", "tensorflow"):
             return {"status": "failed", "replays": 0, "step": None, "answer": None,
-                    "sentence": f"op localization needs PyTorch; this run's framework is {spec.get('framework')!r}"}
+                    "sentence": "localization replays PyTorch (op by op) or Keras (layer by layer) training; "
+                                f"this run's framework is {spec.get('framework')!r}"}
     replays = 0
     with tempfile.TemporaryDirectory(prefix="steady-localize-") as folder:
         if step is None:

@@ -45,6 +45,10 @@ def start() -> None:
         from steady.worker.inrun import localize
 
         localize.install_from_env()  # off unless the agent asked (steady localize)
+    elif ctx.framework == "tensorflow":
+        from steady.worker.inrun import localize_keras
+
+        localize_keras.install_from_env()
 
     def finish() -> None:
         finish_digests()

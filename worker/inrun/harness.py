@@ -138,6 +138,10 @@ def run(spec: dict[str, Any]) -> int:
                 from steady.worker.inrun import localize
 
                 localize.install_from_env()  # off unless the agent asked (steady localize)
+            elif ctx.framework == "tensorflow":
+                from steady.worker.inrun import localize_keras
+
+                localize_keras.install_from_env()
             returned = _call_entrypoint(spec["entrypoint"], ctx)
             finish_digests()
         t_end = time.perf_counter()

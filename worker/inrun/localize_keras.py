@@ -87,6 +87,8 @@ class KerasLocalizer:
         import keras
 
         me = self
+        if self.mode == "steps" and self.out:
+            open(self.out, "w", encoding="utf-8").close()  # appended to per batch
         model_cls = keras.Model
         original_fit = model_cls.fit
 
@@ -170,3 +172,23 @@ class KerasLocalizer:
         if self.on_traced is not None:
             self.on_traced(self)
         return out
+
+
+def install_from_env() -> KerasLocalizer | None:
+    """The localizer the environment asks for (``STEADY_LOCALIZE``), installed; None when off."""
+    import os
+    import sys
+
+    from steady.worker.inrun.localize import MODE_ENV, OUT_ENV, STEP_ENV
+
+    mode = os.environ.get(MODE_ENV)
+    if not mode:
+        return None
+
+    def done(loc: KerasLocalizer) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    return KerasLocalizer(mode, step=int(os.environ.get(STEP_ENV) or 0), out=os.environ.get(OUT_ENV),
+                          on_traced=done).install()
