@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,11 +35,39 @@ def _replay(spec: dict[str, Any], mode: str, step: int, out: str, **options: Any
     return run_local(spec, run_vars={MODE_ENV: mode, STEP_ENV: str(step), OUT_ENV: out}, **options)
 
 
+def _read_digests(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except FileNotFoundError:
+        return []
+    return [x for x in lines[:-1] if x]  # the last piece may be a line still being written
+
+
 def _pair(specs: tuple[dict[str, Any], dict[str, Any]], mode: str, step: int, folder: str,
           **options: Any) -> tuple[list[str], list[LocalResult]]:
+    """Both replays side by side. Digest replays are watched and stopped as soon as their digests part
+    (the rest of the training is not needed)."""
     outs = [os.path.join(folder, f"{mode}-{i}.out") for i in (0, 1)]
+    procs: list[Any] = []
+    lock = threading.Lock()
+
+    def started(proc: Any) -> None:
+        with lock:
+            procs.append(proc)
+
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda i: _replay(specs[i], mode, step, outs[i], **options), (0, 1)))
+        futures = [pool.submit(_replay, specs[i], mode, step, outs[i], on_start=started, **options) for i in (0, 1)]
+        while mode == "steps" and not all(f.done() for f in futures):
+            a, b = _read_digests(outs[0]), _read_digests(outs[1])
+            if first_divergent_step(a[:len(b)], b[:len(a)]) is not None:
+                with lock:
+                    for proc in procs:
+                        if proc.running():
+                            proc.kill("the step digests parted: the rest of the replay is not needed")
+                break
+            time.sleep(0.2)
+        results = [f.result() for f in futures]
     return outs, results
 
 
@@ -66,11 +96,17 @@ def localize_pair(spec_a: dict[str, Any], spec_b: dict[str, Any], *, step: int |
             replays += 2
             if (why := _failed(results, outs, "step digests")) is not None:
                 return {"status": "failed", "replays": replays, "step": None, "answer": None, "sentence": why}
-            digests = []
-            for out in outs:
-                with open(out, encoding="utf-8") as f:
-                    digests.append(f.read().split())
+            digests = [_read_digests(out) for out in outs]
             step = first_divergent_step(digests[0], digests[1])
+            stopped = any(not r.ok for r in results)
+            if stopped and step is not None and step >= min(len(d) for d in digests):
+                step = None  # a replay was stopped or failed before the steps could be compared
+            if step is None and stopped:
+                bad = next(i for i, r in enumerate(results) if not r.ok)
+                r = results[bad]
+                return {"status": "failed", "replays": replays, "step": None, "answer": None,
+                        "sentence": f"replay {'AB'[bad]} did not finish ({r.failure_kind}: "
+                                    f"{(r.error or r.stderr_tail)[-400:]}) and the steps it recorded agree"}
             if step is None:
                 return {"status": "identical", "replays": replays, "step": None, "answer": None,
                         "sentence": f"the replays' training state is identical at all {len(digests[0])} steps: "

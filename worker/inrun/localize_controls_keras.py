@@ -25,13 +25,13 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-from steady.worker.contract.oplocate import OpDivergence, first_divergent_op, first_divergent_step  # noqa: E402
-from steady.worker.inrun import localize  # noqa: E402
-from steady.worker.inrun.localize_keras import KerasLocalizer  # noqa: E402
+from steady.worker.contract.oplocate import OpDivergence, first_divergent_op, first_divergent_step
+from steady.worker.inrun import localize
+from steady.worker.inrun.localize_keras import KerasLocalizer
 
 localize.USER_FILES.add(os.path.realpath(__file__))
 STEPS = 5

@@ -29,7 +29,8 @@ def array_hash(value: Any) -> str:
     arr = np.ascontiguousarray(np.asarray(value))
     h = _hasher()
     h.update(f"{arr.dtype.str}|{arr.shape}|".encode())
-    h.update(memoryview(arr).cast("B") if arr.size and arr.dtype.kind in "biufc" else repr(arr.tolist()).encode())
+    raw: Any = arr
+    h.update(memoryview(raw).cast("B") if arr.size and arr.dtype.kind in "biufc" else repr(arr.tolist()).encode())
     return h.hexdigest()
 
 
@@ -44,7 +45,7 @@ def _hash_nested(value: Any) -> str:
 
 
 def _layer_of(variable: Any) -> str:
-    path = getattr(variable, "path", None) or getattr(variable, "name", "")
+    path = str(getattr(variable, "path", None) or getattr(variable, "name", ""))
     return path.rsplit("/", 1)[0] if "/" in path else path
 
 
