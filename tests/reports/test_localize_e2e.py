@@ -127,8 +127,11 @@ def test_own_script_with_a_jittering_layer_gets_the_op_and_the_layer_named(live_
         "aten::uniform_", "Net.pool", "forward", "train.py:16")
     assert set(got.run_ids) == set(verdict.per_seed[0].run_ids)
 
-    # the run pages of both runs show it, each linking to the other
+    # the study page's verdict shows it; the run pages of both runs too, each linking to the other
     with live_server.client() as c:
+        page = c.get(f"/studies/{sid}")
+        assert page.status_code == 200 and "data-localization" in page.text
+        assert "first divergent op: `aten::uniform_` in `Net.pool` (forward) at train.py:16" in page.text
         for me, other in (got.run_ids, got.run_ids[::-1]):
             page = c.get(f"/runs/{me}")
             assert page.status_code == 200

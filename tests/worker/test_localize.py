@@ -108,3 +108,47 @@ def test_planted_fault_is_named_by_op_module_and_phase(name):
     assert (got.op, got.module, got.phase) == fault.expected, got.sentence()
     assert got.inputs_identical and got.aligned_by == "ops"
     assert got.line.startswith(controls.__file__.rsplit("/", 1)[-1]) or "localize_controls.py:" in got.line
+
+
+class _Lin(torch.nn.Module):
+    """One kernel (addmm) in run A, two (mm, then add, then a rounding difference) in run B."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.weight = torch.nn.Parameter(torch.randn(8, 8, generator=g))
+        self.bias = torch.nn.Parameter(torch.randn(8, generator=g))
+        self.fused = fused
+
+    def forward(self, x):
+        if self.fused:
+            return torch.addmm(self.bias, x, self.weight.t())
+        return (x @ self.weight.t() + self.bias) * (1 + 2.0 ** -20)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.lin = _Lin(fused)
+        self.act = torch.nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def test_streams_of_different_kernels_are_aligned_at_module_boundaries():
+    traces = []
+    for fused in (True, False):
+        model = _Net(fused)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loc = Localizer("trace", step=0).install()
+        try:
+            model(torch.ones(4, 8)).sum().backward()
+            opt.step()
+        finally:
+            loc.close()
+        traces.append(loc.trace)
+    assert [r["op"] for r in traces[0]] != [r["op"] for r in traces[1]]
+    got = first_divergent_op(traces[0], traces[1], step=0)
+    assert (got.module, got.phase, got.aligned_by) == ("_Net.lin", "forward", "modules"), got
+    assert "aten::addmm" in got.note and "aten::mm" in got.note
