@@ -67,20 +67,58 @@ def replay(api: Any, run_ids: tuple[int, int], *, step: int | None = None) -> di
         raise CliError(f"the replays did not finish (exit {done.returncode}): {done.stderr[-2000:]}") from None
 
 
+STEP_DIGEST_KEY = "steady.step_digest"  # steady.worker.inrun.localize.STEP_DIGEST_KEY
+
+
+def recorded_step(api: Any, run_ids: tuple[int, int]) -> tuple[int | None, int] | None:
+    """(first divergent step or None, steps compared) from the step digests the runs recorded
+    (a study with ``localize: steps``); None when they recorded none."""
+    from steady.server.cli.client import ApiError
+
+    series = []
+    for run_id in run_ids:
+        try:
+            s = api.get(f"/api/v1/runs/{run_id}/metrics/{STEP_DIGEST_KEY}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        series.append(dict(zip(s["steps"], s["values"])))
+    a, b = series
+    common = sorted(set(a) & set(b))
+    first = next((k for k in common if a[k] != b[k]), None)
+    if first is None and set(a) != set(b):
+        first = min(set(a) ^ set(b))
+    return first, len(common)
+
+
 def cmd_localize(args: argparse.Namespace) -> int:
     from steady.server.cli.client import Api
 
     api = Api(args.server, args.token)
     run_ids = tuple(args.runs) if args.runs else diverging_pair(get_report(api, args.study))
-    print(f"replaying runs {run_ids[0]} and {run_ids[1]} of study {args.study}...", file=sys.stderr, flush=True)
-    result = replay(api, (int(run_ids[0]), int(run_ids[1])), step=args.step)
-    body = {"run_ids": list(run_ids), "status": result["status"], "step": result.get("step"),
+    pair = (int(run_ids[0]), int(run_ids[1]))
+    step = args.step
+    recorded = recorded_step(api, pair) if step is None else None
+    if recorded is not None and recorded[0] is None:
+        body = {"run_ids": list(pair), "status": "identical", "step": None, "replays": 0, "answer": None,
+                "sentence": f"the runs' training state was identical at all {recorded[1]} steps they recorded: "
+                            "they differ outside it (what was logged, evaluation), not in training"}
+        api.post(f"/api/v1/studies/{args.study}/localizations", json=body)
+        print(json.dumps(body, indent=2) if args.json else f"runs {pair[0]} and {pair[1]}: {body['sentence']}")
+        return EXIT_OK
+    if recorded is not None:
+        step = recorded[0]
+        print(f"the runs' recorded step digests part at step {step}", file=sys.stderr)
+    print(f"replaying runs {pair[0]} and {pair[1]} of study {args.study}...", file=sys.stderr, flush=True)
+    result = replay(api, pair, step=step)
+    body = {"run_ids": list(pair), "status": result["status"], "step": result.get("step"),
             "replays": result.get("replays", 0), "answer": result.get("answer"), "sentence": result["sentence"]}
     api.post(f"/api/v1/studies/{args.study}/localizations", json=body)
     if args.json:
         print(json.dumps(body, indent=2))
     else:
-        print(f"runs {run_ids[0]} and {run_ids[1]}: {printable(result['sentence'])}")
+        print(f"runs {pair[0]} and {pair[1]}: {printable(result['sentence'])}")
         print(f"({result.get('replays', 0)} replays; kept in the study's report)")
     return EXIT_OK if result["status"] != "failed" else EXIT_FAIL
 
@@ -91,6 +129,7 @@ def register(sub: Any) -> None:
     p.add_argument("study", type=int)
     p.add_argument("--runs", type=int, nargs=2, metavar=("A", "B"),
                    help="the two repeats (default: the first diverging pair of the report)")
-    p.add_argument("--step", type=int, help="the first divergent step, when known (two replays instead of four)")
+    p.add_argument("--step", type=int, help="the first divergent step, when known (two replays instead of four; "
+                   "a study with `localize: steps` records it)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_localize)

@@ -2,7 +2,8 @@
 from a fresh git folder: `steady localize` names that op and that layer, and `steady report` shows it.
 
 The layer adds jitter drawn from a generator nobody seeded (`torch.Generator().seed()`), so two repeats
-at `strict` part although every seed Steady sets is set. A real `steady serve` (the shared one), a
+at `strict` part although every seed Steady sets is set. The study records step digests
+(`localize: steps`), so the localization replays only the divergent step. A real `steady serve` (the shared one), a
 real worker for the study's runs, and the replays run by `steady localize` itself: the process
 boundaries are the point.
 """
@@ -76,6 +77,7 @@ SPEC = """
     determinism: [strict]
     threads: 1
     max_attempts: 1
+    localize: steps
     metrics: [{name: loss, max_std: 1.0}]
 """
 
@@ -112,7 +114,9 @@ def test_own_script_with_a_jittering_layer_gets_the_op_and_the_layer_named(live_
     want = "first divergent op: `aten::uniform_` in `Net.pool` (forward) at train.py:16, step 0, " \
            "inputs identical → the op itself"
     assert want in loc.stdout, loc.stdout
-    assert "(4 replays; kept in the study's report)" in loc.stdout
+    # the runs recorded their step digests (`localize: steps`): the step is known, only it is replayed
+    assert "the runs' recorded step digests part at step 0" in loc.stderr, loc.stderr
+    assert "(2 replays; kept in the study's report)" in loc.stdout
 
     report = run_cli_in_process("report", sid, env=env, cwd=folder)
     assert want in report.stdout, report.stdout
@@ -122,7 +126,7 @@ def test_own_script_with_a_jittering_layer_gets_the_op_and_the_layer_named(live_
     (verdict,) = body.of_level("repeatability")
     assert verdict.verdict != "identical"
     got = verdict.localization
-    assert got is not None and got.status == "localized" and got.replays == 4
+    assert got is not None and got.status == "localized" and got.replays == 2
     assert (got.answer.op, got.answer.module, got.answer.phase, got.answer.line) == (
         "aten::uniform_", "Net.pool", "forward", "train.py:16")
     assert set(got.run_ids) == set(verdict.per_seed[0].run_ids)

@@ -56,6 +56,20 @@ except ImportError:  # pragma: no cover - depends on the environment
         return hashlib.blake2b(digest_size=8)
 
 
+STEP_DIGEST_KEY = "steady.step_digest"  # the series a study with `localize: steps` records
+
+
+def emit_step_digest(step: int, digest: str) -> None:
+    """Inside a Steady run, the step's digest as a metric (its first 52 bits, exact as a float64),
+    so the server knows the first divergent step of two runs without a replay. Bypasses ``sdk.log``:
+    no step time, no final value."""
+    from steady.worker.inrun import sdk
+
+    run = sdk._active()
+    if run is not None:
+        run.writer.write({"e": "m", "s": int(step), "v": {STEP_DIGEST_KEY: float(int(digest[:13], 16))}})
+
+
 def tensor_hash(t: Any) -> str:
     """Order-aware hash of a tensor's dtype, shape and bytes (16 hex digits)."""
     import torch
@@ -253,6 +267,7 @@ class Localizer:
         if self.mode == "steps":
             digest = self.state_digest(optimizer)
             self.digests.append(digest)
+            emit_step_digest(k, digest)
             if self._out_file is not None:
                 self._out_file.write(digest + "\n")
                 self._out_file.flush()

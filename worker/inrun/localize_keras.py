@@ -19,7 +19,7 @@ import hashlib
 import json
 from typing import Any
 
-from steady.worker.inrun.localize import HASH_NAME, _hasher, user_line
+from steady.worker.inrun.localize import HASH_NAME, _hasher, emit_step_digest, user_line
 
 
 def array_hash(value: Any) -> str:
@@ -96,6 +96,7 @@ class KerasLocalizer:
         class _Digests(keras.callbacks.Callback):
             def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
                 me.digests.append(me.state_digest(self.model))
+                emit_step_digest(me.steps_done, me.digests[-1])
                 me.steps_done += 1
                 if me.out:
                     with open(me.out, "a", encoding="utf-8") as f:
