@@ -305,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clean", type=int, default=50, help="clean repeat pairs (no fault)")
     p.add_argument("--faults", default="all", help="'all' or comma-separated indices into the fault list")
     p.add_argument("--overhead", action="store_true", help="also measure the step digests' cost")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads of the training (default 1)")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if args.overhead:
         print("| MLP width | parameters | step, digests off | step, digests on | overhead |")
         print("| --- | --- | --- | --- | --- |")
