@@ -476,7 +476,7 @@ def test_every_command_refuses_an_unknown_option_with_its_usage_code(command, tm
 UNREACHABLE = {
     "status": ["status"], "runs": ["runs", "1"], "logs": ["logs", "1"], "cancel": ["cancel", "1"],
     "report": ["report", "1"], "compare": ["compare", "1", "2", "--margin", "0.1"], "alerts": ["alerts"],
-    "alerts-ack": ["alerts", "ack", "1"],
+    "alerts-ack": ["alerts", "ack", "1"], "localize": ["localize", "1"],
 }
 
 

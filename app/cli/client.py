@@ -95,6 +95,16 @@ class Api:
             return None
         return response.json()
 
+    def get_bytes(self, path: str) -> bytes:
+        """The body of a GET as bytes (a code archive), with the same errors as :meth:`request`."""
+        try:
+            response = self._http.get(path)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"cannot reach {self.server}: {exc}") from None
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, self._refused() if response.status_code == 401 else response.text)
+        return response.content
+
     def _refused(self) -> str:
         from steady.server.cli.support import LOGIN_HINT
 

@@ -87,6 +87,9 @@ def render_report(report: Report, *, color: bool = False) -> str:
             promise = _guarantee(v)
             if promise:
                 lines.append(" " * (width + 4) + _paint(f"guarantee: {promise}", "2", color))
+            loc = getattr(v, "localization", None)
+            if loc is not None:
+                lines.append(" " * (width + 4) + f"runs {loc.run_ids[0]} and {loc.run_ids[1]}: {loc.sentence}")
             if isinstance(v.group, PairGroup) and v.group.differ_by is not None:
                 lines.append(" " * (width + 4) + differ_by_phrase(v.group.differ_by))
     if report.diverged:

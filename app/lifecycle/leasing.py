@@ -54,6 +54,7 @@ def _spec_for(run: Run, study: Study) -> RunSpec:
         time_limit_s=spec.get("time_limit_s", 1800.0),
         metrics=[m["name"] for m in spec.get("metrics", [])],
         stack=run.stack,
+        localize_steps=spec.get("localize") == "steps",
     )
 
 

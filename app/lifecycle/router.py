@@ -22,6 +22,7 @@ from steady.worker.contract.protocol import (
     RunFailure,
     RunRelease,
     RunResult,
+    RunSpec,
 )
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
@@ -34,6 +35,13 @@ def get_run(run_id: int, db: ReadDB, caller: UserCaller) -> RunOut:
     out.metric_keys = metrics_repo.metric_keys(db, [run.id]).get(run.id, [])
     out.story = service.run_story(db, run)
     return out
+
+
+@router.get("/{run_id}/spec", response_model=RunSpec)
+def get_run_spec(run_id: int, db: ReadDB, caller: UserCaller) -> RunSpec:
+    """What a worker gets to execute the run (its lease's spec, no credential): what `steady localize`
+    replays."""
+    return service.run_spec(db, service.get_run(db, run_id))
 
 
 @router.post("/{run_id}/exclude", response_model=RunOut)

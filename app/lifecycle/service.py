@@ -16,15 +16,22 @@ from steady.server.kit.auth import Caller
 from steady.server.kit.config import Settings
 from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import Conflict, Invalid
+from steady.server.lifecycle.leasing import _spec_for as spec_for
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, utcnow
 from steady.server.runs import repository as runs_repo
 from steady.server.runs.schemas import RunStory
+from steady.worker.contract.protocol import RunSpec
 from steady.server.studies import service as studies
 
 
 def get_run(session: Session, run_id: int) -> Run:
     return runs_repo.get_run(session, run_id)
+
+
+def run_spec(session: Session, run: Run) -> RunSpec:
+    """The spec the run's lease gives a worker (the same function), for a replay."""
+    return spec_for(run, studies.get_study(session, run.study_id))
 
 
 def run_story(session: Session, run: Run) -> RunStory:

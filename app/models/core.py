@@ -71,6 +71,8 @@ class Study(Base):
     code_dirty: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     # Why the study ended as it did, or what is wrong with its data (e.g. metrics no run logged).
     status_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Where repeats parted, per pair of runs, as `steady localize` found it (reports.localizations)
+    localizations: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
 
     runs: Mapped[list[Run]] = relationship(back_populates="study", lazy="raise", passive_deletes=True)
 

@@ -19,6 +19,7 @@ from steady.server.reports.parts import (
     DeterminismCost,
     DivergedRun,
     LevelHeadline,
+    Localization,
     OutOfBandTest,
     PairGroup,
     Part,
@@ -93,6 +94,8 @@ class RepeatabilityVerdict(_VerdictBase):
     met_expectation: bool | None
     expectation: str
     suspicious: list[str]
+    localization: Localization | None = Field(None, description="where two of these repeats parted: the first "
+                                              "divergent step and op, from `steady localize`")
 
 
 class SeedStabilityVerdict(_VerdictBase):

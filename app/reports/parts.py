@@ -8,6 +8,7 @@ Field names are the dataclasses' own: a report is validated from
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -402,3 +403,34 @@ class Convergence(Part):
     normalization_factor: WireFloat | None = None
     t_statistic: WireFloat | None = None
     p_value: WireFloat | None = None
+
+
+class LocalizationAnswer(Part):
+    """The first op whose output differs between two replays of one step (``steady.worker.contract.oplocate``)."""
+
+    step: int = Field(ge=0, description="the first optimizer step whose training state differs")
+    op: str = Field(min_length=1, max_length=200, description="the ATen op, e.g. `aten::index_add_`")
+    module: str = Field(max_length=500, description="its module's path (FQN); empty outside every module")
+    phase: Literal["data", "forward", "backward", "optimizer", ""]
+    line: str = Field(max_length=500, description="the user's line that called it, `file.py:42`")
+    index: int = Field(ge=0, description="its position in the step's op stream")
+    inputs_identical: bool = Field(description="true: the op itself diverged; false: an input no traced op made")
+    cause: Literal["op", "outside"]
+    aligned_by: Literal["ops", "modules"] = Field(description="`modules`: the op streams differ in shape "
+                                                  "(another kernel, a fused op) and were aligned at module boundaries")
+    note: str = Field("", max_length=2000)
+    ops_compared: int = Field(0, ge=0)
+
+
+class Localization(Part):
+    """Where two repeats of a study parted, found by replaying them (``steady localize``)."""
+
+    run_ids: list[int] = Field(min_length=2, max_length=2, description="the two runs, replayed")
+    status: Literal["localized", "identical", "failed"] = Field(
+        description="localized: the op is named; identical: the replays did not part (the divergence did "
+        "not recur); failed: a replay did not get there (see sentence)")
+    step: int | None = Field(None, ge=0)
+    replays: int = Field(ge=0, le=8, description="training runs it took (2 per pair of replays)")
+    answer: LocalizationAnswer | None = None
+    sentence: str = Field(min_length=1, max_length=4000, description="the answer in one line")
+    localized_at: datetime | None = None

@@ -4,8 +4,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from steady.server.kit.deps import AppSettings, ReadDB, UserCaller
-from steady.server.reports import service
+from steady.server.kit.deps import AppSettings, ReadDB, UserCaller, WriteDB
+from steady.server.reports import localizations, service
+from steady.server.reports.parts import Localization
 from steady.server.reports.compare import compare_studies
 from steady.server.reports.models import Bands, Compare, Report
 from steady.server.kit.responses import NumbersJSONResponse
@@ -24,6 +25,20 @@ def study_report(study_id: int, db: ReadDB, caller: UserCaller) -> Report:
 # Full-resolution bands are millions of numbers, already plain JSON data in the API's spelling of
 # non-finite floats: they are rendered as they are (by orjson), not validated and copied again;
 # ``Bands`` describes them in the OpenAPI document.
+@router.post("/studies/{study_id}/localizations", response_model=Localization)
+def record_localization(study_id: int, body: Localization, db: WriteDB, caller: UserCaller) -> Localization:
+    """Keep where two repeats of the study parted (what `steady localize` found by replaying them): it
+    becomes part of the repeatability verdict of their group. 422 when the runs are not two repeats
+    (same seed, determinism and stack) of this study."""
+    return localizations.record(db, study_id, body, caller)
+
+
+@router.get("/studies/{study_id}/localizations", response_model=list[Localization])
+def list_localizations(study_id: int, db: ReadDB, caller: UserCaller) -> list[Localization]:
+    """Every localization kept for the study, oldest first."""
+    return localizations.localizations(db, study_id)
+
+
 @router.get("/studies/{study_id}/bands", response_model=Bands)
 def study_bands(
     study_id: int,

@@ -21,7 +21,7 @@ from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import NotFound, judging
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
-from steady.server.reports import repository
+from steady.server.reports import localizations, repository
 from steady.server.reports.models import Caveat, Report
 from steady.server.runs import repository as runs_repo
 from steady.server.runs.conflicts import conflict_phrase, conflict_summary
@@ -265,6 +265,7 @@ def compute_report(session: Session, study_id: int) -> Report:
         convergence=convergence,
     )
     _name_arm_differences(report, spec)
+    localizations.attach(report, study)
     report.caveats = capture_caveats(runs)
     return report
 

@@ -112,6 +112,11 @@ class StudySpec(_Spec):
     reference_stack: StackName | None = None
     metrics: Annotated[list[MetricSpec], Field(min_length=1, max_length=100)] = [MetricSpec(name="loss")]
     threads: Annotated[int, Field(ge=1, le=1024)] = 2
+    localize: Literal["off", "steps"] = Field(
+        "off", description="`steps`: every run records a digest of its training state (parameters, gradients, "
+        "optimizer state) at every optimizer step (PyTorch) or batch (Keras), as the series `steady.step_digest`, "
+        "so `steady localize` knows the first divergent step and replays only that step (2 replays, not 4); "
+        "costs about 17-35% of a training step (docs/localize.md)")
     time_limit_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 1800.0
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
     coverage: Annotated[float, Field(gt=0, lt=1)] = 0.9

@@ -50,6 +50,7 @@ _SHIM_DIR = os.path.join(_WORKER_DIR, "inrun", "shim")
 _REAPER = os.path.abspath(reaper.__file__)
 _LINUX = sys.platform.startswith("linux")
 COMMAND_SHIM_ENV = "STEADY_COMMAND_SHIM"
+LOCALIZE_ENV = "STEADY_LOCALIZE"  # steady.worker.inrun.localize: "steps" records the step digests
 
 # The only names a run subprocess inherits from the agent's environment (``--pass-env`` adds
 # more). Everything else it gets is set here: HOME (its run directory), the determinism
@@ -359,6 +360,8 @@ class RunProcess:
             env[CONFIG_FILE_ENV] = os.path.join(self.run_dir, "config", os.path.basename(self.spec["config_file"]["name"]))
         if self.spec.get("command"):
             env[COMMAND_SHIM_ENV] = "1"
+        if self.spec.get("localize_steps") and LOCALIZE_ENV not in env:  # a replay sets its own mode
+            env[LOCALIZE_ENV] = "steps"
         return env
 
     def shim_path(self) -> list[str]:

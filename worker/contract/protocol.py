@@ -356,6 +356,7 @@ class RunSpec(_Model):
     config_file: ConfigFile | None = None  # the arm's config file, written into the run's directory
     code: str | None = None  # the arm's own code digest (informational: code_sha256 is what runs)
     capture: CaptureSpec | None = None  # None: a command workload gets the default capture, others none
+    localize_steps: bool = False  # record the training state's digest at every step (steady.step_digest)
 
 
 class Lease(_Model):

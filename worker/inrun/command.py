@@ -41,6 +41,14 @@ def start() -> None:
     # never raises; only for the frameworks it hooks (importing TensorFlow for another is slow)
     finish_digests = (autodigest.install(ctx.framework) if ctx.framework in ("torch", "tensorflow")
                       else (lambda: None))
+    if ctx.framework == "torch":
+        from steady.worker.inrun import localize
+
+        localize.install_from_env()  # off unless the agent asked (steady localize)
+    elif ctx.framework == "tensorflow":
+        from steady.worker.inrun import localize_keras
+
+        localize_keras.install_from_env()
 
     def finish() -> None:
         finish_digests()

@@ -128,6 +128,14 @@ def run(spec: dict[str, Any]) -> int:
         sdk.emit({"e": "determinism", "value": applied})
         sdk.emit({"e": "fingerprint", "value": frameworks.run_fingerprint(ctx.framework)})
         t_setup = time.perf_counter()
+        if ctx.framework == "torch":  # off unless asked (a study's `localize: steps`, steady localize)
+            from steady.worker.inrun import localize
+
+            localize.install_from_env()
+        elif ctx.framework == "tensorflow":
+            from steady.worker.inrun import localize_keras
+
+            localize_keras.install_from_env()
         if workload is not None:
             returned = workload.run(ctx)
         else:
