@@ -13,7 +13,8 @@ from steady.server.stats.quantiles import t_ppf
 
 __all__ = ["Band", "compute_band", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
            "curve_levels", "out_of_band_curves", "window_levels", "null_max_deleted_t", "SEED_SKEW_LOGSD",
-           "N_WINDOWS"]
+           "MAX_WINDOW_OUTLIERS",
+           "N_WINDOWS", "WINDOW_SHARE"]
 
 DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -246,6 +247,11 @@ def out_of_band_runs(
 SEED_SKEW_LOGSD = 0.5
 # Consecutive windows of the shared steps the worst-window statistic looks at (each a tenth of the curve).
 N_WINDOWS = 10
+# The share of the per-study level the worst-window statistic spends (the whole curve gets the rest):
+# a late blow-up is far out, so a small share names it, and the whole-curve test keeps most of its power.
+WINDOW_SHARE = 0.2
+# Runs that may blow up together in one window and still be named (generalized ESD steps, ≤ a third of the runs).
+MAX_WINDOW_OUTLIERS = 3
 _NULL_SIMS = 200_000
 
 
@@ -271,7 +277,7 @@ class CurveOutliers:
     method: str = ("leave-one-out studentized deleted residual of the whole-curve level and of the worst of "
                    f"{N_WINDOWS} windows; familywise level calibrated for lognormal seed effects "
                    f"(log-sd {SEED_SKEW_LOGSD}), not Bonferroni-t")
-    window_statistic: np.ndarray | None = None  # (runs,) the deleted residual of the run's worst window
+    window_statistic: np.ndarray | None = None  # (runs,) |deleted residual| in the run's worst window
     window_steps: tuple = ()  # per run: (first step index, last step index) of its worst window, or None
     windows: int = 0  # windows looked at (0: too few shared steps, whole curve only)
     by_window: np.ndarray | None = None  # (runs,) bool: flagged by the window statistic, not the whole curve
@@ -355,9 +361,11 @@ def _deleted_t(level: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     total2 = (level * level).sum(axis=-1, keepdims=True)
     mean_o = (total - level) / (n - 1)
     var_o = np.maximum((total2 - level * level - (n - 1) * mean_o * mean_o) / (n - 2), 0.0)
-    if level.ndim == 1:  # recompute exactly where cancellation could matter (tiny spreads)
-        for i in np.flatnonzero(var_o <= 1e-12 * max(1.0, float(np.max(np.abs(level))) ** 2)):
-            var_o[i] = np.delete(level, i).var(ddof=1)
+    if level.ndim <= 2:  # recompute exactly where cancellation could matter (tiny spreads)
+        scale = np.maximum(1.0, np.max(np.abs(level), axis=-1, keepdims=True)) ** 2
+        for idx in np.argwhere(var_o <= 1e-12 * scale):
+            row = level[tuple(idx[:-1])]
+            var_o[tuple(idx)] = np.delete(row, idx[-1]).var(ddof=1)
     sd_o = np.sqrt(var_o)
     diff = level - mean_o
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -397,6 +405,63 @@ def _familywise_p(abs_t: np.ndarray, n: int) -> np.ndarray:
     return np.where(np.isinf(abs_t), 0.0, np.where(np.isnan(abs_t), 1.0, p))
 
 
+def _window_esd(wl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per run and window (``wl``: runs × windows): the generalized ESD many-outlier procedure
+    (Rosner 1983) with the deleted residual and the skew-calibrated null. In each window the most
+    extreme run is taken out, then the most extreme of the rest, up to ``MAX_WINDOW_OUTLIERS``
+    (at most a third of the runs); R_j is the j-th one's |t| among the n − j + 1 runs left, with
+    familywise p_j = P(max |t| ≥ R_j) for n − j + 1 runs (``null_max_deleted_t``). Several runs that
+    blow up together inflate each other's sd_{−i} (masking); the step-up rule flags the first j
+    runs taken out when p_j is small, so they cannot hide each other. A run's p in the window is
+    min over j ≥ (its order) of k · p_j (Bonferroni over the k steps); a run never taken out gets
+    its own deleted residual's p times k. Returns (statistic, p) of shape runs × windows."""
+    n, w = wl.shape
+    k = max(1, min(MAX_WINDOW_OUTLIERS, n // 3))
+    t0, _, _ = _deleted_t(wl.T)
+    stat = np.abs(t0).T.copy()
+    p = np.minimum(1.0, k * _familywise_p(stat, n))
+    if k == 1:
+        return stat, p
+    lv = wl.T  # (windows, runs)
+    alive = np.ones((w, n), dtype=bool)
+    rows = np.arange(w)
+    tiny = 1e-12 * np.maximum(1.0, np.max(np.abs(lv), axis=1)) ** 2
+    order, pj = [], []
+    for step in range(k):
+        m = n - step
+        z = np.where(alive, lv, 0.0)
+        total, total2 = z.sum(axis=1, keepdims=True), (z * z).sum(axis=1, keepdims=True)
+        mean_o = (total - lv) / (m - 1)
+        var_o = np.maximum((total2 - lv * lv - (m - 1) * mean_o * mean_o) / (m - 2), 0.0)
+        diff = lv - mean_o
+        flat = var_o <= tiny[:, None]  # the others identical (up to rounding): exact, as ``_deleted_t``
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(flat, np.where(np.abs(diff) <= np.sqrt(tiny)[:, None], 0.0, np.inf),
+                         np.abs(diff) / np.sqrt(var_o * (1.0 + 1.0 / (m - 1))))
+        t = np.where(alive, t, -1.0)
+        i = np.argmax(t, axis=1)
+        r = t[rows, i]
+        order.append(i)
+        pj.append(np.minimum(1.0, k * _familywise_p(r, m)))
+        alive[rows, i] = False
+    tail = np.minimum.accumulate(np.array(pj)[::-1], axis=0)[::-1]  # (k, windows): min over j >= order
+    for step, i in enumerate(order):
+        p[i, rows] = np.minimum(p[i, rows], tail[step])
+    return stat, p
+
+
+def _sample_skewness(v: np.ndarray) -> np.ndarray | float:
+    """The adjusted Fisher–Pearson sample skewness G1 along the last axis (as
+    ``scipy.stats.skew(v, bias=False)``; Joanes & Gill 1998)."""
+    m = v.shape[-1]
+    d = v - v.mean(axis=-1, keepdims=True)
+    m2 = (d * d).mean(axis=-1)
+    m3 = (d * d * d).mean(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g1 = m3 / m2**1.5 * np.sqrt(m * (m - 1.0)) / (m - 2.0)
+    return float(g1) if np.ndim(g1) == 0 else g1
+
+
 def _skewness_limit(n: int) -> float:
     """The 99.5th percentile of the sample skewness of n − 1 lognormal(log-sd SEED_SKEW_LOGSD) levels:
     skew beyond it says the seed effects are more skewed than the level is calibrated for."""
@@ -407,7 +472,7 @@ def _skewness_limit(n: int) -> float:
 def _skew_limits(m: int) -> float:
     rng = np.random.default_rng([20262, m])
     lv = np.exp(SEED_SKEW_LOGSD * rng.standard_normal((20_000, m)))
-    return float(np.quantile(np.abs(stats.skew(lv, axis=1, bias=False)), 0.995))
+    return float(np.quantile(np.abs(_sample_skewness(lv)), 0.995))
 
 
 def out_of_band_curves(matrix, *, false_alarm: float = 0.01, windows: int = N_WINDOWS) -> CurveOutliers:
@@ -429,9 +494,11 @@ def out_of_band_curves(matrix, *, false_alarm: float = 0.01, windows: int = N_WI
     Bonferroni t level (p < α/n) reaches far into that tail. So the familywise level is
     calibrated instead: ``p_adjusted`` is P(max_i |t_i| ≥ |t|) under i.i.d. lognormal levels
     with log-sd ``SEED_SKEW_LOGSD`` (simulated, ``null_max_deleted_t``), for the whole curve at
-    α/2 and, for the worst window, with the window maxima treated as independent
-    (1 − (1 − p)^windows) at α/2; a run is flagged when 2 · min of the two is below
-    ``false_alarm``. The window statistic is what names a run that stays in the band and then
+    (1 − ``WINDOW_SHARE``)·α and, for the worst window, with the window maxima treated as
+    independent (1 − (1 − p)^windows) at ``WINDOW_SHARE``·α (a union bound over the two parts);
+    ``p_adjusted`` is the smaller p over its share. In a window the deleted residual goes through
+    the generalized ESD procedure (``_window_esd``), so that up to ``MAX_WINDOW_OUTLIERS`` runs that
+    blow up together cannot mask each other. The window statistic is what names a run that stays in the band and then
     blows up late: its whole-curve level dilutes a late excursion, one window's does not.
 
     When the levels of the other runs are visibly more skewed than the calibration covers
@@ -470,25 +537,19 @@ def out_of_band_curves(matrix, *, false_alarm: float = 0.01, windows: int = N_WI
     wspan: list = [None] * n
     p_win = np.ones(n)
     if w:
-        tw = np.zeros((n, w))
-        for j in range(w):
-            col = wl[:, j]
-            if np.isfinite(col).all():
-                tj, _, sdj = _deleted_t(col)
-                tw[:, j] = np.abs(tj)
-                exact = exact or bool((sdj == 0).any() and (np.abs(tj) == np.inf).any())
-        worst = np.argmax(tw, axis=1)
+        tw, pw_all = _window_esd(wl)  # (runs, windows)
+        exact = exact or bool(np.isinf(tw).any())
+        worst = np.argmin(pw_all - 1e-9 * np.minimum(tw, 1e300), axis=1)  # ties (p at its floor): the larger statistic
         wt = tw[np.arange(n), worst]
         wspan = [spans[j] for j in worst]
-        pw = _familywise_p(wt, n)
-        p_win = 1.0 - (1.0 - pw) ** w
-        padj = np.minimum(1.0, 2.0 * np.minimum(p_whole, p_win))
+        p_win = 1.0 - (1.0 - pw_all[np.arange(n), worst]) ** w
+        padj = np.minimum(1.0, np.minimum(p_whole / (1.0 - WINDOW_SHARE), p_win / WINDOW_SHARE))
     else:
         padj = p_whole
     flagged = padj < false_alarm
     by_window = flagged & (p_win < p_whole) if w else none
     others = np.delete(level, int(np.argmax(np.abs(np.where(np.isfinite(t), t, 1e300)))))
-    skew = float(stats.skew(others, bias=False)) if n >= 4 and np.ptp(others) > 0 else float("nan")
+    skew = _sample_skewness(others) if n >= 4 and np.ptp(others) > 0 else float("nan")
     skew_ok = not (n >= 6 and np.isfinite(skew) and abs(skew) > _skewness_limit(n))
     reason = (f"{int(flagged.sum())} of {n} runs outside the others' band over the whole curve or its worst "
               f"window (false alarm ≤ {false_alarm:g} per study, {k} shared steps)")
