@@ -22,6 +22,7 @@ rule that flags a run, or calls a group unstable at the stated limit, is a false
 from __future__ import annotations
 
 import numpy as np
+from scipy import signal
 
 __all__ = ["smooth_curve", "ar1_noise", "healthy_curves", "multiplicative_curves", "plant_late_blowup", "plant_offset", "plant_wider", "truncate_runs",
            "diverge_runs", "final_values", "FINAL_DISTRIBUTIONS", "TAILS", "resample_curves", "recorded_curves"]
@@ -83,12 +84,9 @@ def ar1_noise(rng: np.random.Generator, n_runs: int, n_steps: int, *, rho: float
     u = _unit_draws(rng, tails, (n_runs, n_steps))
     if rho == 0.0:
         return u
-    out = np.empty_like(u)
-    out[:, 0] = u[:, 0]
-    c = np.sqrt(1.0 - rho * rho)
-    for t in range(1, n_steps):
-        out[:, t] = rho * out[:, t - 1] + c * u[:, t]
-    return out
+    v = np.sqrt(1.0 - rho * rho) * u
+    v[:, 0] = u[:, 0]
+    return signal.lfilter([1.0], [1.0, -rho], v, axis=1)  # out_t = ρ out_{t−1} + v_t, one C loop
 
 
 def healthy_curves(rng: np.random.Generator, n_runs: int, n_steps: int, *, rho: float = 0.9,
