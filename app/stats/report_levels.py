@@ -340,7 +340,9 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
             else:
                 verdict, reason = "inconclusive", f"{exact}, on the margin ±{m:g}"
         elif m is not None:
-            if tost_adj[i] < alpha:
+            if tost_adj[i] < alpha and res.tost is not None and res.tost.withheld:
+                verdict, reason = "inconclusive", f"{d}, TOST p={tost_adj[i]:.3g} ({method}), but {res.tost.withheld}"
+            elif tost_adj[i] < alpha:
                 verdict, reason = "equivalent", f"{d} within ±{m:g}: TOST p={tost_adj[i]:.3g} ({method})"
             elif res.diff_ci_low > m or res.diff_ci_high < -m:
                 verdict, reason = "not_equivalent", f"{d} entirely outside ±{m:g}"

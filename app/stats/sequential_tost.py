@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from steady.server.stats.portability import welch_parts
+from steady.server.stats.portability import skew_guard, welch_parts
 from steady.server.stats.sequential import spending_boundaries
 
 __all__ = ["TostLook", "SequentialTost", "tost_information_fraction", "sequential_tost_decision",
@@ -146,6 +146,8 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
         if a.size >= 2 and c.size >= 2:
             d, se, df = welch_parts(a, c)
             v, low, high = _judge(d, se, df, float(margin), a_eq, a_ne)
+            if v == "equivalent" and skew_guard(a, c):  # skewed finals, unequal stacks: as the fixed rule
+                v = "inconclusive"
         looks.append(TostLook(k, int(a.size), int(c.size), b_eq.info_fractions[j], float(b_eq.boundaries[j]), a_eq,
                               b_eq.cumulative_alpha[j], float(b_ne.boundaries[j]), a_ne, d, se, df, low, high, v))
         if v != "inconclusive":

@@ -20,6 +20,7 @@ from steady.server.stats import guarantees
 from steady.server.stats.bands import WINDOW_SHARE, null_max_deleted_t, out_of_band_curves
 from steady.server.stats.calibration import Rule, Scenario
 from steady.server.stats.calibration import generators as gen
+from steady.server.stats.portability import tost
 from steady.server.stats.repeatability import RepeatRun, repeatability
 from steady.server.stats.report import MetricSpec, RunData, build_report
 from steady.server.stats.seed_stability import seed_spread
@@ -343,6 +344,29 @@ def _stacks(rng, *, n, dist, diff, margin, claim, sd=1.0):
     return v.verdict == claim
 
 
+def _stacks_unequal(rng, *, n_ref, n_cand, sd_ref, sd_cand, dist, diff_se, margin_se, claim):
+    """Two stacks with unequal seed counts and spreads, judged as the report judges one comparison
+    (``portability.tost``: 'equivalent' when p < α and the skew guard does not withhold it; one
+    comparison, so Holm changes nothing). The margin and the true difference are in units of the
+    true standard error of the difference of means, so the TOST is well powered: the regime where a
+    skewed Welch statistic gives false 'equivalent'. Fires when the verdict is ``claim``."""
+    se = float(np.sqrt(sd_ref**2 / n_ref + sd_cand**2 / n_cand))
+    ref = gen.final_values(rng, n_ref, sd=sd_ref, dist=dist)
+    cand = gen.final_values(rng, n_cand, sd=sd_cand, dist=dist, mean=diff_se * se)
+    t = tost(ref, cand, margin=margin_se * se)
+    equivalent = t.p_value < ALPHA and t.withheld is None
+    return equivalent if claim == "equivalent" else False
+
+
+# skewed finals, unequal seed counts and spreads: (name, n_ref, sd_ref, n_cand, sd_cand, dist, Δ in se)
+_UNEQUAL = [
+    (f"{dist}-{nr}v{nc}-var{vr}-{side}", nr, 1.0, nc, float(np.sqrt(vr)) if nc < nr else 1.0 / float(np.sqrt(vr)),
+     dist, sign * 4.0)
+    for dist in ("lognormal", "gamma") for (nr, nc, vr) in ((20, 5, 4), (10, 10, 4)) for side, sign in
+    (("upper", 1.0), ("lower", -1.0))
+]
+
+
 def _portability_rules() -> list[Rule]:
     eq, neq = [], []
     for dist in ("normal", "lognormal", "contaminated"):
@@ -356,6 +380,20 @@ def _portability_rules() -> list[Rule]:
             neq.append(Scenario(f"{dist}-n{n}-at-margin", "healthy",
                                 f"{n} seeds per stack, {dist}, true |Δ| = margin = σ",
                                 partial(_stacks, n=n, dist=dist, diff=1.0, margin=1.0, claim="not_equivalent")))
+    for name, nr, sr, nc, sc_, dist, diff in _UNEQUAL:
+        eq.append(Scenario(f"skewed-{name}", "healthy",
+                           f"{dist} finals, {nr} vs {nc} seeds, variance ratio 4, true Δ = margin = 4 se",
+                           partial(_stacks_unequal, n_ref=nr, n_cand=nc, sd_ref=sr, sd_cand=sc_, dist=dist,
+                                   diff_se=diff, margin_se=4.0, claim="equivalent")))
+    eq.append(Scenario("stress-lognormal1-20v5-var4", "stress",
+                       "lognormal (log-sd 1, skewness 6) finals, 20 vs 5 seeds, variance ratio 4, Δ = margin",
+                       partial(_stacks_unequal, n_ref=20, n_cand=5, sd_ref=1.0, sd_cand=2.0, dist="lognormal1",
+                               diff_se=4.0, margin_se=4.0, claim="equivalent")))
+    for dist in ("normal", "lognormal"):
+        eq.append(Scenario(f"{dist}-20v5-var4-same", "planted",
+                           f"{dist} finals, 20 vs 5 seeds, variance ratio 4, Δ = 0, margin = 3 se (the skew guard's cost)",
+                           partial(_stacks_unequal, n_ref=20, n_cand=5, sd_ref=1.0, sd_cand=2.0, dist=dist,
+                                   diff_se=0.0, margin_se=3.0, claim="equivalent")))
     eq.append(Scenario("normal-n10-same", "planted", "10 seeds per stack, Δ = 0, margin = 1.5σ",
                        partial(_stacks, n=10, dist="normal", diff=0.0, margin=1.5, claim="equivalent")))
     eq.append(Scenario("normal-n20-same", "planted", "20 seeds per stack, Δ = 0, margin = σ",
