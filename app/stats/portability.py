@@ -55,7 +55,8 @@ SKEW_IMBALANCE_LIMIT = 0.12  # that skewness of the t above which a visible skew
 SKEW_VISIBLE_Z = 0.5  # pooled sample skewness beyond this many of its normal-theory sds counts as visible
 
 
-def skew_guard(reference, candidate) -> str | None:
+def skew_guard(reference, candidate, *, visible_z: float = SKEW_VISIBLE_Z,
+               imbalance_limit: float = SKEW_IMBALANCE_LIMIT) -> str | None:
     """Why a Welch TOST's 'equivalent' cannot claim its level for these samples, or None.
 
     The Welch statistic of a difference of means is skewed when the finals are skewed and the two
@@ -78,13 +79,13 @@ def skew_guard(reference, candidate) -> str | None:
     if se == 0 or sa == 0 or sb == 0:
         return None
     imbalance = SKEW_BOUND * abs(sb**3 / b.size**2 - sa**3 / a.size**2) / se**3
-    if imbalance <= SKEW_IMBALANCE_LIMIT:
+    if imbalance <= imbalance_limit:
         return None
     z = np.concatenate([(a - a.mean()) / sa, (b - b.mean()) / sb])
     n = z.size
     g = float(np.mean(z**3))
     sd_g = float(np.sqrt(6.0 * n * (n - 1) / ((n - 2) * (n + 1) * (n + 3))))
-    if abs(g) <= SKEW_VISIBLE_Z * sd_g:
+    if abs(g) <= visible_z * sd_g:
         return None
     return (f"the finals look skewed (pooled skewness {g:.2f}) and the stacks differ in seeds or spread "
             f"({a.size} vs {b.size} seeds, sd {sa:.3g} vs {sb:.3g}): the TOST cannot claim its level here, "
