@@ -64,8 +64,9 @@ def test_planted_bad_seed_over_rest_is_flagged_with_five_seeds(api):
     oob = v["out_of_band_test"]
     assert v["out_of_band"] == [oob["run_ids"][3]]
     assert "out of band" in v["reason"] and "false alarm ≤ 0.01 per study" in v["reason"]
-    assert oob["guarantee"] == "false alarm ≤ 1% per study (whole-curve leave-one-out)"
-    assert v["guarantee"].startswith("each claim wrong ≤ 5%")
+    assert oob["guarantee"] == ("false alarm ≤ 1% per study while seed effects are no more skewed than lognormal "
+                                "(log-sd 0.5, kurtosis ≤ 9); leave-one-out over the whole curve and its worst tenth")
+    assert v["guarantee"].startswith("each claim wrong ≤ 5% for final values with kurtosis ≤ 9")
 
 
 def test_study_page_shows_each_verdicts_guarantee(make_api):
@@ -76,4 +77,5 @@ def test_study_page_shows_each_verdicts_guarantee(make_api):
     assert page.status_code == 200
     html = page.text
     assert html.count("data-guarantee") >= 2
-    assert "each claim wrong ≤ 5%" in html and "false alarm ≤ 1% per study (whole-curve leave-one-out)" in html
+    assert "each claim wrong ≤ 5% for final values with kurtosis ≤ 9" in html
+    assert "false alarm ≤ 1% per study while seed effects are no more skewed than lognormal" in html
