@@ -183,7 +183,9 @@ STATED_POWER = {
     "seed_stability:stable/normal-n20-0.5x": 0.7,
     "seed_stability:diverged/3-of-8-diverged": 1.0,
     "repeatability/one-ulp-3x500": 1.0,
-    "stack_portability:equivalent/normal-n10-same": 0.85,
+    # 0.85 before the skew guard (measured 266/400 = 0.665 with it: chance spread differences with visible
+    # chance skew withhold 'equivalent'; the cost of holding the level on skewed, unequal stacks)
+    "stack_portability:equivalent/normal-n10-same": 0.6,
     "stack_portability:equivalent/normal-n20-same": 0.75,
     "stack_portability:not_equivalent/normal-n10-shift-2sd": 0.95,
 }
