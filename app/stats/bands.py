@@ -549,7 +549,7 @@ def out_of_band_curves(matrix, *, false_alarm: float = 0.01, windows: int = N_WI
     flagged = padj < false_alarm
     by_window = flagged & (p_win < p_whole) if w else none
     others = np.delete(level, int(np.argmax(np.abs(np.where(np.isfinite(t), t, 1e300)))))
-    skew = _sample_skewness(others) if n >= 4 and np.ptp(others) > 0 else float("nan")
+    skew = float(_sample_skewness(others)) if n >= 4 and np.ptp(others) > 0 else float("nan")
     skew_ok = not (n >= 6 and np.isfinite(skew) and abs(skew) > _skewness_limit(n))
     reason = (f"{int(flagged.sum())} of {n} runs outside the others' band over the whole curve or its worst "
               f"window (false alarm ≤ {false_alarm:g} per study, {k} shared steps)")

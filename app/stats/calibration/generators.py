@@ -24,8 +24,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import signal
 
-__all__ = ["smooth_curve", "ar1_noise", "healthy_curves", "multiplicative_curves", "plant_late_blowup", "plant_offset", "plant_wider", "truncate_runs",
-           "diverge_runs", "final_values", "FINAL_DISTRIBUTIONS", "TAILS", "resample_curves", "recorded_curves"]
+__all__ = ["smooth_curve", "ar1_noise", "healthy_curves", "multiplicative_curves", "plant_late_blowup",
+           "plant_offset", "plant_wider", "truncate_runs", "diverge_runs", "final_values",
+           "FINAL_DISTRIBUTIONS", "TAILS", "resample_curves", "recorded_curves"]
 
 TAILS = ("normal", "t3", "t5")
 FINAL_DISTRIBUTIONS = ("normal", "t3", "t5", "lognormal", "lognormal1", "gamma", "contaminated", "uniform")
