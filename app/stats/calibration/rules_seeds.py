@@ -186,7 +186,7 @@ STATED_POWER = {
     # 0.85 before the skew guard (measured 266/400 = 0.665 with it: chance spread differences with visible
     # chance skew withhold 'equivalent'; the cost of holding the level on skewed, unequal stacks)
     "stack_portability:equivalent/normal-n10-same": 0.6,
-    "stack_portability:equivalent/normal-n20-same": 0.75,
+    "stack_portability:equivalent/normal-n20-same": 0.7,  # 0.75 before the skew guard (310/400 = 0.775 with it)
     "stack_portability:not_equivalent/normal-n10-shift-2sd": 0.95,
 }
 
