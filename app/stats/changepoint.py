@@ -269,12 +269,12 @@ def self_starting_scores(values, *, exclude_above: float | None = None) -> np.nd
 
 
 # Consecutive studies share data, code and machines, so their summaries can be correlated; the CUSUM's
-# threshold assumes independent studies, and with AR(1) 0.3 / 0.5 between consecutive study means it fires
-# in about 4% / 10% of 100-study lifetimes at a 1% budget (docs/calibration.md, stress rows). The alarm
+# threshold assumes independent studies, and with AR(1) 0.3 / 0.5 between consecutive study summaries it
+# fires in 17% / 47% of 100-study lifetimes at a 1% budget (docs/calibration.md, stress rows). The alarm
 # says so when the history before its estimated change point looks dependent: lag-1 autocorrelation r₁
 # more than DEPENDENCE_Z/√m above the bias −1/m of independent values (Bartlett 1946; Box, Jenkins &
-# Reinsel 2008, §6.2.2). Withholding such alarms, prewhitening and widening were tried and either lost
-# most of the power against real shifts or did not bring the AR(0.5) lifetime rate to 1%.
+# Reinsel 2008, §6.2.2). Withholding such alarms, prewhitening and widening were tried: each lowered the
+# AR(0.5) lifetime rate (to 4–10%) but not to 1%, at a cost in power (docs/calibration.md).
 DEPENDENCE_Z = 1.645
 DEPENDENCE_MIN_VALUES = 8
 
