@@ -79,3 +79,17 @@ def test_study_page_shows_each_verdicts_guarantee(make_api):
     assert html.count("data-guarantee") >= 2
     assert "each claim wrong ≤ 5% for final values with kurtosis ≤ 9" in html
     assert "false alarm ≤ 1% per study while seed effects are no more skewed than lognormal" in html
+
+
+def test_late_blowup_uploaded_over_rest_is_named_with_its_window(api):
+    """Issue #26: one of 10 uploaded seeds stays in the band, then grows ×40 over the last 30 of 300 steps.
+    The report names that run, with the window, and the guarantee says the condition it needs."""
+    x = gen.healthy_curves(np.random.default_rng(26), 10, 300, rho=0.9, offset_sd=0.02, noise=0.02)
+    x = gen.plant_late_blowup(x, runs=(7,), factor=40.0, fraction=0.1)
+    v = _seed_verdict(api, _study(api, x, name="late blow-up"))
+    oob = v["out_of_band_test"]
+    run = oob["run_ids"][7]
+    assert v["out_of_band"] == [run]
+    assert f"out of band: run(s) {run} (steps 270–299) (whole curve or its worst tenth vs the other runs" in v["reason"]
+    assert oob["guarantee"].startswith("false alarm ≤ 1% per study while seed effects are no more skewed")
+    assert oob["p_adjusted"][7] < 0.01 and all(p >= 0.01 for i, p in enumerate(oob["p_adjusted"]) if i != 7)
