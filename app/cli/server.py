@@ -154,19 +154,28 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     power = table.power_offsets(rng=rng, sims=args.power_sims) if args.power_sims else None
     if power:
         print(table.format_power_markdown(power))
+    blowup = table.late_blowup_rows(rng=rng, sims=args.power_sims) if args.power_sims else None
+    if blowup:
+        print(table.format_blowup_markdown(blowup))
     if args.json:
         doc = table.to_json(rows, sims=args.sims, planted_sims=args.planted_sims or args.sims, seed=args.seed,
                             command=command)
         if power:
             doc["oob_power_offsets"] = power
+        if blowup:
+            doc["late_blowup_power"] = blowup
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=2))
     if args.update_doc:
         path = Path(args.update_doc)
-        text = table.update_doc(path.read_text(), table.format_markdown(rows))
+        start, end = table.block_markers(args.doc_block) if args.doc_block else (table.DOC_START, table.DOC_END)
+        text = table.update_doc(path.read_text(), table.format_markdown(rows), start=start, end=end)
         if power:
             text = table.update_doc(text, table.format_power_markdown(power), start=table.POWER_START,
                                     end=table.POWER_END)
+        if blowup:
+            text = table.update_doc(text, table.format_blowup_markdown(blowup), start=table.BLOWUP_START,
+                                    end=table.BLOWUP_END)
         path.write_text(text)
     above = [r for _, _, r in rows if r.kind == "healthy" and table.exceeds_nominal(r)]
     return EXIT_FAIL if above else EXIT_OK
@@ -234,5 +243,8 @@ def register(sub: Any) -> None:
     p.add_argument("--power-sims", type=int, default=0,
                    help="also measure the out-of-band 80%%-power offsets for 5/10/20 seeds (this many sims each)")
     p.add_argument("--update-doc", metavar="MD", help="rewrite the table block of this markdown file (docs/calibration.md)")
+    p.add_argument("--doc-block", metavar="NAME",
+                   help="with --update-doc: rewrite the block between <!-- calibration-table:NAME:start/end --> "
+                        "instead of the full table (for a table of the --rule rules only)")
     p.add_argument("--progress", action="store_true", help="print each scenario's count to stderr as it finishes")
     p.set_defaults(func=cmd_calibrate)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy import stats
@@ -11,7 +12,9 @@ from steady.server.stats.intervals import normal_tolerance_factor
 from steady.server.stats.quantiles import t_ppf
 
 __all__ = ["Band", "compute_band", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
-           "curve_levels", "out_of_band_curves"]
+           "curve_levels", "out_of_band_curves", "window_levels", "null_max_deleted_t", "SEED_SKEW_LOGSD",
+           "MAX_WINDOW_OUTLIERS",
+           "N_WINDOWS", "WINDOW_SHARE"]
 
 DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -239,9 +242,23 @@ def out_of_band_runs(
                      bonferroni=bool(bonferroni))
 
 
+# The skew of seed effects the out-of-band level is calibrated for: per-seed levels as skewed as a
+# lognormal with log-sd 0.5 (skewness 1.75, kurtosis 8.9: the "kurtosis ≤ 9" of the seed-stability bounds).
+SEED_SKEW_LOGSD = 0.5
+# Consecutive windows of the shared steps the worst-window statistic looks at (each a tenth of the curve).
+N_WINDOWS = 10
+# The share of the per-study level the worst-window statistic spends (the whole curve gets the rest):
+# a late blow-up is far out, so a small share names it, and the whole-curve test keeps most of its power.
+WINDOW_SHARE = 0.2
+# Runs that may blow up together in one window and still be named (generalized ESD steps, ≤ a third of the runs).
+MAX_WINDOW_OUTLIERS = 3
+_NULL_SIMS = 200_000
+
+
 @dataclass(frozen=True)
 class CurveOutliers:
-    """The whole-curve leave-one-out outlier test over runs (see ``out_of_band_curves``).
+    """The leave-one-out outlier test over runs (see ``out_of_band_curves``): the whole curve, and
+    the worst of ``N_WINDOWS`` consecutive windows of it.
 
     Arrays have one entry per run given. ``testable`` is False (nothing flagged, ``reason`` says
     why) with fewer than 3 runs or no step shared by all runs."""
@@ -250,14 +267,22 @@ class CurveOutliers:
     level_score: np.ndarray  # (runs,) the run's mean standardized deviation over the shared steps
     statistic: np.ndarray  # (runs,) studentized deleted residual of level_score
     df: int  # degrees of freedom of the t reference distribution (runs − 2)
-    p_value: np.ndarray  # (runs,) two-sided, per run
-    p_adjusted: np.ndarray  # (runs,) Bonferroni over runs: min(1, runs × p)
+    p_value: np.ndarray  # (runs,) two-sided normal-theory t(n − 2) p-value of ``statistic``, per run
+    p_adjusted: np.ndarray  # (runs,) familywise over runs, whole curve and windows, skew-calibrated
     flagged: np.ndarray  # (runs,) bool: p_adjusted < false_alarm
     steps_used: int
     false_alarm: float  # per-study familywise level
     exact: bool  # True when the flags came from a zero-spread (bit-identical) comparison
     reason: str
-    method: str = "leave-one-out studentized deleted residual of the whole-curve level, t(n-2), Bonferroni"
+    method: str = ("leave-one-out studentized deleted residual of the whole-curve level and of the worst of "
+                   f"{N_WINDOWS} windows; familywise level calibrated for lognormal seed effects "
+                   f"(log-sd {SEED_SKEW_LOGSD}), not Bonferroni-t")
+    window_statistic: np.ndarray | None = None  # (runs,) |deleted residual| in the run's worst window
+    window_steps: tuple = ()  # per run: (first step index, last step index) of its worst window, or None
+    windows: int = 0  # windows looked at (0: too few shared steps, whole curve only)
+    by_window: np.ndarray | None = None  # (runs,) bool: flagged by the window statistic, not the whole curve
+    skew_ok: bool = True  # False when the runs' levels are visibly more skewed than the level is calibrated for
+    skewness: float = float("nan")  # sample skewness of the whole-curve levels, run with the largest |t| left out
 
 
 def curve_levels(x: np.ndarray) -> tuple[np.ndarray | None, int]:
@@ -266,55 +291,219 @@ def curve_levels(x: np.ndarray) -> tuple[np.ndarray | None, int]:
     where s_t = 0 carry no information and are skipped. Returns (levels, number of shared steps);
     levels is None when no shared step varies (also when none is shared: then the count is 0).
     The weights are a symmetric function of the runs, so exchangeable runs give exchangeable levels."""
+    whole, _, k, _ = window_levels(x, windows=0)
+    return whole, k
+
+
+def window_levels(x: np.ndarray, *, windows: int = N_WINDOWS
+                  ) -> tuple[np.ndarray | None, np.ndarray, int, list[tuple[int, int]]]:
+    """The whole-curve level of each run (as ``curve_levels``) and its level over each of ``windows``
+    consecutive, equal parts of the shared steps (the same standardized deviations, averaged over the
+    window only). Returns (whole (runs,) or None, windowed (runs × windows), shared step count, the
+    (first, last) column index of each window). A window with no informative step is NaN; with fewer
+    than 2 shared steps per window no windows are formed (windowed has 0 columns).
+
+    A window's level is the run's plain mean deviation from the step means over the window, not
+    the standardized one: a standardized deviation is bounded by (n − 1)/√n (Samuelson 1968), so a
+    run that grows ×40 late would look no further out than a run a little above the others. Any
+    fixed average over steps keeps exchangeable runs exchangeable."""
     runs, m = x.shape
-    total = np.zeros(runs)
-    k = used = 0
-    # Column blocks: temporaries stay a few MB however long the curves are.
-    block = max(256, (1 << 19) // max(runs, 1))
+    shared_all = np.zeros(m, dtype=bool)
+    block = max(256, (1 << 19) // max(runs, 1))  # column blocks: temporaries stay a few MB
     for c0 in range(0, m, block):
-        xb = x[:, c0:c0 + block]
-        shared = np.isfinite(xb).all(axis=0)
-        k += int(shared.sum())
-        if runs < 2 or not shared.any():
-            continue
-        xs = xb if shared.all() else xb[:, shared]
-        d = xs - xs.mean(axis=0)  # the deviations and sd exactly as ``xs.std(axis=0, ddof=1)`` forms them
-        s = np.sqrt(np.einsum("ij,ij->j", d, d) / (runs - 1))
-        informative = s > 0
-        if informative.all():
-            d /= s
-        elif informative.any():
+        shared_all[c0:c0 + block] = np.isfinite(x[:, c0:c0 + block]).all(axis=0)
+    cols = np.flatnonzero(shared_all)
+    k = int(cols.size)
+    w = int(windows) if k >= 2 * max(int(windows), 1) else 0
+    seg = np.zeros(m, dtype=np.int64)
+    spans: list[tuple[int, int]] = []
+    if w:
+        for j, part in enumerate(np.array_split(cols, w)):
+            seg[part] = j
+            spans.append((int(part[0]), int(part[-1])))
+    total = np.zeros(runs)
+    wsum = np.zeros((runs, max(w, 1)))
+    wused = np.zeros(max(w, 1), dtype=np.int64)
+    used = 0
+    if runs >= 2:
+        for c0 in range(0, m, block):
+            sh = shared_all[c0:c0 + block]
+            if not sh.any():
+                continue
+            xb = x[:, c0:c0 + block]
+            xs = xb if sh.all() else xb[:, sh]
+            d = xs - xs.mean(axis=0)
+            if w:  # a window's level: the run's plain mean deviation there (a late blow-up is not bounded)
+                sid = seg[c0:c0 + block][sh]
+                for j in np.unique(sid):
+                    sel = sid == j
+                    wsum[:, j] += d[:, sel].sum(axis=1)
+                    wused[j] += int(sel.sum())
+            s = np.sqrt(np.einsum("ij,ij->j", d, d) / (runs - 1))
+            informative = s > 0
+            if not informative.any():
+                continue
             d = d[:, informative] / s[informative]
-        else:
-            continue
-        total += d.sum(axis=1)
-        used += int(informative.sum())
+            total += d.sum(axis=1)
+            used += int(informative.sum())
     if k == 0 or runs < 2 or used == 0:
-        return None, k
-    return total / used, k
+        return None, np.zeros((runs, 0)), k, []
+    wl = wsum[:, :w] / np.maximum(wused[None, :w], 1)
+    return total / used, wl, k, spans
 
 
-def out_of_band_curves(matrix, *, false_alarm: float = 0.01) -> CurveOutliers:
-    """Flag runs whose whole curve sits outside the band of the *other* runs.
+def _deleted_t(level: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Studentized deleted residual of each entry along the last axis (any leading shape):
+    t_i = (l_i − mean_{−i}) / (sd_{−i} √(1 + 1/(n − 1))). Returns (t, diff, sd_{−i}); where
+    sd_{−i} = 0, t is 0 (diff = 0) or ±inf."""
+    n = level.shape[-1]
+    total = level.sum(axis=-1, keepdims=True)
+    total2 = (level * level).sum(axis=-1, keepdims=True)
+    mean_o = (total - level) / (n - 1)
+    var_o = np.maximum((total2 - level * level - (n - 1) * mean_o * mean_o) / (n - 2), 0.0)
+    if level.ndim <= 2:  # recompute exactly where cancellation could matter (tiny spreads)
+        scale = np.maximum(1.0, np.max(np.abs(level), axis=-1, keepdims=True)) ** 2
+        for idx in np.argwhere(var_o <= 1e-12 * scale):
+            row = level[tuple(idx[:-1])]
+            var_o[tuple(idx)] = np.delete(row, idx[-1]).var(ddof=1)
+    sd_o = np.sqrt(var_o)
+    diff = level - mean_o
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(sd_o > 0, diff / (sd_o * np.sqrt(1.0 + 1.0 / (n - 1))),
+                     np.where(diff == 0, 0.0, np.sign(diff) * np.inf))
+    return t, diff, sd_o
 
-    Each run i is reduced to one number, its level over the steps that every run logged with a
-    finite value: ``level_i = mean_t (x_it − m_t) / s_t`` with m_t, s_t the mean and sd over runs
-    at step t (steps where s_t = 0 carry no information and are skipped). The weights 1/s_t are
-    a symmetric function of the runs, so healthy runs (exchangeable: persistent seed offsets plus
-    autocorrelated noise) give exchangeable levels, and averaging over steps removes the step
-    autocorrelation problem of per-step rules. Run i is then compared to the other n − 1 levels by
-    the studentized deleted residual
 
-        t_i = (level_i − mean_{−i}) / (sd_{−i} √(1 + 1/(n − 1)))  ~  t_{n−2}
+@lru_cache(maxsize=64)
+def null_max_deleted_t(n: int, *, logsd: float = SEED_SKEW_LOGSD, sims: int = _NULL_SIMS) -> np.ndarray:
+    """The sorted simulated null distribution of max_i |t_i| (``_deleted_t``) over ``n`` runs whose
+    levels are i.i.d. lognormal with log-sd ``logsd`` (location and scale do not matter: t is
+    invariant to both). Seeded by n, so the same n always gives the same table. ``logsd = 0``
+    gives normal levels, where P(max |t_i| ≥ c) ≤ n · 2 P(t_{n−2} ≥ c) (Bonferroni)."""
+    if n < 3:
+        raise ValueError(f"need at least 3 runs, got {n}")
+    rng = np.random.default_rng([20261, n, int(round(logsd * 1000))])
+    out = np.empty(sims)
+    chunk = max(1000, 2_000_000 // n)
+    for c0 in range(0, sims, chunk):
+        b = min(chunk, sims - c0)
+        z = rng.standard_normal((b, n))
+        lv = np.exp(logsd * z) if logsd > 0 else z
+        t, _, _ = _deleted_t(lv)
+        out[c0:c0 + b] = np.abs(t).max(axis=-1)
+    out.sort()
+    out.setflags(write=False)
+    return out
 
-    — a normal-theory prediction interval for one new observation (Hahn & Meeker 1991,
-    *Statistical Intervals*, §4.6), equivalently the externally studentized residual of
-    Cook & Weisberg (1982, *Residuals and Influence in Regression*, §2.2.2). A run is flagged
-    when the two-sided p-value times n (Bonferroni over runs) is below ``false_alarm``, so the
-    probability that a healthy study flags any run is at most ``false_alarm`` when the levels
-    are normal (exact up to the Bonferroni inequality; the data-dependent weights make it
-    approximate, which the calibration harness measures). With n = 5 runs the reference is t_3,
-    so a planted bad seed *can* be flagged (unlike a per-step band that contains the run).
+
+def _familywise_p(abs_t: np.ndarray, n: int) -> np.ndarray:
+    """P(max_i |t_i| ≥ |t|) under the calibrated null, (1 + count) / (sims + 1) (Davison & Hinkley 1997,
+    eq. 4.11); +inf gives 0 (the degenerate, exact case)."""
+    null = null_max_deleted_t(n)
+    above = null.size - np.searchsorted(null, abs_t, side="left")
+    p = (1.0 + above) / (null.size + 1.0)
+    return np.where(np.isinf(abs_t), 0.0, np.where(np.isnan(abs_t), 1.0, p))
+
+
+def _window_esd(wl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per run and window (``wl``: runs × windows): the generalized ESD many-outlier procedure
+    (Rosner 1983) with the deleted residual and the skew-calibrated null. In each window the most
+    extreme run is taken out, then the most extreme of the rest, up to ``MAX_WINDOW_OUTLIERS``
+    (at most a third of the runs); R_j is the j-th one's |t| among the n − j + 1 runs left, with
+    familywise p_j = P(max |t| ≥ R_j) for n − j + 1 runs (``null_max_deleted_t``). Several runs that
+    blow up together inflate each other's sd_{−i} (masking); the step-up rule flags the first j
+    runs taken out when p_j is small, so they cannot hide each other. A run's p in the window is
+    min over j ≥ (its order) of k · p_j (Bonferroni over the k steps); a run never taken out gets
+    its own deleted residual's p times k. Returns (statistic, p) of shape runs × windows."""
+    n, w = wl.shape
+    k = max(1, min(MAX_WINDOW_OUTLIERS, n // 3))
+    t0, _, _ = _deleted_t(wl.T)
+    stat = np.abs(t0).T.copy()
+    p = np.minimum(1.0, k * _familywise_p(stat, n))
+    if k == 1:
+        return stat, p
+    lv = wl.T  # (windows, runs)
+    alive = np.ones((w, n), dtype=bool)
+    rows = np.arange(w)
+    tiny = 1e-12 * np.maximum(1.0, np.max(np.abs(lv), axis=1)) ** 2
+    order, pj = [], []
+    for step in range(k):
+        m = n - step
+        z = np.where(alive, lv, 0.0)
+        total, total2 = z.sum(axis=1, keepdims=True), (z * z).sum(axis=1, keepdims=True)
+        mean_o = (total - lv) / (m - 1)
+        var_o = np.maximum((total2 - lv * lv - (m - 1) * mean_o * mean_o) / (m - 2), 0.0)
+        diff = lv - mean_o
+        flat = var_o <= tiny[:, None]  # the others identical (up to rounding): exact, as ``_deleted_t``
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(flat, np.where(np.abs(diff) <= np.sqrt(tiny)[:, None], 0.0, np.inf),
+                         np.abs(diff) / np.sqrt(var_o * (1.0 + 1.0 / (m - 1))))
+        t = np.where(alive, t, -1.0)
+        i = np.argmax(t, axis=1)
+        r = t[rows, i]
+        order.append(i)
+        pj.append(np.minimum(1.0, k * _familywise_p(r, m)))
+        alive[rows, i] = False
+    tail = np.minimum.accumulate(np.array(pj)[::-1], axis=0)[::-1]  # (k, windows): min over j >= order
+    for step, i in enumerate(order):
+        p[i, rows] = np.minimum(p[i, rows], tail[step])
+    return stat, p
+
+
+def _sample_skewness(v: np.ndarray) -> np.ndarray | float:
+    """The adjusted Fisher–Pearson sample skewness G1 along the last axis (as
+    ``scipy.stats.skew(v, bias=False)``; Joanes & Gill 1998)."""
+    m = v.shape[-1]
+    d = v - v.mean(axis=-1, keepdims=True)
+    m2 = (d * d).mean(axis=-1)
+    m3 = (d * d * d).mean(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g1 = m3 / m2**1.5 * np.sqrt(m * (m - 1.0)) / (m - 2.0)
+    return float(g1) if np.ndim(g1) == 0 else g1
+
+
+def _skewness_limit(n: int) -> float:
+    """The 99.5th percentile of the sample skewness of n − 1 lognormal(log-sd SEED_SKEW_LOGSD) levels:
+    skew beyond it says the seed effects are more skewed than the level is calibrated for."""
+    return _skew_limits(n - 1)
+
+
+@lru_cache(maxsize=64)
+def _skew_limits(m: int) -> float:
+    rng = np.random.default_rng([20262, m])
+    lv = np.exp(SEED_SKEW_LOGSD * rng.standard_normal((20_000, m)))
+    return float(np.quantile(np.abs(_sample_skewness(lv)), 0.995))
+
+
+def out_of_band_curves(matrix, *, false_alarm: float = 0.01, windows: int = N_WINDOWS) -> CurveOutliers:
+    """Flag runs whose whole curve, or one tenth of it, sits outside the band of the *other* runs.
+
+    Each run i is reduced to its level over the steps that every run logged with a finite value:
+    ``level_i = mean_t (x_it − m_t) / s_t`` with m_t, s_t the mean and sd over runs at step t
+    (steps where s_t = 0 carry no information and are skipped), and to the same mean over each
+    of ``windows`` consecutive equal parts of those steps. The weights 1/s_t are a symmetric
+    function of the runs, so healthy (exchangeable) runs give exchangeable levels, and averaging
+    over steps removes the step autocorrelation problem of per-step rules. Run i is compared to
+    the other n − 1 levels by the studentized deleted residual
+
+        t_i = (level_i − mean_{−i}) / (sd_{−i} √(1 + 1/(n − 1)))
+
+    (Hahn & Meeker 1991, *Statistical Intervals*, §4.6; Cook & Weisberg 1982, §2.2.2), which is
+    t_{n−2} for normal levels (``p_value``). Seeds often act multiplicatively (a per-seed learning
+    speed, a per-seed scale of the excess loss), which makes the levels right-skewed, and a
+    Bonferroni t level (p < α/n) reaches far into that tail. So the familywise level is
+    calibrated instead: ``p_adjusted`` is P(max_i |t_i| ≥ |t|) under i.i.d. lognormal levels
+    with log-sd ``SEED_SKEW_LOGSD`` (simulated, ``null_max_deleted_t``), for the whole curve at
+    (1 − ``WINDOW_SHARE``)·α and, for the worst window, with the window maxima treated as
+    independent (1 − (1 − p)^windows) at ``WINDOW_SHARE``·α (a union bound over the two parts);
+    ``p_adjusted`` is the smaller p over its share. In a window the deleted residual goes through
+    the generalized ESD procedure (``_window_esd``), so that up to ``MAX_WINDOW_OUTLIERS`` runs that
+    blow up together cannot mask each other. The window statistic is what names a run that stays in the band and then
+    blows up late: its whole-curve level dilutes a late excursion, one window's does not.
+
+    When the levels of the other runs are visibly more skewed than the calibration covers
+    (sample skewness beyond the 99.5th percentile for lognormal log-sd 0.5) ``skew_ok`` is False
+    and the reason says the level is not claimed.
 
     Degenerate case, answered exactly: when the other runs' levels are identical (sd_{−i} = 0),
     run i is flagged iff its level differs (p = 0), else not (p = 1).
@@ -331,30 +520,42 @@ def out_of_band_curves(matrix, *, false_alarm: float = 0.01) -> CurveOutliers:
 
     if n < 3:
         return untestable(f"{n} run(s): need at least 3 to compare a run with the others")
-    level, k = curve_levels(x)
+    level, wl, k, spans = window_levels(x, windows=windows)
     if k == 0:
         return untestable("no step logged with a finite value by every run")
     if level is None:  # every run bit-identical at every shared step: exactly nothing to flag
         z = np.zeros(n)
         return CurveOutliers(True, z, z, n - 2, np.ones(n), np.ones(n), none, k, float(false_alarm), True,
                              f"all {n} runs identical at the {k} shared steps")
-    total, total2 = level.sum(), (level * level).sum()
-    mean_o = (total - level) / (n - 1)
-    var_o = np.maximum((total2 - level * level - (n - 1) * mean_o * mean_o) / (n - 2), 0.0)
-    # recompute exactly where cancellation could matter (tiny spreads)
-    for i in np.flatnonzero(var_o <= 1e-12 * max(1.0, float(np.max(np.abs(level))) ** 2)):
-        others = np.delete(level, i)
-        var_o[i] = others.var(ddof=1)
-    sd_o = np.sqrt(var_o)
-    diff = level - mean_o
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(sd_o > 0, diff / (sd_o * np.sqrt(1.0 + 1.0 / (n - 1))),
-                     np.where(diff == 0, 0.0, np.sign(diff) * np.inf))
+    t, diff, sd_o = _deleted_t(level)
     p = 2.0 * stats.t.sf(np.abs(t), n - 2)
     p = np.where(sd_o > 0, p, np.where(diff == 0, 1.0, 0.0))
-    padj = np.minimum(1.0, n * p)
-    flagged = padj < false_alarm
     exact = bool((sd_o == 0).any())
-    reason = (f"{int(flagged.sum())} of {n} runs outside the others' whole-curve band "
-              f"(false alarm ≤ {false_alarm:g} per study, {k} shared steps)")
-    return CurveOutliers(True, level, t, n - 2, p, padj, flagged, k, float(false_alarm), exact, reason)
+    p_whole = _familywise_p(np.abs(t), n)
+    w = wl.shape[1]
+    wt = np.zeros(n)
+    wspan: list = [None] * n
+    p_win = np.ones(n)
+    if w:
+        tw, pw_all = _window_esd(wl)  # (runs, windows)
+        exact = exact or bool(np.isinf(tw).any())
+        worst = np.argmin(pw_all - 1e-9 * np.minimum(tw, 1e300), axis=1)  # ties (p at its floor): the larger statistic
+        wt = tw[np.arange(n), worst]
+        wspan = [spans[j] for j in worst]
+        p_win = 1.0 - (1.0 - pw_all[np.arange(n), worst]) ** w
+        padj = np.minimum(1.0, np.minimum(p_whole / (1.0 - WINDOW_SHARE), p_win / WINDOW_SHARE))
+    else:
+        padj = p_whole
+    flagged = padj < false_alarm
+    by_window = flagged & (p_win < p_whole) if w else none
+    others = np.delete(level, int(np.argmax(np.abs(np.where(np.isfinite(t), t, 1e300)))))
+    skew = float(_sample_skewness(others)) if n >= 4 and np.ptp(others) > 0 else float("nan")
+    skew_ok = not (n >= 6 and np.isfinite(skew) and abs(skew) > _skewness_limit(n))
+    reason = (f"{int(flagged.sum())} of {n} runs outside the others' band over the whole curve or its worst "
+              f"window (false alarm ≤ {false_alarm:g} per study, {k} shared steps)")
+    if not skew_ok:
+        reason += (f"; the runs' levels are more skewed (skewness {skew:.2f}) than the level is calibrated for "
+                   f"(lognormal seed effects, log-sd {SEED_SKEW_LOGSD:g}): the false-alarm level is not claimed")
+    return CurveOutliers(True, level, t, n - 2, p, padj, flagged, k, float(false_alarm), exact, reason,
+                         window_statistic=wt, window_steps=tuple(wspan), windows=w, by_window=by_window,
+                         skew_ok=skew_ok, skewness=skew)

@@ -268,6 +268,30 @@ def self_starting_scores(values, *, exclude_above: float | None = None) -> np.nd
     return u
 
 
+# Consecutive studies share data, code and machines, so their summaries can be correlated; the CUSUM's
+# threshold assumes independent studies, and with AR(1) 0.3 / 0.5 between consecutive study summaries it
+# fires in 17% / 47% of 100-study lifetimes at a 1% budget (docs/calibration.md, stress rows). The alarm
+# says so when the history before its estimated change point looks dependent: lag-1 autocorrelation r₁
+# more than DEPENDENCE_Z/√m above the bias −1/m of independent values (Bartlett 1946; Box, Jenkins &
+# Reinsel 2008, §6.2.2). Withholding such alarms, prewhitening and widening were tried: each lowered the
+# AR(0.5) lifetime rate (to 4–10%) but not to 1%, at a cost in power (docs/calibration.md).
+DEPENDENCE_Z = 1.645
+DEPENDENCE_MIN_VALUES = 8
+
+
+def _lag1(v: np.ndarray) -> float | None:
+    """The lag-1 sample autocorrelation, or None with fewer than DEPENDENCE_MIN_VALUES values or no spread."""
+    if v.size < DEPENDENCE_MIN_VALUES:
+        return None
+    d = v - v.mean()
+    den = float(d @ d)
+    return None if den <= 0 else float(d[1:] @ d[:-1]) / den
+
+
+def _dependence_limit(m: int) -> float:
+    return -1.0 / m + DEPENDENCE_Z / math.sqrt(m)
+
+
 @dataclass(frozen=True)
 class SequentialShift:
     """The state of the self-starting CUSUM after the last value of a history.
@@ -294,6 +318,7 @@ class SequentialShift:
     direction: str
     reason: str
     guarantee: str
+    too_dependent: bool = False  # the alarm's history before the change looks dependent: its level is not claimed
 
 
 def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_history: int = 6,
@@ -365,5 +390,11 @@ def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_his
     before, after = float(x[:index].mean()), float(x[index:].mean())
     reason = (f"shift: CUSUM {float(side[first]):.3g} > h={h:.3g} at index {first}; mean {before:.4g} over "
               f"{index} value(s), then {after:.4g} over {n - index} from index {index}")
+    r1 = _lag1(x[:index])
+    dependent = r1 is not None and r1 > _dependence_limit(index)
+    if dependent:
+        reason += (f"; but the history before the change looks dependent (lag-1 correlation {r1:.2f}: consecutive "
+                   f"studies share data, code or machines), where the lifetime false-alarm level of {alpha:.0%} "
+                   "assumes independent studies and is not claimed")
     return SequentialShift(True, index, first, float(side[first]), upper=float(up[-1]), lower=float(lo[-1]),
-                           mean_before=before, mean_after=after, reason=reason, **base)
+                           mean_before=before, mean_after=after, reason=reason, too_dependent=dependent, **base)

@@ -66,10 +66,17 @@ class CostRatio:
     method: str
 
 
-def cost_guarantee(confidence: float) -> str:
-    """The phrase shown beside a cost verdict: the CI's level and the two error rates it bounds."""
+def cost_guarantee(confidence: float, *, interleaved: bool | None = True) -> str:
+    """The phrase shown beside a cost verdict: the CI's level and the two error rates it bounds, which
+    hold for runs of the two levels interleaved in time. ``interleaved=None``: the report cannot know
+    (runs uploaded from elsewhere, no worker recorded), and the phrase says so."""
     tail = (1.0 - confidence) / 2.0
-    return f"{confidence:.0%} CI; false 'fail' ≤ {tail:.1%}, false 'pass' ≤ {tail:.1%}"
+    head = f"{confidence:.0%} CI; false 'fail' ≤ {tail:.1%}, false 'pass' ≤ {tail:.1%} for interleaved runs"
+    if interleaved is None:
+        return head + " (the runs' order is unknown here, e.g. uploaded runs: a load drift could read as a cost)"
+    if not interleaved:
+        return head + " (these runs were not interleaved: not claimed)"
+    return head
 
 
 def run_summary(step_times, *, warmup_fraction: float = DEFAULT_WARMUP_FRACTION) -> float | None:

@@ -8,7 +8,7 @@ from scipy import stats
 
 from steady.server.stats.planning import seeds_for_equivalence
 
-__all__ = ["welch", "tost", "brown_forsythe", "hedges_g", "bootstrap_mean_diff", "band_containment",
+__all__ = ["welch", "tost", "skew_guard", "brown_forsythe", "hedges_g", "bootstrap_mean_diff", "band_containment",
            "holm", "benjamini_hochberg", "adjust", "TestResult", "Tost", "BootstrapCI", "Portability",
            "compare_stacks"]
 
@@ -48,6 +48,50 @@ def welch(reference, candidate) -> TestResult:
     return TestResult(float(t), float(2 * stats.t.sf(abs(t), df)), df)
 
 
+# The skew guard of the TOST (see ``skew_guard``): finals as skewed as a lognormal with log-sd 0.5
+# (skewness 1.75, kurtosis 8.9) make the Welch t's own skewness about SKEW_BOUND·|σ_c³/n_c² − σ_r³/n_r²|/se³.
+SKEW_BOUND = 1.75
+SKEW_IMBALANCE_LIMIT = 0.12  # that skewness of the t above which a visible skew withholds 'equivalent'
+SKEW_VISIBLE_Z = 0.5  # pooled sample skewness beyond this many of its normal-theory sds counts as visible
+
+
+def skew_guard(reference, candidate, *, visible_z: float = SKEW_VISIBLE_Z,
+               imbalance_limit: float = SKEW_IMBALANCE_LIMIT) -> str | None:
+    """Why a Welch TOST's 'equivalent' cannot claim its level for these samples, or None.
+
+    The Welch statistic of a difference of means is skewed when the finals are skewed and the two
+    stacks differ in seed count or spread: its third cumulant is γ(σ_c³/n_c² − σ_r³/n_r²)/se³ for a
+    common standardized skewness γ (the Edgeworth term of Hall 1992, §2.6, for two samples), and a
+    small, wide, right-skewed group that misses its tail gives a small mean *and* a small sd, so a
+    false 'equivalent' at the margin comes 11–14% of the time at 5% nominal (5 vs 20 seeds, variance
+    ratio 4, lognormal or gamma finals). One cannot estimate that skewness from 5 seeds, but the
+    pooled standardized residuals of both stacks show it: the claim is withheld when the imbalance
+    term at the bound skewness ``SKEW_BOUND`` exceeds ``SKEW_IMBALANCE_LIMIT`` *and* the pooled
+    sample skewness is beyond ``SKEW_VISIBLE_Z`` of its normal-theory sd (D'Agostino 1970). Balanced
+    designs (equal counts and spreads: the skew cancels) are never withheld. Calibrated by the
+    harness (docs/calibration.md, ``stack_portability:equivalent`` skewed-unequal rows)."""
+    a = np.asarray(reference, dtype=np.float64)
+    b = np.asarray(candidate, dtype=np.float64)
+    if a.size < 2 or b.size < 2:
+        return None
+    sa, sb = float(a.std(ddof=1)), float(b.std(ddof=1))
+    se = float(np.sqrt(sa * sa / a.size + sb * sb / b.size))
+    if se == 0 or sa == 0 or sb == 0:
+        return None
+    imbalance = SKEW_BOUND * abs(sb**3 / b.size**2 - sa**3 / a.size**2) / se**3
+    if imbalance <= imbalance_limit:
+        return None
+    z = np.concatenate([(a - a.mean()) / sa, (b - b.mean()) / sb])
+    n = z.size
+    g = float(np.mean(z**3))
+    sd_g = float(np.sqrt(6.0 * n * (n - 1) / ((n - 2) * (n + 1) * (n + 3))))
+    if abs(g) <= visible_z * sd_g:
+        return None
+    return (f"the finals look skewed (pooled skewness {g:.2f}) and the stacks differ in seeds or spread "
+            f"({a.size} vs {b.size} seeds, sd {sa:.3g} vs {sb:.3g}): the TOST cannot claim its level here, "
+            "so 'equivalent' is withheld (equal seed counts make the skew cancel)")
+
+
 @dataclass(frozen=True)
 class Tost:
     diff: float  # mean(candidate) − mean(reference)
@@ -58,6 +102,7 @@ class Tost:
     p_upper: float
     p_value: float  # max of the two one-sided p-values
     exact: bool = False  # both samples constant (zero standard error): the difference is known exactly
+    withheld: str | None = None  # why 'equivalent' is not claimed although p_value is small (``skew_guard``)
 
 
 def tost(reference, candidate, *, margin: float) -> Tost:
@@ -69,6 +114,9 @@ def tost(reference, candidate, *, margin: float) -> Tost:
     Degenerate case, answered exactly: when both samples are constant (standard error 0, e.g.
     bit-identical groups) the difference is known without error, so p = 0 when |diff| < margin
     and p = 1 otherwise, with ``exact=True`` (no 0/0 t statistic).
+
+    ``withheld`` says why 'equivalent' must not be claimed even when p is small: skewed finals with
+    unequal seed counts or spreads (``skew_guard``).
     """
     if not (margin > 0 and np.isfinite(margin)):
         raise ValueError(f"margin must be finite and > 0, got {margin!r}")
@@ -80,7 +128,7 @@ def tost(reference, candidate, *, margin: float) -> Tost:
         return Tost(d, se, df, float(margin), p1, p2, max(p1, p2), exact=True)
     p1 = float(stats.t.sf((d + margin) / se, df))
     p2 = float(stats.t.cdf((d - margin) / se, df))
-    return Tost(d, se, df, float(margin), p1, p2, max(p1, p2))
+    return Tost(d, se, df, float(margin), p1, p2, max(p1, p2), withheld=skew_guard(a, b))
 
 
 def brown_forsythe(reference, candidate) -> TestResult:

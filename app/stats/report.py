@@ -18,7 +18,7 @@ import numpy as np
 
 from steady.server.stats import expectations
 from steady.server.stats.expectations import BUILTIN, SeedRoute
-from steady.server.stats.cost import cost_ratio
+from steady.server.stats.cost import cost_guarantee, cost_ratio
 from steady.server.stats.report_data import (
     STEP_TIME_KEY,
     STEP_TIME_SOURCES,
@@ -192,8 +192,10 @@ def _cost(runs, *, confidence, budget=None) -> list[dict]:
                           and all(wa is not None and wa == wb for (_, _, wa), (_, _, wb) in zip(a, b)))
                 cr = cost_ratio([t for _, t, _ in a], [t for _, t, _ in b], numerator=num, denominator=den,
                                 confidence=confidence, paired=paired, budget=budget)
+                known = all(w is not None for _, _, w in a + b)  # Steady's workers ran them, in balanced order
                 out.append({"stack": stack, **to_data(cr), "source": source,
-                            "source_text": STEP_TIME_SOURCES[source]})
+                            "source_text": STEP_TIME_SOURCES[source],
+                            "guarantee": cost_guarantee(confidence, interleaved=True if known else None)})
     return out
 
 

@@ -203,10 +203,17 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
                         "statistic": oob.statistic, "df": oob.df, "p_value": oob.p_value,
                         "p_adjusted": oob.p_adjusted, "steps_used": oob.steps_used, "false_alarm": oob.false_alarm,
                         "exact": oob.exact, "method": oob.method, "reason": oob.reason,
-                        "guarantee": guarantees.out_of_band(false_alarm)}
+                        "guarantee": guarantees.out_of_band(false_alarm, skew_ok=oob.skew_ok)}
             if flagged:
-                reason += (f"; out of band: run(s) {', '.join(map(str, flagged))} "
-                           f"(whole curve vs the other runs, false alarm ≤ {false_alarm:g} per study)")
+                late = oob.by_window if oob.by_window is not None else np.zeros(len(kept_ids), dtype=bool)
+                spans = oob.window_steps or (None,) * len(kept_ids)
+                named = [f"{rid} (steps {int(aligned.steps[sp[0]])}–{int(aligned.steps[sp[1]])})"
+                         if lt and sp is not None else str(rid)
+                         for rid, f, lt, sp in zip(kept_ids, oob.flagged, late, spans) if f]
+                reason += (f"; out of band: run(s) {', '.join(named)} "
+                           f"(whole curve or its worst tenth vs the other runs, false alarm ≤ {false_alarm:g} per study)")
+            if not oob.skew_ok:
+                reason += f"; {oob.reason.split('; ', 1)[-1]}"
         first = plain.seed_line(verdict, spread, sequential=sequential, n_seeds=len(chosen),
                                 identical=without_effect)
         out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, verdict,
@@ -340,7 +347,9 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
             else:
                 verdict, reason = "inconclusive", f"{exact}, on the margin ±{m:g}"
         elif m is not None:
-            if tost_adj[i] < alpha:
+            if tost_adj[i] < alpha and res.tost is not None and res.tost.withheld:
+                verdict, reason = "inconclusive", f"{d}, TOST p={tost_adj[i]:.3g} ({method}), but {res.tost.withheld}"
+            elif tost_adj[i] < alpha:
                 verdict, reason = "equivalent", f"{d} within ±{m:g}: TOST p={tost_adj[i]:.3g} ({method})"
             elif res.diff_ci_low > m or res.diff_ci_high < -m:
                 verdict, reason = "not_equivalent", f"{d} entirely outside ±{m:g}"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from steady.server.stats.portability import welch_parts
+from steady.server.stats.portability import skew_guard, welch_parts
 from steady.server.stats.sequential import spending_boundaries
 
 __all__ = ["TostLook", "SequentialTost", "tost_information_fraction", "sequential_tost_decision",
@@ -72,6 +72,13 @@ class SequentialTost:
     spending: str
     max_seeds: int
     margin: float
+    skew_withheld: bool = False  # a look's 'equivalent' was withheld by the skew guard (``portability.skew_guard``)
+
+
+# The skew guard at every look is stricter than the fixed rule's: each look is another chance for a small,
+# wide, skewed stack to miss its tail (calibrated: docs/calibration.md, the adaptive baseline20 rows).
+SEQUENTIAL_VISIBLE_Z = 0.25
+SEQUENTIAL_IMBALANCE_LIMIT = 0.06
 
 
 def tost_information_fraction(n_reference: int, n_candidate: int, max_seeds: int, *, last: bool) -> float:
@@ -139,6 +146,7 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
     b_eq = spending_boundaries(fractions, alpha=alpha, spending=spending)
     b_ne = spending_boundaries(fractions, alpha=alpha / 2.0, spending=spending)
     looks, verdict, decided = [], "inconclusive", None
+    withheld = False
     for j, ((a, c), k) in enumerate(zip(cum, look_stage)):
         a_eq, a_ne = b_eq.nominal_alpha[j], b_ne.nominal_alpha[j]
         d = se = df = low = high = None
@@ -146,6 +154,10 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
         if a.size >= 2 and c.size >= 2:
             d, se, df = welch_parts(a, c)
             v, low, high = _judge(d, se, df, float(margin), a_eq, a_ne)
+            if v == "equivalent" and skew_guard(a, c, visible_z=SEQUENTIAL_VISIBLE_Z,
+                                                imbalance_limit=SEQUENTIAL_IMBALANCE_LIMIT):
+                v = "inconclusive"  # skewed finals, unequal stacks: as the fixed rule, stricter (repeated looks)
+                withheld = True
         looks.append(TostLook(k, int(a.size), int(c.size), b_eq.info_fractions[j], float(b_eq.boundaries[j]), a_eq,
                               b_eq.cumulative_alpha[j], float(b_ne.boundaries[j]), a_ne, d, se, df, low, high, v))
         if v != "inconclusive":
@@ -153,7 +165,7 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
             break
     final = decided is not None or len(reference_by_stage) >= last_stage
     return SequentialTost(verdict, decided, final, tuple(looks), float(alpha), spending, int(max_seeds),
-                          float(margin))
+                          float(margin), skew_withheld=withheld)
 
 
 def sequential_tost_reason(d: SequentialTost, *, last_stage: int, n_comparisons: int) -> str:
@@ -176,4 +188,7 @@ def sequential_tost_reason(d: SequentialTost, *, last_stage: int, n_comparisons:
     if d.verdict == "not_equivalent":
         return f"{head}: not equivalent, entirely outside ±{d.margin:g} {where}"
     tail = "budget spent" if d.final else "more seeds come in the next stage"
+    if d.skew_withheld:
+        tail += ("; 'equivalent' withheld at a look: the finals look skewed and the stacks differ in seeds or "
+                 "spread, where the TOST cannot claim its level (equal seed counts make the skew cancel)")
     return f"{head}: inconclusive {where}; {tail}"

@@ -64,8 +64,9 @@ def test_planted_bad_seed_over_rest_is_flagged_with_five_seeds(api):
     oob = v["out_of_band_test"]
     assert v["out_of_band"] == [oob["run_ids"][3]]
     assert "out of band" in v["reason"] and "false alarm ≤ 0.01 per study" in v["reason"]
-    assert oob["guarantee"] == "false alarm ≤ 1% per study (whole-curve leave-one-out)"
-    assert v["guarantee"].startswith("each claim wrong ≤ 5%")
+    assert oob["guarantee"] == ("false alarm ≤ 1% per study while seed effects are no more skewed than lognormal "
+                                "(log-sd 0.5, kurtosis ≤ 9); leave-one-out over the whole curve and its worst tenth")
+    assert v["guarantee"].startswith("each claim wrong ≤ 5% for final values with kurtosis ≤ 9")
 
 
 def test_study_page_shows_each_verdicts_guarantee(make_api):
@@ -76,4 +77,19 @@ def test_study_page_shows_each_verdicts_guarantee(make_api):
     assert page.status_code == 200
     html = page.text
     assert html.count("data-guarantee") >= 2
-    assert "each claim wrong ≤ 5%" in html and "false alarm ≤ 1% per study (whole-curve leave-one-out)" in html
+    assert "each claim wrong ≤ 5% for final values with kurtosis ≤ 9" in html
+    assert "false alarm ≤ 1% per study while seed effects are no more skewed than lognormal" in html
+
+
+def test_late_blowup_uploaded_over_rest_is_named_with_its_window(api):
+    """Issue #26: one of 10 uploaded seeds stays in the band, then grows ×40 over the last 30 of 300 steps.
+    The report names that run, with the window, and the guarantee says the condition it needs."""
+    x = gen.healthy_curves(np.random.default_rng(26), 10, 300, rho=0.9, offset_sd=0.02, noise=0.02)
+    x = gen.plant_late_blowup(x, runs=(7,), factor=40.0, fraction=0.1)
+    v = _seed_verdict(api, _study(api, x, name="late blow-up"))
+    oob = v["out_of_band_test"]
+    run = oob["run_ids"][7]
+    assert v["out_of_band"] == [run]
+    assert f"out of band: run(s) {run} (steps 270–299) (whole curve or its worst tenth vs the other runs" in v["reason"]
+    assert oob["guarantee"].startswith("false alarm ≤ 1% per study while seed effects are no more skewed")
+    assert oob["p_adjusted"][7] < 0.01 and all(p >= 0.01 for i, p in enumerate(oob["p_adjusted"]) if i != 7)

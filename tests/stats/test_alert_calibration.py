@@ -56,7 +56,8 @@ def test_every_alert_rule_is_registered_with_a_guarantee():
         assert rule.guarantee and 0 <= rule.nominal < 1
         assert any(s.kind == "healthy" for s in rule.scenarios) and any(s.kind == "planted" for s in rule.scenarios)
     assert (set(MIN_POWER) == {(r.name, s.name) for r in RULES for s in r.scenarios if s.kind == "planted"}
-            - {("alert.suite_shift", n) for n in ("last_study_2sd", "last_study_3sd", "5_back_2sd", "10_back_1sd")}
+            - {("alert.suite_shift", n) for n in ("last_study_2sd", "last_study_3sd", "5_back_2sd", "10_back_1sd",
+                                                  "last_study_3sd_ar0.5", "10_back_2sd_ar0.3")}
             - {("alert.out_of_baseline", n) for n in ("10v10_shift_2sd", "5v5_shift_4sd")})
 
 
@@ -212,3 +213,20 @@ def test_shift_delays_count_from_the_first_shifted_study():
 
     d = shift_delays(np.random.default_rng(2), n=30, start=20, shift=30.0, after=10)
     assert np.all((d >= 1) & (d <= 5))  # a 30σ jump: found within a few studies, never before it
+
+
+def test_suite_shift_alarm_says_when_the_history_before_it_looks_dependent():
+    """AR(1) 0.6 between consecutive study means, then a jump: the alarm's reason says the history is dependent
+    and the level is not claimed; an independent history's alarm says nothing of the kind."""
+    from steady.server.stats.calibration.rules_alerts import suite_history
+
+    dep = suite_history(np.random.default_rng(5), 60, ar=0.9, shift=25.0, shift_from=55)
+    r = sequential_shift(dep, alpha=0.01, horizon=100)
+    assert r.detected and r.too_dependent
+    assert "looks dependent (lag-1 correlation" in r.reason and "is not claimed" in r.reason
+    ind = suite_history(np.random.default_rng(5), 60, shift=25.0, shift_from=55)
+    r = sequential_shift(ind, alpha=0.01, horizon=100)
+    assert r.detected and not r.too_dependent and "dependent" not in r.reason
+    x = suite_history(np.random.default_rng(6), 4000, ar=0.5)
+    assert np.corrcoef(x[:-1], x[1:])[0, 1] == pytest.approx(0.5, abs=0.05)
+

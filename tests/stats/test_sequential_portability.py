@@ -14,7 +14,13 @@ from steady.server.stats.calibration import exceeds_nominal, measure
 from steady.server.stats.calibration.rules_adaptive_portability import RULES, STATED_POWER
 from steady.server.stats.report import MetricSpec, RunData, SeedStages, build_report
 from steady.server.stats.sequential import spent_alpha
-from steady.server.stats.sequential_tost import sequential_tost_decision, tost_information_fraction
+from steady.server.stats.portability import skew_guard
+from steady.server.stats.sequential_tost import (
+    SEQUENTIAL_IMBALANCE_LIMIT,
+    SEQUENTIAL_VISIBLE_Z,
+    sequential_tost_decision,
+    tost_information_fraction,
+)
 
 
 def _rng(*names: str) -> np.random.Generator:
@@ -60,8 +66,9 @@ def test_stage_ci_is_statsmodels_welch_interval_at_the_stage_level():
 
 
 def test_one_stage_is_the_fixed_sample_rule():
-    """K = 1: `equivalent` iff statsmodels' TOST p < α; `not_equivalent` iff the (1 − α) Welch CI
-    lies outside the margin — the report's fixed-sample rule."""
+    """K = 1: `equivalent` iff statsmodels' TOST p < α (and the look's skew guard, stricter than the fixed
+    rule's, does not withhold it); `not_equivalent` iff the (1 − α) Welch CI lies outside the margin —
+    the report's fixed-sample rule."""
     rng = np.random.default_rng(21)
     seen = set()
     for i in range(60):
@@ -69,8 +76,11 @@ def test_one_stage_is_the_fixed_sample_rule():
         d = sequential_tost_decision([ref], [cand], margin=1.0, max_seeds=8, last_stage=1)
         p = ttost_ind(cand, ref, -1.0, 1.0, usevar="unequal")[0]
         low, high = CompareMeans(DescrStatsW(cand), DescrStatsW(ref)).tconfint_diff(alpha=0.05, usevar="unequal")
-        expected = "equivalent" if p < 0.05 else "not_equivalent" if (low > 1.0 or high < -1.0) else "inconclusive"
+        withheld = skew_guard(ref, cand, visible_z=SEQUENTIAL_VISIBLE_Z, imbalance_limit=SEQUENTIAL_IMBALANCE_LIMIT)
+        expected = ("inconclusive" if p < 0.05 and withheld else "equivalent" if p < 0.05
+                    else "not_equivalent" if (low > 1.0 or high < -1.0) else "inconclusive")
         assert d.verdict == expected, i
+        assert d.skew_withheld == bool(p < 0.05 and withheld)
         assert d.final and d.stages[0].info_fraction == 1.0 and d.stages[0].cumulative_alpha == pytest.approx(0.05)
         seen.add(expected)
     assert seen == {"equivalent", "not_equivalent", "inconclusive"}
@@ -161,3 +171,20 @@ def test_adaptive_portability_rules_are_registered_with_healthy_planted_and_a_gu
     assert {"stack_portability:adaptive:equivalent", "stack_portability:adaptive:not_equivalent"} <= names
     for r in RULES:
         assert {"healthy", "planted", "stress"} == {s.kind for s in r.scenarios} and "all stages" in r.guarantee
+
+
+def test_adaptive_tost_withholds_equivalent_at_a_look_with_skewed_unequal_stacks():
+    """A 20-seed right-skewed baseline against a wider 5-seed candidate whose values fall inside the margin:
+    the look would say 'equivalent', the skew guard withholds it, and the reason says why."""
+    from steady.server.stats.sequential_tost import sequential_tost_reason
+
+    rng = np.random.default_rng(21)
+    ref = rng.lognormal(0.0, 0.5, 20)
+    cand = np.array([0.6, 0.8, 0.9, 1.0, 3.2])
+    stages_ref, stages_cand = [ref, np.zeros(0), np.zeros(0), np.zeros(0)], [cand, [], [], []]
+    d = sequential_tost_decision(stages_ref, stages_cand, margin=50.0, max_seeds=20, last_stage=4)
+    assert d.verdict == "inconclusive" and d.skew_withheld
+    assert "'equivalent' withheld at a look" in sequential_tost_reason(d, last_stage=4, n_comparisons=1)
+    sym = sequential_tost_decision([np.linspace(0, 2, 20)], [np.linspace(0.5, 1.5, 5)], margin=50.0, max_seeds=20,
+                                   last_stage=4)
+    assert sym.verdict == "equivalent" and not sym.skew_withheld  # unequal but symmetric: claimed

@@ -22,12 +22,15 @@ rule that flags a run, or calls a group unstable at the stated limit, is a false
 from __future__ import annotations
 
 import numpy as np
+from scipy import signal
 
-__all__ = ["smooth_curve", "ar1_noise", "healthy_curves", "plant_offset", "plant_wider", "truncate_runs",
-           "diverge_runs", "final_values", "FINAL_DISTRIBUTIONS", "TAILS", "resample_curves", "recorded_curves"]
+__all__ = ["smooth_curve", "ar1_noise", "healthy_curves", "multiplicative_curves", "plant_late_blowup",
+           "plant_offset", "plant_wider", "truncate_runs", "diverge_runs", "final_values",
+           "FINAL_DISTRIBUTIONS", "TAILS", "resample_curves", "recorded_curves"]
 
 TAILS = ("normal", "t3", "t5")
-FINAL_DISTRIBUTIONS = ("normal", "t3", "t5", "lognormal", "contaminated", "uniform")
+FINAL_DISTRIBUTIONS = ("normal", "t3", "t5", "lognormal", "lognormal1", "gamma", "contaminated", "uniform")
+SEED_EFFECTS = ("rate", "scale")
 
 
 def _rng(rng) -> np.random.Generator:
@@ -56,6 +59,11 @@ def _unit_draws(rng: np.random.Generator, dist: str, size) -> np.ndarray:
         s = 0.5
         x = rng.lognormal(0.0, s, size)
         return (x - np.exp(s * s / 2)) / np.sqrt((np.exp(s * s) - 1) * np.exp(s * s))
+    if dist == "lognormal1":  # log-sd 1: skewness 6.2 (a strongly skewed seed effect)
+        x = rng.lognormal(0.0, 1.0, size)
+        return (x - np.exp(0.5)) / np.sqrt((np.e - 1) * np.e)
+    if dist == "gamma":  # shape 2: skewness 1.41, excess kurtosis 3
+        return (rng.gamma(2.0, 1.0, size) - 2.0) / np.sqrt(2.0)
     if dist == "contaminated":  # 90% N(0, 1), 10% N(0, 3²): excess kurtosis 7.3
         scale = np.where(rng.random(size) < 0.1, 3.0, 1.0)
         return rng.standard_normal(size) * scale / np.sqrt(1.8)
@@ -77,12 +85,9 @@ def ar1_noise(rng: np.random.Generator, n_runs: int, n_steps: int, *, rho: float
     u = _unit_draws(rng, tails, (n_runs, n_steps))
     if rho == 0.0:
         return u
-    out = np.empty_like(u)
-    out[:, 0] = u[:, 0]
-    c = np.sqrt(1.0 - rho * rho)
-    for t in range(1, n_steps):
-        out[:, t] = rho * out[:, t - 1] + c * u[:, t]
-    return out
+    v = np.sqrt(1.0 - rho * rho) * u
+    v[:, 0] = u[:, 0]
+    return signal.lfilter([1.0], [1.0, -rho], v, axis=1)  # out_t = ρ out_{t−1} + v_t, one C loop
 
 
 def healthy_curves(rng: np.random.Generator, n_runs: int, n_steps: int, *, rho: float = 0.9,
@@ -99,6 +104,41 @@ def healthy_curves(rng: np.random.Generator, n_runs: int, n_steps: int, *, rho: 
     scale = noise * (0.5 + 0.5 * b / b[0]) if hetero else np.full(n_steps, float(noise))
     offsets = offset_sd * _unit_draws(rng, offset_dist, n_runs)
     return b[None, :] + offsets[:, None] + ar1_noise(rng, n_runs, n_steps, rho=rho, tails=tails) * scale[None, :]
+
+
+def multiplicative_curves(rng: np.random.Generator, n_runs: int, n_steps: int, *, on: str, logsd: float,
+                          rho: float = 0.9, offset_sd: float = 0.02, noise: float = 0.02,
+                          start: float = 2.5, floor: float = 0.3) -> np.ndarray:
+    """A healthy seed study where each seed acts multiplicatively, so the spread across seeds is
+    right-skewed: ``x_it = floor + (start − floor)·g_i(t) + offset_i + noise_it``, with a per-seed
+    factor F_i ~ lognormal(0, ``logsd``) either on the decay rate (``on="rate"``:
+    g_i(t) = exp(−F_i t/τ), a per-seed learning speed) or on the excess loss (``on="scale"``:
+    g_i(t) = F_i exp(−t/τ)), τ = n_steps/5; offsets and AR(1) noise as in ``healthy_curves``
+    (constant noise sd). Exchangeable runs: a flag is a false alarm."""
+    _rng(rng)
+    if on not in SEED_EFFECTS:
+        raise ValueError(f"on must be one of {SEED_EFFECTS}, got {on!r}")
+    if not logsd >= 0:
+        raise ValueError(f"logsd must be >= 0, got {logsd!r}")
+    t = np.arange(n_steps, dtype=np.float64)
+    tau = n_steps / 5.0
+    f = rng.lognormal(0.0, logsd, n_runs)
+    g = np.exp(-f[:, None] * t[None, :] / tau) if on == "rate" else f[:, None] * np.exp(-t / tau)[None, :]
+    offsets = offset_sd * rng.standard_normal(n_runs)
+    return floor + (start - floor) * g + offsets[:, None] + noise * ar1_noise(rng, n_runs, n_steps, rho=rho)
+
+
+def plant_late_blowup(curves, *, runs=(0,), factor: float = 40.0, fraction: float = 0.1) -> np.ndarray:
+    """A copy of ``curves`` where each run in ``runs`` stays in the band and then, over the last
+    ``fraction`` of its steps, grows geometrically to ``factor`` times its value (a late blow-up
+    that does not reach Inf/NaN: ×1 at the window's first step, ×``factor`` at the last)."""
+    out = np.array(curves, dtype=np.float64, copy=True)
+    n_steps = out.shape[1]
+    width = max(2, int(round(fraction * n_steps)))
+    ramp = np.geomspace(1.0, float(factor), width)
+    for r in runs:
+        out[r, n_steps - width:] *= ramp
+    return out
 
 
 def plant_offset(curves, shift: float, *, run: int = 0) -> np.ndarray:
@@ -141,7 +181,8 @@ def diverge_runs(rng: np.random.Generator, curves, *, n_diverged: int, value: fl
 
 def final_values(rng: np.random.Generator, n: int, *, sd: float, dist: str = "normal", mean: float = 0.0) -> np.ndarray:
     """``n`` final metric values (one per seed) with population sd exactly ``sd`` from ``dist``:
-    normal, Student t3/t5, lognormal (log-sd 0.5), contaminated normal (10% with 3× sd), uniform."""
+    normal, Student t3/t5, lognormal (log-sd 0.5; ``lognormal1``: log-sd 1), gamma (shape 2),
+    contaminated normal (10% with 3× sd), uniform."""
     _rng(rng)
     return mean + sd * _unit_draws(rng, dist, n)
 

@@ -58,6 +58,19 @@ def _naive(rng, *, dist, diff, first, step, max_seeds, claim):
     return False
 
 
+def _adaptive_baseline(rng, *, dist, sign, margin, sd_cand, claim):
+    """A 20-seed reference stack (all at stage 1, as an existing baseline) against a candidate
+    that adds 5 seeds per stage up to 20, with ``sd_cand`` × the reference's spread: unequal
+    seed counts and spreads with skewed finals, true Δ = ``sign`` × margin (in reference σ)."""
+    ref = gen.final_values(rng, 20, sd=1.0, dist=dist)
+    cand = gen.final_values(rng, 20, sd=sd_cand, dist=dist, mean=sign * margin)
+    sizes = stage_sizes(5, 5, 20)
+    ref_stages = [ref] + [np.zeros(0)] * (len(sizes) - 1)
+    d = sequential_tost_decision(ref_stages, np.split(cand, sizes[:-1]), margin=margin, max_seeds=20,
+                                 last_stage=len(sizes), alpha=ALPHA, spending="pocock")
+    return d.verdict == claim
+
+
 def _report_curves(rng, *, n_steps, rho, first, step, max_seeds, claim):
     """Through build_report: AR(1) loss curves with seed offsets on two stacks, the candidate's
     shifted by the margin (= one σ of the final value across seeds)."""
@@ -115,6 +128,13 @@ def _rule(claim: str) -> Rule:
                        "40 seeds (what the design prevents)",
                        partial(_naive, dist="normal", diff=MARGIN, first=5, step=5, max_seeds=40, claim=claim)))
     if claim == "equivalent":
+        for dist in ("lognormal", "gamma"):
+            for side, sign in (("upper", 1.0), ("lower", -1.0)):
+                sc.append(Scenario(f"{dist}-baseline20-5+5to20-var4-{side}", "healthy",
+                                   f"reference 20 seeds at once, candidate 5 + 5 per stage up to 20 with 2 × σ, "
+                                   f"{dist} finals, Δ = {sign:+g} × margin, margin = 2σ",
+                                   partial(_adaptive_baseline, dist=dist, sign=sign, margin=2.0, sd_cand=2.0,
+                                           claim=claim)))
         sc.append(Scenario("normal-5+5to40-pocock-same", "planted", "5 + 5 per stage up to 40 seeds, Δ = 0",
                            partial(_adaptive, dist="normal", diff=0.0, sd_ratio=1.0, first=5, step=5, max_seeds=40,
                                    spending="pocock", claim=claim)))

@@ -56,14 +56,25 @@ def training_finals(rng: np.random.Generator, n: int, *, dist: str = "normal", c
 
 
 def suite_history(rng: np.random.Generator, n_studies: int, *, seeds: int = 4, dist: str = "normal",
-                  study_sd: float = 0.01, shift: float = 0.0, shift_from: int | None = None) -> np.ndarray:
+                  study_sd: float = 0.01, shift: float = 0.0, shift_from: int | None = None,
+                  ar: float = 0.0) -> np.ndarray:
     """One summary per study (mean final over ``seeds`` seeds), with a between-study random effect.
 
+    With ``ar`` the summaries of consecutive studies are correlated (they share data, code and
+    machines): the deviations from the mean go through an AR(1) filter, x_t = ar·x_{t−1} +
+    √(1 − ar²)·e_t, which keeps their variance and gives lag-1 correlation ``ar``.
     A ``shift`` (in units of the summary's std) is added to studies ``shift_from`` onwards."""
     seed_sd = 0.02
     effect = study_sd * rng.standard_normal(n_studies)
     means = np.array([training_finals(rng, seeds, dist=dist, scale=seed_sd).mean() for _ in range(n_studies)])
     x = means + effect
+    if ar:
+        e = x - 0.35
+        y = np.empty_like(e)
+        y[0] = e[0]
+        for t in range(1, n_studies):
+            y[t] = ar * y[t - 1] + np.sqrt(1.0 - ar * ar) * e[t]
+        x = 0.35 + y
     if shift:
         sd = float(np.sqrt(study_sd ** 2 + seed_sd ** 2 / seeds))
         x[shift_from:] += shift * sd
@@ -117,6 +128,17 @@ SUITE_SHIFT = Rule(
                  _shift(100, dist="gamma", seeds=1, study_sd=0.0)),
         Scenario("lifetime_100_no_study_effect", "healthy", "100 studies, seed noise only (no between-study effect)",
                  _shift(100, study_sd=0.0)),
+        Scenario("lifetime_100_ar0.3", "stress",
+                 "100 studies, consecutive study means correlated (AR(1) 0.3: shared data, code, machines)",
+                 _shift(100, ar=0.3)),
+        Scenario("lifetime_100_ar0.5", "stress", "100 studies, consecutive study means correlated (AR(1) 0.5)",
+                 _shift(100, ar=0.5)),
+        Scenario("lifetime_30_ar0.5", "stress", "30 studies, consecutive study means correlated (AR(1) 0.5)",
+                 _shift(30, ar=0.5)),
+        Scenario("last_study_3sd_ar0.5", "planted", "3σ shift in the last of 30 studies, AR(1) 0.5 history",
+                 _shift(30, shift=3.0, shift_from=29, ar=0.5)),
+        Scenario("10_back_2sd_ar0.3", "planted", "2σ shift in the last 10 of 30 studies, AR(1) 0.3 history",
+                 _shift(30, shift=2.0, shift_from=20, ar=0.3)),
         Scenario("last_study_2sd", "planted", "2σ shift in the last of 30 studies", _shift(30, shift=2.0, shift_from=29)),
         Scenario("last_study_3sd", "planted", "3σ shift in the last of 30 studies", _shift(30, shift=3.0, shift_from=29)),
         Scenario("5_back_2sd", "planted", "2σ shift in the last 5 of 30 studies", _shift(30, shift=2.0, shift_from=25)),

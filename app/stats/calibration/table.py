@@ -10,13 +10,22 @@ import numpy as np
 from steady.server.stats.calibration import Rate, Rule, clopper_pearson, exceeds_nominal, measure
 
 __all__ = ["run_table", "format_text", "format_markdown", "to_json", "update_doc", "power_offsets",
-           "format_power_markdown", "KINDS", "DOC_START", "DOC_END", "POWER_START", "POWER_END"]
+           "format_power_markdown", "late_blowup_rows", "format_blowup_markdown", "block_markers", "KINDS",
+           "DOC_START", "DOC_END", "POWER_START", "POWER_END", "BLOWUP_START", "BLOWUP_END"]
 
 KINDS = ("healthy", "stress", "planted")
 DOC_START = "<!-- calibration-table:start -->"
 DOC_END = "<!-- calibration-table:end -->"
 POWER_START = "<!-- power-table:start -->"
 POWER_END = "<!-- power-table:end -->"
+BLOWUP_START = "<!-- blowup-power-table:start -->"
+BLOWUP_END = "<!-- blowup-power-table:end -->"
+
+
+def block_markers(name: str) -> tuple[str, str]:
+    """The marker lines of a named table block (``steady calibrate --doc-block NAME``): a table of some
+    rules only, regenerated without touching the full table."""
+    return f"<!-- calibration-table:{name}:start -->", f"<!-- calibration-table:{name}:end -->"
 
 
 def run_table(rules: Sequence[Rule], *, sims: int, rng: np.random.Generator, kinds: Sequence[str] = KINDS,
@@ -85,11 +94,35 @@ def update_doc(text: str, table: str, *, start: str = DOC_START, end: str = DOC_
 
 
 def format_power_markdown(power: list[dict]) -> str:
-    out = ["| seeds | offset for 80% power (× level sd, normal theory) | measured power at that offset | 95% CI | sims |",
-           "|---|---|---|---|---|"]
+    out = ["| seeds | offset for 80% power (× level sd, normal theory) | before: Bonferroni-t | "
+           "measured power at that offset | 95% CI | sims |",
+           "|---|---|---|---|---|---|"]
     for p in power:
-        out.append(f"| {p['seeds']} | {p['offset_level_sd']:.2f} | {p['power']:.3f} | "
+        out.append(f"| {p['seeds']} | {p['offset_level_sd']:.2f} | {p['offset_bonferroni']:.2f} | {p['power']:.3f} | "
                    f"{p['ci_low']:.3f}–{p['ci_high']:.3f} | {p['n']} |")
+    return "\n".join(out)
+
+
+def late_blowup_rows(*, rng: np.random.Generator, sims: int, seeds=(5, 10, 20), n_steps: int = 300) -> list[dict]:
+    """Power against a late blow-up (×40 over the last 10% of the steps) of one seed and of three
+    (among 10 or 20), with every blown-up run named: ``rules_seeds.late_blowup_power``."""
+    from steady.server.stats.calibration.rules_seeds import late_blowup_power
+
+    out = []
+    for n_bad, ns in ((1, seeds), (3, tuple(n for n in seeds if n >= 10))):
+        for n in ns:
+            k = late_blowup_power(rng, n_seeds=n, sims=sims, n_bad=n_bad, n_steps=n_steps)
+            lo, hi = clopper_pearson(k, sims)
+            out.append({"seeds": n, "blown_up": n_bad, "k": k, "n": sims, "power": k / sims, "ci_low": lo,
+                        "ci_high": hi})
+    return out
+
+
+def format_blowup_markdown(rows: list[dict]) -> str:
+    out = ["| seeds | runs blown up (×40, last 10%) | flagged and named | 95% CI | sims |", "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['seeds']} | {r['blown_up']} | {r['power']:.3f} | {r['ci_low']:.3f}–{r['ci_high']:.3f} | "
+                   f"{r['n']} |")
     return "\n".join(out)
 
 
@@ -97,13 +130,19 @@ def power_offsets(*, rng: np.random.Generator, sims: int, seeds=(5, 10, 20), n_s
                   rho: float = 0.9) -> list[dict]:
     """For each number of seeds: the whole-curve offset (× the level sd) flagged with 80% power by
     normal theory, and the power measured at that offset on AR(1) curves with seed offsets."""
-    from steady.server.stats.calibration.rules_seeds import curve_level_sd, offset_for_power, oob_planted_power
+    from steady.server.stats.calibration.rules_seeds import (
+        bonferroni_offset_for_power,
+        curve_level_sd,
+        offset_for_power,
+        oob_planted_power,
+    )
 
     out = []
     for n in seeds:
         d = offset_for_power(n)
         k = oob_planted_power(rng, n_seeds=n, delta=d, sims=sims, n_steps=n_steps, rho=rho)
         lo, hi = clopper_pearson(k, sims)
-        out.append({"seeds": n, "offset_level_sd": d, "level_sd": curve_level_sd(n_steps, rho=rho),
+        out.append({"seeds": n, "offset_level_sd": d, "offset_bonferroni": bonferroni_offset_for_power(n),
+                    "level_sd": curve_level_sd(n_steps, rho=rho),
                     "n_steps": n_steps, "rho": rho, "k": k, "n": sims, "power": k / sims, "ci_low": lo, "ci_high": hi})
     return out
