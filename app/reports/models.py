@@ -148,6 +148,7 @@ class SequentialTost(Part):
     spending: str
     max_seeds: int
     margin: WireFloat
+    skew_withheld: bool = False  # a look's 'equivalent' was withheld: skewed finals on unequal stacks
 
 
 class PortabilityVerdict(_VerdictBase):

@@ -237,6 +237,7 @@ class Tost(Part):
     p_upper: WireFloat
     p_value: WireFloat
     exact: bool = False
+    withheld: str | None = None  # why 'equivalent' is not claimed although p_value is small (skewed, unequal stacks)
 
 
 class BootstrapCI(Part):
