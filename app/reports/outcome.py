@@ -116,6 +116,11 @@ def checks(report: Any) -> list[Check]:
                          summary=f"{c.verdict}: step time ×{c.ratio:.3g} against the budget ×{c.budget:g}"
                          if c.budget is not None else reason, reason=reason, guarantee=c.guarantee))
     out += [_convergence_check(c) for c in report.convergence or ()]
+    for r in getattr(report, "resume", None) or ():
+        status: Status = {"identical": "pass", "within_seed_band": "pass", "not_restored": "fail",
+                          "outside_seed_band": "fail"}.get(r.verdict, "inconclusive")  # type: ignore[assignment]
+        out.append(Check(kind="resume", name=f"resume {r.determinism}/{r.stack} seed {r.seed}", status=status,
+                         summary=r.summary, reason=r.reason, guarantee=r.guarantee))
     return out
 
 

@@ -50,6 +50,13 @@ def _tail(path: str) -> str:
         return ""
 
 
+def _final_metrics(events: str) -> dict[str, float]:
+    """The SDK's final values from a launch's ``result`` event (empty when it logged none)."""
+    result = next((e for e in reversed(_records(events)) if isinstance(e, dict) and e.get("e") == "result"), None)
+    values = (result or {}).get("final_metrics") or {}
+    return {str(k): float(v) for k, v in values.items() if isinstance(v, (int, float))}
+
+
 def _launch(argv: list[str], env: dict[str, str], log: str | None) -> int:
     out = open(log, "wb") if log else None  # noqa: SIM115 - closed below
     try:
@@ -114,6 +121,11 @@ def run(plan: dict[str, Any], base_env: dict[str, str]) -> int:
         "at": at, "verdict": "failed", "missing": [], "points": [],
         "reason": f"the uninterrupted run failed (exit status {rc})"}
     record["determinism"] = plan.get("determinism")
+    if launches:  # the values the code logged through the SDK, for a comparison against the seeds' spread
+        record["final_metrics"] = {
+            "reference": _final_metrics(base_env[EVENTS_ENV]),
+            "resumed": _final_metrics(os.path.join(folder, f"launch-{len(launches)}.events.jsonl")),
+        }
     record["launches"] = [{"rc": launch["rc"], "tail": launch["tail"][-500:]} for launch in launches]
     writer = EventWriter(base_env[EVENTS_ENV])
     writer.write({"e": "digest", "kind": "resume", "value": record})
