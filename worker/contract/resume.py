@@ -9,7 +9,9 @@ and then once per resume point, killed after it and restarted, each launch's che
 Attribution follows the order in which one component explains another (:data:`COMPONENTS`): the
 gradients of the first update after the resume point (``data``) depend on the parameters, the RNGs
 and the loader seeds, so a difference there is put down to the data position only when all of those
-match; a launch that made a different number of updates in all did not restore its step counter.
+match; a launch that made a different number of updates in all did not restore its step counter. With
+several resume points, the first point where anything differs is the one attributed: what was missed
+there changes everything after it.
 """
 
 from __future__ import annotations
@@ -94,7 +96,9 @@ def judge(reference: list[dict[str, Any]], launches: list[dict[str, Any]], at: l
     record["steps"] = {"reference": ref_end["steps"], "resumed": resumed_steps}
     final = next((r for r in launches[-1]["records"] if "steps" in r), {}) if launches else {}
     record["final_identical"] = final.get("final_parameters") == ref_end.get("final_parameters")
-    differ: set[str] = {c for p in record["points"] for c in p["differ"]}
+    # the first resume point that differs: a piece missed there changes everything after it (a wrong
+    # optimizer state at the first point makes the parameters differ at the second)
+    differ: set[str] = set(next((p["differ"] for p in record["points"] if p["differ"]), []))
     if resumed_steps != ref_end["steps"]:
         differ.add(STEP_COUNTER)
     if "data" in differ and differ & set(_UPSTREAM_OF_DATA):

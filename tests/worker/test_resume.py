@@ -1,0 +1,100 @@
+"""The resume check on the worker: the judgement of the launches' records (pure), and the whole path on
+real launches (the agent's runner, the driver, the command shim, a SIGKILL mid-epoch with two loader
+workers, the script's own resume) for a faithful resume at two points and one planted omission. The
+full control table (nine omissions and two faithful resumes, five seeds each) is
+``steady demo --controls --resume``, recorded in docs/controls.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from steady.worker.agent.local import run_local
+from steady.worker.contract.resume import COMPONENTS, judge
+
+SAME = {c: f"{c}-digest" for c in COMPONENTS}
+
+
+def _reference(at=(3,), steps=6):
+    return [*({"state": k, "components": dict(SAME)} for k in at), {"steps": steps, "final_parameters": "end"}]
+
+
+def _launches(differ=(), *, resumed_steps=3, final="end"):
+    resumed = {c: ("other" if c in differ else d) for c, d in SAME.items()}
+    return [{"rc": -9, "records": [{"killed_after": 3}], "tail": ""},
+            {"rc": 0, "records": [{"state": 3, "components": resumed},
+                                  {"steps": resumed_steps, "final_parameters": final}], "tail": ""}]
+
+
+def test_a_faithful_resume_is_identical():
+    record = judge(_reference(), _launches(), [3])
+    assert record["verdict"] == "identical" and record["missing"] == [] and record["final_identical"]
+
+
+@pytest.mark.parametrize("component", [c for c in COMPONENTS if c != "data"])
+def test_each_component_is_named_alone_and_the_batch_it_changes_is_not(component):
+    """A piece upstream of the batch (all but the optimizer and the scheduler, which change only later
+    updates) changes the gradients of the first update too: only the piece is named."""
+    differ = {component} if component in ("optimizer_state", "lr_scheduler") else {component, "data"}
+    record = judge(_reference(), _launches(differ, final="other"), [3])
+    assert record["verdict"] == "not_restored" and record["missing"] == [component], record
+
+
+def test_with_two_resume_points_the_first_that_differs_is_attributed():
+    """The optimizer missed at the first point: at the second the parameters differ as a consequence."""
+    first = {c: ("other" if c == "optimizer_state" else d) for c, d in SAME.items()}
+    second = {c: ("other" if c in ("optimizer_state", "parameters", "data") else d) for c, d in SAME.items()}
+    launches = [{"rc": -9, "records": [{"killed_after": 2}], "tail": ""},
+                {"rc": -9, "records": [{"state": 2, "components": first}, {"killed_after": 2}], "tail": ""},
+                {"rc": 0, "records": [{"state": 4, "components": second}, {"steps": 2, "final_parameters": "x"}],
+                 "tail": ""}]
+    record = judge(_reference(at=(2, 4)), launches, [2, 4])
+    assert record["missing"] == ["optimizer_state"], record
+    assert [p["differ"] for p in record["points"]] == [["optimizer_state"], ["parameters", "optimizer_state", "data"]]
+
+
+def test_the_data_position_is_named_when_nothing_upstream_differs():
+    record = judge(_reference(), _launches({"data"}, final="other"), [3])
+    assert record["missing"] == ["data"] and "data position" in record["reason"]
+
+
+def test_a_resumed_run_that_starts_over_did_not_restore_its_step_counter():
+    record = judge(_reference(), _launches({"data"}, resumed_steps=6, final="other"), [3])
+    assert record["missing"] == ["step_counter"] and record["steps"] == {"reference": 6, "resumed": 9}
+
+
+def test_all_state_equal_but_a_different_end_is_state_the_check_does_not_see():
+    record = judge(_reference(), _launches(final="other"), [3])
+    assert record["missing"] == ["unseen"] and "does not see" in record["reason"]
+
+
+def test_a_launch_that_ends_before_its_kill_or_a_reference_too_short_fails_the_check():
+    not_killed = [{"rc": 0, "records": [{"steps": 6}], "tail": "done early"}]
+    assert "ended first" in judge(_reference(), not_killed, [3])["reason"]
+    assert judge(_reference(at=(3,), steps=3), _launches(), [3, 5])["verdict"] == "failed"
+    crashed = _launches()[:1] + [{"rc": 1, "records": [], "tail": "FileNotFoundError: ckpt.pt"}]
+    record = judge(_reference(), crashed, [3])
+    assert record["verdict"] == "failed" and "ckpt.pt" in record["reason"]
+
+
+def _spec(omit: str | None, at: list[int], seed: int = 0) -> dict:
+    command = ["python", "-m", "steady.worker.inrun.workloads.resume_controls", "--checkpoint-dir",
+               "{checkpoint_dir}", "--seed", "{seed}", "--workers", "2", "--steps", "8"]
+    if omit:
+        command += ["--omit", omit]
+    return {"framework": "torch", "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
+            "threads": 1, "time_limit_s": 300, "resume": {"at": at}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("omit", "at", "missing"), [(None, [2, 5], []),
+                                                     ("loader_generator", [5], ["loader_worker_seeds"])])
+def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, missing):
+    """Four batches an epoch: a kill after update 5 is mid-epoch, with two live loader workers."""
+    r = run_local(_spec(omit, at), device="cpu", work_dir=str(tmp_path / "run"))
+    assert r.ok, r.stderr_tail
+    record = r.digests["resume"]
+    assert record["missing"] == missing, record
+    assert record["verdict"] == ("identical" if not missing else "not_restored")
+    assert [launch["rc"] for launch in record["launches"]] == [-9] * len(at) + [0]
+    assert record["steps"] == {"reference": 8, "resumed": 8}
+    assert r.series["loss"][0] == list(range(1, 9))  # the run's metrics are the uninterrupted launch's, once
