@@ -241,6 +241,10 @@ class Collected:
         elif kind == "digest":
             if event["kind"] == "data_order":
                 self.digests["data_order"][int(event["epoch"])] = event["value"]
+            elif event["kind"] == "resume":  # the resume check's record (steady.worker.inrun.resume)
+                if not isinstance(event["value"], dict):
+                    raise TypeError("a resume record is an object")
+                self.digests["resume"] = event["value"]
             else:
                 self.digests[event["kind"]] = event["value"]
         elif kind == "fingerprint":

@@ -94,7 +94,7 @@ def judge(reference: list[dict[str, Any]], launches: list[dict[str, Any]], at: l
             point["differ"] = [c for c in COMPONENTS if want.get(c) != state["components"].get(c)]
         record["points"].append(point)
     record["steps"] = {"reference": ref_end["steps"], "resumed": resumed_steps}
-    final = next((r for r in launches[-1]["records"] if "steps" in r), {}) if launches else {}
+    final: dict[str, Any] = next((r for r in launches[-1]["records"] if "steps" in r), {}) if launches else {}
     record["final_identical"] = final.get("final_parameters") == ref_end.get("final_parameters")
     # the first resume point that differs: a piece missed there changes everything after it (a wrong
     # optimizer state at the first point makes the parameters differ at the second)

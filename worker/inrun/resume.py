@@ -117,7 +117,7 @@ def run(plan: dict[str, Any], base_env: dict[str, str]) -> int:
             launches.append({"rc": code, "records": _records(out), "tail": _tail(log)})
             if i < len(at) and code != -signal.SIGKILL:
                 break  # it was not killed where it should have been: judge() says why
-    record = contract.judge(_records(reference_out), launches, at) if rc == 0 else {
+    record: dict[str, Any] = contract.judge(_records(reference_out), launches, at) if rc == 0 else {
         "at": at, "verdict": "failed", "missing": [], "points": [],
         "reason": f"the uninterrupted run failed (exit status {rc})"}
     record["determinism"] = plan.get("determinism")

@@ -33,7 +33,8 @@ import pickle
 import random
 import signal
 import weakref
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from steady.worker.contract.resume import AT_ENV, FROM_ENV, OUT_ENV, ROLE_ENV, STOP_ENV
 
