@@ -22,6 +22,7 @@ COMMAND = {"framework": "torch", "command": ["python", "train.py", "--seed", "{s
         ({"resume": {"at": [5, 3]}}, "resume.at", "strictly increasing"),
         ({"resume": {"at": [3], "runs": 3}}, "resume.runs", "only 2 seed(s)"),
         ({"resume": {"at": [3], "every": 2}}, "resume.every", "Extra inputs"),
+        ({"resume": {"at": [3], "signal": "hup"}}, "resume.signal", "'kill' or 'term'"),
         ({"resume": {"at": [3]}, "workload": {"framework": "torch", "name": "torch_mlp"}}, "resume", "your own code"),
         ({"resume": {"at": [3]}, "workload": {**COMMAND, "framework": "python"}}, "resume", "framework is python"),
         ({"workload": {**COMMAND, "command": ["python", "t.py", "{checkpoint}"]}}, "workload.command", "unknown placeholder"),

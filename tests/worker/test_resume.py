@@ -79,22 +79,42 @@ def test_a_launch_that_ends_before_its_kill_or_a_reference_too_short_fails_the_c
 def _spec(omit: str | None, at: list[int], seed: int = 0) -> dict:
     command = ["python", "-m", "steady.worker.inrun.workloads.resume_controls", "--checkpoint-dir",
                "{checkpoint_dir}", "--seed", "{seed}", "--workers", "2", "--steps", "8"]
-    if omit:
-        command += ["--omit", omit]
+    resume: dict = {"at": at}
+    if omit:  # stopped by SIGTERM, which the script's handler answers by exiting 0
+        command += ["--omit", omit, "--exit-on-term"]
+        resume["signal"] = "term"
     return {"framework": "torch", "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
-            "threads": 1, "time_limit_s": 300, "resume": {"at": at}}
+            "threads": 1, "time_limit_s": 300, "resume": resume}
+
+
+ENTRYPOINT = """
+from steady.worker.inrun.workloads.resume_controls import main as train
+
+
+def main(ctx):
+    train(["--checkpoint-dir", ctx.checkpoint_dir, "--seed", str(ctx.seed), "--workers", "2", "--steps", "8"])
+"""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("omit", "at", "missing"), [(None, [2, 5], []),
                                                      ("loader_generator", [5], ["loader_worker_seeds"])])
 def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, missing):
-    """Four batches an epoch: a kill after update 5 is mid-epoch, with two live loader workers."""
-    r = run_local(_spec(omit, at), device="cpu", work_dir=str(tmp_path / "run"))
+    """Four batches an epoch: a kill after update 5 is mid-epoch, with two live loader workers. The faithful
+    resume runs as an entrypoint (the harness, ``ctx.checkpoint_dir``) killed by SIGKILL, the omission as a
+    command stopped by SIGTERM (its handler exits 0)."""
+    spec, code = _spec(omit, at), None
+    if omit is None:
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / "train.py").write_text(ENTRYPOINT)
+        spec = {**{k: v for k, v in spec.items() if k != "command"}, "entrypoint": "train.py"}
+    r = run_local(spec, device="cpu", work_dir=str(tmp_path / "run"), code_dir=None if code is None else str(code))
     assert r.ok, r.stderr_tail
     record = r.digests["resume"]
     assert record["missing"] == missing, record
     assert record["verdict"] == ("identical" if not missing else "not_restored")
-    assert [launch["rc"] for launch in record["launches"]] == [-9] * len(at) + [0]
+    assert [launch["rc"] for launch in record["launches"]] == [0 if omit else -9] * len(at) + [0]
     assert record["steps"] == {"reference": 8, "resumed": 8}
-    assert r.series["loss"][0] == list(range(1, 9))  # the run's metrics are the uninterrupted launch's, once
+    if omit is not None:  # captured from the command's output: the uninterrupted launch's, once
+        assert r.series["loss"][0] == list(range(1, 9))

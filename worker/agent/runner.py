@@ -365,7 +365,8 @@ class RunProcess:
         if not resume:
             return None
         values = self.placeholder_values()
-        return {"at": list(resume["at"]), "command": self.spec.get("command"), "values": values,
+        return {"at": list(resume["at"]), "signal": resume.get("signal") or "kill",
+                "command": self.spec.get("command"), "values": values,
                 "shim_env": COMMAND_SHIM_ENV if self.spec.get("command") else None,
                 "python": self.python, "run_dir": self.run_dir, "determinism": self.spec["determinism"]}
 

@@ -348,6 +348,9 @@ class ResumeSpec(_Model):
 
     at: Annotated[list[Annotated[int, Field(ge=1, le=10_000_000)]], Field(min_length=1, max_length=MAX_RESUME_POINTS)]
     runs: Annotated[int, Field(ge=1, le=100)] = 1
+    # how the interrupted launch is stopped: SIGKILL (a preemption's end, an OOM kill), or SIGTERM (what a
+    # scheduler sends first: the code's handler may run; SIGKILL after a grace if the process lives on)
+    signal: Literal["kill", "term"] = "kill"
 
     @field_validator("at")
     @classmethod

@@ -26,6 +26,8 @@ AT_ENV = "STEADY_RESUME_AT"  # reference: comma-separated updates after which th
 STOP_ENV = "STEADY_RESUME_STOP"  # interrupted: updates this process makes before it is killed
 FROM_ENV = "STEADY_RESUME_FROM"  # a launch that resumes: the update it resumes after
 OUT_ENV = "STEADY_RESUME_OUT"
+SIGNAL_ENV = "STEADY_RESUME_SIGNAL"  # "kill" (default) or "term"
+TERM_GRACE_S = 20.0  # after SIGTERM, a process that lives on this long is SIGKILLed
 
 COMPONENTS = ("parameters", "optimizer_state", "lr_scheduler", "python_rng", "numpy_rng", "torch_rng",
               "loader_worker_seeds", "data")

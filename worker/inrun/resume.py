@@ -6,8 +6,8 @@ group that the driver ends with it (DataLoader workers included):
 
 1. the reference, uninterrupted: the run's own output, events, metrics and result; checkpoints in
    ``<run_dir>/checkpoints/reference``;
-2. one launch per resume point ``k`` in ``at``: killed after update ``k`` (SIGKILL, in-process, just
-   before update ``k + 1``: :mod:`steady.worker.inrun.resumestate`), then restarted with the same
+2. one launch per resume point ``k`` in ``at``: stopped after update ``k`` (SIGKILL, or SIGTERM then
+   SIGKILL after a grace, in-process, just before update ``k + 1``: :mod:`steady.worker.inrun.resumestate`), then restarted with the same
    checkpoint folder (``<run_dir>/checkpoints/resumed``), through the code's own resume path; the last
    launch runs to the end. Their output goes to ``<run_dir>/resume/launch-N.log``, their events to
    files beside it (they are not the run's metrics).
@@ -111,12 +111,13 @@ def run(plan: dict[str, Any], base_env: dict[str, str]) -> int:
                      contract.ROLE_ENV: "interrupted" if i < len(at) else "resumed"}
             if i < len(at):
                 extra[contract.STOP_ENV] = str(at[i] - (at[i - 1] if i else 0))
+                extra[contract.SIGNAL_ENV] = plan.get("signal") or "kill"
             if i:
                 extra[contract.FROM_ENV] = str(at[i - 1])
             code = _launch(argv_for(checkpoints), env_for(checkpoints, **extra), log)
             launches.append({"rc": code, "records": _records(out), "tail": _tail(log)})
-            if i < len(at) and code != -signal.SIGKILL:
-                break  # it was not killed where it should have been: judge() says why
+            if i < len(at) and not any("killed_after" in r for r in launches[-1]["records"]):
+                break  # it was not stopped where it should have been: judge() says why
     record: dict[str, Any] = contract.judge(_records(reference_out), launches, at) if rc == 0 else {
         "at": at, "verdict": "failed", "missing": [], "points": [],
         "reason": f"the uninterrupted run failed (exit status {rc})"}

@@ -10,6 +10,8 @@ counted by a global optimizer step pre-hook (the first optimizer that steps; PyT
 * ``interrupted``: after :data:`STOP_ENV` updates in this process, just before the next one (so
   everything the code does after update ``k``, its checkpoint included, has happened), the process
   kills itself with SIGKILL: no handler, no ``finally``, no flush, as a preemption or OOM kill ends it.
+  With :data:`SIGNAL_ENV` ``term`` it sends itself SIGTERM first: the code's handler runs (it may save
+  and exit); update ``k + 1`` never happens, and a process still alive after the grace is SIGKILLed.
 * ``resumed`` (and an ``interrupted`` launch that itself resumed): just before its first update the
   state is digested again, as the state at the resume point :data:`FROM_ENV`.
 
@@ -32,11 +34,12 @@ import os
 import pickle
 import random
 import signal
+import time
 import weakref
 from typing import Any
 from collections.abc import Callable
 
-from steady.worker.contract.resume import AT_ENV, FROM_ENV, OUT_ENV, ROLE_ENV, STOP_ENV
+from steady.worker.contract.resume import AT_ENV, FROM_ENV, OUT_ENV, ROLE_ENV, SIGNAL_ENV, STOP_ENV, TERM_GRACE_S
 
 
 def _sha(data: bytes) -> str:
@@ -70,8 +73,10 @@ def _value_bytes(value: Any) -> bytes:
 
 
 class _Tracker:
-    def __init__(self, role: str, at: list[int], stop: int | None, resumed_from: int | None, out: str) -> None:
+    def __init__(self, role: str, at: list[int], stop: int | None, resumed_from: int | None, out: str,
+                 stop_signal: str = "kill") -> None:
         self.role, self.at, self.stop, self.resumed_from, self.out = role, at, stop, resumed_from, out
+        self.signal = stop_signal
         self.steps = 0
         self.optimizer: Any = None
         self.schedulers: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -127,7 +132,13 @@ class _Tracker:
         if self.role == "reference" and self.steps in self.at:
             self.write({"state": self.steps, "components": self.components()})
         if self.role == "interrupted" and self.stop is not None and self.steps >= self.stop:
-            self.write({"killed_after": self.steps})
+            self.write({"killed_after": self.steps, "signal": self.signal})
+            if self.signal == "term":  # the code's handler runs now (in this thread): it may save and exit
+                os.kill(os.getpid(), signal.SIGTERM)
+                deadline = time.monotonic() + TERM_GRACE_S
+                while time.monotonic() < deadline:  # no update k + 1, whatever the handler does
+                    time.sleep(0.05)
+                self.write({"term_ignored_s": TERM_GRACE_S})
             os.kill(os.getpid(), signal.SIGKILL)
         self.steps += 1
 
@@ -173,6 +184,6 @@ def install(framework: str) -> Callable[[], None]:
     at = [int(x) for x in os.environ.get(AT_ENV, "").split(",") if x]
     stop = int(os.environ[STOP_ENV]) if os.environ.get(STOP_ENV) else None
     resumed_from = int(os.environ[FROM_ENV]) if os.environ.get(FROM_ENV) else None
-    tracker = _Tracker(role, at, stop, resumed_from, os.environ[OUT_ENV])
+    tracker = _Tracker(role, at, stop, resumed_from, os.environ[OUT_ENV], os.environ.get(SIGNAL_ENV) or "kill")
     _install_torch(tracker)
     return tracker.finish

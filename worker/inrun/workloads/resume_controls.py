@@ -19,6 +19,8 @@ import argparse
 import itertools
 import os
 import random
+import signal
+import sys
 
 import numpy as np
 import torch
@@ -62,7 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batches", type=int, default=4, help="batches per epoch")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--omit", choices=sorted(OMISSIONS), default=None)
+    p.add_argument("--exit-on-term", action="store_true", help="a SIGTERM handler that exits with status 0")
     args = p.parse_args(argv)
+    if args.exit_on_term:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
