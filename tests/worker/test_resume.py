@@ -118,3 +118,35 @@ def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, 
     assert record["steps"] == {"reference": 8, "resumed": 8}
     if omit is not None:  # captured from the command's output: the uninterrupted launch's, once
         assert r.series["loss"][0] == list(range(1, 9))
+
+
+def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monkeypatch, capsys):
+    """``steady demo --controls --resume``: one control per piece the check names (nine), two faithful
+    resumes; a row passes only when every seed names exactly its piece."""
+    from steady.server.cli import build_parser
+    from steady.server.cli.demo import resume_controls as demo
+    from steady.worker.contract.resume import STEP_COUNTER
+    from steady.worker.inrun.workloads.resume_controls import OMISSIONS
+
+    planted = [c for c in demo.CONTROLS if c.omit]
+    assert sorted(c.expected for c in planted) == sorted([*COMPONENTS, STEP_COUNTER])
+    assert all(OMISSIONS[c.omit] == c.expected for c in planted)
+    weights = next(c for c in planted if c.omit == "weights")
+    assert demo.right(weights, {"verdict": "not_restored", "missing": ["parameters"]})
+    assert not demo.right(weights, {"verdict": "not_restored", "missing": ["parameters", "torch_rng"]})
+    assert not demo.right(demo.CONTROLS[0], {"verdict": "not_restored", "missing": ["unseen"]})
+    seen = {}
+
+    def fake(controls=demo.CONTROLS, *, seeds, workers=2, progress=None):
+        seen["seeds"] = list(seeds)
+        rows = [demo.ResumeRow(c.name, c.expected, c.at, len(seeds), len(seeds), (c.expected,) if c.expected else (), 1.0)
+                for c in controls]
+        for row in rows:
+            progress(row)
+        return rows
+
+    monkeypatch.setattr(demo, "run_controls", fake)
+    args = build_parser().parse_args(["demo", "--controls", "--resume", "--seeds", "2"])
+    assert args.func(args) == 0 and seen["seeds"] == [0, 1]
+    out = capsys.readouterr().out
+    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "11 of 11 controls judged as required" in out
