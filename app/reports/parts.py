@@ -416,7 +416,8 @@ class ResumeCheck(Part):
     verdict: Literal["identical", "not_restored", "failed", "within_seed_band", "outside_seed_band", "not_judged"]
     missing: list[str] = Field([], description="the state the resumed run failed to restore: parameters, "
                                 "optimizer_state, lr_scheduler, python_rng, numpy_rng, torch_rng, loader_worker_seeds, "
-                                "data (the data position), step_counter; 'unseen' when all matched but the end differs")
+                                "data (the data position), step_counter; checkpoint when it started from scratch; 'unseen' when all "
+                                "matched but the end differs")
     summary: str = Field(description="the plain first line: what the resumed run got wrong, or that it matched")
     reason: str
     guarantee: str

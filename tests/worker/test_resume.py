@@ -62,6 +62,18 @@ def test_a_resumed_run_that_starts_over_did_not_restore_its_step_counter():
     assert record["missing"] == ["step_counter"] and record["steps"] == {"reference": 6, "resumed": 9}
 
 
+def test_a_resume_that_finds_no_checkpoint_is_told_so_not_given_a_list_of_pieces():
+    """Saved every 5 updates, resumed after 3: the restart begins with the initial weights and optimizer."""
+    start = {c: f"{c}-at-0" for c in COMPONENTS}
+    reference = [{"state": 0, "components": start}, *_reference()]
+    launches = [{"rc": -9, "records": [{"killed_after": 3}], "tail": ""},
+                {"rc": 0, "records": [{"state": 3, "components": start}, {"steps": 6, "final_parameters": "end"}],
+                 "tail": ""}]
+    record = judge(reference, launches, [3])
+    assert record["missing"] == ["checkpoint"] and "started from scratch" in record["reason"]
+    assert judge(reference, _launches({"parameters", "data"}, final="x"), [3])["missing"] == ["parameters"]
+
+
 def test_all_state_equal_but_a_different_end_is_state_the_check_does_not_see():
     record = judge(_reference(), _launches(final="other"), [3])
     assert record["missing"] == ["unseen"] and "does not see" in record["reason"]

@@ -32,6 +32,7 @@ TERM_GRACE_S = 20.0  # after SIGTERM, a process that lives on this long is SIGKI
 COMPONENTS = ("parameters", "optimizer_state", "lr_scheduler", "python_rng", "numpy_rng", "torch_rng",
               "loader_worker_seeds", "data")
 STEP_COUNTER = "step_counter"
+NO_CHECKPOINT = "checkpoint"  # the resumed launch started from the initial state: no checkpoint was loaded
 # what a user reads in a report: the piece of state, as one would name it in a checkpoint
 LABELS = {
     "parameters": "model parameters (weights)",
@@ -43,6 +44,8 @@ LABELS = {
     "loader_worker_seeds": "DataLoader worker seeds (the loader's generator)",
     "data": "data position (the batch after the resume point)",
     STEP_COUNTER: "step counter (the resumed run made a different number of updates)",
+    NO_CHECKPOINT: "checkpoint: the resumed run started from scratch (its weights and optimizer were those before "
+                   "update 1): nothing was saved after the resume step, or it was not found in {checkpoint_dir}",
 }
 # a difference in ``data`` is explained by any of these
 _UPSTREAM_OF_DATA = ("parameters", "python_rng", "numpy_rng", "torch_rng", "loader_worker_seeds", STEP_COUNTER)
@@ -92,15 +95,24 @@ def judge(reference: list[dict[str, Any]], launches: list[dict[str, Any]], at: l
             point["differ"] = ["parameters"]
             point["note"] = "the resumed launch made no update"
         else:
-            want = ref_states[at[i - 1]]
-            point["differ"] = [c for c in COMPONENTS if want.get(c) != state["components"].get(c)]
+            want, got = ref_states[at[i - 1]], state["components"]
+            point["differ"] = [c for c in COMPONENTS if want.get(c) != got.get(c)]
+            start = ref_states.get(0)
+            if start is not None and point["differ"] and all(
+                    got.get(c) == start.get(c) for c in ("parameters", "optimizer_state")):
+                point["from_scratch"] = True
         record["points"].append(point)
     record["steps"] = {"reference": ref_end["steps"], "resumed": resumed_steps}
     final: dict[str, Any] = next((r for r in launches[-1]["records"] if "steps" in r), {}) if launches else {}
     record["final_identical"] = final.get("final_parameters") == ref_end.get("final_parameters")
     # the first resume point that differs: a piece missed there changes everything after it (a wrong
     # optimizer state at the first point makes the parameters differ at the second)
-    differ: set[str] = set(next((p["differ"] for p in record["points"] if p["differ"]), []))
+    first = next((p for p in record["points"] if p["differ"]), None)
+    if first is not None and first.get("from_scratch"):
+        record.update(verdict="not_restored", missing=[NO_CHECKPOINT],
+                      reason=f"not restored: {LABELS[NO_CHECKPOINT]} (resume after update {first['step']})")
+        return record
+    differ: set[str] = set(first["differ"] if first is not None else [])
     if resumed_steps != ref_end["steps"]:
         differ.add(STEP_COUNTER)
     if "data" in differ and differ & set(_UPSTREAM_OF_DATA):

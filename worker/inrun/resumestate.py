@@ -129,7 +129,7 @@ class _Tracker:
             return
         if self.steps == 0 and self.resumed_from is not None:
             self.write({"state": self.resumed_from, "components": self.components()})
-        if self.role == "reference" and self.steps in self.at:
+        if self.role == "reference" and (self.steps in self.at or self.steps == 0):  # 0: the start, to tell a restart from scratch
             self.write({"state": self.steps, "components": self.components()})
         if self.role == "interrupted" and self.stop is not None and self.steps >= self.stop:
             self.write({"killed_after": self.steps, "signal": self.signal})
