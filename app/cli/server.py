@@ -229,6 +229,8 @@ def register(sub: Any) -> None:
     p.add_argument("--resume", action="store_true",
                    help="with --controls: instead, the resume check's planted omissions (one piece of state each)")
     p.add_argument("--seeds", type=int, default=5, help="with --controls --resume: seeds per control")
+    p.add_argument("--only", action="append", metavar="TEXT",
+                   help="with --controls --resume: only the controls whose name holds TEXT (repeatable)")
     p.add_argument("--device", default="cpu", help="with --controls: device of the kernel control (cpu, cuda)")
     p.set_defaults(func=cmd_demo)
 

@@ -32,9 +32,10 @@ def test_a_faithful_resume_is_identical():
 
 @pytest.mark.parametrize("component", [c for c in COMPONENTS if c != "data"])
 def test_each_component_is_named_alone_and_the_batch_it_changes_is_not(component):
-    """A piece upstream of the batch (all but the optimizer and the scheduler, which change only later
-    updates) changes the gradients of the first update too: only the piece is named."""
-    differ = {component} if component in ("optimizer_state", "lr_scheduler") else {component, "data"}
+    """A piece upstream of the batch (all but the optimizer, the scheduler and the gradient scaler, which
+    change only later updates) changes the gradients of the first update too: only the piece is named."""
+    later = ("optimizer_state", "lr_scheduler", "grad_scaler")
+    differ = {component} if component in later else {component, "data"}
     record = judge(_reference(), _launches(differ, final="other"), [3])
     assert record["verdict"] == "not_restored" and record["missing"] == [component], record
 
@@ -133,7 +134,7 @@ def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, 
 
 
 def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monkeypatch, capsys):
-    """``steady demo --controls --resume``: one control per piece the check names (nine), two faithful
+    """``steady demo --controls --resume``: one control per piece the check names (ten), three faithful
     resumes; a row passes only when every seed names exactly its piece."""
     from steady.server.cli import build_parser
     from steady.server.cli.demo import resume_controls as demo
@@ -161,4 +162,4 @@ def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monk
     args = build_parser().parse_args(["demo", "--controls", "--resume", "--seeds", "2"])
     assert args.func(args) == 0 and seen["seeds"] == [0, 1]
     out = capsys.readouterr().out
-    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "11 of 11 controls judged as required" in out
+    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "13 of 13 controls judged as required" in out

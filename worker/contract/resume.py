@@ -29,7 +29,7 @@ OUT_ENV = "STEADY_RESUME_OUT"
 SIGNAL_ENV = "STEADY_RESUME_SIGNAL"  # "kill" (default) or "term"
 TERM_GRACE_S = 20.0  # after SIGTERM, a process that lives on this long is SIGKILLed
 
-COMPONENTS = ("parameters", "optimizer_state", "lr_scheduler", "python_rng", "numpy_rng", "torch_rng",
+COMPONENTS = ("parameters", "optimizer_state", "lr_scheduler", "grad_scaler", "python_rng", "numpy_rng", "torch_rng",
               "loader_worker_seeds", "data")
 STEP_COUNTER = "step_counter"
 NO_CHECKPOINT = "checkpoint"  # the resumed launch started from the initial state: no checkpoint was loaded
@@ -38,6 +38,7 @@ LABELS = {
     "parameters": "model parameters (weights)",
     "optimizer_state": "optimizer state (moments, per-parameter steps, hyperparameters)",
     "lr_scheduler": "LR scheduler state",
+    "grad_scaler": "gradient scaler state (torch.amp.GradScaler: scale, growth tracker)",
     "python_rng": "Python RNG state (random.getstate)",
     "numpy_rng": "NumPy RNG state (np.random.get_state)",
     "torch_rng": "torch RNG state (torch.get_rng_state / CUDA)",

@@ -20,7 +20,7 @@ records go to the JSON-lines file :data:`OUT_ENV`, one object a line.
 
 The components, in the order in which one can explain another (:data:`COMPONENTS`): the parameters,
 the optimizer's state (moments, per-parameter step counts, the param groups' hyperparameters),
-the LR schedulers' state dicts, the Python, NumPy and torch (CPU and CUDA) global RNGs, the base
+the LR schedulers' state dicts, the enabled gradient scalers' state dicts, the Python, NumPy and torch (CPU and CUDA) global RNGs, the base
 seed of a multi-worker DataLoader's live iterator (from which each loader worker seeds its RNGs),
 and the gradients of the first update after the resume point, which stand for the batch it was
 computed on (the data position) once everything above them matches.
@@ -81,6 +81,7 @@ class _Tracker:
         self.optimizer: Any = None
         self.schedulers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.scalers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.handles: list[Any] = []
 
     def write(self, record: dict[str, Any]) -> None:
@@ -107,6 +108,9 @@ class _Tracker:
         if schedulers:
             states = sorted(_value_bytes(s.state_dict()) for s in schedulers)
             out["lr_scheduler"] = _sha(b"|".join(states))
+        scalers = [sc for sc in self.scalers if sc.is_enabled()]
+        if scalers:
+            out["grad_scaler"] = _sha(b"|".join(sorted(_value_bytes(sc.state_dict()) for sc in scalers)))
         out["python_rng"] = _sha(pickle.dumps(random.getstate(), protocol=4))
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         out["numpy_rng"] = _sha(str(kind).encode() + np.asarray(keys).tobytes() + str((pos, has_gauss, cached)).encode())
@@ -172,7 +176,15 @@ def _install_torch(tracker: _Tracker) -> None:
         tracker.loader_iters.add(self)
 
     iter_cls.__init__ = iter_init  # type: ignore[method-assign]
-    del torch
+    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_cls is not None:  # torch.cuda.amp.GradScaler is a subclass
+        original_scaler_init = scaler_cls.__init__
+
+        def scaler_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_scaler_init(self, *args, **kwargs)
+            tracker.scalers.add(self)
+
+        scaler_cls.__init__ = scaler_init
 
 
 def install(framework: str) -> Callable[[], None]:

@@ -5,7 +5,7 @@ dropout, Adam and a StepLR schedule, fed by a two-worker DataLoader with per-ite
 workers' torch RNG, and with noise from Python's and NumPy's global RNGs in the loop) submitted as a
 command with the resume check at ``strict``: trained uninterrupted, then killed after update 6 (mid
 epoch: 4 batches an epoch) and restarted from its checkpoint, with ``--omit`` forgetting exactly one
-piece of the state it saves. The runs go through the worker's own path (``python -m
+piece of the state it saves (two more controls scale the loss with a ``torch.amp.GradScaler``). The runs go through the worker's own path (``python -m
 steady.worker.agent.local``: the agent's runner, the resume driver, the command shim), no server. A
 row passes when every seed's check names exactly the omitted piece, and the faithful resumes (one
 and two resume points) are judged identical for every seed.
@@ -30,6 +30,7 @@ class ResumeControl:
     omit: str | None  # the script's --omit; None: a faithful resume
     expected: str | None  # the component the check must name; None: identical
     at: tuple[int, ...] = AT
+    args: tuple[str, ...] = ()  # more arguments of the script
 
 
 CONTROLS: tuple[ResumeControl, ...] = (
@@ -44,6 +45,8 @@ CONTROLS: tuple[ResumeControl, ...] = (
     ResumeControl("torch RNG not restored", "torch_rng", "torch_rng"),
     ResumeControl("loader cursor not restored (epoch restarts)", "loader_cursor", "data"),
     ResumeControl("loader generator not restored (worker seeds)", "loader_generator", "loader_worker_seeds"),
+    ResumeControl("faithful resume with a gradient scaler", None, None, args=("--grad-scaler",)),
+    ResumeControl("gradient scaler not loaded", "grad_scaler", "grad_scaler", args=("--grad-scaler",)),
 )
 
 
@@ -64,7 +67,7 @@ class ResumeRow:
 
 def entry(control: ResumeControl, seed: int, *, workers: int = 2) -> dict:
     command = ["python", "-m", SCRIPT, "--checkpoint-dir", "{checkpoint_dir}", "--seed", "{seed}",
-               "--workers", str(workers)]
+               "--workers", str(workers), *control.args]
     if control.omit:
         command += ["--omit", control.omit]
     return {"spec": {"framework": "torch", "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
@@ -114,14 +117,15 @@ def format_table(rows: Sequence[ResumeRow]) -> str:
 
 def main(args) -> int:
     seeds = range(int(getattr(args, "seeds", None) or 5))
-    print(f"steady demo --controls --resume: {len(CONTROLS)} resume controls × {len(seeds)} seeds, each an "
+    controls = [c for c in CONTROLS if not getattr(args, "only", None) or any(o in c.name for o in args.only)]
+    print(f"steady demo --controls --resume: {len(controls)} resume controls × {len(seeds)} seeds, each an "
           "uninterrupted run, a run killed after its resume step and its restart …", flush=True)
 
     def progress(row: ResumeRow) -> None:
         print(f"  {'ok   ' if row.ok else 'WRONG'} {row.control}: {', '.join(row.named) or 'identical'} "
               f"({row.right} of {row.seeds}, {row.seconds:.0f} s)", flush=True)
 
-    rows = run_controls(seeds=seeds, progress=progress)
+    rows = run_controls(controls, seeds=seeds, progress=progress)
     print()
     print(format_table(rows))
     print("\nnames: " + "; ".join(f"{k}: {v}" for k, v in LABELS.items()))

@@ -38,6 +38,7 @@ OMISSIONS = {
     "torch_rng": "torch_rng",
     "loader_cursor": "data",
     "loader_generator": "loader_worker_seeds",
+    "grad_scaler": "grad_scaler",  # with --grad-scaler
 }
 
 
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--omit", choices=sorted(OMISSIONS), default=None)
     p.add_argument("--exit-on-term", action="store_true", help="a SIGTERM handler that exits with status 0")
+    p.add_argument("--grad-scaler", action="store_true",
+                   help="scale the loss with a torch.amp.GradScaler (growing every 2 updates), saved with the rest")
     args = p.parse_args(argv)
     if args.exit_on_term:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2, enabled=args.grad_scaler)
     generator = torch.Generator().manual_seed(args.seed)
     loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True, num_workers=args.workers,
                         generator=generator)
@@ -100,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_rng_state(ckpt["torch_rng"])
         if omit != "loader_generator":
             epoch_state = ckpt["epoch_generator"]
+        if omit != "grad_scaler" and "scaler" in ckpt:
+            scaler.load_state_dict(ckpt["scaler"])
         cursor = 0 if omit == "loader_cursor" else step % args.batches
     generator.set_state(epoch_state)
     while step < args.steps:
@@ -109,13 +115,15 @@ def main(argv: list[str] | None = None) -> None:
             x = x + torch.from_numpy(np.random.normal(0.0, 0.01, size=tuple(x.shape))).float()
             loss = ((model(x * scale) - y) ** 2).mean()
             optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()  # a power of two: the unscaled gradients are the same bits
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step()
             step += 1
             print(f"step {step} loss {loss.item():.6f}", flush=True)
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(), "step": step, "python_rng": random.getstate(),
+                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step,
+                        "python_rng": random.getstate(),
                         "numpy_rng": np.random.get_state(), "torch_rng": torch.get_rng_state(),
                         "epoch_generator": epoch_state}, path + ".tmp")
             os.replace(path + ".tmp", path)
