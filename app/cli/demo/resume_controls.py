@@ -5,10 +5,11 @@ dropout, Adam and a StepLR schedule, fed by a two-worker DataLoader with per-ite
 workers' torch RNG, and with noise from Python's and NumPy's global RNGs in the loop) submitted as a
 command with the resume check at ``strict``: trained uninterrupted, then killed after update 6 (mid
 epoch: 4 batches an epoch) and restarted from its checkpoint, with ``--omit`` forgetting exactly one
-piece of the state it saves (two more controls scale the loss with a ``torch.amp.GradScaler``). The runs go through the worker's own path (``python -m
-steady.worker.agent.local``: the agent's runner, the resume driver, the command shim), no server. A
-row passes when every seed's check names exactly the omitted piece, and the faithful resumes (one
-and two resume points) are judged identical for every seed.
+piece of the state it saves (two more controls scale the loss with a ``torch.amp.GradScaler``). The
+runs go through the worker's own path (``python -m steady.worker.agent.local``: the agent's runner,
+the resume driver, the command shim), no server. A row passes when every seed's check names exactly
+the omitted piece, and the faithful resumes (one and two resume points, and with a scaler) are
+judged identical for every seed.
 """
 
 from __future__ import annotations
