@@ -45,8 +45,8 @@ LABELS = {
     "loader_worker_seeds": "DataLoader worker seeds (the loader's generator)",
     "data": "data position (the batch after the resume point)",
     STEP_COUNTER: "step counter (the resumed run made a different number of updates)",
-    NO_CHECKPOINT: "checkpoint: the resumed run started from scratch (its weights and optimizer were those before "
-                   "update 1): nothing was saved after the resume step, or it was not found in {checkpoint_dir}",
+    NO_CHECKPOINT: "checkpoint (the resumed run started from scratch, its weights and optimizer those before "
+                   "update 1: nothing was saved after the resume step, or it was not found in {checkpoint_dir})",
 }
 # a difference in ``data`` is explained by any of these
 _UPSTREAM_OF_DATA = ("parameters", "python_rng", "numpy_rng", "torch_rng", "loader_worker_seeds", STEP_COUNTER)
