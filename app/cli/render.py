@@ -119,6 +119,17 @@ def render_report(report: Report, *, color: bool = False) -> str:
     elif report.cost_note:
         lines.append("")
         lines.append(_paint("Cost of determinism", "1", color) + f": not computed: {report.cost_note}")
+    if report.resume:
+        lines.append("")
+        lines.append(_paint("Resume check", "1", color) + " (killed and restarted by the code's own resume path)")
+        for r in report.resume:
+            hue = {"identical": "32", "within_seed_band": "32", "not_restored": "31", "outside_seed_band": "31"}.get(
+                r.verdict, "33")
+            lines.append("  " + _paint(f"{r.verdict}: {r.summary}", hue, color))
+            if r.verdict != "identical":
+                lines.append(f"    {r.reason}")
+            if r.guarantee:
+                lines.append(f"    ({r.guarantee})")
     if report.caveats:
         lines.append("")
         lines.append(_paint("Caveats", "1", color) + " (what the verdicts above rest on)")

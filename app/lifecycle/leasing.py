@@ -55,7 +55,16 @@ def _spec_for(run: Run, study: Study) -> RunSpec:
         metrics=[m["name"] for m in spec.get("metrics", [])],
         stack=run.stack,
         localize_steps=spec.get("localize") == "steps",
+        resume=_resume_for(run, spec),
     )
+
+
+def _resume_for(run: Run, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The study's resume check, for the runs it selects: the first ``runs`` seeds, first repeat."""
+    resume = spec.get("resume")
+    if not resume or run.repeat != 0 or run.seed not in (spec.get("seeds") or [])[: int(resume.get("runs", 1))]:
+        return None
+    return dict(resume)
 
 
 def reap_expired(session: WriteSession, now: datetime | None = None) -> list[int]:

@@ -25,6 +25,7 @@ from steady.server.reports.parts import (
     Part,
     Portability,
     ReportOptions,
+    ResumeCheck,
     SeedRepeats,
     SeedSpread,
     SequentialDecision,
@@ -290,6 +291,7 @@ class Report(Part):
     arms: list[ArmDifference]
     convergence: list[Convergence] | None = None
     caveats: list[Caveat] = []
+    resume: list[ResumeCheck] | None = Field(None, description="the resume check of each run that got one")
     outcome: Outcome = Field(None, description="the study's judgment (pass / fail / inconclusive) and its one reason, "  # type: ignore[assignment]
                              "computed once from the checks below: what `steady report`, `submit --wait`, "
                              "`check`, the dashboard and the metrics export present")

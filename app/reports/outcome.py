@@ -30,12 +30,14 @@ __all__ = ["PASS", "FAIL", "INCONCLUSIVE", "Check", "Outcome", "judge", "checks"
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 Status = Literal["pass", "fail", "inconclusive"]
 _EXPECTATION_STATUS: dict[bool | None, Status] = {True: "pass", False: "fail", None: "inconclusive"}
+_RESUME_STATUS: dict[str, Status] = {"identical": "pass", "within_seed_band": "pass", "not_restored": "fail",
+                                     "outside_seed_band": "fail"}  # failed, not_judged: inconclusive
 
 
 class Check(Part):
     """One thing the study is judged on: a level's expectation, a verdict, a cost budget, a convergence group."""
 
-    kind: str  # expectation | repeatability | seed_stability | stack_portability | determinism_cost | convergence
+    kind: str  # expectation | repeatability | seed_stability | stack_portability | determinism_cost | convergence | resume
     name: str
     status: Status
     summary: str  # the plain first line: what it means and what to do
@@ -116,6 +118,10 @@ def checks(report: Any) -> list[Check]:
                          summary=f"{c.verdict}: step time ×{c.ratio:.3g} against the budget ×{c.budget:g}"
                          if c.budget is not None else reason, reason=reason, guarantee=c.guarantee))
     out += [_convergence_check(c) for c in report.convergence or ()]
+    for r in getattr(report, "resume", None) or ():
+        judged: Status = _RESUME_STATUS.get(r.verdict, "inconclusive")
+        out.append(Check(kind="resume", name=f"resume {r.determinism}/{r.stack} seed {r.seed}", status=judged,
+                         summary=r.summary, reason=r.reason, guarantee=r.guarantee))
     return out
 
 

@@ -435,3 +435,21 @@ class Localization(Part):
     answer: LocalizationAnswer | None = None
     sentence: str = Field(min_length=1, max_length=4000, description="the answer in one line")
     localized_at: datetime | None = None
+class ResumeCheck(Part):
+    """One run's resume check (``steady.worker.contract.resume``): the run trained uninterrupted, and killed after
+    each step in ``at`` then restarted by its own resume path; the state at each resume point compared bitwise."""
+
+    run_id: int
+    seed: int
+    stack: str
+    determinism: Determinism
+    at: list[int]
+    verdict: Literal["identical", "not_restored", "failed", "within_seed_band", "outside_seed_band", "not_judged"]
+    missing: list[str] = Field([], description="the state the resumed run failed to restore: parameters, "
+                                "optimizer_state, lr_scheduler, python_rng, numpy_rng, torch_rng, loader_worker_seeds, "
+                                "data (the data position), step_counter; checkpoint when it started from scratch; 'unseen' when all "
+                                "matched but the end differs")
+    summary: str = Field(description="the plain first line: what the resumed run got wrong, or that it matched")
+    reason: str
+    guarantee: str
+    steps: dict[str, int] | None = Field(None, description="updates made: uninterrupted, and all launches of the resume")

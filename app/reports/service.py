@@ -23,6 +23,8 @@ from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
 from steady.server.reports import localizations, repository
 from steady.server.reports.models import Caveat, Report
+from steady.server.reports.outcome import judge
+from steady.server.reports.resume import resume_section
 from steady.server.runs import repository as runs_repo
 from steady.server.runs.conflicts import conflict_phrase, conflict_summary
 from steady.server.stats.convergence import (
@@ -267,6 +269,9 @@ def compute_report(session: Session, study_id: int) -> Report:
     _name_arm_differences(report, spec)
     localizations.attach(report, study)
     report.caveats = capture_caveats(runs)
+    report.resume = resume_section(runs, specs[0].name if specs else None)
+    if report.resume:
+        report.outcome = judge(report)  # the resume checks count in the study's outcome
     return report
 
 

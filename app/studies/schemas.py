@@ -12,7 +12,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from steady.server.studies.alert_specs import AlertRuleSpec, SuiteName, check_spec_alerts
 from steady.server.studies.spec_parts import ArmSpec, CodeRef, StackName, StackSpec, WorkloadSpec, _Spec
 from steady.server.kit.wire import WireModel
-from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey
+from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey, ResumeSpec
 
 MAX_STAGES = 20  # adaptive seeds: looks of the group-sequential design
 
@@ -141,6 +141,12 @@ class StudySpec(_Spec):
     alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(
         [], description="alert rules; scoped to the suite when the study has one, else to the study"
     )
+    resume: ResumeSpec | None = Field(
+        None,
+        description="the resume check: the first `runs` seeds are also trained interrupted (killed after each "
+        "step in `at`) and restarted by the code's own resume path (checkpoints in {checkpoint_dir} / "
+        "ctx.checkpoint_dir); the report says whether the resumed run matches and which state it failed to restore",
+    )
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -190,6 +196,17 @@ class StudySpec(_Spec):
                 raise ValueError("built-in workloads ship no code: leave 'code' out (of the study and its arms)")
         if self.budget is not None:
             self._check_budget(self.budget)
+        if self.resume is not None:
+            if self.kind != "managed" or self.workload is None or self.workload.name is not None:
+                _refuse(("resume",), self.resume.model_dump(), "the resume check runs your own code (a "
+                        "'command' or an 'entrypoint' that saves and loads checkpoints), not an external study "
+                        "or a built-in workload")
+            if self.workload.framework.value != "torch":
+                _refuse(("resume",), self.resume.model_dump(), "the resume check reads the state of a torch run "
+                        "(TensorFlow is not covered yet); framework is " + self.workload.framework.value)
+            if self.resume.runs > len(self.seeds):
+                _refuse(("resume", "runs"), self.resume.runs,
+                        f"resume.runs is {self.resume.runs} but the study has only {len(self.seeds)} seed(s)")
         return self
 
     @field_validator("arms")

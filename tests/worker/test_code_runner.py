@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -89,7 +90,8 @@ def test_command_gets_placeholders_and_its_failure_is_reported(code, tmp_path):
     assert not r.ok and "exited with status 3" in r.error and "bad seed" in r.stderr_tail
 
 
-ALL_PLACEHOLDERS = ["--seed={seed}", "{repeat}", "{determinism}", "{threads}", "{device}", "{run_dir}"]
+ALL_PLACEHOLDERS = ["--seed={seed}", "{repeat}", "{determinism}", "{threads}", "{device}", "{checkpoint_dir}",
+                    "{run_dir}"]
 
 
 @pytest.mark.parametrize("python", ["python", "python3"])
@@ -98,7 +100,7 @@ def test_command_argv_fills_every_placeholder(tmp_path, python):
             "command": [python, "train.py", *ALL_PLACEHOLDERS, "{{literal}}"]}
     proc = RunProcess(spec, run_dir=str(tmp_path / "r"), device="cpu", python="/opt/py/bin/python")
     assert proc.argv() == ["/opt/py/bin/python", "train.py", "--seed=11", "3", "strict", "4", "cpu",
-                           str(tmp_path / "r"), "{literal}"]
+                           str(tmp_path / "r" / "checkpoints"), str(tmp_path / "r"), "{literal}"]
     defaults = RunProcess({**spec, "repeat": None, "threads": None}, run_dir=str(tmp_path / "r"), device="cpu")
     assert defaults.argv()[3:6] == ["0", "strict", "2"]  # a spec without them: repeat 0, 2 threads
 
@@ -109,4 +111,5 @@ def test_command_receives_the_placeholders_of_its_run(code, tmp_path):
     r = run_local(spec, code_dir=code, work_dir=str(tmp_path / "run"), device="cpu")
     assert r.ok, r.stderr_tail
     argv = json.loads((tmp_path / "run" / "argv.json").read_text())
-    assert argv == ["--seed=5", "2", "none", "1", "cpu", str(tmp_path / "run")]
+    assert argv == ["--seed=5", "2", "none", "1", "cpu", str(tmp_path / "run" / "checkpoints"), str(tmp_path / "run")]
+    assert os.path.isdir(argv[-2])  # made for the code to write its checkpoints into

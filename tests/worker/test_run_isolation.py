@@ -126,7 +126,8 @@ def _assert_nothing_leaks(findings: dict, secret: str, work_dir: Path) -> None:
         "PYTHONUNBUFFERED", "PYTHONHASHSEED", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
         "OMP_DYNAMIC", "MKL_DYNAMIC", "TF_CPP_MIN_LOG_LEVEL", "STEADY_DEVICE", "STEADY_EVENTS_FILE", "STEADY_RUN_SPEC",
         "STEADY_RUN_ID", "STEADY_SERVER", "STEADY_RUN_TOKEN", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN",
-        "MLFLOW_RUN_ID", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}, sorted(findings["env"])
+        "MLFLOW_RUN_ID", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
+        "STEADY_CHECKPOINT_DIR"}, sorted(findings["env"])  # its checkpoints' folder: inside the run's own
     assert findings["env"]["STEADY_RUN_TOKEN"].startswith("stdr_")
 
 

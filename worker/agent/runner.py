@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from steady.worker.contract import determinism, placeholders, runfiles
+from steady.worker.contract import determinism, placeholders, resume, runfiles
 from steady.worker.agent import reaper
 from steady.worker.agent.capture import DEFAULT_PATTERNS, SCAN_INTERVAL_S, Capture
 from steady.worker.agent.conflicts import ConflictGuard
@@ -242,6 +242,10 @@ class Collected:
         elif kind == "digest":
             if event["kind"] == "data_order":
                 self.digests["data_order"][int(event["epoch"])] = event["value"]
+            elif event["kind"] == "resume":  # the resume check's record (steady.worker.inrun.resume)
+                if not isinstance(event["value"], dict):
+                    raise TypeError("a resume record is an object")
+                self.digests["resume"] = event["value"]
             else:
                 self.digests[event["kind"]] = event["value"]
         elif kind == "fingerprint":
@@ -260,6 +264,7 @@ class Collected:
             "data_order": [orders[k] for k in sorted(orders)],
             "final_weights": self.digests.get("final_weights"),
             "optimizer_state": self.digests.get("optimizer_state"),
+            "resume": self.digests.get("resume"),
         }
 
 
@@ -340,15 +345,31 @@ class RunProcess:
         command = self.spec.get("command")
         if not command:
             return [self.python, "-m", "steady.worker.inrun.harness"]
-        values = {
+        # names only, even if the server let one by
+        return placeholders.fill_command(command, self.placeholder_values(), self.python)
+
+    def placeholder_values(self) -> dict[str, Any]:
+        return {
             "seed": self.spec["seed"], "repeat": self.spec.get("repeat") or 0, "determinism": self.spec["determinism"],
             "device": device_env(self.device)["STEADY_DEVICE"], "run_dir": self.run_dir,
-            "threads": self.spec.get("threads") or 2,
+            "threads": self.spec.get("threads") or 2, "checkpoint_dir": self.checkpoint_dir(),
         }
-        argv = [placeholders.fill(arg, values) for arg in command]  # names only, even if the server let one by
-        if argv[0] in ("python", "python3"):
-            argv[0] = self.python
-        return argv
+
+    def checkpoint_dir(self) -> str:
+        """Where the code keeps its checkpoints (``{checkpoint_dir}``, ``ctx.checkpoint_dir``); the resume
+        check gives each of its launches its own (steady.worker.inrun.resume)."""
+        return os.path.join(self.run_dir, "checkpoints")
+
+    def resume_plan(self) -> dict[str, Any] | None:
+        """What the resume check's driver needs to start the code again (None: no resume check)."""
+        resume = self.spec.get("resume")
+        if not resume:
+            return None
+        values = self.placeholder_values()
+        return {"at": list(resume["at"]), "signal": resume.get("signal") or "kill",
+                "command": self.spec.get("command"), "values": values,
+                "shim_env": COMMAND_SHIM_ENV if self.spec.get("command") else None,
+                "python": self.python, "run_dir": self.run_dir, "determinism": self.spec["determinism"]}
 
     def environment(self) -> dict[str, str]:
         env = run_environment(
@@ -358,7 +379,11 @@ class RunProcess:
         )
         if self.spec.get("config_file"):
             env[CONFIG_FILE_ENV] = os.path.join(self.run_dir, "config", os.path.basename(self.spec["config_file"]["name"]))
-        if self.spec.get("command"):
+        env[resume.CHECKPOINT_ENV] = self.checkpoint_dir()
+        plan = self.resume_plan()
+        if plan is not None:  # the driver's interpreter must not set up a run: it gives each launch the shim
+            env[resume.PLAN_ENV] = json.dumps(plan)
+        elif self.spec.get("command"):
             env[COMMAND_SHIM_ENV] = "1"
         if self.spec.get("localize_steps") and LOCALIZE_ENV not in env:  # a replay sets its own mode
             env[LOCALIZE_ENV] = "steps"
@@ -376,6 +401,7 @@ class RunProcess:
             if os.path.exists(path):
                 os.remove(path)
         os.makedirs(os.path.join(self.run_dir, "tmp"), mode=0o700, exist_ok=True)
+        os.makedirs(self.checkpoint_dir(), mode=0o700, exist_ok=True)
         spec = dict(self.spec, device=device_env(self.device)["STEADY_DEVICE"], work_dir=self.run_dir)
         config = spec.get("config_file")
         if config:  # an arm's config file: written per run, its path in the env and in params
@@ -392,6 +418,8 @@ class RunProcess:
         self.capture = self._capture()
         argv, env = self.argv(), self.environment()
         _check_program(argv[0], env, self.working_dir())
+        if self.spec.get("resume"):  # the driver starts the code itself, once per launch of the check
+            argv = [self.python, "-m", resume.DRIVER_MODULE]
         if _LINUX:  # through the run's own subreaper: no daemon it starts outlives it (steady.worker.agent.reaper)
             argv = [self.python, "-I", "-S", _REAPER, *argv]
         # never through a link, even one planted before the child starts

@@ -46,3 +46,11 @@ def fill(arg: str, values: Mapping[str, object]) -> str:
     placeholder_names(arg)
     return "".join(literal + (str(values[name]) if name is not None else "")
                    for literal, name, _, _ in string.Formatter().parse(arg))
+
+
+def fill_command(command: list[str], values: Mapping[str, object], python: str) -> list[str]:
+    """A command's argv with its placeholders filled, ``python``/``python3`` as first word being ``python``."""
+    argv = [fill(arg, values) for arg in command]
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = python
+    return argv

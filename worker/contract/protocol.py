@@ -34,6 +34,7 @@ from pydantic import (
     PrivateAttr,
     ValidationInfo,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 
@@ -183,7 +184,7 @@ BUILTIN_WORKLOADS: dict[str, str] = {
 
 
 # Placeholders a command workload's arguments may use (steady.server.studies.schemas checks them).
-COMMAND_PLACEHOLDERS = ("seed", "repeat", "determinism", "device", "run_dir", "threads")
+COMMAND_PLACEHOLDERS = ("seed", "repeat", "determinism", "device", "run_dir", "threads", "checkpoint_dir")
 
 
 class RunStatus(str, Enum):
@@ -336,6 +337,29 @@ class CaptureSpec(_Model):
     preset: CapturePreset | None = None
 
 
+MAX_RESUME_POINTS = 8
+
+
+class ResumeSpec(_Model):
+    """The resume check (steady.worker.inrun.resume): the run is trained once uninterrupted, and once killed
+    after each step in ``at`` (optimizer steps done) and restarted through the code's own resume path
+    (its checkpoints go to ``{checkpoint_dir}`` / ``ctx.checkpoint_dir``); the state at each resume point
+    and the final values are compared. ``runs``: how many of the study's seeds (the first ones) get it."""
+
+    at: Annotated[list[Annotated[int, Field(ge=1, le=10_000_000)]], Field(min_length=1, max_length=MAX_RESUME_POINTS)]
+    runs: Annotated[int, Field(ge=1, le=100)] = 1
+    # how the interrupted launch is stopped: SIGKILL (a preemption's end, an OOM kill), or SIGTERM (what a
+    # scheduler sends first: the code's handler may run; SIGKILL after a grace if the process lives on)
+    signal: Literal["kill", "term"] = "kill"
+
+    @field_validator("at")
+    @classmethod
+    def _increasing(cls, value: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(value, value[1:])):
+            raise ValueError(f"resume steps must be strictly increasing, got {value}")
+        return value
+
+
 class RunSpec(_Model):
     """Everything a worker needs to execute one run."""
 
@@ -357,6 +381,7 @@ class RunSpec(_Model):
     code: str | None = None  # the arm's own code digest (informational: code_sha256 is what runs)
     capture: CaptureSpec | None = None  # None: a command workload gets the default capture, others none
     localize_steps: bool = False  # record the training state's digest at every step (steady.step_digest)
+    resume: ResumeSpec | None = None  # this run also gets the resume check
 
 
 class Lease(_Model):
@@ -520,6 +545,7 @@ class Digests(_Model):
     data_order: list[str] = []  # one per epoch
     final_weights: str | None = None
     optimizer_state: str | None = None
+    resume: dict[str, Any] | None = None  # the resume check's record (steady.worker.inrun.resume), when it ran
 
 
 # A command's argv as the worker ran it (placeholders filled): kept with the run.

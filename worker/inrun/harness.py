@@ -139,10 +139,12 @@ def run(spec: dict[str, Any]) -> int:
         if workload is not None:
             returned = workload.run(ctx)
         else:
-            from steady.worker.inrun import autodigest
+            from steady.worker.inrun import autodigest, resumestate
 
             finish_digests = autodigest.install(ctx.framework)
+            finish_resume = resumestate.install(ctx.framework)  # a launch of the resume check, else nothing
             returned = _call_entrypoint(spec["entrypoint"], ctx)
+            finish_resume()
             finish_digests()
         t_end = time.perf_counter()
         final, timings = sdk._summary()

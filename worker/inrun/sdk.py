@@ -28,6 +28,7 @@ from typing import Any
 
 from steady.worker.contract.digests import file_digest, order_digest, state_digest
 from steady.worker.contract.events import EVENTS_ENV, EventWriter
+from steady.worker.contract.resume import CHECKPOINT_ENV
 from steady.worker.inrun.steptimes import StepTimes
 
 STEP_TIME_KEY = "step_time"  # same value as steady.worker.contract.protocol.STEP_TIME_KEY (no pydantic import here)
@@ -46,6 +47,8 @@ class RunContext:
     repeat: int = 0
     device: str = "cpu"  # "cpu" or "cuda" (CUDA_VISIBLE_DEVICES already narrowed to one GPU)
     work_dir: str = "."
+    # where the code keeps its checkpoints: the resume check gives each launch its own (steady.worker.inrun.resume)
+    checkpoint_dir: str = ""
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> RunContext:
@@ -59,6 +62,8 @@ class RunContext:
             repeat=int(spec.get("repeat") or 0),
             device=spec.get("device") or "auto",
             work_dir=spec.get("work_dir") or os.getcwd(),
+            checkpoint_dir=os.environ.get(CHECKPOINT_ENV)
+            or os.path.join(spec.get("work_dir") or os.getcwd(), "checkpoints"),
         )
 
     @property

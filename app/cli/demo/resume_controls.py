@@ -1,0 +1,134 @@
+"""``steady demo --controls --resume``: planted omissions prove that the resume check names what a resume forgot.
+
+Each control is the training script ``worker/inrun/workloads/resume_controls.py`` (a small MLP with
+dropout, Adam and a StepLR schedule, fed by a two-worker DataLoader with per-item noise from the
+workers' torch RNG, and with noise from Python's and NumPy's global RNGs in the loop) submitted as a
+command with the resume check at ``strict``: trained uninterrupted, then killed after update 6 (mid
+epoch: 4 batches an epoch) and restarted from its checkpoint, with ``--omit`` forgetting exactly one
+piece of the state it saves (two more controls scale the loss with a ``torch.amp.GradScaler``). The
+runs go through the worker's own path (``python -m steady.worker.agent.local``: the agent's runner,
+the resume driver, the command shim), no server. A row passes when every seed's check names exactly
+the omitted piece, and the faithful resumes (one and two resume points, and with a scaler) are
+judged identical for every seed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from steady.server.cli.demo.controls import _execute
+from steady.worker.contract.resume import LABELS
+
+SCRIPT = "steady.worker.inrun.workloads.resume_controls"
+AT = (6,)
+
+
+@dataclass(frozen=True)
+class ResumeControl:
+    name: str
+    omit: str | None  # the script's --omit; None: a faithful resume
+    expected: str | None  # the component the check must name; None: identical
+    at: tuple[int, ...] = AT
+    args: tuple[str, ...] = ()  # more arguments of the script
+
+
+CONTROLS: tuple[ResumeControl, ...] = (
+    ResumeControl("faithful resume", None, None),
+    ResumeControl("faithful resume, two resume points", None, None, at=(3, 6)),
+    ResumeControl("model weights not loaded", "weights", "parameters"),
+    ResumeControl("optimizer moments not loaded", "optimizer", "optimizer_state"),
+    ResumeControl("LR scheduler not loaded", "scheduler", "lr_scheduler"),
+    ResumeControl("step counter not restored", "step", "step_counter"),
+    ResumeControl("Python RNG not restored", "python_rng", "python_rng"),
+    ResumeControl("NumPy RNG not restored", "numpy_rng", "numpy_rng"),
+    ResumeControl("torch RNG not restored", "torch_rng", "torch_rng"),
+    ResumeControl("loader cursor not restored (epoch restarts)", "loader_cursor", "data"),
+    ResumeControl("loader generator not restored (worker seeds)", "loader_generator", "loader_worker_seeds"),
+    ResumeControl("faithful resume with a gradient scaler", None, None, args=("--grad-scaler",)),
+    ResumeControl("gradient scaler not loaded", "grad_scaler", "grad_scaler", args=("--grad-scaler",)),
+)
+
+
+@dataclass(frozen=True)
+class ResumeRow:
+    control: str
+    expected: str | None
+    at: tuple[int, ...]
+    seeds: int
+    right: int  # seeds whose check gave exactly the expected verdict and names
+    named: tuple[str, ...]  # what the checks named, all seeds together
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.right == self.seeds
+
+
+def entry(control: ResumeControl, seed: int, *, workers: int = 2) -> dict:
+    command = ["python", "-m", SCRIPT, "--checkpoint-dir", "{checkpoint_dir}", "--seed", "{seed}",
+               "--workers", str(workers), *control.args]
+    if control.omit:
+        command += ["--omit", control.omit]
+    return {"spec": {"framework": "torch", "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
+                     "threads": 1, "time_limit_s": 600, "resume": {"at": list(control.at)}}, "device": "cpu"}
+
+
+def right(control: ResumeControl, record: dict | None) -> bool:
+    """Whether one check judged as the control says: identical, or not restored naming exactly the piece."""
+    if not record:
+        return False
+    if control.expected is None:
+        return record.get("verdict") == "identical"
+    return record.get("verdict") == "not_restored" and record.get("missing") == [control.expected]
+
+
+def run_control(control: ResumeControl, seeds: Sequence[int], *, workers: int = 2) -> ResumeRow:
+    t0 = time.monotonic()
+    results = _execute([entry(control, seed, workers=workers) for seed in seeds])
+    records = [r["digests"].get("resume") for r in results]
+    named = tuple(sorted({c for rec in records if rec for c in rec.get("missing") or []}))
+    return ResumeRow(control.name, control.expected, control.at, len(seeds),
+                     sum(right(control, rec) for rec in records), named, time.monotonic() - t0)
+
+
+def run_controls(controls: Sequence[ResumeControl] = CONTROLS, *, seeds: Sequence[int] = range(5), workers: int = 2,
+                 progress: Callable[[ResumeRow], None] | None = None) -> list[ResumeRow]:
+    rows = []
+    for control in controls:
+        row = run_control(control, seeds, workers=workers)
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+    return rows
+
+
+HEADER = ("omitted on resume", "resumed after update", "must be named", "judged as required", "named")
+
+
+def format_table(rows: Sequence[ResumeRow]) -> str:
+    cells = [HEADER] + [(r.control, ", ".join(map(str, r.at)), r.expected or "nothing (identical)",
+                         f"{r.right} of {r.seeds}", ", ".join(r.named) or "—") for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    seeds = range(int(getattr(args, "seeds", None) or 5))
+    controls = [c for c in CONTROLS if not getattr(args, "only", None) or any(o in c.name for o in args.only)]
+    print(f"steady demo --controls --resume: {len(controls)} resume controls × {len(seeds)} seeds, each an "
+          "uninterrupted run, a run killed after its resume step and its restart …", flush=True)
+
+    def progress(row: ResumeRow) -> None:
+        print(f"  {'ok   ' if row.ok else 'WRONG'} {row.control}: {', '.join(row.named) or 'identical'} "
+              f"({row.right} of {row.seeds}, {row.seconds:.0f} s)", flush=True)
+
+    rows = run_controls(controls, seeds=seeds, progress=progress)
+    print()
+    print(format_table(rows))
+    print("\nnames: " + "; ".join(f"{k}: {v}" for k, v in LABELS.items()))
+    print(f"\n{sum(r.ok for r in rows)} of {len(rows)} controls judged as required for every seed.")
+    return 0 if all(r.ok for r in rows) else 1

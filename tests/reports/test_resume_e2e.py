@@ -1,0 +1,107 @@
+"""A user's own torch script that checkpoints weights and optimizer but not the RNG state, submitted with
+the resume check as a command from a fresh git folder: the report names the torch RNG state as the piece
+the resumed run did not restore, and every gate fails with it.
+
+The script uses dropout (the torch RNG) and a fixed batch per step (so the data position cannot be
+what differs); it saves ``model`` and ``optimizer`` to ``{checkpoint_dir}`` after every update and loads
+them when the folder holds a checkpoint, as tutorials show. A real ``steady serve`` (the shared one) and a
+real worker: the kill and the restart of the user's command are the point.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+
+from tests.conftest import run_cli_in_process
+from tests.worker.test_worker_agent_e2e import Worker
+
+SCRIPT = """
+    import argparse
+    import os
+
+    import torch
+    from torch import nn
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--checkpoints", required=True)
+    p.add_argument("--steps", type=int, default=6)
+    args = p.parse_args()
+    torch.manual_seed(args.seed)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = torch.linspace(-1, 1, 32).reshape(8, 4)
+    y = x.sum(dim=1, keepdim=True)
+    path = os.path.join(args.checkpoints, "ckpt.pt")
+    start = 0
+    if os.path.exists(path):
+        ckpt = torch.load(path)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start = ckpt["step"]
+    for step in range(start, args.steps):
+        loss = ((model(x) - y) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print(f"step {step} loss {loss.item():.6f}", flush=True)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}, path)
+"""
+
+SPEC = """
+    name: resume-without-rng
+    workload:
+      framework: torch
+      command: ["python", "train.py", "--seed", "{seed}", "--checkpoints", "{checkpoint_dir}"]
+    seeds: [1, 2]
+    determinism: [strict]
+    threads: 1
+    max_attempts: 1
+    metrics: [loss]
+    resume: {at: [3]}
+"""
+
+
+def _project(root: Path) -> Path:
+    root.mkdir()
+    (root / "train.py").write_text(textwrap.dedent(SCRIPT).lstrip())
+    (root / "study.yaml").write_text(textwrap.dedent(SPEC).lstrip())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "my script"], cwd=root, check=True)
+    return root
+
+
+def test_a_resume_without_the_rng_state_is_named_in_the_report(live_server, tmp_path):
+    folder = _project(tmp_path / "project")
+    (tmp_path / "worker-home").mkdir()
+    env = {"STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"], "NO_COLOR": "1",
+           "HOME": str(folder), "XDG_CONFIG_HOME": str(folder / ".config"), "PATH": "/usr/bin:/bin"}
+    worker = Worker(live_server, tmp_path, "resume-e2e", "--concurrency", "1", cwd=tmp_path / "worker-home")
+    try:
+        submit = run_cli_in_process("submit", "study.yaml", "--wait", env=env, cwd=folder)
+    finally:
+        worker.stop()
+    found = re.search(r"submitted study (\d+)", submit.stdout + submit.stderr)
+    assert found, (submit.stdout, submit.stderr)
+    sid = found.group(1)
+    report = run_cli_in_process("report", sid, env=env, cwd=folder)
+    check = run_cli_in_process("check", sid, env=env, cwd=folder)
+    from steady.server.reports.models import Report
+
+    body = Report.model_validate_json(run_cli_in_process("report", sid, "--json", env=env, cwd=folder).stdout)
+    assert body.study.progress.completed == 2, worker.log()
+    assert body.resume is not None and len(body.resume) == 1, (body.resume, worker.log())  # the first seed only
+    check_ = body.resume[0]
+    assert check_.seed == 1 and check_.at == [3]
+    assert check_.verdict == "not_restored", check_
+    assert check_.missing == ["torch_rng"], check_  # weights, optimizer, step and data all came back
+    assert check_.steps == {"reference": 6, "resumed": 6}
+    said = "killed after update 3 and resumed: it did not restore the torch RNG state"
+    assert said in report.stdout, report.stdout
+    assert said in check.stdout and check.returncode == 1, check.stdout
+    assert submit.returncode == 1 and said in body.outcome.reason

@@ -1,0 +1,165 @@
+"""The resume check on the worker: the judgement of the launches' records (pure), and the whole path on
+real launches (the agent's runner, the driver, the command shim, a SIGKILL mid-epoch with two loader
+workers, the script's own resume) for a faithful resume at two points and one planted omission. The
+full control table (nine omissions and two faithful resumes, five seeds each) is
+``steady demo --controls --resume``, recorded in docs/controls.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from steady.worker.agent.local import run_local
+from steady.worker.contract.resume import COMPONENTS, judge
+
+SAME = {c: f"{c}-digest" for c in COMPONENTS}
+
+
+def _reference(at=(3,), steps=6):
+    return [*({"state": k, "components": dict(SAME)} for k in at), {"steps": steps, "final_parameters": "end"}]
+
+
+def _launches(differ=(), *, resumed_steps=3, final="end"):
+    resumed = {c: ("other" if c in differ else d) for c, d in SAME.items()}
+    return [{"rc": -9, "records": [{"killed_after": 3}], "tail": ""},
+            {"rc": 0, "records": [{"state": 3, "components": resumed},
+                                  {"steps": resumed_steps, "final_parameters": final}], "tail": ""}]
+
+
+def test_a_faithful_resume_is_identical():
+    record = judge(_reference(), _launches(), [3])
+    assert record["verdict"] == "identical" and record["missing"] == [] and record["final_identical"]
+
+
+@pytest.mark.parametrize("component", [c for c in COMPONENTS if c != "data"])
+def test_each_component_is_named_alone_and_the_batch_it_changes_is_not(component):
+    """A piece upstream of the batch (all but the optimizer, the scheduler and the gradient scaler, which
+    change only later updates) changes the gradients of the first update too: only the piece is named."""
+    later = ("optimizer_state", "lr_scheduler", "grad_scaler")
+    differ = {component} if component in later else {component, "data"}
+    record = judge(_reference(), _launches(differ, final="other"), [3])
+    assert record["verdict"] == "not_restored" and record["missing"] == [component], record
+
+
+def test_with_two_resume_points_the_first_that_differs_is_attributed():
+    """The optimizer missed at the first point: at the second the parameters differ as a consequence."""
+    first = {c: ("other" if c == "optimizer_state" else d) for c, d in SAME.items()}
+    second = {c: ("other" if c in ("optimizer_state", "parameters", "data") else d) for c, d in SAME.items()}
+    launches = [{"rc": -9, "records": [{"killed_after": 2}], "tail": ""},
+                {"rc": -9, "records": [{"state": 2, "components": first}, {"killed_after": 2}], "tail": ""},
+                {"rc": 0, "records": [{"state": 4, "components": second}, {"steps": 2, "final_parameters": "x"}],
+                 "tail": ""}]
+    record = judge(_reference(at=(2, 4)), launches, [2, 4])
+    assert record["missing"] == ["optimizer_state"], record
+    assert [p["differ"] for p in record["points"]] == [["optimizer_state"], ["parameters", "optimizer_state", "data"]]
+
+
+def test_the_data_position_is_named_when_nothing_upstream_differs():
+    record = judge(_reference(), _launches({"data"}, final="other"), [3])
+    assert record["missing"] == ["data"] and "data position" in record["reason"]
+
+
+def test_a_resumed_run_that_starts_over_did_not_restore_its_step_counter():
+    record = judge(_reference(), _launches({"data"}, resumed_steps=6, final="other"), [3])
+    assert record["missing"] == ["step_counter"] and record["steps"] == {"reference": 6, "resumed": 9}
+
+
+def test_a_resume_that_finds_no_checkpoint_is_told_so_not_given_a_list_of_pieces():
+    """Saved every 5 updates, resumed after 3: the restart begins with the initial weights and optimizer."""
+    start = {c: f"{c}-at-0" for c in COMPONENTS}
+    reference = [{"state": 0, "components": start}, *_reference()]
+    launches = [{"rc": -9, "records": [{"killed_after": 3}], "tail": ""},
+                {"rc": 0, "records": [{"state": 3, "components": start}, {"steps": 6, "final_parameters": "end"}],
+                 "tail": ""}]
+    record = judge(reference, launches, [3])
+    assert record["missing"] == ["checkpoint"] and "started from scratch" in record["reason"]
+    assert judge(reference, _launches({"parameters", "data"}, final="x"), [3])["missing"] == ["parameters"]
+
+
+def test_all_state_equal_but_a_different_end_is_state_the_check_does_not_see():
+    record = judge(_reference(), _launches(final="other"), [3])
+    assert record["missing"] == ["unseen"] and "does not see" in record["reason"]
+
+
+def test_a_launch_that_ends_before_its_kill_or_a_reference_too_short_fails_the_check():
+    not_killed = [{"rc": 0, "records": [{"steps": 6}], "tail": "done early"}]
+    assert "ended first" in judge(_reference(), not_killed, [3])["reason"]
+    assert judge(_reference(at=(3,), steps=3), _launches(), [3, 5])["verdict"] == "failed"
+    crashed = _launches()[:1] + [{"rc": 1, "records": [], "tail": "FileNotFoundError: ckpt.pt"}]
+    record = judge(_reference(), crashed, [3])
+    assert record["verdict"] == "failed" and "ckpt.pt" in record["reason"]
+
+
+def _spec(omit: str | None, at: list[int], seed: int = 0) -> dict:
+    command = ["python", "-m", "steady.worker.inrun.workloads.resume_controls", "--checkpoint-dir",
+               "{checkpoint_dir}", "--seed", "{seed}", "--workers", "2", "--steps", "8"]
+    resume: dict = {"at": at}
+    if omit:  # stopped by SIGTERM, which the script's handler answers by exiting 0
+        command += ["--omit", omit, "--exit-on-term"]
+        resume["signal"] = "term"
+    return {"framework": "torch", "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
+            "threads": 1, "time_limit_s": 300, "resume": resume}
+
+
+ENTRYPOINT = """
+from steady.worker.inrun.workloads.resume_controls import main as train
+
+
+def main(ctx):
+    train(["--checkpoint-dir", ctx.checkpoint_dir, "--seed", str(ctx.seed), "--workers", "2", "--steps", "8"])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("omit", "at", "missing"), [(None, [2, 5], []),
+                                                     ("loader_generator", [5], ["loader_worker_seeds"])])
+def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, missing):
+    """Four batches an epoch: a kill after update 5 is mid-epoch, with two live loader workers. The faithful
+    resume runs as an entrypoint (the harness, ``ctx.checkpoint_dir``) killed by SIGKILL, the omission as a
+    command stopped by SIGTERM (its handler exits 0)."""
+    spec, code = _spec(omit, at), None
+    if omit is None:
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / "train.py").write_text(ENTRYPOINT)
+        spec = {**{k: v for k, v in spec.items() if k != "command"}, "entrypoint": "train.py"}
+    r = run_local(spec, device="cpu", work_dir=str(tmp_path / "run"), code_dir=None if code is None else str(code))
+    assert r.ok, r.stderr_tail
+    record = r.digests["resume"]
+    assert record["missing"] == missing, record
+    assert record["verdict"] == ("identical" if not missing else "not_restored")
+    assert [launch["rc"] for launch in record["launches"]] == [0 if omit else -9] * len(at) + [0]
+    assert record["steps"] == {"reference": 8, "resumed": 8}
+    if omit is not None:  # captured from the command's output: the uninterrupted launch's, once
+        assert r.series["loss"][0] == list(range(1, 9))
+
+
+def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monkeypatch, capsys):
+    """``steady demo --controls --resume``: one control per piece the check names (ten), three faithful
+    resumes; a row passes only when every seed names exactly its piece."""
+    from steady.server.cli import build_parser
+    from steady.server.cli.demo import resume_controls as demo
+    from steady.worker.contract.resume import STEP_COUNTER
+    from steady.worker.inrun.workloads.resume_controls import OMISSIONS
+
+    planted = [c for c in demo.CONTROLS if c.omit]
+    assert sorted(c.expected for c in planted) == sorted([*COMPONENTS, STEP_COUNTER])
+    assert all(OMISSIONS[c.omit] == c.expected for c in planted)
+    weights = next(c for c in planted if c.omit == "weights")
+    assert demo.right(weights, {"verdict": "not_restored", "missing": ["parameters"]})
+    assert not demo.right(weights, {"verdict": "not_restored", "missing": ["parameters", "torch_rng"]})
+    assert not demo.right(demo.CONTROLS[0], {"verdict": "not_restored", "missing": ["unseen"]})
+    seen = {}
+
+    def fake(controls=demo.CONTROLS, *, seeds, workers=2, progress=None):
+        seen["seeds"] = list(seeds)
+        rows = [demo.ResumeRow(c.name, c.expected, c.at, len(seeds), len(seeds), (c.expected,) if c.expected else (), 1.0)
+                for c in controls]
+        for row in rows:
+            progress(row)
+        return rows
+
+    monkeypatch.setattr(demo, "run_controls", fake)
+    args = build_parser().parse_args(["demo", "--controls", "--resume", "--seeds", "2"])
+    assert args.func(args) == 0 and seen["seeds"] == [0, 1]
+    out = capsys.readouterr().out
+    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "13 of 13 controls judged as required" in out

@@ -1,0 +1,132 @@
+"""The resume check's names and its judgement, framework-free (the agent, the run and the server read them).
+
+A run with ``RunSpec.resume`` is started by the agent as ``python -m steady.worker.inrun.resume`` (the
+driver), which starts the code once uninterrupted (the reference, the run's own metrics and result)
+and then once per resume point, killed after it and restarted, each launch's checkpoints in
+:data:`CHECKPOINT_ENV`. :func:`judge` compares what the launches recorded
+(:mod:`steady.worker.inrun.resumestate`) and names the state the resumed run failed to restore.
+
+Attribution follows the order in which one component explains another (:data:`COMPONENTS`): the
+gradients of the first update after the resume point (``data``) depend on the parameters, the RNGs
+and the loader seeds, so a difference there is put down to the data position only when all of those
+match; a launch that made a different number of updates in all did not restore its step counter. With
+several resume points, the first point where anything differs is the one attributed: what was missed
+there changes everything after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DRIVER_MODULE = "steady.worker.inrun.resume"
+PLAN_ENV = "STEADY_RESUME_PLAN"  # JSON: at, command (or None: the harness), placeholder values, python, run_dir
+CHECKPOINT_ENV = "STEADY_CHECKPOINT_DIR"
+ROLE_ENV = "STEADY_RESUME_ROLE"
+AT_ENV = "STEADY_RESUME_AT"  # reference: comma-separated updates after which the state is digested
+STOP_ENV = "STEADY_RESUME_STOP"  # interrupted: updates this process makes before it is killed
+FROM_ENV = "STEADY_RESUME_FROM"  # a launch that resumes: the update it resumes after
+OUT_ENV = "STEADY_RESUME_OUT"
+SIGNAL_ENV = "STEADY_RESUME_SIGNAL"  # "kill" (default) or "term"
+TERM_GRACE_S = 20.0  # after SIGTERM, a process that lives on this long is SIGKILLed
+
+COMPONENTS = ("parameters", "optimizer_state", "lr_scheduler", "grad_scaler", "python_rng", "numpy_rng", "torch_rng",
+              "loader_worker_seeds", "data")
+STEP_COUNTER = "step_counter"
+NO_CHECKPOINT = "checkpoint"  # the resumed launch started from the initial state: no checkpoint was loaded
+# what a user reads in a report: the piece of state, as one would name it in a checkpoint
+LABELS = {
+    "parameters": "model parameters (weights)",
+    "optimizer_state": "optimizer state (moments, per-parameter steps, hyperparameters)",
+    "lr_scheduler": "LR scheduler state",
+    "grad_scaler": "gradient scaler state (torch.amp.GradScaler: scale, growth tracker)",
+    "python_rng": "Python RNG state (random.getstate)",
+    "numpy_rng": "NumPy RNG state (np.random.get_state)",
+    "torch_rng": "torch RNG state (torch.get_rng_state / CUDA)",
+    "loader_worker_seeds": "DataLoader worker seeds (the loader's generator)",
+    "data": "data position (the batch after the resume point)",
+    STEP_COUNTER: "step counter (the resumed run made a different number of updates)",
+    NO_CHECKPOINT: "checkpoint (the resumed run started from scratch, its weights and optimizer those before "
+                   "update 1: nothing was saved after the resume step, or it was not found in {checkpoint_dir})",
+}
+# a difference in ``data`` is explained by any of these
+_UPSTREAM_OF_DATA = ("parameters", "python_rng", "numpy_rng", "torch_rng", "loader_worker_seeds", STEP_COUNTER)
+
+
+def judge(reference: list[dict[str, Any]], launches: list[dict[str, Any]], at: list[int]) -> dict[str, Any]:
+    """The resume check's record from the launches' records.
+
+    ``reference``: the reference launch's records (``{"state": k, "components": {...}}`` per resume
+    point, ``{"steps": n, "final_parameters": d}`` at its end). ``launches``: per interrupted or resumed
+    launch ``{"rc": int, "records": [...], "tail": str}``, in order. The verdict is ``identical`` (every
+    component at every resume point, the update count and the final parameters bitwise equal),
+    ``not_restored`` (``missing`` names the pieces, in :data:`COMPONENTS` order) or ``failed`` (a launch
+    could not run: ``reason`` says which and why)."""
+    ref_states = {r["state"]: r["components"] for r in reference if "state" in r}
+    ref_end = next((r for r in reference if "steps" in r), None)
+    record: dict[str, Any] = {"at": list(at), "points": [], "missing": [], "verdict": "identical", "reason": ""}
+    if ref_end is None:
+        return dict(record, verdict="failed", reason="the uninterrupted run did not finish")
+    if not ref_states and ref_end["steps"] == 0:
+        return dict(record, verdict="failed", reason="the code made no optimizer step that the check could see "
+                    "(the check counts torch optimizer updates)")
+    short = [k for k in at if k not in ref_states]
+    if short:
+        return dict(record, verdict="failed", reason=f"the uninterrupted run made {ref_end['steps']} updates, "
+                    f"not more than the resume step(s) {short}")
+    resumed_steps = 0
+    for i, launch in enumerate(launches):
+        records = launch["records"]
+        interrupted = i < len(at)
+        if interrupted and not any("killed_after" in r for r in records):
+            return dict(record, verdict="failed", reason=f"launch {i + 1} was to be killed after update {at[i]} but "
+                        f"ended first (exit status {launch['rc']}): {launch.get('tail', '')[-300:]}")
+        if interrupted:
+            resumed_steps += at[i] - (at[i - 1] if i else 0)
+        else:
+            end = next((r for r in records if "steps" in r), None)
+            if end is None or launch["rc"] != 0:
+                return dict(record, verdict="failed", reason=f"the resumed launch (after update {at[-1]}) failed "
+                            f"(exit status {launch['rc']}): {launch.get('tail', '')[-300:]}")
+            resumed_steps += end["steps"]
+        if i == 0:
+            continue
+        state = next((r for r in records if "state" in r), None)
+        point: dict[str, Any] = {"step": at[i - 1], "differ": []}
+        if state is None:
+            point["differ"] = ["parameters"]
+            point["note"] = "the resumed launch made no update"
+        else:
+            want, got = ref_states[at[i - 1]], state["components"]
+            point["differ"] = [c for c in COMPONENTS if want.get(c) != got.get(c)]
+            start = ref_states.get(0)
+            if start is not None and point["differ"] and all(
+                    got.get(c) == start.get(c) for c in ("parameters", "optimizer_state")):
+                point["from_scratch"] = True
+        record["points"].append(point)
+    record["steps"] = {"reference": ref_end["steps"], "resumed": resumed_steps}
+    final: dict[str, Any] = next((r for r in launches[-1]["records"] if "steps" in r), {}) if launches else {}
+    record["final_identical"] = final.get("final_parameters") == ref_end.get("final_parameters")
+    # the first resume point that differs: a piece missed there changes everything after it (a wrong
+    # optimizer state at the first point makes the parameters differ at the second)
+    first = next((p for p in record["points"] if p["differ"]), None)
+    if first is not None and first.get("from_scratch"):
+        record.update(verdict="not_restored", missing=[NO_CHECKPOINT],
+                      reason=f"not restored: {LABELS[NO_CHECKPOINT]} (resume after update {first['step']})")
+        return record
+    differ: set[str] = set(first["differ"] if first is not None else [])
+    if resumed_steps != ref_end["steps"]:
+        differ.add(STEP_COUNTER)
+    if "data" in differ and differ & set(_UPSTREAM_OF_DATA):
+        differ.discard("data")  # explained by a piece upstream of the batch
+    missing = [c for c in (*COMPONENTS, STEP_COUNTER) if c in differ]
+    if not missing and not record["final_identical"]:
+        record["reason"] = ("every piece of state matched at the resume point(s) but the final parameters differ: "
+                            "state the check does not see (a custom RNG, an iterator of your own) or a "
+                            "nondeterministic kernel")
+        missing = ["unseen"]
+    record["missing"] = missing
+    if missing:
+        record["verdict"] = "not_restored"
+        if not record["reason"]:
+            record["reason"] = "not restored: " + "; ".join(LABELS[c] for c in missing)
+    return record

@@ -1,0 +1,201 @@
+"""Inside one launch of the resume check: count optimizer steps, digest the state at the resume point, stop.
+
+The driver (:mod:`steady.worker.inrun.resume`) starts the same code several times with
+:data:`ROLE_ENV` set; the shim or the harness calls :func:`install` before user code runs. Steps are
+counted by a global optimizer step pre-hook (the first optimizer that steps; PyTorch >= 2.0), so a
+"step" is an optimizer update, whatever the code's own counter says.
+
+* ``reference`` (uninterrupted): just before update ``k + 1`` for each ``k`` in :data:`AT_ENV`, the
+  state components are digested (:func:`components`).
+* ``interrupted``: after :data:`STOP_ENV` updates in this process, just before the next one (so
+  everything the code does after update ``k``, its checkpoint included, has happened), the process
+  kills itself with SIGKILL: no handler, no ``finally``, no flush, as a preemption or OOM kill ends it.
+  With :data:`SIGNAL_ENV` ``term`` it sends itself SIGTERM first: the code's handler runs (it may save
+  and exit); update ``k + 1`` never happens, and a process still alive after the grace is SIGKILLed.
+* ``resumed`` (and an ``interrupted`` launch that itself resumed): just before its first update the
+  state is digested again, as the state at the resume point :data:`FROM_ENV`.
+
+Every launch writes, at exit, how many updates it made and a digest of its final parameters. The
+records go to the JSON-lines file :data:`OUT_ENV`, one object a line.
+
+The components, in the order in which one can explain another (:data:`COMPONENTS`): the parameters,
+the optimizer's state (moments, per-parameter step counts, the param groups' hyperparameters),
+the LR schedulers' state dicts, the enabled gradient scalers' state dicts, the Python, NumPy and torch (CPU and CUDA) global RNGs, the base
+seed of a multi-worker DataLoader's live iterator (from which each loader worker seeds its RNGs),
+and the gradients of the first update after the resume point, which stand for the batch it was
+computed on (the data position) once everything above them matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import signal
+import time
+import weakref
+from typing import Any
+from collections.abc import Callable
+
+from steady.worker.contract.resume import AT_ENV, FROM_ENV, OUT_ENV, ROLE_ENV, SIGNAL_ENV, STOP_ENV, TERM_GRACE_S
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _tensor_bytes(t: Any) -> bytes:
+    t = t.detach().cpu().contiguous()
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return str(t.dtype).encode() + str(tuple(t.shape)).encode() + t.numpy().tobytes()
+
+
+def _value_bytes(value: Any) -> bytes:
+    """A stable byte form of a state-dict value: tensors by their bits, the rest as canonical JSON."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return _tensor_bytes(value)
+    if isinstance(value, dict):
+        return b"{" + b",".join(json.dumps(str(k)).encode() + b":" + _value_bytes(v)
+                                for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))) + b"}"
+    if isinstance(value, (list, tuple)):
+        return b"[" + b",".join(_value_bytes(v) for v in value) + b"]"
+    try:
+        return json.dumps(value, sort_keys=True).encode()
+    except (TypeError, ValueError):
+        return repr(type(value)).encode()  # a function (LambdaLR's lambda): its type, not its address
+
+
+class _Tracker:
+    def __init__(self, role: str, at: list[int], stop: int | None, resumed_from: int | None, out: str,
+                 stop_signal: str = "kill") -> None:
+        self.role, self.at, self.stop, self.resumed_from, self.out = role, at, stop, resumed_from, out
+        self.signal = stop_signal
+        self.steps = 0
+        self.optimizer: Any = None
+        self.schedulers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.scalers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.handles: list[Any] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        fd = os.open(self.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def params(self) -> list[Any]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def components(self) -> dict[str, str]:
+        import numpy as np
+        import torch
+
+        opt = self.optimizer
+        out: dict[str, str] = {}
+        out["parameters"] = _sha(b"".join(_tensor_bytes(p) for p in self.params()))
+        sd = opt.state_dict()
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
+        out["optimizer_state"] = _sha(_value_bytes(sd["state"]) + _value_bytes(groups))
+        schedulers = [s for s in self.schedulers if getattr(s, "optimizer", None) is opt]
+        if schedulers:
+            states = sorted(_value_bytes(s.state_dict()) for s in schedulers)
+            out["lr_scheduler"] = _sha(b"|".join(states))
+        scalers = [sc for sc in self.scalers if sc.is_enabled()]
+        if scalers:
+            out["grad_scaler"] = _sha(b"|".join(sorted(_value_bytes(sc.state_dict()) for sc in scalers)))
+        out["python_rng"] = _sha(pickle.dumps(random.getstate(), protocol=4))
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        out["numpy_rng"] = _sha(str(kind).encode() + np.asarray(keys).tobytes() + str((pos, has_gauss, cached)).encode())
+        rng = torch.get_rng_state().numpy().tobytes()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            rng += b"".join(s.numpy().tobytes() for s in torch.cuda.get_rng_state_all())
+        out["torch_rng"] = _sha(rng)
+        seeds = sorted(int(it._base_seed) for it in self.loader_iters
+                       if getattr(it, "_num_workers", 0) > 0 and hasattr(it, "_base_seed"))
+        if seeds:
+            out["loader_worker_seeds"] = _sha(json.dumps(seeds).encode())
+        grads = [p.grad for p in self.params()]
+        out["data"] = _sha(b"".join(b"-" if g is None else _tensor_bytes(g) for g in grads))
+        return out
+
+    def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        if optimizer is not self.optimizer:
+            return
+        if self.steps == 0 and self.resumed_from is not None:
+            self.write({"state": self.resumed_from, "components": self.components()})
+        if self.role == "reference" and (self.steps in self.at or self.steps == 0):  # 0: the start, to tell a restart from scratch
+            self.write({"state": self.steps, "components": self.components()})
+        if self.role == "interrupted" and self.stop is not None and self.steps >= self.stop:
+            self.write({"killed_after": self.steps, "signal": self.signal})
+            if self.signal == "term":  # the code's handler runs now (in this thread): it may save and exit
+                os.kill(os.getpid(), signal.SIGTERM)
+                deadline = time.monotonic() + TERM_GRACE_S
+                while time.monotonic() < deadline:  # no update k + 1, whatever the handler does
+                    time.sleep(0.05)
+                self.write({"term_ignored_s": TERM_GRACE_S})
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.steps += 1
+
+    def finish(self) -> None:
+        record: dict[str, Any] = {"steps": self.steps}
+        if self.optimizer is not None:
+            record["final_parameters"] = _sha(b"".join(_tensor_bytes(p) for p in self.params()))
+        self.write(record)
+
+
+def _install_torch(tracker: _Tracker) -> None:
+    import torch
+    from torch.optim import lr_scheduler
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torch.utils.data import dataloader
+
+    tracker.handles.append(register_optimizer_step_pre_hook(tracker.pre))
+    base = getattr(lr_scheduler, "LRScheduler", None) or lr_scheduler._LRScheduler
+    original_init = base.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        tracker.schedulers.add(self)
+        original_init(self, *args, **kwargs)
+
+    base.__init__ = init  # type: ignore[method-assign]
+    iter_cls = dataloader._BaseDataLoaderIter
+    original_iter_init = iter_cls.__init__
+
+    def iter_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_iter_init(self, *args, **kwargs)
+        tracker.loader_iters.add(self)
+
+    iter_cls.__init__ = iter_init  # type: ignore[method-assign]
+    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_cls is not None:  # torch.cuda.amp.GradScaler is a subclass
+        original_scaler_init = scaler_cls.__init__
+
+        def scaler_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_scaler_init(self, *args, **kwargs)
+            tracker.scalers.add(self)
+
+        scaler_cls.__init__ = scaler_init
+
+
+def install(framework: str) -> Callable[[], None]:
+    """Install the resume check's hooks when this process is one of its launches (:data:`ROLE_ENV` set);
+    returns the function that writes the launch's end record (call it when the user code is done)."""
+    role = os.environ.get(ROLE_ENV)
+    if not role or framework != "torch":
+        return lambda: None
+    at = [int(x) for x in os.environ.get(AT_ENV, "").split(",") if x]
+    stop = int(os.environ[STOP_ENV]) if os.environ.get(STOP_ENV) else None
+    resumed_from = int(os.environ[FROM_ENV]) if os.environ.get(FROM_ENV) else None
+    tracker = _Tracker(role, at, stop, resumed_from, os.environ[OUT_ENV], os.environ.get(SIGNAL_ENV) or "kill")
+    _install_torch(tracker)
+    return tracker.finish
