@@ -21,6 +21,7 @@ from steady.server.stats.quantiles import norm_ppf
 __all__ = [
     "SD_MARGIN", "KURTOSIS_FLOOR", "KURTOSIS_INFLATION", "SdRatio", "sd_ratio_tost", "SourceRow", "source_row", "CrossedComponents",
     "crossed_components", "mls_difference_interval", "Divergence", "ulp_divergence", "runs_for_equivalence",
+    "SourceEntry", "SourcesTable", "sources_table",
 ]
 
 SD_MARGIN = 1.5  # "the full variance": the source's SD within [1/1.5, 1.5] × the all-sources SD
@@ -63,13 +64,13 @@ class SdRatio:
 
 
 def sd_ratio_tost(x, y, *, margin: float = SD_MARGIN, alpha: float = 0.05,
-                  kurtosis_floor: float = KURTOSIS_FLOOR) -> SdRatio:
+                  kurtosis_floor: float = KURTOSIS_FLOOR, kurtosis_inflation: float = KURTOSIS_INFLATION) -> SdRatio:
     """TOST of σₓ/σᵧ within [1/margin, margin], on Bonett's robust interval for a ratio of variances.
 
     Bonett, D. G. (2006), "Robust confidence interval for a ratio of standard deviations", *Applied
     Psychological Measurement* 30:432–439: ln(c·s²ₓ/s²ᵧ) ± z·√(seₓ² + seᵧ²), c = (nₓ/(nₓ−z))/(nᵧ/(nᵧ−z)),
     seᵢ² = (γ̂ − (nᵢ−3)/nᵢ)/(nᵢ−1), γ̂ the pooled kurtosis with trimmed means (here inflated by
-    ``KURTOSIS_INFLATION`` and floored at ``kurtosis_floor``). Equivalent when the (1 − 2α) interval lies inside the margin (Schuirmann 1987);
+    ``kurtosis_inflation`` and floored at ``kurtosis_floor``). Equivalent when the (1 − 2α) interval lies inside the margin (Schuirmann 1987);
     not_equivalent when it lies wholly outside; inconclusive otherwise. Each side needs ≥ 5 values.
     """
     a, b = _finite(x, "x"), _finite(y, "y")
@@ -88,7 +89,7 @@ def sd_ratio_tost(x, y, *, margin: float = SD_MARGIN, alpha: float = 0.05,
     qa, da = _kurtosis_sums(a)
     qb, db = _kurtosis_sums(b)
     gam = (na + nb) * (qa + qb) / (da + db) ** 2
-    g = max(KURTOSIS_INFLATION * gam, kurtosis_floor)
+    g = max(kurtosis_inflation * gam, kurtosis_floor)
     var = (g - (na - 3.0) / na) / (na - 1.0) + (g - (nb - 3.0) / nb) / (nb - 1.0)
     se = float(np.sqrt(var))
     centre = float(np.log((na / (na - z)) / (nb / (nb - z)) * s2a / s2b))
@@ -108,10 +109,10 @@ def sd_ratio_tost(x, y, *, margin: float = SD_MARGIN, alpha: float = 0.05,
 
 
 def runs_for_equivalence(ratio: float, *, margin: float = SD_MARGIN, alpha: float = 0.05, power: float = 0.8,
-                         kurtosis: float = KURTOSIS_FLOOR, limit: int = 10_000) -> int | None:
+                         kurtosis: float = KURTOSIS_INFLATION * 3.0, limit: int = 10_000) -> int | None:
     """Runs per arm (both arms equal) for TOST on the SD ratio to show equivalence with ``power`` when the true
     ratio is ``ratio``: the smallest n with z₁₋α + z_power ≤ (ln margin² − |ln ratio²|)/se(n), se(n)² =
-    2(γ − (n−3)/n)/(n−1) (Bonett's SE at kurtosis γ). None when the ratio is outside the margin."""
+    2(γ − (n−3)/n)/(n−1) (Bonett's SE at kurtosis γ, by default the normal's 3 inflated as the test inflates it). None when the ratio is outside the margin."""
     gap = np.log(margin ** 2) - abs(np.log(max(ratio, 1e-300) ** 2))
     if not gap > 0:
         return None
@@ -143,7 +144,8 @@ def source_row(source: str, values, all_values, *, margin: float = SD_MARGIN, al
     vs = None if all_values is None else sd_ratio_tost(arr, all_values, margin=margin, alpha=alpha)
     needed = None
     if vs is not None and vs.verdict == "inconclusive" and np.isfinite(vs.ratio) and vs.ratio > 0:
-        needed = runs_for_equivalence(vs.ratio, margin=margin, alpha=alpha)
+        needed = runs_for_equivalence(vs.ratio, margin=margin, alpha=alpha,
+                                      kurtosis=max(KURTOSIS_INFLATION * vs.kurtosis, KURTOSIS_FLOOR))
     return SourceRow(source=source, n=arr.size, sd=b.std, sd_lower=b.lower, sd_upper=b.upper, vs_all=vs,
                      runs_needed=needed)
 
@@ -258,3 +260,55 @@ def ulp_divergence(perturbed, twin, all_sources, steps) -> Divergence:
 
     return Divergence(steps=tuple(int(s) for s in st), ratio=tuple(float(r) for r in ratio),
                       first_half=first(0.5), first_full=first(0.9), final=float(ratio[-1]))
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """A source's row: measured (``row``), or why not (``status``: not_varied — the code never reads this
+    source's seed, so the arm says nothing about it; it is not a zero — or too_few_runs)."""
+
+    source: str
+    status: str  # measured | not_varied | too_few_runs
+    row: SourceRow | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SourcesTable:
+    metric: str
+    margin: float
+    alpha: float
+    entries: tuple[SourceEntry, ...]
+    all_sources: SourceRow | None
+    crossed: CrossedComponents | None
+    divergence: Divergence | None
+
+
+MIN_ARM_RUNS = 5
+
+
+def sources_table(metric: str, finals: dict[str, np.ndarray], *, exposed: dict[str, bool],
+                  crossed_grid: np.ndarray | None = None, divergence: Divergence | None = None,
+                  margin: float = SD_MARGIN, alpha: float = 0.05) -> SourcesTable:
+    """The table for one metric: ``finals`` maps an arm (a source, or ``all``) to its runs' final values;
+    ``exposed`` says which sources the code reads (an unexposed source is reported as not varied)."""
+    all_vals = finals.get("all")
+    all_ok = all_vals is not None and np.asarray(all_vals).size >= MIN_ARM_RUNS
+    all_row = source_row("all", all_vals, None, margin=margin, alpha=alpha) if all_ok else None
+    entries = []
+    for source, values in finals.items():
+        if source == "all":
+            continue
+        arr = np.asarray(values, dtype=np.float64)
+        if not exposed.get(source, False):
+            entries.append(SourceEntry(source, "not_varied", None,
+                                       "the code never reads this source's seed: not varied (not a zero)"))
+        elif arr.size < MIN_ARM_RUNS:
+            entries.append(SourceEntry(source, "too_few_runs", None,
+                                       f"{arr.size} finished run(s); the SD and its test need {MIN_ARM_RUNS}"))
+        else:
+            row = source_row(source, arr, all_vals if all_ok else None, margin=margin, alpha=alpha)
+            entries.append(SourceEntry(source, "measured", row))
+    return SourcesTable(metric=metric, margin=margin, alpha=alpha, entries=tuple(entries), all_sources=all_row,
+                        crossed=crossed_components(crossed_grid) if crossed_grid is not None else None,
+                        divergence=divergence)

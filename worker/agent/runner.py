@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from steady.worker.contract import determinism, placeholders, runfiles
+from steady.worker.contract import determinism, placeholders, runfiles, sources
 from steady.worker.agent import reaper
 from steady.worker.agent.capture import DEFAULT_PATTERNS, SCAN_INTERVAL_S, Capture
 from steady.worker.agent.conflicts import ConflictGuard
@@ -343,6 +343,7 @@ class RunProcess:
             "seed": self.spec["seed"], "repeat": self.spec.get("repeat") or 0, "determinism": self.spec["determinism"],
             "device": device_env(self.device)["STEADY_DEVICE"], "run_dir": self.run_dir,
             "threads": self.spec.get("threads") or 2,
+            **sources.placeholder_values(seed=int(self.spec["seed"]), params=self.spec.get("params") or {}),
         }
         argv = [placeholders.fill(arg, values) for arg in command]  # names only, even if the server let one by
         if argv[0] in ("python", "python3"):
