@@ -42,7 +42,7 @@ def sources_spec(runs: int, *, quick: bool = False) -> dict:
     spec = {
         "name": "sources: where does the variance come from?",
         "description": "Summers & Dinneen (ICML 2021), Table 2, on a CPU model: every source alone against all sources",
-        "workload": {"framework": "torch", "name": "torch_sources", "params": {"epochs": 2 if quick else 10}},
+        "workload": {"framework": "torch", "name": "torch_sources", "params": {"epochs": 2 if quick else 20}},
         "seeds": list(range(runs)), "determinism": ["seeded"], "threads": 1, "max_attempts": 1,
         "sources": {"crossed": crossed},
         "metrics": [{"name": "val_loss"}, {"name": "val_acc"}],
