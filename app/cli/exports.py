@@ -13,6 +13,7 @@ tracking server (or Steady's own ``/mlflow`` endpoint) takes it.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,24 +54,32 @@ def write_tensorboard(logdir: str | Path, report: Report, bands: Sequence[Bands]
         from tensorboard.plugins.custom_scalar import layout_pb2
         from tensorboard.plugins.custom_scalar import metadata as cs_metadata
         from tensorboard.plugins.text import metadata as text_metadata
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError:
         raise SystemExit("--tensorboard needs the tensorboard package: pip install tensorboard") from None
 
     out = Path(logdir)
     out.mkdir(parents=True, exist_ok=True)
-    writer = EventFileWriter(str(out))
     now = time.time()
+    # the event file as TensorBoard's own writer names and frames it (its EventFileWriter would import TensorFlow
+    # when installed, seconds for nothing: RecordWriter is the same framing without it)
+    path = out / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.steady-{report.study.id}"
+    writer = RecordWriter(open(path, "wb"))  # noqa: SIM115 — closed below
+
+    def add(event: Any) -> None:
+        writer.write(event.SerializeToString())
+
+    add(Event(wall_time=now, step=0, file_version="brain.Event:2"))
 
     def scalar(tag: str, value: float | None, step: int) -> None:
         if value is not None:
-            writer.add_event(Event(wall_time=now, step=step, summary=Summary(value=[
+            add(Event(wall_time=now, step=step, summary=Summary(value=[
                 Summary.Value(tag=tag, simple_value=value)])))
 
     def text(tag: str, value: str) -> None:
         tensor = TensorProto(dtype=types_pb2.DT_STRING, string_val=[value.encode()],
                              tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
-        writer.add_event(Event(wall_time=now, step=0, summary=Summary(value=[Summary.Value(
+        add(Event(wall_time=now, step=0, summary=Summary(value=[Summary.Value(
             tag=tag, metadata=text_metadata.create_summary_metadata(display_name=tag, description=""),
             tensor=tensor)])))
 
@@ -116,10 +125,10 @@ def write_tensorboard(logdir: str | Path, report: Report, bands: Sequence[Bands]
     layout = layout_pb2.Layout(category=categories)
     tensor = TensorProto(dtype=types_pb2.DT_STRING, string_val=[layout.SerializeToString()],
                          tensor_shape=TensorShapeProto())
-    writer.add_event(Event(wall_time=now, step=0, summary=Summary(value=[Summary.Value(
+    add(Event(wall_time=now, step=0, summary=Summary(value=[Summary.Value(
         tag=cs_metadata.CONFIG_SUMMARY_TAG, metadata=cs_metadata.create_summary_metadata(), tensor=tensor)])))
     writer.close()
-    return Path(writer.get_logdir())
+    return path
 
 
 def _summary_items(report: Report, bands: Sequence[Bands]) -> tuple[list[dict], list[dict]]:
