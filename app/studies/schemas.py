@@ -153,9 +153,15 @@ class StudySpec(_Spec):
             arms = SourcesSpec.model_validate(data["sources"]).arms()
         except ValidationError:
             return data  # the field's own validation names the error
-        if data.get("arms") is not None and data["arms"] != arms:
+        def bare(items: Any) -> Any:  # an arm as written, without the defaults a stored spec spells out
+            if not isinstance(items, list):
+                return items
+            return [{k: v for k, v in a.items() if v not in (None, {}, [])} if isinstance(a, dict) else a
+                    for a in items]
+
+        if data.get("arms") is not None and bare(data["arms"]) != arms:
             _refuse(("arms",), data["arms"], "a sources study writes its own arms from 'sources': leave 'arms' out")
-        if data.get("stacks") is not None:
+        if data.get("stacks") is not None and bare(data["stacks"]) != [{"name": "default"}]:
             _refuse(("stacks",), data["stacks"], "a sources study runs on one stack: leave 'stacks' out")
         params = ((data.get("workload") or {}).get("params") or {}) if isinstance(data.get("workload"), dict) else {}
         for key in ("sources", "crossed"):
