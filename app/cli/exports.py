@@ -137,8 +137,8 @@ def _summary_items(report: Report, bands: Sequence[Bands]) -> tuple[list[dict], 
     metrics: list[dict] = []
     ts = int(time.time() * 1000)
     for v in report.verdicts:
-        group = v.group.model_dump() if hasattr(v.group, "model_dump") else v.group
-        where = "-".join(str(x) for x in (group or {}).values() if isinstance(x, str))
+        group: dict[str, Any] = v.group if isinstance(v.group, dict) else v.group.model_dump(mode="json")
+        where = "-".join(str(x) for x in group.values() if isinstance(x, str))
         tags.append({"key": f"steady.verdict.{v.level}.{v.metric}.{where}"[:250], "value": f"{v.verdict}: {v.reason}"[:8000]})
     for b in bands:
         for g in b.groups:
@@ -156,8 +156,8 @@ def _summary_items(report: Report, bands: Sequence[Bands]) -> tuple[list[dict], 
                 tags.append({"key": f"steady.{prefix}", "value": f"{r.status}: {r.note}"})
                 continue
             for part, value in (("sd", r.sd), ("sd_lower", r.sd_lower), ("sd_upper", r.sd_upper)):
-                if (v := _clean(value)) is not None:
-                    metrics.append({"key": f"{prefix}/{part}", "value": v, "timestamp": ts, "step": 0})
+                if (clean := _clean(value)) is not None:
+                    metrics.append({"key": f"{prefix}/{part}", "value": clean, "timestamp": ts, "step": 0})
             verdict = r.vs_all.verdict if r.vs_all else "reference (all sources)"
             tags.append({"key": f"steady.{prefix}", "value": f"{verdict}; n = {r.n}"})
     return metrics, tags

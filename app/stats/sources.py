@@ -70,8 +70,9 @@ def sd_ratio_tost(x, y, *, margin: float = SD_MARGIN, alpha: float = 0.05,
     Bonett, D. G. (2006), "Robust confidence interval for a ratio of standard deviations", *Applied
     Psychological Measurement* 30:432–439: ln(c·s²ₓ/s²ᵧ) ± z·√(seₓ² + seᵧ²), c = (nₓ/(nₓ−z))/(nᵧ/(nᵧ−z)),
     seᵢ² = (γ̂ − (nᵢ−3)/nᵢ)/(nᵢ−1), γ̂ the pooled kurtosis with trimmed means (here inflated by
-    ``kurtosis_inflation`` and floored at ``kurtosis_floor``). Equivalent when the (1 − 2α) interval lies inside the margin (Schuirmann 1987);
-    not_equivalent when it lies wholly outside; inconclusive otherwise. Each side needs ≥ 5 values.
+    ``kurtosis_inflation`` and floored at ``kurtosis_floor``). Equivalent when the (1 − 2α) interval lies
+    inside the margin (Schuirmann 1987); not_equivalent when it lies wholly outside; inconclusive otherwise.
+    Each side needs ≥ 5 values.
     """
     a, b = _finite(x, "x"), _finite(y, "y")
     if a.size < 5 or b.size < 5:
@@ -112,7 +113,8 @@ def runs_for_equivalence(ratio: float, *, margin: float = SD_MARGIN, alpha: floa
                          kurtosis: float = KURTOSIS_INFLATION * 3.0, limit: int = 10_000) -> int | None:
     """Runs per arm (both arms equal) for TOST on the SD ratio to show equivalence with ``power`` when the true
     ratio is ``ratio``: the smallest n with z₁₋α + z_power ≤ (ln margin² − |ln ratio²|)/se(n), se(n)² =
-    2(γ − (n−3)/n)/(n−1) (Bonett's SE at kurtosis γ, by default the normal's 3 inflated as the test inflates it). None when the ratio is outside the margin."""
+    2(γ − (n−3)/n)/(n−1) (Bonett's SE at kurtosis γ, by default the normal's 3 inflated as the test inflates
+    it). None when the ratio is outside the margin."""
     gap = np.log(margin ** 2) - abs(np.log(max(ratio, 1e-300) ** 2))
     if not gap > 0:
         return None

@@ -176,7 +176,7 @@ class SourcesSpec(_Spec):
     """A sources study: which source of variance each arm varies (steady.worker.contract.sources)."""
 
     vary: Annotated[list[SourceName], Field(min_length=2, max_length=len(SOURCES))] = Field(
-        list(SOURCES), description="one arm per source, with only that source varied; plus 'none' (the "
+        ["init", "data", "dropout", "numerics", "ulp"], description="one arm per source, with only that source varied; plus 'none' (the "
         "unperturbed twin, everything pinned) and 'all' (every listed source varied)")
     crossed: Annotated[int, Field(ge=2, le=1000)] | None = Field(
         None, description="add an init × data arm: a run's init seed follows seed // crossed, its data seed "

@@ -3,11 +3,13 @@ built-in sources model really varies only what its arm says (the seeds control t
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 import pytest
 from pydantic import ValidationError
 
 from steady.server.studies.schemas import StudySpec
+from steady.server.studies.spec_parts import SourceName
 from steady.worker.contract import placeholders
 from steady.worker.contract.sources import SOURCES, SourcesError, placeholder_values, seed_for
 from steady.worker.inrun import sdk
@@ -79,6 +81,7 @@ def test_a_sources_spec_writes_its_arms_and_refuses_bad_input_by_field():
     spec = StudySpec.model_validate(_spec(sources={"vary": ["init", "data"], "crossed": 2}))
     assert [a.name for a in spec.arms] == ["none", "init", "data", "all", "init_x_data"]
     assert StudySpec.model_validate(spec.model_dump(mode="json")).arms == spec.arms  # read back unchanged
+    assert set(get_args(SourceName)) == set(SOURCES)  # the spec's names are the worker's
     cases = [
         (_spec(sources={"vary": ["init", "kernels"]}), ("sources", "vary", 1)),
         (_spec(sources={"vary": ["init"]}), ("sources", "vary")),

@@ -2,8 +2,9 @@
 
 Params: epochs=20, batch_size=32, lr=0.3, momentum=0.9 (SGD: at this rate training is chaotic enough that a
 one-ULP change grows to the full band, as Summers & Dinneen found for ResNets; at lr=0.1 it stays below 1e-7),
-hidden=64, dropout=0.2, noise=0.05 (Gaussian input augmentation), eval_every=10 (steps between evaluations of ``val_loss``/``val_acc`` on the fixed validation split, the
-series a one-ULP change is followed along). Each source reads ``ctx.seed_for(source)``:
+hidden=64, dropout=0.2, noise=0.05 (Gaussian input augmentation), eval_every=10 (steps between evaluations
+of ``val_loss``/``val_acc`` on the fixed validation split, the series a one-ULP change is followed along).
+Each source reads ``ctx.seed_for(source)``:
 
 - ``init``: the generator the weights are drawn from;
 - ``data``: the shuffle of each epoch;
