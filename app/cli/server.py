@@ -221,6 +221,8 @@ def register(sub: Any) -> None:
                    help="instead: where does the variance come from? One arm per source (init, data order, "
                    "dropout/augmentation, numerics, a one-ULP change), the table against all sources (docs/sources.md)")
     p.add_argument("--runs", type=int, default=64, help="with --sources: runs per arm (default 64)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="with --sources: the first seed (a repeated demo with fresh seeds checks the table's claims)")
     p.add_argument("--controls", action="store_true",
                    help="instead: the planted controls (one source of nondeterminism each), judged without a server")
     p.add_argument("--variants", action="store_true", help="with --controls: also the reference itself and the other data-order plants")

@@ -35,15 +35,17 @@ def _quick(spec: dict) -> dict:
     return spec
 
 
-def sources_spec(runs: int, *, quick: bool = False) -> dict:
+def sources_spec(runs: int, *, quick: bool = False, first_seed: int = 0) -> dict:
     """The sources demo: the built-in ``torch_sources`` model, one arm per source of variance, ``runs`` runs per
-    arm (seeds 0..runs−1) and an init × data arm on a ⌊√runs⌋-column grid. ``quick``: a tiny one, for tests."""
+    arm (seeds from ``first_seed``, rounded up to a multiple of the grid's columns, so a repeated demo draws fresh
+    seeds) and an init × data arm on a ⌊√runs⌋-column grid. ``quick``: a tiny one, for tests."""
     crossed = max(2, int(runs ** 0.5))
+    first_seed = -(-first_seed // crossed) * crossed
     spec = {
         "name": "sources: where does the variance come from?",
         "description": "Summers & Dinneen (ICML 2021), Table 2, on a CPU model: every source alone against all sources",
         "workload": {"framework": "torch", "name": "torch_sources", "params": {"epochs": 2 if quick else 20}},
-        "seeds": list(range(runs)), "determinism": ["seeded"], "threads": 1, "max_attempts": 1,
+        "seeds": list(range(first_seed, first_seed + runs)), "determinism": ["seeded"], "threads": 1, "max_attempts": 1,
         "sources": {"crossed": crossed},
         "metrics": [{"name": "val_loss"}, {"name": "val_acc"}],
     }
@@ -123,7 +125,7 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         api = Api(url, user_token, timeout=120)
         study_ids = []
-        specs = ([sources_spec(args.runs, quick=args.quick)] if args.sources else
+        specs = ([sources_spec(args.runs, quick=args.quick, first_seed=args.first_seed)] if args.sources else
                  [yaml.safe_load((DEMO_DIR / name).read_text()) for name in SPECS])
         for spec in specs:
             if args.quick and not args.sources:
