@@ -30,7 +30,7 @@ def _group_name(g: Any) -> str:
 
 def band_meaning(b: Any) -> str:
     """What the band is, in words, with N (the dashboard's legend says the same)."""
-    n = max(b.n) if b.n else 0
+    n = len(b.run_ids)
     return (f"mean and {b.coverage:.0%}/{b.confidence:.0%} normal tolerance interval (covers {b.coverage:.0%} "
             f"of runs with {b.confidence:.0%} confidence), N = {n} runs")
 
