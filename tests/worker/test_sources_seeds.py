@@ -94,3 +94,14 @@ def test_a_sources_spec_writes_its_arms_and_refuses_bad_input_by_field():
         with pytest.raises(ValidationError) as exc:
             StudySpec.model_validate(body)
         assert any(tuple(e["loc"]) == loc for e in exc.value.errors()), (loc, exc.value.errors())
+
+
+def test_the_sources_demo_spec_is_a_full_grid_and_a_repeat_draws_fresh_seeds():
+    from steady.server.cli.demo.run import sources_spec
+
+    first, again = StudySpec.model_validate(sources_spec(64)), StudySpec.model_validate(sources_spec(64, first_seed=1000))
+    assert first.run_count == 8 * 64 and [a.name for a in first.arms][-1] == "init_x_data"
+    assert not set(first.seeds) & set(again.seeds)
+    for spec in (first, again):  # every (init, data) cell of the 8 × 8 grid once
+        cells = {(s // 8, s % 8) for s in spec.seeds}
+        assert len(cells) == 64 and len({i for i, _ in cells}) == 8 and len({j for _, j in cells}) == 8

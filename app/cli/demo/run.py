@@ -117,7 +117,8 @@ def run_demo(args: argparse.Namespace) -> int:
         except ServerStartError as exc:
             raise SystemExit(f"steady demo: {exc}") from None
         print("steady demo: starting a local worker (runs each training run in a fresh subprocess) …", flush=True)
-        concurrency = ["--concurrency", str(max(1, min(2, os.cpu_count() or 1)))] if args.sources else []
+        sources = bool(getattr(args, "sources", False))
+        concurrency = ["--concurrency", str(max(1, min(2, os.cpu_count() or 1)))] if sources else []
         worker = subprocess.Popen(
             [sys.executable, "-m", "steady.server.cli", "worker", "--server", url, "--work-dir", str(data_dir / "work"),
              *concurrency],
@@ -125,10 +126,10 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         api = Api(url, user_token, timeout=120)
         study_ids = []
-        specs = ([sources_spec(args.runs, quick=args.quick, first_seed=args.first_seed)] if args.sources else
+        specs = ([sources_spec(args.runs, quick=args.quick, first_seed=args.first_seed)] if sources else
                  [yaml.safe_load((DEMO_DIR / name).read_text()) for name in SPECS])
         for spec in specs:
-            if args.quick and not args.sources:
+            if args.quick and not sources:
                 spec = _quick(spec)
             study = api.post("/api/v1/studies", json=spec)
             study_ids.append(study["id"])
@@ -142,7 +143,7 @@ def run_demo(args: argparse.Namespace) -> int:
         for sid in study_ids:
             print()
             report = Report.model_validate(api.get(f"/api/v1/studies/{sid}/report"))
-            if args.sources:
+            if sources:
                 print(f"Study {sid}: {report.study.name} ({report.n_runs_judged} runs)")
                 print("\n".join(sources_lines(report, color=color)))
                 print(f"(the whole report: steady report {sid})")
