@@ -103,6 +103,9 @@ def render_report(report: Report, *, color: bool = False) -> str:
         lines.append(_paint("Variance by source", "1", color) + " (final value: between seeds vs nondeterminism)")
         for vs in report.variance_by_source:
             lines.append("  " + _variance_line(vs))
+    if report.sources:
+        lines.append("")
+        lines.extend(sources_lines(report, color=color))
     if report.convergence:
         lines.append("")
         lines.append(_paint("Convergence against a reference", "1", color) + " (MLPerf RCP: steps to target, olympic means)")
@@ -136,6 +139,48 @@ def render_report(report: Report, *, color: bool = False) -> str:
         for caveat in report.caveats:
             lines.append("  " + _paint(caveat.message, "33", color))
     return "\n".join(lines)
+
+
+_SOURCE_VERDICTS = {"equivalent": ("≈ full variance", "32"), "not_equivalent": ("NOT the full variance", "31"),
+                    "inconclusive": ("inconclusive", "33")}
+
+
+def sources_lines(report: Report, *, color: bool = False) -> list[str]:
+    """A sources study's table: per source the SD of the final value, its 90% interval, and TOST against all sources."""
+    lines = [_paint("Where the variance comes from", "1", color)
+             + " (one arm per source, everything else pinned; SD of the final value over runs)"]
+    for t in report.sources or []:
+        lines.append(f"  {t.metric}: a source is the full variance when its SD is within "
+                     f"[{1 / t.margin:.2f}, {t.margin:.2f}] × the all-sources SD (TOST, α = {t.alpha:g}; "
+                     "interval: robust 90%, Bonett 2006)")
+        lines.append(f"    {'source':<32} {'n':>4}  {'SD':>10}  {'90% interval':>23}  {'SD / all':>8}  verdict")
+        rows = [*t.rows, *([t.all_sources] if t.all_sources else [])]
+        for r in rows:
+            name = r.label if r.source != "all" else "all sources"
+            if r.status != "measured":
+                lines.append(f"    {name:<32} {r.n:>4}  {'not varied' if r.status == 'not_varied' else 'too few runs':>10}"
+                             f"  {r.note}")
+                continue
+            interval = f"[{_num(r.sd_lower)}, {_num(r.sd_upper)}]"
+            if r.vs_all is None:
+                lines.append(f"    {name:<32} {r.n:>4}  {_num(r.sd):>10}  {interval:>23}")
+                continue
+            word, code = _SOURCE_VERDICTS[r.vs_all.verdict]
+            extra = f" (about {r.runs_needed} runs per arm would decide)" if r.runs_needed else ""
+            lines.append(f"    {name:<32} {r.n:>4}  {_num(r.sd):>10}  {interval:>23}  {_num(r.vs_all.ratio):>8}  "
+                         + _paint(word, code, color) + extra)
+        if t.crossed:
+            c = t.crossed
+            parts = [f"{v.name} {_num(v.variance)} [{_num(v.lower)}, {_num(v.upper)}]" for v in c.components]
+            lines.append(f"    crossed init × data ({c.n_init} × {c.n_data} runs), variance components with "
+                         f"{c.confidence:.0%} intervals: " + "; ".join(parts))
+        if t.divergence:
+            d = t.divergence
+            when = (f"half the band at step {d.first_half}" if d.first_half is not None else "never half the band")
+            full = (f", the full band at step {d.first_full}" if d.first_full is not None else ", never the full band")
+            lines.append(f"    one-ULP change vs its unperturbed twin: {when}{full}; at the end "
+                         f"{_num(d.final)} × the distance of two independent runs")
+    return lines
 
 
 def _num6(x: Any) -> str:

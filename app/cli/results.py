@@ -230,6 +230,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         print(render_report(report, color=color))
+    if args.tensorboard or args.mlflow:
+        from steady.server.cli.exports import write_mlflow, write_tensorboard
+        from steady.server.reports.models import Bands
+
+        bands = [Bands.model_validate(api.get(f"/api/v1/studies/{args.study}/bands",
+                                              params={"metric": m.name, "max_points": 2000}))
+                 for m in report.metrics]
+        out = sys.stderr if args.json else sys.stdout
+        if args.tensorboard:
+            path = write_tensorboard(args.tensorboard, report, bands)
+            print(f"TensorBoard: wrote {path} (tensorboard --logdir {args.tensorboard}: Custom Scalars)", file=out)
+        if args.mlflow:
+            run_id = write_mlflow(args.mlflow, report, bands, experiment=args.mlflow_experiment,
+                                  token=os.environ.get("MLFLOW_TRACKING_TOKEN"))
+            print(f"MLflow: logged summary run {run_id} in experiment {args.mlflow_experiment!r}", file=out)
     return verdict_exit_code(report)
 
 
@@ -293,6 +308,11 @@ def register(sub: Any) -> None:
     client_opts(p)
     p.add_argument("study", type=int)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--tensorboard", metavar="LOGDIR", help="also write the bands (with what they are and N), the "
+                   "verdicts and a sources table as TensorBoard event files, with custom-scalars margin charts")
+    p.add_argument("--mlflow", metavar="TRACKING_URI", help="also log a summary run (metrics and tags) into this "
+                   "MLflow tracking server (token: MLFLOW_TRACKING_TOKEN)")
+    p.add_argument("--mlflow-experiment", default="steady", help="the MLflow experiment of the summary run")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("compare", help="are two studies' final metrics equivalent? (exit 1 when not)")

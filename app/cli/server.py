@@ -230,6 +230,12 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--exit", action="store_true", help="stop the server after the report instead of serving on")
     p.add_argument("--quick", action="store_true", help="a smaller study (for tests)")
+    p.add_argument("--sources", action="store_true",
+                   help="instead: where does the variance come from? One arm per source (init, data order, "
+                   "dropout/augmentation, numerics, a one-ULP change), the table against all sources (docs/sources.md)")
+    p.add_argument("--runs", type=int, default=64, help="with --sources: runs per arm (default 64)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="with --sources: the first seed (a repeated demo with fresh seeds checks the table's claims)")
     p.add_argument("--controls", action="store_true",
                    help="instead: the planted controls (one source of nondeterminism each), judged without a server")
     p.add_argument("--variants", action="store_true", help="with --controls: also the reference itself and the other data-order plants")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 from pydantic import Field, TypeAdapter, model_validator
 
 from steady.server.reports.outcome import Outcome, judge
+from steady.server.reports.sources import SourcesTableOut
 from steady.server.reports.parts import (
     Convergence,
     DeterminismCost,
@@ -290,6 +291,9 @@ class Report(Part):
     options: ReportOptions
     arms: list[ArmDifference]
     convergence: list[Convergence] | None = None
+    sources: list[SourcesTableOut] | None = Field(
+        None, description="a sources study: per source the SD of each final metric, its TOST against the "
+        "all-sources SD, the crossed init × data variance components and the one-ULP divergence")
     caveats: list[Caveat] = []
     resume: list[ResumeCheck] | None = Field(None, description="the resume check of each run that got one")
     outcome: Outcome = Field(None, description="the study's judgment (pass / fail / inconclusive) and its one reason, "  # type: ignore[assignment]

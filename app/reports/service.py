@@ -25,6 +25,7 @@ from steady.server.reports import localizations, repository
 from steady.server.reports.models import Caveat, Report
 from steady.server.reports.outcome import judge
 from steady.server.reports.resume import resume_section
+from steady.server.reports.sources import sources_section
 from steady.server.runs import repository as runs_repo
 from steady.server.runs.conflicts import conflict_phrase, conflict_summary
 from steady.server.stats.convergence import (
@@ -252,6 +253,7 @@ def compute_report(session: Session, study_id: int) -> Report:
         route=seed_route(study),
     )
     convergence = convergence_section(session, data, spec["convergence"]) if spec.get("convergence") else None
+    sources = sources_section(spec, runs, data, [m.name for m in specs])
     del data  # the series: the bands below are all that is kept
     _bands.put(bands_key, built.bands)
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]
@@ -268,6 +270,7 @@ def compute_report(session: Session, study_id: int) -> Report:
     )
     _name_arm_differences(report, spec)
     localizations.attach(report, study)
+    report.sources = sources
     report.caveats = capture_caveats(runs)
     report.resume = resume_section(runs, specs[0].name if specs else None)
     if report.resume:

@@ -10,7 +10,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from steady.server.studies.alert_specs import AlertRuleSpec, SuiteName, check_spec_alerts
-from steady.server.studies.spec_parts import ArmSpec, CodeRef, StackName, StackSpec, WorkloadSpec, _Spec
+from steady.server.studies.spec_parts import ArmSpec, CodeRef, SourcesSpec, StackName, StackSpec, WorkloadSpec, _Spec
 from steady.server.kit.wire import WireModel
 from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey, ResumeSpec
 
@@ -110,6 +110,12 @@ class StudySpec(_Spec):
         "reference arm (default: the first)",
     )
     reference_stack: StackName | None = None
+    sources: SourcesSpec | None = Field(
+        None, description="a sources study (where does the variance come from?): the server writes one arm per "
+        "source with only that source varied, 'none' and 'all' (and an init × data arm with 'crossed'); the code "
+        "reads each source's seed as ctx.seed_for('init') or the placeholders {init_seed}, {data_seed}, "
+        "{dropout_seed}, {numerics_seed}, {ulp_seed}. Instead of 'arms' and 'stacks'",
+    )
     metrics: Annotated[list[MetricSpec], Field(min_length=1, max_length=100)] = [MetricSpec(name="loss")]
     threads: Annotated[int, Field(ge=1, le=1024)] = 2
     localize: Literal["off", "steps"] = Field(
@@ -147,6 +153,33 @@ class StudySpec(_Spec):
         "step in `at`) and restarted by the code's own resume path (checkpoints in {checkpoint_dir} / "
         "ctx.checkpoint_dir); the report says whether the resumed run matches and which state it failed to restore",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sources_arms(cls, data: Any) -> Any:
+        """A sources study's arms, written from ``sources`` (a spec read back carries them already)."""
+        if not isinstance(data, dict) or not isinstance(data.get("sources"), dict):
+            return data
+        try:
+            arms = SourcesSpec.model_validate(data["sources"]).arms()
+        except ValidationError:
+            return data  # the field's own validation names the error
+        def bare(items: Any) -> Any:  # an arm as written, without the defaults a stored spec spells out
+            if not isinstance(items, list):
+                return items
+            return [{k: v for k, v in a.items() if v not in (None, {}, [])} if isinstance(a, dict) else a
+                    for a in items]
+
+        if data.get("arms") is not None and bare(data["arms"]) != arms:
+            _refuse(("arms",), data["arms"], "a sources study writes its own arms from 'sources': leave 'arms' out")
+        if data.get("stacks") is not None and bare(data["stacks"]) != [{"name": "default"}]:
+            _refuse(("stacks",), data["stacks"], "a sources study runs on one stack: leave 'stacks' out")
+        params = ((data.get("workload") or {}).get("params") or {}) if isinstance(data.get("workload"), dict) else {}
+        for key in ("sources", "crossed"):
+            if key in params:
+                _refuse(("workload", "params", key), params[key],
+                        f"'{key}' is set per arm by the sources study; leave it out of workload.params")
+        return {**data, "arms": arms}
 
     @field_validator("metrics", mode="before")
     @classmethod

@@ -4,13 +4,15 @@ the stacks and the arms (``steady.server.studies.schemas.StudySpec`` puts them t
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from steady.server.stats.sources import SD_MARGIN
 from steady.worker.contract.placeholders import placeholder_names
 from steady.worker.contract.protocol import BUILTIN_WORKLOADS, COMMAND_PLACEHOLDERS, CaptureSpec, Framework, Label
+from steady.worker.contract.sources import CROSSED_PARAM, SOURCES, SOURCES_PARAM
 
 MAX_PARAMS_BYTES = 64 * 1024  # workload.params travel with every lease of the study's runs
 
@@ -164,3 +166,37 @@ class ArmSpec(_Spec):
             "config": self.config.model_dump(mode="json") if self.config is not None else None,
             "code": self.code.model_dump(mode="json") if isinstance(self.code, CodeRef) else self.code,
         }
+
+
+SourceName = Literal["init", "data", "dropout", "numerics", "ulp"]
+CROSSED_ARM = "init_x_data"
+
+
+class SourcesSpec(_Spec):
+    """A sources study: which source of variance each arm varies (steady.worker.contract.sources)."""
+
+    vary: Annotated[list[SourceName], Field(min_length=2, max_length=len(SOURCES))] = Field(
+        ["init", "data", "dropout", "numerics", "ulp"], description="one arm per source, with only that source varied; plus 'none' (the "
+        "unperturbed twin, everything pinned) and 'all' (every listed source varied)")
+    crossed: Annotated[int, Field(ge=2, le=1000)] | None = Field(
+        None, description="add an init × data arm: a run's init seed follows seed // crossed, its data seed "
+        "seed % crossed (seeds 0..crossed²−1 give a crossed² grid); variance components with intervals")
+    margin: Annotated[float, Field(gt=1, le=10, allow_inf_nan=False)] = Field(
+        SD_MARGIN, description="a source is 'the full variance' when its SD is within [1/margin, margin] × "
+        "the all-sources SD (TOST at 5%)")
+
+    @field_validator("vary")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("sources must be distinct")
+        return value
+
+    def arms(self) -> list[dict[str, Any]]:
+        """The arms this study runs, as ``arms`` entries of the spec."""
+        out: list[dict[str, Any]] = [{"name": "none", "params": {SOURCES_PARAM: "none"}}]
+        out += [{"name": s, "params": {SOURCES_PARAM: s}} for s in self.vary]
+        out.append({"name": "all", "params": {SOURCES_PARAM: ",".join(self.vary)}})
+        if self.crossed:
+            out.append({"name": CROSSED_ARM, "params": {SOURCES_PARAM: "init,data", CROSSED_PARAM: self.crossed}})
+        return out

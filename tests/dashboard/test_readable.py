@@ -182,6 +182,9 @@ def test_hover_a_chart_reads_the_step_and_each_runs_value(live_server, new_page)
     shown = float(row.locator(".u-value").inner_text())
     want = curve(run["seed"], 120)[step]
     assert shown == pytest.approx(want, rel=1e-4), (step, shown, want)
+    # the band's key says what the band is and over how many runs (3 seeds, one run each in the band)
+    assert fig.locator("[data-band-meaning]").inner_text() == \
+        "tolerance interval: covers 90% of runs with 95% confidence, N = 3 runs"
     shot(page, "study-hover", full_page=False)
 
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from steady.worker.contract import determinism, placeholders, resume, runfiles
+from steady.worker.contract import determinism, placeholders, resume, runfiles, sources
 from steady.worker.agent import reaper
 from steady.worker.agent.capture import DEFAULT_PATTERNS, SCAN_INTERVAL_S, Capture
 from steady.worker.agent.conflicts import ConflictGuard
@@ -353,6 +353,7 @@ class RunProcess:
             "seed": self.spec["seed"], "repeat": self.spec.get("repeat") or 0, "determinism": self.spec["determinism"],
             "device": device_env(self.device)["STEADY_DEVICE"], "run_dir": self.run_dir,
             "threads": self.spec.get("threads") or 2, "checkpoint_dir": self.checkpoint_dir(),
+            **sources.placeholder_values(seed=int(self.spec["seed"]), params=self.spec.get("params") or {}),
         }
 
     def checkpoint_dir(self) -> str:

@@ -178,13 +178,16 @@ BUILTIN_WORKLOADS: dict[str, str] = {
     "torch_nondeterministic_kernels": "torch",
     "hashseed_vocab": "torch",
     "torch_controls": "torch",
+    "torch_sources": "torch",
     "keras_mlp": "tensorflow",
     "keras_controls": "tensorflow",
 }
 
 
 # Placeholders a command workload's arguments may use (steady.server.studies.schemas checks them).
-COMMAND_PLACEHOLDERS = ("seed", "repeat", "determinism", "device", "run_dir", "threads", "checkpoint_dir")
+COMMAND_PLACEHOLDERS = ("seed", "repeat", "determinism", "device", "run_dir", "threads", "checkpoint_dir",
+                        # per-source seeds of a sources study (steady.worker.contract.sources)
+                        "init_seed", "data_seed", "dropout_seed", "numerics_seed", "ulp_seed")
 
 
 class RunStatus(str, Enum):

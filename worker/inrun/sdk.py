@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steady.worker.contract.digests import file_digest, order_digest, state_digest
+from steady.worker.contract import sources
 from steady.worker.contract.events import EVENTS_ENV, EventWriter
 from steady.worker.contract.resume import CHECKPOINT_ENV
 from steady.worker.inrun.steptimes import StepTimes
@@ -74,6 +75,18 @@ class RunContext:
     def data_seed(self) -> int | None:
         """Seed for shuffles and data-loader generators; None at ``none`` (fresh entropy)."""
         return self.seed if self.seeded else None
+
+    def seed_for(self, source: str) -> int | None:
+        """This run's seed for one source of variance: ``init``, ``data``, ``dropout``, ``numerics`` or ``ulp``
+        (:mod:`steady.worker.contract.sources`). In a sources study a pinned source gets the same seed in every
+        run of its arm; ``ulp`` gives the index of the weight to move by one ULP at step 0, or None (move none).
+        At determinism ``none`` every source but ``ulp`` gives None (fresh entropy). Asking records the source
+        as exposed, so the report tells a source the code never asked for from one that adds no variance."""
+        value = sources.seed_for(source, seed=self.seed, params=self.params)
+        _expose(source)
+        if source != "ulp" and not self.seeded:
+            return None
+        return value
 
     def numpy_rng(self, offset: int = 0):
         import numpy as np
@@ -132,6 +145,17 @@ def _start(ctx: RunContext, events_path: str | None = None) -> _ActiveRun:
         os.remove(step_times_path)
     _run = _ActiveRun(EventWriter(path), ctx, step_times_path)
     return _run
+
+
+_exposed: set[str] = set()
+
+
+def _expose(source: str) -> None:
+    """Record that the run's code asked for ``source``'s seed (stored with the run as ``sources_exposed``)."""
+    if source in _exposed:
+        return
+    _exposed.add(source)
+    emit({"e": "info", "value": {"sources_exposed": sorted(_exposed)}})
 
 
 def _active() -> _ActiveRun | None:

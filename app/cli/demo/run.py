@@ -36,6 +36,23 @@ def _quick(spec: dict) -> dict:
     return spec
 
 
+def sources_spec(runs: int, *, quick: bool = False, first_seed: int = 0) -> dict:
+    """The sources demo: the built-in ``torch_sources`` model, one arm per source of variance, ``runs`` runs per
+    arm (seeds from ``first_seed``, rounded up to a multiple of the grid's columns, so a repeated demo draws fresh
+    seeds) and an init × data arm on a ⌊√runs⌋-column grid. ``quick``: a tiny one, for tests."""
+    crossed = max(2, int(runs ** 0.5))
+    first_seed = -(-first_seed // crossed) * crossed
+    spec = {
+        "name": "sources: where does the variance come from?",
+        "description": "Summers & Dinneen (ICML 2021), Table 2, on a CPU model: every source alone against all sources",
+        "workload": {"framework": "torch", "name": "torch_sources", "params": {"epochs": 2 if quick else 20}},
+        "seeds": list(range(first_seed, first_seed + runs)), "determinism": ["seeded"], "threads": 1, "max_attempts": 1,
+        "sources": {"crossed": crossed},
+        "metrics": [{"name": "val_loss"}, {"name": "val_acc"}],
+    }
+    return spec
+
+
 def open_data_dir(data_dir: Path) -> tuple[str, str, int]:
     """The demo's database in ``data_dir``: a new one, or the one an earlier demo left, migrated and
     kept with every study in it. Returns this demo's user and worker tokens (the user token also in
@@ -78,7 +95,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     from steady.server.cli.client import Api, wait_for
     from steady.server.reports.models import Report
-    from steady.server.cli.render import render_report
+    from steady.server.cli.render import render_report, sources_lines
 
     data_dir = Path(args.data_dir).resolve()
     user_token, worker_token, kept = open_data_dir(data_dir)
@@ -101,15 +118,19 @@ def run_demo(args: argparse.Namespace) -> int:
         except ServerStartError as exc:
             raise SystemExit(f"steady demo: {exc}") from None
         print("steady demo: starting a local worker (runs each training run in a fresh subprocess) …", flush=True)
+        sources = bool(getattr(args, "sources", False))
+        concurrency = ["--concurrency", str(max(1, min(2, os.cpu_count() or 1)))] if sources else []
         worker = subprocess.Popen(
-            [sys.executable, "-m", "steady.server.cli", "worker", "--server", url, "--work-dir", str(data_dir / "work")],
+            [sys.executable, "-m", "steady.server.cli", "worker", "--server", url, "--work-dir", str(data_dir / "work"),
+             *concurrency],
             env={**env, "STEADY_TOKEN": worker_token}, stdout=open(worker_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
         )
         api = Api(url, user_token, timeout=120)
         study_ids = []
-        for name in SPECS:
-            spec = yaml.safe_load((DEMO_DIR / name).read_text())
-            if args.quick:
+        specs = ([sources_spec(args.runs, quick=args.quick, first_seed=args.first_seed)] if sources else
+                 [yaml.safe_load((DEMO_DIR / name).read_text()) for name in SPECS])
+        for spec in specs:
+            if args.quick and not sources:
                 spec = _quick(spec)
             study = api.post("/api/v1/studies", json=spec)
             study_ids.append(study["id"])
@@ -122,7 +143,13 @@ def run_demo(args: argparse.Namespace) -> int:
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         for sid in study_ids:
             print()
-            print(render_report(Report.model_validate(api.get(f"/api/v1/studies/{sid}/report")), color=color))
+            report = Report.model_validate(api.get(f"/api/v1/studies/{sid}/report"))
+            if sources:
+                print(f"Study {sid}: {report.study.name} ({report.n_runs_judged} runs)")
+                print("\n".join(sources_lines(report, color=color)))
+                print(f"(the whole report: steady report {sid})")
+            else:
+                print(render_report(report, color=color))
         print()
         print(f"Dashboard: {url}/studies/{study_ids[0]}   (log in with the token in {data_dir / 'token'})")
         print(f"API:       {url}/docs")

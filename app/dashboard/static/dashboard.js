@@ -70,6 +70,12 @@
     return Object.assign({ label, stroke, width, spanGaps: true, points: { show: false } }, extra || {});
   }
 
+  /* What the band is and over how many runs, as the legend and exports (steady report --tensorboard) say it. */
+  function bandMeaning(b) {
+    const pct = (x) => `${Math.round(x * 1000) / 10}%`;
+    return `tolerance interval: covers ${pct(b.coverage)} of runs with ${pct(b.confidence)} confidence, N = ${b.n} runs`;
+  }
+
   function bandSummary(d, group) {
     const parts = [];
     parts.push(`${d.metric}, ${group}: ${d.n_runs} run(s)`);
@@ -433,6 +439,8 @@
             const built = info.build(plotWidth(slot.plotEl));
             built.lineCount = info.lineCount;
             slot.show(built, info.summary, info.caption);
+            const meaning = $("[data-band-meaning]", slot.figure);
+            if (meaning) meaning.textContent = info.d && info.d.band ? bandMeaning(info.d.band) : "tolerance interval";
             return;
           }
           const infos = await Promise.all(levels.map((level) => loadGroup(slot, metric, level, sel.stack, sel.view)));

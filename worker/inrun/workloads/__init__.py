@@ -18,6 +18,7 @@ WORKLOADS: dict[str, str] = {
     "torch_nondeterministic_kernels": "steady.worker.inrun.workloads.torch_nondeterministic_kernels",
     "hashseed_vocab": "steady.worker.inrun.workloads.hashseed_vocab",
     "torch_controls": "steady.worker.inrun.workloads.torch_controls",
+    "torch_sources": "steady.worker.inrun.workloads.torch_sources",
     "keras_mlp": "steady.worker.inrun.workloads.keras_mlp",
     "keras_controls": "steady.worker.inrun.workloads.keras_controls",
 }
