@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from steady.server.kit.deps import AppSettings, ReadDB, UserCaller, WriteDB
+from steady.server.kit.pagination import Page, PageQuery
 from steady.server.reports import localizations, service
 from steady.server.reports.parts import Localization
 from steady.server.reports.compare import compare_studies
@@ -33,10 +34,11 @@ def record_localization(study_id: int, body: Localization, db: WriteDB, caller: 
     return localizations.record(db, study_id, body, caller)
 
 
-@router.get("/studies/{study_id}/localizations", response_model=list[Localization])
-def list_localizations(study_id: int, db: ReadDB, caller: UserCaller) -> list[Localization]:
-    """Every localization kept for the study, oldest first."""
-    return localizations.localizations(db, study_id)
+@router.get("/studies/{study_id}/localizations", response_model=Page[Localization])
+def list_localizations(study_id: int, db: ReadDB, caller: UserCaller, page: PageQuery) -> Page[Localization]:
+    """The localizations kept for the study, oldest first (at most the last few pairs are kept)."""
+    kept = localizations.localizations(db, study_id)
+    return Page.of(kept[page.offset:page.offset + page.limit], len(kept), page)
 
 
 @router.get("/studies/{study_id}/bands", response_model=Bands)

@@ -49,7 +49,7 @@ def test_a_localization_is_kept_and_shown_in_its_pairs_verdict(api):
     again = _body(pair[::-1], status="identical", step=None, answer=None, replays=4,
                   sentence="the divergence did not recur")
     assert api.post(f"/api/v1/studies/{sid}/localizations", json=again).status_code == 200
-    kept = api.get(f"/api/v1/studies/{sid}/localizations").json()
+    kept = api.get(f"/api/v1/studies/{sid}/localizations").json()["items"]
     assert [k["status"] for k in kept] == ["identical"]
     page = api.client.get(f"/runs/{pair[0]}", headers=api.h())
     assert page.status_code == 200 and "data-localization" in page.text and "did not recur" in page.text
@@ -72,7 +72,7 @@ def test_a_localization_of_runs_that_are_not_two_repeats_is_422_naming_the_field
         r = api.post(f"/api/v1/studies/{sid}/localizations", json=body)
         assert r.status_code == 422, r.text
         assert error_of(r)["loc"] == field, (body, r.json())
-    assert api.get(f"/api/v1/studies/{sid}/localizations").json() == []
+    assert api.get(f"/api/v1/studies/{sid}/localizations").json()["items"] == []
 
 
 def test_a_runs_spec_is_its_lease_spec_and_carries_the_step_digest_mode(api):

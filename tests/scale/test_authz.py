@@ -152,6 +152,9 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:
     run = {"seed": 0, "determinism": "seeded", "stack": {"name": "a100"},
            "metrics": {"loss": {"steps": [0, 1], "values": [1.0, 0.5]}}}
     run_id = api.post(f"/api/v1/studies/{ext}/runs", json=run).json()["id"]
+    again = api.post(f"/api/v1/studies/{ext}/runs", json={**run, "repeat": 1}).json()["id"]  # a repeat of it
+    localization = {"run_ids": [run_id, again], "status": "identical", "replays": 2,
+                    "sentence": "the replays did not part"}
     rule = api.post("/api/v1/alert-rules", json={**BAND_RULE, "study_id": sid})
     assert rule.status_code == 201, rule.text
     # a baseline freezes a settled study: an external one in the suite (the managed one is still queued)
@@ -185,6 +188,7 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:
         ("POST", "/api/v1/studies/{study_id}/launches"): (f"/api/v1/studies/{sid}/launches",
                                                          {"engine": "slurm", "job_id": "123", "tasks": 2}),
         ("POST", "/api/v1/studies/{study_id}/runs"): (f"/api/v1/studies/{ext}/runs", run),
+        ("POST", "/api/v1/studies/{study_id}/localizations"): (f"/api/v1/studies/{ext}/localizations", localization),
         ("POST", "/api/v1/runs/{run_id}/exclude"): (f"/api/v1/runs/{run_id}/exclude", {"reason": "bad data"}),
         ("DELETE", "/api/v1/runs/{run_id}/exclude"): (f"/api/v1/runs/{run_id}/exclude", None),
         ("POST", "/api/v1/alert-rules"): ("/api/v1/alert-rules", {**BAND_RULE, "name": "mine", "study_id": sid}),
@@ -229,7 +233,8 @@ def test_a_user_cannot_change_another_users_objects(api):
 @pytest.mark.parametrize("who", ["user", "admin"])
 def test_the_owner_and_admins_change_it(api, who):
     targets = _owned_objects(api)
-    order = [("POST", "/api/v1/studies"), ("POST", "/api/v1/studies/{study_id}/runs"),
+    order = [("POST", "/api/v1/studies"), ("POST", "/api/v1/studies/{study_id}/localizations"),
+             ("POST", "/api/v1/studies/{study_id}/runs"),
              ("POST", "/api/v1/runs/{run_id}/exclude"), ("DELETE", "/api/v1/runs/{run_id}/exclude"),
              ("POST", "/api/v1/alert-rules"), ("POST", "/api/v1/alerts/{alert_id}/ack"),
              ("POST", "/api/v1/studies/{study_id}/evaluate"), ("PUT", "/api/v1/suites/{suite}/baseline"),

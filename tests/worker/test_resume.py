@@ -6,6 +6,10 @@ full control table (nine omissions and two faithful resumes, five seeds each) is
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from steady.worker.agent.local import run_local
@@ -122,7 +126,14 @@ def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, 
         code.mkdir()
         (code / "train.py").write_text(ENTRYPOINT)
         spec = {**{k: v for k, v in spec.items() if k != "command"}, "entrypoint": "train.py"}
-    r = run_local(spec, device="cpu", work_dir=str(tmp_path / "run"), code_dir=None if code is None else str(code))
+    # the run's TMPDIR lies in its work dir, where the loader workers' sockets are made: an AF_UNIX path
+    # holds at most 107 bytes, which pytest's own tmp_path (under xdist) nearly fills by itself
+    work = tempfile.mkdtemp(prefix="sr-", dir="/tmp")
+    try:
+        r = run_local(spec, device="cpu", work_dir=os.path.join(work, "run"),
+                      code_dir=None if code is None else str(code))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     assert r.ok, r.stderr_tail
     record = r.digests["resume"]
     assert record["missing"] == missing, record

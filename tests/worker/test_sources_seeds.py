@@ -53,7 +53,11 @@ def _run_sources(tmp_path, arm: str, seed: int) -> dict:
     events = tmp_path / f"{arm}-{seed}.jsonl"
     run = sdk._start(ctx, str(events))
     sdk._exposed.clear()
-    torch_sources.run(ctx)
+    try:
+        torch_sources.run(ctx)
+    finally:  # this process is a test worker: later tests must find no active run (sdk.context() is None)
+        sdk._run = None
+        sdk._exposed.clear()
     lines = [json.loads(x) for x in events.read_text().splitlines()]
     exposed = [e["value"]["sources_exposed"] for e in lines if e.get("e") == "info" and "sources_exposed" in e["value"]]
     return {"digests": dict(run.digests), "loss": run.last["val_loss"], "exposed": exposed[-1]}
