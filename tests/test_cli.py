@@ -25,9 +25,10 @@ def steady(server, *args: str, input: str | None = None, check: bool = True) -> 
     return result
 
 
-def steady_process(server, *args: str, **kw) -> subprocess.Popen:
+def steady_process(server, *args: str, env_extra: dict[str, str] | None = None, **kw) -> subprocess.Popen:
     """``python -m steady.server.cli ARGS`` as a child process, as the user's shell starts it."""
-    env = {**server.env, "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1"}
+    env = {**server.env, "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1",
+           **(env_extra or {})}
     return subprocess.Popen([sys.executable, "-m", "steady.server.cli", *args], env=env, cwd=REPO, text=True, **kw)
 
 
@@ -324,13 +325,26 @@ def test_ctrl_c_while_waiting_says_the_study_keeps_running(live_server, tmp_path
     spec = tmp_path / "study.yaml"
     spec.write_text("name: waited\nworkload: {framework: torch, name: torch_mlp}\nseeds: [0]\n"
                     "determinism: [seeded]\nmetrics: [loss]\n")
-    proc = steady_process(live_server, "submit", str(spec), "--wait", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    def as_a_shell_starts_it() -> None:
+        # A shell starts a command with SIGINT neither ignored nor blocked, whatever this test process
+        # inherited or a library in it changed; Python then turns a SIGINT into KeyboardInterrupt.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = steady_process(live_server, "submit", str(spec), "--wait", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=as_a_shell_starts_it, env_extra={"PYTHONFAULTHANDLER": "1"})
     try:
         sid = int(proc.stdout.readline().split()[2])  # "submitted study N …"
         first = proc.stderr.readline()  # the first progress line: the CLI is waiting now
         assert first.startswith(f"study {sid} queued"), first
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # say where it hangs: faulthandler prints every thread's stack on SIGABRT
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            raise AssertionError(f"no exit 60 s after SIGINT\n{status}\n{err[-6000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
