@@ -52,6 +52,21 @@ def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "co
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def user_project(root: Path, files: dict[str, str], message: str = "my script") -> Path:
+    """A user's project as they publish it: ``files`` (dedented) in a fresh git repository, committed."""
+    import textwrap
+
+    root.mkdir(parents=True)
+    for name, text_ in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(textwrap.dedent(text_).lstrip())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", message], cwd=root, check=True)
+    return root
+
+
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, parent pid, process group) of ``pid`` from ``/proc/PID/stat``; None once it is gone. The
     command name may hold spaces and parentheses, so the fields are read after its last ``)``."""

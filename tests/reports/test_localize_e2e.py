@@ -11,13 +11,11 @@ boundaries are the point.
 from __future__ import annotations
 
 import re
-import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli_in_process
+from tests.conftest import run_cli_in_process, user_project
 from tests.worker.test_worker_agent_e2e import Worker
 
 SCRIPT = """
@@ -83,14 +81,7 @@ SPEC = """
 
 
 def _project(root: Path) -> Path:
-    root.mkdir()
-    (root / "train.py").write_text(textwrap.dedent(SCRIPT).lstrip())
-    (root / "study.yaml").write_text(textwrap.dedent(SPEC).lstrip())
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-qm", "my script"], cwd=root, check=True)
-    return root
+    return user_project(root, {"train.py": SCRIPT, "study.yaml": SPEC})
 
 
 @pytest.mark.slow

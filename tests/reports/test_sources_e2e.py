@@ -7,11 +7,9 @@ layout included) and ``--mlflow`` (read back with MLflow's client, from Steady's
 from __future__ import annotations
 
 import re
-import subprocess
-import textwrap
 from pathlib import Path
 
-from tests.conftest import run_cli_in_process
+from tests.conftest import run_cli_in_process, user_project
 from tests.worker.test_worker_agent_e2e import Worker
 
 SCRIPT = """
@@ -43,14 +41,7 @@ SPEC = """
 
 
 def _project(root: Path) -> Path:
-    root.mkdir()
-    (root / "train.py").write_text(textwrap.dedent(SCRIPT).lstrip())
-    (root / "study.yaml").write_text(textwrap.dedent(SPEC).lstrip())
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-qm", "my script"], cwd=root, check=True)
-    return root
+    return user_project(root, {"train.py": SCRIPT, "study.yaml": SPEC})
 
 
 def test_own_script_gets_a_sources_table_and_its_exports(live_server, tmp_path, monkeypatch):

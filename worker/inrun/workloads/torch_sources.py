@@ -26,19 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from steady.worker.inrun import sdk
+from steady.worker.inrun.frameworks.torch import data_generator as _generator
 from steady.worker.inrun.frameworks.torch import module_digest
 from steady.worker.inrun.workloads.data import digits_split
 
 FRAMEWORKS = ("torch",)
-
-
-def _generator(seed: int | None) -> torch.Generator:
-    g = torch.Generator()
-    if seed is None:
-        g.seed()
-    else:
-        g.manual_seed(seed)
-    return g
 
 
 class _Mlp(nn.Module):
