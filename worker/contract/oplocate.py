@@ -63,6 +63,14 @@ class OpDivergence:
         return text
 
 
+def named_exactly(answer: OpDivergence | None, expected: tuple[str, str, str], *, step: int | None,
+                  fire_step: int) -> bool:
+    """Whether a diagnosis of a planted fault names it exactly: the expected (op, module, phase), with
+    identical inputs (the op itself), at a step no earlier than the fault fires (the controls' rule)."""
+    return (answer is not None and (answer.op, answer.module, answer.phase) == tuple(expected)
+            and answer.inputs_identical and step is not None and step >= fire_step)
+
+
 def _first_differing(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x["output"] and y["output"] and x["output"] != y["output"]:

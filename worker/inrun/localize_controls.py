@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from steady.worker.contract.oplocate import OpDivergence, first_divergent_op, first_divergent_step
+from steady.worker.contract.oplocate import OpDivergence, first_divergent_op, first_divergent_step, named_exactly
 from steady.worker.inrun import localize
 from steady.worker.inrun.localize import Localizer
 
@@ -325,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         d = diagnose(fault)
         op, module, phase = fault.expected
         got = d.answer
-        ok = (got is not None and (got.op, got.module, got.phase) == (op, module, phase)
-              and got.inputs_identical and d.step is not None and d.step >= fault.fire_step)
+        ok = named_exactly(got, (op, module, phase), step=d.step, fire_step=fault.fire_step)
         hits += ok
         named = "yes" if ok else f"NO: {got.sentence() if got else 'nothing'}"
         print(f"| {i + 1} | {fault.name}{' (permutation)' if fault.kind == 'permute' else ''} | `{op}` | "

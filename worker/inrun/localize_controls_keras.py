@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from steady.worker.contract.oplocate import OpDivergence, first_divergent_op, first_divergent_step
+from steady.worker.contract.oplocate import OpDivergence, first_divergent_op, first_divergent_step, named_exactly
 from steady.worker.inrun import localize
 from steady.worker.inrun.localize_keras import KerasLocalizer
 
@@ -208,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         assert d.expected is not None
         op, module, phase = d.expected
         got = d.answer
-        ok = (got is not None and (got.op, got.module, got.phase) == (op, module, phase)
-              and got.inputs_identical and d.step is not None and d.step >= fault.fire_step)
+        ok = named_exactly(got, (op, module, phase), step=d.step, fire_step=fault.fire_step)
         hits += ok
         named = "yes" if ok else f"NO: {got.sentence() if got else 'nothing'}"
         print(f"| {i + 1} | {fault.name}{' (permutation)' if fault.kind == 'permute' else ''} | `{op}` | `{module}` | "
