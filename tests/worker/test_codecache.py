@@ -191,3 +191,41 @@ def test_unpacking_for_a_run_stays_within_the_workers_limits(tmp_path, code_serv
             codecache.unpack_for_run(str(tmp_path / "cache"), sha, str(tmp_path / f"run-{sha[:8]}"),
                                      _client(code_server).fetch_code, limits)
         assert not (tmp_path / f"run-{sha[:8]}" / "code").exists()
+
+
+def test_unfinished_downloads_are_removed_on_failure_and_swept_at_start(tmp_path, code_server, monkeypatch):
+    """A download whose write fails (a full disk) leaves no ``.fetch-*`` file; what an agent killed mid-write
+    left is swept when an agent starts on that work dir, but not a download another agent holds, nor an entry."""
+    import errno
+    import fcntl
+    import os
+
+    from steady.worker.agent.loop import Agent, AgentConfig
+
+    packed = _pack(tmp_path, "src", "print('one')\n")
+    code_server.archives[packed.sha256] = packed.data
+    work = tmp_path / "work"
+    cache = work / "code-cache"
+    real_replace = os.replace
+
+    def full_disk(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(codecache.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        codecache.unpack_for_run(str(cache), packed.sha256, str(tmp_path / "run0"), _client(code_server).fetch_code)
+    assert sorted(p.name for p in cache.iterdir()) == []  # the failed download's file is gone
+    monkeypatch.setattr(codecache.os, "replace", real_replace)
+    codecache.unpack_for_run(str(cache), packed.sha256, str(tmp_path / "run1"), _client(code_server).fetch_code)
+    (cache / ".fetch-killed").write_bytes(packed.data[:100])  # what a kill -9 mid-write leaves
+    os.mkfifo(cache / ".fetch-fifo")  # or a run of the agent's user: removed without being opened for long
+    in_flight = cache / ".fetch-another-agent"
+    in_flight.write_bytes(b"still arriving")
+    fd = os.open(in_flight, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # an agent on the same work dir writing its download now
+    try:
+        Agent(AgentConfig(server=code_server.url, token="worker-token", work_dir=str(work)),
+              client=_client(code_server))
+        assert sorted(p.name for p in cache.iterdir()) == [".fetch-another-agent", f"{packed.sha256}.tar.gz"]
+    finally:
+        os.close(fd)

@@ -12,7 +12,10 @@ worst a run can do to the cache is cost another run one download.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import logging
 import os
 import shutil
 import stat
@@ -23,6 +26,8 @@ from collections.abc import Callable
 from steady.worker.contract import codepack
 
 _lock = threading.Lock()
+log = logging.getLogger("steady.worker")
+FETCH_PREFIX = ".fetch-"
 
 
 def _private_dir(path: str) -> None:
@@ -93,15 +98,49 @@ def archive(cache_dir: str, sha256: str, fetch: Callable[[str], bytes],
         actual = codepack.sha256_of(data)
         if actual != sha256:
             raise codepack.CodeError(f"code archive {sha256} downloaded with digest {actual}: refused")
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".fetch-")
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=FETCH_PREFIX)
         try:
+            with contextlib.suppress(OSError):  # held while it is written: a sweep at start leaves it alone
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
         except BaseException:
-            os.unlink(tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             raise
         return data
+
+
+def sweep(cache_dir: str) -> int:
+    """Remove ``.fetch-*`` files that no download holds (an agent killed mid-write, a full disk): at
+    start. Another agent's download in flight on a shared work dir holds its file locked and is kept."""
+    removed = 0
+    try:
+        names = [n for n in os.listdir(cache_dir) if n.startswith(FETCH_PREFIX)]
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    for name in names:
+        path = os.path.join(cache_dir, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # gone already, or a link or FIFO a run put there: removed without opening it
+            with contextlib.suppress(OSError):
+                _remove(path)
+                removed += 1
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a download of another agent, in flight
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            _remove(path)
+            removed += 1
+    if removed:
+        log.info("removed %d unfinished code download(s) from %s", removed, cache_dir)
+    return removed
 
 
 def unpack_for_run(cache_dir: str, sha256: str, run_dir: str, fetch: Callable[[str], bytes],

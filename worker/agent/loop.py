@@ -443,7 +443,7 @@ class RunExecution:
             return True
         try:
             self.proc.code_dir = codecache.unpack_for_run(
-                os.path.join(self.config.work_dir, "code-cache"), sha, self.run_dir, self.client.fetch_code,
+                self.agent.code_cache_dir, sha, self.run_dir, self.client.fetch_code,
                 self.config.code_limits, self._stop_reason)
             return True
         except (codepack.CodeError, RetryableError, NonRetryableError, OSError) as exc:
@@ -562,6 +562,11 @@ class Agent:
         if not os.path.isdir(config.work_dir):
             os.makedirs(config.work_dir, exist_ok=True)
             os.chmod(config.work_dir, 0o711 if config.run_as is not None else 0o700)
+        codecache.sweep(self.code_cache_dir)  # downloads an agent killed mid-write left behind
+
+    @property
+    def code_cache_dir(self) -> str:
+        return os.path.join(self.config.work_dir, "code-cache")
 
     # --- lifecycle -------------------------------------------------------------------------
 
