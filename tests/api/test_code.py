@@ -326,3 +326,39 @@ def test_file_digests_stream_an_archive_of_several_chunks(make_api, tmp_path, st
         digests, small = code_service.file_digests(session, packed.sha256, api.app.state.settings)
     assert digests == {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
     assert small == {"study.yaml": b"name: x\n"}  # the spec file's bytes, kept to tell it apart from the code
+
+
+@pytest.mark.backends("sqlite")
+def test_the_file_and_its_directories_are_fsynced_before_the_row_commits(api, archive, monkeypatch):
+    """An archive whose row committed while its file's name was still only in the page cache vanished in a
+    crash, and the server answered 404 for it ever after: the file, then its directory and the one above,
+    reach the disk before the row is written (and again when a re-upload puts a lost file back)."""
+    import os
+
+    from steady.server.code import repository, service
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_add = os.fsync, repository.add
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def add(*args, **kwargs):
+        events.append(("row", ""))
+        return real_add(*args, **kwargs)
+
+    monkeypatch.setattr(service.os, "fsync", fsync)
+    monkeypatch.setattr(service.repository, "add", add)
+    assert _put(api, archive.sha256, archive.data).json()["created"] is True
+    root = api.app.state.settings.data_dir.resolve() / "code"
+    shard, final = root / archive.sha256[:2], root / archive.sha256[:2] / f"{archive.sha256}.tar.gz"
+    spooled = [path for kind, path in events if kind == "fsync" and os.path.basename(path).startswith(".upload-")]
+    assert len(spooled) == 1, events  # the bytes, before the file was moved into place
+    assert events[events.index(("fsync", spooled[0])):] == [
+        ("fsync", spooled[0]), ("fsync", str(shard)), ("fsync", str(root)), ("row", "")], events
+    final.unlink()
+    events.clear()
+    assert _put(api, archive.sha256, archive.data).json()["created"] is False  # restored: durable again
+    assert [e for e in events if e[0] == "fsync"][-2:] == [("fsync", str(shard)), ("fsync", str(root))], events
+    assert final.read_bytes() == archive.data
