@@ -66,3 +66,26 @@ def test_status_prints_a_recorded_launch_without_terminal_escapes():
     (line,) = launch_lines([{"engine": "slurm", "job_id": "42\x1b[2J\x1b]0;x\x07", "tasks": 2,
                              "detail": {"namespace": "ml\x9b31m"}, "created_at": "2026-12-01T19:00:00"}])
     assert "job 42[2J]0;x  2 agent(s)  ns ml31m" in line and not any(ord(c) < 32 or 0x7f <= ord(c) <= 0x9f for c in line)
+
+
+def test_launch_k8s_apply_asks_the_server_before_the_kubernetes_api(live_server, tmp_path, monkeypatch):
+    """The Kubernetes side of the same rule: another user's ``launch k8s --apply`` creates no Job."""
+    from steady.server.engines import kubernetes as k8s
+
+    applied: list[str] = []
+    monkeypatch.setattr(k8s, "apply", lambda launch, secret_token=None: applied.append(launch.job_name) or "uid-1")
+    with httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {live_server.tokens['user']}"},
+                      timeout=30) as http:
+        made = http.post("/api/v1/studies", json=spec(name="k8s-bounds", seeds=[0], repeats=1, determinism=["seeded"]))
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        assert http.post(f"/api/v1/studies/{sid}/cancel").status_code == 200  # no worker of another test takes it
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    common = ("launch", "k8s", str(sid), "--server", live_server.url, "--parallelism", "1", "--image", "steady:x",
+              "--apply")
+    refused = run_cli_in_process(*common, "--token", live_server.new_tokens()["user"], env=env, cwd=tmp_path)
+    assert refused.returncode == 1 and "403" in refused.stderr, refused.stderr
+    assert applied == []  # no Job for a launch the server refuses
+    owner = run_cli_in_process(*common, "--token", live_server.tokens["user"], env=env, cwd=tmp_path)
+    assert owner.returncode == 0, owner.stderr
+    assert applied == [f"steady-study-{sid}"] and owner.stdout == f"steady-study-{sid}\n"
