@@ -1,6 +1,7 @@
 """A run's code is fetched and unpacked under its lease: heartbeats go on meanwhile, so a slow
 download or a large archive never costs the lease (the agent against the shared server, whose
-leases last 5 s with a heartbeat every second): a slow download, and a slow unpacking after which the run completes."""
+leases last 5 s with a heartbeat every second): a slow download, and a slow unpacking after which
+the run completes."""
 
 from __future__ import annotations
 
