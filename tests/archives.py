@@ -7,6 +7,7 @@ from __future__ import annotations
 import bz2
 import io
 import os
+import struct
 import tarfile
 import zlib
 
@@ -37,6 +38,29 @@ def gzip_of_zeros(size: int, name: str = "zeros.bin") -> bytes:
     out.append(z.compress(_pad(size) + bytes(2 * _BLOCK)))
     out.append(z.flush())
     return b"".join(out)
+
+
+def gzip_of_zeros_fast(members: int, member_mib: int, level: int = 1) -> bytes:
+    """A .tar.gz of ``members`` files of ``member_mib`` MiB of zeros each, built in a fraction of a second
+    per GiB: after a full flush the deflate output of one MiB of zeros is the same bytes every time, so it
+    is made once and repeated. At level 1 it is 1/228 of what it holds, just over the default
+    STEADY_MAX_CODE_RATIO: each header declares a size within the budget until the sum passes it, so a
+    reader inflates close to 200 times the archive before the last header refuses it."""
+    c = zlib.compressobj(level, zlib.DEFLATED, -15)
+    block = c.compress(_ZEROS) + c.flush(zlib.Z_FULL_FLUSH)
+    assert block == c.compress(_ZEROS) + c.flush(zlib.Z_FULL_FLUSH)
+    c = zlib.compressobj(level, zlib.DEFLATED, -15)
+    out, crc, total = [b"\x1f\x8b\x08\0\0\0\0\0\0\xff"], 0, 0
+    for i in range(members):
+        head = header(f"zeros{i}.bin", member_mib << 20)
+        out += [c.compress(head), c.flush(zlib.Z_FULL_FLUSH), block * member_mib]
+        crc = zlib.crc32(head, crc)
+        for _ in range(member_mib):
+            crc = zlib.crc32(_ZEROS, crc)
+        total += len(head) + (member_mib << 20)
+    tail = bytes(2 * _BLOCK)
+    crc, total = zlib.crc32(tail, crc), total + len(tail)
+    return b"".join([*out, c.compress(tail), c.flush(), struct.pack("<II", crc, total & 0xFFFFFFFF)])
 
 
 def bzip2_bomb(streams: int, stream_bytes: int = 16 << 20) -> bytes:
