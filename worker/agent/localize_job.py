@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from steady.worker.agent import codecache, reaper
 from steady.worker.agent.client import LeaseLostError, NonRetryableError, RetryableError
@@ -31,9 +31,6 @@ from steady.worker.contract.protocol import (
     LocalizationLease,
     LocalizationRelease,
 )
-
-if TYPE_CHECKING:
-    from steady.worker.agent.loop import Agent
 
 log = logging.getLogger("steady.worker")
 DRIVER = "steady.worker.agent.localize"
@@ -71,7 +68,9 @@ def _tail(path: str, n: int = 1500) -> str:
 class LocalizationExecution:
     """The job's thread (code, driver, report) and its heartbeat thread."""
 
-    def __init__(self, agent: Agent, lease: LocalizationLease) -> None:
+    def __init__(self, agent: Any, lease: LocalizationLease) -> None:
+        """``agent``: the :class:`~steady.worker.agent.loop.Agent` that leased the job (its client, config and
+        stop events; not imported here, as the agent imports this module)."""
         self.agent = agent
         self.client = agent.client
         self.lease = lease
