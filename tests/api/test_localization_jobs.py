@@ -80,6 +80,8 @@ def test_a_pair_that_is_not_two_replayable_repeats_is_422_naming_runs_and_a_seco
     assert _ask(api, sid, (ids[1, 0], ids[1, 1])).status_code == 201  # another pair is another job
     listed = api.get(f"/api/v1/studies/{sid}/localization-jobs").json()
     assert listed["total"] == 2 and [j["run_ids"] for j in listed["items"]] == [[ids[1, 0], ids[1, 1]], [a, b]]
+    second = api.get(f"/api/v1/studies/{sid}/localization-jobs", params={"limit": 1, "offset": 1}).json()
+    assert (second["total"], second["limit"], second["offset"]) == (2, 1, 1) and second["items"][0]["id"] == job["id"]
     assert api.get(f"/api/v1/localization-jobs/{job['id']}").json()["status"] == "pending"
     assert api.get("/api/v1/localization-jobs/999999").status_code == 404
     # an admin may cancel it (the owner rule: tests/scale/test_authz.py)

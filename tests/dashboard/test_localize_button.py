@@ -47,6 +47,9 @@ def test_the_localize_button_gets_the_op_named_by_a_worker(live_server, new_page
         a, b = sorted(r["id"] for r in runs)
 
         page = new_page(live_server)
+        page.goto(f"{live_server.url}/studies/{sid}")  # the diverging verdict offers it too
+        assert page.locator('tr[data-level="repeatability"] [data-localize-button]').inner_text() == \
+            f"Localize runs {a} and {b}"
         page.goto(f"{live_server.url}/runs/{a}")
         button = page.get_by_role("button", name=f"Localize runs {a} and {b}")
         button.click()
