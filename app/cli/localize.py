@@ -67,13 +67,11 @@ def replay(api: Any, run_ids: tuple[int, int], *, step: int | None = None) -> di
         raise CliError(f"the replays did not finish (exit {done.returncode}): {done.stderr[-2000:]}") from None
 
 
-STEP_DIGEST_KEY = "steady.step_digest"  # steady.worker.inrun.localize.STEP_DIGEST_KEY
-
-
 def recorded_step(api: Any, run_ids: tuple[int, int]) -> tuple[int | None, int] | None:
     """(first divergent step or None, steps compared) from the step digests the runs recorded
     (a study with ``localize: steps``); None when they recorded none."""
     from steady.server.cli.client import ApiError
+    from steady.worker.contract.oplocate import STEP_DIGEST_KEY, recorded_divergence
 
     series = []
     for run_id in run_ids:
@@ -84,12 +82,7 @@ def recorded_step(api: Any, run_ids: tuple[int, int]) -> tuple[int | None, int] 
                 return None
             raise
         series.append(dict(zip(s["steps"], s["values"])))
-    a, b = series
-    common = sorted(set(a) & set(b))
-    first = next((k for k in common if a[k] != b[k]), None)
-    if first is None and set(a) != set(b):
-        first = min(set(a) ^ set(b))
-    return first, len(common)
+    return recorded_divergence(series[0], series[1])
 
 
 def cmd_localize(args: argparse.Namespace) -> int:

@@ -4,11 +4,13 @@ Access: a user or admin token, sent as ``Authorization: Bearer``, or a server-si
 whose random id is the HTTP-only ``steady_session`` cookie that ``POST /login`` sets (the
 token itself never reaches the browser's storage; logout revokes the session). Unauthenticated page requests are
 redirected to ``/login``; the JSON feeds answer 401. With ``STEADY_PUBLIC_DASHBOARD=true``
-every page is readable without a token (the dashboard never writes).
+every page is readable without a token. The dashboard's one write, the Localize button
+(``dashboard.actions``), needs a session, its form key and a same-origin post.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated
 from urllib.parse import quote, urlsplit
 
@@ -22,11 +24,18 @@ from steady.server.kit.deps import SESSION_COOKIE, OptionalCaller, Principal
 router = APIRouter(include_in_schema=False)
 
 
+def form_key(session_id: str) -> str:
+    """The key a session's forms carry: derived from the session id, which a page of another site cannot read."""
+    return hashlib.sha256(f"steady-dashboard-form:{session_id}".encode()).hexdigest()
+
+
 def _viewer(request: Request, principal: Principal | None) -> Viewer | None:
     """A user or admin token (or their session) sees the dashboard; anyone does when it is public."""
     public = request.app.state.settings.public_dashboard
     if principal is not None and principal.role in GRANTS[Role.user]:
-        return Viewer(name=principal.name, public=public)
+        sid = request.cookies.get(SESSION_COOKIE) if "authorization" not in request.headers else None
+        return Viewer(name=principal.name, public=public, token_id=principal.token_id,
+                      admin=principal.role is Role.admin, form_key=form_key(sid) if sid else None)
     return Viewer(name=None, public=True) if public else None
 
 
@@ -50,7 +59,7 @@ PageViewer = Annotated[Viewer, Depends(page_viewer)]
 DataViewer = Annotated[Viewer, Depends(data_viewer)]
 
 
-def _safe_next(target: str | None) -> str:
+def safe_next(target: str | None) -> str:
     """Only local paths: never redirect a fresh login to another site."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return "/studies"
@@ -60,7 +69,7 @@ def _safe_next(target: str | None) -> str:
     return target
 
 
-def _same_origin(request: Request) -> bool:
+def same_origin(request: Request) -> bool:
     """A form post from another site carries its own Origin; refuse it (login CSRF).
 
     The Origin must name this server as the browser sees it: the scheme (https behind a trusted
@@ -81,14 +90,14 @@ def _netloc(scheme: str, netloc: str) -> str:
 
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request, next: str | None = None) -> HTMLResponse:
-    return render(request, "login.html", None, next=_safe_next(next), error=None)
+    return render(request, "login.html", None, next=safe_next(next), error=None)
 
 
 @router.post("/login", response_model=None)
 def login(request: Request, token: Annotated[str, Form(max_length=500)] = "",
           next: Annotated[str, Form(max_length=2000)] = "/studies") -> Response:
-    if not _same_origin(request):
-        return render(request, "login.html", None, status_code=403, next=_safe_next(next),
+    if not same_origin(request):
+        return render(request, "login.html", None, status_code=403, next=safe_next(next),
                        error="This form was posted from another site.")
     token = token.strip()
     with request.app.state.database.read() as session:
@@ -96,15 +105,15 @@ def login(request: Request, token: Annotated[str, Form(max_length=500)] = "",
         role = Role(row.role) if row is not None else None
         token_id = row.id if row is not None else None
     if row is None or role is None or token_id is None:
-        return render(request, "login.html", None, status_code=401, next=_safe_next(next),
+        return render(request, "login.html", None, status_code=401, next=safe_next(next),
                        error="That token is not valid (or was revoked).")
     if role not in GRANTS[Role.user]:
-        return render(request, "login.html", None, status_code=403, next=_safe_next(next),
+        return render(request, "login.html", None, status_code=403, next=safe_next(next),
                        error=f"A {role.value} token cannot open the dashboard; use a user or admin token.")
     settings = request.app.state.settings
     with request.app.state.database.write() as session:
         sid = create_session(session, token_id, settings.session_ttl_seconds)
-    response = RedirectResponse(_safe_next(next), status_code=status.HTTP_303_SEE_OTHER)
+    response = RedirectResponse(safe_next(next), status_code=status.HTTP_303_SEE_OTHER)
     # The cookie holds the session id only, never the token. Secure when the browser came over
     # https (directly, or through a trusted proxy: STEADY_FORWARDED_ALLOW_IPS).
     response.set_cookie(
@@ -116,7 +125,7 @@ def login(request: Request, token: Annotated[str, Form(max_length=500)] = "",
 
 @router.post("/logout")
 def logout(request: Request) -> Response:
-    if not _same_origin(request):
+    if not same_origin(request):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "cross-site logout refused")
     sid = request.cookies.get(SESSION_COOKIE)
     if sid:

@@ -9,23 +9,25 @@ from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from steady.server.dashboard import access, feeds, service
+from steady.server.dashboard import access, actions, feeds, service
 from steady.server.dashboard.access import PageViewer
 from steady.server.dashboard.feeds import STUDIES_PER_PAGE
 from steady.server.dashboard.views import HERE, db_key, not_found, render
 from steady.server.kit.deps import ReadDB
 from steady.server.launches import hints
+from steady.server.lifecycle import localizing
 from steady.server.lifecycle.service import run_story
-from steady.server.models import Study, Worker
+from steady.server.models import Run, Study, Worker
 from steady.server.runs import repository as runs_repo
 from steady.server.runs.conflicts import conflict_phrase, conflict_summary
 from steady.server.workers import service as workers_service
-from steady.worker.contract.protocol import StudyStatus
+from steady.worker.contract.protocol import LocalizationStatus, StudyStatus
 
 router = APIRouter(include_in_schema=False)
 router.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
 router.include_router(access.router)
 router.include_router(feeds.router)
+router.include_router(actions.router)
 
 RUNS_PER_PAGE = 100
 STUDY_STATUSES = tuple(s.value for s in StudyStatus)
@@ -78,7 +80,7 @@ def study_page(
     groups = service.study_groups(db, study.id)
     verdicts_by_level = {level: report.of_level(level) if report else [] for level in service.LEVELS}
     return render(
-        request, "study.html", viewer, study=study, progress=progress, report=report,
+        request, "study.html", viewer, study=study, **_localize_context(request, db, viewer, study), progress=progress, report=report,
         badges=service.badges(report) if report else None, verdicts_by_level=verdicts_by_level,
         level_titles=service.LEVEL_TITLES, runs=runs, n_runs=n_runs, runs_page=runs_page,
         runs_pages=max(1, math.ceil(n_runs / RUNS_PER_PAGE)), groups=groups,
@@ -97,12 +99,27 @@ def run_page(request: Request, run_id: int, db: ReadDB, viewer: PageViewer) -> H
     if run is None:
         return not_found(request, viewer, f"run {run_id}")
     study = db.get(Study, run.study_id)
+    if study is None:
+        return not_found(request, viewer, f"run {run_id}")
     worker = db.get(Worker, run.worker_id) if run.worker_id is not None else None
     return render(request, "run.html", viewer, run=run, study=study, worker=worker, story=run_story(db, run),
+                   **_localize_context(request, db, viewer, study, run), partners=service.repeat_partners(db, run),
                    keys=service.run_keys(db, run), engine_job=hints.job_label(run.engine),
                    engine_logs=hints.log_hint(run.engine),
                    conflicts_summary=conflict_summary(run.metric_conflicts),
                    conflicts=[conflict_phrase(c) for c in (run.metric_conflicts or {}).get("first") or []])
+
+
+def _localize_context(request: Request, db: ReadDB, viewer: PageViewer, study: Study, run: Run | None = None) -> dict:
+    """The Localize button's and the localization jobs' part of a study or run page."""
+    jobs = [localizing.job_out(db, j) for j in localizing.recent_jobs(db, study.id, run.id if run else None)]
+    return dict(
+        jobs=jobs, jobs_active=any(j.status in LocalizationStatus.ACTIVE for j in jobs),
+        may_localize=viewer.may_change(study.owner_token_id) and study.kind == "managed"
+        and (run is None or run.framework in localizing.REPLAYABLE),
+        localize_error=request.query_params.get("localize_error"),
+        here=request.url.path,
+    )
 
 
 @router.get("/workers", response_class=HTMLResponse)

@@ -322,6 +322,13 @@ def study_metrics(study: Study) -> list[str]:
     return [m["name"] for m in study.spec.get("metrics", [])]
 
 
+def repeat_partners(session: Session, run: Run, limit: int = 5) -> list[Run]:
+    """The run's repeats: the study's other runs of its seed, determinism and stack."""
+    return list(session.scalars(select(Run).where(
+        Run.study_id == run.study_id, Run.seed == run.seed, Run.determinism == run.determinism,
+        Run.stack == run.stack, Run.id != run.id).order_by(Run.id).limit(limit)))
+
+
 def run_keys(session: Session, run: Run) -> list[str]:
     keys = metrics_repo.metric_keys(session, [run.id]).get(run.id, [])
     # The judged metrics first, step time last.

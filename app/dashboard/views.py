@@ -23,6 +23,17 @@ from steady.server.reports.parts import PairGroup, StackGroup
 class Viewer:
     name: str | None  # None: an anonymous reader of a public dashboard
     public: bool
+    token_id: int | None = None
+    admin: bool = False
+    # A dashboard session's key for its forms (derived from the session id, which only the browser holds):
+    # a form posted without it, from another site, changes nothing. None: no session (no forms shown).
+    form_key: str | None = None
+
+    def may_change(self, owner_token_id: int | None) -> bool:
+        """What a form may change for this viewer: its token's objects (all of them for an admin)."""
+        if self.form_key is None or self.token_id is None:
+            return False
+        return self.admin or (owner_token_id is not None and owner_token_id == self.token_id)
 
 
 HERE = Path(__file__).parent

@@ -16,6 +16,7 @@ from steady.server.models.core import (
     CodeChunk,
     DashboardSession,
     Launch,
+    LocalizationJob,
     MetricChunk,
     Run,
     Study,
@@ -24,7 +25,7 @@ from steady.server.models.core import (
     Worker,
 )
 
-__all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "CodeArchive", "CodeChunk", "DashboardSession", "Launch",
+__all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "CodeArchive", "CodeChunk", "DashboardSession", "Launch", "LocalizationJob",
            "MetricChunk", "Run", "Study", "StudyReport", "StudyStage", "Worker", "Alert", "AlertDelivery", "AlertRule",
            "BaselineSnapshot", "StudyEvaluation", "SuiteBaseline",
            "Webhook"]

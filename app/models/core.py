@@ -268,3 +268,37 @@ class StudyStage(Base):
     judged_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
     decisions: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+
+
+class LocalizationJob(Base):
+    """A request to localize where two repeats part, replayed by a worker (``steady.server.lifecycle.localizing``).
+
+    Leased like a run: ``pending → running`` for exactly one worker (a conditional UPDATE), heartbeats
+    extend the lease, an expired lease goes back to ``pending`` (once) or fails. The answer itself is kept
+    where `steady localize` keeps it (``Study.localizations``); ``result`` is a copy for the job's own page.
+    """
+
+    __tablename__ = "localization_jobs"
+    __table_args__ = (Index("ix_localization_jobs_status_id", "status", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), index=True)
+    run_a: Mapped[int] = mapped_column(Integer)
+    run_b: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    required_labels: Mapped[list[str]] = mapped_column(JSON, default=list)
+    step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # known from the runs' step digests
+    requested_by: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lease_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    time_limit_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    transition_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

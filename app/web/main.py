@@ -38,7 +38,8 @@ from steady.server.lifecycle.committer import GroupCommitter
 from steady.server.reports import service as reports_service
 from steady.server.reports.background import ReportCacher
 from steady.server.reports.router import router as reports_router
-from steady.server.lifecycle import leasing
+from steady.server.lifecycle import leasing, localizing
+from steady.server.lifecycle.localize_router import router as localize_router
 from steady.server.runs import settled
 from steady.server.lifecycle.router import router as runs_router
 from steady.server.studies.router import router as studies_router
@@ -161,6 +162,7 @@ def reaper(database: Database, interval: float) -> BackgroundLoop:
     def reap() -> None:
         with database.write(queue=True) as session:  # in line with the protocol's writes
             leasing.reap_expired(session)
+            localizing.reap_expired(session)
 
     return BackgroundLoop("lease reaper", reap, interval=interval)
 
@@ -242,7 +244,7 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
         return JSONResponse({"status": "ok", "version": __version__})
 
     for router in (studies_router, runs_router, workers_router, tokens_router, reports_router, alerts_router,
-                   launches_router, code_router):
+                   launches_router, code_router, localize_router):
         app.include_router(router, responses=ERROR_RESPONSES)
     for router in (metrics_router, mlflow_router, dashboard_router):  # text, MLflow's shapes, pages
         app.include_router(router)

@@ -8,13 +8,16 @@ from pydantic import BaseModel
 
 from steady.server.kit.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
 from steady.server.kit.pagination import Page, PageQuery
-from steady.server.lifecycle import leasing
+from steady.server.lifecycle import leasing, localizing
 from steady.server.workers import service
 from steady.worker.contract.protocol import (
+    LOCALIZATIONS_HEADER,
     PENDING_HEADER,
     EngineJob,
     Lease,
     LeaseRequest,
+    LocalizationLease,
+    LocalizationLeaseRequest,
     WorkerRegistered,
     WorkerRegistration,
 )
@@ -52,7 +55,9 @@ def register(body: WorkerRegistration, db: WriteDB, caller: WorkerCaller, settin
         204: {
             "description": "nothing queued (in the request's study, if given) that this worker's labels can run",
             "headers": {PENDING_HEADER: {"description": "runs in scope still running elsewhere; 0: nothing left",
-                                         "schema": {"type": "integer"}}},
+                                         "schema": {"type": "integer"}},
+                        LOCALIZATIONS_HEADER: {"description": "localization jobs in scope waiting for a worker "
+                                               "(POST localization-lease takes one)", "schema": {"type": "integer"}}},
         },
         429: {"description": "this worker holds STEADY_MAX_LEASES_PER_WORKER leases already"},
     },
@@ -63,9 +68,28 @@ def lease(worker_id: int, body: LeaseRequest, db: WriteDB, caller: WorkerCaller,
                                 builtin_only=bool(body.builtin_only), run_credential=bool(body.run_credential))
     if leased is None:
         pending = leasing.running_in_scope(db, body.study_id)
-        return Response(status_code=204, headers={PENDING_HEADER: str(pending)})
+        waiting = localizing.pending_count(db, body.study_id)
+        return Response(status_code=204, headers={PENDING_HEADER: str(pending), LOCALIZATIONS_HEADER: str(waiting)})
     if leased.run_token is None:  # a worker that did not ask: its Lease model has no such field
         return Response(leased.model_dump_json(exclude={"run_token"}), media_type="application/json")
+    return leased
+
+
+@router.post(
+    "/{worker_id}/localization-lease",
+    response_model=LocalizationLease,
+    responses={204: {"description": "no localization job in scope that this worker's labels can run"}},
+)
+def localization_lease(worker_id: int, body: LocalizationLeaseRequest, db: WriteDB, caller: WorkerCaller,
+                       settings: AppSettings):
+    """Lease a localization job (two repeats to replay and localize), as a run is leased: a repeated
+    ``request_id`` gets the same job back. Workers ask when a lease answer announced some (its
+    ``X-Steady-Localizations`` header)."""
+    worker = service.get_for(db, worker_id, caller)
+    leased = localizing.lease_next(db, worker, settings, body.request_id, study_id=body.study_id,
+                                   builtin_only=bool(body.builtin_only))
+    if leased is None:
+        return Response(status_code=204)
     return leased
 
 

@@ -16,6 +16,9 @@ from tests.api.helpers import batch, error_msg, lease, register, spec
 # /docs and /redoc serve the API reference (Swagger UI / ReDoc, served from the package), public like /openapi.json
 PUBLIC = {("GET", "/healthz"), ("GET", "/"), ("GET", "/login"), ("POST", "/login"), ("POST", "/logout"),
           ("GET", "/docs"), ("GET", "/redoc")}
+# The dashboard's form posts: a session cookie, its form key and this origin name the caller, then the same service
+# and owner rule as the API route decide (tests/api/test_localization_jobs.py::test_the_localize_button_needs_*).
+FORM_WRITES = {("POST", "/studies/{study_id}/localize")}
 # User writes of no one's object: a code archive is named by its content, so re-uploading it
 # (any user) changes nothing; checked in test_code_upload_belongs_to_no_one.
 SHARED_WRITES = {("PUT", "/api/v1/code/{sha256}")}
@@ -62,7 +65,7 @@ def _concrete(path: str) -> str:
 
 
 def test_every_route_declares_a_role():
-    missing = [(m, p) for m, p, r in _routes() if _roles(r) is None and (m, p) not in PUBLIC]
+    missing = [(m, p) for m, p, r in _routes() if _roles(r) is None and (m, p) not in PUBLIC | FORM_WRITES]
     assert not missing, f"routes without a role check (add one, or list them in PUBLIC): {missing}"
 
 
@@ -170,6 +173,13 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:
         s.add(alert)
         s.flush()
         alert_id = alert.id
+    # two repeats of a managed study to localize (seed 0), and a localization job of another pair to cancel
+    repeated = api.post("/api/v1/studies", json=spec(seeds=[0, 1], repeats=2, determinism=["seeded"])).json()["id"]
+    pairs: dict[int, list[int]] = {}
+    for r in api.get(f"/api/v1/studies/{repeated}/runs").json()["items"]:
+        pairs.setdefault(r["seed"], []).append(r["id"])
+    job = api.post(f"/api/v1/studies/{repeated}/localization-jobs", json={"runs": pairs[1]})
+    assert job.status_code == 201, job.text
     mlf = api.client.post(f"{MLFLOW}/runs/create", json={"experiment_id": str(ext)}, headers=api.h())
     assert mlf.status_code == 200, mlf.text
     mlf_run = mlf.json()["run"]["info"]["run_id"]
@@ -189,6 +199,10 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:
                                                          {"engine": "slurm", "job_id": "123", "tasks": 2}),
         ("POST", "/api/v1/studies/{study_id}/runs"): (f"/api/v1/studies/{ext}/runs", run),
         ("POST", "/api/v1/studies/{study_id}/localizations"): (f"/api/v1/studies/{ext}/localizations", localization),
+        ("POST", "/api/v1/studies/{study_id}/localization-jobs"): (f"/api/v1/studies/{repeated}/localization-jobs",
+                                                                   {"runs": pairs[0]}),
+        ("POST", "/api/v1/localization-jobs/{job_id}/cancel"): (f"/api/v1/localization-jobs/{job.json()['id']}/cancel",
+                                                               None),
         ("POST", "/api/v1/runs/{run_id}/exclude"): (f"/api/v1/runs/{run_id}/exclude", {"reason": "bad data"}),
         ("DELETE", "/api/v1/runs/{run_id}/exclude"): (f"/api/v1/runs/{run_id}/exclude", None),
         ("POST", "/api/v1/alert-rules"): ("/api/v1/alert-rules", {**BAND_RULE, "name": "mine", "study_id": sid}),
@@ -234,6 +248,7 @@ def test_a_user_cannot_change_another_users_objects(api):
 def test_the_owner_and_admins_change_it(api, who):
     targets = _owned_objects(api)
     order = [("POST", "/api/v1/studies"), ("POST", "/api/v1/studies/{study_id}/localizations"),
+             ("POST", "/api/v1/studies/{study_id}/localization-jobs"), ("POST", "/api/v1/localization-jobs/{job_id}/cancel"),
              ("POST", "/api/v1/studies/{study_id}/runs"),
              ("POST", "/api/v1/runs/{run_id}/exclude"), ("DELETE", "/api/v1/runs/{run_id}/exclude"),
              ("POST", "/api/v1/alert-rules"), ("POST", "/api/v1/alerts/{alert_id}/ack"),

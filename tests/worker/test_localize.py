@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steady.worker.contract.oplocate import first_divergent_op, first_divergent_step
+from steady.worker.contract.oplocate import first_divergent_op, first_divergent_step, recorded_divergence
 from steady.worker.inrun import localize_controls as controls
 from steady.worker.inrun.localize import Localizer, tensor_hash
 
@@ -37,6 +37,13 @@ def test_first_divergent_step():
     assert first_divergent_step(["a", "b", "c"], ["a", "b", "c"]) is None
     assert first_divergent_step(["a", "b", "c"], ["a", "x", "y"]) == 1
     assert first_divergent_step(["a", "b"], ["a", "b", "c"]) == 2  # one run stopped early
+
+
+def test_recorded_divergence_from_two_runs_step_digest_series():
+    """What `steady localize` and a localization job read from the runs' recorded `steady.step_digest` series."""
+    assert recorded_divergence({0: 1.0, 1: 2.0, 2: 3.0}, {0: 1.0, 1: 2.0, 2: 3.0}) == (None, 3)
+    assert recorded_divergence({0: 1.0, 1: 2.0, 2: 3.0}, {2: 9.0, 0: 1.0, 1: 2.5}) == (1, 3)
+    assert recorded_divergence({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0, 2: 3.0}) == (2, 2)  # one run recorded a step more
 
 
 def _rec(op, module, phase, inputs, output):

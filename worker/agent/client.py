@@ -29,9 +29,18 @@ from steady.worker.contract.protocol import (
     BatchAck,
     Heartbeat,
     HeartbeatAck,
+    LOCALIZATIONS_HEADER,
     Lease,
     PENDING_HEADER,
     LeaseRequest,
+    LocalizationAck,
+    LocalizationDone,
+    LocalizationFailure,
+    LocalizationHeartbeat,
+    LocalizationHeartbeatAck,
+    LocalizationLease,
+    LocalizationLeaseRequest,
+    LocalizationRelease,
     MetricBatch,
     RunAck,
     RunFailure,
@@ -50,6 +59,7 @@ RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 class LeaseAnswer:
     lease: Lease | None
     pending: int | None  # with no lease: runs in scope still running elsewhere (None: server did not say)
+    localizations: int = 0  # with no lease: localization jobs in scope waiting for a worker
 
 
 class ClientError(Exception):
@@ -237,7 +247,9 @@ class SteadyClient:
         response = self.post(f"/api/v1/workers/{worker_id}/lease", body, deadline_s=deadline_s)
         if response.status_code == 204 or not response.content:
             raw = response.headers.get(PENDING_HEADER)
-            return LeaseAnswer(lease=None, pending=int(raw) if raw and raw.isascii() and raw.isdigit() else None)
+            jobs = response.headers.get(LOCALIZATIONS_HEADER)
+            return LeaseAnswer(lease=None, pending=int(raw) if raw and raw.isascii() and raw.isdigit() else None,
+                               localizations=int(jobs) if jobs and jobs.isascii() and jobs.isdigit() else 0)
         return LeaseAnswer(lease=Lease.model_validate_json(response.content), pending=None)
 
     def heartbeat(self, run_id: int, heartbeat: Heartbeat, *, deadline_s: float | None = None) -> HeartbeatAck:
@@ -277,6 +289,36 @@ class SteadyClient:
 
     def release(self, run_id: int, release: RunRelease, *, deadline_s: float | None = None) -> RunAck:
         return self._call(f"/api/v1/runs/{run_id}/release", _with_request_id(release), RunAck, deadline_s)
+
+
+    # --- localization jobs -------------------------------------------------------------------
+
+    def lease_localization(self, worker_id: int, *, deadline_s: float | None = None, study_id: int | None = None,
+                           builtin_only: bool = False) -> LocalizationLease | None:
+        body = LocalizationLeaseRequest(request_id=new_request_id(), study_id=study_id,
+                                        builtin_only=True if builtin_only else None)
+        response = self.post(f"/api/v1/workers/{worker_id}/localization-lease", body, deadline_s=deadline_s)
+        if response.status_code == 204 or not response.content:
+            return None
+        return LocalizationLease.model_validate_json(response.content)
+
+    def localization_heartbeat(self, job_id: int, body: LocalizationHeartbeat, *,
+                               deadline_s: float | None = None) -> LocalizationHeartbeatAck:
+        return self._call(f"/api/v1/localization-jobs/{job_id}/heartbeat", body, LocalizationHeartbeatAck, deadline_s)
+
+    def localization_done(self, job_id: int, body: LocalizationDone, *, deadline_s: float | None = None) -> LocalizationAck:
+        return self._call(f"/api/v1/localization-jobs/{job_id}/complete", _with_request_id(body), LocalizationAck,
+                          deadline_s)
+
+    def localization_failed(self, job_id: int, body: LocalizationFailure, *,
+                            deadline_s: float | None = None) -> LocalizationAck:
+        return self._call(f"/api/v1/localization-jobs/{job_id}/fail", _with_request_id(body), LocalizationAck,
+                          deadline_s)
+
+    def localization_release(self, job_id: int, body: LocalizationRelease, *,
+                             deadline_s: float | None = None) -> LocalizationAck:
+        return self._call(f"/api/v1/localization-jobs/{job_id}/release", _with_request_id(body), LocalizationAck,
+                          deadline_s)
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -137,12 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("spec_b")
     p.add_argument("--code", help="the unpacked code the runs start in")
     p.add_argument("--step", type=int, help="the first divergent step, when known (saves two replays)")
+    p.add_argument("--device", help="the device the replays run on (as a worker's --device)")
     args = p.parse_args(argv)
     specs = []
     for path in (args.spec_a, args.spec_b):
         with open(path, encoding="utf-8") as f:
             specs.append(json.load(f))
-    result = localize_pair(specs[0], specs[1], step=args.step, code_dir=args.code)
+    result = localize_pair(specs[0], specs[1], step=args.step, code_dir=args.code, device=args.device)
     print(json.dumps(result, indent=2))
     return 0 if result["status"] != "failed" else 1
 

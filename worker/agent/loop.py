@@ -63,6 +63,7 @@ from steady.worker.contract.protocol import (
     WorkerRegistered,
     WorkerRegistration,
 )
+from steady.worker.agent.localize_job import LocalizationExecution
 from steady.worker.agent.runner import RunProcess
 
 log = logging.getLogger("steady.worker")
@@ -553,6 +554,7 @@ class Agent:
         self.force = threading.Event()
         self.registered: WorkerRegistered | None = None
         self.executions: list[RunExecution] = []
+        self.localizations: list[LocalizationExecution] = []
         self.runs_started = 0
         self.last_poll = 0.0
         # The agent's files are its own (0700); with --run-as the run user may only pass through
@@ -629,6 +631,28 @@ class Agent:
         self.executions = [e for e in self.executions if not e.finished.is_set()]
         return self.executions
 
+    def _active_localizations(self) -> list[LocalizationExecution]:
+        self.localizations = [e for e in self.localizations if not e.finished.is_set()]
+        return self.localizations
+
+    def _take_localization(self, answer: LeaseAnswer) -> bool:
+        """With nothing to run and localization jobs announced: lease one and start it. A worker that runs user
+        code as another user (--run-as) leaves them to others: the replay driver runs as the agent's user."""
+        if answer.localizations <= 0 or self.config.run_as is not None or self.registered is None:
+            return False
+        try:
+            job = self.client.lease_localization(self.registered.worker_id, deadline_s=30.0,
+                                                 study_id=self.config.study_id, builtin_only=self.config.builtin_only)
+        except (RetryableError, NonRetryableError) as exc:
+            log.warning("localization lease failed: %s", exc)
+            return False
+        if job is None:
+            return False
+        execution = LocalizationExecution(self, job)
+        self.localizations.append(execution)
+        execution.start()
+        return True
+
     def poll_once(self) -> Lease | None:
         return self._poll().lease
 
@@ -645,7 +669,8 @@ class Agent:
         cancelled or preempted, its lease expires, the run returns to the queue, and someone
         must be left to take it.
         """
-        return self.config.exit_when_idle and answer.pending == 0 and not self._active()
+        return (self.config.exit_when_idle and answer.pending == 0 and not self._active()
+                and not self._active_localizations())
 
     def run(self) -> int:
         """Run until stopped (signal), idle (``exit_when_idle``), ``once`` or ``max_runs``. Returns the exit status."""
@@ -657,7 +682,7 @@ class Agent:
                 break
             if self.config.once and polls:
                 break
-            if len(self._active()) >= self.config.concurrency:
+            if len(self._active()) + len(self._active_localizations()) >= self.config.concurrency:
                 self.stopping.wait(0.1)
                 continue
             polls += 1
@@ -678,6 +703,9 @@ class Agent:
                     self._shutdown()
                     return 2
                 answer, lease = LeaseAnswer(lease=None, pending=None), None
+            if lease is None and self._take_localization(answer):
+                idle_delay = self.config.poll_min_s
+                continue
             if lease is None:
                 if self._idle_exit(answer) or self.config.once:
                     scope = f"study {self.config.study_id}" if self.config.study_id is not None else "the queue"
@@ -706,6 +734,15 @@ class Agent:
                     execution.proc.kill("released")
                     break
                 execution.finished.wait(0.1)
+        for job in list(self._active_localizations()):
+            while not job.finished.is_set():
+                if self.force.is_set() or time.monotonic() >= deadline:
+                    job.release_requested.set()
+                if time.monotonic() >= deadline + self.config.report_s + 1.0:
+                    log.warning("localization job %d: not reported within the shutdown bound; exiting", job.lease.job_id)
+                    job._end_driver()
+                    break
+                job.finished.wait(0.1)
         end = deadline + self.config.report_s + 1.0
         for execution in self.executions:
             execution.thread.join(timeout=max(0.0, min(5.0, end - time.monotonic())) if math.isfinite(end) else 5.0)

@@ -14,11 +14,24 @@ counts as a divergence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 PHASES = ("data", "forward", "backward", "optimizer")
+
+
+STEP_DIGEST_KEY = "steady.step_digest"  # the series a study with `localize: steps` records (steady.worker.inrun.localize)
+
+
+def recorded_divergence(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[int | None, int]:
+    """(the first step whose recorded state digest differs, or None; the steps both recorded) from two runs'
+    ``step -> digest`` series. A step only one of them recorded is a divergence when all common steps agree."""
+    common = sorted(set(a) & set(b))
+    first = next((k for k in common if a[k] != b[k]), None)
+    if first is None and set(a) != set(b):
+        first = min(set(a) ^ set(b))
+    return first, len(common)
 
 
 def first_divergent_step(a: Sequence[str], b: Sequence[str]) -> int | None:

@@ -617,3 +617,85 @@ class RunAck(_Model):
     run_id: int
     status: RunStatus
     duplicate: bool = False  # true when this answers a repeat of an already applied request
+
+
+# --- localization jobs ---------------------------------------------------------------------------
+# A user asks the server (the run page's Localize button, POST /api/v1/studies/{id}/localization-jobs)
+# to localize where two repeats part; a worker leases the job as it leases a run, replays the pair with
+# the same driver as `steady localize` (``python -m steady.worker.agent.localize``) and posts the answer.
+
+# On a lease answer without a run (204): localization jobs in the request's scope waiting for a worker.
+LOCALIZATIONS_HEADER = "X-Steady-Localizations"
+
+
+class LocalizationStatus(str, Enum):
+    pending = "pending"  # waiting for a worker
+    running = "running"  # leased: a worker replays the pair
+    done = "done"  # the answer is kept in the study's report (localized, identical, or the replays failed)
+    failed = "failed"  # no answer: the worker could not replay the pair (see error)
+    cancelled = "cancelled"
+
+    ACTIVE = nonmember(frozenset({"pending", "running"}))
+    TERMINAL = nonmember(frozenset({"done", "failed", "cancelled"}))
+
+
+class LocalizationLeaseRequest(_Model):
+    request_id: RequestId | None = None
+    study_id: int | None = None  # only this study's jobs (agents launched for one study)
+    builtin_only: bool | None = None  # only jobs of built-in workloads, never user code
+
+
+class LocalizationLease(_Model):
+    job_id: int
+    study_id: int
+    run_ids: Annotated[list[int], Field(min_length=2, max_length=2)]
+    attempt: int
+    lease_id: str
+    lease_expires_at: datetime
+    heartbeat_seconds: float
+    time_limit_s: float  # for the whole replay (both pairs); the server fails the job past it, plus grace
+    step: int | None = None  # the first divergent step, when the runs recorded their step digests
+    specs: Annotated[list[RunSpec], Field(min_length=2, max_length=2)]  # as the runs' leases gave them
+
+
+class LocalizationHeartbeat(_Model):
+    lease_id: str
+
+
+class LocalizationHeartbeatAck(_Model):
+    lease_expires_at: datetime
+    cancel: bool = False
+
+
+class LocalizationDone(_FreeText):
+    """The replay driver's answer, as `steady localize` posts it (the server checks it as one)."""
+
+    lease_id: str
+    request_id: RequestId | None = None
+    status: Literal["localized", "identical", "failed"]
+    step: int | None = None
+    replays: int = 0
+    answer: dict[str, Any] | None = None
+    sentence: Annotated[str, Field(min_length=1, max_length=4000)]
+
+
+class LocalizationFailure(_FreeText):
+    """No answer: the code could not be fetched, the driver crashed, ran past its limit or was cancelled."""
+
+    lease_id: str
+    request_id: RequestId | None = None
+    kind: FailureKind = FailureKind.error
+    error: Annotated[str, Field(min_length=1, max_length=4000)]
+
+
+class LocalizationRelease(_Model):
+    """Give a leased job back (the agent is shutting down); the attempt is not counted."""
+
+    lease_id: str
+    request_id: RequestId | None = None
+
+
+class LocalizationAck(_Model):
+    job_id: int
+    status: LocalizationStatus
+    duplicate: bool = False
