@@ -348,7 +348,7 @@ def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Find
                    "dependence": res.dependence, "ar_coefficient": res.ar_coefficient,
                    "ar_estimate": res.ar_estimate, "ar_values": res.ar_values, "too_dependent": res.too_dependent,
                    "method": "self-starting CUSUM (Hawkins 1987) of the studies' AR(1) innovations (estimated "
-                             "dependence, bias-corrected, plus one standard error) with a lifetime false-alarm "
+                             "dependence, bias-corrected, its upper 90% bound) with a lifetime false-alarm "
                              "budget",
                    "guarantee": res.guarantee,
                    "since_baseline_study": baseline.study_id if baseline else None}

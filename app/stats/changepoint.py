@@ -276,8 +276,8 @@ def self_starting_scores(values, *, exclude_above: float | None = None) -> np.nd
 # 46.5% of 100-study lifetimes at a 1% budget. So each value is scored *prewhitened*: its innovation
 # x_i − φ·x_{i−1} against the innovations before it (the residual chart of Alwan & Roberts 1988, made
 # self-starting), with φ the bias-corrected lag-1 autocorrelation of the values up to AR_LAG studies before
-# (a shift that just began does not enter the estimate) plus AR_MARGIN_Z standard errors. Above the
-# estimate because under-whitening leaves positively correlated scores, which inflate the CUSUM's false
+# (a shift that just began does not enter the estimate) plus AR_MARGIN_Z standard errors: its upper 90%
+# confidence bound. Above the estimate because under-whitening leaves positively correlated scores, which inflate the CUSUM's false
 # alarms, while over-whitening leaves negatively correlated ones, which lower them (and cost power:
 # docs/calibration.md, "Suite shift"). Until AR_MIN_VALUES values are old enough to estimate φ the values
 # are scored as independent (the reason says so). The lifetime level is checked by simulation for AR(1)
@@ -285,7 +285,7 @@ def self_starting_scores(values, *, exclude_above: float | None = None) -> np.nd
 # 90% confidence says so and does not claim its level (``too_dependent``).
 AR_LAG = 5
 AR_MIN_VALUES = 5
-AR_MARGIN_Z = 1.0  # φ̂ + one standard error (one-sided 84%)
+AR_MARGIN_Z = 1.2816  # φ̂ + 1.28 se: the upper (one-sided) 90% confidence bound
 AR_TOO_DEPENDENT_Z = 1.2816  # "too dependent" when φ̂ − 1.28 se (the lower 90% bound) exceeds AR_CHECKED_UP_TO
 AR_CHECKED_UP_TO = 0.5
 # above this φ a history is a random walk more than a level: the innovations are not whitened further
@@ -440,7 +440,7 @@ class SequentialShift:
     # dependence between consecutive studies at the alarm (else at the last value): "independent" (scored
     # as independent values: too few to estimate it), "prewhitened" (scored through AR(1) innovations)
     dependence: str = "independent"
-    ar_coefficient: float | None = None  # φ the value was whitened with (estimate + 1 se), None if not
+    ar_coefficient: float | None = None  # φ the value was whitened with (the upper 90% bound), None if not
     ar_estimate: float | None = None  # the bias-corrected AR(1) estimate it came from
     ar_values: int = 0  # the number of values φ was estimated from
     too_dependent: bool = False  # more dependent than AR_CHECKED_UP_TO with 90% confidence: the level is not claimed
@@ -463,9 +463,9 @@ def _dependence_note(wh: Whitening, at: int, alpha: float) -> tuple[str, str, bo
                 f"than {need} values): scored as independent studies", False)
     low = est - AR_TOO_DEPENDENT_Z * math.sqrt(m) / (m - 3)
     if phi > 0:
-        note = (f"prewhitened: each study scored through its AR(1) innovation x − {phi:.2f}·x₋₁ (the lag-1 "
-                f"dependence {est:.2f}, bias-corrected, from the {m} studies before the latest {AR_LAG + 1}, plus one "
-                "standard error)")
+        note = (f"prewhitened: each study scored through its AR(1) innovation x − {phi:.2f}·x₋₁ (the upper 90% "
+                f"bound of the lag-1 dependence {est:.2f}, bias-corrected, from the {m} studies before the latest "
+                f"{AR_LAG + 1})")
     else:
         note = (f"consecutive studies look independent (lag-1 dependence {est:.2f}, bias-corrected, from {m} "
                 "studies): scored as independent")
@@ -484,8 +484,8 @@ def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_his
     ``values`` is 1-D, oldest first, finite (one summary per study of one stack and determinism
     level). Each value gets the self-starting score U_i of its AR(1) innovation
     (``prewhitened_scores``: Hawkins 1987 on the residuals of Alwan & Roberts 1988, φ estimated from the
-    history with a small-sample bias correction, plus one standard error; values scoring beyond ±4 stay
-    out of the running estimates), winsorised at ±2.5 (Lucas & Crosier 1982), into the two-sided tabular
+    history with a small-sample bias correction, its upper 90% bound; values scoring beyond ±4 stay out
+    of the running estimates), winsorised at ±2.5 (Lucas & Crosier 1982), into the two-sided tabular
     CUSUM (Page 1954; Hawkins & Olwell 1998, §7.3) C⁺_i = max(0, C⁺_{i−1} + U_i − k),
     C⁻_i = max(0, C⁻_{i−1} − U_i − k), one side for ``increase``/``decrease``. The threshold h
     (``cusum_threshold``) makes the probability of any false alarm within the first ``horizon`` values

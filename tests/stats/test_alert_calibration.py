@@ -35,8 +35,10 @@ N_TRIALS = 300
 
 # planted power each rule must reach with N_TRIALS (measured rates are higher; docs table)
 MIN_POWER = {
-    ("alert.suite_shift", "10_back_2sd"): 0.55,
-    ("alert.suite_shift", "5_back_3sd"): 0.45,
+    # prewhitened for dependence between studies: 9% and 17% measured (64% and 54% scored as independent,
+    # docs/calibration.md "Suite shift"); the jump is still found
+    ("alert.suite_shift", "10_back_2sd"): 0.05,
+    ("alert.suite_shift", "5_back_3sd"): 0.1,
     ("alert.suite_shift", "jump_after_6"): 0.85,
     ("alert.out_of_baseline", "10v10_shift_4sd"): 0.5,
     ("alert.out_of_baseline", "10v10_one_run_8sd"): 0.9,
@@ -114,6 +116,16 @@ def test_the_dependent_rows_check_catches_a_doubled_rate():
 
     assert passes(0.02) < 0.03
     assert passes(0.008) > 0.99
+
+
+def test_suite_shift_power_after_a_longer_history_and_what_prewhitening_costs():
+    """A 3σ shift after 50 in-control studies is found within 10 studies most of the time; scored as
+    independent studies (the former rule) on the same histories it is found more often: the price of
+    holding the level under dependence, published in docs/calibration.md."""
+    from steady.server.stats.calibration.rules_alerts import shift_power
+
+    now, before = shift_power(np.random.default_rng(16), sims=200, n=60, shift_from=50, shift=3.0)
+    assert now / 200 >= 0.6 and before / 200 >= 0.9 and before >= now
 
 
 def test_seed_controls_the_measurement():
@@ -307,7 +319,7 @@ def test_lag1_autocorrelations_match_statsmodels():
     assert np.isnan(r[:2]).all()
     for m in (3, 4, 10, 25, 60):
         assert r[m - 1] == pytest.approx(acf(x[:m], nlags=1, adjusted=False, fft=False)[1], abs=1e-12)
-        rho, _ = yule_walker(x[:m], order=1, method="mle")
+        rho, _ = yule_walker(x[:m], order=1, method="mle", result_object=False)
         assert r[m - 1] == pytest.approx(rho[0], abs=1e-12)
     assert np.isnan(lag1_autocorrelations(np.full(8, 2.0))[-1])
 
