@@ -61,7 +61,7 @@ def guarantee(kind: str, *, alpha: float | None = None, horizon: int | None = No
             return "a limit on the tolerance interval's own width (it has its confidence built in)"
         return f"false alarm ≤ {a:.0%} per study and group when the true std is at the limit"
     if kind == "suite_shift":
-        return shift_guarantee(a, horizon or 100)
+        return shift_guarantee(NOMINAL["suite_shift"] if a is None else a, horizon or 100)
     if kind == "diverged":
         return "exact: fires only on a logged NaN or ±Inf"
     if kind == "repeatability_lost":

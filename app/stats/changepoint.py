@@ -546,9 +546,9 @@ def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_his
             first, side = int(over[0]) + start, c
     at = n - 1 if first is None else first
     dependence, note, too = _dependence_note(wh, at, alpha)
-    ar = dict(dependence=dependence, ar_coefficient=float(wh.phi[at]) if wh.phi[at] > 0 else None,
-              ar_estimate=float(wh.estimate[at]) if np.isfinite(wh.estimate[at]) else None,
-              ar_values=int(wh.estimated_from[at]), too_dependent=too)
+    ar: dict[str, Any] = dict(dependence=dependence, ar_coefficient=float(wh.phi[at]) if wh.phi[at] > 0 else None,
+                              ar_estimate=float(wh.estimate[at]) if np.isfinite(wh.estimate[at]) else None,
+                              ar_values=int(wh.estimated_from[at]), too_dependent=too)
     last = max(float(c[-1]) for c in watched)
     if first is None:
         return SequentialShift(False, None, None, last, upper=float(up[-1]), lower=float(lo[-1]), mean_before=None,
