@@ -102,7 +102,8 @@ def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
     doc = tmp_path / "cal.md"
     doc.write_text("intro\n<!-- calibration-table:start -->\nold\n<!-- calibration-table:end -->\n"
                    "<!-- power-table:start -->\n<!-- power-table:end -->\n"
-                   "<!-- blowup-power-table:start -->\n<!-- blowup-power-table:end -->\nend\n")
+                   "<!-- blowup-power-table:start -->\n<!-- blowup-power-table:end -->\n"
+                   "<!-- shift-power-table:start -->\n<!-- shift-power-table:end -->\nend\n")
     out = run_cli_in_process("calibrate", "--sims", "20", "--rule", "repeatability", "--json", str(tmp_path / "cal.json"),
                              "--power-sims", "10", "--update-doc", str(doc), env=dict(os.environ))
     assert out.returncode == 0, out.stderr
@@ -115,6 +116,9 @@ def test_calibrate_prints_the_table_and_writes_json_and_the_doc_block(tmp_path):
     assert "old" not in text and "| `repeatability` | `identical-3x500` | healthy |" in text and text.endswith("end\n")
     blowup = text.split("<!-- blowup-power-table:start -->")[1].split("<!-- blowup-power-table:end -->")[0]
     assert blowup.count("\n|") >= 3  # the late blow-up's power rows were written (header, rule, rows)
+    shift = text.split("<!-- shift-power-table:start -->")[1].split("<!-- shift-power-table:end -->")[0]
+    assert "| `10_back_2sd` |" in shift and "before: scored as independent" in shift
+    assert {r["scenario"] for r in data["suite_shift_power"]} >= {"10_back_2sd", "50+10_3sd"}
     bad = run_cli_in_process("calibrate", "--rule", "nope", env=dict(os.environ))
     assert bad.returncode == 2 and "no rule named" in bad.stderr
 

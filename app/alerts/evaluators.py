@@ -308,6 +308,20 @@ def _eval_out_of_baseline(session, study, rule, spec, report, baseline) -> list[
     return out
 
 
+def _dependence_text(res) -> str:
+    """How the history's dependence between consecutive studies was handled, in a few words."""
+    if res.dependence == "prewhitened":
+        text = (f"prewhitened for AR(1) dependence {res.ar_coefficient:.2f} between consecutive studies "
+                f"(estimated from {res.ar_values} studies)")
+    elif res.ar_estimate is None:
+        text = "history too short to estimate the dependence between consecutive studies: scored as independent"
+    else:
+        text = f"consecutive studies look independent (AR(1) estimate {res.ar_estimate:.2f})"
+    if res.too_dependent:
+        text += "; too dependent to judge: the lifetime false-alarm level is not claimed"
+    return text
+
+
 def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Finding]:
     """One history per (stack, determinism level): a change in a study's composition is not a shift."""
     if not study.suite:
@@ -331,7 +345,11 @@ def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Find
                    "horizon": res.horizon, "arl0": res.arl0, "index": res.index,
                    "alarm_index": res.alarm_index, "cusum_upper": res.upper, "cusum_lower": res.lower,
                    "mean_before": res.mean_before, "mean_after": res.mean_after, "std": res.std,
-                   "method": "self-starting CUSUM (Hawkins 1987) with a lifetime false-alarm budget",
+                   "dependence": res.dependence, "ar_coefficient": res.ar_coefficient,
+                   "ar_estimate": res.ar_estimate, "ar_values": res.ar_values, "too_dependent": res.too_dependent,
+                   "method": "self-starting CUSUM (Hawkins 1987) of the studies' AR(1) innovations (estimated "
+                             "dependence, bias-corrected, its upper 90% bound) with a lifetime false-alarm "
+                             "budget",
                    "guarantee": res.guarantee,
                    "since_baseline_study": baseline.study_id if baseline else None}
         if res.statistic is None:
@@ -348,6 +366,7 @@ def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Find
                 f"{res.threshold:.3g} at study {alarm_at}, {len(used)} studies"
                 if at else f"no shift in final {spec.metric} of suite {study.suite!r} ({run_stack}/{det}) over "
                 f"{len(used)} studies (CUSUM {res.statistic:.3g} ≤ {res.threshold:.3g})")
+        text += f"; {_dependence_text(res)}"
         out.append(Finding(rule, spec.metric, group, res.detected, text, numbers,
                            study_id=at.id if at else None, suite_level=True))
     return out

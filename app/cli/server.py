@@ -157,6 +157,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     blowup = table.late_blowup_rows(rng=rng, sims=args.power_sims) if args.power_sims else None
     if blowup:
         print(table.format_blowup_markdown(blowup))
+    shift = table.shift_power_rows(rng=rng, sims=args.power_sims) if args.power_sims else None
+    if shift:
+        print(table.format_shift_power_markdown(shift))
     if args.json:
         doc = table.to_json(rows, sims=args.sims, planted_sims=args.planted_sims or args.sims, seed=args.seed,
                             command=command)
@@ -164,6 +167,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             doc["oob_power_offsets"] = power
         if blowup:
             doc["late_blowup_power"] = blowup
+        if shift:
+            doc["suite_shift_power"] = shift
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=2))
     if args.update_doc:
@@ -176,6 +181,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if blowup:
             text = table.update_doc(text, table.format_blowup_markdown(blowup), start=table.BLOWUP_START,
                                     end=table.BLOWUP_END)
+        if shift:
+            text = table.update_doc(text, table.format_shift_power_markdown(shift), start=table.SHIFT_POWER_START,
+                                    end=table.SHIFT_POWER_END)
         path.write_text(text)
     above = [r for _, _, r in rows if r.kind == "healthy" and table.exceeds_nominal(r)]
     return EXIT_FAIL if above else EXIT_OK
@@ -256,7 +264,8 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=20260101, help="seed of the numpy Generator")
     p.add_argument("--json", metavar="OUT", help="also write the table as JSON to OUT")
     p.add_argument("--power-sims", type=int, default=0,
-                   help="also measure the out-of-band 80%%-power offsets for 5/10/20 seeds (this many sims each)")
+                   help="also measure the out-of-band 80%%-power offsets for 5/10/20 seeds, the late blow-ups and the "
+                   "suite-shift power before/after estimating dependence (this many sims each)")
     p.add_argument("--update-doc", metavar="MD", help="rewrite the table block of this markdown file (docs/calibration.md)")
     p.add_argument("--doc-block", metavar="NAME",
                    help="with --update-doc: rewrite the block between <!-- calibration-table:NAME:start/end --> "

@@ -11,7 +11,8 @@ Each alert kind has a stated false-alarm level (``NOMINAL``) and a short guarant
 * ``band_width`` (std) — ``band_too_wide``: a one-sided chi-square test that the seed std
   exceeds the limit, false alarm ≤ ``alpha`` when the true std is at the limit or below.
 * ``suite_shift`` — ``steady.server.stats.changepoint.sequential_shift``: a self-starting CUSUM with a
-  lifetime false-alarm budget over a horizon of studies, per stack and determinism level.
+  lifetime false-alarm budget over a horizon of studies, per stack and determinism level, on the
+  studies' AR(1) innovations (consecutive studies may be correlated; checked up to AR(1) 0.5).
 * ``determinism_cost`` — fires when the whole 95% CI of the step-time ratio
   (``steady.server.stats.cost.cost_ratio``) lies above ``max_ratio``: the report's budget ``fail``, with
   a false alarm ≤ 2.5% when the true ratio is at the limit (calibrated as ``cost.budget_fail``).
@@ -28,6 +29,7 @@ import numpy as np
 
 from steady.server.stats.align import align_series, check_matrix
 from steady.server.stats.bands import curve_levels
+from steady.server.stats.changepoint import shift_guarantee
 from steady.server.stats.intervals import bonett_std_bounds, std_bounds_from
 from steady.server.stats.quantiles import t_isf
 from steady.server.stats.report import RunData, common_finals
@@ -59,7 +61,7 @@ def guarantee(kind: str, *, alpha: float | None = None, horizon: int | None = No
             return "a limit on the tolerance interval's own width (it has its confidence built in)"
         return f"false alarm ≤ {a:.0%} per study and group when the true std is at the limit"
     if kind == "suite_shift":
-        return f"false alarm ≤ {a:.0%} over {horizon or 100} studies per stack and level"
+        return shift_guarantee(NOMINAL["suite_shift"] if a is None else a, horizon or 100)
     if kind == "diverged":
         return "exact: fires only on a logged NaN or ±Inf"
     if kind == "repeatability_lost":

@@ -7,11 +7,13 @@ of mean.
 Two methods:
 
 * ``sequential_shift`` — what the ``suite_shift`` alert runs after every study: a
-  self-starting CUSUM (Hawkins 1987) on winsorised scores (Lucas & Crosier 1982) whose
-  threshold is set so that the probability of *any* false alarm
-  over the first ``horizon`` evaluations is at most ``alpha`` (for normal study summaries; the
-  run-length distribution comes from the Brook & Evans 1972 Markov chain,
-  ``cusum_run_length``). Re-evaluating after every study does not inflate the error.
+  self-starting CUSUM (Hawkins 1987) on winsorised scores (Lucas & Crosier 1982) of the
+  studies' AR(1) innovations (``prewhitened_scores``: consecutive studies share data, code and
+  machines, so their summaries can be correlated), whose threshold is set so that the
+  probability of *any* false alarm over the first ``horizon`` evaluations is at most ``alpha``
+  (for normal study summaries; the run-length distribution comes from the Brook & Evans 1972
+  Markov chain, ``cusum_run_length``; checked by simulation for AR(1) summaries up to 0.5).
+  Re-evaluating after every study does not inflate the error.
 * ``detect_shift`` — a one-shot permutation test of the maximal CUSUM statistic over a whole
   sequence. Valid for one look; re-run after every study its false alarms accumulate (5% over
   30 looks, 13% over 100 at α = 1%), which is why the alert no longer uses it.
@@ -28,7 +30,8 @@ from scipy import special, stats
 
 __all__ = ["ShiftResult", "detect_shift", "DIRECTIONS", "SequentialShift", "RunLength", "sequential_shift",
            "self_starting_scores", "cusum_run_length", "cusum_threshold", "CUSUM_REFERENCE", "SCORE_CLIP",
-           "EXCLUDE_ABOVE"]
+           "EXCLUDE_ABOVE", "lag1_autocorrelations", "ar1_estimate", "prewhitened_scores", "Whitening",
+           "shift_guarantee", "AR_LAG", "AR_MIN_VALUES", "AR_MARGIN_Z", "AR_TOO_DEPENDENT_Z", "AR_CHECKED_UP_TO"]
 
 # the CUSUM reference value k, in standard deviations: tuned to detect a 1σ shift fastest
 CUSUM_REFERENCE = 0.5
@@ -268,28 +271,144 @@ def self_starting_scores(values, *, exclude_above: float | None = None) -> np.nd
     return u
 
 
-# Consecutive studies share data, code and machines, so their summaries can be correlated; the CUSUM's
-# threshold assumes independent studies, and with AR(1) 0.3 / 0.5 between consecutive study summaries it
-# fires in 17% / 47% of 100-study lifetimes at a 1% budget (docs/calibration.md, stress rows). The alarm
-# says so when the history before its estimated change point looks dependent: lag-1 autocorrelation r₁
-# more than DEPENDENCE_Z/√m above the bias −1/m of independent values (Bartlett 1946; Box, Jenkins &
-# Reinsel 2008, §6.2.2). Withholding such alarms, prewhitening and widening were tried: each lowered the
-# AR(0.5) lifetime rate (to 4–10%) but not to 1%, at a cost in power (docs/calibration.md).
-DEPENDENCE_Z = 1.645
-DEPENDENCE_MIN_VALUES = 8
+# Consecutive studies share data, code and machines, so their summaries can be correlated. Scored as
+# independent values, AR(1) 0.3 / 0.5 between consecutive study summaries made the CUSUM fire in 16.8% /
+# 46.5% of 100-study lifetimes at a 1% budget. So each value is scored *prewhitened*: its innovation
+# x_i − φ·x_{i−1} against the innovations before it (the residual chart of Alwan & Roberts 1988, made
+# self-starting), with φ the bias-corrected lag-1 autocorrelation of the values up to AR_LAG studies before
+# (a shift that just began does not enter the estimate) plus AR_MARGIN_Z standard errors: its upper 90%
+# confidence bound. Above the estimate because under-whitening leaves positively correlated scores, which inflate the CUSUM's false
+# alarms, while over-whitening leaves negatively correlated ones, which lower them (and cost power:
+# docs/calibration.md, "Suite shift"). Until AR_MIN_VALUES values are old enough to estimate φ the values
+# are scored as independent (the reason says so). The lifetime level is checked by simulation for AR(1)
+# coefficients 0, 0.3 and 0.5 (AR_CHECKED_UP_TO); an alarm whose history is more dependent than that with
+# 90% confidence says so and does not claim its level (``too_dependent``).
+AR_LAG = 5
+AR_MIN_VALUES = 5
+AR_MARGIN_Z = 1.2816  # φ̂ + 1.28 se: the upper (one-sided) 90% confidence bound
+AR_TOO_DEPENDENT_Z = 1.2816  # "too dependent" when φ̂ − 1.28 se (the lower 90% bound) exceeds AR_CHECKED_UP_TO
+AR_CHECKED_UP_TO = 0.5
+# above this φ a history is a random walk more than a level: the innovations are not whitened further
+AR_CAP = 0.9
 
 
-def _lag1(v: np.ndarray) -> float | None:
-    """The lag-1 sample autocorrelation, or None with fewer than DEPENDENCE_MIN_VALUES values or no spread."""
-    if v.size < DEPENDENCE_MIN_VALUES:
-        return None
-    d = v - v.mean()
-    den = float(d @ d)
-    return None if den <= 0 else float(d[1:] @ d[:-1]) / den
+def lag1_autocorrelations(values) -> np.ndarray:
+    """The lag-1 sample autocorrelation r₁ of every prefix: element m − 1 is r₁ of ``values[:m]``.
+
+    r₁ = Σ_{t<m−1} (x_t − x̄)(x_{t+1} − x̄) / Σ_t (x_t − x̄)², x̄ the prefix mean (Box, Jenkins & Reinsel
+    2008, §2.1.4; statsmodels' ``acf`` with ``adjusted=False``). NaN for prefixes of fewer than 3 values
+    or with no spread. O(n) through running sums of the values centred on the first one."""
+    x = np.asarray(values, dtype=np.float64)
+    n = x.size
+    out = np.full(n, np.nan)
+    if n < 3:
+        return out
+    c = x - x[0]
+    s1 = np.cumsum(c)
+    s2 = np.cumsum(c * c)
+    p = np.concatenate(([0.0], np.cumsum(c[1:] * c[:-1])))
+    m = np.arange(1, n + 1, dtype=np.float64)
+    mean = s1 / m
+    den = s2 - m * mean * mean
+    # Σ_{t=0}^{m−2} (c_t − c̄)(c_{t+1} − c̄) = P − c̄·(Σ_{0..m−2} c + Σ_{1..m−1} c) + (m − 1)·c̄²; c_0 = 0
+    num = p - mean * ((s1 - c) + s1) + (m - 1) * mean * mean
+    scale = 1e-12 * np.maximum(s2, 1e-300)
+    ok = (m >= 3) & (den > scale)
+    out[ok] = num[ok] / den[ok]
+    return out
 
 
-def _dependence_limit(m: int) -> float:
-    return -1.0 / m + DEPENDENCE_Z / math.sqrt(m)
+def ar1_estimate(r1: float, m: int) -> tuple[float, float]:
+    """(φ̂, its standard error) of an AR(1) coefficient from the lag-1 autocorrelation r₁ of m values.
+
+    r₁ is biased low in short series: E[r₁] ≈ φ − (1 + 3φ)/m when the mean is estimated (Marriott & Pope
+    1954, *Biometrika* 41:390; Kendall 1954), so φ̂ = (m·r₁ + 1)/(m − 3), clipped to [−0.99, 0.99]. Its
+    standard error is m/(m − 3) times Bartlett's 1/√m for r₁ of independent values (Box, Jenkins & Reinsel
+    2008, §6.2.2): √m/(m − 3). Bartlett's √((1 − φ²)/m) is smaller for φ ≠ 0, but r₁ of short dependent
+    series is skewed towards 0: φ̂ + 1.28·√((1 − φ̂²)/m) stays above φ = 0.5 in only 72–85% of series of
+    5–20 values, φ̂ + 1.28·√m/(m − 3) in about 89–90% for φ from 0 to 0.5 at every length from 5
+    (simulated in tests/stats/test_alert_calibration.py). Needs m ≥ 4."""
+    if m < 4:
+        raise ValueError(f"need at least 4 values to estimate an AR(1) coefficient, got {m}")
+    phi = min(max((m * r1 + 1.0) / (m - 3), -0.99), 0.99)
+    return phi, math.sqrt(m) / (m - 3)
+
+
+def _whitening_coefficient(r1: np.ndarray, i: int) -> tuple[float, float | None, int]:
+    """(φ used to score the value at index i, the point estimate or None, values it was estimated from)."""
+    m = i - AR_LAG
+    if m < AR_MIN_VALUES or not np.isfinite(r1[m - 1]):
+        return 0.0, None, max(m, 0)
+    phi, se = ar1_estimate(float(r1[m - 1]), m)
+    return min(max(phi + AR_MARGIN_Z * se, 0.0), AR_CAP), phi, m
+
+
+@dataclass(frozen=True)
+class Whitening:
+    """How the values of a history were scored (``prewhitened_scores``): ``phi[i]`` is the AR(1) coefficient
+    the value at index i was whitened with (0: scored as independent), ``estimate[i]`` the bias-corrected
+    point estimate it came from (NaN: too few values to estimate), ``estimated_from[i]`` its number of values."""
+
+    scores: np.ndarray
+    phi: np.ndarray
+    estimate: np.ndarray
+    estimated_from: np.ndarray
+
+
+def prewhitened_scores(values, *, exclude_above: float | None = EXCLUDE_ABOVE) -> Whitening:
+    """Self-starting scores (``self_starting_scores``) of the AR(1) innovations of a history.
+
+    The value at index i is scored through its innovation e_i = x_i − φ_i·x_{i−1} against the innovations
+    e_j = x_j − φ_i·x_{j−1} of the values before it (j = 1 … i − 1, those not left out), with the same
+    t-to-normal transform: for AR(1) values with coefficient φ_i the innovations are independent with a
+    common mean, so the scores are the self-starting scores of independent values again. φ_i is the
+    bias-corrected AR(1) estimate (``ar1_estimate``) from the values up to index i − 1 − AR_LAG plus
+    AR_MARGIN_Z standard errors, clipped to [0, AR_CAP]; with fewer than AR_MIN_VALUES of them φ_i = 0 and the
+    score is exactly ``self_starting_scores``'. Every φ_i uses only values before i, so the score of a value
+    never changes as the history grows. A value whose |score| exceeds ``exclude_above`` is left out of the
+    running estimates (its value and its innovation). Scores at indices 0 and 1 are NaN.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    n = x.size
+    u = np.full(n, np.nan)
+    phis = np.zeros(n)
+    est = np.full(n, np.nan)
+    used = np.zeros(n, dtype=np.int64)
+    if n < 3:
+        return Whitening(u, phis, est, used)
+    r1 = lag1_autocorrelations(x)
+    c = x - x[0]
+    # running sums over the values kept: of the values (independent scoring) and of the pairs (c_j, c_{j−1})
+    s1, s2, m = c[0] + c[1], c[0] ** 2 + c[1] ** 2, 2
+    sa, sb, saa, sbb, sab, mp = c[1], c[0], c[1] ** 2, c[0] ** 2, c[1] * c[0], 1
+    for i in range(2, n):
+        phi, point, used[i] = _whitening_coefficient(r1, i)
+        phis[i] = phi
+        if point is not None:
+            est[i] = point
+        if phi > 0.0 and mp >= 2:
+            k, mean = mp, (sa - phi * sb) / mp
+            var = max((saa - 2.0 * phi * sab + phi * phi * sbb - mp * mean * mean) / (mp - 1), 0.0)
+            d = c[i] - phi * c[i - 1] - mean
+            size = abs(mean) + abs(c[i]) + abs(c[i - 1]) + abs(x[0])
+        else:
+            k, mean = m, s1 / m
+            var = max((s2 - m * mean * mean) / (m - 1), 0.0)
+            d = c[i] - mean
+            size = abs(mean) + abs(c[i]) + abs(x[0])
+        sd = math.sqrt(var)
+        tiny = 1e-13 * max(size, 1e-300)
+        if sd <= tiny:
+            z = 0.0 if abs(d) <= tiny else math.copysign(40.0, d)
+        else:
+            t = d / sd * math.sqrt(k / (k + 1))
+            z = math.copysign(-float(special.ndtri(special.stdtr(k - 1, -abs(t)))), t)
+        u[i] = min(max(z, -40.0), 40.0)
+        if exclude_above is None or abs(u[i]) <= exclude_above:
+            s1, s2, m = s1 + c[i], s2 + c[i] * c[i], m + 1
+            a, b = c[i], c[i - 1]
+            sa, sb, saa, sbb, sab, mp = sa + a, sb + b, saa + a * a, sbb + b * b, sab + a * b, mp + 1
+    return Whitening(u, phis, est, used)
 
 
 @dataclass(frozen=True)
@@ -318,24 +437,66 @@ class SequentialShift:
     direction: str
     reason: str
     guarantee: str
-    too_dependent: bool = False  # the alarm's history before the change looks dependent: its level is not claimed
+    # dependence between consecutive studies at the alarm (else at the last value): "independent" (scored
+    # as independent values: too few to estimate it), "prewhitened" (scored through AR(1) innovations)
+    dependence: str = "independent"
+    ar_coefficient: float | None = None  # φ the value was whitened with (the upper 90% bound), None if not
+    ar_estimate: float | None = None  # the bias-corrected AR(1) estimate it came from
+    ar_values: int = 0  # the number of values φ was estimated from
+    too_dependent: bool = False  # more dependent than AR_CHECKED_UP_TO with 90% confidence: the level is not claimed
+
+
+def shift_guarantee(alpha: float, horizon: int) -> str:
+    """The one-line guarantee of the suite-shift alert, with the condition it needs."""
+    return (f"false alarm ≤ {alpha:.0%} over {int(horizon)} studies per stack and level, for consecutive studies "
+            f"independent or AR(1)-correlated up to {AR_CHECKED_UP_TO:g}")
+
+
+def _dependence_note(wh: Whitening, at: int, alpha: float) -> tuple[str, str, bool]:
+    """(dependence, the sentence for the reason, too_dependent) for the value at index ``at``."""
+    phi, est, m = float(wh.phi[at]), float(wh.estimate[at]), int(wh.estimated_from[at])
+    if not np.isfinite(est) and at >= AR_LAG + AR_MIN_VALUES:
+        return "independent", "scored as independent studies (dependence not estimated)", False
+    if not np.isfinite(est):
+        need = AR_LAG + AR_MIN_VALUES + 1
+        return ("independent", f"history too short to estimate the dependence between consecutive studies (fewer "
+                f"than {need} values): scored as independent studies", False)
+    low = est - AR_TOO_DEPENDENT_Z * math.sqrt(m) / (m - 3)
+    if phi > 0:
+        note = (f"prewhitened: each study scored through its AR(1) innovation x − {phi:.2f}·x₋₁ (the upper 90% "
+                f"bound of the lag-1 dependence {est:.2f}, bias-corrected, from the {m} studies before the latest "
+                f"{AR_LAG + 1})")
+    else:
+        note = (f"consecutive studies look independent (lag-1 dependence {est:.2f}, bias-corrected, from {m} "
+                "studies): scored as independent")
+    too = low > AR_CHECKED_UP_TO
+    if too:
+        note += (f"; but consecutive studies are more dependent than the level is checked for (AR(1) ≥ {low:.2f} "
+                 f"with 90% confidence; checked up to {AR_CHECKED_UP_TO:g}): the history is too dependent to judge "
+                 f"and the lifetime false-alarm level of {alpha:.0%} is not claimed")
+    return ("prewhitened" if phi > 0 else "independent"), note, too
 
 
 def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_history: int = 6,
-                     direction: str = "both", k: float = CUSUM_REFERENCE) -> SequentialShift:
+                     direction: str = "both", k: float = CUSUM_REFERENCE, prewhiten: bool = True) -> SequentialShift:
     """Self-starting CUSUM for a change of mean in a history re-evaluated after every new value.
 
     ``values`` is 1-D, oldest first, finite (one summary per study of one stack and determinism
-    level). Each value gets the self-starting score U_i of ``self_starting_scores`` (Hawkins
-    1987; values scoring beyond ±4 stay out of the running estimates), winsorised at ±2.5
-    (Lucas & Crosier 1982), into the two-sided tabular CUSUM (Page 1954; Hawkins & Olwell 1998,
-    §7.3) C⁺_i = max(0, C⁺_{i−1} + U_i − k), C⁻_i = max(0, C⁻_{i−1} − U_i − k), one side for
-    ``increase``/``decrease``. The threshold h (``cusum_threshold``) makes the probability of any
-    false alarm within the first ``horizon`` values ≤ ``alpha`` for normal study summaries
-    (Brook–Evans chain of each side, union bound over the sides); ``arl0`` is the in-control
-    average run length. Alarms count only once the history has ``min_history`` values. The
-    answer for a history is the same as for each of its prefixes evaluated in turn (the alarm is
-    latched), so an alert re-evaluated after every study has this lifetime error.
+    level). Each value gets the self-starting score U_i of its AR(1) innovation
+    (``prewhitened_scores``: Hawkins 1987 on the residuals of Alwan & Roberts 1988, φ estimated from the
+    history with a small-sample bias correction, its upper 90% bound; values scoring beyond ±4 stay out
+    of the running estimates), winsorised at ±2.5 (Lucas & Crosier 1982), into the two-sided tabular
+    CUSUM (Page 1954; Hawkins & Olwell 1998, §7.3) C⁺_i = max(0, C⁺_{i−1} + U_i − k),
+    C⁻_i = max(0, C⁻_{i−1} − U_i − k), one side for ``increase``/``decrease``. The threshold h
+    (``cusum_threshold``) makes the probability of any false alarm within the first ``horizon`` values
+    ≤ ``alpha`` for independent normal study summaries (Brook–Evans chain of each side, union bound over
+    the sides); ``arl0`` is their in-control average run length. With the estimated dependence the
+    lifetime level holds, by simulation, for AR(1) study summaries up to AR_CHECKED_UP_TO
+    (docs/calibration.md). Alarms count only once the history has ``min_history`` values. The answer
+    for a history is the same as for each of its prefixes evaluated in turn (the alarm is latched), so
+    an alert re-evaluated after every study has this lifetime error. ``prewhiten=False`` scores the
+    values as independent studies (the rule before dependence was estimated; kept to measure what the
+    estimate costs in power).
     """
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be strictly between 0 and 1, got {alpha!r}")
@@ -354,8 +515,7 @@ def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_his
         raise ValueError("values must be finite")
     sides = 2 if direction == "both" else 1
     h, arl0 = _design(float(alpha), int(horizon), float(k), sides)
-    guarantee = (f"false alarm ≤ {alpha:.0%} over {int(horizon)} studies per stack and level "
-                 f"(in-control ARL ≥ {arl0:.0f} studies)")
+    guarantee = f"{shift_guarantee(alpha, horizon)} (in-control ARL ≥ {arl0:.0f} studies)"
     n = int(x.size)
     std = float(x.std(ddof=1)) if n > 1 else None
     base: dict[str, Any] = dict(threshold=h, alpha=float(alpha), horizon=int(horizon), arl0=float(arl0), n=n, std=std,
@@ -363,7 +523,12 @@ def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_his
     if n < min_history:
         return SequentialShift(False, None, None, None, upper=None, lower=None, mean_before=None, mean_after=None,
                                reason=f"{n} value(s) in the history; need at least {min_history}", **base)
-    w = np.clip(self_starting_scores(x, exclude_above=EXCLUDE_ABOVE), -SCORE_CLIP, SCORE_CLIP)
+    if prewhiten:
+        wh = prewhitened_scores(x, exclude_above=EXCLUDE_ABOVE)
+    else:
+        wh = Whitening(self_starting_scores(x, exclude_above=EXCLUDE_ABOVE), np.zeros(n), np.full(n, np.nan),
+                       np.zeros(n, dtype=np.int64))
+    w = np.clip(wh.scores, -SCORE_CLIP, SCORE_CLIP)
     up = np.zeros(n)
     lo = np.zeros(n)
     cu = cl = 0.0
@@ -379,22 +544,21 @@ def sequential_shift(values, *, alpha: float = 0.01, horizon: int = 100, min_his
         over = np.flatnonzero(c[start:] > h)
         if over.size and (first is None or int(over[0]) + start < first):
             first, side = int(over[0]) + start, c
+    at = n - 1 if first is None else first
+    dependence, note, too = _dependence_note(wh, at, alpha)
+    ar: dict[str, Any] = dict(dependence=dependence, ar_coefficient=float(wh.phi[at]) if wh.phi[at] > 0 else None,
+                              ar_estimate=float(wh.estimate[at]) if np.isfinite(wh.estimate[at]) else None,
+                              ar_values=int(wh.estimated_from[at]), too_dependent=too)
     last = max(float(c[-1]) for c in watched)
     if first is None:
         return SequentialShift(False, None, None, last, upper=float(up[-1]), lower=float(lo[-1]), mean_before=None,
-                               mean_after=None, reason=f"no shift: CUSUM {last:.3g} ≤ h={h:.3g} over {n} values",
-                               **base)
+                               mean_after=None, reason=f"no shift: CUSUM {last:.3g} ≤ h={h:.3g} over {n} values; {note}",
+                               **ar, **base)
     seen = x[:first + 1]
     where = "increase" if side is up else "decrease"
     index = int(np.argmax(_cusum_stats(seen, where))) + 1
     before, after = float(x[:index].mean()), float(x[index:].mean())
     reason = (f"shift: CUSUM {float(side[first]):.3g} > h={h:.3g} at index {first}; mean {before:.4g} over "
-              f"{index} value(s), then {after:.4g} over {n - index} from index {index}")
-    r1 = _lag1(x[:index])
-    dependent = r1 is not None and r1 > _dependence_limit(index)
-    if dependent:
-        reason += (f"; but the history before the change looks dependent (lag-1 correlation {r1:.2f}: consecutive "
-                   f"studies share data, code or machines), where the lifetime false-alarm level of {alpha:.0%} "
-                   "assumes independent studies and is not claimed")
+              f"{index} value(s), then {after:.4g} over {n - index} from index {index}; {note}")
     return SequentialShift(True, index, first, float(side[first]), upper=float(up[-1]), lower=float(lo[-1]),
-                           mean_before=before, mean_after=after, reason=reason, too_dependent=dependent, **base)
+                           mean_before=before, mean_after=after, reason=reason, **ar, **base)

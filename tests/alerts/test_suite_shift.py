@@ -30,6 +30,10 @@ def test_shift_alert_fires_at_the_right_study(make_api, planted):
     d = alert["details"]
     assert d["index"] == 6 and d["statistic"] > d["threshold"] and d["mean_after"] > d["mean_before"]
     assert d["guarantee"].startswith("false alarm ≤ 1% over 100 studies")
+    assert "AR(1)-correlated up to 0.5" in d["guarantee"]
+    # 10 studies are too few to estimate how dependent consecutive studies are: the alert says so
+    assert d["dependence"] == "independent" and d["ar_coefficient"] is None and d["too_dependent"] is False
+    assert "too short to estimate the dependence between consecutive studies" in alert["summary"]
     assert [h["study_id"] for h in d["history"]] == ids
     # accepting the new level: the baseline moves to the first shifted study, the history restarts there
     r = api.client.put("/api/v1/suites/nightly/baseline", headers=api.h(), json={"study_id": ids[6]})

@@ -14,13 +14,19 @@ import pytest
 from scipy import stats
 
 from steady.server.stats.alert_rules import band_check, band_too_wide, baseline_outliers, guarantee
-from steady.server.stats.calibration import exceeds_nominal, measure
+from steady.server.stats.calibration import clopper_pearson, exceeds_nominal, measure
 from steady.server.stats.calibration.rules import all_rules
-from steady.server.stats.calibration.rules_alerts import RULES, suite_history
+from steady.server.stats.calibration.rules_alerts import RULES, SUITE_SHIFT, suite_history
 from steady.server.stats.changepoint import (
+    AR_LAG,
+    AR_MIN_VALUES,
+    EXCLUDE_ABOVE,
     SCORE_CLIP,
+    ar1_estimate,
     cusum_run_length,
     cusum_threshold,
+    lag1_autocorrelations,
+    prewhitened_scores,
     self_starting_scores,
     sequential_shift,
 )
@@ -29,8 +35,10 @@ N_TRIALS = 300
 
 # planted power each rule must reach with N_TRIALS (measured rates are higher; docs table)
 MIN_POWER = {
-    ("alert.suite_shift", "10_back_2sd"): 0.55,
-    ("alert.suite_shift", "5_back_3sd"): 0.45,
+    # prewhitened for dependence between studies: 9% and 17% measured (64% and 54% scored as independent,
+    # docs/calibration.md "Suite shift"); the jump is still found
+    ("alert.suite_shift", "10_back_2sd"): 0.05,
+    ("alert.suite_shift", "5_back_3sd"): 0.1,
     ("alert.suite_shift", "jump_after_6"): 0.85,
     ("alert.out_of_baseline", "10v10_shift_4sd"): 0.5,
     ("alert.out_of_baseline", "10v10_one_run_8sd"): 0.9,
@@ -43,9 +51,15 @@ MIN_POWER = {
 }
 
 
+# the suite-shift rows whose lifetime rate is checked with enough histories to see a doubled rate
+# (test_suite_shift_lifetime_budget_holds_for_correlated_studies), not with N_TRIALS
+DEPENDENT_SIMS = 2000
+DEPENDENT_ROWS = ("lifetime_100", "lifetime_100_ar0.3", "lifetime_100_ar0.5")
+
+
 def _scenarios(kind):
     return [pytest.param(rule, s, id=f"{rule.name}:{s.name}") for rule in RULES for s in rule.scenarios
-            if s.kind == kind]
+            if s.kind == kind and not (rule is SUITE_SHIFT and s.name in DEPENDENT_ROWS)]
 
 
 def test_every_alert_rule_is_registered_with_a_guarantee():
@@ -74,6 +88,44 @@ def test_healthy_false_alarm_rate_within_nominal(rule, scenario):
 def test_planted_power(rule, scenario):
     rate = measure(rule, scenario, n=N_TRIALS, rng=np.random.default_rng([7, zlib.crc32(scenario.name.encode())]))
     assert rate.rate >= MIN_POWER[(rule.name, scenario.name)], rate
+
+
+@pytest.mark.parametrize("name", DEPENDENT_ROWS)
+def test_suite_shift_lifetime_budget_holds_for_correlated_studies(name):
+    """Lifetime false alarms over 100 studies, consecutive study summaries independent or AR(1) 0.3 / 0.5,
+    through ``sequential_shift`` (what the alert service calls): not above 1% beyond simulation error, and
+    the 95% Clopper–Pearson upper bound below 2% (a doubled rate fails this with probability ≥ 0.97:
+    test_the_dependent_rows_check_catches_a_doubled_rate). Scored as independent studies, the AR rows fired
+    in 16.8% / 46.5% of lifetimes."""
+    sc = next(s for s in SUITE_SHIFT.scenarios if s.name == name)
+    assert sc.kind == "healthy"
+    rate = measure(SUITE_SHIFT, sc, n=DEPENDENT_SIMS, rng=np.random.default_rng([26, zlib.crc32(name.encode())]))
+    assert not exceeds_nominal(rate), rate
+    assert rate.high < 2 * SUITE_SHIFT.nominal, rate
+
+
+def test_the_dependent_rows_check_catches_a_doubled_rate():
+    """Exact, over the binomial distribution of the count: the check above passes a rule whose true lifetime
+    rate is 2% with probability < 3%, and one at the 0.3–0.8% measured here nearly always."""
+    n, nominal = DEPENDENT_SIMS, SUITE_SHIFT.nominal
+
+    def passes(p: float) -> float:
+        pmf = stats.binom.pmf(np.arange(n + 1), n, p)
+        return float(sum(pmf[k] for k in range(80) if clopper_pearson(k, n)[1] < 2 * nominal
+                         and stats.binom.sf(k - 1, n, nominal) >= 0.01))
+
+    assert passes(0.02) < 0.03
+    assert passes(0.008) > 0.99
+
+
+def test_suite_shift_power_after_a_longer_history_and_what_prewhitening_costs():
+    """A 3σ shift after 50 in-control studies is found within 10 studies most of the time; scored as
+    independent studies (the former rule) on the same histories it is found more often: the price of
+    holding the level under dependence, published in docs/calibration.md."""
+    from steady.server.stats.calibration.rules_alerts import shift_power
+
+    now, before = shift_power(np.random.default_rng(16), sims=200, n=60, shift_from=50, shift=3.0)
+    assert now / 200 >= 0.6 and before / 200 >= 0.9 and before >= now
 
 
 def test_seed_controls_the_measurement():
@@ -142,8 +194,8 @@ def test_self_starting_score_by_hand():
 
 def test_lifetime_answer_equals_evaluating_every_prefix():
     rng = np.random.default_rng(9)
-    for shift in (0.0, 2.5, 2.5, 4.0):
-        x = suite_history(rng, 25, shift=shift, shift_from=15)
+    for shift, ar in ((0.0, 0.0), (2.5, 0.0), (2.5, 0.5), (4.0, 0.3)):
+        x = suite_history(rng, 25, shift=shift, shift_from=15, ar=ar)
         whole = sequential_shift(x)
         per_prefix = [sequential_shift(x[:j + 1]).detected for j in range(x.size)]
         assert whole.detected == any(per_prefix)
@@ -215,18 +267,95 @@ def test_shift_delays_count_from_the_first_shifted_study():
     assert np.all((d >= 1) & (d <= 5))  # a 30σ jump: found within a few studies, never before it
 
 
-def test_suite_shift_alarm_says_when_the_history_before_it_looks_dependent():
-    """AR(1) 0.6 between consecutive study means, then a jump: the alarm's reason says the history is dependent
-    and the level is not claimed; an independent history's alarm says nothing of the kind."""
-    from steady.server.stats.calibration.rules_alerts import suite_history
-
-    dep = suite_history(np.random.default_rng(5), 60, ar=0.9, shift=25.0, shift_from=55)
+def test_suite_shift_alarm_says_when_the_history_is_too_dependent_to_judge():
+    """AR(1) 0.9 between consecutive study means, then a jump: the alarm comes, and its reason says the history
+    is more dependent than the level is checked for, which is then not claimed; an independent history's
+    alarm says nothing of the kind."""
+    dep = suite_history(np.random.default_rng(5), 120, ar=0.9, shift=25.0, shift_from=115)
     r = sequential_shift(dep, alpha=0.01, horizon=100)
-    assert r.detected and r.too_dependent
-    assert "looks dependent (lag-1 correlation" in r.reason and "is not claimed" in r.reason
+    assert r.detected and r.alarm_index >= 115 and r.too_dependent
+    assert r.dependence == "prewhitened" and r.ar_estimate > 0.8 and r.ar_coefficient == pytest.approx(0.9)
+    assert "too dependent to judge" in r.reason and "is not claimed" in r.reason
     ind = suite_history(np.random.default_rng(5), 60, shift=25.0, shift_from=55)
     r = sequential_shift(ind, alpha=0.01, horizon=100)
-    assert r.detected and not r.too_dependent and "dependent" not in r.reason
+    assert r.detected and not r.too_dependent and "too dependent" not in r.reason and "not claimed" not in r.reason
     x = suite_history(np.random.default_rng(6), 4000, ar=0.5)
     assert np.corrcoef(x[:-1], x[1:])[0, 1] == pytest.approx(0.5, abs=0.05)
+
+
+def test_suite_shift_reason_says_how_dependence_was_handled():
+    """Up to AR_LAG + AR_MIN_VALUES values the history is too short to estimate the dependence: the values
+    are scored as independent, and the reason says so; from then on they are prewhitened, and it says with
+    which coefficient."""
+    rng = np.random.default_rng(12)
+    short = sequential_shift(suite_history(rng, AR_LAG + AR_MIN_VALUES, shift=20.0, shift_from=6))
+    assert short.dependence == "independent" and short.ar_coefficient is None
+    assert "too short to estimate the dependence" in short.reason and short.ar_estimate is None
+    long = sequential_shift(suite_history(rng, 40, ar=0.5))
+    assert long.dependence == "prewhitened" and long.ar_coefficient > 0 and long.ar_values == 40 - 1 - AR_LAG
+    assert f"x − {long.ar_coefficient:.2f}·x₋₁" in long.reason and "bias-corrected" in long.reason
+    before = sequential_shift(suite_history(rng, 40, ar=0.5), prewhiten=False)
+    assert before.dependence == "independent" and before.ar_coefficient is None
+
+
+# ---------------------------------------------------------------- dependence between consecutive studies
+
+
+def _ar1(rng: np.random.Generator, rows: int, n: int, phi: float) -> np.ndarray:
+    """Stationary AR(1) rows with unit variance (the first value drawn from the stationary law)."""
+    from scipy.signal import lfilter
+
+    e = rng.standard_normal((rows, n))
+    e[:, 0] /= np.sqrt(1 - phi * phi)
+    return lfilter([np.sqrt(1 - phi * phi)], [1.0, -phi], e, axis=1)
+
+
+def test_lag1_autocorrelations_match_statsmodels():
+    from statsmodels.regression.linear_model import yule_walker
+    from statsmodels.tsa.stattools import acf
+
+    x = 3.0 + _ar1(np.random.default_rng(13), 1, 60, 0.4)[0]
+    r = lag1_autocorrelations(x)
+    assert np.isnan(r[:2]).all()
+    for m in (3, 4, 10, 25, 60):
+        assert r[m - 1] == pytest.approx(acf(x[:m], nlags=1, adjusted=False, fft=False)[1], abs=1e-12)
+        rho, _ = yule_walker(x[:m], order=1, method="mle", result_object=False)
+        assert r[m - 1] == pytest.approx(rho[0], abs=1e-12)
+    assert np.isnan(lag1_autocorrelations(np.full(8, 2.0))[-1])
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.3, 0.5])
+def test_ar1_estimate_is_nearly_unbiased_and_its_bound_covers(phi):
+    """r₁ of short series is biased low by about (1 + 3φ)/m (Marriott & Pope 1954); the corrected estimate
+    removes most of it (all but 0.05 from 20 values on), and φ̂ + 1.28 se stays above φ in ≥ 88% of series."""
+    x = _ar1(np.random.default_rng([14, int(phi * 10)]), 8000, 40, phi)
+    for m in (5, 10, 20, 40):
+        r1 = np.array([lag1_autocorrelations(row[:m])[-1] for row in x])
+        est = np.array([ar1_estimate(r, m) for r in r1])
+        if m >= 10:
+            assert r1.mean() < phi - 0.6 * (1 + 3 * phi) / m
+            assert abs(est[:, 0].mean() - phi) < 0.5 * abs(r1.mean() - phi), (m, est[:, 0].mean())
+        if m >= 20:
+            assert abs(est[:, 0].mean() - phi) < 0.05, (m, est[:, 0].mean())
+        assert np.mean(est[:, 0] + 1.2816 * est[:, 1] >= phi) >= 0.88, m
+    with pytest.raises(ValueError):
+        ar1_estimate(0.1, 3)
+
+
+def test_prewhitened_scores_remove_the_dependence():
+    """AR(1) 0.5 histories: the self-starting scores of the values are correlated (lag 1 ≈ 0.4), those of the
+    innovations are not (≤ 0, the estimate being slightly above φ); with too few values to estimate the
+    dependence the scores are exactly the independent ones."""
+    x = 1.0 + 0.1 * _ar1(np.random.default_rng(15), 400, 60, 0.5)
+    plain = np.array([self_starting_scores(row, exclude_above=EXCLUDE_ABOVE)[20:] for row in x])
+    white = np.array([prewhitened_scores(row).scores[20:] for row in x])
+
+    def lag1(u):
+        return float(np.mean([np.corrcoef(r[:-1], r[1:])[0, 1] for r in u]))
+
+    assert lag1(plain) > 0.25 and lag1(white) < 0.05
+    short = x[0, :AR_LAG + AR_MIN_VALUES]
+    np.testing.assert_array_equal(prewhitened_scores(short).scores, self_starting_scores(short, exclude_above=4.0))
+    w = prewhitened_scores(x[0])
+    assert np.all(w.phi[:AR_LAG + AR_MIN_VALUES] == 0) and np.all(w.phi[AR_LAG + AR_MIN_VALUES:] > 0)
 
