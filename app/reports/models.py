@@ -267,10 +267,12 @@ class ArmDifference(Part):
 
 class Caveat(Part):
     """Something the verdicts rest on that a reader should know, e.g. a run whose capture met a second,
-    different value for a step (``capture_conflicts``: the first value was judged, the second not stored)."""
+    different value for a step (``capture_conflicts``: the first value was judged, the second not stored), or
+    a sources study's arm that pins every seed the code reads (``pinned_arm``: no seed stability judged there)."""
 
-    kind: Literal["capture_conflicts"]
+    kind: Literal["capture_conflicts", "pinned_arm"]
     run_id: int | None = None
+    stack: str | None = None
     message: str
 
 

@@ -25,7 +25,7 @@ from steady.server.reports import localizations, repository
 from steady.server.reports.models import Caveat, Report
 from steady.server.reports.outcome import judge
 from steady.server.reports.resume import resume_section
-from steady.server.reports.sources import sources_section
+from steady.server.reports.sources import exposed_sources, sources_section
 from steady.server.runs import repository as runs_repo
 from steady.server.runs.conflicts import conflict_phrase, conflict_summary
 from steady.server.stats.convergence import (
@@ -52,6 +52,7 @@ from steady.server.studies import repository as studies_repo
 from steady.server.studies.arms import arm_differences, differences, effective_arms
 from steady.server.kit.wire import NONFINITE_SPELLING
 from steady.worker.contract.protocol import STEP_TIME_KEYS
+from steady.worker.contract.sources import SOURCES, SourcesError, varied_sources
 
 
 def metric_specs(study: Study) -> list[MetricSpec]:
@@ -67,19 +68,47 @@ def metric_specs(study: Study) -> list[MetricSpec]:
     ]
 
 
-def seed_route(study: Study) -> SeedRoute:
+# per-source seeds a command may read instead of {seed}: each follows the run's seed (in a sources study,
+# where its arm varies it); {ulp_seed} is not a seed (-1 unless a ulp arm moves a weight)
+_SOURCE_SEEDS = frozenset(f"{s}_seed" for s in SOURCES if s != "ulp")
+
+
+def seed_route(study: Study, runs: Sequence[Run] = ()) -> SeedRoute:
     """How the study's code receives Steady's seed: an entrypoint gets ``ctx.seed`` at every level, a
-    command where an argument holds the ``{seed}`` placeholder, an external study's code is the one
-    that labelled its runs with their seeds; a built-in is Steady's own code."""
+    command where an argument holds the ``{seed}`` placeholder or a per-source seed (``{init_seed}`` …),
+    an external study's code is the one that labelled its runs with their seeds; a built-in is Steady's
+    own code. With the arms of a sources study that pin every per-source seed the code reads
+    (``pinned_arms``; ``runs`` tell which an entrypoint reads)."""
     if study.kind == "external":
         return SeedRoute("external", receives_seed=True)
     workload = study.spec.get("workload") or {}
+    pinned = pinned_arms(study.spec, runs)
     if workload.get("entrypoint"):
-        return SeedRoute("entrypoint", receives_seed=True)
+        return SeedRoute("entrypoint", receives_seed=True, pinned=pinned)
     if workload.get("command"):
         fields = {f for arg in workload["command"] for _, f, _, _ in string.Formatter().parse(arg)}
-        return SeedRoute("command", receives_seed="seed" in fields)
-    return BUILTIN
+        return SeedRoute("command", receives_seed="seed" in fields or bool(fields & _SOURCE_SEEDS), pinned=pinned)
+    return SeedRoute("builtin", pinned=pinned) if pinned else BUILTIN
+
+
+def pinned_arms(spec: dict[str, Any], runs: Sequence[Run] = ()) -> frozenset[str]:
+    """The arms whose runs all get the same value of every per-source seed the code reads: a sources
+    study's ``none`` arm, and an arm that varies only sources the code never reads (its ``{x_seed}``
+    placeholder is absent, or the entrypoint never asked ``ctx.seed_for`` for it). Empty when the code
+    reads no per-source seed (its seeds then all follow the run's seed)."""
+    exposed = {s for s, read in exposed_sources(spec, runs).items() if read}
+    if not exposed:
+        return frozenset()
+    base = (spec.get("workload") or {}).get("params") or {}
+    out = set()
+    for arm in spec.get("arms") or []:
+        try:
+            varied = varied_sources({**base, **(arm.get("params") or {})})
+        except SourcesError:
+            continue
+        if varied is not None and not varied & exposed:
+            out.add(arm["name"])
+    return frozenset(out)
 
 
 def completed_runs(session: Session, study_id: int) -> list[Run]:
@@ -241,6 +270,7 @@ def compute_report(session: Session, study_id: int) -> Report:
     if spec.get("convergence") and spec["convergence"]["metric"] not in keys:
         keys.append(spec["convergence"]["metric"])
     data = run_data(session, runs, keys)
+    route = seed_route(study, runs)
     built = build_report(
         data,
         specs,
@@ -250,7 +280,7 @@ def compute_report(session: Session, study_id: int) -> Report:
         rng=_rng(study_id),
         cost_budget=spec.get("cost_budget"),
         stages=adaptive.seed_stages(session, study),
-        route=seed_route(study),
+        route=route,
     )
     convergence = convergence_section(session, data, spec["convergence"]) if spec.get("convergence") else None
     sources = sources_section(spec, runs, data, [m.name for m in specs])
@@ -271,11 +301,23 @@ def compute_report(session: Session, study_id: int) -> Report:
     _name_arm_differences(report, spec)
     localizations.attach(report, study)
     report.sources = sources
-    report.caveats = capture_caveats(runs)
+    report.caveats = pinned_caveats(report, route) + capture_caveats(runs)
     report.resume = resume_section(runs, specs[0].name if specs else None)
     if report.resume:
         report.outcome = judge(report)  # the resume checks count in the study's outcome
     return report
+
+
+def pinned_caveats(report: Report, route: SeedRoute) -> list[Caveat]:
+    """One caveat per pinned arm (``pinned_arms``) whose runs of different seeds were bitwise identical, so
+    the report judged no seed stability there (``steady.server.stats.report_levels``)."""
+    judged = {v.group.stack for v in report.of_level("seed_stability")}
+    ran = {v.group.stack for v in report.of_level("repeatability")}
+    return [Caveat(kind="pinned_arm", stack=arm,
+                   message=f"arm {arm}: every seed the code reads is pinned in this arm, and its runs of different "
+                           "seeds are bitwise identical, as pinning makes them: they are repeats by design, so seed "
+                           "stability is not judged in it (the arms that vary a source judge it)")
+            for arm in sorted(route.pinned & (ran - judged))]
 
 
 def capture_caveats(runs: Sequence[Run]) -> list[Caveat]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -76,7 +77,24 @@ class SeriesIn(_Spec):
     def _same_length(self) -> SeriesIn:
         if len(self.steps) != len(self.values):
             raise ValueError(f"steps has {len(self.steps)} items but values has {len(self.values)}")
+        repeated = _repeated_step(self.steps, self.values)
+        if repeated is not None:
+            step, first, second = repeated
+            raise ValueError(f"step {step} is given twice, with {first!r} and then {second!r}: one value per step "
+                             "(a second, different value is never silently dropped; the same value twice is fine)")
         return self
+
+
+def _repeated_step(steps: list[int], values: list[float]) -> tuple[int, float, float] | None:
+    """The first step given twice with two different values (NaN is NaN), as (step, first, second)."""
+    if all(a < b for a, b in zip(steps, steps[1:])):
+        return None
+    first: dict[int, float] = {}
+    for step, value in zip(steps, values):
+        kept = first.setdefault(step, value)
+        if not (kept == value or (math.isnan(kept) and math.isnan(value))):
+            return step, kept, value
+    return None
 
 
 class ExternalRunIn(_Spec):

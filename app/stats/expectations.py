@@ -63,14 +63,21 @@ class SeedRoute:
     """Who runs a study's code and whether it receives Steady's seed itself.
 
     ``receives_seed``: the code is handed the seed at every level, ``none`` included (an entrypoint's
-    ``ctx.seed``; a command whose argv has ``{seed}``). A built-in draws from fresh entropy at ``none``."""
+    ``ctx.seed``; a command whose argv has ``{seed}`` or a per-source seed such as ``{init_seed}``). A
+    built-in draws from fresh entropy at ``none``. ``pinned``: see ``reaches``."""
 
     kind: CodeKind = "builtin"
     receives_seed: bool = False
+    pinned: frozenset = frozenset()  # arms (stacks) that give every run the same value of each seed the code reads
 
-    def reaches(self, determinism: str) -> bool:
-        """Does the seed reach the code at this level? Steady seeds the global generators at ``seeded``
-        and ``strict``; at ``none`` only code that receives the seed itself gets it."""
+    def reaches(self, determinism: str, stack: str | None = None) -> bool:
+        """Does the seed reach the code at this level (in this arm)? Steady seeds the global generators at
+        ``seeded`` and ``strict``; at ``none`` only code that receives the seed itself gets it. In a sources
+        study an arm that pins every per-source seed the code reads (``pinned``: the ``none`` arm, or an arm
+        varying only sources the code never reads) hands each run the same seeds by design: there the run's
+        seed is only a label, whatever the level."""
+        if stack is not None and stack in self.pinned:
+            return False
         return determinism != "none" or self.receives_seed
 
     @property
@@ -100,7 +107,7 @@ class Expectation:
 
 def repeatability_expectation(determinism: str, verdict: str, *, source: str | None = None,
                               seeds_identical: bool | None = None, deltas_finite: bool = True,
-                              route: SeedRoute = BUILTIN) -> Expectation:
+                              route: SeedRoute = BUILTIN, stack: str | None = None) -> Expectation:
     """Judge one repeatability verdict (``identical`` / ``within_tolerance`` / ``out_of_tolerance``
     / ``inconclusive``) against the expectation of its determinism level for code reached by ``route``.
 
@@ -108,9 +115,10 @@ def repeatability_expectation(determinism: str, verdict: str, *, source: str | N
     reduction order, threads); ``deltas_finite`` is False when a repeat turned non-finite where
     its reference did not; ``seeds_identical`` is True when runs of two or more different
     seeds are bitwise identical (None when fewer than two seeds were compared): noted as
-    suspicious where the seed reached the code, never a reason to miss the expectation of repeats."""
+    suspicious where the seed reached the code (in the group's arm ``stack``: ``SeedRoute.reaches``),
+    never a reason to miss the expectation of repeats."""
     exp = expected(determinism, route)
-    suspicious = (SEEDS_IDENTICAL,) if seeds_identical and route.reaches(determinism) else ()
+    suspicious = (SEEDS_IDENTICAL,) if seeds_identical and route.reaches(determinism, stack) else ()
     if verdict == "inconclusive":
         met, phrase = None, "not enough repeats to tell"
     elif determinism == "none" and route.user_code:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from steady.server.stats.expectations import Expectation
+from steady.server.stats.seed_stability import MIN_SEEDS
 
 __all__ = ["repeatability_line", "seed_line", "portability_line", "times"]
 
@@ -60,6 +61,14 @@ def seed_line(verdict: str, spread: Any, *, n_seeds: int, sequential: Any = None
     likely = "likely stable" if s < limit else "likely unstable"
     if sequential is not None and not sequential.final:
         return f"{likely}: std {s:.3g} is {ratio} the limit {limit:g}; the next stage adds seeds to confirm"
+    bounds = spread.std_bounds
+    if spread.n < MIN_SEEDS and spread.decision_bounds is None and bounds is not None and (
+            bounds.upper < limit if s < limit else bounds.lower > limit):
+        # only the minimum holds the verdict back: the normal-theory bound over these seeds already clears the
+        # limit, so the plan's seeds (for a true std near the limit, in the reason) are not what to do first
+        k = MIN_SEEDS - spread.n
+        return (f"{likely}: std {s:.3g} is {ratio} the limit {limit:g}; run at least {k} more seed{'s' if k > 1 else ''}"
+                f" (a verdict needs {MIN_SEEDS})")
     return f"{likely}: std {s:.3g} is {ratio} the limit {limit:g}; {_more(spread.n_needed, spread.n)}"
 
 

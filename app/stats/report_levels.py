@@ -71,7 +71,7 @@ def _repeatability_verdicts(groups, spec: MetricSpec, *, route: SeedRoute = BUIL
         seeds_identical = _all_identical(firsts, spec.name) if len(firsts) >= 2 else None
         exp = expectations.repeatability_expectation(
             det, verdict, source=conclusive[worst_seed][1].source if worst_seed is not None else None,
-            seeds_identical=seeds_identical, route=route,
+            seeds_identical=seeds_identical, route=route, stack=stack,
             deltas_finite=all(np.isfinite(res.max_abs_delta) for _, res in conclusive.values()))
         numbers = {}
         if worst_seed is not None:
@@ -173,6 +173,17 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
             reason = (_sequential_reason(sequential, stages, alpha)
                       + f"; for reference, the fixed-sample rule on all {spread.n} seeds: {spread.reason}")
         without_effect = len(chosen) >= 2 and _all_identical(chosen, spec.name)
+        if without_effect and stack in route.pinned:
+            # a sources study's arm that pins every seed the code reads: its runs are repeats by design,
+            # not evidence about the seed; seed stability is judged in the arms that vary a source
+            if bands is not None:
+                ids = [int(r.run_id) for r in chosen]
+                bands.append(GroupBand(group={"determinism": det, "stack": stack}, metric=spec.name,
+                                       run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if not d),
+                                       excluded_run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if d),
+                                       one_run_per_seed=len(chosen) < len(_with_metric(group_runs, spec.name)),
+                                       downsampled=False, band=band))
+            continue
         if without_effect:
             verdict, reason, sequential = _seeds_without_effect(len(chosen), det, route)
         if fin.step is not None:

@@ -42,6 +42,17 @@ def test_std_above_the_limit_with_too_few_seeds_reads_plainly():
     assert "~61 seeds" in v.reason and "straddle" in v.reason  # the statistics stay below it
 
 
+def test_too_few_seeds_far_from_the_limit_say_the_minimum_not_the_plan():
+    # 4 seeds, std 4% of the limit: the bound already clears it; only the 5-seed minimum holds the verdict back
+    (v,) = _report(1.0 + np.array([0.0, 0.001, -0.001, 0.0005])).of_level("seed_stability")
+    assert v.verdict == "inconclusive" and "only 4 seeds (minimum 5)" in v.reason
+    assert v.summary.startswith("likely stable: std 0.000854 is 0.043× the limit 0.02")
+    assert v.summary.endswith("; run at least 1 more seed (a verdict needs 5)"), v.summary
+    # near the limit the plan's seeds remain the advice
+    (near,) = _report(1.0 + np.array([0.0, 0.02, -0.02, 0.01])).of_level("seed_stability")
+    assert near.verdict == "inconclusive" and near.summary.endswith("more seeds to confirm"), near.summary
+
+
 def test_the_alert_quotes_the_reports_lower_bound():
     report = _report(FINALS)
     (v,) = report.of_level("seed_stability")

@@ -56,6 +56,9 @@ def test_own_script_gets_a_sources_table_and_its_exports(live_server, tmp_path, 
     finally:
         worker.stop()
     sid = re.search(r"submitted study (\d+)", submit.stdout + submit.stderr).group(1)
+    # the none arm pins every seed and the script never reads {dropout_seed}: identical runs of different seeds
+    # there are repeats by design, never "the seed has no effect"; no check fails (one seed per run: inconclusive)
+    assert submit.returncode == 0 and "no effect" not in submit.stderr, (submit.stderr, worker.log())
     logdir = tmp_path / "tb"
     report = run_cli_in_process("report", sid, "--tensorboard", str(logdir), "--mlflow", f"{live_server.url}/mlflow",
                                 "--mlflow-experiment", "where-from-summary", env=env, cwd=folder)
@@ -65,6 +68,7 @@ def test_own_script_gets_a_sources_table_and_its_exports(live_server, tmp_path, 
     assert re.search(r"dropout / augmentation\s+\d+\s+not varied\s+the code never reads", out), out
     assert re.search(r"initial weights\s+5\s+\S+\s+\[", out) and re.search(r"data order\s+5\s+\S+\s+\[", out), out
     assert re.search(r"all sources\s+5\s+", out), out
+    assert "arm dropout: every seed the code reads is pinned in this arm" in out and "arm none: every seed" in out, out
 
     from steady.server.reports.models import Report
 
@@ -75,6 +79,8 @@ def test_own_script_gets_a_sources_table_and_its_exports(live_server, tmp_path, 
     assert rows["dropout"].status == "not_varied" and rows["dropout"].sd is None
     assert rows["init"].status == "measured" and rows["init"].sd > 0 and rows["init"].vs_all is not None
     assert rows["data"].sd > 0 and table.all_sources.sd > 0
+    assert {v.group.stack for v in body.of_level("seed_stability")} == {"init", "data", "all"}
+    assert body.outcome.status == "inconclusive" and [c.stack for c in body.caveats] == ["dropout", "none"]
 
     # TensorBoard, read back with its own reader: the band's margin chart names what the band is and N
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -1,7 +1,8 @@
 """User scripts as people publish them, submitted with ``steady submit`` from their own git folders and run
-by a worker: what each gets captured, and where a value logged twice shows (``steady logs``, ``steady
-report``, the run page, the study page). One worker runs the three studies at once; the Keras script is
-the one real training.
+by a worker: what each gets captured, where a value logged twice shows (``steady logs``, ``steady
+report``, the run page, the study page), and the verdict a script that ignores its seed gets (a hard-coded
+``random.seed(1)``, a loop that draws nothing random: ``seed_has_no_effect``, a failure). One worker runs the
+three studies at once; the Keras script is the one real training.
 """
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ TQDM_SCRIPT = """
 """
 
 
-def _project(root: Path, script: str, workload: str) -> Path:
+def _project(root: Path, script: str, workload: str, seeds: str = "[1]") -> Path:
     root.mkdir(parents=True)
     (root / "train.py").write_text(textwrap.dedent(script).lstrip())
     (root / "study.yaml").write_text(textwrap.dedent(f"""
         name: {root.name}
         workload: {workload}
-        seeds: [1]
+        seeds: {seeds}
         repeats: 1
         determinism: [seeded]
         threads: 1
@@ -73,11 +74,15 @@ def test_published_script_shapes_are_captured_and_a_repeated_key_is_shown(live_s
     def steady(*args: str, cwd: Path = tmp_path):
         return run_cli_in_process(*args, env=env, cwd=cwd)
 
+    # the eval-line script seeds itself with a hard-coded seed and the tqdm loop draws nothing random: two
+    # seeds each, whose identical runs are the evidence that the seed has no effect (a failure, not "stable")
     projects = {
-        "eval-line": _project(tmp_path / "eval-line", EVAL_SCRIPT, '{framework: python, command: ["python", "train.py"]}'),
+        "eval-line": _project(tmp_path / "eval-line", EVAL_SCRIPT, '{framework: python, command: ["python", "train.py"]}',
+                              seeds="[1, 2]"),
         "keras": _project(tmp_path / "keras", KERAS_SCRIPT,
                           '{framework: tensorflow, command: ["python", "train.py"], capture: {preset: keras}}'),
-        "tqdm": _project(tmp_path / "tqdm", TQDM_SCRIPT, '{framework: python, command: ["python", "train.py"]}'),
+        "tqdm": _project(tmp_path / "tqdm", TQDM_SCRIPT, '{framework: python, command: ["python", "train.py"]}',
+                         seeds="[1, 2]"),
     }
     bad = _project(tmp_path / "bad", TQDM_SCRIPT, '{framework: python, command: ["python", "train.py"], '
                    'capture: {preset: fastai}}')
@@ -93,8 +98,8 @@ def test_published_script_shapes_are_captured_and_a_repeated_key_is_shown(live_s
     for name, sid in studies.items():
         wait_for(lambda sid=sid: {r["status"] for r in runs(http, sid)} <= {"completed", "failed"}, 240,
                  f"{name} study {sid}\n{w.log()}")
-    (run,) = runs(http, studies["eval-line"])
-    assert run["status"] == "completed", run
+    run, other = sorted(runs(http, studies["eval-line"]), key=lambda r: r["seed"])
+    assert run["status"] == other["status"] == "completed", (run, other)
     steps, values = series(http, run["id"], "loss")
     assert steps == list(range(10, 1001, 10))
     conflicts = run["metric_conflicts"]
@@ -107,6 +112,9 @@ def test_published_script_shapes_are_captured_and_a_repeated_key_is_shown(live_s
     assert f"loss at step 500: kept {conflicts['first'][0]['kept']['value']!r}" in logs.stdout, logs.stdout
     report = steady("report", str(studies["eval-line"]))
     assert "Caveats" in report.stdout and f"run {run['id']}: 2 values were logged" in report.stdout, report.stdout
+    # random.seed(1) in the script: runs of seeds 1 and 2 are bitwise identical, and every gate fails on it
+    assert report.returncode == 1 and "outcome: FAILED: loss seeded/default: the seed has no effect" in report.stdout
+    assert "hard-coded seed" in report.stdout, report.stdout
     page = http.get(f"/runs/{run['id']}")
     assert page.status_code == 200 and "Capture conflicts" in page.text and "loss at step 1000" in page.text
     page = http.get(f"/studies/{studies['eval-line']}")
@@ -119,8 +127,10 @@ def test_published_script_shapes_are_captured_and_a_repeated_key_is_shown(live_s
     assert steps == [1, 2] and run["metric_conflicts"] is None
     assert series(http, run["id"], "accuracy")[0] == [1, 2]
 
-    (run,) = runs(http, studies["tqdm"])
+    run, _ = sorted(runs(http, studies["tqdm"]), key=lambda r: r["seed"])
     assert run["status"] == "completed", run
+    judged = steady("check", str(studies["tqdm"]))  # a loop that draws nothing random: the seed has no effect
+    assert judged.returncode == 1 and "the seed has no effect" in judged.stdout, judged.stdout
     steps, values = series(http, run["id"], "loss")
     assert steps == list(range(21)) and run["metric_conflicts"] is None  # 20 iterations and the bar's close
     w_ = [4.0 * 0.8 ** (i + 1) for i in range(20)]
