@@ -82,7 +82,10 @@ def test_a_sources_study_grows_only_its_undecided_arms(api):
     assert "NOT the full variance at stage 1 (10 + 10 runs)" in text
     assert "init vs all: n=10+10" in render_report(report)
     page = api.get(f"/studies/{sid}")
-    assert page.status_code == 200 and "SD ratio" in page.text
+    assert page.status_code == 200 and "SD ratio" in page.text  # the stages table
+    # the study page's sources table: a row per source, the verdict and where the stages stopped
+    assert 'data-sources="val_loss"' in page.text and 'data-source="all"' in page.text
+    assert "not equivalent, wholly outside ×2 at stage 1 with 10 + 10 runs" in page.text
 
 
 def test_a_sources_study_may_carry_a_budget_without_max_std_or_margin(api):

@@ -73,6 +73,19 @@ def _cross_entropy(logits: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray
     return loss, e / s
 
 
+def loss_and_grads(params: dict[str, np.ndarray], xb: np.ndarray, yb: np.ndarray,
+                   mask: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+    """Mean cross-entropy of ``relu(x W1ᵀ + b1) · mask`` through ``W2``, and its gradient by hand."""
+    pre = xb @ params["w1"].T + params["b1"]
+    h = np.maximum(pre, 0) * mask
+    loss, prob = _cross_entropy(h @ params["w2"].T + params["b2"], yb)
+    d_logits = prob
+    d_logits[np.arange(len(yb)), yb] -= 1.0
+    d_logits /= np.float32(len(yb))
+    d_h = (d_logits @ params["w2"]) * mask * (pre > 0)
+    return loss, {"w2": d_logits.T @ h, "b2": d_logits.sum(axis=0), "w1": d_h.T @ xb, "b1": d_h.sum(axis=0)}
+
+
 def run(ctx: sdk.RunContext) -> dict[str, Any]:
     split = digits_split(ctx.param("split_seed", 0))
     hidden, p_drop, noise = ctx.param("hidden", 64), ctx.param("dropout", 0.2), ctx.param("noise", 0.05)
@@ -108,14 +121,7 @@ def run(ctx: sdk.RunContext) -> dict[str, Any]:
             mask = (g_drop.random((len(idx), hidden), dtype=np.float32) >= p_drop) * keep
             within = g_num.permutation(len(idx))
             xb, yb, mask = xb[within], yb[within], mask[within]
-            pre = xb @ params["w1"].T + params["b1"]
-            h = np.maximum(pre, 0) * mask
-            loss, prob = _cross_entropy(h @ params["w2"].T + params["b2"], yb)
-            d_logits = prob
-            d_logits[np.arange(len(yb)), yb] -= 1.0
-            d_logits /= np.float32(len(yb))
-            d_h = (d_logits @ params["w2"]) * mask * (pre > 0)
-            grads = {"w2": d_logits.T @ h, "b2": d_logits.sum(axis=0), "w1": d_h.T @ xb, "b1": d_h.sum(axis=0)}
+            loss, grads = loss_and_grads(params, xb, yb, mask)
             for name in PARAM_NAMES:
                 m = momentum[name]
                 m *= mu32
