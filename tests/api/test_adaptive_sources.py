@@ -13,6 +13,7 @@ from steady.server.reports.models import Report
 from steady.server.stats.sequential import stage_sizes
 from steady.server.stats.sequential_sources import sequential_sd_ratio_tost
 from tests.api.helpers import batch, lease, register, result
+from tests.conftest import SQLITE_ONLY
 
 SD = {"none": 0.0, "init": 1.0, "data": 0.02, "all": 1.0}  # data order adds (almost) nothing here
 
@@ -88,6 +89,7 @@ def test_a_sources_study_grows_only_its_undecided_arms(api):
     assert "not equivalent, wholly outside ×2 at stage 1 with 10 + 10 runs" in page.text
 
 
+@SQLITE_ONLY  # pydantic validation: the same on both backends
 def test_a_sources_study_may_carry_a_budget_without_max_std_or_margin(api):
     assert api.post("/api/v1/studies", json=_spec(max_seeds=30)).status_code in (200, 201)
     bare = _spec(max_seeds=30)
@@ -96,6 +98,7 @@ def test_a_sources_study_may_carry_a_budget_without_max_std_or_margin(api):
     assert r.status_code == 422 and "no verdict can become conclusive" in r.text
 
 
+@SQLITE_ONLY  # the seeds a stage adds are chosen in Python; leasing is covered on both above
 def test_a_repeated_study_on_fresh_seeds_grows_into_fresh_seeds(api):
     """The next stage's seeds follow the spec's own (a study from seed 1000 does not reuse seeds 0…)."""
     spec = _spec(max_seeds=20, stage_seeds=10)
