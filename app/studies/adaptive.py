@@ -28,7 +28,9 @@ class Report(Protocol):
     """What stage judging reads of a study's report (``steady.server.reports.models.Report``, a layer above
     the studies domain, so named here by its shape)."""
 
-    sources: Sequence[Any] | None  # a sources study's tables (``steady.server.reports.sources.SourcesTableOut``)
+    @property
+    def sources(self) -> Sequence[Any] | None:  # a sources study's tables (``reports.sources.SourcesTableOut``)
+        ...
 
     def of_level(self, level: Literal["seed_stability", "stack_portability"],
                  metric: str | None = None) -> Sequence[Any]: ...

@@ -116,12 +116,13 @@ def test_the_sources_demo_spec_is_a_full_grid_and_a_repeat_draws_fresh_seeds():
     for spec in (first, again):  # every (init, data) cell of the 8 × 8 grid once
         cells = {(s // 8, s % 8) for s in spec.seeds}
         assert len(cells) == 64 and len({i for i, _ in cells}) == 8 and len({j for _, j in cells}) == 8
-    # the demo's default: the NumPy model, 32 runs per arm and stage, up to 256 per arm (arms grow in stages)
-    staged = StudySpec.model_validate(sources_spec(32, max_runs=256))
-    assert staged.workload.name == "numpy_sources" and staged.workload.framework.value == "python"
-    assert staged.budget is not None and (staged.budget.max_seeds, staged.budget.stage_seeds) == (256, 32)
+    # the demo's default: 32 runs per arm and stage, up to 224 per arm (arms grow in stages)
+    staged = StudySpec.model_validate(sources_spec(32, max_runs=224))
+    assert staged.workload.name == "torch_sources"
+    assert staged.budget is not None and (staged.budget.max_seeds, staged.budget.stage_seeds) == (224, 32)
     assert StudySpec.model_validate(sources_spec(32, max_runs=32)).budget is None  # one fixed stage
-    assert StudySpec.model_validate(sources_spec(32, torch=True)).workload.name == "torch_sources"
+    twin = StudySpec.model_validate(sources_spec(32, numpy=True))
+    assert twin.workload.name == "numpy_sources" and twin.workload.framework.value == "python"
 
 
 def test_the_numpy_model_s_gradient_is_torch_autograd_s():

@@ -37,8 +37,8 @@ def _quick(spec: dict) -> dict:
 
 
 def sources_spec(runs: int, *, quick: bool = False, first_seed: int = 0, max_runs: int | None = None,
-                 torch: bool = False) -> dict:
-    """The sources demo: the built-in sources model (``numpy_sources``, or ``torch_sources`` with ``torch``), one arm
+                 numpy: bool = False) -> dict:
+    """The sources demo: the built-in sources model (``torch_sources``, or its NumPy twin with ``numpy``), one arm
     per source of variance, ``runs`` runs per arm in the first stage (seeds from ``first_seed``, rounded up to a
     multiple of the grid's columns, so a repeated demo draws fresh seeds) and an init × data arm on a ⌊√runs⌋-column
     grid. With ``max_runs`` above ``runs`` the study carries a budget: the undecided sources' arms and the
@@ -46,8 +46,8 @@ def sources_spec(runs: int, *, quick: bool = False, first_seed: int = 0, max_run
     (docs/sources.md). ``quick``: a tiny one, for tests."""
     crossed = max(2, int(runs ** 0.5))
     first_seed = -(-first_seed // crossed) * crossed
-    workload = ({"framework": "torch", "name": "torch_sources"} if torch else
-                {"framework": "python", "name": "numpy_sources"})
+    workload = ({"framework": "python", "name": "numpy_sources"} if numpy else
+                {"framework": "torch", "name": "torch_sources"})
     spec = {
         "name": "sources: where does the variance come from?",
         "description": "Summers & Dinneen (ICML 2021), Table 2, on a CPU model: every source alone against all sources",
@@ -136,7 +136,7 @@ def run_demo(args: argparse.Namespace) -> int:
         api = Api(url, user_token, timeout=120)
         study_ids = []
         specs = ([sources_spec(args.runs, quick=args.quick, first_seed=args.first_seed,
-                               max_runs=getattr(args, "max_runs", None), torch=getattr(args, "torch", False))]
+                               max_runs=getattr(args, "max_runs", None), numpy=getattr(args, "numpy", False))]
                  if sources else
                  [yaml.safe_load((DEMO_DIR / name).read_text()) for name in SPECS])
         for spec in specs:
