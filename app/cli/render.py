@@ -153,6 +153,11 @@ def sources_lines(report: Report, *, color: bool = False) -> list[str]:
         lines.append(f"  {t.metric}: a source is the full variance when its SD is within "
                      f"[{1 / t.margin:.2f}, {t.margin:.2f}] × the all-sources SD (TOST, α = {t.alpha:g}; "
                      "interval: robust 90%, Bonett 2006)")
+        seq = next((r.sequential for r in t.rows if r.sequential is not None), None)
+        if seq is not None:
+            lines.append(f"    in stages: arms grow until each source's TOST decides, at most {seq.max_runs} runs per arm "
+                         f"in {seq.last_stage} stages ({_spending(seq.spending)} alpha spending: each claim "
+                         f"≤ {t.alpha:g} over all stages); SD / all and the verdict at the stage that decided")
         lines.append(f"    {'source':<32} {'n':>4}  {'SD':>10}  {'90% interval':>23}  {'SD / all':>8}  verdict")
         rows = [*t.rows, *([t.all_sources] if t.all_sources else [])]
         for r in rows:
@@ -167,6 +172,14 @@ def sources_lines(report: Report, *, color: bool = False) -> list[str]:
                 continue
             word, code = _SOURCE_VERDICTS[r.vs_all.verdict]
             extra = f" (about {r.runs_needed} runs per arm would decide)" if r.runs_needed else ""
+            if r.sequential is not None and r.sequential.looks:
+                look = next((x for x in r.sequential.looks if x.stage == r.sequential.decided_at),
+                            r.sequential.looks[-1])
+                where = f" at stage {look.stage} ({look.n_source} + {look.n_all} runs)"
+                if r.sequential.verdict == "inconclusive":
+                    where += "; budget spent" if r.sequential.final else "; more runs come"
+                extra = where + (f"; about {r.runs_needed} runs per arm would decide at one look"
+                                 if r.runs_needed and r.sequential.final else "")
             lines.append(f"    {name:<32} {r.n:>4}  {_num(r.sd):>10}  {interval:>23}  {_num(r.vs_all.ratio):>8}  "
                          + _paint(word, code, color) + extra)
         if t.crossed:
@@ -233,6 +246,11 @@ def stage_lines(report: Report, *, color: bool = False) -> list[str]:
             decision = _paint(str(d.decision), _color_of(d.decision), color)
             if d.decided_at and d.decided_at != s.stage:
                 decision += f" (decided at stage {d.decided_at})"
+            if d.level == "sources":  # a source's SD against all sources: the stage's interval of the ratio
+                ratio = "" if d.ratio is None else f"SD ratio {_num(d.ratio)} in [{_num(d.lower)}, {_num(d.upper)}]"
+                out.append(f"    {d.metric}  {d.candidate_stack} vs all: n={d.n_candidate}+{d.n_reference} "
+                           f"t={_num(d.info_fraction)} boundary {bound}: {ratio} → {decision}")
+                continue
             if d.level == "stack_portability":  # a group-sequential TOST: the stage's CI of the difference
                 ci = "" if d.diff is None else f"Δmean {_num(d.diff)} in [{_num(d.ci_low)}, {_num(d.ci_high)}]"
                 out.append(f"    {d.metric}  {d.determinism} / {d.candidate_stack} vs {d.reference_stack}: "

@@ -241,9 +241,14 @@ def register(sub: Any) -> None:
     p.add_argument("--sources", action="store_true",
                    help="instead: where does the variance come from? One arm per source (init, data order, "
                    "dropout/augmentation, numerics, a one-ULP change), the table against all sources (docs/sources.md)")
-    p.add_argument("--runs", type=int, default=64, help="with --sources: runs per arm (default 64)")
-    p.add_argument("--first-seed", type=int, default=0,
-                   help="with --sources: the first seed (a repeated demo with fresh seeds checks the table's claims)")
+    p.add_argument("--runs", type=int, default=32,
+                   help="with --sources: runs per arm in the first stage, and added per stage (default 32)")
+    p.add_argument("--max-runs", type=int, default=224,
+                   help="with --sources: the most runs per arm; the arms of undecided sources grow in stages until "
+                   "each source's TOST decides or this is reached (default 224, 7 stages; equal to --runs: one fixed stage)")
+    p.add_argument("--numpy", action="store_true",
+                   help="with --sources: the NumPy twin of the model (numpy_sources: half the CPU per run, no PyTorch "
+                   "start-up; its one-ULP and numerics arms reach the band later, docs/sources.md)")
     p.add_argument("--controls", action="store_true",
                    help="instead: the planted controls (one source of nondeterminism each), judged without a server")
     p.add_argument("--variants", action="store_true", help="with --controls: also the reference itself and the other data-order plants")

@@ -120,7 +120,8 @@ def _group(group: dict | StackGroup | PairGroup) -> str:
     if isinstance(group, (StackGroup, PairGroup)):
         group = group.as_dict()
     if "candidate_stack" in group:
-        return f"{group.get('determinism')}: {group.get('candidate_stack')} vs {group.get('reference_stack')}"
+        det = f"{group['determinism']}: " if group.get("determinism") else ""  # a sources decision has none
+        return f"{det}{group.get('candidate_stack')} vs {group.get('reference_stack')}"
     return f"{group.get('determinism')} · {group.get('stack')}"
 
 

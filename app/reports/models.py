@@ -223,9 +223,11 @@ class ExcludedRun(Part):
 
 class StageDecision(Part):
     """What one stage of an adaptive study decided for one seed-stability or portability verdict (or
-    why it could not); a portability decision names its stacks and the stage's CI of the difference."""
+    why it could not); a portability decision names its stacks and the stage's CI of the difference; a
+    sources decision (level ``sources``) names the source's arm as candidate, ``all`` as reference, and the
+    stage's interval of the SD ratio (``ratio``, ``lower``, ``upper``)."""
 
-    level: Level | None = None
+    level: Level | Literal["sources"] | None = None
     metric: str | None = None
     determinism: Determinism | None = None
     stack: str | None = None
@@ -246,6 +248,7 @@ class StageDecision(Part):
     diff: WireFloat | None = None
     ci_low: WireFloat | None = None
     ci_high: WireFloat | None = None
+    ratio: WireFloat | None = Field(None, description="a sources decision: σ_source/σ_all at this stage")
     decision: SeedStabilityValue | PortabilityValue | None = None
     error: str | None = None
 

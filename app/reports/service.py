@@ -271,6 +271,7 @@ def compute_report(session: Session, study_id: int) -> Report:
         keys.append(spec["convergence"]["metric"])
     data = run_data(session, runs, keys)
     route = seed_route(study, runs)
+    seed_stages = adaptive.seed_stages(session, study)
     built = build_report(
         data,
         specs,
@@ -279,11 +280,11 @@ def compute_report(session: Session, study_id: int) -> Report:
         reference_stack=spec.get("reference_stack"),
         rng=_rng(study_id),
         cost_budget=spec.get("cost_budget"),
-        stages=adaptive.seed_stages(session, study),
+        stages=seed_stages,
         route=route,
     )
     convergence = convergence_section(session, data, spec["convergence"]) if spec.get("convergence") else None
-    sources = sources_section(spec, runs, data, [m.name for m in specs])
+    sources = sources_section(spec, runs, data, [m.name for m in specs], stages=seed_stages)
     del data  # the series: the bands below are all that is kept
     _bands.put(bands_key, built.bands)
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]

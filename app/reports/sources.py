@@ -12,7 +12,9 @@ from steady.server.kit.wire import WireFloat
 from steady.server.models import Run
 from steady.server.reports.parts import Part
 from steady.server.stats import sources as st
-from steady.server.stats.report_data import RunData
+from steady.server.stats.report_data import RunData, SeedStages
+from steady.server.stats.sequential_sources import (SequentialSdRatio, by_stage, sequential_sd_ratio_reason,
+                                                     sequential_sd_ratio_tost)
 from steady.worker.contract.placeholders import placeholder_names
 from steady.worker.contract.sources import SOURCE_LABELS, SOURCES
 
@@ -28,6 +30,31 @@ class SdRatioOut(Part):
                          "not_equivalent | inconclusive")
 
 
+class SdRatioLookOut(Part):
+    stage: int
+    n_source: int
+    n_all: int
+    info_fraction: WireFloat
+    boundary: WireFloat = Field(description="c_k on the z scale (inf: this stage could not decide)")
+    nominal_alpha: WireFloat = Field(description="each one-sided test's level at this stage: 1 − Φ(c_k)")
+    cumulative_alpha: WireFloat
+    ratio: WireFloat | None = None
+    lower: WireFloat | None = Field(None, description="the (1 − 2·nominal_alpha) robust interval of the SD ratio")
+    upper: WireFloat | None = None
+    verdict: str
+
+
+class SourcesSequentialOut(Part):
+    verdict: str
+    decided_at: int | None = Field(None, description="the stage whose look decided (None: inconclusive)")
+    final: bool = Field(description="no further stage: decided, or the budget's last stage was judged")
+    spending: str
+    max_runs: int = Field(description="the most runs per arm the budget allows")
+    last_stage: int
+    reason: str
+    looks: list[SdRatioLookOut]
+
+
 class SourceRowOut(Part):
     source: str
     label: str
@@ -39,6 +66,9 @@ class SourceRowOut(Part):
     sd_upper: WireFloat | None = None
     vs_all: SdRatioOut | None = Field(None, description="TOST of this source's SD against the all-sources SD")
     runs_needed: int | None = Field(None, description="runs per arm for a conclusive TOST, when inconclusive")
+    sequential: SourcesSequentialOut | None = Field(
+        None, description="a study with a budget: the group-sequential TOST (alpha spending over the stages) the "
+        "verdict stands on; vs_all then shows the look that decided (or the last)")
     note: str = ""
 
 
@@ -75,7 +105,8 @@ class SourcesTableOut(Part):
     divergence: DivergenceOut | None = None
 
 
-def _row(entry_source: str, status: str, row: st.SourceRow | None, note: str = "") -> SourceRowOut:
+def _row(entry_source: str, status: str, row: st.SourceRow | None, note: str = "",
+         seq: SequentialSdRatio | None = None, last_stage: int = 1) -> SourceRowOut:
     out: dict[str, Any] = {"source": entry_source, "label": SOURCE_LABELS.get(entry_source, "all sources"),
                            "status": status, "note": note}
     if row is not None:
@@ -84,6 +115,21 @@ def _row(entry_source: str, status: str, row: st.SourceRow | None, note: str = "
             v = row.vs_all
             out["vs_all"] = SdRatioOut(ratio=v.ratio, lower=v.lower, upper=v.upper, p_value=v.p_value,
                                        verdict=v.verdict)
+    if seq is not None:
+        look = seq.deciding
+        if look is not None and look.ratio is not None:
+            assert look.lower is not None and look.upper is not None and look.p_value is not None
+            out["vs_all"] = SdRatioOut(ratio=look.ratio, lower=look.lower, upper=look.upper, p_value=look.p_value,
+                                       verdict=seq.verdict)
+        if seq.verdict != "inconclusive":
+            out["runs_needed"] = None
+        out["sequential"] = SourcesSequentialOut(
+            verdict=seq.verdict, decided_at=seq.decided_at, final=seq.final, spending=seq.spending,
+            max_runs=seq.max_runs, last_stage=last_stage, reason=sequential_sd_ratio_reason(seq, last_stage=last_stage),
+            looks=[SdRatioLookOut(stage=x.stage, n_source=x.n_source, n_all=x.n_all, info_fraction=x.info_fraction,
+                                  boundary=x.boundary, nominal_alpha=x.nominal_alpha,
+                                  cumulative_alpha=x.cumulative_alpha, ratio=x.ratio, lower=x.lower, upper=x.upper,
+                                  verdict=x.verdict) for x in seq.stages])
     return SourceRowOut(**out)
 
 
@@ -140,9 +186,19 @@ def _crossed(runs: list[RunData], metric: str, crossed: int) -> np.ndarray | Non
     return np.array([[cells[(i, j)] for j in cols] for i in rows])
 
 
+def _sequential(source: str, finals: dict[str, tuple[np.ndarray, np.ndarray]], stages: SeedStages, margin: float,
+                alpha: float) -> SequentialSdRatio:
+    """The group-sequential TOST of one source against all sources, stage by stage."""
+    n = stages.current
+    (x, xs), (y, ys) = finals[source], finals["all"]
+    return sequential_sd_ratio_tost(by_stage(x, xs, n), by_stage(y, ys, n), max_runs=stages.max_seeds,
+                                    last_stage=stages.last_stage, margin=margin, alpha=alpha, spending=stages.spending)
+
+
 def sources_section(spec: dict[str, Any], runs: Sequence[Run], data: Sequence[RunData],
-                    metrics: Sequence[str]) -> list[SourcesTableOut] | None:
-    """One table per metric for a sources study (None for any other study)."""
+                    metrics: Sequence[str], stages: SeedStages | None = None) -> list[SourcesTableOut] | None:
+    """One table per metric for a sources study (None for any other study). ``stages``: a study with a budget,
+    whose arms grow in stages: each source's verdict is then the group-sequential TOST."""
     src = spec.get("sources")
     if not src:
         return None
@@ -155,10 +211,12 @@ def sources_section(spec: dict[str, Any], runs: Sequence[Run], data: Sequence[Ru
         by_arm.setdefault(r.stack, []).append(r)
     tables = []
     for metric in metrics:
-        finals = {}
+        finals, staged = {}, {}
         for arm in [*src.get("vary", SOURCES), "all"]:
-            vals = [v for r in by_arm.get(arm, []) if (v := _final(r, metric)) is not None]
-            finals[arm] = np.array(vals)
+            pairs = [(v, stages.stage_of_seed.get(r.seed, 1) if stages else 1)
+                     for r in by_arm.get(arm, []) if (v := _final(r, metric)) is not None]
+            finals[arm] = np.array([v for v, _ in pairs])
+            staged[arm] = (finals[arm], np.array([k for _, k in pairs], dtype=np.int64))
         grid = _crossed(by_arm.get(CROSSED_ARM, []), metric, int(crossed)) if crossed else None
         table = st.sources_table(metric, finals, exposed=exposed, crossed_grid=grid,
                                  divergence=_divergence(by_arm, metric) if exposed.get("ulp") else None, margin=margin)
@@ -173,7 +231,11 @@ def sources_section(spec: dict[str, Any], runs: Sequence[Run], data: Sequence[Ru
         tables.append(SourcesTableOut(
             metric=metric, margin=margin, alpha=table.alpha,
             all_sources=_row("all", "measured", table.all_sources) if table.all_sources else None,
-            rows=[_row(e.source, e.status, e.row, e.note) for e in table.entries],
+            rows=[_row(e.source, e.status, e.row, e.note,
+                       _sequential(e.source, staged, stages, margin, table.alpha)
+                       if stages is not None and e.status == "measured" and table.all_sources is not None else None,
+                       stages.last_stage if stages else 1)
+                  for e in table.entries],
             crossed=crossed_out,
             divergence=DivergenceOut(steps=list(d.steps), ratio=list(d.ratio), first_half=d.first_half,
                                      first_full=d.first_full, final=d.final) if d else None,

@@ -4,7 +4,7 @@ Each phrase states the false-alarm level the calibration harness (``steady.serve
 measures the rule against; ``Rule.guarantee`` uses the same phrases at the default levels."""
 from __future__ import annotations
 
-__all__ = ["repeatability", "seed_stability", "out_of_band", "stack_portability"]
+__all__ = ["repeatability", "seed_stability", "out_of_band", "stack_portability", "sources"]
 
 
 def _pct(level: float) -> str:
@@ -37,3 +37,10 @@ def stack_portability(alpha: float = 0.05, method: str = "holm", *, sequential: 
                 "for visibly skewed finals with unequal seeds or spreads")
     return (f"false 'equivalent' or 'not equivalent' ≤ {_pct(alpha)} ({'Holm' if method == 'holm' else method.upper()}); "
             "'equivalent' withheld for visibly skewed finals with unequal seeds or spreads")
+
+
+def sources(alpha: float = 0.05, *, sequential: bool = False) -> str:
+    """A sources table's TOST of each source's SD against the all-sources SD (per source and metric)."""
+    where = " over all stages (group-sequential, alpha spending)" if sequential else ""
+    return (f"each claim ('equivalent', 'not equivalent') wrong ≤ {_pct(alpha)} per source and metric{where}; "
+            "robust ratio interval (Bonett 2006) for normal, heavy-tailed (t5) and skewed final values")

@@ -1,10 +1,11 @@
 """Adaptive seeds: a study with a budget grows in stages while a sequential verdict is inconclusive.
 
-When the last run of a stage ends, the stage is judged (``steady.server.stats.sequential`` and
-``steady.server.stats.sequential_tost`` through the report): if some seed-stability verdict with a
-``max_std`` or portability verdict with a ``margin`` is still inconclusive and the budget
-allows another stage, the next stage's runs (new seeds) are queued and the study stays running;
-else the study completes. Every stage and what it decided is recorded (``study_stages``).
+When the last run of a stage ends, the stage is judged (``steady.server.stats.sequential``,
+``steady.server.stats.sequential_tost`` and ``steady.server.stats.sequential_sources`` through the report): if
+some seed-stability verdict with a ``max_std``, portability verdict with a ``margin`` or source of a sources
+study is still inconclusive and the budget allows another stage, the next stage's runs (new seeds) are queued
+and the study stays running; else the study completes. A sources study grows only the arms of its undecided
+sources and the all-sources arm. Every stage and what it decided is recorded (``study_stages``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from steady.server.studies.schemas import StageInfo, StudySpec
 class Report(Protocol):
     """What stage judging reads of a study's report (``steady.server.reports.models.Report``, a layer above
     the studies domain, so named here by its shape)."""
+
+    @property
+    def sources(self) -> Sequence[Any] | None:  # a sources study's tables (``reports.sources.SourcesTableOut``)
+        ...
 
     def of_level(self, level: Literal["seed_stability", "stack_portability"],
                  metric: str | None = None) -> Sequence[Any]: ...
@@ -101,6 +106,41 @@ def _decisions(report: Report, stage: int) -> tuple[list[dict[str, Any]], bool]:
     return out, more
 
 
+def _source_decisions(report: Report, stage: int) -> tuple[list[dict[str, Any]], set[str]]:
+    """What ``stage`` decided per source and metric of a sources study (its group-sequential TOST against the
+    all-sources arm), and the source arms that are still inconclusive with stages to come."""
+    out, grow = [], set()
+    for table in report.sources or ():
+        for row in table.rows:
+            seq = row.sequential
+            if seq is None:
+                continue
+            look = next((x for x in seq.looks if x.stage == stage), seq.looks[-1] if seq.looks else None)
+            numbers = {} if look is None else {
+                "n_candidate": look.n_source, "n_reference": look.n_all, "info_fraction": look.info_fraction,
+                "boundary": look.boundary, "nominal_alpha": look.nominal_alpha,
+                "cumulative_alpha": look.cumulative_alpha, "ratio": look.ratio, "lower": look.lower,
+                "upper": look.upper}
+            out.append({"level": "sources", "metric": table.metric, "candidate_stack": row.source,
+                        "reference_stack": "all", "verdict": seq.verdict, "decided_at": seq.decided_at, **numbers,
+                        "decision": look.verdict if look and look.stage == stage else seq.verdict})
+            if seq.verdict == "inconclusive" and not seq.final:
+                grow.add(row.source)
+    return out, grow
+
+
+def next_seeds(used: set[int], n_new: int, *, start: int) -> list[int]:
+    """The ``n_new`` smallest seeds from ``start`` on that no stage used yet (``start``: the spec's smallest
+    seed, so a study that begins at seed 1000 stays clear of one that begins at 0)."""
+    seeds: list[int] = []
+    candidate = start
+    while len(seeds) < n_new:
+        if candidate not in used:
+            seeds.append(candidate)
+        candidate += 1
+    return seeds
+
+
 def judge_stage(session: WriteSession, study: Study, report_of: ReportOf | None) -> bool:
     """The study's current stage has settled: record its decisions; True when a next stage was queued.
 
@@ -124,23 +164,23 @@ def judge_stage(session: WriteSession, study: Study, report_of: ReportOf | None)
         current.decisions, current.outcome, current.judged_at = [{"error": str(exc)}], "budget_spent", utcnow()
         return False
     decisions, more = _decisions(report, current.stage)
+    by_source, grow = _source_decisions(report, current.stage)
+    decisions += by_source
     current.decisions, current.judged_at = decisions, utcnow()
+    # a sources study grows only its undecided sources' arms and the all-sources arm, unless another
+    # sequential verdict (a max_std, a margin) wants every arm
+    groups = None if more or not grow else [*sorted(grow), "all"]
+    more = more or bool(grow)
     if not more or current.stage >= len(sizes):
         current.outcome = "budget_spent" if more or any(d["verdict"] == "inconclusive" for d in decisions) \
             else "conclusive"
         session.flush()
         return False
     used = {s for r in rows for s in r.seeds}
-    n_new = sizes[current.stage] - len(used)
-    seeds: list[int] = []
-    candidate = 0
-    while len(seeds) < n_new:  # the smallest seeds not used yet
-        if candidate not in used:
-            seeds.append(candidate)
-        candidate += 1
+    seeds = next_seeds(used, sizes[current.stage] - len(used), start=min(spec.seeds))
     current.outcome = "continue"
     repository.add_stage(session, study.id, current.stage + 1, seeds)
-    insert_runs(session, study, spec, seeds)
+    insert_runs(session, study, spec, seeds, groups=groups)
     study.updated_at = utcnow()
     session.flush()
     return True

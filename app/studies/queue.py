@@ -15,8 +15,10 @@ from steady.server.studies.schemas import StudySpec
 from steady.worker.contract.protocol import RunStatus
 
 
-def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: list[int]) -> None:
-    """Queue the runs of ``seeds``: each seed × repeat × group (stack or arm) × determinism level."""
+def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: list[int],
+                groups: list[str] | None = None) -> None:
+    """Queue the runs of ``seeds``: each seed × repeat × group (stack or arm) × determinism level; ``groups``:
+    only the groups of these names (a sources study's next stage grows only its undecided arms)."""
     assert spec.workload is not None
     framework = spec.workload.framework.value
     # Runs are leased in id order, so the insert order is the execution order. The levels
@@ -46,6 +48,7 @@ def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: lis
         }
         for (seed, repeat), levels in zip(blocks, balanced_level_order(spec.determinism, len(blocks)))
         for stack in spec.groups
+        if groups is None or stack.name in groups
         for level in levels
     ]
     runs_repo.insert_runs(session, rows)

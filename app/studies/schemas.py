@@ -140,9 +140,10 @@ class StudySpec(_Spec):
     suite: SuiteName | None = None
     budget: BudgetSpec | None = Field(
         None,
-        description="adaptive seeds: when a seed-stability verdict (max_std) or a stack-portability verdict "
-        "(margin) is inconclusive, the server adds seeds in stages (group-sequential, alpha spending) until it is "
-        "conclusive or the budget is spent",
+        description="adaptive seeds: when a seed-stability verdict (max_std), a stack-portability verdict "
+        "(margin) or a source of a sources study is inconclusive, the server adds seeds in stages (group-sequential, "
+        "alpha spending) until it is conclusive or the budget is spent (a sources study grows only its undecided "
+        "sources' arms and the all-sources arm)",
     )
     alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(
         [], description="alert rules; scoped to the suite when the study has one, else to the study"
@@ -274,9 +275,10 @@ class StudySpec(_Spec):
     def _check_budget(self, budget: BudgetSpec) -> None:
         if self.kind != "managed":
             _refuse(("budget",), budget, "only a managed study can add seeds (an external study's runs are uploaded)")
-        if not any(m.max_std is not None or (m.margin is not None and len(self.groups) > 1) for m in self.metrics):
+        if self.sources is None and not any(m.max_std is not None or (m.margin is not None and len(self.groups) > 1)
+                                            for m in self.metrics):
             _refuse(("budget",), budget, "no metric has a 'max_std' (seed stability) or a 'margin' with two or more "
-                    "stacks (stack portability), so no verdict can become conclusive")
+                    "stacks (stack portability), and the study has no 'sources', so no verdict can become conclusive")
         if budget.max_seeds < len(self.seeds):
             _refuse(("budget", "max_seeds"), budget.max_seeds,
                     f"max_seeds {budget.max_seeds} is below the {len(self.seeds)} seeds of the spec")

@@ -45,16 +45,16 @@ def test_placeholders_fill_a_command():
         placeholder_values(seed=1, params={"sources": "init,kernels"})
 
 
-def _run_sources(tmp_path, arm: str, seed: int) -> dict:
-    from steady.worker.inrun.workloads import torch_sources
+def _run_sources(tmp_path, arm: str, seed: int, model: str = "torch_sources") -> dict:
+    from steady.worker.inrun.workloads import load
 
-    ctx = sdk.RunContext(seed=seed, determinism="seeded", framework="torch", threads=1,
-                         params={"sources": arm, "epochs": 1, "eval_every": 1000})
-    events = tmp_path / f"{arm}-{seed}.jsonl"
+    ctx = sdk.RunContext(seed=seed, determinism="seeded", framework="torch" if model.startswith("torch") else "python",
+                         threads=1, params={"sources": arm, "epochs": 1, "eval_every": 1000})
+    events = tmp_path / f"{model}-{arm}-{seed}.jsonl"
     run = sdk._start(ctx, str(events))
     sdk._exposed.clear()
     try:
-        torch_sources.run(ctx)
+        load(model).run(ctx)
     finally:  # this process is a test worker: later tests must find no active run (sdk.context() is None)
         sdk._run = None
         sdk._exposed.clear()
@@ -63,16 +63,23 @@ def _run_sources(tmp_path, arm: str, seed: int) -> dict:
     return {"digests": dict(run.digests), "loss": run.last["val_loss"], "exposed": exposed[-1]}
 
 
-def test_the_builtin_model_varies_only_its_arms_source(tmp_path):
-    init = [_run_sources(tmp_path, "init", s) for s in (0, 1)]
-    data = [_run_sources(tmp_path, "data", s) for s in (0, 1)]
+@pytest.mark.parametrize("model", ["torch_sources", "numpy_sources"])
+def test_the_builtin_model_varies_only_its_arms_source(tmp_path, model):
+    def _run(arm: str, seed: int) -> dict:
+        return _run_sources(tmp_path, arm, seed, model)
+
+    init = [_run("init", s) for s in (0, 1)]
+    data = [_run("data", s) for s in (0, 1)]
     assert init[0]["digests"]["initial_weights"] != init[1]["digests"]["initial_weights"]
     assert init[0]["digests"]["data_order"] == init[1]["digests"]["data_order"]
     assert data[0]["digests"]["initial_weights"] == data[1]["digests"]["initial_weights"]
     assert data[0]["digests"]["data_order"] != data[1]["digests"]["data_order"]
-    none = [_run_sources(tmp_path, "none", s) for s in (0, 1)]
+    none = [_run("none", s) for s in (0, 1)]
     assert none[0]["loss"] == none[1]["loss"]  # everything pinned: the twin is reproducible on a CPU
-    ulp = _run_sources(tmp_path, "ulp", 0)
+    numerics = [_run("numerics", s) for s in (0, 1)]  # the same sums in another order: other last bits
+    assert numerics[0]["digests"]["data_order"] == none[0]["digests"]["data_order"]
+    assert numerics[0]["digests"]["final_weights"] != numerics[1]["digests"]["final_weights"]
+    ulp = _run("ulp", 0)
     assert ulp["digests"]["initial_weights"] != none[0]["digests"]["initial_weights"]  # one weight, one ULP
     assert sorted(ulp["exposed"]) == sorted(SOURCES)  # the model reads every source's seed
 
@@ -109,3 +116,35 @@ def test_the_sources_demo_spec_is_a_full_grid_and_a_repeat_draws_fresh_seeds():
     for spec in (first, again):  # every (init, data) cell of the 8 × 8 grid once
         cells = {(s // 8, s % 8) for s in spec.seeds}
         assert len(cells) == 64 and len({i for i, _ in cells}) == 8 and len({j for _, j in cells}) == 8
+    # the demo's default: 32 runs per arm and stage, up to 224 per arm (arms grow in stages)
+    staged = StudySpec.model_validate(sources_spec(32, max_runs=224))
+    assert staged.workload.name == "torch_sources"
+    assert staged.budget is not None and (staged.budget.max_seeds, staged.budget.stage_seeds) == (224, 32)
+    assert StudySpec.model_validate(sources_spec(32, max_runs=32)).budget is None  # one fixed stage
+    twin = StudySpec.model_validate(sources_spec(32, numpy=True))
+    assert twin.workload.name == "numpy_sources" and twin.workload.framework.value == "python"
+
+
+def test_the_numpy_model_s_gradient_is_torch_autograd_s():
+    """numpy_sources writes its backward pass by hand: it matches PyTorch's autograd on the same weights, batch
+    and dropout mask (float32, to rounding)."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from steady.worker.inrun.workloads.numpy_sources import init_params, loss_and_grads
+
+    rng = np.random.default_rng(7)
+    p = init_params(16, rng)
+    x = rng.random((12, 64), dtype=np.float32)
+    y = rng.integers(0, 10, 12)
+    mask = (rng.random((12, 16)) >= 0.2).astype(np.float32) / np.float32(0.8)
+    loss, grads = loss_and_grads({k: v.copy() for k, v in p.items()}, x, y, mask)
+    t = {k: torch.tensor(v, requires_grad=True) for k, v in p.items()}
+    h = F.relu(torch.from_numpy(x) @ t["w1"].T + t["b1"]) * torch.from_numpy(mask)
+    ref = F.cross_entropy(h @ t["w2"].T + t["b2"], torch.from_numpy(y))
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), rel=1e-5)
+    for k in ("w1", "b1", "w2", "b2"):
+        assert grads[k].dtype == np.float32
+        np.testing.assert_allclose(grads[k], t[k].grad.numpy(), rtol=1e-4, atol=1e-6)

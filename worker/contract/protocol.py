@@ -179,6 +179,7 @@ BUILTIN_WORKLOADS: dict[str, str] = {
     "hashseed_vocab": "torch",
     "torch_controls": "torch",
     "torch_sources": "torch",
+    "numpy_sources": "python",  # torch_sources without the framework's start-up: NumPy only
     "keras_mlp": "tensorflow",
     "keras_controls": "tensorflow",
 }

@@ -36,20 +36,28 @@ def _quick(spec: dict) -> dict:
     return spec
 
 
-def sources_spec(runs: int, *, quick: bool = False, first_seed: int = 0) -> dict:
-    """The sources demo: the built-in ``torch_sources`` model, one arm per source of variance, ``runs`` runs per
-    arm (seeds from ``first_seed``, rounded up to a multiple of the grid's columns, so a repeated demo draws fresh
-    seeds) and an init × data arm on a ⌊√runs⌋-column grid. ``quick``: a tiny one, for tests."""
+def sources_spec(runs: int, *, quick: bool = False, first_seed: int = 0, max_runs: int | None = None,
+                 numpy: bool = False) -> dict:
+    """The sources demo: the built-in sources model (``torch_sources``, or its NumPy twin with ``numpy``), one arm
+    per source of variance, ``runs`` runs per arm in the first stage (seeds from ``first_seed``, rounded up to a
+    multiple of the grid's columns, so a repeated demo draws fresh seeds) and an init × data arm on a ⌊√runs⌋-column
+    grid. With ``max_runs`` above ``runs`` the study carries a budget: the undecided sources' arms and the
+    all-sources arm grow by ``runs`` per stage until each source's TOST decides or ``max_runs`` is reached
+    (docs/sources.md). ``quick``: a tiny one, for tests."""
     crossed = max(2, int(runs ** 0.5))
     first_seed = -(-first_seed // crossed) * crossed
+    workload = ({"framework": "python", "name": "numpy_sources"} if numpy else
+                {"framework": "torch", "name": "torch_sources"})
     spec = {
         "name": "sources: where does the variance come from?",
         "description": "Summers & Dinneen (ICML 2021), Table 2, on a CPU model: every source alone against all sources",
-        "workload": {"framework": "torch", "name": "torch_sources", "params": {"epochs": 2 if quick else 20}},
+        "workload": {**workload, "params": {"epochs": 2 if quick else 20}},
         "seeds": list(range(first_seed, first_seed + runs)), "determinism": ["seeded"], "threads": 1, "max_attempts": 1,
         "sources": {"crossed": crossed},
         "metrics": [{"name": "val_loss"}, {"name": "val_acc"}],
     }
+    if max_runs is not None and max_runs > runs:
+        spec["budget"] = {"max_seeds": max_runs, "stage_seeds": runs}
     return spec
 
 
@@ -127,7 +135,9 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         api = Api(url, user_token, timeout=120)
         study_ids = []
-        specs = ([sources_spec(args.runs, quick=args.quick, first_seed=args.first_seed)] if sources else
+        specs = ([sources_spec(args.runs, quick=args.quick, first_seed=args.first_seed,
+                               max_runs=getattr(args, "max_runs", None), numpy=getattr(args, "numpy", False))]
+                 if sources else
                  [yaml.safe_load((DEMO_DIR / name).read_text()) for name in SPECS])
         for spec in specs:
             if args.quick and not sources:

@@ -4,7 +4,7 @@ One module per family keeps the registry easy to extend: ``seeds`` (seed stabili
 out-of-band runs, repeatability, stack portability, planning), ``cost`` (determinism cost),
 ``alerts`` (alert kinds, suite shift over a lifetime of evaluations), ``adaptive`` (seed-stability
 verdicts of studies that add seeds in stages), ``adaptive_portability`` (their portability verdicts),
-``convergence`` (MLPerf RCP check)."""
+``convergence`` (MLPerf RCP check), ``sources`` (a sources table's TOST of SDs in stages)."""
 from __future__ import annotations
 
 from steady.server.stats.calibration import Rule
@@ -15,6 +15,7 @@ from steady.server.stats.calibration import (
     rules_convergence,
     rules_cost,
     rules_seeds,
+    rules_sources,
 )
 
 __all__ = ["all_rules", "rule_by_name"]
@@ -22,7 +23,7 @@ __all__ = ["all_rules", "rule_by_name"]
 
 def all_rules() -> list[Rule]:
     return [*rules_seeds.RULES, *rules_adaptive.RULES, *rules_adaptive_portability.RULES, *rules_cost.RULES,
-            *rules_alerts.RULES, *rules_convergence.RULES]
+            *rules_alerts.RULES, *rules_convergence.RULES, *rules_sources.RULES]
 
 
 def rule_by_name(name: str) -> Rule:
