@@ -20,8 +20,9 @@ from tests.conftest import REPO, SQLITE_ONLY, CliResult, run_cli_in_process
 def steady(server, *args: str, input: str | None = None, check: bool = True) -> CliResult:
     env = {**server.env, "STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1"}
     result = run_cli_in_process(*args, env=env, cwd=REPO, input=input)
-    if check:
-        assert result.returncode == 0, (args, result.stdout, result.stderr)
+    if check:  # a gate (report, submit --wait) exits 2 for an inconclusive study: not an error here
+        ok = (0, 2) if args and args[0] in ("report", "submit") else (0,)
+        assert result.returncode in ok, (args, result.stdout, result.stderr)
     return result
 
 
@@ -47,7 +48,7 @@ def test_submit_status_report(live_server, tmp_path):
 
     bad = steady(live_server, "submit", "-", input="name: x\nseeds: []\nworkload: {framework: torch, name: torch_mlp}\n",
                  check=False)
-    assert bad.returncode == 1 and "422" in bad.stderr and "at least one seed" in bad.stderr
+    assert bad.returncode == 3 and "422" in bad.stderr and "at least one seed" in bad.stderr  # a gate: could not judge
 
     # an external study with uploaded runs gets a readable report
     with live_server.client() as c:
@@ -264,12 +265,12 @@ def test_spec_problems_are_one_line_with_file_line_and_column(live_server, tmp_p
     spec = tmp_path / "study.yaml"
     spec.write_text("name: x\nseeds: [0, 1]\nworkload: framework: torch\n")
     r = steady(live_server, "submit", str(spec), check=False)
-    assert r.returncode == 2
+    assert r.returncode == 3  # submit is a gate: could not judge, never 2 (inconclusive)
     assert one_line(r.stderr) == f"steady: {spec}:3:20: mapping values are not allowed here"
     missing = steady(live_server, "submit", str(tmp_path / "nope.yaml"), check=False)
-    assert missing.returncode == 2 and one_line(missing.stderr) == f"steady: no such file: {tmp_path / 'nope.yaml'}"
+    assert missing.returncode == 3 and one_line(missing.stderr) == f"steady: no such file: {tmp_path / 'nope.yaml'}"
     listing = steady(live_server, "submit", "-", input="- a\n- b\n", check=False)
-    assert listing.returncode == 2 and "a study spec is a mapping" in one_line(listing.stderr)
+    assert listing.returncode == 3 and "a study spec is a mapping" in one_line(listing.stderr)
 
 
 def test_a_closed_pipe_ends_quietly(live_server):
@@ -318,7 +319,8 @@ def test_status_header_cancel_compare_and_verdict_exit_codes(live_server, tmp_pa
     far = steady(live_server, "compare", str(base), str(shifted), "--margin", "0.1", check=False)
     assert far.returncode == 1 and "not_equivalent" in far.stdout
 
-    assert steady(live_server, "report", str(base), check=False).returncode == 0
+    inconclusive = steady(live_server, "report", str(base), check=False)  # no limit given: nothing to fail
+    assert inconclusive.returncode == 2 and "outcome: INCONCLUSIVE" in inconclusive.stdout, inconclusive.stdout
     unstable = steady(live_server, "report", str(wide), check=False)
     assert unstable.returncode == 1 and "unstable" in unstable.stdout
 
@@ -442,7 +444,8 @@ def test_status_shows_the_stage_of_an_adaptive_study(live_server, tmp_path):
 
 def test_check_exits_3_when_it_cannot_judge_and_other_commands_keep_2_for_usage(tmp_path):
     """`steady check` from a shell, no server needed: a typo in the job's command line or spec path
-    must not read as "inconclusive" (2), which a CI gate may let pass."""
+    must not read as "inconclusive" (2), which a CI gate may let pass. `report` and `submit` are gates
+    too, with the same codes."""
     env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config"),
            "STEADY_SERVER": "http://127.0.0.1:9", "NO_COLOR": "1"}
     missing = run_cli("check", str(tmp_path / "nope.yaml"), "--junit", str(tmp_path / "j.xml"), env=env, cwd=tmp_path)
@@ -456,10 +459,12 @@ def test_check_exits_3_when_it_cannot_judge_and_other_commands_keep_2_for_usage(
         assert usage.returncode == 3 and "error:" in usage.stderr and "Traceback" not in usage.stderr, (args, usage)
     unreachable = run_cli("check", "12", env=env, cwd=tmp_path)
     assert unreachable.returncode == 3 and "cannot reach" in one_line(unreachable.stderr)
-    # every other command keeps 2 for usage and 1 for an unreachable server
+    # the other gates exit 3 as check does; every other command keeps 2 for usage, 1 for no server
+    assert run_cli("submit", str(tmp_path / "nope.yaml"), env=env, cwd=tmp_path).returncode == 3
+    assert run_cli("submit", "--wait", "--no-such-option", env=env, cwd=tmp_path).returncode == 3
+    assert run_cli("report", "12", env=env, cwd=tmp_path).returncode == 3
     assert run_cli("status", "--no-such-option", env=env, cwd=tmp_path).returncode == 2
-    assert run_cli("submit", str(tmp_path / "nope.yaml"), env=env, cwd=tmp_path).returncode == 2
-    assert run_cli("report", "12", env=env, cwd=tmp_path).returncode == 1
+    assert run_cli("status", env=env, cwd=tmp_path).returncode == 1
 
 
 # --- every command's own help and usage errors (in process, no server) -------------------------------
@@ -473,6 +478,7 @@ def _commands() -> list[str]:
 
 
 COMMANDS = _commands()
+GATES = {"check", "report", "submit"}  # exit 0 pass, 1 fail, 2 inconclusive, 3 could not judge
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -486,10 +492,11 @@ def test_every_command_has_help_that_renders(command, tmp_path):
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_refuses_an_unknown_option_with_its_usage_code(command, tmp_path):
-    """2 for usage (3 for `check`, "could not judge"), an error line, no traceback, nothing on stdout."""
+    """2 for usage (3 for the gates `check`, `report`, `submit`: "could not judge"), an error line, no
+    traceback, nothing on stdout."""
     r = run_cli(command, "--no-such-option", env={"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path)},
                 cwd=tmp_path)
-    assert r.returncode == (3 if command == "check" else 2), (r.returncode, r.stderr)
+    assert r.returncode == (3 if command in GATES else 2), (r.returncode, r.stderr)
     assert "error:" in r.stderr and "Traceback" not in r.stderr and r.stdout == "", r.stderr
     assert not (tmp_path / ".steady").exists()
 
@@ -505,7 +512,7 @@ UNREACHABLE = {
 def test_every_client_command_says_in_one_line_that_the_server_is_unreachable(command, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1"}
     r = run_cli(*UNREACHABLE[command], "--server", "http://127.0.0.1:9", "--token", "stdy_unused", env=env, cwd=tmp_path)
-    assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout)
+    assert r.returncode == (3 if command in GATES else 1) and r.stdout == "", (r.returncode, r.stdout)
     assert one_line(r.stderr).startswith("steady: cannot reach http://127.0.0.1:9")
 
 

@@ -48,7 +48,7 @@ def test_code_dir_ships_that_folder_instead_of_the_git_tree(live_server, tmp_pat
     (shipped / "lib" / "util.py").write_text("X = 1\n")
 
     from_git = _submit(live_server, spec)  # the git tree has no train.py: refused, naming where it looked
-    assert from_git.returncode == 2, from_git.stdout + from_git.stderr
+    assert from_git.returncode == 3, from_git.stdout + from_git.stderr  # a gate: could not judge
     assert f"train.py is not in the code packed from {os.path.realpath(tmp_path / 'repo')}" in from_git.stderr
 
     before = live_server.study_ids()
@@ -74,7 +74,7 @@ def test_max_code_mb_refuses_an_oversize_tree_naming_the_option(live_server, tmp
     before = live_server.study_ids()
     code_before = sorted((live_server.data_dir / "code").rglob("*.tar.gz"))
     r = _submit(live_server, spec, "--code", str(shipped), "--max-code-mb", "0.25")
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 3, r.stdout + r.stderr
     assert "is over the limit of 0.25 MB" in r.stderr and "--max-code-mb for submit" in r.stderr, r.stderr
     assert "at weights.bin" in r.stderr and "Traceback" not in r.stderr
     assert live_server.study_ids() == before  # refused before anything was uploaded or queued

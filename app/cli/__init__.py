@@ -37,7 +37,7 @@ def cmd_worker(argv: list[str]) -> int:
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors exit with the command's ``error_exit`` default when it sets one
-    (``steady check``: 3, "could not judge"), else 2. Subparsers are of this class too."""
+    (the gates ``report``, ``submit``, ``check``: 3, "could not judge"), else 2. Subparsers are of this class too."""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="steady", description="Is my training stable?",
         epilog="--server, --token, --data-dir and --database-url go before or after the command. "
                "Exit codes: 0 ok, 1 failed (or a verdict failed), 2 usage, 130 Ctrl-C, 141 closed pipe; "
-               "`check`: 0 pass, 1 fail, 2 inconclusive, 3 could not judge.")
+               "the gates (`report`, `submit`, `check`): 0 pass, 1 fail, 2 inconclusive, 3 could not judge.")
     parser.add_argument("--version", action="version", version=f"steady {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     server_opts(parser, None)

@@ -304,7 +304,8 @@ def register(sub: Any) -> None:
     code_opts(p)
     p.set_defaults(func=cmd_check, error_exit=EXIT_CANNOT_JUDGE)
 
-    p = sub.add_parser("report", help="the stability report of a study")
+    p = sub.add_parser("report", help="the stability report of a study; exit 0 pass, 1 fail, 2 inconclusive, "
+                       "3 could not judge")
     client_opts(p)
     p.add_argument("study", type=int)
     p.add_argument("--json", action="store_true")
@@ -313,7 +314,7 @@ def register(sub: Any) -> None:
     p.add_argument("--mlflow", metavar="TRACKING_URI", help="also log a summary run (metrics and tags) into this "
                    "MLflow tracking server (token: MLFLOW_TRACKING_TOKEN)")
     p.add_argument("--mlflow-experiment", default="steady", help="the MLflow experiment of the summary run")
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=cmd_report, error_exit=EXIT_CANNOT_JUDGE)
 
     p = sub.add_parser("compare", help="are two studies' final metrics equivalent? (exit 1 when not)")
     client_opts(p)

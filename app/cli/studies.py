@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from steady.server.cli.client import progress_bar, wait_for
 from steady.server.cli.support import (
+    EXIT_CANNOT_JUDGE,
     EXIT_FAIL,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -62,7 +63,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                   f" — `steady logs {r['id']}` shows its stderr", file=sys.stderr)
         print(f"steady: study {sid} {final['status']}: `steady runs {sid}`, dashboard {api.server}/studies/{sid}",
               file=sys.stderr)
-        return EXIT_FAIL
+        # as `steady check`: a cancelled study leaves nothing to judge (3), a failed one is a failure (1)
+        return EXIT_CANNOT_JUDGE if final["status"] == "cancelled" else EXIT_FAIL
     return _verdict_summary(get_report(api, sid), sid)
 
 
@@ -207,9 +209,10 @@ def register(sub: Any) -> None:
     client_opts(p)
     p.add_argument("spec", help="path to the spec, or - for stdin")
     p.add_argument("--wait", action="store_true",
-                   help="show progress until the study ends; exit 1 if it failed or a verdict failed")
+                   help="show progress until the study ends; exit 0 pass, 1 fail (the study or a verdict), "
+                        "2 inconclusive (errors: 3)")
     code_opts(p)
-    p.set_defaults(func=cmd_submit)
+    p.set_defaults(func=cmd_submit, error_exit=EXIT_CANNOT_JUDGE)
 
     p = sub.add_parser("runs", help="a study's runs: status, attempt, seed, level, error")
     client_opts(p)

@@ -16,12 +16,14 @@ if TYPE_CHECKING:
     from steady.server.reports.models import Report
 
 # Exit codes, for every command (docs/cli.md, "Exit codes").
-EXIT_OK = 0  # done; for report / submit --wait / compare: no verdict failed
+EXIT_OK = 0  # done; for the gates (report / submit / check) and compare: no verdict failed
 EXIT_FAIL = 1  # the command failed (server refused or unreachable, study failed) or a verdict failed
-EXIT_USAGE = 2  # wrong arguments, or a spec file that is missing or not valid YAML
-# `steady check` only: the gate could not judge (wrong arguments, a missing or invalid spec, the server
-# unreachable or refusing, the study cancelled). Not 1 or 2, so a CI job that lets an inconclusive
-# study (2) pass never lets a typo pass, and a job can tell "the code failed" from "the gate broke".
+EXIT_USAGE = 2  # wrong arguments, or a spec file that is missing or not valid YAML (not the gates: 3)
+# The gates (`report`, `submit`, `check`): no check failed but one is inconclusive.
+EXIT_INCONCLUSIVE = 2
+# The gates: could not judge (wrong arguments, a missing or invalid spec, the server unreachable or
+# refusing, the study cancelled). Not 1 or 2, so a CI job that lets an inconclusive study (2) pass
+# never lets a typo pass, and a job can tell "the code failed" from "the gate broke".
 EXIT_CANNOT_JUDGE = 3
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_BROKEN_PIPE = 141  # the reader of stdout went away, e.g. `steady status --json | head` (128 + SIGPIPE)
@@ -126,9 +128,9 @@ def failing_verdicts(report: Report) -> list[tuple[str, str]]:
 
 
 def verdict_exit_code(report: Report) -> int:
-    """1 exactly when the report's outcome is a failure (``steady check`` exits 1 then too), else 0:
-    ``report`` and ``submit --wait`` keep 2 for usage errors, so an inconclusive study exits 0 here."""
-    return EXIT_FAIL if report.outcome.status == "fail" else EXIT_OK
+    """The study's outcome as every gate exits by it (``report``, ``submit --wait``, ``check``): 0 pass,
+    1 fail, 2 inconclusive; their errors exit 3 (``error_exit``), so 2 never means a typo."""
+    return {"fail": EXIT_FAIL, "inconclusive": EXIT_INCONCLUSIVE}.get(report.outcome.status, EXIT_OK)
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

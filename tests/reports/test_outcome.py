@@ -66,8 +66,8 @@ def test_every_view_gives_the_same_outcome_and_reason(passing, level, value, met
     reason = out.reason
     if status != "pass":  # the changed check's plain line (or its level's expectation) is the reason
         assert f"plain line for {value}" in reason or f"expectation {met}" in reason, reason
-    # steady report: exit 1 exactly on failure (2 stays a usage error), the reason in the text
-    assert verdict_exit_code(report) == (1 if status == "fail" else 0)
+    # steady report and submit --wait exit as check does: 0 pass, 1 fail, 2 inconclusive (errors: 3)
+    assert verdict_exit_code(report) == {"pass": 0, "fail": 1, "inconclusive": 2}[status]
     assert f"outcome: {status.upper() if status != 'pass' else 'PASSED'}: {reason}".replace(
         "outcome: FAIL:", "outcome: FAILED:") in render_report(report)
     # steady submit --wait: the same code, the same reason on stderr

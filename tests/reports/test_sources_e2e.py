@@ -58,7 +58,7 @@ def test_own_script_gets_a_sources_table_and_its_exports(live_server, tmp_path, 
     sid = re.search(r"submitted study (\d+)", submit.stdout + submit.stderr).group(1)
     # the none arm pins every seed and the script never reads {dropout_seed}: identical runs of different seeds
     # there are repeats by design, never "the seed has no effect"; no check fails (one seed per run: inconclusive)
-    assert submit.returncode == 0 and "no effect" not in submit.stderr, (submit.stderr, worker.log())
+    assert submit.returncode in (0, 2) and "no effect" not in submit.stderr, (submit.stderr, worker.log())
     logdir = tmp_path / "tb"
     report = run_cli_in_process("report", sid, "--tensorboard", str(logdir), "--mlflow", f"{live_server.url}/mlflow",
                                 "--mlflow-experiment", "where-from-summary", env=env, cwd=folder)

@@ -87,7 +87,7 @@ def test_published_script_shapes_are_captured_and_a_repeated_key_is_shown(live_s
     bad = _project(tmp_path / "bad", TQDM_SCRIPT, '{framework: python, command: ["python", "train.py"], '
                    'capture: {preset: fastai}}')
     refused = steady("submit", "study.yaml", cwd=bad)
-    assert refused.returncode == 1 and "422: body.workload.capture.preset: Input should be" in refused.stderr, refused.stderr
+    assert refused.returncode == 3 and "422: body.workload.capture.preset: Input should be" in refused.stderr, refused.stderr
     studies = {}
     for name, root in projects.items():
         done = steady("submit", "study.yaml", cwd=root)
