@@ -19,6 +19,7 @@ WORKLOADS: dict[str, str] = {
     "hashseed_vocab": "steady.worker.inrun.workloads.hashseed_vocab",
     "torch_controls": "steady.worker.inrun.workloads.torch_controls",
     "torch_sources": "steady.worker.inrun.workloads.torch_sources",
+    "torch_distributed": "steady.worker.inrun.workloads.torch_distributed",
     "keras_mlp": "steady.worker.inrun.workloads.keras_mlp",
     "keras_controls": "steady.worker.inrun.workloads.keras_controls",
 }
