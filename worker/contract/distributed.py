@@ -28,7 +28,7 @@ RANK_ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
                   "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 RANKS_DIR = "ranks"
 DRIVER_MODULE = "steady.worker.inrun.distributed"
-MAX_STEPS = 4096  # per-step digests a rank keeps (the first ones: the first difference is what counts)
+MAX_STEPS = 1024  # per-step digests a rank keeps (the first ones: the first difference is what counts)
 TORCHRUN = ("torchrun",)
 TORCHRUN_MODULE = ("-m", "torch.distributed.run")
 
