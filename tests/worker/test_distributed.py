@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,7 +77,7 @@ def test_ranks_get_torchruns_environment_and_rank_0_is_the_run(tmp_path, launch)
     # rank 0's output is the run's (captured); the others' are kept beside it, with their own events
     assert r.series["loss"] == ([0, 1, 2], [0.0, 0.1, 0.2])
     assert ranks[1]["STEADY_EVENTS_FILE"] == rank_events(str(run_dir), 1)
-    assert "step 2 loss 1.2" in open(rank_log(str(run_dir), 1)).read()
+    assert "step 2 loss 1.2" in Path(rank_log(str(run_dir), 1)).read_text()
     assert r.fingerprint["distributed"] == {"world_size": 3, "backend": "gloo"}  # part of the stack
     record = r.digests["distributed"]
     assert record["world_size"] == 3 and [x["rank"] for x in record["ranks"]] == [0, 1, 2]
