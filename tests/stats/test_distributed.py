@@ -83,3 +83,15 @@ def test_repeatability_names_distributed_after_data_order_and_before_numerics():
     # identical repeats name nothing, whatever the records say
     same = repeatability([_run([1.0, 0.5], dist=a), _run([1.0, 0.5], dist=a)])
     assert same.verdict == "identical" and same.source is None
+
+
+def test_distributed_attribution_calibration_no_false_distributed_and_every_plant_named():
+    from steady.server.stats.calibration import measure
+    from steady.server.stats.calibration.attribution_distributed import DISTRIBUTED_ATTRIBUTION
+
+    rng = np.random.default_rng(29)
+    rates = {s.name: (s.kind, measure(DISTRIBUTED_ATTRIBUTION, s, n=40, rng=rng)) for s in DISTRIBUTED_ATTRIBUTION.scenarios}
+    for name, (kind, rate) in rates.items():
+        assert rate.k == (0 if kind == "healthy" else rate.n), f"{name} ({kind}): {rate.k}/{rate.n}"
+    assert {"nothing", "numerics", "reduction + numerics (the kernels act first)", "reduction", "per_rank",
+            "reduction+numerics", "data_order+reduction", "stack+per_rank"} <= set(rates)
