@@ -8,7 +8,7 @@ Per seed, two repeats at ``seeded`` are judged by ``build_report`` (the function
 a seed counts when its repeatability verdict names the expected source (``distributed``, ``data_order``), or
 is ``identical`` for a reference. The world-size control runs every seed at 3 and at 4 ranks, as two stacks:
 its row counts the seeds whose same-seed comparison names ``stack`` and shows the TOST verdict on the final
-loss. No server is started.
+loss (a difference of a few ULPs must not be ``not_equivalent``). No server is started.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def run_control(control: DistControl, seeds: Sequence[int], *, steps: int = 12) 
             named.append(sv.source or "—")
             right += sv.source == control.expected
         return DistRow(control.name, " vs ".join(map(str, control.world_sizes)), control.expected, len(seeds),
-                       right if pv.verdict != "inconclusive" else 0, tuple(sorted(set(named))),
+                       right if pv.verdict != "not_equivalent" else 0, tuple(sorted(set(named))),
                        (f"TOST: {pv.verdict}",), pv.same_seed.first_divergent_step, pv.reason, time.monotonic() - t0)
     entries = [entry(control, seed, repeat, control.nproc, steps=steps) for seed in seeds for repeat in (0, 1)]
     results = _execute(entries)
