@@ -108,41 +108,50 @@ class _RankHooks:
             "named_final": named_final, "model": self.model}})
 
 
+def _patch(owner: Any, name: str, make: Any, undo: list[Any]) -> None:
+    """Replace ``owner.name`` by ``make(original)``; ``undo`` gets what puts it back."""
+    original = getattr(owner, name)
+    setattr(owner, name, make(original))
+    undo.append(lambda: setattr(owner, name, original))
+
+
 def _install_torch() -> Any:
     import torch
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     hooks = _RankHooks()
-    original_add = torch.optim.Optimizer.add_param_group
+    undo: list[Any] = []
 
-    def add_param_group(self: Any, param_group: Any) -> Any:
-        out = original_add(self, param_group)
-        try:
-            hooks.watch(self.param_groups[-1]["params"])
-        except Exception:  # noqa: BLE001 - no hook, no local digest; never break the user's optimizer
-            pass
-        return out
+    def add_param_group(original: Any) -> Any:
+        def wrapped(self: Any, param_group: Any) -> Any:
+            out = original(self, param_group)
+            try:
+                hooks.watch(self.param_groups[-1]["params"])
+            except Exception:  # noqa: BLE001 - no hook, no local digest; never break the user's optimizer
+                pass
+            return out
 
-    torch.optim.Optimizer.add_param_group = add_param_group  # type: ignore[method-assign]
-    hooks.handles.append(register_optimizer_step_pre_hook(hooks.pre_step))
-    ddp = None
-    try:
-        from torch.nn.parallel import DistributedDataParallel as ddp
+        return wrapped
 
-        original_init = ddp.__init__
-
-        def init(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
-            original_init(self, module, *args, **kwargs)
+    def ddp_init(original: Any) -> Any:
+        def wrapped(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, module, *args, **kwargs)
             hooks.module = module
 
-        ddp.__init__ = init  # type: ignore[method-assign]
+        return wrapped
+
+    _patch(torch.optim.Optimizer, "add_param_group", add_param_group, undo)
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+
+        _patch(DistributedDataParallel, "__init__", ddp_init, undo)
     except ImportError:
         pass
+    hooks.handles.append(register_optimizer_step_pre_hook(hooks.pre_step))
 
     def finish() -> None:
-        torch.optim.Optimizer.add_param_group = original_add  # type: ignore[method-assign]
-        if ddp is not None:
-            ddp.__init__ = original_init  # type: ignore[method-assign]
+        for restore in reversed(undo):
+            restore()
         hooks.finish()
 
     return finish
