@@ -74,6 +74,8 @@ def _reduction_step(a: Mapping[str, Any], b: Mapping[str, Any]) -> int | None:
     steps = [(list(x.get("steps") or []), list(y.get("steps") or [])) for x, y in zip(ra, rb)]
     n = min(min(len(x), len(y)) for x, y in steps)
     for s in range(n):
+        if not all(x[s][0] and y[s][0] for x, y in steps):  # a rank recorded no computed gradients: no claim
+            return None
         local_same = all(x[s][0] == y[s][0] for x, y in steps)
         reduced_same = all(x[s][1] == y[s][1] for x, y in steps)
         if local_same and reduced_same:

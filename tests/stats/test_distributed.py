@@ -45,6 +45,10 @@ def test_computed_gradients_differing_first_is_not_the_reduction():
     assert distributed_cause([a, a]) is None  # identical records: nothing to name
     assert distributed_cause([None, None]) is None  # one-process runs
     assert distributed_cause([a, None]) is None  # a run without the record cannot be compared
+    # gradients no backward pass accumulated (set by hand): no local digest, no claim about the reduction
+    blind_a = _record([[["", red] for red in "WXYZ"] for _ in range(3)])
+    blind_b = _record([[["", red] for red in "WXQQ"] for _ in range(3)])
+    assert distributed_cause([blind_a, blind_b]) is None
 
 
 def test_a_rank_with_its_own_layer_order_is_per_rank_state():

@@ -9,7 +9,9 @@ event to its own event file (:mod:`steady.worker.contract.distributed` gathers t
   ``Tensor.register_post_accumulate_grad_hook``, registered when an optimizer takes the parameter) and of
   the gradients the optimizer stepped with (after DDP's or the code's own reduction; a global
   ``register_optimizer_step_pre_hook``). Two repeats whose ranks computed the same gradients and stepped
-  with different ones differ by the reduction (its order, its bucket layout), not by the kernels.
+  with different ones differ by the reduction (its order, its bucket layout), not by the kernels. A step
+  whose gradients no backward pass accumulated (set by hand, ``torch.autograd.grad``) records no local
+  digest (``""``): the report then claims nothing about the reduction.
 * ``named_state`` / ``named_final``: the state dict of the module a ``DistributedDataParallel`` wraps, by
   name, at the first step and at the end; ``model``: its parameter names in registration order. The ranks
   of one run must agree on them: DDP synchronises by position, so a rank that registers its parameters
@@ -85,7 +87,9 @@ class _RankHooks:
             return
         local = [self.local.get(id(p), b"") for p in params]
         reduced = [self._bytes(p.grad) if p.grad is not None else b"" for p in params]
-        self.steps.append([_digest(local), _digest(reduced)])
+        # no gradient accumulated by backward this step (set by hand, torch.autograd.grad): nothing to compare
+        self.steps.append(["" if not any(local) else _digest(local), _digest(reduced)])
+        self.local = {}
 
     def _named(self, module: Any) -> tuple[str, list[str]]:
         state = module.state_dict()
