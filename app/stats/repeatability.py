@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from steady.server.stats.align import align_series
-from steady.server.stats.distributed import distributed_cause
+from steady.server.stats.distributed import DistributedCause, distributed_cause
 
 __all__ = ["RepeatRun", "Repeatability", "repeatability", "size_phrase", "ulp_distance", "VERDICT_ORDER"]
 
@@ -187,7 +187,8 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
         max_abs = max_rel = float("inf")
     max_ulps: int | None = (int(ulps.max()) if ulps.size else 0) if resolution is None else None
 
-    source = epoch = dist = None
+    source = epoch = None
+    dist: DistributedCause | None = None
     if not (values_identical and digests_identical):
         if any(f != fins[0] for f in fins):
             source = "stack"

@@ -88,7 +88,8 @@ def run_control(control: DistControl, seeds: Sequence[int], *, steps: int = 12) 
         runs = [_run_data(i + 1, e, r, s) for i, (e, r, s) in enumerate(zip(entries, results, labels))]
         verdicts = _report(runs)
         pv = _portability(verdicts, determinism=LEVEL, reference_stack=labels[0], candidate_stack=labels[-1])
-        named, right = [], 0
+        named: list[str] = []
+        right = 0
         for seed in seeds:  # each seed on both world sizes, compared step by step (the report's same-seed rule)
             pair = [r for r in runs if r.seed == seed]
             sv = _repeatability(_report([dataclasses.replace(r, stack="pair", repeat=i) for i, r in enumerate(pair)]),
@@ -101,7 +102,10 @@ def run_control(control: DistControl, seeds: Sequence[int], *, steps: int = 12) 
     entries = [entry(control, seed, repeat, control.nproc, steps=steps) for seed in seeds for repeat in (0, 1)]
     results = _execute(entries)
     runs = [_run_data(i + 1, e, r, "default") for i, (e, r) in enumerate(zip(entries, results))]
-    named, verdicts, right, first, reason = [], [], 0, None, ""
+    named: list[str] = []
+    verdicts: list[str] = []
+    first: int | None = None
+    right, reason = 0, ""
     for seed in seeds:
         v = _repeatability(_report([r for r in runs if r.seed == seed]), determinism=LEVEL, stack="default")
         verdicts.append(v.verdict)

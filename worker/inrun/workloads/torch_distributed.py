@@ -96,7 +96,7 @@ def _from_rank0(value: int) -> int:
 
 
 def _manual_all_reduce(params: list[torch.nn.Parameter], world: int, order: list[int]) -> None:
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
     gathered = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
