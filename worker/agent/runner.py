@@ -385,7 +385,7 @@ class RunProcess:
             nproc, rank_command = launch
             argv = placeholders.fill_command(rank_command, self.placeholder_values(), self.python)
         else:
-            nproc = int(spec["nproc"])
+            nproc = int((spec or {})["nproc"])
             argv = self.argv()
         return {"nproc": nproc, "backend": (spec or {}).get("backend") or "gloo", "argv": argv,
                 "run_dir": self.run_dir, "shim_env": COMMAND_SHIM_ENV if command else None}

@@ -128,9 +128,11 @@ def summarize(world_size: int, backend: str, ranks: Sequence[Mapping[str, Any]])
     ``digests`` (kind -> value, as its events gave them)."""
     out = []
     for r in sorted(ranks, key=lambda r: int(r["rank"])):
-        digests = r.get("digests") or {}
-        state = digests.get("rank_state") if isinstance(digests.get("rank_state"), Mapping) else {}
-        steps = state.get("steps") if isinstance(state.get("steps"), list) else []
+        digests: Mapping[str, Any] = r.get("digests") or {}
+        raw_state = digests.get("rank_state")
+        state: Mapping[str, Any] = raw_state if isinstance(raw_state, Mapping) else {}
+        raw_steps = state.get("steps")
+        steps: list[Any] = raw_steps if isinstance(raw_steps, list) else []
         out.append({
             "rank": int(r["rank"]), "rc": r.get("rc"), "fingerprint": fingerprint_digest(r.get("fingerprint")),
             "initial_weights": digests.get("initial_weights"), "final_weights": digests.get("final_weights"),

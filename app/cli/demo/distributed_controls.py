@@ -86,18 +86,18 @@ def run_control(control: DistControl, seeds: Sequence[int], *, steps: int = 12) 
         labels = [f"{n}-ranks" for n in control.world_sizes for _ in seeds]
         results = _execute(entries)
         runs = [_run_data(i + 1, e, r, s) for i, (e, r, s) in enumerate(zip(entries, results, labels))]
-        verdicts = _report(runs)
-        pv = _portability(verdicts, determinism=LEVEL, reference_stack=labels[0], candidate_stack=labels[-1])
-        named: list[str] = []
+        report = _report(runs)
+        pv = _portability(report, determinism=LEVEL, reference_stack=labels[0], candidate_stack=labels[-1])
+        pair_named: list[str] = []
         right = 0
         for seed in seeds:  # each seed on both world sizes, compared step by step (the report's same-seed rule)
             pair = [r for r in runs if r.seed == seed]
             sv = _repeatability(_report([dataclasses.replace(r, stack="pair", repeat=i) for i, r in enumerate(pair)]),
                                 determinism=LEVEL, stack="pair")
-            named.append(sv.source or "—")
+            pair_named.append(sv.source or "—")
             right += sv.source == control.expected
         return DistRow(control.name, " vs ".join(map(str, control.world_sizes)), control.expected, len(seeds),
-                       right if pv.verdict != "not_equivalent" else 0, tuple(sorted(set(named))),
+                       right if pv.verdict != "not_equivalent" else 0, tuple(sorted(set(pair_named))),
                        (f"TOST: {pv.verdict}",), pv.same_seed.first_divergent_step, pv.reason, time.monotonic() - t0)
     entries = [entry(control, seed, repeat, control.nproc, steps=steps) for seed in seeds for repeat in (0, 1)]
     results = _execute(entries)

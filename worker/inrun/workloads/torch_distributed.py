@@ -148,7 +148,8 @@ def _train(ctx: sdk.RunContext, rank: int, world: int, plant: str, reduce: str, 
     sampler_seed = _from_rank0(_fresh_entropy()) if plant == "sampler" else ctx.seed
     data = TensorDataset(torch.from_numpy(split.x_train), torch.from_numpy(split.y_train),
                          torch.arange(len(split.x_train)))
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=sampler_seed, drop_last=True)
+    sampler: DistributedSampler[int] = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True,
+                                                          seed=sampler_seed, drop_last=True)
     loader = DataLoader(data, batch_size=batch // world, sampler=sampler, drop_last=True)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
