@@ -190,6 +190,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.controls and getattr(args, "distributed", False):
+        from steady.server.cli.demo.distributed_controls import main as distributed_main
+
+        return distributed_main(args)
     if args.controls and getattr(args, "resume", False):
         from steady.server.cli.demo.resume_controls import main as resume_main
 
@@ -256,9 +260,11 @@ def register(sub: Any) -> None:
     p.add_argument("--keras", action="store_true", help="with --controls: also the Keras controls")
     p.add_argument("--resume", action="store_true",
                    help="with --controls: instead, the resume check's planted omissions (one piece of state each)")
-    p.add_argument("--seeds", type=int, default=5, help="with --controls --resume: seeds per control")
+    p.add_argument("--distributed", action="store_true",
+                   help="with --controls: instead, the distributed controls (3 and 4 local processes, gloo on CPU)")
+    p.add_argument("--seeds", type=int, default=5, help="with --controls --resume or --distributed: seeds per control")
     p.add_argument("--only", action="append", metavar="TEXT",
-                   help="with --controls --resume: only the controls whose name holds TEXT (repeatable)")
+                   help="with --controls --resume or --distributed: only the controls whose name holds TEXT (repeatable)")
     p.add_argument("--device", default="cpu", help="with --controls: device of the kernel control (cpu, cuda)")
     p.set_defaults(func=cmd_demo)
 

@@ -56,6 +56,7 @@ def _spec_for(run: Run, study: Study) -> RunSpec:
         stack=run.stack,
         localize_steps=spec.get("localize") == "steps",
         resume=_resume_for(run, spec),
+        distributed=arm.get("distributed") or workload.get("distributed"),
     )
 
 

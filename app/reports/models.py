@@ -84,7 +84,9 @@ class RepeatabilityVerdict(_VerdictBase):
     resolution: WireFloat | None = Field(None, description="values parsed from printed text: the unit of their last "
                                          "printed digit, which |Δ| is counted in instead of ULPs")
     first_divergent_step: int | None = None
-    source: str | None = Field(None, description="what diverged first: seeding, input pipeline or kernels")
+    source: str | None = Field(None, description="what diverged first: stack, seeding, data_order (input pipeline), "
+                               "distributed (reduction order or per-rank state of a multi-process run) or numerics "
+                               "(kernels)")
     data_order_epoch: int | None = None
     atol: WireFloat
     rtol: WireFloat

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from steady.server.stats.align import align_series
+from steady.server.stats.distributed import DistributedCause, distributed_cause
 
 __all__ = ["RepeatRun", "Repeatability", "repeatability", "size_phrase", "ulp_distance", "VERDICT_ORDER"]
 
@@ -65,6 +66,8 @@ class RepeatRun:
     # Values parsed from printed text (stdout): the unit of their last printed digit (1e-4 for "0.1234").
     # They carry no binary precision, so their difference is counted in that unit, not in ULPs. None: binary floats.
     resolution: float | None = None
+    # A multi-process run's per-rank record (steady.worker.contract.distributed): names the distributed layer.
+    distributed: Mapping | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ class Repeatability:
     max_ulps: int | None  # None when a run's values were parsed from text (``resolution``)
     first_divergent_step: int | None  # first step whose bits differ from the reference run
     first_out_of_tolerance_step: int | None
-    source: str | None  # stack | seeding | data_order | numerics | None when identical
+    source: str | None  # stack | seeding | data_order | distributed | numerics | None when identical
     data_order_epoch: int | None  # first epoch whose data-order digest differs
     reason: str
     dtype: str = "float64"  # the type ULPs are counted in
@@ -125,7 +128,9 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
     The source of the first divergence is attributed in the order of the architecture brief:
     ``stack`` when fingerprints differ, else ``seeding`` when initial-weight digests differ,
     else ``data_order`` (with the first differing epoch) when data-order digests differ, else
-    ``numerics`` (kernels, reduction order, threads). One exception: at ``determinism="none"``
+    ``distributed`` when multi-process runs' per-rank records show it (a rank's state disagreeing with
+    rank 0's, or the same computed gradients all-reduced to different ones: ``steady.server.stats.distributed``),
+    else ``numerics`` (kernels, reduction order, threads). One exception: at ``determinism="none"``
     (Steady applied no seed) with no initial-weight digest in any run, a divergence already at
     the first logged step is attributed to ``seeding`` (unseeded initialisation makes every
     value differ from the start; kernel nondeterminism needs a computation to act on first),
@@ -183,6 +188,7 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
     max_ulps: int | None = (int(ulps.max()) if ulps.size else 0) if resolution is None else None
 
     source = epoch = None
+    dist: DistributedCause | None = None
     if not (values_identical and digests_identical):
         if any(f != fins[0] for f in fins):
             source = "stack"
@@ -192,6 +198,8 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
             source = "data_order"
             epoch = min(next((e for e, (a, b) in enumerate(zip(orders[0], o)) if a != b), min(len(o), len(orders[0])))
                         for o in orders[1:] if o != orders[0])
+        elif (dist := distributed_cause([r.distributed for r in runs])) is not None:
+            source = "distributed"
         elif (determinism == "none" and all(i is None for i in inits) and first_div is not None
               and al.steps.size and first_div == int(al.steps[0])):
             source = "seeding"
@@ -210,6 +218,8 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
         src = f"source: {source}" + (f", epoch {epoch}" if epoch is not None else "")
         if source == "seeding" and all(i is None for i in inits):
             src += f"; {UNSEEDED_INIT}"
+        if source == "distributed" and dist is not None:
+            src += f"; {dist.detail}"
         size = (size_phrase(max_abs, max_ulps, resolution, dtype) if not nonfinite_mismatch else
                 f"a value is non-finite in one repeat and not the other "
                 f"({size_phrase(float(absd.max()) if absd.size else 0.0, max_ulps, resolution, dtype)} of finite values)")

@@ -110,7 +110,8 @@ def _repeat_run(r: RunData, metric: str) -> RepeatRun:
                      initial_weights=r.digests.get("initial_weights"),
                      data_order=tuple(r.digests.get("data_order") or ()),
                      other_digests={k: r.digests.get(k) for k in ("final_weights", "optimizer_state")},
-                     dtype=r.dtypes.get(metric), resolution=r.resolutions.get(metric))
+                     dtype=r.dtypes.get(metric), resolution=r.resolutions.get(metric),
+                     distributed=r.digests.get("distributed"))
 
 
 def _all_identical(runs: Sequence[RunData], metric: str) -> bool:

@@ -12,6 +12,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from steady.server.studies.alert_specs import AlertRuleSpec, SuiteName, check_spec_alerts
 from steady.server.studies.spec_parts import ArmSpec, CodeRef, SourcesSpec, StackName, StackSpec, WorkloadSpec, _Spec
 from steady.server.kit.wire import WireModel
+from steady.worker.contract.distributed import torchrun_launch
 from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey, ResumeSpec
 
 MAX_STAGES = 20  # adaptive seeds: looks of the group-sequential design
@@ -238,6 +239,10 @@ class StudySpec(_Spec):
             if self.workload.framework.value != "torch":
                 _refuse(("resume",), self.resume.model_dump(), "the resume check reads the state of a torch run "
                         "(TensorFlow is not covered yet); framework is " + self.workload.framework.value)
+            if self.workload.distributed is not None or torchrun_launch(self.workload.command or []) is not None or any(
+                    a.distributed is not None for a in self.arms or []):
+                _refuse(("resume",), self.resume.model_dump(), "the resume check runs one process per launch; a "
+                        "multi-process run (distributed or torchrun) is not covered yet: check its resume with one process")
             if self.resume.runs > len(self.seeds):
                 _refuse(("resume", "runs"), self.resume.runs,
                         f"resume.runs is {self.resume.runs} but the study has only {len(self.seeds)} seed(s)")

@@ -10,8 +10,16 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from steady.server.stats.sources import SD_MARGIN
+from steady.worker.contract.distributed import TorchrunError, torchrun_launch
 from steady.worker.contract.placeholders import placeholder_names
-from steady.worker.contract.protocol import BUILTIN_WORKLOADS, COMMAND_PLACEHOLDERS, CaptureSpec, Framework, Label
+from steady.worker.contract.protocol import (
+    BUILTIN_WORKLOADS,
+    COMMAND_PLACEHOLDERS,
+    CaptureSpec,
+    DistributedSpec,
+    Framework,
+    Label,
+)
 from steady.worker.contract.sources import CROSSED_PARAM, SOURCES, SOURCES_PARAM
 
 MAX_PARAMS_BYTES = 64 * 1024  # workload.params travel with every lease of the study's runs
@@ -51,6 +59,13 @@ class WorkloadSpec(_Spec):
         "lightning, tqdm); default for a command: both, with the patterns 'step N ... loss X' and tqdm's "
         "'N/T [..., loss=X]'",
     )
+    distributed: DistributedSpec | None = Field(
+        None, description="train each run with `nproc` local processes (2 to 8), as `torchrun --standalone "
+        "--nproc-per-node nproc` would: the worker sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+        "(a free port) for each, owns them as one run, captures rank 0 and records every rank's state digests; "
+        "world size and backend are part of the run's stack fingerprint. A command that starts with "
+        "`torchrun --nproc-per-node N` is run the same way",
+    )
 
     @field_validator("command")
     @classmethod
@@ -81,6 +96,15 @@ class WorkloadSpec(_Spec):
                           f"built-in workload {self.name!r} runs on {framework}, {why}: give framework {framework!r}")
         if self.entrypoint is not None and ":" not in self.entrypoint and not self.entrypoint.endswith(".py"):
             raise ValueError("entrypoint must be 'package.module:function' or a path ending in .py")
+        if self.command is not None:
+            try:
+                launch = torchrun_launch(self.command)
+            except TorchrunError as exc:
+                raise _at("command", self.command, str(exc)) from None
+            if launch is not None and self.distributed is not None:
+                raise _at("distributed", self.distributed.model_dump(), "the command starts with torchrun, which "
+                          "already says how many processes: give either torchrun's --nproc-per-node or "
+                          "'distributed', not both")
         return self
 
 
@@ -143,6 +167,9 @@ class ArmSpec(_Spec):
     stack: StackSpec | None = Field(None, description="where this arm runs (its labels select workers)")
     params: dict[str, Any] = Field({}, description="overrides of workload.params (key by key)")
     config: ConfigFileSpec | None = None
+    distributed: DistributedSpec | None = Field(
+        None, description="this arm's runs use other processes than workload.distributed (e.g. another world size): "
+        "compared with the other arms as a change of stack")
     code: CodeRef | Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
         None, description="the code this arm's runs execute instead of the study's: an uploaded archive "
         "{sha256: ...} (`steady submit` packs and uploads `code: DIR`). A plain string is a label kept only "
@@ -165,6 +192,8 @@ class ArmSpec(_Spec):
             "params": {**base, **self.params},
             "config": self.config.model_dump(mode="json") if self.config is not None else None,
             "code": self.code.model_dump(mode="json") if isinstance(self.code, CodeRef) else self.code,
+            "distributed": self.distributed.model_dump(mode="json") if self.distributed is not None else (
+                workload.distributed.model_dump(mode="json") if workload is not None and workload.distributed else None),
         }
 
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from steady.worker.contract import determinism, placeholders, resume, runfiles, sources
+from steady.worker.contract import determinism, distributed, placeholders, resume, runfiles, sources
 from steady.worker.agent import reaper
 from steady.worker.agent.capture import DEFAULT_PATTERNS, SCAN_INTERVAL_S, Capture
 from steady.worker.agent.conflicts import ConflictGuard
@@ -242,10 +242,10 @@ class Collected:
         elif kind == "digest":
             if event["kind"] == "data_order":
                 self.digests["data_order"][int(event["epoch"])] = event["value"]
-            elif event["kind"] == "resume":  # the resume check's record (steady.worker.inrun.resume)
+            elif event["kind"] in ("resume", "distributed", "rank_state"):  # records (resume check, ranks)
                 if not isinstance(event["value"], dict):
-                    raise TypeError("a resume record is an object")
-                self.digests["resume"] = event["value"]
+                    raise TypeError(f"a {event['kind']} record is an object")
+                self.digests[event["kind"]] = event["value"]
             else:
                 self.digests[event["kind"]] = event["value"]
         elif kind == "fingerprint":
@@ -265,6 +265,7 @@ class Collected:
             "final_weights": self.digests.get("final_weights"),
             "optimizer_state": self.digests.get("optimizer_state"),
             "resume": self.digests.get("resume"),
+            "distributed": self.digests.get("distributed"),
         }
 
 
@@ -372,6 +373,23 @@ class RunProcess:
                 "shim_env": COMMAND_SHIM_ENV if self.spec.get("command") else None,
                 "python": self.python, "run_dir": self.run_dir, "determinism": self.spec["determinism"]}
 
+    def distributed_plan(self) -> dict[str, Any] | None:
+        """What the multi-process driver needs (None: one process): the ranks' count and backend, and the argv
+        each rank runs (a ``torchrun`` command's script, with the worker playing torchrun)."""
+        spec = self.spec.get("distributed")
+        command = self.spec.get("command")
+        launch = distributed.torchrun_launch(command) if command else None
+        if not spec and launch is None:
+            return None
+        if launch is not None:
+            nproc, rank_command = launch
+            argv = placeholders.fill_command(rank_command, self.placeholder_values(), self.python)
+        else:
+            nproc = int((spec or {})["nproc"])
+            argv = self.argv()
+        return {"nproc": nproc, "backend": (spec or {}).get("backend") or "gloo", "argv": argv,
+                "run_dir": self.run_dir, "shim_env": COMMAND_SHIM_ENV if command else None}
+
     def environment(self) -> dict[str, str]:
         env = run_environment(
             self.spec, run_dir=self.run_dir, device=self.device, pass_env=self.pass_env,
@@ -384,6 +402,8 @@ class RunProcess:
         plan = self.resume_plan()
         if plan is not None:  # the driver's interpreter must not set up a run: it gives each launch the shim
             env[resume.PLAN_ENV] = json.dumps(plan)
+        elif (dist := self.distributed_plan()) is not None:  # the driver gives each rank the shim
+            env[distributed.PLAN_ENV] = json.dumps(dist)
         elif self.spec.get("command"):
             env[COMMAND_SHIM_ENV] = "1"
         if self.spec.get("localize_steps") and LOCALIZE_ENV not in env:  # a replay sets its own mode
@@ -418,9 +438,12 @@ class RunProcess:
             identity = {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.run_as.groups)}
         self.capture = self._capture()
         argv, env = self.argv(), self.environment()
-        _check_program(argv[0], env, self.working_dir())
+        dist = None if self.spec.get("resume") else self.distributed_plan()
+        _check_program((dist["argv"] if dist else argv)[0], env, self.working_dir())
         if self.spec.get("resume"):  # the driver starts the code itself, once per launch of the check
             argv = [self.python, "-m", resume.DRIVER_MODULE]
+        elif dist is not None:  # the driver starts one copy of the code per rank (it plays torchrun)
+            argv = [self.python, "-m", distributed.DRIVER_MODULE]
         if _LINUX:  # through the run's own subreaper: no daemon it starts outlives it (steady.worker.agent.reaper)
             argv = [self.python, "-I", "-S", _REAPER, *argv]
         # never through a link, even one planted before the child starts

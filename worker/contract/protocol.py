@@ -180,6 +180,7 @@ BUILTIN_WORKLOADS: dict[str, str] = {
     "torch_controls": "torch",
     "torch_sources": "torch",
     "numpy_sources": "python",  # torch_sources without the framework's start-up: NumPy only
+    "torch_distributed": "torch",
     "keras_mlp": "tensorflow",
     "keras_controls": "tensorflow",
 }
@@ -364,6 +365,19 @@ class ResumeSpec(_Model):
         return value
 
 
+MAX_DISTRIBUTED_PROCESSES = 8
+
+
+class DistributedSpec(_Model):
+    """A run trained by several local processes (steady.worker.inrun.distributed): the worker starts ``nproc``
+    copies of the code with the environment ``torchrun`` sets (RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a free port of 127.0.0.1), owns them as one run and ends
+    them together. Rank 0's output, metrics and digests are the run's; every rank's state digests are kept."""
+
+    nproc: Annotated[int, Field(ge=2, le=MAX_DISTRIBUTED_PROCESSES)]
+    backend: Literal["gloo", "nccl"] = "gloo"
+
+
 class RunSpec(_Model):
     """Everything a worker needs to execute one run."""
 
@@ -386,6 +400,7 @@ class RunSpec(_Model):
     capture: CaptureSpec | None = None  # None: a command workload gets the default capture, others none
     localize_steps: bool = False  # record the training state's digest at every step (steady.step_digest)
     resume: ResumeSpec | None = None  # this run also gets the resume check
+    distributed: DistributedSpec | None = None  # several local processes train this run (one per rank)
 
 
 class Lease(_Model):
@@ -550,6 +565,8 @@ class Digests(_Model):
     final_weights: str | None = None
     optimizer_state: str | None = None
     resume: dict[str, Any] | None = None  # the resume check's record (steady.worker.inrun.resume), when it ran
+    # a multi-process run's per-rank record (steady.worker.contract.distributed.summarize), when it had ranks
+    distributed: dict[str, Any] | None = None
 
 
 # A command's argv as the worker ran it (placeholders filled): kept with the run.

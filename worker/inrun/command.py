@@ -24,7 +24,7 @@ from steady.worker.contract.events import SPEC_ENV
 
 def start() -> None:
     from steady.worker.inrun import autodigest
-    from steady.worker.inrun import frameworks, resumestate
+    from steady.worker.inrun import frameworks, rankstate, resumestate
     from steady.worker.inrun.harness import _resolve_device
 
     t0 = time.perf_counter()
@@ -50,9 +50,11 @@ def start() -> None:
 
         localize_keras.install_from_env()
     finish_resume = resumestate.install(ctx.framework)  # a launch of the resume check, else nothing
+    finish_ranks = rankstate.install(ctx.framework)  # a rank of a multi-process run, else nothing
 
     def finish() -> None:
         finish_resume()
+        finish_ranks()
         finish_digests()
         final, timings = sdk._summary()
         timings["harness_s"] = time.perf_counter() - t0

@@ -136,8 +136,12 @@ def run(spec: dict[str, Any]) -> int:
             from steady.worker.inrun import localize_keras
 
             localize_keras.install_from_env()
+        from steady.worker.inrun import rankstate
+
+        finish_ranks = rankstate.install(ctx.framework)  # a rank of a multi-process run, else nothing
         if workload is not None:
             returned = workload.run(ctx)
+            finish_ranks()
         else:
             from steady.worker.inrun import autodigest, resumestate
 
@@ -145,6 +149,7 @@ def run(spec: dict[str, Any]) -> int:
             finish_resume = resumestate.install(ctx.framework)  # a launch of the resume check, else nothing
             returned = _call_entrypoint(spec["entrypoint"], ctx)
             finish_resume()
+            finish_ranks()
             finish_digests()
         t_end = time.perf_counter()
         final, timings = sdk._summary()

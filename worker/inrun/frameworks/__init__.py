@@ -71,4 +71,10 @@ def run_fingerprint(framework: str) -> dict[str, Any]:
     fp["env"] = {k: os.environ[k] for k in determinism.DETERMINISM_ENV_VARS if k in os.environ}
     fp["threads"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     fp.update(_adapter(framework).fingerprint())
+    world = os.environ.get("WORLD_SIZE")
+    if world and world != "1":  # a rank of a multi-process run: its world size and backend are the stack's
+        from steady.worker.contract.distributed import BACKEND_ENV
+
+        fp["distributed"] = {"world_size": int(world) if world.isdigit() else world,
+                             "backend": os.environ.get(BACKEND_ENV)}
     return fp

@@ -20,6 +20,7 @@ WORKLOADS: dict[str, str] = {
     "torch_controls": "steady.worker.inrun.workloads.torch_controls",
     "torch_sources": "steady.worker.inrun.workloads.torch_sources",
     "numpy_sources": "steady.worker.inrun.workloads.numpy_sources",
+    "torch_distributed": "steady.worker.inrun.workloads.torch_distributed",
     "keras_mlp": "steady.worker.inrun.workloads.keras_mlp",
     "keras_controls": "steady.worker.inrun.workloads.keras_controls",
 }
