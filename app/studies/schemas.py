@@ -13,6 +13,7 @@ from steady.server.studies.alert_specs import AlertRuleSpec, SuiteName, check_sp
 from steady.server.studies.spec_parts import ArmSpec, CodeRef, SourcesSpec, StackName, StackSpec, WorkloadSpec, _Spec
 from steady.server.kit.wire import WireModel
 from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey, ResumeSpec
+from steady.worker.contract.resume import FRAMEWORKS as RESUME_FRAMEWORKS
 
 MAX_STAGES = 20  # adaptive seeds: looks of the group-sequential design
 
@@ -234,9 +235,14 @@ class StudySpec(_Spec):
                 _refuse(("resume",), self.resume.model_dump(), "the resume check runs your own code (a "
                         "'command' or an 'entrypoint' that saves and loads checkpoints), not an external study "
                         "or a built-in workload")
-            if self.workload.framework.value != "torch":
-                _refuse(("resume",), self.resume.model_dump(), "the resume check reads the state of a torch run "
-                        "(TensorFlow is not covered yet); framework is " + self.workload.framework.value)
+            framework = self.workload.framework.value
+            if framework not in RESUME_FRAMEWORKS:
+                _refuse(("resume",), self.resume.model_dump(), "the resume check reads the state of a torch or "
+                        "TensorFlow/Keras run; framework is " + framework)
+            if framework == "tensorflow" and self.resume.signal == "term":
+                _refuse(("resume", "signal"), self.resume.signal, "signal 'term' is for torch runs: a Keras step "
+                        "compiled by TensorFlow holds the Python signal handler until it ends, so the stop "
+                        "would wait out the grace; use 'kill'")
             if self.resume.runs > len(self.seeds):
                 _refuse(("resume", "runs"), self.resume.runs,
                         f"resume.runs is {self.resume.runs} but the study has only {len(self.seeds)} seed(s)")

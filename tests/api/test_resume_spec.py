@@ -25,6 +25,8 @@ COMMAND = {"framework": "torch", "command": ["python", "train.py", "--seed", "{s
         ({"resume": {"at": [3], "signal": "hup"}}, "resume.signal", "'kill' or 'term'"),
         ({"resume": {"at": [3]}, "workload": {"framework": "torch", "name": "torch_mlp"}}, "resume", "your own code"),
         ({"resume": {"at": [3]}, "workload": {**COMMAND, "framework": "python"}}, "resume", "framework is python"),
+        ({"resume": {"at": [3], "signal": "term"}, "workload": {**COMMAND, "framework": "tensorflow"}}, "resume.signal",
+         "'term' is for torch runs"),
         ({"workload": {**COMMAND, "command": ["python", "t.py", "{checkpoint}"]}}, "workload.command", "unknown placeholder"),
     ],
 )

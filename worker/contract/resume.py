@@ -29,8 +29,14 @@ OUT_ENV = "STEADY_RESUME_OUT"
 SIGNAL_ENV = "STEADY_RESUME_SIGNAL"  # "kill" (default) or "term"
 TERM_GRACE_S = 20.0  # after SIGTERM, a process that lives on this long is SIGKILLed
 
-COMPONENTS = ("parameters", "optimizer_state", "lr_scheduler", "grad_scaler", "python_rng", "numpy_rng", "torch_rng",
-              "loader_worker_seeds", "data")
+# what a launch digests at a resume point, per framework (a component a framework lacks is absent from both sides)
+TORCH_COMPONENTS = ("parameters", "optimizer_state", "lr_scheduler", "grad_scaler", "python_rng", "numpy_rng", "torch_rng",
+                    "loader_worker_seeds", "data")
+KERAS_COMPONENTS = ("parameters", "optimizer_state", "optimizer_iterations", "lr_scheduler", "python_rng", "numpy_rng",
+                    "tf_rng", "data")
+COMPONENTS = ("parameters", "optimizer_state", "optimizer_iterations", "lr_scheduler", "grad_scaler", "python_rng",
+              "numpy_rng", "torch_rng", "tf_rng", "loader_worker_seeds", "data")
+FRAMEWORKS = ("torch", "tensorflow")
 STEP_COUNTER = "step_counter"
 NO_CHECKPOINT = "checkpoint"  # the resumed launch started from the initial state: no checkpoint was loaded
 # what a user reads in a report: the piece of state, as one would name it in a checkpoint
@@ -42,6 +48,9 @@ LABELS = {
     "python_rng": "Python RNG state (random.getstate)",
     "numpy_rng": "NumPy RNG state (np.random.get_state)",
     "torch_rng": "torch RNG state (torch.get_rng_state / CUDA)",
+    "optimizer_iterations": "optimizer iterations (optimizer.iterations: the step of a Keras learning-rate schedule "
+                            "and of Adam's bias correction)",
+    "tf_rng": "TF RNG state (the Keras SeedGenerator states, e.g. Dropout's, and tf.random.Generator states)",
     "loader_worker_seeds": "DataLoader worker seeds (the loader's generator)",
     "data": "data position (the batch after the resume point)",
     STEP_COUNTER: "step counter (the resumed run made a different number of updates)",
@@ -49,7 +58,8 @@ LABELS = {
                    "update 1: nothing was saved after the resume step, or it was not found in {checkpoint_dir})",
 }
 # a difference in ``data`` is explained by any of these
-_UPSTREAM_OF_DATA = ("parameters", "python_rng", "numpy_rng", "torch_rng", "loader_worker_seeds", STEP_COUNTER)
+_UPSTREAM_OF_DATA = ("parameters", "python_rng", "numpy_rng", "torch_rng", "tf_rng", "loader_worker_seeds", STEP_COUNTER)
+# a Keras learning-rate schedule is a function of optimizer.iterations: its value differs when they do
 
 
 def judge(reference: list[dict[str, Any]], launches: list[dict[str, Any]], at: list[int]) -> dict[str, Any]:
@@ -68,7 +78,7 @@ def judge(reference: list[dict[str, Any]], launches: list[dict[str, Any]], at: l
         return dict(record, verdict="failed", reason="the uninterrupted run did not finish")
     if not ref_states and ref_end["steps"] == 0:
         return dict(record, verdict="failed", reason="the code made no optimizer step that the check could see "
-                    "(the check counts torch optimizer updates)")
+                    "(the check counts torch optimizer steps and Keras optimizer applies)")
     short = [k for k in at if k not in ref_states]
     if short:
         return dict(record, verdict="failed", reason=f"the uninterrupted run made {ref_end['steps']} updates, "
@@ -118,6 +128,8 @@ def judge(reference: list[dict[str, Any]], launches: list[dict[str, Any]], at: l
         differ.add(STEP_COUNTER)
     if "data" in differ and differ & set(_UPSTREAM_OF_DATA):
         differ.discard("data")  # explained by a piece upstream of the batch
+    if "optimizer_iterations" in differ:
+        differ.discard("lr_scheduler")  # a schedule's learning rate, computed from the iterations
     missing = [c for c in (*COMPONENTS, STEP_COUNTER) if c in differ]
     if not missing and not record["final_identical"]:
         record["reason"] = ("every piece of state matched at the resume point(s) but the final parameters differ: "

@@ -15,6 +15,8 @@ counted by a global optimizer step pre-hook (the first optimizer that steps; PyT
 * ``resumed`` (and an ``interrupted`` launch that itself resumed): just before its first update the
   state is digested again, as the state at the resume point :data:`FROM_ENV`.
 
+Keras (TensorFlow) runs: :mod:`steady.worker.inrun.resumestate_keras`, the same protocol with Keras' state.
+
 Every launch writes, at exit, how many updates it made and a digest of its final parameters. The
 records go to the JSON-lines file :data:`OUT_ENV`, one object a line.
 
@@ -72,7 +74,7 @@ def _value_bytes(value: Any) -> bytes:
         return repr(type(value)).encode()  # a function (LambdaLR's lambda): its type, not its address
 
 
-class _Tracker:
+class Tracker:
     def __init__(self, role: str, at: list[int], stop: int | None, resumed_from: int | None, out: str,
                  stop_signal: str = "kill") -> None:
         self.role, self.at, self.stop, self.resumed_from, self.out = role, at, stop, resumed_from, out
@@ -93,6 +95,9 @@ class _Tracker:
 
     def params(self) -> list[Any]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def final_digest(self) -> str:
+        return _sha(b"".join(_tensor_bytes(p) for p in self.params()))
 
     def components(self) -> dict[str, str]:
         import numpy as np
@@ -149,11 +154,11 @@ class _Tracker:
     def finish(self) -> None:
         record: dict[str, Any] = {"steps": self.steps}
         if self.optimizer is not None:
-            record["final_parameters"] = _sha(b"".join(_tensor_bytes(p) for p in self.params()))
+            record["final_parameters"] = self.final_digest()
         self.write(record)
 
 
-def _install_torch(tracker: _Tracker) -> None:
+def _install_torch(tracker: Tracker) -> None:
     import torch
     from torch.optim import lr_scheduler
     from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -191,11 +196,16 @@ def install(framework: str) -> Callable[[], None]:
     """Install the resume check's hooks when this process is one of its launches (:data:`ROLE_ENV` set);
     returns the function that writes the launch's end record (call it when the user code is done)."""
     role = os.environ.get(ROLE_ENV)
-    if not role or framework != "torch":
+    if not role or framework not in ("torch", "tensorflow"):
         return lambda: None
     at = [int(x) for x in os.environ.get(AT_ENV, "").split(",") if x]
     stop = int(os.environ[STOP_ENV]) if os.environ.get(STOP_ENV) else None
     resumed_from = int(os.environ[FROM_ENV]) if os.environ.get(FROM_ENV) else None
-    tracker = _Tracker(role, at, stop, resumed_from, os.environ[OUT_ENV], os.environ.get(SIGNAL_ENV) or "kill")
+    args = (role, at, stop, resumed_from, os.environ[OUT_ENV], os.environ.get(SIGNAL_ENV) or "kill")
+    if framework == "tensorflow":
+        from steady.worker.inrun import resumestate_keras
+
+        return resumestate_keras.install(*args)
+    tracker = Tracker(*args)
     _install_torch(tracker)
     return tracker.finish
