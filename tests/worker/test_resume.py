@@ -40,8 +40,16 @@ def test_each_component_is_named_alone_and_the_batch_it_changes_is_not(component
     change only later updates) changes the gradients of the first update too: only the piece is named."""
     later = ("optimizer_state", "lr_scheduler", "grad_scaler")
     differ = {component} if component in later else {component, "data"}
+    if component == "optimizer_iterations":  # Keras: a learning-rate schedule is computed from them
+        differ = {component, "lr_scheduler"}
     record = judge(_reference(), _launches(differ, final="other"), [3])
     assert record["verdict"] == "not_restored" and record["missing"] == [component], record
+
+
+def test_a_learning_rate_that_differs_with_equal_iterations_is_named():
+    """A Keras learning rate a callback or the code set (not a schedule of the iterations) is its own piece."""
+    record = judge(_reference(), _launches({"lr_scheduler"}, final="other"), [3])
+    assert record["missing"] == ["lr_scheduler"]
 
 
 def test_with_two_resume_points_the_first_that_differs_is_attributed():
@@ -145,16 +153,23 @@ def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, 
 
 
 def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monkeypatch, capsys):
-    """``steady demo --controls --resume``: one control per piece the check names (ten), three faithful
-    resumes; a row passes only when every seed names exactly its piece."""
+    """``steady demo --controls --resume``: one torch control per piece the check names (ten) and one Keras
+    control per Keras piece (eight), five faithful resumes; a row passes only when every seed names exactly
+    its piece."""
     from steady.server.cli import build_parser
     from steady.server.cli.demo import resume_controls as demo
-    from steady.worker.contract.resume import STEP_COUNTER
+    from steady.worker.contract.resume import KERAS_COMPONENTS, STEP_COUNTER, TORCH_COMPONENTS
     from steady.worker.inrun.workloads.resume_controls import OMISSIONS
+    from steady.worker.inrun.workloads.resume_controls_keras import OMISSIONS as KERAS_OMISSIONS
 
     planted = [c for c in demo.CONTROLS if c.omit]
-    assert sorted(c.expected for c in planted) == sorted([*COMPONENTS, STEP_COUNTER])
+    assert sorted(c.expected for c in planted) == sorted([*TORCH_COMPONENTS, STEP_COUNTER])
     assert all(OMISSIONS[c.omit] == c.expected for c in planted)
+    # Keras: every piece but the learning rate, which a schedule computes from the iterations (planted there)
+    keras = [c for c in demo.KERAS_CONTROLS if c.omit]
+    assert sorted(c.expected for c in keras) == sorted({*KERAS_COMPONENTS, STEP_COUNTER} - {"lr_scheduler"})
+    assert all(KERAS_OMISSIONS[c.omit] == c.expected and c.framework == "tensorflow" for c in keras)
+    assert demo.entry(keras[0], 3)["spec"]["command"][:3] == ["python", "-m", demo.SCRIPTS["tensorflow"]]
     weights = next(c for c in planted if c.omit == "weights")
     assert demo.right(weights, {"verdict": "not_restored", "missing": ["parameters"]})
     assert not demo.right(weights, {"verdict": "not_restored", "missing": ["parameters", "torch_rng"]})
@@ -173,4 +188,5 @@ def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monk
     args = build_parser().parse_args(["demo", "--controls", "--resume", "--seeds", "2"])
     assert args.func(args) == 0 and seen["seeds"] == [0, 1]
     out = capsys.readouterr().out
-    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "13 of 13 controls judged as required" in out
+    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "23 of 23 controls judged as required" in out
+    assert "| Keras: TF RNG not restored" in out

@@ -10,6 +10,10 @@ runs go through the worker's own path (``python -m steady.worker.agent.local``: 
 the resume driver, the command shim), no server. A row passes when every seed's check names exactly
 the omitted piece, and the faithful resumes (one and two resume points, and with a scaler) are
 judged identical for every seed.
+
+The Keras controls (``worker/inrun/workloads/resume_controls_keras.py``: a ``tf.function`` train step,
+``Dropout``, Adam on an ``ExponentialDecay`` schedule, a reshuffling ``tf.data`` pipeline, one
+``tf.train.Checkpoint``) run the same way with ``framework: tensorflow``; ``--only Keras`` selects them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from dataclasses import dataclass
 from steady.server.cli.demo.controls import _execute
 from steady.worker.contract.resume import LABELS
 
-SCRIPT = "steady.worker.inrun.workloads.resume_controls"
+SCRIPTS = {"torch": "steady.worker.inrun.workloads.resume_controls",
+           "tensorflow": "steady.worker.inrun.workloads.resume_controls_keras"}
+SCRIPT = SCRIPTS["torch"]
 AT = (6,)
 
 
@@ -32,6 +38,7 @@ class ResumeControl:
     expected: str | None  # the component the check must name; None: identical
     at: tuple[int, ...] = AT
     args: tuple[str, ...] = ()  # more arguments of the script
+    framework: str = "torch"
 
 
 CONTROLS: tuple[ResumeControl, ...] = (
@@ -49,6 +56,22 @@ CONTROLS: tuple[ResumeControl, ...] = (
     ResumeControl("faithful resume with a gradient scaler", None, None, args=("--grad-scaler",)),
     ResumeControl("gradient scaler not loaded", "grad_scaler", "grad_scaler", args=("--grad-scaler",)),
 )
+KERAS = "tensorflow"
+KERAS_CONTROLS: tuple[ResumeControl, ...] = (
+    ResumeControl("Keras: faithful resume (tf.train.Checkpoint)", None, None, framework=KERAS),
+    ResumeControl("Keras: faithful resume, two resume points", None, None, at=(3, 6), framework=KERAS),
+    ResumeControl("Keras: weights not restored", "weights", "parameters", framework=KERAS),
+    ResumeControl("Keras: optimizer moments not restored", "optimizer", "optimizer_state", framework=KERAS),
+    ResumeControl("Keras: optimizer iterations not restored (LR schedule step)", "iterations", "optimizer_iterations",
+                  framework=KERAS),
+    ResumeControl("Keras: step counter not restored", "step", "step_counter", framework=KERAS),
+    ResumeControl("Keras: Python RNG not restored", "python_rng", "python_rng", framework=KERAS),
+    ResumeControl("Keras: NumPy RNG not restored", "numpy_rng", "numpy_rng", framework=KERAS),
+    ResumeControl("Keras: TF RNG not restored (SeedGenerator, tf.random.Generator)", "tf_rng", "tf_rng",
+                  framework=KERAS),
+    ResumeControl("Keras: tf.data iterator not restored (epoch restarts)", "data_cursor", "data", framework=KERAS),
+)
+ALL_CONTROLS = CONTROLS + KERAS_CONTROLS
 
 
 @dataclass(frozen=True)
@@ -67,11 +90,11 @@ class ResumeRow:
 
 
 def entry(control: ResumeControl, seed: int, *, workers: int = 2) -> dict:
-    command = ["python", "-m", SCRIPT, "--checkpoint-dir", "{checkpoint_dir}", "--seed", "{seed}",
-               "--workers", str(workers), *control.args]
+    command = ["python", "-m", SCRIPTS[control.framework], "--checkpoint-dir", "{checkpoint_dir}", "--seed", "{seed}",
+               *(["--workers", str(workers)] if control.framework == "torch" else []), *control.args]
     if control.omit:
         command += ["--omit", control.omit]
-    return {"spec": {"framework": "torch", "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
+    return {"spec": {"framework": control.framework, "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
                      "threads": 1, "time_limit_s": 600, "resume": {"at": list(control.at)}}, "device": "cpu"}
 
 
@@ -93,7 +116,7 @@ def run_control(control: ResumeControl, seeds: Sequence[int], *, workers: int = 
                      sum(right(control, rec) for rec in records), named, time.monotonic() - t0)
 
 
-def run_controls(controls: Sequence[ResumeControl] = CONTROLS, *, seeds: Sequence[int] = range(5), workers: int = 2,
+def run_controls(controls: Sequence[ResumeControl] = ALL_CONTROLS, *, seeds: Sequence[int] = range(5), workers: int = 2,
                  progress: Callable[[ResumeRow], None] | None = None) -> list[ResumeRow]:
     rows = []
     for control in controls:
@@ -118,7 +141,7 @@ def format_table(rows: Sequence[ResumeRow]) -> str:
 
 def main(args) -> int:
     seeds = range(int(getattr(args, "seeds", None) or 5))
-    controls = [c for c in CONTROLS if not getattr(args, "only", None) or any(o in c.name for o in args.only)]
+    controls = [c for c in ALL_CONTROLS if not getattr(args, "only", None) or any(o in c.name for o in args.only)]
     print(f"steady demo --controls --resume: {len(controls)} resume controls × {len(seeds)} seeds, each an "
           "uninterrupted run, a run killed after its resume step and its restart …", flush=True)
 
