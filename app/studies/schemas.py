@@ -239,6 +239,10 @@ class StudySpec(_Spec):
             if framework not in RESUME_FRAMEWORKS:
                 _refuse(("resume",), self.resume.model_dump(), "the resume check reads the state of a torch or "
                         "TensorFlow/Keras run; framework is " + framework)
+            if framework == "tensorflow" and self.resume.micro_batches is not None:
+                _refuse(("resume", "micro_batches"), self.resume.micro_batches, "a stop between micro-batches counts "
+                        "torch backward passes; Keras accumulates gradients inside its optimizer "
+                        "(gradient_accumulation_steps), where each micro-batch is an apply the check counts as a step")
             if framework == "tensorflow" and self.resume.signal == "term":
                 _refuse(("resume", "signal"), self.resume.signal, "signal 'term' is for torch runs: a Keras step "
                         "compiled by TensorFlow holds the Python signal handler until it ends, so the stop "

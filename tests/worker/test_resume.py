@@ -101,6 +101,45 @@ def test_a_launch_that_ends_before_its_kill_or_a_reference_too_short_fails_the_c
     assert record["verdict"] == "failed" and "ckpt.pt" in record["reason"]
 
 
+def _micro_reference(k=3, total=2, micro=1):
+    """The uninterrupted run mid-accumulation: its state before backward 1 and before backward ``micro + 1`` of
+    update ``k + 1``, and the gradient of that update, summed over ``total`` micro-batches."""
+    mid = {c: f"{c}-mid" for c in COMPONENTS if c != "data"}
+    boundary = {c: f"{c}-boundary" for c in COMPONENTS if c != "data"}
+    boundary.update(parameters=mid["parameters"], optimizer_state=mid["optimizer_state"])  # no update in between
+    return [{"state": 0, "components": {c: f"{c}-0" for c in COMPONENTS}}, {"boundary": k, "components": boundary},
+            {"state": k, "components": mid}, {"update_after": k, "data": "grad", "micro_batches": total},
+            {"steps": 6, "final_parameters": "end"}], mid, boundary
+
+
+def _micro_launches(state, *, data="grad", backwards=1, final="end"):
+    return [{"rc": -9, "records": [{"killed_after": 3, "micro_batches": 1}], "tail": ""},
+            {"rc": 0, "records": [{"state": 3, "components": state},
+                                  {"update_after": 3, "data": data, "micro_batches": backwards},
+                                  {"steps": 3, "final_parameters": final}], "tail": ""}]
+
+
+def test_mid_accumulation_a_faithful_resume_and_one_from_the_last_update_are_identical():
+    """Restored with the partial gradient and the counter (1 backward left), or from the update before (the
+    whole accumulation step again, 2 backwards): both continue the uninterrupted run."""
+    reference, mid, boundary = _micro_reference()
+    assert judge(reference, _micro_launches(dict(mid)), [3], micro=1)["verdict"] == "identical"
+    record = judge(reference, _micro_launches(dict(boundary), backwards=2), [3], micro=1)
+    assert record["verdict"] == "identical", record
+
+
+@pytest.mark.parametrize(("changed", "backwards", "missing"), [
+    ({"accumulated_gradients": "none"}, 1, ["accumulated_gradients"]),  # the partial .grad was not loaded
+    ({}, 2, ["micro_batch_counter"]),  # the count restarted: two more micro-batches on top of the first
+    ({"torch_rng": "other"}, 1, ["torch_rng"]),
+])
+def test_mid_accumulation_the_lost_piece_is_named_alone(changed, backwards, missing):
+    reference, mid, _ = _micro_reference()
+    record = judge(reference, _micro_launches({**mid, **changed}, data="other", backwards=backwards, final="x"),
+                   [3], micro=1)
+    assert record["verdict"] == "not_restored" and record["missing"] == missing, record
+
+
 def _spec(omit: str | None, at: list[int], seed: int = 0) -> dict:
     command = ["python", "-m", "steady.worker.inrun.workloads.resume_controls", "--checkpoint-dir",
                "{checkpoint_dir}", "--seed", "{seed}", "--workers", "2", "--steps", "8"]
@@ -158,12 +197,12 @@ def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monk
     its piece."""
     from steady.server.cli import build_parser
     from steady.server.cli.demo import resume_controls as demo
-    from steady.worker.contract.resume import KERAS_COMPONENTS, STEP_COUNTER, TORCH_COMPONENTS
+    from steady.worker.contract.resume import ACCUMULATION_COMPONENTS, KERAS_COMPONENTS, STEP_COUNTER, TORCH_COMPONENTS
     from steady.worker.inrun.workloads.resume_controls import OMISSIONS
     from steady.worker.inrun.workloads.resume_controls_keras import OMISSIONS as KERAS_OMISSIONS
 
     planted = [c for c in demo.CONTROLS if c.omit]
-    assert sorted(c.expected for c in planted) == sorted([*TORCH_COMPONENTS, STEP_COUNTER])
+    assert sorted(c.expected for c in planted) == sorted([*TORCH_COMPONENTS, *ACCUMULATION_COMPONENTS, STEP_COUNTER])
     assert all(OMISSIONS[c.omit] == c.expected for c in planted)
     # Keras: every piece but the learning rate, which a schedule computes from the iterations (planted there)
     keras = [c for c in demo.KERAS_CONTROLS if c.omit]
@@ -188,5 +227,5 @@ def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monk
     args = build_parser().parse_args(["demo", "--controls", "--resume", "--seeds", "2"])
     assert args.func(args) == 0 and seen["seeds"] == [0, 1]
     out = capsys.readouterr().out
-    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "23 of 23 controls judged as required" in out
+    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "27 of 27 controls judged as required" in out
     assert "| Keras: TF RNG not restored" in out

@@ -41,7 +41,8 @@ import weakref
 from typing import Any
 from collections.abc import Callable
 
-from steady.worker.contract.resume import AT_ENV, FROM_ENV, OUT_ENV, ROLE_ENV, SIGNAL_ENV, STOP_ENV, TERM_GRACE_S
+from steady.worker.contract.resume import (AT_ENV, FROM_ENV, MICRO_ENV, OUT_ENV, ROLE_ENV, SIGNAL_ENV, STOP_ENV,
+                                           TERM_GRACE_S)
 
 
 def _sha(data: bytes) -> str:
@@ -85,6 +86,11 @@ class Tracker:
         self.loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
         self.scalers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.handles: list[Any] = []
+        # mid-accumulation (MICRO_ENV): the stop and the digests fall before a backward pass, not an update
+        self.micro: int | None = None
+        self.backwards = 0  # backward passes since the last update
+        self.resume_seen = False
+        self.optimizers: list[weakref.ref[Any]] = []  # created, in order: the first is watched before it steps
 
     def write(self, record: dict[str, Any]) -> None:
         fd = os.open(self.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -99,7 +105,7 @@ class Tracker:
     def final_digest(self) -> str:
         return _sha(b"".join(_tensor_bytes(p) for p in self.params()))
 
-    def components(self) -> dict[str, str]:
+    def components(self, grads_key: str = "data") -> dict[str, str]:
         import numpy as np
         import torch
 
@@ -127,29 +133,69 @@ class Tracker:
                        if getattr(it, "_num_workers", 0) > 0 and hasattr(it, "_base_seed"))
         if seeds:
             out["loader_worker_seeds"] = _sha(json.dumps(seeds).encode())
-        grads = [p.grad for p in self.params()]
-        out["data"] = _sha(b"".join(b"-" if g is None else _tensor_bytes(g) for g in grads))
+        out[grads_key] = self.grads_digest()
         return out
+
+    def grads_digest(self) -> str:
+        return _sha(b"".join(b"-" if p.grad is None else _tensor_bytes(p.grad) for p in self.params()))
 
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.optimizer is None:
             self.optimizer = optimizer
         if optimizer is not self.optimizer:
             return
+        if self.micro is not None:
+            self._pre_update_micro()
+            self.steps += 1
+            self.backwards = 0
+            return
         if self.steps == 0 and self.resumed_from is not None:
             self.write({"state": self.resumed_from, "components": self.components()})
         if self.role == "reference" and (self.steps in self.at or self.steps == 0):  # 0: the start, to tell a restart from scratch
             self.write({"state": self.steps, "components": self.components()})
         if self.role == "interrupted" and self.stop is not None and self.steps >= self.stop:
-            self.write({"killed_after": self.steps, "signal": self.signal})
-            if self.signal == "term":  # the code's handler runs now (in this thread): it may save and exit
-                os.kill(os.getpid(), signal.SIGTERM)
-                deadline = time.monotonic() + TERM_GRACE_S
-                while time.monotonic() < deadline:  # no update k + 1, whatever the handler does
-                    time.sleep(0.05)
-                self.write({"term_ignored_s": TERM_GRACE_S})
-            os.kill(os.getpid(), signal.SIGKILL)
+            self._stop({"killed_after": self.steps, "signal": self.signal})
         self.steps += 1
+
+    def _stop(self, record: dict[str, Any]) -> None:
+        self.write(record)
+        if self.signal == "term":  # the code's handler runs now (in this thread): it may save and exit
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + TERM_GRACE_S
+            while time.monotonic() < deadline:  # no update k + 1, whatever the handler does
+                time.sleep(0.05)
+            self.write({"term_ignored_s": TERM_GRACE_S})
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _pre_update_micro(self) -> None:
+        """Mid-accumulation, before an update: the gradient it applies (all its micro-batches) and how many
+        backward passes made it, for update ``k + 1`` of the reference and the first update of a resume."""
+        if self.steps == 0 and self.resumed_from is not None:
+            self.write({"update_after": self.resumed_from, "data": self.grads_digest(), "micro_batches": self.backwards})
+        if self.role == "reference" and self.steps == 0:  # the start, to tell a restart from scratch
+            self.write({"state": 0, "components": self.components()})
+        if self.role == "reference" and self.steps in self.at:
+            self.write({"update_after": self.steps, "data": self.grads_digest(), "micro_batches": self.backwards})
+
+    def before_backward(self) -> None:
+        """Mid-accumulation, before a backward pass: the state at the resume point (the reference's before
+        backward ``micro + 1`` of update ``k + 1``, and before its backward 1; a resumed launch's before its
+        first), and the stop of an interrupted launch."""
+        if self.optimizer is None:
+            self.optimizer = next((o for o in (ref() for ref in self.optimizers) if o is not None), None)
+            if self.optimizer is None:
+                return
+        if self.role == "reference" and self.steps in self.at:
+            if self.backwards == 0:
+                self.write({"boundary": self.steps, "components": self.components("accumulated_gradients")})
+            if self.backwards == self.micro:
+                self.write({"state": self.steps, "components": self.components("accumulated_gradients")})
+        if self.resumed_from is not None and not self.resume_seen:
+            self.resume_seen = True
+            self.write({"state": self.resumed_from, "components": self.components("accumulated_gradients")})
+        if (self.role == "interrupted" and self.stop is not None and self.steps >= self.stop
+                and self.backwards == self.micro):
+            self._stop({"killed_after": self.steps, "micro_batches": self.backwards, "signal": self.signal})
 
     def finish(self) -> None:
         record: dict[str, Any] = {"steps": self.steps}
@@ -190,6 +236,32 @@ def _install_torch(tracker: Tracker) -> None:
             tracker.scalers.add(self)
 
         scaler_cls.__init__ = scaler_init
+    if tracker.micro is not None:
+        _install_backward(tracker)
+
+
+def _install_backward(tracker: Tracker) -> None:
+    """Mid-accumulation: every backward pass (``Tensor.backward`` calls ``torch.autograd.backward``) is
+    counted, and the optimizers are known from their creation (a resumed launch's first backward pass comes
+    before its optimizer first steps)."""
+    import torch
+
+    original_backward = torch.autograd.backward
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        tracker.before_backward()
+        result = original_backward(*args, **kwargs)
+        tracker.backwards += 1
+        return result
+
+    torch.autograd.backward = backward
+    original_opt_init = torch.optim.Optimizer.__init__
+
+    def opt_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_opt_init(self, *args, **kwargs)
+        tracker.optimizers.append(weakref.ref(self))
+
+    torch.optim.Optimizer.__init__ = opt_init  # type: ignore[method-assign]
 
 
 def install(framework: str) -> Callable[[], None]:
@@ -207,5 +279,6 @@ def install(framework: str) -> Callable[[], None]:
 
         return resumestate_keras.install(*args)
     tracker = Tracker(*args)
+    tracker.micro = int(os.environ[MICRO_ENV]) if os.environ.get(MICRO_ENV) else None
     _install_torch(tracker)
     return tracker.finish

@@ -31,6 +31,9 @@ SCRIPT = SCRIPTS["torch"]
 AT = (6,)
 
 
+ACCUMULATE = ("--accumulate", "2")
+
+
 @dataclass(frozen=True)
 class ResumeControl:
     name: str
@@ -39,6 +42,7 @@ class ResumeControl:
     at: tuple[int, ...] = AT
     args: tuple[str, ...] = ()  # more arguments of the script
     framework: str = "torch"
+    micro_batches: int | None = None  # resume.micro_batches: the stop falls between micro-batches
 
 
 CONTROLS: tuple[ResumeControl, ...] = (
@@ -55,6 +59,14 @@ CONTROLS: tuple[ResumeControl, ...] = (
     ResumeControl("loader generator not restored (worker seeds)", "loader_generator", "loader_worker_seeds"),
     ResumeControl("faithful resume with a gradient scaler", None, None, args=("--grad-scaler",)),
     ResumeControl("gradient scaler not loaded", "grad_scaler", "grad_scaler", args=("--grad-scaler",)),
+    # stopped after the first of two micro-batches of update 7 (mid-epoch: 13 of 24 loader batches done)
+    ResumeControl("faithful resume mid-accumulation", None, None, args=ACCUMULATE, micro_batches=1),
+    ResumeControl("faithful resume from the last update (no mid-accumulation checkpoint)", None, None,
+                  args=(*ACCUMULATE, "--update-checkpoints-only"), micro_batches=1),
+    ResumeControl("accumulated gradient not restored", "accumulated_grads", "accumulated_gradients", args=ACCUMULATE,
+                  micro_batches=1),
+    ResumeControl("micro-batch counter not restored", "micro_batch", "micro_batch_counter", args=ACCUMULATE,
+                  micro_batches=1),
 )
 KERAS = "tensorflow"
 KERAS_CONTROLS: tuple[ResumeControl, ...] = (
@@ -83,6 +95,7 @@ class ResumeRow:
     right: int  # seeds whose check gave exactly the expected verdict and names
     named: tuple[str, ...]  # what the checks named, all seeds together
     seconds: float
+    micro_batches: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -95,7 +108,9 @@ def entry(control: ResumeControl, seed: int, *, workers: int = 2) -> dict:
     if control.omit:
         command += ["--omit", control.omit]
     return {"spec": {"framework": control.framework, "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
-                     "threads": 1, "time_limit_s": 600, "resume": {"at": list(control.at)}}, "device": "cpu"}
+                     "threads": 1, "time_limit_s": 600,
+                     "resume": {"at": list(control.at), **({"micro_batches": control.micro_batches}
+                                                           if control.micro_batches else {})}}, "device": "cpu"}
 
 
 def right(control: ResumeControl, record: dict | None) -> bool:
@@ -113,7 +128,7 @@ def run_control(control: ResumeControl, seeds: Sequence[int], *, workers: int = 
     records = [r["digests"].get("resume") for r in results]
     named = tuple(sorted({c for rec in records if rec for c in rec.get("missing") or []}))
     return ResumeRow(control.name, control.expected, control.at, len(seeds),
-                     sum(right(control, rec) for rec in records), named, time.monotonic() - t0)
+                     sum(right(control, rec) for rec in records), named, time.monotonic() - t0, control.micro_batches)
 
 
 def run_controls(controls: Sequence[ResumeControl] = ALL_CONTROLS, *, seeds: Sequence[int] = range(5), workers: int = 2,
@@ -130,8 +145,13 @@ def run_controls(controls: Sequence[ResumeControl] = ALL_CONTROLS, *, seeds: Seq
 HEADER = ("omitted on resume", "resumed after update", "must be named", "judged as required", "named")
 
 
+def _point(row: ResumeRow) -> str:
+    at = ", ".join(map(str, row.at))
+    return at if row.micro_batches is None else f"{at} + {row.micro_batches} micro-batch"
+
+
 def format_table(rows: Sequence[ResumeRow]) -> str:
-    cells = [HEADER] + [(r.control, ", ".join(map(str, r.at)), r.expected or "nothing (identical)",
+    cells = [HEADER] + [(r.control, _point(r), r.expected or "nothing (identical)",
                          f"{r.right} of {r.seeds}", ", ".join(r.named) or "—") for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
