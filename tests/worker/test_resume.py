@@ -140,10 +140,13 @@ def test_mid_accumulation_the_lost_piece_is_named_alone(changed, backwards, miss
     assert record["verdict"] == "not_restored" and record["missing"] == missing, record
 
 
-def _spec(omit: str | None, at: list[int], seed: int = 0) -> dict:
+def _spec(omit: str | None, at: list[int], seed: int = 0, micro: int | None = None) -> dict:
     command = ["python", "-m", "steady.worker.inrun.workloads.resume_controls", "--checkpoint-dir",
                "{checkpoint_dir}", "--seed", "{seed}", "--workers", "2", "--steps", "8"]
     resume: dict = {"at": at}
+    if micro:  # two loader batches an update, stopped after the first of update at + 1
+        command += ["--accumulate", "2"]
+        resume["micro_batches"] = micro
     if omit:  # stopped by SIGTERM, which the script's handler answers by exiting 0
         command += ["--omit", omit, "--exit-on-term"]
         resume["signal"] = "term"
@@ -161,13 +164,17 @@ def main(ctx):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("omit", "at", "missing"), [(None, [2, 5], []),
-                                                     ("loader_generator", [5], ["loader_worker_seeds"])])
-def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, missing):
+@pytest.mark.parametrize(("omit", "at", "missing", "micro"), [
+    (None, [2, 5], [], None),
+    ("loader_generator", [5], ["loader_worker_seeds"], None),
+    ("micro_batch", [5], ["micro_batch_counter"], 1),
+])
+def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, missing, micro):
     """Four batches an epoch: a kill after update 5 is mid-epoch, with two live loader workers. The faithful
-    resume runs as an entrypoint (the harness, ``ctx.checkpoint_dir``) killed by SIGKILL, the omission as a
-    command stopped by SIGTERM (its handler exits 0)."""
-    spec, code = _spec(omit, at), None
+    resume runs as an entrypoint (the harness, ``ctx.checkpoint_dir``) killed by SIGKILL, the omissions as a
+    command stopped by SIGTERM (its handler exits 0); the third stops between the two micro-batches of
+    update 6 (11 of 16 loader batches done) and restarts the accumulation step's count."""
+    spec, code = _spec(omit, at, micro=micro), None
     if omit is None:
         code = tmp_path / "code"
         code.mkdir()
