@@ -146,7 +146,7 @@ def _install(tracker: KerasTracker) -> None:
         finally:
             tracker.inside -= 1
 
-    base_optimizer.BaseOptimizer.apply = apply  # type: ignore[method-assign]
+    base_optimizer.BaseOptimizer.apply = apply
 
     original_sg_init = seed_generator.SeedGenerator.__init__
 
@@ -154,14 +154,14 @@ def _install(tracker: KerasTracker) -> None:
         original_sg_init(self, *args, **kwargs)
         tracker.track_generator(self, lambda g: g.state)
 
-    seed_generator.SeedGenerator.__init__ = sg_init  # type: ignore[method-assign]
+    seed_generator.SeedGenerator.__init__ = sg_init
     original_gen_init = stateful_random_ops.Generator.__init__
 
     def gen_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_gen_init(self, *args, **kwargs)
         tracker.track_generator(self, lambda g: g.state)
 
-    stateful_random_ops.Generator.__init__ = gen_init  # type: ignore[method-assign]
+    stateful_random_ops.Generator.__init__ = gen_init
 
 
 def install(role: str, at: list[int], stop: int | None, resumed_from: int | None, out: str,

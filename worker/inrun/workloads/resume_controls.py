@@ -154,11 +154,13 @@ def main(argv: list[str] | None = None) -> None:
             scheduler.step()
             step += 1
             print(f"step {step} loss {loss.item():.6f}", flush=True)
+            # at the end of an epoch a resume starts the next one, whose shuffle is drawn from the state now
+            resume_epoch = generator.get_state() if step * args.accumulate % args.batches == 0 else epoch_state
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step,
                         "micro": 0, "python_rng": random.getstate(),
                         "numpy_rng": np.random.get_state(), "torch_rng": torch.get_rng_state(),
-                        "epoch_generator": epoch_state}, path + ".tmp")
+                        "epoch_generator": resume_epoch}, path + ".tmp")
             os.replace(path + ".tmp", path)
             if step >= args.steps:
                 break
