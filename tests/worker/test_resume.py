@@ -128,6 +128,13 @@ def test_mid_accumulation_a_faithful_resume_and_one_from_the_last_update_are_ide
     assert record["verdict"] == "identical", record
 
 
+def test_mid_accumulation_a_stop_past_the_updates_micro_batches_fails_the_check_saying_so():
+    reference, _, _ = _micro_reference()
+    reference = [r for r in reference if r.get("state") != 3]  # update 4 had one backward pass: no stop after 1
+    record = judge(reference, _micro_launches({}), [3], micro=1)
+    assert record["verdict"] == "failed" and "fewer than 2 backward passes" in record["reason"], record
+
+
 @pytest.mark.parametrize(("changed", "backwards", "missing"), [
     ({"accumulated_gradients": "none"}, 1, ["accumulated_gradients"]),  # the partial .grad was not loaded
     ({}, 2, ["micro_batch_counter"]),  # the count restarted: two more micro-batches on top of the first

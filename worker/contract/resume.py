@@ -113,6 +113,9 @@ def judge(reference: list[dict[str, Any]], launches: list[dict[str, Any]], at: l
         return dict(record, verdict="failed", reason="the code made no optimizer step that the check could see "
                     "(the check counts torch optimizer steps and Keras optimizer applies)")
     short = [k for k in at if k not in ref_states]
+    if short and micro and all(k < ref_end["steps"] for k in short):
+        return dict(record, verdict="failed", reason=f"the update after step(s) {short} had fewer than "
+                    f"{micro + 1} backward passes: no stop after {micro} micro-batch(es) there")
     if short:
         return dict(record, verdict="failed", reason=f"the uninterrupted run made {ref_end['steps']} updates, "
                     f"not more than the resume step(s) {short}")
