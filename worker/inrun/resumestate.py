@@ -15,6 +15,12 @@ counted by a global optimizer step pre-hook (the first optimizer that steps; PyT
 * ``resumed`` (and an ``interrupted`` launch that itself resumed): just before its first update the
   state is digested again, as the state at the resume point :data:`FROM_ENV`.
 
+Mid-accumulation (:data:`MICRO_ENV` ``j``): every backward pass is counted (``torch.autograd.backward``), the
+stop falls just before backward ``j + 1`` of update ``k + 1``, and the state is digested there (with the
+partial ``.grad`` as ``accumulated_gradients``), before backward 1 of that update (a resume from the last
+update), and before a resumed launch's first backward; the gradient each applies and the backward passes
+that made it are recorded before the update (``update_after``).
+
 Keras (TensorFlow) runs: :mod:`steady.worker.inrun.resumestate_keras`, the same protocol with Keras' state.
 
 Every launch writes, at exit, how many updates it made and a digest of its final parameters. The
