@@ -79,7 +79,7 @@ def _accumulation_views(k: int, micro: int, got: dict[str, Any], update: dict[st
     components, before backward 1 (a resume from the last update that redoes the whole accumulation step:
     also faithful). ``data`` is the gradient of update ``k + 1``; ``micro_batch_counter`` the backward passes
     the resumed launch made before it."""
-    mid = next((r["components"] for r in reference if r.get("state") == k), {})
+    mid: dict[str, Any] = next((r["components"] for r in reference if r.get("state") == k), {})
     boundary = next((r["components"] for r in reference if r.get("boundary") == k), None)
     ref_update = next((r for r in reference if r.get("update_after") == k), {})
     total = ref_update.get("micro_batches")

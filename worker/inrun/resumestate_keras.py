@@ -81,7 +81,7 @@ class KerasTracker(Tracker):
                 states.append(_array_bytes(state(generator)))
         return states
 
-    def components(self) -> dict[str, str]:
+    def components(self, grads_key: str = "data") -> dict[str, str]:
         import pickle
         import random
 
@@ -101,7 +101,7 @@ class KerasTracker(Tracker):
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         out["numpy_rng"] = _sha(str(kind).encode() + np.asarray(keys).tobytes() + str((pos, has_gauss, cached)).encode())
         out["tf_rng"] = _sha(b"|".join(self._rng_states()))
-        out["data"] = _sha(b"".join(_array_bytes(g) for g in self.grads))
+        out[grads_key] = _sha(b"".join(_array_bytes(g) for g in self.grads))
         return out
 
     def before_update(self, optimizer: Any, grads: Any) -> None:

@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         step.assign_add(1)
         print(f"step {int(step.numpy())} loss {float(loss):.6f}", flush=True)
         saver.write(path)
-        with open(rng_path + ".tmp", "wb") as f:
-            pickle.dump({"python": random.getstate(), "numpy": np.random.get_state()}, f)
+        with open(rng_path + ".tmp", "wb") as out:
+            pickle.dump({"python": random.getstate(), "numpy": np.random.get_state()}, out)
         os.replace(rng_path + ".tmp", rng_path)
 
 
