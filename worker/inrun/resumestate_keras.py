@@ -54,6 +54,7 @@ class KerasTracker(Tracker):
         self.grads: list[Any] = []
         self.generators: list[tuple[int, weakref.ref[Any], Callable[[Any], Any]]] = []
         self.inside = 0
+        self.rng_values: list[tuple[str, Any]] | None = None
 
     def track_generator(self, generator: Any, state: Callable[[Any], Any]) -> None:
         self.generators.append((next(_ORDER), weakref.ref(generator), state))
@@ -64,22 +65,31 @@ class KerasTracker(Tracker):
     def final_digest(self) -> str:
         return _sha(b"".join(_array_bytes(v) for v in self.params()))
 
-    def _rng_states(self) -> list[bytes]:
-        states: list[bytes] = []
+    def rng_variables(self) -> list[tuple[str, Any]]:
+        """The state variables of the live generators: Keras' global one first, then in order of creation."""
+        import gc
+
+        gc.collect()  # the live generators, whenever the collector would have run: a dead one is not state
+        out: list[tuple[str, Any]] = []
         try:
             from keras.src.backend.common import global_state
             from keras.src.random import seed_generator
 
             glob = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
             if glob is not None:
-                states.append(b"global:" + _array_bytes(glob.state))
+                out.append(("global:", glob.state))
         except ImportError:
             pass
         for _, ref, state in sorted(self.generators, key=lambda g: g[0]):
             generator = ref()
             if generator is not None:
-                states.append(_array_bytes(state(generator)))
-        return states
+                out.append(("", state(generator)))
+        return out
+
+    def _rng_states(self) -> list[bytes]:
+        if self.rng_values is not None:  # read by the compiled step, in its order of ops
+            return [label.encode() + _array_bytes(v) for label, v in self.rng_values]
+        return [label.encode() + _array_bytes(v) for label, v in self.rng_variables()]
 
     def components(self, grads_key: str = "data") -> dict[str, str]:
         import pickle
@@ -104,11 +114,12 @@ class KerasTracker(Tracker):
         out[grads_key] = _sha(b"".join(_array_bytes(g) for g in self.grads))
         return out
 
-    def before_update(self, optimizer: Any, grads: Any) -> None:
+    def before_update(self, optimizer: Any, grads: Any, rng_values: list[tuple[str, Any]] | None = None) -> None:
         if self.optimizer is None:
             self.optimizer = optimizer
         if optimizer is self.optimizer:
             self.grads = list(grads)
+            self.rng_values = rng_values
         self.pre(optimizer, (), {})
 
 
@@ -134,11 +145,18 @@ def _install(tracker: KerasTracker) -> None:
                     self.built = True
                 tracker.before_update(self, present)
             else:  # a compiled step: the hook runs each time the step does, and every op of the update waits for it
+                # the generators' states are read as ops of the step, so they come after its draws (a Dropout
+                # layer's SeedGenerator advances in the forward pass: a read from Python could race with it)
+                pairs = tracker.rng_variables()
+                labels = [label for label, _ in pairs]
+                rng_reads = [tf.identity(tf.convert_to_tensor(v)) for _, v in pairs]
+
                 def hook(*values: Any) -> Any:
-                    tracker.before_update(self, values)
+                    n = len(present)
+                    tracker.before_update(self, values[:n], list(zip(labels, values[n:])))
                     return 0
 
-                token = tf.py_function(hook, present, tf.int32)
+                token = tf.py_function(hook, [*present, *rng_reads], tf.int32)
                 with tf.control_dependencies([token]):
                     grads = [g if g is None else tf.identity(g) for g in grads]
                     return original_apply(self, grads, trainable_variables)
