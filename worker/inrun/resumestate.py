@@ -270,20 +270,24 @@ def _install_backward(tracker: Tracker) -> None:
     torch.optim.Optimizer.__init__ = opt_init  # type: ignore[method-assign]
 
 
-def install(framework: str) -> Callable[[], None]:
-    """Install the resume check's hooks when this process is one of its launches (:data:`ROLE_ENV` set);
-    returns the function that writes the launch's end record (call it when the user code is done)."""
+def launch_args() -> tuple[str, list[int], int | None, int | None, str, str] | None:
+    """This launch's part in the resume check, from the driver's environment (None: not a launch of it)."""
     role = os.environ.get(ROLE_ENV)
-    if not role or framework not in ("torch", "tensorflow"):
-        return lambda: None
+    if not role:
+        return None
     at = [int(x) for x in os.environ.get(AT_ENV, "").split(",") if x]
     stop = int(os.environ[STOP_ENV]) if os.environ.get(STOP_ENV) else None
     resumed_from = int(os.environ[FROM_ENV]) if os.environ.get(FROM_ENV) else None
-    args = (role, at, stop, resumed_from, os.environ[OUT_ENV], os.environ.get(SIGNAL_ENV) or "kill")
-    if framework == "tensorflow":
-        from steady.worker.inrun import resumestate_keras
+    return role, at, stop, resumed_from, os.environ[OUT_ENV], os.environ.get(SIGNAL_ENV) or "kill"
 
-        return resumestate_keras.install(*args)
+
+def install(framework: str) -> Callable[[], None]:
+    """Install the resume check's hooks when this process is one of its launches (:data:`ROLE_ENV` set);
+    returns the function that writes the launch's end record (call it when the user code is done). Keras:
+    :func:`steady.worker.inrun.resumestate_keras.install_from_env`."""
+    args = launch_args()
+    if args is None or framework != "torch":
+        return lambda: None
     tracker = Tracker(*args)
     tracker.micro = int(os.environ[MICRO_ENV]) if os.environ.get(MICRO_ENV) else None
     _install_torch(tracker)

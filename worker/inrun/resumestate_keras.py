@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from steady.worker.inrun.resumestate import Tracker, _sha
+from steady.worker.inrun.resumestate import Tracker, _sha, launch_args
 
 _ORDER = itertools.count()
 
@@ -182,8 +182,12 @@ def _install(tracker: KerasTracker) -> None:
     stateful_random_ops.Generator.__init__ = gen_init
 
 
-def install(role: str, at: list[int], stop: int | None, resumed_from: int | None, out: str,
-            stop_signal: str = "kill") -> Callable[[], None]:
-    tracker = KerasTracker(role, at, stop, resumed_from, out, stop_signal)
+def install_from_env(framework: str) -> Callable[[], None]:
+    """The resume check's hooks for a Keras launch of it (:func:`steady.worker.inrun.resumestate.install` for
+    torch); returns the function that writes the launch's end record."""
+    args = launch_args()
+    if args is None or framework != "tensorflow":
+        return lambda: None
+    tracker = KerasTracker(*args)
     _install(tracker)
     return tracker.finish
