@@ -446,9 +446,10 @@ class ResumeCheck(Part):
     at: list[int]
     verdict: Literal["identical", "not_restored", "failed", "within_seed_band", "outside_seed_band", "not_judged"]
     missing: list[str] = Field([], description="the state the resumed run failed to restore: parameters, "
-                                "optimizer_state, lr_scheduler, python_rng, numpy_rng, torch_rng, loader_worker_seeds, "
-                                "data (the data position), step_counter; checkpoint when it started from scratch; 'unseen' when all "
-                                "matched but the end differs")
+                                "optimizer_state, optimizer_iterations (Keras), lr_scheduler, grad_scaler, "
+                                "accumulated_gradients, micro_batch_counter, python_rng, numpy_rng, torch_rng, tf_rng "
+                                "(Keras), loader_worker_seeds, data (the data position), step_counter; checkpoint when "
+                                "it started from scratch; 'unseen' when all matched but the end differs")
     summary: str = Field(description="the plain first line: what the resumed run got wrong, or that it matched")
     reason: str
     guarantee: str

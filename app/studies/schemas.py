@@ -14,6 +14,7 @@ from steady.server.studies.spec_parts import ArmSpec, CodeRef, SourcesSpec, Stac
 from steady.server.kit.wire import WireModel
 from steady.worker.contract.distributed import torchrun_launch
 from steady.worker.contract.protocol import MAX_NAME_LENGTH, Determinism, MetricKey, ResumeSpec
+from steady.worker.contract.resume import FRAMEWORKS as RESUME_FRAMEWORKS
 
 MAX_STAGES = 20  # adaptive seeds: looks of the group-sequential design
 
@@ -236,9 +237,18 @@ class StudySpec(_Spec):
                 _refuse(("resume",), self.resume.model_dump(), "the resume check runs your own code (a "
                         "'command' or an 'entrypoint' that saves and loads checkpoints), not an external study "
                         "or a built-in workload")
-            if self.workload.framework.value != "torch":
-                _refuse(("resume",), self.resume.model_dump(), "the resume check reads the state of a torch run "
-                        "(TensorFlow is not covered yet); framework is " + self.workload.framework.value)
+            framework = self.workload.framework.value
+            if framework not in RESUME_FRAMEWORKS:
+                _refuse(("resume",), self.resume.model_dump(), "the resume check reads the state of a torch or "
+                        "TensorFlow/Keras run; framework is " + framework)
+            if framework == "tensorflow" and self.resume.micro_batches is not None:
+                _refuse(("resume", "micro_batches"), self.resume.micro_batches, "a stop between micro-batches counts "
+                        "torch backward passes; Keras accumulates gradients inside its optimizer "
+                        "(gradient_accumulation_steps), where each micro-batch is an apply the check counts as a step")
+            if framework == "tensorflow" and self.resume.signal == "term":
+                _refuse(("resume", "signal"), self.resume.signal, "signal 'term' is for torch runs: a Keras step "
+                        "compiled by TensorFlow holds the Python signal handler until it ends, so the stop "
+                        "would wait out the grace; use 'kill'")
             if self.workload.distributed is not None or torchrun_launch(self.workload.command or []) is not None or any(
                     a.distributed is not None for a in self.arms or []):
                 _refuse(("resume",), self.resume.model_dump(), "the resume check runs one process per launch; a "

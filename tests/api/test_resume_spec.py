@@ -25,6 +25,11 @@ COMMAND = {"framework": "torch", "command": ["python", "train.py", "--seed", "{s
         ({"resume": {"at": [3], "signal": "hup"}}, "resume.signal", "'kill' or 'term'"),
         ({"resume": {"at": [3]}, "workload": {"framework": "torch", "name": "torch_mlp"}}, "resume", "your own code"),
         ({"resume": {"at": [3]}, "workload": {**COMMAND, "framework": "python"}}, "resume", "framework is python"),
+        ({"resume": {"at": [3], "signal": "term"}, "workload": {**COMMAND, "framework": "tensorflow"}}, "resume.signal",
+         "'term' is for torch runs"),
+        ({"resume": {"at": [3], "micro_batches": 1}, "workload": {**COMMAND, "framework": "tensorflow"}},
+         "resume.micro_batches", "torch backward passes"),
+        ({"resume": {"at": [3], "micro_batches": 0}}, "resume.micro_batches", "greater than or equal to 1"),
         ({"workload": {**COMMAND, "command": ["python", "t.py", "{checkpoint}"]}}, "workload.command", "unknown placeholder"),
     ],
 )

@@ -40,8 +40,16 @@ def test_each_component_is_named_alone_and_the_batch_it_changes_is_not(component
     change only later updates) changes the gradients of the first update too: only the piece is named."""
     later = ("optimizer_state", "lr_scheduler", "grad_scaler")
     differ = {component} if component in later else {component, "data"}
+    if component == "optimizer_iterations":  # Keras: a learning-rate schedule is computed from them
+        differ = {component, "lr_scheduler"}
     record = judge(_reference(), _launches(differ, final="other"), [3])
     assert record["verdict"] == "not_restored" and record["missing"] == [component], record
+
+
+def test_a_learning_rate_that_differs_with_equal_iterations_is_named():
+    """A Keras learning rate a callback or the code set (not a schedule of the iterations) is its own piece."""
+    record = judge(_reference(), _launches({"lr_scheduler"}, final="other"), [3])
+    assert record["missing"] == ["lr_scheduler"]
 
 
 def test_with_two_resume_points_the_first_that_differs_is_attributed():
@@ -93,10 +101,59 @@ def test_a_launch_that_ends_before_its_kill_or_a_reference_too_short_fails_the_c
     assert record["verdict"] == "failed" and "ckpt.pt" in record["reason"]
 
 
-def _spec(omit: str | None, at: list[int], seed: int = 0) -> dict:
+def _micro_reference(k=3, total=2, micro=1):
+    """The uninterrupted run mid-accumulation: its state before backward 1 and before backward ``micro + 1`` of
+    update ``k + 1``, and the gradient of that update, summed over ``total`` micro-batches."""
+    mid = {c: f"{c}-mid" for c in COMPONENTS if c != "data"}
+    boundary = {c: f"{c}-boundary" for c in COMPONENTS if c != "data"}
+    boundary.update(parameters=mid["parameters"], optimizer_state=mid["optimizer_state"])  # no update in between
+    return [{"state": 0, "components": {c: f"{c}-0" for c in COMPONENTS}}, {"boundary": k, "components": boundary},
+            {"state": k, "components": mid}, {"update_after": k, "data": "grad", "micro_batches": total},
+            {"steps": 6, "final_parameters": "end"}], mid, boundary
+
+
+def _micro_launches(state, *, data="grad", backwards=1, final="end"):
+    return [{"rc": -9, "records": [{"killed_after": 3, "micro_batches": 1}], "tail": ""},
+            {"rc": 0, "records": [{"state": 3, "components": state},
+                                  {"update_after": 3, "data": data, "micro_batches": backwards},
+                                  {"steps": 3, "final_parameters": final}], "tail": ""}]
+
+
+def test_mid_accumulation_a_faithful_resume_and_one_from_the_last_update_are_identical():
+    """Restored with the partial gradient and the counter (1 backward left), or from the update before (the
+    whole accumulation step again, 2 backwards): both continue the uninterrupted run."""
+    reference, mid, boundary = _micro_reference()
+    assert judge(reference, _micro_launches(dict(mid)), [3], micro=1)["verdict"] == "identical"
+    record = judge(reference, _micro_launches(dict(boundary), backwards=2), [3], micro=1)
+    assert record["verdict"] == "identical", record
+
+
+def test_mid_accumulation_a_stop_past_the_updates_micro_batches_fails_the_check_saying_so():
+    reference, _, _ = _micro_reference()
+    reference = [r for r in reference if r.get("state") != 3]  # update 4 had one backward pass: no stop after 1
+    record = judge(reference, _micro_launches({}), [3], micro=1)
+    assert record["verdict"] == "failed" and "fewer than 2 backward passes" in record["reason"], record
+
+
+@pytest.mark.parametrize(("changed", "backwards", "missing"), [
+    ({"accumulated_gradients": "none"}, 1, ["accumulated_gradients"]),  # the partial .grad was not loaded
+    ({}, 2, ["micro_batch_counter"]),  # the count restarted: two more micro-batches on top of the first
+    ({"torch_rng": "other"}, 1, ["torch_rng"]),
+])
+def test_mid_accumulation_the_lost_piece_is_named_alone(changed, backwards, missing):
+    reference, mid, _ = _micro_reference()
+    record = judge(reference, _micro_launches({**mid, **changed}, data="other", backwards=backwards, final="x"),
+                   [3], micro=1)
+    assert record["verdict"] == "not_restored" and record["missing"] == missing, record
+
+
+def _spec(omit: str | None, at: list[int], seed: int = 0, micro: int | None = None) -> dict:
     command = ["python", "-m", "steady.worker.inrun.workloads.resume_controls", "--checkpoint-dir",
                "{checkpoint_dir}", "--seed", "{seed}", "--workers", "2", "--steps", "8"]
     resume: dict = {"at": at}
+    if micro:  # two loader batches an update, stopped after the first of update at + 1
+        command += ["--accumulate", "2"]
+        resume["micro_batches"] = micro
     if omit:  # stopped by SIGTERM, which the script's handler answers by exiting 0
         command += ["--omit", omit, "--exit-on-term"]
         resume["signal"] = "term"
@@ -114,13 +171,17 @@ def main(ctx):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("omit", "at", "missing"), [(None, [2, 5], []),
-                                                     ("loader_generator", [5], ["loader_worker_seeds"])])
-def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, missing):
+@pytest.mark.parametrize(("omit", "at", "missing", "micro"), [
+    (None, [2, 5], [], None),
+    ("loader_generator", [5], ["loader_worker_seeds"], None),
+    ("micro_batch", [5], ["micro_batch_counter"], 1),
+])
+def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, missing, micro):
     """Four batches an epoch: a kill after update 5 is mid-epoch, with two live loader workers. The faithful
-    resume runs as an entrypoint (the harness, ``ctx.checkpoint_dir``) killed by SIGKILL, the omission as a
-    command stopped by SIGTERM (its handler exits 0)."""
-    spec, code = _spec(omit, at), None
+    resume runs as an entrypoint (the harness, ``ctx.checkpoint_dir``) killed by SIGKILL, the omissions as a
+    command stopped by SIGTERM (its handler exits 0); the third stops between the two micro-batches of
+    update 6 (11 of 16 loader batches done) and restarts the accumulation step's count."""
+    spec, code = _spec(omit, at, micro=micro), None
     if omit is None:
         code = tmp_path / "code"
         code.mkdir()
@@ -145,16 +206,23 @@ def test_real_launches_killed_mid_epoch_with_loader_workers(tmp_path, omit, at, 
 
 
 def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monkeypatch, capsys):
-    """``steady demo --controls --resume``: one control per piece the check names (ten), three faithful
-    resumes; a row passes only when every seed names exactly its piece."""
+    """``steady demo --controls --resume``: one torch control per piece the check names (ten) and one Keras
+    control per Keras piece (eight), five faithful resumes; a row passes only when every seed names exactly
+    its piece."""
     from steady.server.cli import build_parser
     from steady.server.cli.demo import resume_controls as demo
-    from steady.worker.contract.resume import STEP_COUNTER
+    from steady.worker.contract.resume import ACCUMULATION_COMPONENTS, KERAS_COMPONENTS, STEP_COUNTER, TORCH_COMPONENTS
     from steady.worker.inrun.workloads.resume_controls import OMISSIONS
+    from steady.worker.inrun.workloads.resume_controls_keras import OMISSIONS as KERAS_OMISSIONS
 
     planted = [c for c in demo.CONTROLS if c.omit]
-    assert sorted(c.expected for c in planted) == sorted([*COMPONENTS, STEP_COUNTER])
+    assert sorted(c.expected for c in planted) == sorted([*TORCH_COMPONENTS, *ACCUMULATION_COMPONENTS, STEP_COUNTER])
     assert all(OMISSIONS[c.omit] == c.expected for c in planted)
+    # Keras: every piece but the learning rate, which a schedule computes from the iterations (planted there)
+    keras = [c for c in demo.KERAS_CONTROLS if c.omit]
+    assert sorted(c.expected for c in keras) == sorted({*KERAS_COMPONENTS, STEP_COUNTER} - {"lr_scheduler"})
+    assert all(KERAS_OMISSIONS[c.omit] == c.expected and c.framework == "tensorflow" for c in keras)
+    assert demo.entry(keras[0], 3)["spec"]["command"][:3] == ["python", "-m", demo.SCRIPTS["tensorflow"]]
     weights = next(c for c in planted if c.omit == "weights")
     assert demo.right(weights, {"verdict": "not_restored", "missing": ["parameters"]})
     assert not demo.right(weights, {"verdict": "not_restored", "missing": ["parameters", "torch_rng"]})
@@ -173,4 +241,5 @@ def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monk
     args = build_parser().parse_args(["demo", "--controls", "--resume", "--seeds", "2"])
     assert args.func(args) == 0 and seen["seeds"] == [0, 1]
     out = capsys.readouterr().out
-    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "13 of 13 controls judged as required" in out
+    assert "| LR scheduler not loaded " in out and "2 of 2" in out and "27 of 27 controls judged as required" in out
+    assert "| Keras: TF RNG not restored" in out

@@ -369,6 +369,7 @@ class RunProcess:
             return None
         values = self.placeholder_values()
         return {"at": list(resume["at"]), "signal": resume.get("signal") or "kill",
+                "micro_batches": resume.get("micro_batches"),
                 "command": self.spec.get("command"), "values": values,
                 "shim_env": COMMAND_SHIM_ENV if self.spec.get("command") else None,
                 "python": self.python, "run_dir": self.run_dir, "determinism": self.spec["determinism"]}

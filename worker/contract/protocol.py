@@ -356,6 +356,9 @@ class ResumeSpec(_Model):
     # how the interrupted launch is stopped: SIGKILL (a preemption's end, an OOM kill), or SIGTERM (what a
     # scheduler sends first: the code's handler may run; SIGKILL after a grace if the process lives on)
     signal: Literal["kill", "term"] = "kill"
+    # a stop between the micro-batches of one gradient-accumulation step: after this many backward passes
+    # of the update after each step in ``at`` (torch); None: between updates
+    micro_batches: Annotated[int, Field(ge=1, le=10_000)] | None = None
 
     @field_validator("at")
     @classmethod

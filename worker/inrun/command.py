@@ -24,7 +24,7 @@ from steady.worker.contract.events import SPEC_ENV
 
 def start() -> None:
     from steady.worker.inrun import autodigest
-    from steady.worker.inrun import frameworks, rankstate, resumestate
+    from steady.worker.inrun import frameworks, rankstate, resumestate, resumestate_keras
     from steady.worker.inrun.harness import _resolve_device
 
     t0 = time.perf_counter()
@@ -49,7 +49,8 @@ def start() -> None:
         from steady.worker.inrun import localize_keras
 
         localize_keras.install_from_env()
-    finish_resume = resumestate.install(ctx.framework)  # a launch of the resume check, else nothing
+    finish_resume = (resumestate_keras.install_from_env(ctx.framework) if ctx.framework == "tensorflow"
+                     else resumestate.install(ctx.framework))  # a launch of the resume check, else nothing
     finish_ranks = rankstate.install(ctx.framework)  # a rank of a multi-process run, else nothing
 
     def finish() -> None:

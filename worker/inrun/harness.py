@@ -143,10 +143,11 @@ def run(spec: dict[str, Any]) -> int:
             returned = workload.run(ctx)
             finish_ranks()
         else:
-            from steady.worker.inrun import autodigest, resumestate
+            from steady.worker.inrun import autodigest, resumestate, resumestate_keras
 
             finish_digests = autodigest.install(ctx.framework)
-            finish_resume = resumestate.install(ctx.framework)  # a launch of the resume check, else nothing
+            finish_resume = (resumestate_keras.install_from_env(ctx.framework) if ctx.framework == "tensorflow"
+                             else resumestate.install(ctx.framework))  # a launch of the resume check, else nothing
             returned = _call_entrypoint(spec["entrypoint"], ctx)
             finish_resume()
             finish_ranks()

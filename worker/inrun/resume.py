@@ -93,6 +93,8 @@ def run(plan: dict[str, Any], base_env: dict[str, str]) -> int:
         env[contract.CHECKPOINT_ENV] = checkpoints
         if plan.get("shim_env"):  # a command: each launch's interpreter sets itself up (worker/inrun/shim)
             env[plan["shim_env"]] = "1"
+        if plan.get("micro_batches"):  # the stops and the digests fall between micro-batches
+            env[contract.MICRO_ENV] = str(plan["micro_batches"])
         env.update(extra)
         return env
 
@@ -118,7 +120,7 @@ def run(plan: dict[str, Any], base_env: dict[str, str]) -> int:
             launches.append({"rc": code, "records": _records(out), "tail": _tail(log)})
             if i < len(at) and not any("killed_after" in r for r in launches[-1]["records"]):
                 break  # it was not stopped where it should have been: judge() says why
-    record: dict[str, Any] = contract.judge(_records(reference_out), launches, at) if rc == 0 else {
+    record: dict[str, Any] = contract.judge(_records(reference_out), launches, at, plan.get("micro_batches")) if rc == 0 else {
         "at": at, "verdict": "failed", "missing": [], "points": [],
         "reason": f"the uninterrupted run failed (exit status {rc})"}
     record["determinism"] = plan.get("determinism")

@@ -15,6 +15,14 @@ counted by a global optimizer step pre-hook (the first optimizer that steps; PyT
 * ``resumed`` (and an ``interrupted`` launch that itself resumed): just before its first update the
   state is digested again, as the state at the resume point :data:`FROM_ENV`.
 
+Mid-accumulation (:data:`MICRO_ENV` ``j``): every backward pass is counted (``torch.autograd.backward``), the
+stop falls just before backward ``j + 1`` of update ``k + 1``, and the state is digested there (with the
+partial ``.grad`` as ``accumulated_gradients``), before backward 1 of that update (a resume from the last
+update), and before a resumed launch's first backward; the gradient each applies and the backward passes
+that made it are recorded before the update (``update_after``).
+
+Keras (TensorFlow) runs: :mod:`steady.worker.inrun.resumestate_keras`, the same protocol with Keras' state.
+
 Every launch writes, at exit, how many updates it made and a digest of its final parameters. The
 records go to the JSON-lines file :data:`OUT_ENV`, one object a line.
 
@@ -39,7 +47,8 @@ import weakref
 from typing import Any
 from collections.abc import Callable
 
-from steady.worker.contract.resume import AT_ENV, FROM_ENV, OUT_ENV, ROLE_ENV, SIGNAL_ENV, STOP_ENV, TERM_GRACE_S
+from steady.worker.contract.resume import (AT_ENV, FROM_ENV, MICRO_ENV, OUT_ENV, ROLE_ENV, SIGNAL_ENV, STOP_ENV,
+                                           TERM_GRACE_S)
 
 
 def _sha(data: bytes) -> str:
@@ -72,7 +81,7 @@ def _value_bytes(value: Any) -> bytes:
         return repr(type(value)).encode()  # a function (LambdaLR's lambda): its type, not its address
 
 
-class _Tracker:
+class Tracker:
     def __init__(self, role: str, at: list[int], stop: int | None, resumed_from: int | None, out: str,
                  stop_signal: str = "kill") -> None:
         self.role, self.at, self.stop, self.resumed_from, self.out = role, at, stop, resumed_from, out
@@ -83,6 +92,11 @@ class _Tracker:
         self.loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
         self.scalers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.handles: list[Any] = []
+        # mid-accumulation (MICRO_ENV): the stop and the digests fall before a backward pass, not an update
+        self.micro: int | None = None
+        self.backwards = 0  # backward passes since the last update
+        self.resume_seen = False
+        self.optimizers: list[weakref.ref[Any]] = []  # created, in order: the first is watched before it steps
 
     def write(self, record: dict[str, Any]) -> None:
         fd = os.open(self.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -94,7 +108,10 @@ class _Tracker:
     def params(self) -> list[Any]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def components(self) -> dict[str, str]:
+    def final_digest(self) -> str:
+        return _sha(b"".join(_tensor_bytes(p) for p in self.params()))
+
+    def components(self, grads_key: str = "data") -> dict[str, str]:
         import numpy as np
         import torch
 
@@ -122,38 +139,78 @@ class _Tracker:
                        if getattr(it, "_num_workers", 0) > 0 and hasattr(it, "_base_seed"))
         if seeds:
             out["loader_worker_seeds"] = _sha(json.dumps(seeds).encode())
-        grads = [p.grad for p in self.params()]
-        out["data"] = _sha(b"".join(b"-" if g is None else _tensor_bytes(g) for g in grads))
+        out[grads_key] = self.grads_digest()
         return out
+
+    def grads_digest(self) -> str:
+        return _sha(b"".join(b"-" if p.grad is None else _tensor_bytes(p.grad) for p in self.params()))
 
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.optimizer is None:
             self.optimizer = optimizer
         if optimizer is not self.optimizer:
             return
+        if self.micro is not None:
+            self._pre_update_micro()
+            self.steps += 1
+            self.backwards = 0
+            return
         if self.steps == 0 and self.resumed_from is not None:
             self.write({"state": self.resumed_from, "components": self.components()})
         if self.role == "reference" and (self.steps in self.at or self.steps == 0):  # 0: the start, to tell a restart from scratch
             self.write({"state": self.steps, "components": self.components()})
         if self.role == "interrupted" and self.stop is not None and self.steps >= self.stop:
-            self.write({"killed_after": self.steps, "signal": self.signal})
-            if self.signal == "term":  # the code's handler runs now (in this thread): it may save and exit
-                os.kill(os.getpid(), signal.SIGTERM)
-                deadline = time.monotonic() + TERM_GRACE_S
-                while time.monotonic() < deadline:  # no update k + 1, whatever the handler does
-                    time.sleep(0.05)
-                self.write({"term_ignored_s": TERM_GRACE_S})
-            os.kill(os.getpid(), signal.SIGKILL)
+            self._stop({"killed_after": self.steps, "signal": self.signal})
         self.steps += 1
+
+    def _stop(self, record: dict[str, Any]) -> None:
+        self.write(record)
+        if self.signal == "term":  # the code's handler runs now (in this thread): it may save and exit
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + TERM_GRACE_S
+            while time.monotonic() < deadline:  # no update k + 1, whatever the handler does
+                time.sleep(0.05)
+            self.write({"term_ignored_s": TERM_GRACE_S})
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _pre_update_micro(self) -> None:
+        """Mid-accumulation, before an update: the gradient it applies (all its micro-batches) and how many
+        backward passes made it, for update ``k + 1`` of the reference and the first update of a resume."""
+        if self.steps == 0 and self.resumed_from is not None:
+            self.write({"update_after": self.resumed_from, "data": self.grads_digest(), "micro_batches": self.backwards})
+        if self.role == "reference" and self.steps == 0:  # the start, to tell a restart from scratch
+            self.write({"state": 0, "components": self.components()})
+        if self.role == "reference" and self.steps in self.at:
+            self.write({"update_after": self.steps, "data": self.grads_digest(), "micro_batches": self.backwards})
+
+    def before_backward(self) -> None:
+        """Mid-accumulation, before a backward pass: the state at the resume point (the reference's before
+        backward ``micro + 1`` of update ``k + 1``, and before its backward 1; a resumed launch's before its
+        first), and the stop of an interrupted launch."""
+        if self.optimizer is None:
+            self.optimizer = next((o for o in (ref() for ref in self.optimizers) if o is not None), None)
+            if self.optimizer is None:
+                return
+        if self.role == "reference" and self.steps in self.at:
+            if self.backwards == 0:
+                self.write({"boundary": self.steps, "components": self.components("accumulated_gradients")})
+            if self.backwards == self.micro:
+                self.write({"state": self.steps, "components": self.components("accumulated_gradients")})
+        if self.resumed_from is not None and not self.resume_seen:
+            self.resume_seen = True
+            self.write({"state": self.resumed_from, "components": self.components("accumulated_gradients")})
+        if (self.role == "interrupted" and self.stop is not None and self.steps >= self.stop
+                and self.backwards == self.micro):
+            self._stop({"killed_after": self.steps, "micro_batches": self.backwards, "signal": self.signal})
 
     def finish(self) -> None:
         record: dict[str, Any] = {"steps": self.steps}
         if self.optimizer is not None:
-            record["final_parameters"] = _sha(b"".join(_tensor_bytes(p) for p in self.params()))
+            record["final_parameters"] = self.final_digest()
         self.write(record)
 
 
-def _install_torch(tracker: _Tracker) -> None:
+def _install_torch(tracker: Tracker) -> None:
     import torch
     from torch.optim import lr_scheduler
     from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -185,17 +242,53 @@ def _install_torch(tracker: _Tracker) -> None:
             tracker.scalers.add(self)
 
         scaler_cls.__init__ = scaler_init
+    if tracker.micro is not None:
+        _install_backward(tracker)
+
+
+def _install_backward(tracker: Tracker) -> None:
+    """Mid-accumulation: every backward pass (``Tensor.backward`` calls ``torch.autograd.backward``) is
+    counted, and the optimizers are known from their creation (a resumed launch's first backward pass comes
+    before its optimizer first steps)."""
+    import torch
+
+    original_backward = torch.autograd.backward
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        tracker.before_backward()
+        result = original_backward(*args, **kwargs)
+        tracker.backwards += 1
+        return result
+
+    torch.autograd.backward = backward
+    original_opt_init = torch.optim.Optimizer.__init__
+
+    def opt_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_opt_init(self, *args, **kwargs)
+        tracker.optimizers.append(weakref.ref(self))
+
+    torch.optim.Optimizer.__init__ = opt_init  # type: ignore[method-assign]
+
+
+def launch_args() -> tuple[str, list[int], int | None, int | None, str, str] | None:
+    """This launch's part in the resume check, from the driver's environment (None: not a launch of it)."""
+    role = os.environ.get(ROLE_ENV)
+    if not role:
+        return None
+    at = [int(x) for x in os.environ.get(AT_ENV, "").split(",") if x]
+    stop = int(os.environ[STOP_ENV]) if os.environ.get(STOP_ENV) else None
+    resumed_from = int(os.environ[FROM_ENV]) if os.environ.get(FROM_ENV) else None
+    return role, at, stop, resumed_from, os.environ[OUT_ENV], os.environ.get(SIGNAL_ENV) or "kill"
 
 
 def install(framework: str) -> Callable[[], None]:
     """Install the resume check's hooks when this process is one of its launches (:data:`ROLE_ENV` set);
-    returns the function that writes the launch's end record (call it when the user code is done)."""
-    role = os.environ.get(ROLE_ENV)
-    if not role or framework != "torch":
+    returns the function that writes the launch's end record (call it when the user code is done). Keras:
+    :func:`steady.worker.inrun.resumestate_keras.install_from_env`."""
+    args = launch_args()
+    if args is None or framework != "torch":
         return lambda: None
-    at = [int(x) for x in os.environ.get(AT_ENV, "").split(",") if x]
-    stop = int(os.environ[STOP_ENV]) if os.environ.get(STOP_ENV) else None
-    resumed_from = int(os.environ[FROM_ENV]) if os.environ.get(FROM_ENV) else None
-    tracker = _Tracker(role, at, stop, resumed_from, os.environ[OUT_ENV], os.environ.get(SIGNAL_ENV) or "kill")
+    tracker = Tracker(*args)
+    tracker.micro = int(os.environ[MICRO_ENV]) if os.environ.get(MICRO_ENV) else None
     _install_torch(tracker)
     return tracker.finish

@@ -10,6 +10,10 @@ runs go through the worker's own path (``python -m steady.worker.agent.local``: 
 the resume driver, the command shim), no server. A row passes when every seed's check names exactly
 the omitted piece, and the faithful resumes (one and two resume points, and with a scaler) are
 judged identical for every seed.
+
+The Keras controls (``worker/inrun/workloads/resume_controls_keras.py``: a ``tf.function`` train step,
+``Dropout``, Adam on an ``ExponentialDecay`` schedule, a reshuffling ``tf.data`` pipeline, one
+``tf.train.Checkpoint``) run the same way with ``framework: tensorflow``; ``--only Keras`` selects them.
 """
 
 from __future__ import annotations
@@ -21,8 +25,13 @@ from dataclasses import dataclass
 from steady.server.cli.demo.controls import _execute
 from steady.worker.contract.resume import LABELS
 
-SCRIPT = "steady.worker.inrun.workloads.resume_controls"
+SCRIPTS = {"torch": "steady.worker.inrun.workloads.resume_controls",
+           "tensorflow": "steady.worker.inrun.workloads.resume_controls_keras"}
+SCRIPT = SCRIPTS["torch"]
 AT = (6,)
+
+
+ACCUMULATE = ("--accumulate", "2")
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,8 @@ class ResumeControl:
     expected: str | None  # the component the check must name; None: identical
     at: tuple[int, ...] = AT
     args: tuple[str, ...] = ()  # more arguments of the script
+    framework: str = "torch"
+    micro_batches: int | None = None  # resume.micro_batches: the stop falls between micro-batches
 
 
 CONTROLS: tuple[ResumeControl, ...] = (
@@ -48,7 +59,31 @@ CONTROLS: tuple[ResumeControl, ...] = (
     ResumeControl("loader generator not restored (worker seeds)", "loader_generator", "loader_worker_seeds"),
     ResumeControl("faithful resume with a gradient scaler", None, None, args=("--grad-scaler",)),
     ResumeControl("gradient scaler not loaded", "grad_scaler", "grad_scaler", args=("--grad-scaler",)),
+    # stopped after the first of two micro-batches of update 7 (mid-epoch: 13 of 24 loader batches done)
+    ResumeControl("faithful resume mid-accumulation", None, None, args=ACCUMULATE, micro_batches=1),
+    ResumeControl("faithful resume from the last update (no mid-accumulation checkpoint)", None, None,
+                  args=(*ACCUMULATE, "--update-checkpoints-only"), micro_batches=1),
+    ResumeControl("accumulated gradient not restored", "accumulated_grads", "accumulated_gradients", args=ACCUMULATE,
+                  micro_batches=1),
+    ResumeControl("micro-batch counter not restored", "micro_batch", "micro_batch_counter", args=ACCUMULATE,
+                  micro_batches=1),
 )
+KERAS = "tensorflow"
+KERAS_CONTROLS: tuple[ResumeControl, ...] = (
+    ResumeControl("Keras: faithful resume (tf.train.Checkpoint)", None, None, framework=KERAS),
+    ResumeControl("Keras: faithful resume, two resume points", None, None, at=(3, 6), framework=KERAS),
+    ResumeControl("Keras: weights not restored", "weights", "parameters", framework=KERAS),
+    ResumeControl("Keras: optimizer moments not restored", "optimizer", "optimizer_state", framework=KERAS),
+    ResumeControl("Keras: optimizer iterations not restored (LR schedule step)", "iterations", "optimizer_iterations",
+                  framework=KERAS),
+    ResumeControl("Keras: step counter not restored", "step", "step_counter", framework=KERAS),
+    ResumeControl("Keras: Python RNG not restored", "python_rng", "python_rng", framework=KERAS),
+    ResumeControl("Keras: NumPy RNG not restored", "numpy_rng", "numpy_rng", framework=KERAS),
+    ResumeControl("Keras: TF RNG not restored (SeedGenerator, tf.random.Generator)", "tf_rng", "tf_rng",
+                  framework=KERAS),
+    ResumeControl("Keras: tf.data iterator not restored (epoch restarts)", "data_cursor", "data", framework=KERAS),
+)
+ALL_CONTROLS = CONTROLS + KERAS_CONTROLS
 
 
 @dataclass(frozen=True)
@@ -60,6 +95,7 @@ class ResumeRow:
     right: int  # seeds whose check gave exactly the expected verdict and names
     named: tuple[str, ...]  # what the checks named, all seeds together
     seconds: float
+    micro_batches: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -67,12 +103,14 @@ class ResumeRow:
 
 
 def entry(control: ResumeControl, seed: int, *, workers: int = 2) -> dict:
-    command = ["python", "-m", SCRIPT, "--checkpoint-dir", "{checkpoint_dir}", "--seed", "{seed}",
-               "--workers", str(workers), *control.args]
+    command = ["python", "-m", SCRIPTS[control.framework], "--checkpoint-dir", "{checkpoint_dir}", "--seed", "{seed}",
+               *(["--workers", str(workers)] if control.framework == "torch" else []), *control.args]
     if control.omit:
         command += ["--omit", control.omit]
-    return {"spec": {"framework": "torch", "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
-                     "threads": 1, "time_limit_s": 600, "resume": {"at": list(control.at)}}, "device": "cpu"}
+    return {"spec": {"framework": control.framework, "command": command, "seed": seed, "repeat": 0, "determinism": "strict",
+                     "threads": 1, "time_limit_s": 600,
+                     "resume": {"at": list(control.at), **({"micro_batches": control.micro_batches}
+                                                           if control.micro_batches else {})}}, "device": "cpu"}
 
 
 def right(control: ResumeControl, record: dict | None) -> bool:
@@ -90,10 +128,10 @@ def run_control(control: ResumeControl, seeds: Sequence[int], *, workers: int = 
     records = [r["digests"].get("resume") for r in results]
     named = tuple(sorted({c for rec in records if rec for c in rec.get("missing") or []}))
     return ResumeRow(control.name, control.expected, control.at, len(seeds),
-                     sum(right(control, rec) for rec in records), named, time.monotonic() - t0)
+                     sum(right(control, rec) for rec in records), named, time.monotonic() - t0, control.micro_batches)
 
 
-def run_controls(controls: Sequence[ResumeControl] = CONTROLS, *, seeds: Sequence[int] = range(5), workers: int = 2,
+def run_controls(controls: Sequence[ResumeControl] = ALL_CONTROLS, *, seeds: Sequence[int] = range(5), workers: int = 2,
                  progress: Callable[[ResumeRow], None] | None = None) -> list[ResumeRow]:
     rows = []
     for control in controls:
@@ -107,8 +145,13 @@ def run_controls(controls: Sequence[ResumeControl] = CONTROLS, *, seeds: Sequenc
 HEADER = ("omitted on resume", "resumed after update", "must be named", "judged as required", "named")
 
 
+def _point(row: ResumeRow) -> str:
+    at = ", ".join(map(str, row.at))
+    return at if row.micro_batches is None else f"{at} + {row.micro_batches} micro-batch"
+
+
 def format_table(rows: Sequence[ResumeRow]) -> str:
-    cells = [HEADER] + [(r.control, ", ".join(map(str, r.at)), r.expected or "nothing (identical)",
+    cells = [HEADER] + [(r.control, _point(r), r.expected or "nothing (identical)",
                          f"{r.right} of {r.seeds}", ", ".join(r.named) or "—") for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
@@ -118,7 +161,7 @@ def format_table(rows: Sequence[ResumeRow]) -> str:
 
 def main(args) -> int:
     seeds = range(int(getattr(args, "seeds", None) or 5))
-    controls = [c for c in CONTROLS if not getattr(args, "only", None) or any(o in c.name for o in args.only)]
+    controls = [c for c in ALL_CONTROLS if not getattr(args, "only", None) or any(o in c.name for o in args.only)]
     print(f"steady demo --controls --resume: {len(controls)} resume controls × {len(seeds)} seeds, each an "
           "uninterrupted run, a run killed after its resume step and its restart …", flush=True)
 

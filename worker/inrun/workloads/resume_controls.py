@@ -10,6 +10,10 @@ and the loader generator's state at the start of the current epoch (from which t
 and its workers' seeds are drawn again; the batches already used are skipped). When the folder holds
 a checkpoint it resumes from it.
 
+With ``--accumulate A`` each update sums the gradients of ``A`` loader batches (micro-batches), and a
+checkpoint after each micro-batch also holds the partial ``.grad`` and the micro-batch count, so a stop in
+the middle of an accumulation step resumes there.
+
 ``--omit PIECE`` forgets one piece when resuming (:data:`OMISSIONS`); the resume check must name it.
 """
 
@@ -39,6 +43,8 @@ OMISSIONS = {
     "loader_cursor": "data",
     "loader_generator": "loader_worker_seeds",
     "grad_scaler": "grad_scaler",  # with --grad-scaler
+    "accumulated_grads": "accumulated_gradients",  # with --accumulate: the partial .grad is not saved back
+    "micro_batch": "micro_batch_counter",  # with --accumulate: the accumulation step restarts at its first micro-batch
 }
 
 
@@ -68,6 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--exit-on-term", action="store_true", help="a SIGTERM handler that exits with status 0")
     p.add_argument("--grad-scaler", action="store_true",
                    help="scale the loss with a torch.amp.GradScaler (growing every 2 updates), saved with the rest")
+    p.add_argument("--accumulate", type=int, default=1,
+                   help="micro-batches (loader batches) per update; a checkpoint after each, with the partial .grad")
+    p.add_argument("--update-checkpoints-only", action="store_true",
+                   help="with --accumulate: no checkpoint between micro-batches (a resume redoes the accumulation step)")
     args = p.parse_args(argv)
     if args.exit_on_term:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -84,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True, num_workers=args.workers,
                         generator=generator)
     path = os.path.join(args.checkpoint_dir, "last.pt")
-    step, cursor, epoch_state = 0, 0, generator.get_state()
+    step, micro, cursor, epoch_state = 0, 0, 0, generator.get_state()
+    keep = False  # a partial gradient restored: the first micro-batch after the resume adds to it
     if os.path.exists(path):
         ckpt = torch.load(path, weights_only=False)
         omit = args.omit
@@ -106,7 +117,14 @@ def main(argv: list[str] | None = None) -> None:
             epoch_state = ckpt["epoch_generator"]
         if omit != "grad_scaler" and "scaler" in ckpt:
             scaler.load_state_dict(ckpt["scaler"])
-        cursor = 0 if omit == "loader_cursor" else step % args.batches
+        if args.accumulate > 1:
+            if omit != "micro_batch":
+                micro = ckpt["micro"]
+            if omit != "accumulated_grads" and ckpt["micro"]:
+                for param, grad in zip(model.parameters(), ckpt["grads"]):
+                    param.grad = grad
+                keep = True
+        cursor = 0 if omit == "loader_cursor" else (step * args.accumulate + ckpt.get("micro", 0)) % args.batches
     generator.set_state(epoch_state)
     while step < args.steps:
         epoch_state = generator.get_state()  # the epoch's shuffle and worker seeds are drawn from here
@@ -114,18 +132,35 @@ def main(argv: list[str] | None = None) -> None:
             scale = 1.0 + 0.1 * random.random()
             x = x + torch.from_numpy(np.random.normal(0.0, 0.01, size=tuple(x.shape))).float()
             loss = ((model(x * scale) - y) ** 2).mean()
-            optimizer.zero_grad()
-            scaler.scale(loss).backward()  # a power of two: the unscaled gradients are the same bits
+            if micro == 0 and not keep:
+                optimizer.zero_grad()
+            keep = False
+            # a power of two: the unscaled gradients are the same bits
+            scaler.scale(loss if args.accumulate == 1 else loss / args.accumulate).backward()
+            micro += 1
+            if micro < args.accumulate:  # mid-accumulation: the partial gradient and the count are state too
+                if args.update_checkpoints_only:
+                    continue
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step,
+                            "micro": micro, "grads": [q.grad for q in model.parameters()],
+                            "python_rng": random.getstate(), "numpy_rng": np.random.get_state(),
+                            "torch_rng": torch.get_rng_state(), "epoch_generator": epoch_state}, path + ".tmp")
+                os.replace(path + ".tmp", path)
+                continue
+            micro = 0
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
             step += 1
             print(f"step {step} loss {loss.item():.6f}", flush=True)
+            # at the end of an epoch a resume starts the next one, whose shuffle is drawn from the state now
+            resume_epoch = generator.get_state() if step * args.accumulate % args.batches == 0 else epoch_state
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step,
-                        "python_rng": random.getstate(),
+                        "micro": 0, "python_rng": random.getstate(),
                         "numpy_rng": np.random.get_state(), "torch_rng": torch.get_rng_state(),
-                        "epoch_generator": epoch_state}, path + ".tmp")
+                        "epoch_generator": resume_epoch}, path + ".tmp")
             os.replace(path + ".tmp", path)
             if step >= args.steps:
                 break
