@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from steady.server.cli import build_parser, main
-from steady.server.cli.support import EXIT_CANNOT_JUDGE, EXIT_USAGE
+from steady.server.cli.support import EXIT_CANNOT_JUDGE
 
 NOWHERE = ["--server", "http://127.0.0.1:9", "--token", "stdy_unused"]
 
@@ -43,8 +43,8 @@ def _spec(folder: Path, arm_b: str) -> Path:
 )
 def test_an_arm_code_that_cannot_be_shipped_is_refused_before_the_server(tmp_path, capsys, command, arm_b, extra, needle):
     spec = _spec(tmp_path, arm_b)
-    # submit: a usage error (2); check: "could not judge" (3), never mistaken for an inconclusive verdict
-    assert main([command, str(spec), *NOWHERE, *extra]) == {"submit": EXIT_USAGE, "check": EXIT_CANNOT_JUDGE}[command]
+    # both gates: "could not judge" (3), never mistaken for an inconclusive verdict (2)
+    assert main([command, str(spec), *NOWHERE, *extra]) == EXIT_CANNOT_JUDGE
     assert needle in capsys.readouterr().err
 
 
@@ -56,6 +56,6 @@ def test_check_takes_the_code_options_of_submit():
 @pytest.mark.parametrize("command", ["submit", "check"])
 def test_code_dir_is_refused_when_every_arm_runs_its_own(tmp_path, capsys, command):
     spec = _spec(tmp_path, "arm_a")
-    code = {"submit": EXIT_USAGE, "check": EXIT_CANNOT_JUDGE}[command]
+    code = EXIT_CANNOT_JUDGE  # submit and check are gates alike
     assert main([command, str(spec), *NOWHERE, "--code", str(tmp_path / "arm_a")]) == code
     assert "every arm names its own code, so no run would execute it" in capsys.readouterr().err
