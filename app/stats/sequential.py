@@ -25,7 +25,7 @@ Pure numpy/scipy: arrays and numbers in, frozen dataclasses out.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,6 +40,7 @@ __all__ = [
     "Boundaries",
     "SequentialDecision",
     "StageLook",
+    "StagedLooks",
     "crossing_probabilities",
     "information_fraction",
     "obrien_fleming_constant",
@@ -48,6 +49,7 @@ __all__ = [
     "spending_boundaries",
     "spent_alpha",
     "stage_sizes",
+    "staged_looks",
 ]
 
 SPENDING_FUNCTIONS = ("pocock", "obrien_fleming")
@@ -212,6 +214,48 @@ def obrien_fleming_constant(k: int, *, alpha: float = 0.05) -> float:
     scale = np.sqrt(k / info)
     return float(optimize.brentq(
         lambda c: crossing_probabilities(c * scale, info, two_sided=True).sum() - alpha, 1.0, 6.0, xtol=1e-10))
+
+
+# --------------------------------------------------------------------------- two arms in stages
+
+
+@dataclass(frozen=True)
+class StagedLooks:
+    """The looks of a two-arm test in stages: per look, the stage it is at, the values of both arms pooled over
+    stages 1..stage, and its information fraction (the input of :func:`spending_boundaries`)."""
+
+    stages: tuple[int, ...]
+    arms: tuple[tuple[np.ndarray, np.ndarray], ...]
+    fractions: tuple[float, ...]
+
+
+def staged_looks(first_by_stage: Sequence, second_by_stage: Sequence, *, last_stage: int,
+                 fraction: Callable[[int, int, bool], float]) -> StagedLooks:
+    """Pool two arms' values stage by stage and decide which stages make a look.
+
+    ``first_by_stage`` / ``second_by_stage``: per stage, the values *added* to each arm at that stage
+    (the same number of stages; the caller checks). ``fraction(n_first, n_second, last)``: the information
+    fraction at these pooled sizes, 1 when ``last`` (the stage is ``last_stage``). A stage that adds no value
+    to either arm, or whose fraction does not grow past the previous look's, makes no new look (its runs
+    failed); if it is the last stage, the previous look becomes the final analysis and spends what is left
+    (its fraction becomes 1). The first stage always makes a look, empty or not; no stages, no looks."""
+    pooled = (np.zeros(0), np.zeros(0))
+    stages: list[int] = []
+    arms: list[tuple[np.ndarray, np.ndarray]] = []
+    fractions: list[float] = []
+    for k, (first_add, second_add) in enumerate(zip(first_by_stage, second_by_stage), start=1):
+        pooled = (np.concatenate([pooled[0], np.asarray(first_add, dtype=np.float64).ravel()]),
+                  np.concatenate([pooled[1], np.asarray(second_add, dtype=np.float64).ravel()]))
+        t = fraction(pooled[0].size, pooled[1].size, k == last_stage)
+        same = bool(arms) and (pooled[0].size, pooled[1].size) == (arms[-1][0].size, arms[-1][1].size)
+        if fractions and (same or t <= fractions[-1]):  # no new information: no new look
+            if k == last_stage:
+                fractions[-1] = 1.0
+            continue
+        fractions.append(t)
+        arms.append((pooled[0].copy(), pooled[1].copy()))
+        stages.append(k)
+    return StagedLooks(tuple(stages), tuple(arms), tuple(fractions))
 
 
 # --------------------------------------------------------------------------- seed stability in stages

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from steady.server.stats.sequential import spending_boundaries
+from steady.server.stats.sequential import spending_boundaries, staged_looks
 from steady.server.stats.sources import MIN_ARM_RUNS, SD_MARGIN, sd_ratio_tost
 
 __all__ = ["SdRatioLook", "SequentialSdRatio", "sd_ratio_information_fraction", "sequential_sd_ratio_tost",
@@ -102,28 +102,14 @@ def sequential_sd_ratio_tost(source_by_stage: Sequence, all_by_stage: Sequence, 
         raise ValueError("the source's arm and the all-sources arm need the same number of stages")
     if last_stage < 1 or len(source_by_stage) > last_stage:
         raise ValueError(f"last_stage must be ≥ 1 and ≥ the stages given, got {last_stage}")
-    pooled = [np.zeros(0), np.zeros(0)]
-    cum: list[tuple[np.ndarray, np.ndarray]] = []
-    fractions: list[float] = []
-    look_stage: list[int] = []
-    for k, (s_add, a_add) in enumerate(zip(source_by_stage, all_by_stage), start=1):
-        pooled = [np.concatenate([pooled[0], np.asarray(s_add, dtype=np.float64).ravel()]),
-                  np.concatenate([pooled[1], np.asarray(a_add, dtype=np.float64).ravel()])]
-        t = sd_ratio_information_fraction(pooled[0].size, pooled[1].size, max_runs, last=(k == last_stage))
-        same = bool(cum) and (pooled[0].size, pooled[1].size) == (cum[-1][0].size, cum[-1][1].size)
-        if fractions and (same or t <= fractions[-1]):  # no new information: no new look
-            if k == last_stage:
-                fractions[-1] = 1.0
-            continue
-        fractions.append(t)
-        cum.append((pooled[0].copy(), pooled[1].copy()))
-        look_stage.append(k)
-    if not fractions:
+    staged = staged_looks(source_by_stage, all_by_stage, last_stage=last_stage,
+                          fraction=lambda n_s, n_a, last: sd_ratio_information_fraction(n_s, n_a, max_runs, last=last))
+    if not staged.fractions:
         return SequentialSdRatio("inconclusive", None, False, (), float(alpha), spending, int(max_runs), float(margin))
-    b = spending_boundaries(fractions, alpha=alpha, spending=spending)
+    b = spending_boundaries(staged.fractions, alpha=alpha, spending=spending)
     looks: list[SdRatioLook] = []
     verdict, decided = "inconclusive", None
-    for j, ((x, y), k) in enumerate(zip(cum, look_stage)):
+    for j, ((x, y), k) in enumerate(zip(staged.arms, staged.stages)):
         a_k, c = b.nominal_alpha[j], float(b.boundaries[j])
         ratio = lower = upper = p = None
         v = "inconclusive"

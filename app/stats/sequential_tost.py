@@ -29,11 +29,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from scipy import stats
 
 from steady.server.stats.portability import skew_guard, welch_parts
-from steady.server.stats.sequential import spending_boundaries
+from steady.server.stats.sequential import spending_boundaries, staged_looks
 
 __all__ = ["TostLook", "SequentialTost", "tost_information_fraction", "sequential_tost_decision",
            "sequential_tost_reason"]
@@ -125,29 +124,15 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
         raise ValueError("reference and candidate need the same number of stages")
     if last_stage < 1 or len(reference_by_stage) > last_stage:
         raise ValueError(f"last_stage must be ≥ 1 and ≥ the stages given, got {last_stage}")
-    pooled = [np.zeros(0), np.zeros(0)]
-    cum: list[tuple[np.ndarray, np.ndarray]] = []
-    fractions: list[float] = []
-    look_stage: list[int] = []
-    for k, (ra, ca) in enumerate(zip(reference_by_stage, candidate_by_stage), start=1):
-        pooled = [np.concatenate([pooled[0], np.asarray(ra, dtype=np.float64).ravel()]),
-                  np.concatenate([pooled[1], np.asarray(ca, dtype=np.float64).ravel()])]
-        t = tost_information_fraction(pooled[0].size, pooled[1].size, max_seeds, last=(k == last_stage))
-        same = bool(cum) and (pooled[0].size, pooled[1].size) == (cum[-1][0].size, cum[-1][1].size)
-        if fractions and (same or t <= fractions[-1]):  # no new information (runs failed): no new look
-            if k == last_stage:
-                fractions[-1] = 1.0
-            continue
-        fractions.append(t)
-        cum.append((pooled[0].copy(), pooled[1].copy()))
-        look_stage.append(k)
-    if not fractions:
+    staged = staged_looks(reference_by_stage, candidate_by_stage, last_stage=last_stage,
+                          fraction=lambda n_r, n_c, last: tost_information_fraction(n_r, n_c, max_seeds, last=last))
+    if not staged.fractions:
         return SequentialTost("inconclusive", None, False, (), alpha, spending, max_seeds, float(margin))
-    b_eq = spending_boundaries(fractions, alpha=alpha, spending=spending)
-    b_ne = spending_boundaries(fractions, alpha=alpha / 2.0, spending=spending)
+    b_eq = spending_boundaries(staged.fractions, alpha=alpha, spending=spending)
+    b_ne = spending_boundaries(staged.fractions, alpha=alpha / 2.0, spending=spending)
     looks, verdict, decided = [], "inconclusive", None
     withheld = False
-    for j, ((a, c), k) in enumerate(zip(cum, look_stage)):
+    for j, ((a, c), k) in enumerate(zip(staged.arms, staged.stages)):
         a_eq, a_ne = b_eq.nominal_alpha[j], b_ne.nominal_alpha[j]
         d = se = df = low = high = None
         v = "inconclusive"

@@ -19,6 +19,7 @@ from steady.server.stats.sequential import (
     spending_boundaries,
     spent_alpha,
     stage_sizes,
+    staged_looks,
 )
 
 # Jennison & Turnbull (2000), Group Sequential Methods, Table 2.1 (Pocock C_P) and Table 2.3
@@ -78,6 +79,37 @@ def test_spending_functions_and_inputs():
     assert stage_sizes(5, 5, 17) == (5, 10, 15, 17)
     assert information_fraction(5, 20, last=False) == pytest.approx(4 / 19)
     assert information_fraction(5, 20, last=True) == 1.0
+
+
+def test_staged_looks_pool_both_arms_and_skip_a_stage_without_new_information():
+    def fraction(n_first, n_second, last):
+        return 1.0 if last else (n_first + n_second) / 20.0
+
+    first = [[1.0, 2.0], [], [3.0], [4.0]]
+    second = [[5.0], [], [6.0, 7.0], []]
+    looks = staged_looks(first, second, last_stage=5, fraction=fraction)
+    assert looks.stages == (1, 3, 4)  # stage 2 added nothing on either arm
+    assert looks.fractions == (3 / 20, 6 / 20, 7 / 20)
+    np.testing.assert_array_equal(looks.arms[1][0], [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(looks.arms[1][1], [5.0, 6.0, 7.0])
+    np.testing.assert_array_equal(looks.arms[2][0], [1.0, 2.0, 3.0, 4.0])
+
+
+def test_staged_looks_the_last_stage_spends_what_is_left():
+    def fraction(n_first, n_second, last):
+        return 1.0 if last else min(n_first, n_second) / 10.0
+
+    # stage 2 grows one arm but not the fraction: no look there; its value is in the last stage's look
+    looks = staged_looks([[1.0, 2.0], [3.0], []], [[4.0, 5.0], [], []], last_stage=3, fraction=fraction)
+    assert looks.stages == (1, 3)
+    assert looks.fractions == (0.2, 1.0)
+    np.testing.assert_array_equal(looks.arms[1][0], [1.0, 2.0, 3.0])
+    # a last stage that adds nothing makes the previous look the final one
+    looks = staged_looks([[1.0, 2.0], []], [[4.0, 5.0], []], last_stage=2, fraction=fraction)
+    assert looks.stages == (1,)
+    assert looks.fractions == (1.0,)
+    empty = staged_looks([], [], last_stage=2, fraction=fraction)
+    assert (empty.stages, empty.arms, empty.fractions) == ((), (), ())
 
 
 def test_first_decisive_stage_ends_the_test_and_the_last_stage_spends_all():
