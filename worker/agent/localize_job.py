@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 from typing import Any
 
 from steady.worker.agent import codecache, reaper
+from steady.worker.agent.heartbeat import heartbeat_loop
 from steady.worker.agent.client import LeaseLostError, NonRetryableError, RetryableError
 from steady.worker.contract import codepack
 from steady.worker.contract.protocol import (
@@ -90,21 +90,11 @@ class LocalizationExecution:
         self.thread.start()
 
     def _heartbeat_loop(self) -> None:
-        interval = max(0.2, float(self.lease.heartbeat_seconds))
-        while not self.finished.wait(interval * random.uniform(0.8, 1.0)):
-            try:
-                ack = self.client.localization_heartbeat(
-                    self.lease.job_id, LocalizationHeartbeat(lease_id=self.lease.lease_id), deadline_s=interval * 2)
-            except LeaseLostError:
-                log.warning("localization job %d: lease lost (409); stopping it", self.lease.job_id)
-                self.lease_lost.set()
-                return
-            except (RetryableError, NonRetryableError) as exc:
-                log.warning("localization job %d: heartbeat failed: %s", self.lease.job_id, exc)
-                continue
-            if ack.cancel:
-                log.info("localization job %d: cancelled", self.lease.job_id)
-                self.cancel.set()
+        heartbeat_loop(
+            lambda deadline_s: self.client.localization_heartbeat(
+                self.lease.job_id, LocalizationHeartbeat(lease_id=self.lease.lease_id), deadline_s=deadline_s),
+            heartbeat_seconds=self.lease.heartbeat_seconds, label=f"localization job {self.lease.job_id}",
+            finished=self.finished, cancel=self.cancel, lease_lost=self.lease_lost)
 
     def _stop_reason(self) -> str | None:
         if self.lease_lost.is_set():

@@ -63,6 +63,7 @@ from steady.worker.contract.protocol import (
     WorkerRegistered,
     WorkerRegistration,
 )
+from steady.worker.agent.heartbeat import heartbeat_loop
 from steady.worker.agent.localize_job import LocalizationExecution
 from steady.worker.agent.runner import RunProcess
 
@@ -317,24 +318,12 @@ class RunExecution:
     # --- heartbeat loop --------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        interval = max(0.2, float(self.lease.heartbeat_seconds))
-        while not self.finished.wait(interval * random.uniform(0.8, 1.0)):
-            try:
-                ack = self.client.heartbeat(
-                    self.lease.run_id,
-                    Heartbeat(lease_id=self.lease.lease_id, step=self.proc.collected.last_step),
-                    deadline_s=interval * 2,
-                )
-            except LeaseLostError:
-                log.warning("run %d: lease lost (409); stopping it", self.lease.run_id)
-                self.lease_lost.set()
-                return
-            except (RetryableError, NonRetryableError) as exc:
-                log.warning("run %d: heartbeat failed: %s", self.lease.run_id, exc)
-                continue
-            if ack.cancel and not self.cancel.is_set():
-                log.info("run %d: cancelled by the server", self.lease.run_id)
-                self.cancel.set()
+        heartbeat_loop(
+            lambda deadline_s: self.client.heartbeat(
+                self.lease.run_id, Heartbeat(lease_id=self.lease.lease_id, step=self.proc.collected.last_step),
+                deadline_s=deadline_s),
+            heartbeat_seconds=self.lease.heartbeat_seconds, label=f"run {self.lease.run_id}", finished=self.finished,
+            cancel=self.cancel, lease_lost=self.lease_lost)
 
     # --- run -------------------------------------------------------------------------------
 
