@@ -27,7 +27,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -296,15 +296,20 @@ HEADER = ("planted source", "level", "expected", "verdict", "named source", "fir
           "size of the difference", "")
 
 
-def format_table(rows: Sequence[Row]) -> str:
-    """A Markdown table (also readable in a terminal)."""
-    cells = [HEADER] + [(r.control, r.level, r.planted or "nothing", r.verdict, r.source or "—",
-                         "—" if r.first_divergent_step is None else str(r.first_divergent_step), r.size,
-                         "ok" if r.ok else "WRONG") for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table with its columns padded to their widest cell (also readable in a terminal): the table of
+    every ``steady demo --controls`` driver."""
+    cells = [tuple(header), *(tuple(r) for r in rows)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    return markdown_table(HEADER, [(r.control, r.level, r.planted or "nothing", r.verdict, r.source or "—",
+                                    "—" if r.first_divergent_step is None else str(r.first_divergent_step), r.size,
+                                    "ok" if r.ok else "WRONG") for r in rows])
 
 
 def main(args) -> int:

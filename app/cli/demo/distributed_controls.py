@@ -20,7 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from steady.server.cli.demo.controls import MARGIN, METRIC, _execute, _portability, _repeatability, _run_data
+from steady.server.cli.demo.controls import (
+    MARGIN,
+    METRIC,
+    _execute,
+    _portability,
+    _repeatability,
+    _run_data,
+    markdown_table,
+)
 from steady.server.reports.models import typed_verdicts
 from steady.server.stats.report import MetricSpec, RunData, build_report
 
@@ -133,12 +141,8 @@ HEADER = ("planted", "ranks", "must be named", "judged as required", "verdicts",
 
 
 def format_table(rows: Sequence[DistRow]) -> str:
-    cells = [HEADER] + [(r.control, r.ranks, r.expected or "nothing (identical)", f"{r.right} of {r.seeds}",
-                         ", ".join(r.verdicts), ", ".join(r.named)) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown_table(HEADER, [(r.control, r.ranks, r.expected or "nothing (identical)", f"{r.right} of {r.seeds}",
+                                    ", ".join(r.verdicts), ", ".join(r.named)) for r in rows])
 
 
 def main(args) -> int:

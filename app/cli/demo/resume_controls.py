@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from steady.server.cli.demo.controls import _execute
+from steady.server.cli.demo.controls import _execute, markdown_table
 from steady.worker.contract.resume import LABELS
 
 SCRIPTS = {"torch": "steady.worker.inrun.workloads.resume_controls",
@@ -151,12 +151,8 @@ def _point(row: ResumeRow) -> str:
 
 
 def format_table(rows: Sequence[ResumeRow]) -> str:
-    cells = [HEADER] + [(r.control, _point(r), r.expected or "nothing (identical)",
-                         f"{r.right} of {r.seeds}", ", ".join(r.named) or "—") for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown_table(HEADER, [(r.control, _point(r), r.expected or "nothing (identical)",
+                                    f"{r.right} of {r.seeds}", ", ".join(r.named) or "—") for r in rows])
 
 
 def main(args) -> int:
