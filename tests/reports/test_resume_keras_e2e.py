@@ -12,12 +12,9 @@ of the user's command through the CLI are the point.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from tests.conftest import run_cli_in_process, user_project
-from tests.worker.test_worker_agent_e2e import Worker
+from tests.reports.resume_study import run_resume_study
 
 SCRIPT = """
     import argparse
@@ -58,22 +55,8 @@ SPEC = """
 
 @pytest.mark.slow
 def test_a_keras_resume_without_the_rng_state_is_named_in_the_report(live_server, tmp_path):
-    folder = user_project(tmp_path / "project", {"train.py": SCRIPT, "study.yaml": SPEC})
-    (tmp_path / "worker-home").mkdir()
-    env = {"STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"], "NO_COLOR": "1",
-           "HOME": str(folder), "XDG_CONFIG_HOME": str(folder / ".config"), "PATH": "/usr/bin:/bin"}
-    worker = Worker(live_server, tmp_path, "resume-keras-e2e", "--concurrency", "1", cwd=tmp_path / "worker-home")
-    try:
-        submit = run_cli_in_process("submit", "study.yaml", "--wait", env=env, cwd=folder)
-    finally:
-        worker.stop()
-    found = re.search(r"submitted study (\d+)", submit.stdout + submit.stderr)
-    assert found, (submit.stdout, submit.stderr)
-    sid = found.group(1)
-    report = run_cli_in_process("report", sid, env=env, cwd=folder)
-    from steady.server.reports.models import Report
-
-    body = Report.model_validate_json(run_cli_in_process("report", sid, "--json", env=env, cwd=folder).stdout)
+    study = run_resume_study(live_server, tmp_path, {"train.py": SCRIPT, "study.yaml": SPEC}, "resume-keras-e2e")
+    submit, report, body, worker = study.submit, study.report, study.body, study.worker
     assert body.study.progress.completed == 1, worker.log()
     assert body.resume is not None and len(body.resume) == 1, (body.resume, worker.log())
     check = body.resume[0]
