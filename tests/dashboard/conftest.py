@@ -66,7 +66,9 @@ def new_page(browser):
 def shot(page, name: str, full_page: bool = True) -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=full_page)
+    # a full-page capture of a long page (ReDoc) rasterises for seconds on a loaded 2-core machine; the
+    # picture is not the property under test, so it gets more room than a page's own waits
+    page.screenshot(path=str(path), full_page=full_page, timeout=90_000)
     return path
 
 
