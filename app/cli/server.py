@@ -247,6 +247,8 @@ def register(sub: Any) -> None:
                    "dropout/augmentation, numerics, a one-ULP change), the table against all sources (docs/sources.md)")
     p.add_argument("--runs", type=int, default=32,
                    help="with --sources: runs per arm in the first stage, and added per stage (default 32)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="with --sources: the first seed (a repeated demo with fresh seeds checks the table's claims)")
     p.add_argument("--max-runs", type=int, default=224,
                    help="with --sources: the most runs per arm; the arms of undecided sources grow in stages until "
                    "each source's TOST decides or this is reached (default 224, 7 stages; equal to --runs: one fixed stage)")

@@ -125,6 +125,20 @@ def test_the_sources_demo_spec_is_a_full_grid_and_a_repeat_draws_fresh_seeds():
     assert twin.workload.name == "numpy_sources" and twin.workload.framework.value == "python"
 
 
+def test_the_sources_demo_command_line_reaches_the_spec():
+    """The options the docs' repeated runs use parse (``--first-seed`` had once fallen out of the parser while the
+    demo still read it) and give the staged default: 32 runs per stage, at most 224 per arm, fresh seeds."""
+    from steady.server.cli import build_parser
+    from steady.server.cli.demo.run import sources_spec
+
+    args = build_parser().parse_args(["demo", "--sources", "--exit", "--numpy", "--first-seed", "1000"])
+    assert (args.runs, args.max_runs, args.first_seed, args.numpy) == (32, 224, 1000, True)
+    spec = StudySpec.model_validate(sources_spec(args.runs, first_seed=args.first_seed, max_runs=args.max_runs,
+                                                 numpy=args.numpy))
+    assert min(spec.seeds) == 1000 and spec.budget is not None and spec.budget.max_seeds == 224
+    assert build_parser().parse_args(["demo", "--sources"]).first_seed == 0
+
+
 def test_the_numpy_model_s_gradient_is_torch_autograd_s():
     """numpy_sources writes its backward pass by hand: it matches PyTorch's autograd on the same weights, batch
     and dropout mask (float32, to rounding)."""
