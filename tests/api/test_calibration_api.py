@@ -48,12 +48,14 @@ def _seed_verdict(api, sid: int) -> dict:
 def test_healthy_studies_over_rest_rarely_flag_a_run(api):
     rng = np.random.default_rng(20261129)
     flagged = []
-    for i in range(60):
+    # the false-alarm rate itself is simulated in tests/stats (thousands of studies); this is the REST path's
+    # check: 30 studies at ≤ 1% each flag at most 2 (P(≥ 3) ≈ 0.003 at the nominal rate)
+    for i in range(30):
         x = gen.healthy_curves(rng, 20, 300, rho=0.9, offset_sd=0.02, noise=0.02)
         v = _seed_verdict(api, _study(api, x, name=f"healthy {i}"))
         assert v["out_of_band_test"]["testable"] and v["out_of_band_test"]["steps_used"] == 300
         flagged.append(bool(v["out_of_band"]))
-    assert sum(flagged) <= 3, f"{sum(flagged)} of 60 healthy studies flagged a run"
+    assert sum(flagged) <= 2, f"{sum(flagged)} of 30 healthy studies flagged a run"
 
 
 def test_planted_bad_seed_over_rest_is_flagged_with_five_seeds(api):

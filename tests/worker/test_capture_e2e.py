@@ -1,9 +1,11 @@
 """Zero-code capture end to end: a training script that knows nothing of Steady (no SDK, no
 ``--seed``; it logs to TensorBoard and prints ``Epoch N step M loss X``) runs as a command
 workload from its own git repository, with ``steady submit --wait`` against a worker elsewhere.
-The worker's shim seeds Python/NumPy/torch, so seeded repeats are identical; at ``none``
-they differ. (``strict`` adds deterministic kernels on top of seeded, which the determinism tests show;
-it adds nothing to capture, so it is not run here: two runs fewer of a suite on a budget.)
+The worker's shim seeds Python/NumPy/torch, so seeded repeats are identical. (``none``, where the repeats of a
+script that seeds nothing differ and the optimizer hook's digests blame seeding, is the unmodified third-party
+script's test, tests/worker/test_third_party_e2e.py; ``strict`` adds deterministic kernels on top of seeded,
+which the determinism tests show. Neither adds anything to capture, so they are not run here: each run of
+this script imports torch and, through ``torch.utils.tensorboard``, TensorFlow.)
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ SPEC = """
       command: ["python", "train.py", "--epochs", "3"]
     seeds: [1]
     repeats: 2
-    determinism: [none, seeded]
+    determinism: [seeded]
     threads: 1
     max_attempts: 1
     metrics: [Loss/train, loss]
@@ -100,7 +102,7 @@ def test_a_script_that_logs_only_to_tensorboard_and_stdout_is_judged(live_server
     assert ": inconclusive: " in done.stderr and "too few seeds" in done.stderr, done.stderr
     sid = int(done.stdout.split("submitted study ")[1].split()[0])
     items = runs(http, sid)
-    assert len(items) == 4 and {r["status"] for r in items} == {"completed"}
+    assert len(items) == 2 and {r["status"] for r in items} == {"completed"}
     by_level: dict[str, list] = {}
     for r in items:
         tb, out = series(http, r["id"], "Loss/train"), series(http, r["id"], "loss")
@@ -110,16 +112,12 @@ def test_a_script_that_logs_only_to_tensorboard_and_stdout_is_judged(live_server
         by_level.setdefault(r["determinism"], []).append((tb, out))
     a, b = by_level["seeded"]
     assert a == b  # the shim's seeding made the unchanged script repeatable
-    a, b = by_level["none"]
-    assert a[0][1] != b[0][1]
     report = http.get(f"/api/v1/studies/{sid}/report").json()
     judged = {(v["metric"], v["group"]["determinism"]): v for v in report["verdicts"] if v["level"] == "repeatability"}
     # automatic digests (the worker's optimizer hook, no SDK call) recorded the initial weights: they
     # differ between the unseeded repeats, so the source at `none` is seeding, not kernels
     assert all(r["digests"]["initial_weights"] for r in items)
     for metric, dtype in (("Loss/train", "float32"), ("loss", "float64")):
-        assert judged[metric, "seeded"]["verdict"] == "identical"
-        none = judged[metric, "none"]
-        assert none["verdict"] == "out_of_tolerance" and none["met_expectation"] is True
-        assert none["expectation"].endswith("something the code does not seed itself varies (Steady fixes nothing at none)")
-        assert none["source"] == "seeding" and none["dtype"] == dtype
+        seeded = judged[metric, "seeded"]
+        assert seeded["verdict"] == "identical" and seeded["met_expectation"] is True
+        assert seeded["dtype"] == dtype  # TensorBoard's float32 is judged as float32, stdout's digits as float64

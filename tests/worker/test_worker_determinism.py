@@ -87,9 +87,9 @@ def test_keras_mlp_strict_is_bitwise_repeatable():
 
 
 def test_nondeterministic_kernels_vary_at_seeded_and_not_at_strict():
-    seeded = [run("torch_nondeterministic_kernels", "seeded") for _ in range(4)]
+    seeded = [run("torch_nondeterministic_kernels", "seeded") for _ in range(2)]
     # The variation comes from thread interleaving; on a heavily loaded box the two threads
-    # may run back to back more often, so allow a few more tries before calling it fixed.
+    # may run back to back more often, so more runs follow until two differ (at most 8).
     while len({tuple(r.values("loss")) for r in seeded}) < 2 and len(seeded) < 8:
         seeded.append(run("torch_nondeterministic_kernels", "seeded"))
     strict = [run("torch_nondeterministic_kernels", "strict") for _ in range(2)]
