@@ -243,3 +243,30 @@ def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monk
     out = capsys.readouterr().out
     assert "| LR scheduler not loaded " in out and "2 of 2" in out and "27 of 27 controls judged as required" in out
     assert "| Keras: TF RNG not restored" in out
+
+
+def test_a_control_row_keeps_why_each_wrong_seed_was_judged_otherwise_and_a_failed_run_does_not_end_the_table(
+        monkeypatch):
+    """A seed whose check names nothing, or whose run failed (a time limit on a loaded machine), counts as
+    wrong and says why in the row, with the launches' exit statuses; the other seeds are still judged."""
+    from steady.server.cli.demo import resume_controls as demo
+
+    control = demo.KERAS_CONTROLS[0]  # a faithful resume: identical is required
+    killed_early = {"verdict": "failed", "missing": [], "reason": "launch 1 was to be killed after update 6 but ended "
+                    "first (exit status 0)", "launches": [{"rc": 0, "tail": ""}]}
+    results = [{"ok": True, "digests": {"resume": {"verdict": "identical", "missing": []}}},
+               {"ok": True, "digests": {"resume": killed_early}},
+               {"ok": False, "failure_kind": "timeout", "error": "run exceeded its time limit of 600 s and was killed",
+                "digests": {}}]
+    seen = {}
+
+    def execute(entries, *, failed_ok=False):
+        seen["failed_ok"] = failed_ok
+        return results
+
+    monkeypatch.setattr(demo, "_execute", execute)
+    row = demo.run_control(control, [0, 1, 2])
+    assert seen["failed_ok"] and (row.right, row.seeds, row.ok, row.named) == (1, 3, False, ())
+    assert row.wrong == ("seed 1: failed, named nothing; launches' exit statuses 0; launch 1 was to be killed after "
+                         "update 6 but ended first (exit status 0)",
+                         "seed 2: the run failed (timeout): run exceeded its time limit of 600 s and was killed")
