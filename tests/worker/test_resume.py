@@ -101,6 +101,33 @@ def test_a_launch_that_ends_before_its_kill_or_a_reference_too_short_fails_the_c
     assert record["verdict"] == "failed" and "ckpt.pt" in record["reason"]
 
 
+
+def test_a_tensorflow_launch_of_the_check_gets_the_keras_hooks_with_the_drivers_plan(monkeypatch, tmp_path):
+    """The Keras hooks are installed from the driver's environment for a tensorflow launch, and only there: a
+    launch left without them is never stopped and its check fails naming nothing (the torch installer does not
+    stand in for it)."""
+    from steady.worker.contract.resume import AT_ENV, FROM_ENV, OUT_ENV, ROLE_ENV, SIGNAL_ENV, STOP_ENV
+    from steady.worker.inrun import resumestate, resumestate_keras
+
+    installed = []
+    monkeypatch.setattr(resumestate_keras, "_install", installed.append)  # TensorFlow itself is not imported here
+    for name in (AT_ENV, FROM_ENV, SIGNAL_ENV):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "launch.jsonl"
+    monkeypatch.setenv(ROLE_ENV, "interrupted")
+    monkeypatch.setenv(STOP_ENV, "6")
+    monkeypatch.setenv(OUT_ENV, str(out))
+    assert resumestate_keras.install_from_env("torch")() is None and not installed
+    assert resumestate.install("tensorflow")() is None and not out.exists()
+    finish = resumestate_keras.install_from_env("tensorflow")
+    (tracker,) = installed
+    assert isinstance(tracker, resumestate_keras.KerasTracker)
+    assert (tracker.role, tracker.stop, tracker.resumed_from, tracker.out, tracker.signal) == (
+        "interrupted", 6, None, str(out), "kill")
+    finish()
+    assert out.read_text() == '{"steps": 0}\n'
+
+
 def _micro_reference(k=3, total=2, micro=1):
     """The uninterrupted run mid-accumulation: its state before backward 1 and before backward ``micro + 1`` of
     update ``k + 1``, and the gradient of that update, summed over ``total`` micro-batches."""
