@@ -101,6 +101,33 @@ def test_a_launch_that_ends_before_its_kill_or_a_reference_too_short_fails_the_c
     assert record["verdict"] == "failed" and "ckpt.pt" in record["reason"]
 
 
+
+def test_a_tensorflow_launch_of_the_check_gets_the_keras_hooks_with_the_drivers_plan(monkeypatch, tmp_path):
+    """The Keras hooks are installed from the driver's environment for a tensorflow launch, and only there: a
+    launch left without them is never stopped and its check fails naming nothing (the torch installer does not
+    stand in for it)."""
+    from steady.worker.contract.resume import AT_ENV, FROM_ENV, OUT_ENV, ROLE_ENV, SIGNAL_ENV, STOP_ENV
+    from steady.worker.inrun import resumestate, resumestate_keras
+
+    installed = []
+    monkeypatch.setattr(resumestate_keras, "_install", installed.append)  # TensorFlow itself is not imported here
+    for name in (AT_ENV, FROM_ENV, SIGNAL_ENV):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "launch.jsonl"
+    monkeypatch.setenv(ROLE_ENV, "interrupted")
+    monkeypatch.setenv(STOP_ENV, "6")
+    monkeypatch.setenv(OUT_ENV, str(out))
+    assert resumestate_keras.install_from_env("torch")() is None and not installed
+    assert resumestate.install("tensorflow")() is None and not out.exists()
+    finish = resumestate_keras.install_from_env("tensorflow")
+    (tracker,) = installed
+    assert isinstance(tracker, resumestate_keras.KerasTracker)
+    assert (tracker.role, tracker.stop, tracker.resumed_from, tracker.out, tracker.signal) == (
+        "interrupted", 6, None, str(out), "kill")
+    finish()
+    assert out.read_text() == '{"steps": 0}\n'
+
+
 def _micro_reference(k=3, total=2, micro=1):
     """The uninterrupted run mid-accumulation: its state before backward 1 and before backward ``micro + 1`` of
     update ``k + 1``, and the gradient of that update, summed over ``total`` micro-batches."""
@@ -243,3 +270,30 @@ def test_the_controls_plant_every_piece_once_and_the_demo_command_runs_them(monk
     out = capsys.readouterr().out
     assert "| LR scheduler not loaded " in out and "2 of 2" in out and "27 of 27 controls judged as required" in out
     assert "| Keras: TF RNG not restored" in out
+
+
+def test_a_control_row_keeps_why_each_wrong_seed_was_judged_otherwise_and_a_failed_run_does_not_end_the_table(
+        monkeypatch):
+    """A seed whose check names nothing, or whose run failed (a time limit on a loaded machine), counts as
+    wrong and says why in the row, with the launches' exit statuses; the other seeds are still judged."""
+    from steady.server.cli.demo import resume_controls as demo
+
+    control = demo.KERAS_CONTROLS[0]  # a faithful resume: identical is required
+    killed_early = {"verdict": "failed", "missing": [], "reason": "launch 1 was to be killed after update 6 but ended "
+                    "first (exit status 0)", "launches": [{"rc": 0, "tail": ""}]}
+    results = [{"ok": True, "digests": {"resume": {"verdict": "identical", "missing": []}}},
+               {"ok": True, "digests": {"resume": killed_early}},
+               {"ok": False, "failure_kind": "timeout", "error": "run exceeded its time limit of 600 s and was killed",
+                "digests": {}}]
+    seen = {}
+
+    def execute(entries, *, failed_ok=False):
+        seen["failed_ok"] = failed_ok
+        return results
+
+    monkeypatch.setattr(demo, "_execute", execute)
+    row = demo.run_control(control, [0, 1, 2])
+    assert seen["failed_ok"] and (row.right, row.seeds, row.ok, row.named) == (1, 3, False, ())
+    assert row.wrong == ("seed 1: failed, named nothing; launches' exit statuses 0; launch 1 was to be killed after "
+                         "update 6 but ended first (exit status 0)",
+                         "seed 2: the run failed (timeout): run exceeded its time limit of 600 s and was killed")

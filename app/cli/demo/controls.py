@@ -163,17 +163,19 @@ def _build_numpy_env(version: str, root: Path, python: Path, done: Path) -> str:
     return str(python)
 
 
-def _execute(entries: list[dict]) -> list[dict]:
-    """Run the entries through ``python -m steady.worker.agent.local`` (each run in a fresh subprocess)."""
+def _execute(entries: list[dict], *, failed_ok: bool = False) -> list[dict]:
+    """Run the entries through ``python -m steady.worker.agent.local`` (each run in a fresh subprocess).
+    A run that failed raises, unless ``failed_ok``: then its result (``ok`` false, the reason) is returned."""
     with tempfile.TemporaryDirectory(prefix="steady-controls-") as tmp:
         runs, out = Path(tmp, "runs.json"), Path(tmp, "out.jsonl")
         runs.write_text(json.dumps(entries))
         subprocess.run([sys.executable, "-m", "steady.worker.agent.local", str(runs), str(out)], check=True, cwd=tmp)
         results = [json.loads(line) for line in out.read_text().splitlines()]
     for entry, r in zip(entries, results):
-        if not r["ok"]:
+        if not r["ok"] and not failed_ok:
             spec = entry["spec"]
-            raise RuntimeError(f"control run {spec['params']} {spec['determinism']} seed {spec['seed']} failed "
+            what = spec.get("params") or " ".join(spec.get("command") or [])  # a workload's params, or a command
+            raise RuntimeError(f"control run {what} {spec['determinism']} seed {spec['seed']} failed "
                                f"({r['failure_kind']}): {r['error']}\n{r['stderr_tail'][-3000:]}")
     return results
 

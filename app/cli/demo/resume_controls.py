@@ -96,6 +96,8 @@ class ResumeRow:
     named: tuple[str, ...]  # what the checks named, all seeds together
     seconds: float
     micro_batches: int | None = None
+    wrong: tuple[str, ...] = ()  # per seed judged otherwise: what the check said and why
+
 
     @property
     def ok(self) -> bool:
@@ -122,13 +124,25 @@ def right(control: ResumeControl, record: dict | None) -> bool:
     return record.get("verdict") == "not_restored" and record.get("missing") == [control.expected]
 
 
+def judged_otherwise(seed: int, result: dict) -> str:
+    """One line for a seed whose check did not judge as required: the run's failure, or the check's verdict, the
+    pieces it named, its reason and the exit status of each launch (the record itself is in the run's digests)."""
+    record = result["digests"].get("resume")
+    if not result["ok"] or not record:
+        return f"seed {seed}: the run failed ({result.get('failure_kind')}): {result.get('error')}"
+    launches = ", ".join(str(launch.get("rc")) for launch in record.get("launches") or []) or "none"
+    return (f"seed {seed}: {record.get('verdict')}, named {', '.join(record.get('missing') or []) or 'nothing'}; "
+            f"launches' exit statuses {launches}; {record.get('reason') or 'no reason given'}")
+
+
 def run_control(control: ResumeControl, seeds: Sequence[int], *, workers: int = 2) -> ResumeRow:
     t0 = time.monotonic()
-    results = _execute([entry(control, seed, workers=workers) for seed in seeds])
-    records = [r["digests"].get("resume") for r in results]
+    results = _execute([entry(control, seed, workers=workers) for seed in seeds], failed_ok=True)
+    records = [r["digests"].get("resume") if r["ok"] else None for r in results]
     named = tuple(sorted({c for rec in records if rec for c in rec.get("missing") or []}))
-    return ResumeRow(control.name, control.expected, control.at, len(seeds),
-                     sum(right(control, rec) for rec in records), named, time.monotonic() - t0, control.micro_batches)
+    wrong = tuple(judged_otherwise(seed, r) for seed, r, rec in zip(seeds, results, records) if not right(control, rec))
+    return ResumeRow(control.name, control.expected, control.at, len(seeds), len(seeds) - len(wrong), named,
+                     time.monotonic() - t0, control.micro_batches, wrong)
 
 
 def run_controls(controls: Sequence[ResumeControl] = ALL_CONTROLS, *, seeds: Sequence[int] = range(5), workers: int = 2,
@@ -164,6 +178,8 @@ def main(args) -> int:
     def progress(row: ResumeRow) -> None:
         print(f"  {'ok   ' if row.ok else 'WRONG'} {row.control}: {', '.join(row.named) or 'identical'} "
               f"({row.right} of {row.seeds}, {row.seconds:.0f} s)", flush=True)
+        for line in row.wrong:
+            print(f"        {line}", flush=True)
 
     rows = run_controls(controls, seeds=seeds, progress=progress)
     print()
