@@ -98,7 +98,6 @@ class ResumeRow:
     micro_batches: int | None = None
     wrong: tuple[str, ...] = ()  # per seed judged otherwise: what the check said and why
 
-
     @property
     def ok(self) -> bool:
         return self.right == self.seeds
