@@ -108,7 +108,7 @@ def test_leases_per_worker_are_capped(make_api):
 
 
 def test_server_fails_a_run_past_its_time_limit_despite_heartbeats(make_api):
-    from steady.server.models import utcnow
+    from steady.server.models import Run
     from steady.server.lifecycle.leasing import reap_expired
 
     api = make_api(time_limit_grace_seconds=5.0, lease_seconds=3600.0)
@@ -117,11 +117,16 @@ def test_server_fails_a_run_past_its_time_limit_despite_heartbeats(make_api):
     leased = _lease(api, wid).json()
     run_id, lid = leased["run_id"], leased["lease_id"]
     assert api.post(f"/api/v1/runs/{run_id}/heartbeat", role="worker", json={"lease_id": lid}).status_code == 200
-    with api.app.state.database.write() as session:  # injected clock: within limit + grace
-        reap_expired(session, utcnow() + timedelta(seconds=14))
+    # The injected clock counts from the run's own deadline (lease time + limit + grace), not from now: on a
+    # loaded machine seconds pass between the lease and the reap
+    with api.app.state.database.read() as session:
+        limit_at = session.get(Run, run_id).time_limit_at
+    started = limit_at - timedelta(seconds=15)
+    with api.app.state.database.write() as session:  # within limit + grace
+        reap_expired(session, started + timedelta(seconds=14))
     assert api.get(f"/api/v1/runs/{run_id}").json()["status"] == "running"
     with api.app.state.database.write() as session:  # past it, the lease still valid
-        reap_expired(session, utcnow() + timedelta(seconds=16))
+        reap_expired(session, started + timedelta(seconds=16))
     run = api.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == "failed" and run["failure_kind"] == "timeout", run
     late = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid))

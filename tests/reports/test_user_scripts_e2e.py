@@ -4,7 +4,10 @@ A tiny argparse script that seeds itself from ``--seed {seed}`` (pure-Python ``r
 on stdout; ``framework: python``) at ``none`` and ``seeded``: every expectation met (at ``none`` Steady fixes nothing and a
 correct script seeds itself), never "ignores the seed", and ``submit --wait``, ``report`` and ``check``
 all exit 0. A copy with a hard-coded seed: seed stability fails with ``seed_has_no_effect`` and every
-gate exits 1 with the same reason. A real ``steady serve`` (the shared one) and a real worker: running
+gate exits 1 with the same reason. A copy that seeds nothing (Python's global ``random``, as many scripts
+do): at ``none`` its repeats differ and the report says that is what ``none`` means for it (expectation
+met: Steady fixes nothing there); at ``seeded`` the worker's shim seeds it and its repeats are identical.
+A real ``steady serve`` (the shared one) and a real worker: running
 the user's command is the point.
 """
 
@@ -47,10 +50,14 @@ SPEC = """
 """
 
 
-def _project(root: Path, *, seed_expr: str, name: str, seeds: str, repeats: int) -> Path:
-    """A fresh git folder holding the script and its spec, committed, as a user keeps them."""
+def _project(root: Path, *, seed_expr: str | None, name: str, seeds: str, repeats: int) -> Path:
+    """A fresh git folder holding the script and its spec, committed, as a user keeps them. ``seed_expr``
+    None: the script draws from Python's global ``random`` and seeds nothing."""
     root.mkdir()
-    (root / "train.py").write_text(textwrap.dedent(SCRIPT.format(seed_expr=seed_expr)).lstrip())
+    script = textwrap.dedent(SCRIPT.format(seed_expr=seed_expr)).lstrip()
+    if seed_expr is None:
+        script = script.replace("rng = random.Random(None)", "rng = random  # the global generator, never seeded here")
+    (root / "train.py").write_text(script)
     (root / "study.yaml").write_text(textwrap.dedent(SPEC.format(name=name, seeds=seeds, repeats=repeats)).lstrip())
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
@@ -80,11 +87,13 @@ def test_own_script_seeding_itself_and_a_copy_with_a_hard_coded_seed(live_server
                     repeats=2)
     fixed = _project(tmp_path / "fixed", seed_expr="1234", name="own-script-fixed-seed", seeds="1, 2",
                      repeats=1)
+    unseeded = _project(tmp_path / "unseeded", seed_expr=None, name="own-script-unseeded", seeds="1", repeats=2)
     (tmp_path / "worker-home").mkdir()
     worker = Worker(live_server, tmp_path, "own-scripts", "--concurrency", "2", cwd=tmp_path / "worker-home")
     try:
         ok = _gates(live_server, good)
         bad = _gates(live_server, fixed)
+        loose = _gates(live_server, unseeded)
     finally:
         worker.stop()
 
@@ -115,3 +124,15 @@ def test_own_script_seeding_itself_and_a_copy_with_a_hard_coded_seed(live_server
     with live_server.client() as c:  # the dashboard's list shows the same outcome and reason
         got = c.get("/dashboard/data/badges", params={"ids": str(rep.study.id)}).json()["badges"][str(rep.study.id)]
     assert got[0]["level"] == "outcome" and got[0]["tone"] == "bad" and got[0]["hint"] == reason
+
+    # seeds nothing: `none` repeats differ, which is what none allows for such code (met, not a failure);
+    # the shim's seeding at `seeded` makes the same code repeatable
+    rep = loose["body"]
+    assert rep.study.progress.completed == 4, worker.log()
+    judged = {v.group.determinism: v for v in rep.of_level("repeatability")}
+    assert judged["seeded"].verdict == "identical" and judged["seeded"].met_expectation is True
+    none = judged["none"]
+    assert none.verdict == "out_of_tolerance" and none.met_expectation is True, none
+    assert none.expectation.endswith("something the code does not seed itself varies (Steady fixes nothing at none)")
+    assert none.first_divergent_step == 0
+    assert "NOT met" not in loose["report"].stdout, loose["report"].stdout

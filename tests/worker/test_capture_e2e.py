@@ -2,8 +2,9 @@
 ``--seed``; it logs to TensorBoard and prints ``Epoch N step M loss X``) runs as a command
 workload from its own git repository, with ``steady submit --wait`` against a worker elsewhere.
 The worker's shim seeds Python/NumPy/torch, so seeded repeats are identical. (``none``, where the repeats of a
-script that seeds nothing differ and the optimizer hook's digests blame seeding, is the unmodified third-party
-script's test, tests/worker/test_third_party_e2e.py; ``strict`` adds deterministic kernels on top of seeded,
+script that seeds nothing differ, the report meets that expectation and the optimizer hook's digests blame seeding,
+is shown by tests/reports/test_user_scripts_e2e.py and tests/worker/test_autodigest.py;
+``strict`` adds deterministic kernels on top of seeded,
 which the determinism tests show. Neither adds anything to capture, so they are not run here: each run of
 this script imports torch and, through ``torch.utils.tensorboard``, TensorFlow.)
 """
