@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tests.api.helpers import error_of, register, spec
-from tests.conftest import BOTH_BACKENDS, SQLITE_ONLY
+from tests.conftest import BOTH_BACKENDS, POSTGRES_ONLY, SQLITE_ONLY, wait_until
 
 pytestmark = SQLITE_ONLY
 
@@ -265,3 +265,56 @@ def test_the_localize_button_needs_the_owners_session_its_form_key_and_this_orig
     finally:
         api.client.cookies.clear()
     assert api.get(f"/api/v1/studies/{sid}/localization-jobs").json()["total"] == 1
+
+
+@POSTGRES_ONLY
+def test_two_asks_for_one_pair_at_once_make_one_job(api):
+    """Read committed: two requests for one pair whose transactions overlap would each find no active job and
+    each insert one. The second must wait for the first to commit, then get the 409."""
+    import threading
+
+    from sqlalchemy import create_engine, select, text
+
+    from steady.server.kit.auth import Role
+    from steady.server.kit.deps import Principal
+    from steady.server.kit.errors import Conflict
+    from steady.server.lifecycle import localizing
+    from steady.server.models import LocalizationJob
+
+    from steady.server.models import Study
+
+    sid, ids = _study(api)
+    pair = [ids[0, 0], ids[0, 1]]
+    database = api.app.state.database
+    with database.read() as session:
+        owner = session.get(Study, sid).owner_token_id
+    caller = Principal(token_id=owner, name="user", role=Role.user)
+    second: dict[str, object] = {}
+
+    def ask_again() -> None:
+        try:
+            with database.write() as session:
+                second["job"] = localizing.request(session, sid, localizing.LocalizationJobRequest(runs=pair[::-1]), caller).id
+        except Conflict as exc:
+            second["conflict"] = str(exc)
+
+    # autocommit: pg_stat_activity is read once per transaction, so each poll is a transaction of its own
+    monitor = create_engine(database.engine.url.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT")
+    waiting = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+    thread = threading.Thread(target=ask_again)
+    try:
+        with database.write() as session:
+            first = localizing.request(session, sid, localizing.LocalizationJobRequest(runs=pair), caller).id
+            thread.start()  # the first request's transaction is still open
+            with monitor.connect() as conn:
+                wait_until(lambda: bool(conn.execute(waiting).scalar()) or not thread.is_alive(), 60,
+                           what="the second request to wait for the first's lock (or to finish without waiting)")
+            assert thread.is_alive(), f"the second request did not wait for the first: {second}"
+        thread.join(60)
+    finally:
+        thread.join(60)
+        monitor.dispose()
+    assert "job" not in second and f"job {first}" in str(second.get("conflict")), second
+    with database.read() as session:
+        jobs = session.scalars(select(LocalizationJob.id).where(LocalizationJob.study_id == sid)).all()
+    assert jobs == [first]

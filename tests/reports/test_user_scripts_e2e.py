@@ -136,3 +136,8 @@ def test_own_script_seeding_itself_and_a_copy_with_a_hard_coded_seed(live_server
     assert none.expectation.endswith("something the code does not seed itself varies (Steady fixes nothing at none)")
     assert none.first_divergent_step == 0
     assert "NOT met" not in loose["report"].stdout, loose["report"].stdout
+
+    # the worker's log shows each command as it ran, its placeholders filled
+    started = [line for line in worker.log_path.read_text(errors="replace").splitlines() if ": started pid " in line]
+    assert started and not [line for line in started if "{seed}" in line], started
+    assert any(line.endswith("train.py --seed 5") for line in started), started

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -394,8 +395,9 @@ class RunExecution:
                 self._try(lambda: self.client.fail(run_id, RunFailure(
                     lease_id=self.lease.lease_id, kind=FailureKind.error, error=error)))
                 return
+            ran = self.proc.argv_as_run()  # a command as it ran: placeholders filled, secrets scrubbed
             log.info("run %d (attempt %d): started pid %s: %s", run_id, self.lease.attempt, self.proc.pid,
-                     self.lease.spec.workload or self.lease.spec.entrypoint or " ".join(self.lease.spec.command or []))
+                     self.lease.spec.workload or self.lease.spec.entrypoint or shlex.join(ran or []))
             while self.proc.running():
                 self._pump()
                 if self.stream.due():
