@@ -326,22 +326,13 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
     if last_stage < 1 or len(values_by_stage) > last_stage:
         raise ValueError(f"last_stage must be ≥ 1 and ≥ the stages given, got {last_stage}")
     floor = KURTOSIS_FLOOR if kurtosis_floor is None else kurtosis_floor
-    looks, look_stage = [], []
-    fractions: list[float] = []
-    cum_values: list[np.ndarray] = []
-    pooled = np.zeros(0)
-    for k, vals in enumerate(values_by_stage, start=1):
-        pooled = np.concatenate([pooled, np.asarray(vals, dtype=np.float64).ravel()])
-        t = information_fraction(pooled.size, max_seeds, last=(k == last_stage))
-        if cum_values and pooled.size == cum_values[-1].size:
-            # no new seed this stage (its runs all failed): no new look; at the last stage the
-            # previous look becomes the final analysis and spends what is left
-            if k == last_stage:
-                fractions[-1] = 1.0
-            continue
-        fractions.append(t)
-        cum_values.append(pooled.copy())
-        look_stage.append(k)
+    # one arm: staged_looks with an empty second arm (a stage adding no seed, its runs all failed, makes no look)
+    staged = staged_looks(values_by_stage, [()] * len(values_by_stage), last_stage=last_stage,
+                          fraction=lambda n, _none, last: information_fraction(n, max_seeds, last=last))
+    looks: list[StageLook] = []
+    fractions = list(staged.fractions)
+    cum_values = [first for first, _ in staged.arms]
+    look_stage = list(staged.stages)
     if not fractions:
         return SequentialDecision("inconclusive", None, False, (), alpha, spending, max_seeds)
     b = spending_boundaries(fractions, alpha=alpha, spending=spending)
