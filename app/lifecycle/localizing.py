@@ -121,7 +121,10 @@ def request(session: WriteSession, study_id: int, body: LocalizationJobRequest, 
 
     When the runs recorded their step digests and these agree at every step, nothing needs replaying: the
     answer ("identical") is kept at once, as `steady localize` does, and the job is done."""
-    study = studies.get_study(session, study_id)
+    # One active job per pair. On PostgreSQL (read committed) two requests that overlap would both find none and
+    # both insert: the study's row, locked until this transaction ends, makes the second wait and then see the
+    # first's job
+    study = studies.get_study(session, study_id, lock=True)
     studies.ensure_study_owner(study, caller)
     field = ("body", "runs")
     a, b = localizations.check_pair(session, study_id, body.runs, field)
@@ -132,10 +135,6 @@ def request(session: WriteSession, study_id: int, body: LocalizationJobRequest, 
         raise Invalid(field, f"localization replays PyTorch (op by op) or Keras (layer by layer) training; runs "
                       f"{a.id} and {b.id} declare framework {a.framework!r}")
     pair = (a.id, b.id)
-    # One active job per pair. On PostgreSQL (read committed) two requests that overlap would both find none and
-    # both insert: the study's row, locked until this transaction ends, makes the second wait and then see the
-    # first's job (SQLite's writes are serial already; there FOR UPDATE is a no-op)
-    session.execute(select(Study.id).where(Study.id == study_id).with_for_update())
     if (active := _active_for_pair(session, study_id, pair)) is not None:
         raise Conflict(f"runs {a.id} and {b.id} are already being localized (job {active.id}, "
                        f"{active.status}); cancel it first or wait for its answer", loc=field)

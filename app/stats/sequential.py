@@ -330,14 +330,11 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
     staged = staged_looks(values_by_stage, [()] * len(values_by_stage), last_stage=last_stage,
                           fraction=lambda n, _none, last: information_fraction(n, max_seeds, last=last))
     looks: list[StageLook] = []
-    fractions = list(staged.fractions)
-    cum_values = [first for first, _ in staged.arms]
-    look_stage = list(staged.stages)
-    if not fractions:
+    if not staged.fractions:
         return SequentialDecision("inconclusive", None, False, (), alpha, spending, max_seeds)
-    b = spending_boundaries(fractions, alpha=alpha, spending=spending)
+    b = spending_boundaries(staged.fractions, alpha=alpha, spending=spending)
     verdict, decided = "inconclusive", None
-    for j, (x, c, k) in enumerate(zip(cum_values, b.boundaries, look_stage)):
+    for j, ((x, _), c, k) in enumerate(zip(staged.arms, b.boundaries, staged.stages)):
         n = x.size
         a_k = b.nominal_alpha[j]
         testable = n >= MIN_SEEDS and math.isfinite(c) and n > c + 1.0 and a_k > 0

@@ -13,8 +13,14 @@ from steady.server.kit.repository import paginate
 from steady.server.studies.schemas import Progress
 
 
-def get_study(session: Session, study_id: int) -> Study:
-    study = session.get(Study, study_id)
+def get_study(session: Session, study_id: int, *, lock: bool = False) -> Study:
+    """The study; ``lock``: its row FOR UPDATE (re-read, not the session's copy) until the transaction ends, so
+    writes that read the study's state first run one after another (on SQLite writes are serial already)."""
+    if lock:
+        locked = select(Study).where(Study.id == study_id).with_for_update().execution_options(populate_existing=True)
+        study = session.scalars(locked).first()
+    else:
+        study = session.get(Study, study_id)
     if study is None:
         raise NotFound(f"study {study_id} not found")
     return study

@@ -9,13 +9,12 @@ from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 import numpy as np
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from steady.server.kit.auth import Caller, Role, ensure_may_change
 from steady.server.kit.config import Settings
 from steady.server.kit.db import WriteSession
-from steady.server.kit.errors import Conflict, Forbidden, Invalid, NotFound
+from steady.server.kit.errors import Conflict, Forbidden, Invalid
 from steady.server.metrics import repository as metrics_repo
 from steady.server.kit.wire import wire_float
 from steady.server.models import Run, Study, utcnow
@@ -134,8 +133,8 @@ def _check_archive(session: Session, spec: StudySpec, code: CodeRef, what: str, 
             raise Invalid(loc or ("body", "workload", "command"), f"the command's script {script} is not in {where}")
 
 
-def get_study(session: Session, study_id: int) -> Study:
-    return repository.get_study(session, study_id)
+def get_study(session: Session, study_id: int, *, lock: bool = False) -> Study:
+    return repository.get_study(session, study_id, lock=lock)
 
 
 @overload
@@ -180,10 +179,7 @@ def refresh_status(session: WriteSession, study_id: int, *, report_of: adaptive.
     finishing at once, on several API processes) recount one after another: on PostgreSQL
     each would otherwise count the others' runs as still running and leave the study running.
     """
-    locked = select(Study).where(Study.id == study_id).with_for_update().execution_options(populate_existing=True)
-    study = session.scalars(locked).first()
-    if study is None:
-        raise NotFound(f"study {study_id} not found")
+    study = repository.get_study(session, study_id, lock=True)
     if study.kind == "external":
         return study
     p = repository.progress_by_study(session, [study_id])[study_id]

@@ -279,9 +279,7 @@ def test_two_asks_for_one_pair_at_once_make_one_job(api):
     from steady.server.kit.deps import Principal
     from steady.server.kit.errors import Conflict
     from steady.server.lifecycle import localizing
-    from steady.server.models import LocalizationJob
-
-    from steady.server.models import Study
+    from steady.server.models import LocalizationJob, Study
 
     sid, ids = _study(api)
     pair = [ids[0, 0], ids[0, 1]]

@@ -120,13 +120,14 @@ def test_server_fails_a_run_past_its_time_limit_despite_heartbeats(make_api):
     # The injected clock counts from the run's own deadline (lease time + limit + grace), not from now: on a
     # loaded machine seconds pass between the lease and the reap
     with api.app.state.database.read() as session:
-        limit_at = session.get(Run, run_id).time_limit_at
-    started = limit_at - timedelta(seconds=15)
+        row = session.get(Run, run_id)
+        deadline = row.time_limit_at
+        assert deadline - row.started_at == timedelta(seconds=10.0 + 5.0)  # time_limit_s + the grace
     with api.app.state.database.write() as session:  # within limit + grace
-        reap_expired(session, started + timedelta(seconds=14))
+        reap_expired(session, deadline - timedelta(seconds=1))
     assert api.get(f"/api/v1/runs/{run_id}").json()["status"] == "running"
     with api.app.state.database.write() as session:  # past it, the lease still valid
-        reap_expired(session, started + timedelta(seconds=16))
+        reap_expired(session, deadline + timedelta(seconds=1))
     run = api.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == "failed" and run["failure_kind"] == "timeout", run
     late = api.post(f"/api/v1/runs/{run_id}/complete", role="worker", json=result(lid))
