@@ -160,6 +160,19 @@ def test_worker_cli_does_not_import_server_or_frameworks():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
+def test_the_web_app_imports_scipy_only_where_a_statistic_is_computed():
+    # Every server process (each API process, each uvicorn worker, each test's server) imports the app:
+    # scipy.stats, optimize and special are a third of that cost and are needed only by a report.
+    code = (
+        "import sys; import steady.server.web.main; "
+        "bad = [m for m in ('scipy.stats','scipy.optimize','scipy.special','scipy.signal') if m in sys.modules]; "
+        "assert not bad, bad; "
+        "from steady.server.stats.planning import seeds_for_equivalence; seeds_for_equivalence(0.0, 1.0, 0.5); "
+        "assert 'scipy.stats' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
 def test_migrations_do_not_import_live_code():
     # A migration is history: it must not change when a model or a type in app/ changes later.
     for path in sorted((REPO / "migrations" / "versions").glob("*.py")):

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import stats
+import scipy
 
 from steady.server.stats.align import check_matrix
 from steady.server.stats.intervals import normal_tolerance_factor
@@ -176,9 +176,9 @@ def _default_q(band: Band, in_sample: bool) -> float:
     for n in ns[ns >= 3]:
         k = normal_tolerance_factor(int(n), coverage=band.coverage, confidence=band.confidence)
         if in_sample:
-            qn = stats.beta.sf(n * k * k / (n - 1) ** 2, 0.5, (n - 2) / 2.0)
+            qn = scipy.stats.beta.sf(n * k * k / (n - 1) ** 2, 0.5, (n - 2) / 2.0)
         else:
-            qn = 2.0 * stats.t.sf(k / np.sqrt(1.0 + 1.0 / n), n - 1)
+            qn = 2.0 * scipy.stats.t.sf(k / np.sqrt(1.0 + 1.0 / n), n - 1)
         q = max(q, float(qn))
     return min(max(q, 1e-12), 1.0 - 1e-12)
 
@@ -235,8 +235,8 @@ def out_of_band_runs(
         out = defined & ((x < band.ti_low[None, :]) | (x > band.ti_high[None, :]))
     counts = out.sum(axis=1)
     k = defined.sum(axis=1)
-    threshold = stats.binom.isf(level, k, qq)  # P(X > threshold) <= level
-    pval = stats.binom.sf(counts - 1, k, qq)
+    threshold = scipy.stats.binom.isf(level, k, qq)  # P(X > threshold) <= level
+    pval = scipy.stats.binom.sf(counts - 1, k, qq)
     return OutOfBand(exceedances=counts, checkpoints=k, threshold=threshold.astype(np.int64),
                      p_value=pval, flagged=(counts > threshold) & (k > 0), q=qq, level=level,
                      bonferroni=bool(bonferroni))
@@ -528,7 +528,7 @@ def out_of_band_curves(matrix, *, false_alarm: float = 0.01, windows: int = N_WI
         return CurveOutliers(True, z, z, n - 2, np.ones(n), np.ones(n), none, k, float(false_alarm), True,
                              f"all {n} runs identical at the {k} shared steps")
     t, diff, sd_o = _deleted_t(level)
-    p = 2.0 * stats.t.sf(np.abs(t), n - 2)
+    p = 2.0 * scipy.stats.t.sf(np.abs(t), n - 2)
     p = np.where(sd_o > 0, p, np.where(diff == 0, 1.0, 0.0))
     exact = bool((sd_o == 0).any())
     p_whole = _familywise_p(np.abs(t), n)

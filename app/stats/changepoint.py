@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import special, stats
+import scipy
 
 __all__ = ["ShiftResult", "detect_shift", "DIRECTIONS", "SequentialShift", "RunLength", "sequential_shift",
            "self_starting_scores", "cusum_run_length", "cusum_threshold", "CUSUM_REFERENCE", "SCORE_CLIP",
@@ -162,7 +162,7 @@ def _chain(h: float, k: float, shift: float, m: int, clip: float | None) -> np.n
     w = 2.0 * h / (2 * m - 1)
 
     def cdf(t: np.ndarray) -> np.ndarray:  # P(clip(Z) <= t)
-        p = stats.norm.cdf(t - shift)
+        p = scipy.stats.norm.cdf(t - shift)
         if clip is not None:
             p = np.where(t < -clip, 0.0, np.where(t >= clip, 1.0, p))
         return p
@@ -264,7 +264,7 @@ def self_starting_scores(values, *, exclude_above: float | None = None) -> np.nd
             z = 0.0 if abs(d) <= tiny else math.copysign(40.0, d)
         else:
             t = d / sd * math.sqrt(m / (m + 1))
-            z = math.copysign(-float(special.ndtri(special.stdtr(m - 1, -abs(t)))), t)
+            z = math.copysign(-float(scipy.special.ndtri(scipy.special.stdtr(m - 1, -abs(t)))), t)
         u[i] = min(max(z, -40.0), 40.0)
         if exclude_above is None or abs(u[i]) <= exclude_above:
             s1, s2, m = s1 + c[i], s2 + c[i] * c[i], m + 1
@@ -402,7 +402,7 @@ def prewhitened_scores(values, *, exclude_above: float | None = EXCLUDE_ABOVE) -
             z = 0.0 if abs(d) <= tiny else math.copysign(40.0, d)
         else:
             t = d / sd * math.sqrt(k / (k + 1))
-            z = math.copysign(-float(special.ndtri(special.stdtr(k - 1, -abs(t)))), t)
+            z = math.copysign(-float(scipy.special.ndtri(scipy.special.stdtr(k - 1, -abs(t)))), t)
         u[i] = min(max(z, -40.0), 40.0)
         if exclude_above is None or abs(u[i]) <= exclude_above:
             s1, s2, m = s1 + c[i], s2 + c[i] * c[i], m + 1

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
+import scipy
 
 from steady.server.stats.report import to_plain
 from steady.server.stats.quantiles import t_ppf
@@ -220,7 +220,7 @@ def check_convergence(candidate: Sequence[float] | np.ndarray, reference: Refere
     floor, t, df = min_acceptable_mean(reference.mean, reference.std, reference.n, int(kept.size), alpha=alpha)
     se = reference.std * math.sqrt(1.0 / reference.n + 1.0 / kept.size)
     t_stat = (cand - reference.mean) / se if se > 0 else (0.0 if cand == reference.mean else math.copysign(math.inf, cand - reference.mean))
-    p = float(stats.t.cdf(t_stat, df))
+    p = float(scipy.stats.t.cdf(t_stat, df))
     speedup = reference.mean / floor if floor > 0 else math.inf
     factor = max(1.0, reference.mean / cand) if cand > 0 else math.inf
     if cand >= floor:

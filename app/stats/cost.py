@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+import scipy
 
 __all__ = ["CostRatio", "cost_ratio", "run_summary", "cost_verdict", "balanced_level_order",
            "DEFAULT_WARMUP_FRACTION", "cost_guarantee"]
@@ -165,7 +165,7 @@ def cost_ratio(numerator_runs: Sequence, denominator_runs: Sequence, *, numerato
                 lo = hi = est = math.log(exact)
             else:
                 df = float(d.size - 1)
-                q = float(stats.t.ppf(0.5 + confidence / 2.0, df))
+                q = float(scipy.stats.t.ppf(0.5 + confidence / 2.0, df))
                 h = q * sd / math.sqrt(d.size)
                 lo, hi = est - h, est + h
     else:
@@ -183,7 +183,7 @@ def cost_ratio(numerator_runs: Sequence, denominator_runs: Sequence, *, numerato
                 lo = hi = est = math.log(exact)
             else:
                 df = se2 ** 2 / (vx ** 2 / (na - 1) + vy ** 2 / (nb - 1))
-                q = float(stats.t.ppf(0.5 + confidence / 2.0, df))
+                q = float(scipy.stats.t.ppf(0.5 + confidence / 2.0, df))
                 h = q * math.sqrt(se2)
                 lo, hi = est - h, est + h
     ratio = math.exp(est)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize, special, stats
+import scipy
 
 from steady.server.stats.quantiles import chi2_ppf, norm_ppf, t_ppf
 
@@ -59,20 +59,20 @@ def _exact_k(n: int, p: float, gamma: float) -> float:
     upper = 9.0 / np.sqrt(n)
     z = 0.5 * upper * (_GL_NODES + 1.0)
     w = 0.5 * upper * _GL_WEIGHTS * np.sqrt(2.0 * n / np.pi) * np.exp(-0.5 * n * z * z)
-    chi_p = stats.ncx2.ppf(p, 1, z * z)  # independent of k: computed once
+    chi_p = scipy.stats.ncx2.ppf(p, 1, z * z)  # independent of k: computed once
     df = n - 1
 
     def confidence(k: float) -> float:
-        return float(np.sum(w * special.chdtrc(df, df * chi_p / (k * k))))
+        return float(np.sum(w * scipy.special.chdtrc(df, df * chi_p / (k * k))))
 
-    lo = float(stats.norm.ppf(0.5 + p / 2.0))  # k for n -> infinity, confidence 0.5
+    lo = float(scipy.stats.norm.ppf(0.5 + p / 2.0))  # k for n -> infinity, confidence 0.5
     hi = max(2.0 * lo, 2.0)
     while confidence(hi) < gamma:
         hi *= 2.0
         if hi > 1e7:
             raise ValueError(f"tolerance factor diverges for n={n}, p={p}, gamma={gamma}")
     lo = 1e-6
-    return float(optimize.brentq(lambda k: confidence(k) - gamma, lo, hi, xtol=1e-12, rtol=1e-12))
+    return float(scipy.optimize.brentq(lambda k: confidence(k) - gamma, lo, hi, xtol=1e-12, rtol=1e-12))
 
 
 def normal_tolerance_factor(n: int, *, coverage: float = 0.9, confidence: float = 0.95) -> float:
@@ -107,8 +107,8 @@ def howe_tolerance_factor(n: int, *, coverage: float = 0.9, confidence: float = 
     p = _check_prob("coverage", coverage)
     g = _check_prob("confidence", confidence)
     df = n - 1
-    z = stats.norm.ppf((1.0 + p) / 2.0)
-    return float(np.sqrt(df * (1.0 + 1.0 / n) * z * z / stats.chi2.ppf(1.0 - g, df)))
+    z = scipy.stats.norm.ppf((1.0 + p) / 2.0)
+    return float(np.sqrt(df * (1.0 + 1.0 / n) * z * z / scipy.stats.chi2.ppf(1.0 - g, df)))
 
 
 # --------------------------------------------------------------------------- intervals

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import special, stats
+import scipy
 
 from steady.server.stats.intervals import normal_tolerance_factor
 from steady.server.stats.quantiles import chi2_ppf, t_ppf
@@ -75,7 +75,7 @@ def _ttest_power(n: int, d: float, alpha: float) -> float:
     df = 2 * n - 2
     nc = d * np.sqrt(n / 2.0)
     tc = t_ppf(1 - alpha / 2, df)
-    return float(stats.nct.sf(tc, df, nc) + stats.nct.cdf(-tc, df, nc))
+    return float(scipy.stats.nct.sf(tc, df, nc) + scipy.stats.nct.cdf(-tc, df, nc))
 
 
 def seeds_for_difference(delta: float, sigma: float, *, alpha: float = 0.05, power: float = 0.8) -> int | None:
@@ -101,7 +101,7 @@ def seeds_for_tolerance_halfwidth(sigma: float, half_width: float, *, coverage: 
     if not (sigma > 0 and half_width > 0):
         raise ValueError(f"sigma and half_width must be > 0, got {sigma!r}, {half_width!r}")
     target = half_width / sigma
-    if target <= stats.norm.ppf(0.5 + coverage / 2):
+    if target <= scipy.stats.norm.ppf(0.5 + coverage / 2):
         return None
     return _smallest_n(lambda n: normal_tolerance_factor(n, coverage=coverage, confidence=confidence) <= target)
 
@@ -112,8 +112,8 @@ def _std_claim_power(n: int, r2: float, alpha: float, stable: bool) -> float:
     P(upper bound < max_std) = F(r²·χ²_{α,n−1}) and P(lower bound > max_std) = 1 − F(r²·χ²_{1−α,n−1})."""
     df = n - 1
     if stable:
-        return float(stats.chi2.cdf(r2 * chi2_ppf(alpha, df), df))
-    return float(stats.chi2.sf(r2 * chi2_ppf(1 - alpha, df), df))
+        return float(scipy.stats.chi2.cdf(r2 * chi2_ppf(alpha, df), df))
+    return float(scipy.stats.chi2.sf(r2 * chi2_ppf(1 - alpha, df), df))
 
 
 @lru_cache(maxsize=1024)  # seed_spread asks it the same few questions (0.8 or 1.25 × max_std)
@@ -148,8 +148,8 @@ def _tost_power(n: int, diff: float, sigma: float, margin: float, alpha: float) 
     se = sigma * np.sqrt(2.0 / n)
     tc = t_ppf(1 - alpha, df)
     # Shifted central-t approximation of TOST power (Chow, Shao & Wang 2008, §3.2.3).
-    # special.stdtr(df, x) is stats.t.cdf(x, df) without the distribution object's per-call overhead
-    p = special.stdtr(df, (margin - diff) / se - tc) + special.stdtr(df, (margin + diff) / se - tc) - 1.0
+    # scipy.special.stdtr(df, x) is scipy.stats.t.cdf(x, df) without the distribution object's per-call overhead
+    p = scipy.special.stdtr(df, (margin - diff) / se - tc) + scipy.special.stdtr(df, (margin + diff) / se - tc) - 1.0
     return float(max(p, 0.0))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+import scipy
 
 from steady.server.stats.planning import seeds_for_equivalence
 
@@ -45,7 +45,7 @@ def welch(reference, candidate) -> TestResult:
     a, b = _two(reference, candidate)
     d, se, df = welch_parts(a, b)
     t = d / se if se > 0 else (0.0 if d == 0 else np.sign(d) * np.inf)
-    return TestResult(float(t), float(2 * stats.t.sf(abs(t), df)), df)
+    return TestResult(float(t), float(2 * scipy.stats.t.sf(abs(t), df)), df)
 
 
 # The skew guard of the TOST (see ``skew_guard``): finals as skewed as a lognormal with log-sd 0.5
@@ -126,8 +126,8 @@ def tost(reference, candidate, *, margin: float) -> Tost:
         p1 = 0.0 if d > -margin else 1.0
         p2 = 0.0 if d < margin else 1.0
         return Tost(d, se, df, float(margin), p1, p2, max(p1, p2), exact=True)
-    p1 = float(stats.t.sf((d + margin) / se, df))
-    p2 = float(stats.t.cdf((d - margin) / se, df))
+    p1 = float(scipy.stats.t.sf((d + margin) / se, df))
+    p2 = float(scipy.stats.t.cdf((d - margin) / se, df))
     return Tost(d, se, df, float(margin), p1, p2, max(p1, p2), withheld=skew_guard(a, b))
 
 
@@ -141,7 +141,7 @@ def brown_forsythe(reference, candidate) -> TestResult:
     if ssw == 0:
         return TestResult(float("inf") if ssb > 0 else float("nan"), 0.0 if ssb > 0 else 1.0, float(n - k))
     f = (ssb / (k - 1)) / (ssw / (n - k))
-    return TestResult(float(f), float(stats.f.sf(f, k - 1, n - k)), float(n - k))
+    return TestResult(float(f), float(scipy.stats.f.sf(f, k - 1, n - k)), float(n - k))
 
 
 def hedges_g(reference, candidate) -> float:
@@ -269,10 +269,10 @@ def compare_stacks(reference, candidate, *, margin: float | None, rng: np.random
     if not (0 < alpha < 1):
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
     d, se, df = welch_parts(a, b)
-    h = float(stats.t.ppf(1 - alpha / 2, df)) * se
+    h = float(scipy.stats.t.ppf(1 - alpha / 2, df)) * se
     t = tost(a, b, margin=margin) if margin is not None else None
-    mw = stats.mannwhitneyu(b, a, alternative="two-sided")
-    ks = stats.ks_2samp(a, b)
+    mw = scipy.stats.mannwhitneyu(b, a, alternative="two-sided")
+    ks = scipy.stats.ks_2samp(a, b)
     sp = float(np.sqrt(((a.size - 1) * a.var(ddof=1) + (b.size - 1) * b.var(ddof=1)) / (a.size + b.size - 2)))
     planned = seeds_for_equivalence(0.0, sp, margin, alpha=alpha) if (margin is not None and sp > 0) else None
     return Portability(int(a.size), int(b.size), float(a.mean()), float(b.mean()), d, d - h, d + h,

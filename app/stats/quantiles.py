@@ -9,31 +9,31 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from scipy import stats
+import scipy
 
 __all__ = ["t_ppf", "t_isf", "norm_ppf", "norm_isf", "chi2_ppf"]
 
 
 @lru_cache(maxsize=4096)
 def t_ppf(q: float, df: float) -> float:
-    return float(stats.t.ppf(q, df))
+    return float(scipy.stats.t.ppf(q, df))
 
 
 @lru_cache(maxsize=4096)
 def t_isf(q: float, df: float) -> float:
-    return float(stats.t.isf(q, df))
+    return float(scipy.stats.t.isf(q, df))
 
 
 @lru_cache(maxsize=1024)
 def norm_ppf(q: float) -> float:
-    return float(stats.norm.ppf(q))
+    return float(scipy.stats.norm.ppf(q))
 
 
 @lru_cache(maxsize=1024)
 def norm_isf(q: float) -> float:
-    return float(stats.norm.isf(q))
+    return float(scipy.stats.norm.isf(q))
 
 
 @lru_cache(maxsize=4096)
 def chi2_ppf(q: float, df: float) -> float:
-    return float(stats.chi2.ppf(q, df))
+    return float(scipy.stats.chi2.ppf(q, df))

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scipy import stats
+import scipy
 
 from steady.server.stats.intervals import (MeanCI, OrderStatisticTolerance, PredictionInterval, RobustStdBounds, StdBounds,
                                  ToleranceInterval, bonett_std_bounds, mean_ci, normal_tolerance_interval,
@@ -25,8 +25,8 @@ PLAN_STABLE, PLAN_UNSTABLE = 0.8, 1.25
 def divergence_rate_ci(k: int, n: int, *, confidence: float = 0.95) -> tuple[float, float]:
     """Exact (Clopper–Pearson 1934) two-sided CI of a divergence rate, k diverged seeds of n."""
     a = 1.0 - confidence
-    low = 0.0 if k == 0 else float(stats.beta.ppf(a / 2, k, n - k + 1))
-    high = 1.0 if k == n else float(stats.beta.ppf(1 - a / 2, k + 1, n - k))
+    low = 0.0 if k == 0 else float(scipy.stats.beta.ppf(a / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(scipy.stats.beta.ppf(1 - a / 2, k + 1, n - k))
     return low, high
 
 

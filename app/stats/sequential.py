@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize, stats
+import scipy
 
 from steady.server.stats.seed_stability import KURTOSIS_FLOOR, MIN_SEEDS, spread_decision
 from steady.server.stats.quantiles import norm_isf
@@ -66,7 +66,7 @@ def spent_alpha(t: float, *, alpha: float, spending: str) -> float:
     if spending == "pocock":
         return alpha * math.log(1.0 + (math.e - 1.0) * t)
     if spending == "obrien_fleming":
-        return float(2.0 - 2.0 * stats.norm.cdf(norm_isf(alpha / 2.0) / math.sqrt(t)))
+        return float(2.0 - 2.0 * scipy.stats.norm.cdf(norm_isf(alpha / 2.0) / math.sqrt(t)))
     raise ValueError(f"spending must be one of {SPENDING_FUNCTIONS}, got {spending!r}")
 
 
@@ -97,11 +97,11 @@ class _Recursion:
     def cross(self, k: int, c: float) -> float:
         """P(Z_k ≥ c, no earlier crossing) — doubled for the two-sided symmetric region."""
         if k == 0:
-            p = float(stats.norm.sf(c))
+            p = float(scipy.stats.norm.sf(c))
         else:
             i0, i1 = self.info[k - 1], self.info[k]
             d = math.sqrt(i1 - i0)
-            p = float(np.sum(self.w * self.f * stats.norm.sf((c * math.sqrt(i1) - self.z * math.sqrt(i0)) / d)))
+            p = float(np.sum(self.w * self.f * scipy.stats.norm.sf((c * math.sqrt(i1) - self.z * math.sqrt(i0)) / d)))
         return 2.0 * p if self.two_sided else p
 
     def advance(self, k: int, c: float) -> None:
@@ -111,13 +111,13 @@ class _Recursion:
         lo = -c if self.two_sided else _LOW
         if k == 0:
             z, w = _simpson(lo, c, 0.02)
-            f = stats.norm.pdf(z)
+            f = scipy.stats.norm.pdf(z)
         else:
             i0, i1 = self.info[k - 1], self.info[k]
             d = math.sqrt(i1 - i0)
             h = max(min(0.02, d / math.sqrt(i1) / 6.0), 1e-3)  # ≤ 18k grid points
             z, w = _simpson(lo, c, h)
-            kern = stats.norm.pdf((z[:, None] * math.sqrt(i1) - self.z[None, :] * math.sqrt(i0)) / d)
+            kern = scipy.stats.norm.pdf((z[:, None] * math.sqrt(i1) - self.z[None, :] * math.sqrt(i0)) / d)
             f = (kern * (self.w * self.f)[None, :]).sum(axis=1) * math.sqrt(i1) / d
         self.z, self.w, self.f = z, w, f
 
@@ -188,11 +188,11 @@ def _boundaries(fractions: tuple, alpha: float, spending: str, two_sided: bool) 
             if excess(0.0) < 0:  # cannot spend that much even at c = 0 (never happens for α ≤ 0.5)
                 c = 0.0
             else:
-                c = float(optimize.brentq(excess, 0.0, 12.0, xtol=1e-10))
+                c = float(scipy.optimize.brentq(excess, 0.0, 12.0, xtol=1e-10))
         cs.append(c)
         spent_before = cum[k]
         rec.advance(k, c)
-    nominal = tuple(float(stats.norm.sf(c)) if math.isfinite(c) else 0.0 for c in cs)
+    nominal = tuple(float(scipy.stats.norm.sf(c)) if math.isfinite(c) else 0.0 for c in cs)
     return Boundaries(tuple(float(x) for x in t), tuple(cs), nominal, tuple(cum), float(alpha), spending, two_sided)
 
 
@@ -201,7 +201,7 @@ def pocock_constant(k: int, *, alpha: float = 0.05) -> float:
 
     Jennison & Turnbull (2000) Table 2.1, α = 0.05: 2.178, 2.289, 2.361, 2.413 for K = 2..5."""
     info = np.arange(1, k + 1, dtype=float)
-    return float(optimize.brentq(
+    return float(scipy.optimize.brentq(
         lambda c: crossing_probabilities([c] * k, info, two_sided=True).sum() - alpha, 1.0, 6.0, xtol=1e-10))
 
 
@@ -212,7 +212,7 @@ def obrien_fleming_constant(k: int, *, alpha: float = 0.05) -> float:
     (C_B is the final stage's boundary)."""
     info = np.arange(1, k + 1, dtype=float)
     scale = np.sqrt(k / info)
-    return float(optimize.brentq(
+    return float(scipy.optimize.brentq(
         lambda c: crossing_probabilities(c * scale, info, two_sided=True).sum() - alpha, 1.0, 6.0, xtol=1e-10))
 
 

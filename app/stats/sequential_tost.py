@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy import stats
+import scipy
 
 from steady.server.stats.portability import skew_guard, welch_parts
 from steady.server.stats.sequential import spending_boundaries, staged_looks
@@ -96,8 +96,8 @@ def _judge(d: float, se: float, df: float, margin: float, a_eq: float, a_ne: flo
     if se == 0.0:  # both stacks constant: the difference is known exactly (as the fixed rule)
         verdict = "equivalent" if abs(d) < margin else "not_equivalent" if abs(d) > margin else "inconclusive"
         return verdict, d, d
-    q_eq = float(stats.t.isf(a_eq, df)) if a_eq > 0 else math.inf
-    q_ne = float(stats.t.isf(a_ne, df)) if a_ne > 0 else math.inf
+    q_eq = float(scipy.stats.t.isf(a_eq, df)) if a_eq > 0 else math.inf
+    q_ne = float(scipy.stats.t.isf(a_ne, df)) if a_ne > 0 else math.inf
     low, high = d - q_eq * se, d + q_eq * se
     if -margin < low and high < margin:
         return "equivalent", low, high

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+import scipy
 
 from steady.server.stats.intervals import bonett_std_bounds
 from steady.server.stats.quantiles import norm_ppf
@@ -97,8 +97,8 @@ def sd_ratio_tost(x, y, *, margin: float = SD_MARGIN, alpha: float = 0.05,
     centre = float(np.log((na / (na - z)) / (nb / (nb - z)) * s2a / s2b))
     lo, hi = np.exp(0.5 * (centre - z * se)), np.exp(0.5 * (centre + z * se))
     m = float(np.log(margin ** 2))
-    p_low = float(stats.norm.sf((centre + m) / se))  # H0: ln ratio² ≤ −ln margin²
-    p_high = float(stats.norm.cdf((centre - m) / se))  # H0: ln ratio² ≥ ln margin²
+    p_low = float(scipy.stats.norm.sf((centre + m) / se))  # H0: ln ratio² ≤ −ln margin²
+    p_high = float(scipy.stats.norm.cdf((centre - m) / se))  # H0: ln ratio² ≥ ln margin²
     p = max(p_low, p_high)
     if lo >= 1 / margin and hi <= margin:
         verdict = "equivalent"
@@ -162,8 +162,8 @@ def mls_difference_interval(ms1: float, df1: float, ms2: float, df2: float, c: f
     *Confidence Intervals on Variance Components*, §3.3), for independent mean squares with χ²/df laws.
     The lower end is truncated at 0 (a variance)."""
     a = (1.0 - confidence) / 2.0
-    f_up = lambda q, d1, d2: float(stats.f.ppf(1.0 - q, d1, d2))  # noqa: E731 — F with area q to the right
-    chi_inf = lambda q, d: float(stats.chi2.ppf(1.0 - q, d) / d)  # noqa: E731 — F(d, ∞) with area q right
+    f_up = lambda q, d1, d2: float(scipy.stats.f.ppf(1.0 - q, d1, d2))  # noqa: E731 — F with area q to the right
+    chi_inf = lambda q, d: float(scipy.stats.chi2.ppf(1.0 - q, d) / d)  # noqa: E731 — F(d, ∞) with area q right
     g1 = 1.0 - 1.0 / chi_inf(a, df1)
     h1 = 1.0 / chi_inf(1.0 - a, df1) - 1.0
     g2 = 1.0 - 1.0 / chi_inf(a, df2)
@@ -221,7 +221,7 @@ def crossed_components(y, *, confidence: float = 0.95) -> CrossedComponents:
     df_e = (i - 1) * (j - 1)
     ms_e = float(np.sum(resid ** 2)) / df_e
     a = (1.0 - confidence) / 2.0
-    res_ci = (df_e * ms_e / float(stats.chi2.ppf(1 - a, df_e)), df_e * ms_e / float(stats.chi2.ppf(a, df_e)))
+    res_ci = (df_e * ms_e / float(scipy.stats.chi2.ppf(1 - a, df_e)), df_e * ms_e / float(scipy.stats.chi2.ppf(a, df_e)))
     return CrossedComponents(
         n_init=i, n_data=j, ms_init=ms_a, ms_data=ms_b, ms_residual=ms_e,
         init=max(0.0, (ms_a - ms_e) / j), data=max(0.0, (ms_b - ms_e) / i), residual=ms_e,

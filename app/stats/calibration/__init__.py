@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats
+import scipy
 
 __all__ = ["Scenario", "Rule", "Rate", "clopper_pearson", "measure", "measure_rule", "exceeds_nominal"]
 
@@ -79,8 +79,8 @@ def clopper_pearson(k: int, n: int, *, confidence: float = 0.95) -> tuple[float,
     if n <= 0 or not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
     a = 1.0 - confidence
-    low = 0.0 if k == 0 else float(stats.beta.ppf(a / 2, k, n - k + 1))
-    high = 1.0 if k == n else float(stats.beta.ppf(1 - a / 2, k + 1, n - k))
+    low = 0.0 if k == 0 else float(scipy.stats.beta.ppf(a / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(scipy.stats.beta.ppf(1 - a / 2, k + 1, n - k))
     return low, high
 
 
@@ -107,5 +107,5 @@ def exceeds_nominal(rate: Rate, *, confidence: float = 0.99) -> bool:
     ``1 - confidence``. This is what the tests assert is False for every healthy scenario."""
     if rate.kind != "healthy":
         raise ValueError("exceeds_nominal applies to healthy scenarios")
-    p = float(stats.binom.sf(rate.k - 1, rate.n, rate.nominal))  # P(K >= k | nominal)
+    p = float(scipy.stats.binom.sf(rate.k - 1, rate.n, rate.nominal))  # P(K >= k | nominal)
     return p < 1.0 - confidence

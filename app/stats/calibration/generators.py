@@ -22,7 +22,7 @@ rule that flags a run, or calls a group unstable at the stated limit, is a false
 from __future__ import annotations
 
 import numpy as np
-from scipy import signal
+import scipy
 
 __all__ = ["smooth_curve", "ar1_noise", "healthy_curves", "multiplicative_curves", "plant_late_blowup",
            "plant_offset", "plant_wider", "truncate_runs", "diverge_runs", "final_values",
@@ -87,7 +87,7 @@ def ar1_noise(rng: np.random.Generator, n_runs: int, n_steps: int, *, rho: float
         return u
     v = np.sqrt(1.0 - rho * rho) * u
     v[:, 0] = u[:, 0]
-    return signal.lfilter([1.0], [1.0, -rho], v, axis=1)  # out_t = ρ out_{t−1} + v_t, one C loop
+    return scipy.signal.lfilter([1.0], [1.0, -rho], v, axis=1)  # out_t = ρ out_{t−1} + v_t, one C loop
 
 
 def healthy_curves(rng: np.random.Generator, n_runs: int, n_steps: int, *, rho: float = 0.9,

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from functools import lru_cache, partial
 
 import numpy as np
-from scipy import stats
+import scipy
 
 from steady.server.stats.calibration import Rule, Scenario
 from steady.server.stats.cost import balanced_level_order, cost_ratio
@@ -129,8 +129,8 @@ def _tost_equivalent(rng: np.random.Generator, *, true_diff: float, sigma: float
     d = b.mean() - a.mean()
     se = np.sqrt(a.var(ddof=1) / n + b.var(ddof=1) / n)
     df = 2 * n - 2
-    p_low = stats.t.sf((d + margin) / se, df)
-    p_high = stats.t.cdf((d - margin) / se, df)
+    p_low = scipy.stats.t.sf((d + margin) / se, df)
+    p_high = scipy.stats.t.cdf((d - margin) / se, df)
     return max(p_low, p_high) < alpha
 
 

@@ -14,7 +14,7 @@ from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
-from scipy import optimize, stats
+import scipy
 
 from steady.server.stats import guarantees
 from steady.server.stats.bands import WINDOW_SHARE, null_max_deleted_t, out_of_band_curves
@@ -63,7 +63,7 @@ def offset_for_power(n_seeds: int, *, power: float = 0.8, false_alarm: float = O
 def bonferroni_offset_for_power(n_seeds: int, *, power: float = 0.8, false_alarm: float = OOB_FALSE_ALARM) -> float:
     """``offset_for_power`` of the former rule (normal-theory t, Bonferroni over runs): the power lost."""
     n = int(n_seeds)
-    return _offset_at(float(stats.t.isf(false_alarm / (2 * n), n - 2)), n - 2, n, power)
+    return _offset_at(float(scipy.stats.t.isf(false_alarm / (2 * n), n - 2)), n - 2, n, power)
 
 
 def _offset_at(crit: float, df: int, n: int, power: float) -> float:
@@ -71,13 +71,13 @@ def _offset_at(crit: float, df: int, n: int, power: float) -> float:
 
     def pw(delta: float) -> float:
         nc = delta / scale
-        lower = float(stats.nct.cdf(-crit, df, nc))  # the wrong-side tail: negligible, NaN far out
-        return float(stats.nct.sf(crit, df, nc)) + (lower if np.isfinite(lower) else 0.0)
+        lower = float(scipy.stats.nct.cdf(-crit, df, nc))  # the wrong-side tail: negligible, NaN far out
+        return float(scipy.stats.nct.sf(crit, df, nc)) + (lower if np.isfinite(lower) else 0.0)
 
     hi = 1.0
     while pw(hi) < power:
         hi *= 2.0
-    return float(optimize.brentq(lambda d: pw(d) - power, 0.0, hi, xtol=1e-6))
+    return float(scipy.optimize.brentq(lambda d: pw(d) - power, 0.0, hi, xtol=1e-6))
 
 
 def _oob_healthy(rng, *, n_runs, n_steps, rho, tails="normal", offset_dist="normal", n_short=0):
