@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -50,7 +50,91 @@ def module_digest(model: Any) -> str:
     return state_digest({k: _to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in sd.items()})
 
 
-def optimizer_digest(optimizer: torch.optim.Optimizer) -> str:
+class _WrittenOut:
+    """What the built-in workloads' optimizers share with ``torch.optim``'s: ``param_groups``, ``state`` keyed by
+    parameter, ``zero_grad`` and the global step hooks (``register_optimizer_step_pre_hook`` /
+    ``..._post_hook``: the localizer's step digests and the automatic digests see these steps too).
+
+    Why they are written out: the first call into a ``torch.optim`` optimizer imports ``torch._dynamo``, about
+    1 s of CPU per run, more than a built-in workload's whole training. A user's code keeps its own optimizer;
+    ``tests/worker/test_torch_optimizers.py`` checks these against ``torch.optim`` bit for bit."""
+
+    def __init__(self, params: Any, **group: Any) -> None:
+        self.params = list(params)
+        self.param_groups = [{"params": self.params, **group}]
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        from torch.optim import optimizer as hooks  # the module alone: no torch._dynamo
+
+        for hook in list(hooks._global_optimizer_pre_hooks.values()):
+            hook(cast(Any, self), (), {})  # duck-typed: what the hooks read, an Optimizer has
+        with torch.no_grad():
+            for p in self.params:
+                if p.grad is not None:
+                    self._update(p, p.grad, self.state.setdefault(p, {}))
+        for hook in list(hooks._global_optimizer_post_hooks.values()):
+            hook(cast(Any, self), (), {})  # duck-typed: what the hooks read, an Optimizer has
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """As ``torch.optim``'s: state by parameter index, the groups with their parameters' indices."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        return {"state": {index[id(p)]: dict(st) for p, st in self.state.items() if st},
+                "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
+                                  "params": [index[id(p)] for p in g["params"]]} for g in self.param_groups]}
+
+
+class SGD(_WrittenOut):
+    """SGD with momentum: the update ``torch.optim.SGD`` makes (its single-tensor path, the CPU default; no
+    dampening, no Nesterov, no weight decay)."""
+
+    def __init__(self, params: Any, lr: float, momentum: float = 0.0) -> None:
+        super().__init__(params, lr=lr, momentum=momentum)
+        self.lr, self.momentum = lr, momentum
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        if self.momentum:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = grad.detach().clone()
+            else:
+                buf.mul_(self.momentum).add_(grad)
+            grad = buf
+        p.add_(grad, alpha=-self.lr)
+
+
+class Adam(_WrittenOut):
+    """Adam: the update ``torch.optim.Adam`` makes (its single-tensor path, the CPU default; no weight decay,
+    no AMSGrad)."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps)
+        self.lr, self.betas, self.eps = lr, betas, eps
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        beta1, beta2 = self.betas
+        if not state:
+            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step = state["step"].item()
+        bias_correction1 = 1 - beta1**step
+        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+        p.addcdiv_(exp_avg, denom, value=-(self.lr / bias_correction1))
+
+
+def optimizer_digest(optimizer: Any) -> str:
     """Digest of ``optimizer.state_dict()``: per-parameter state tensors and the param groups."""
     sd = optimizer.state_dict()
     entries: dict[str, Any] = {}

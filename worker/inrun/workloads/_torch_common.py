@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from steady.worker.inrun import sdk
-from steady.worker.inrun.frameworks.torch import data_generator, device, module_digest, optimizer_digest, seed_worker
+from steady.worker.inrun.frameworks.torch import (Adam, data_generator, device, module_digest, optimizer_digest,
+                                                 seed_worker)
 from steady.worker.inrun.sdk import RunContext
 from steady.worker.inrun.workloads.data import Split
 
@@ -59,7 +60,7 @@ def train_classifier(
     )
     x_val = torch.from_numpy(split.x_val).to(dev)
     y_val = torch.from_numpy(split.y_val).to(dev)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = Adam(model.parameters(), lr=lr)
     step = 0
     for epoch in range(epochs):
         model.train()

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from steady.worker.inrun import sdk
-from steady.worker.inrun.frameworks.torch import optimizer_digest
+from steady.worker.inrun.frameworks.torch import Adam, optimizer_digest
 from steady.worker.contract.digests import state_digest
 from steady.worker.inrun.workloads.data import digits_split
 
@@ -57,7 +57,7 @@ def run(ctx: sdk.RunContext) -> dict:
         return F.embedding(x, embedding).mean(1) @ head_w.T + head_b
 
     sdk.set_digest("initial_weights", digest())
-    optimizer = torch.optim.Adam(params.values(), lr=ctx.param("lr", 5e-3))
+    optimizer = Adam(params.values(), lr=ctx.param("lr", 5e-3))
     order_gen = torch.Generator().manual_seed(ctx.seed + 1)
     batch_size, step = ctx.param("batch_size", 64), 0
     for epoch in range(ctx.param("epochs", 3)):

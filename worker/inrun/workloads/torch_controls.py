@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from steady.worker.inrun import sdk
 from steady.worker.contract.digests import state_digest
-from steady.worker.inrun.frameworks.torch import device, optimizer_digest
+from steady.worker.inrun.frameworks.torch import SGD, device, optimizer_digest
 from steady.worker.inrun.workloads.data import digits_split
 
 FRAMEWORKS = ("torch",)
@@ -185,7 +185,7 @@ def run(ctx: sdk.RunContext) -> dict:
         return state_digest({k: v.detach().cpu().numpy() for k, v in params.items()})
 
     sdk.set_digest("initial_weights", initial_digest())
-    optimizer = torch.optim.SGD(params.values(), lr=ctx.param("lr", 0.5), momentum=0.9)
+    optimizer = SGD(params.values(), lr=ctx.param("lr", 0.5), momentum=0.9)
     wd = ctx.param("weight_decay", 1e-4)
     steps, batch_size = ctx.param("steps", 24), ctx.param("batch_size", 256)
     n = len(x_train)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from steady.worker.inrun import sdk
-from steady.worker.inrun.frameworks.torch import data_generator, device, module_digest, optimizer_digest
+from steady.worker.inrun.frameworks.torch import SGD, data_generator, device, module_digest, optimizer_digest
 from steady.worker.inrun.workloads.data import digits_split
 
 FRAMEWORKS = ("torch",)
@@ -82,7 +82,7 @@ def run(ctx: sdk.RunContext) -> dict:
     y_val = torch.from_numpy(split.y_val).to(dev)
     model = TokenBag(64 * LEVELS, ctx.param("dim", 64)).to(dev)
     sdk.set_digest("initial_weights", module_digest(model))
-    optimizer = torch.optim.SGD(model.parameters(), lr=ctx.param("lr", 0.05), momentum=0.9)
+    optimizer = SGD(model.parameters(), lr=ctx.param("lr", 0.05), momentum=0.9)
     steps, batch_size = ctx.param("steps", 40), ctx.param("batch_size", 512)
     generator = data_generator(ctx.data_seed)
     n = len(x_train)
