@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -17,8 +18,9 @@ import pytest
 from tests.api.helpers import register
 from steady.worker.contract.protocol import Series
 
-pytest.importorskip("mlflow")
-pytestmark = pytest.mark.slow
+# not imported at collection (1.6 s of CPU for every parallel test worker): the tests' servers run it
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow is not installed"),
+              pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 VALUES = [0.1 + 0.2, math.nan, 5e-324, math.inf, -math.inf, -0.0, 1 / 3, 1e308]
 

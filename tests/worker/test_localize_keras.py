@@ -3,15 +3,20 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
-controls = pytest.importorskip("steady.worker.inrun.localize_controls_keras")
+# imported in the test, not at collection: TensorFlow costs every parallel test worker 5 s of CPU otherwise
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["Adam update of head.kernel"])
 def test_planted_layer_fault_is_named_by_layer_and_phase(name):
     import tensorflow as tf
+
+    from steady.worker.inrun import localize_controls_keras as controls
 
     tf.config.experimental.enable_op_determinism()
     fault = next(f for f in controls.KERAS_FAULTS if f.name == name)
