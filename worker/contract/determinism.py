@@ -12,7 +12,8 @@
 ``strict``
     ``seeded`` plus PyTorch ``torch.use_deterministic_algorithms(True)``,
     ``torch.backends.cudnn.benchmark = False``, ``torch.backends.cudnn.deterministic = True``,
-    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``; TensorFlow
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, ``TORCHINDUCTOR_DETERMINISTIC=1`` (what the PyTorch call sets
+    in TorchInductor's config, read when Inductor is first imported); TensorFlow
     ``tf.config.experimental.enable_op_determinism()`` and ``TF_DETERMINISTIC_OPS=1``.
 
 At every level the thread counts come from ``RunSpec.threads`` (``OMP_NUM_THREADS``,
@@ -36,7 +37,7 @@ LEVELS = ("none", "seeded", "strict")
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 FIXED_THREADS_ENV = {"OMP_DYNAMIC": "FALSE", "MKL_DYNAMIC": "FALSE"}
 MKL_CBWR = "AUTO,STRICT"
-STRICT_ONLY_VARS = ("CUBLAS_WORKSPACE_CONFIG", "TF_DETERMINISTIC_OPS", "MKL_CBWR")
+STRICT_ONLY_VARS = ("CUBLAS_WORKSPACE_CONFIG", "TORCHINDUCTOR_DETERMINISTIC", "TF_DETERMINISTIC_OPS", "MKL_CBWR")
 DETERMINISM_ENV_VARS = ("PYTHONHASHSEED", *STRICT_ONLY_VARS, *THREAD_ENV_VARS, *FIXED_THREADS_ENV,
                         "CUDA_VISIBLE_DEVICES")
 CUBLAS_WORKSPACE = ":4096:8"
@@ -58,6 +59,7 @@ def subprocess_env(level: Any, seed: int, threads: int, base: dict[str, str] | N
     env["PYTHONHASHSEED"] = "random" if level == "none" else str(int(seed) % (2**32))
     if level == "strict":
         env["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+        env["TORCHINDUCTOR_DETERMINISTIC"] = "1"
         env["TF_DETERMINISTIC_OPS"] = "1"
         env["MKL_CBWR"] = MKL_CBWR
     n = str(max(1, int(threads)))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 from typing import Any, cast
 
 import numpy as np
@@ -24,7 +26,7 @@ def apply_determinism(level: str, seed: int, threads: int) -> dict[str, Any]:
         applied["framework_seeded"] = True
         applied["torch_manual_seed"] = seed
     if level == "strict":
-        torch.use_deterministic_algorithms(True)
+        use_deterministic_algorithms()
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
     applied.update(
@@ -35,6 +37,26 @@ def apply_determinism(level: str, seed: int, threads: int) -> dict[str, Any]:
         torch_interop_threads=torch.get_num_interop_threads(),
     )
     return applied
+
+
+INDUCTOR_DETERMINISTIC_ENV = "TORCHINDUCTOR_DETERMINISTIC"
+
+
+def use_deterministic_algorithms() -> None:
+    """What ``torch.use_deterministic_algorithms(True)`` sets, without importing TorchInductor to set it.
+
+    Since PyTorch 2.6 the public call does ``import torch._inductor.config`` to set Inductor's
+    ``deterministic`` flag; that import pulls in ``torch._dynamo`` and SymPy: about 2 s of CPU, more than a
+    built-in workload's whole training on a CPU. Inductor's config reads the same flag from
+    ``TORCHINDUCTOR_DETERMINISTIC`` when it is first imported (the agent sets it at ``strict``; it is set here
+    too), so the process ends with the same two settings either way: the dispatcher's flag now, Inductor's
+    whenever code compiles. Where Inductor is already imported, the public call sets it directly.
+    ``tests/worker/test_torch_determinism_flags.py`` compares both ways in fresh interpreters."""
+    os.environ[INDUCTOR_DETERMINISTIC_ENV] = "1"
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(True)
+    else:
+        torch._C._set_deterministic_algorithms(True, warn_only=False)
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
