@@ -145,6 +145,13 @@ def test_calibrated_null_matches_bonferroni_for_normal_levels_and_a_brute_force_
     assert np.quantile(null_max_deleted_t(10), 0.99) > 1.5 * np.quantile(null0, 0.99)  # the tail skew reaches
 
 
+def test_the_null_table_does_not_depend_on_how_its_draws_are_chunked():
+    """Chunks of 1.6 MB instead of 16 MB (three times faster where fresh memory costs page faults) give the same table."""
+    small = null_max_deleted_t(7, sims=60_000, chunk_values=7_000)
+    assert np.array_equal(small, null_max_deleted_t(7, sims=60_000, chunk_values=2_000_000))
+    assert np.array_equal(small, null_max_deleted_t(7, sims=60_000, chunk_values=123_457))  # ragged last chunk
+
+
 def test_late_blowup_of_one_seed_among_ten_is_flagged_and_named():
     """Done-when of the issue: one seed stays in the band, then grows ×40 over the last 10% of the steps;
     among 10 seeds it is flagged, and only it, in ≥ 80% of 100 studies (the whole-curve statistic alone:
