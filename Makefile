@@ -68,6 +68,7 @@ PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 
 test: setup
 	@$(MAKE) --no-print-directory lint
+	@$(BIN)/python scripts/machine-speed
 	@$(PYTEST) -q -rfE $(PYTEST_PARALLEL) --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi; \
 	exit $$rc
