@@ -37,7 +37,8 @@ LEVELS = ("none", "seeded", "strict")
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 FIXED_THREADS_ENV = {"OMP_DYNAMIC": "FALSE", "MKL_DYNAMIC": "FALSE"}
 MKL_CBWR = "AUTO,STRICT"
-STRICT_ONLY_VARS = ("CUBLAS_WORKSPACE_CONFIG", "TORCHINDUCTOR_DETERMINISTIC", "TF_DETERMINISTIC_OPS", "MKL_CBWR")
+INDUCTOR_DETERMINISTIC_VAR = "TORCHINDUCTOR_DETERMINISTIC"  # read by TorchInductor's config when first imported
+STRICT_ONLY_VARS = ("CUBLAS_WORKSPACE_CONFIG", INDUCTOR_DETERMINISTIC_VAR, "TF_DETERMINISTIC_OPS", "MKL_CBWR")
 DETERMINISM_ENV_VARS = ("PYTHONHASHSEED", *STRICT_ONLY_VARS, *THREAD_ENV_VARS, *FIXED_THREADS_ENV,
                         "CUDA_VISIBLE_DEVICES")
 CUBLAS_WORKSPACE = ":4096:8"
@@ -59,7 +60,7 @@ def subprocess_env(level: Any, seed: int, threads: int, base: dict[str, str] | N
     env["PYTHONHASHSEED"] = "random" if level == "none" else str(int(seed) % (2**32))
     if level == "strict":
         env["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
-        env["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+        env[INDUCTOR_DETERMINISTIC_VAR] = "1"
         env["TF_DETERMINISTIC_OPS"] = "1"
         env["MKL_CBWR"] = MKL_CBWR
     n = str(max(1, int(threads)))

@@ -10,6 +10,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from steady.worker.contract.determinism import INDUCTOR_DETERMINISTIC_VAR
 from steady.worker.contract.digests import state_digest
 
 
@@ -39,9 +40,6 @@ def apply_determinism(level: str, seed: int, threads: int) -> dict[str, Any]:
     return applied
 
 
-INDUCTOR_DETERMINISTIC_ENV = "TORCHINDUCTOR_DETERMINISTIC"
-
-
 def use_deterministic_algorithms() -> None:
     """What ``torch.use_deterministic_algorithms(True)`` sets, without importing TorchInductor to set it.
 
@@ -52,7 +50,7 @@ def use_deterministic_algorithms() -> None:
     too), so the process ends with the same two settings either way: the dispatcher's flag now, Inductor's
     whenever code compiles. Where Inductor is already imported, the public call sets it directly.
     ``tests/worker/test_torch_determinism_flags.py`` compares both ways in fresh interpreters."""
-    os.environ[INDUCTOR_DETERMINISTIC_ENV] = "1"
+    os.environ[INDUCTOR_DETERMINISTIC_VAR] = "1"
     if "torch._inductor.config" in sys.modules:
         torch.use_deterministic_algorithms(True)
     else:
@@ -98,11 +96,12 @@ class _WrittenOut:
         with torch.no_grad():
             for p in self.params:
                 if p.grad is not None:
-                    self._update(p, p.grad, self.state.setdefault(p, {}))
+                    self._update(p, p.grad, self.state.setdefault(p, {}), self.param_groups[0])
         for hook in list(hooks._global_optimizer_post_hooks.values()):
             hook(cast(Any, self), (), {})  # duck-typed: what the hooks read, an Optimizer has
 
-    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor],
+                group: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -119,17 +118,17 @@ class SGD(_WrittenOut):
 
     def __init__(self, params: Any, lr: float, momentum: float = 0.0) -> None:
         super().__init__(params, lr=lr, momentum=momentum)
-        self.lr, self.momentum = lr, momentum
 
-    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
-        if self.momentum:
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor],
+                group: dict[str, Any]) -> None:
+        if group["momentum"]:
             buf = state.get("momentum_buffer")
             if buf is None:
                 buf = state["momentum_buffer"] = grad.detach().clone()
             else:
-                buf.mul_(self.momentum).add_(grad)
+                buf.mul_(group["momentum"]).add_(grad)
             grad = buf
-        p.add_(grad, alpha=-self.lr)
+        p.add_(grad, alpha=-group["lr"])
 
 
 class Adam(_WrittenOut):
@@ -139,10 +138,10 @@ class Adam(_WrittenOut):
     def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps)
-        self.lr, self.betas, self.eps = lr, betas, eps
 
-    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
-        beta1, beta2 = self.betas
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor],
+                group: dict[str, Any]) -> None:
+        beta1, beta2 = group["betas"]
         if not state:
             state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
         state["step"] += 1
@@ -152,8 +151,8 @@ class Adam(_WrittenOut):
         step = state["step"].item()
         bias_correction1 = 1 - beta1**step
         bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-        p.addcdiv_(exp_avg, denom, value=-(self.lr / bias_correction1))
+        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
+        p.addcdiv_(exp_avg, denom, value=-(group["lr"] / bias_correction1))
 
 
 def optimizer_digest(optimizer: Any) -> str:
