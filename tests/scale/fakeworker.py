@@ -18,6 +18,7 @@ import json
 import random
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import httpx
@@ -75,7 +76,11 @@ class FakeWorker:
         return self.worker_id
 
     def lease(self) -> dict | None:
-        r = self.call(f"/api/v1/workers/{self.worker_id}/lease", {"worker_id": self.worker_id})
+        # One request_id per lease, kept through the retries, as the agent does: when the API dies
+        # after committing a lease but before answering, the retry gets that lease back rather than
+        # a second run (which left another worker of a full study with nothing to lease).
+        body = {"worker_id": self.worker_id, "request_id": uuid.uuid4().hex}
+        r = self.call(f"/api/v1/workers/{self.worker_id}/lease", body)
         if r.status_code == 204:
             return None
         r.raise_for_status()
@@ -98,7 +103,8 @@ class FakeWorker:
                 self._checked(self.call(f"/api/v1/runs/{run_id}/heartbeat", {"lease_id": lid, "step": chunk[-1]}))
                 if pause:
                     time.sleep(pause)
-            result = {"lease_id": lid, "final_metrics": {"loss": expected_values(run_id, range(steps - 1, steps))[0]}}
+            final = {"loss": expected_values(run_id, range(steps - 1, steps))[0]}
+            result = {"lease_id": lid, "request_id": uuid.uuid4().hex, "final_metrics": final}
             self._checked(self.call(f"/api/v1/runs/{run_id}/complete", result))
             self.stats.completed.append(run_id)
         except LeaseLost:
