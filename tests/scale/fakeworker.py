@@ -18,11 +18,11 @@ import json
 import random
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import httpx
 
+from steady.worker.agent.client import new_request_id
 from steady.worker.contract.protocol import Series
 
 RETRYABLE = {429, 500, 502, 503, 504}
@@ -79,12 +79,17 @@ class FakeWorker:
         # One request_id per lease, kept through the retries, as the agent does: when the API dies
         # after committing a lease but before answering, the retry gets that lease back rather than
         # a second run (which left another worker of a full study with nothing to lease).
-        body = {"worker_id": self.worker_id, "request_id": uuid.uuid4().hex}
+        body = {"worker_id": self.worker_id, "request_id": new_request_id()}
         r = self.call(f"/api/v1/workers/{self.worker_id}/lease", body)
         if r.status_code == 204:
             return None
         r.raise_for_status()
         return r.json()
+
+    def complete(self, run_id: int, body: dict) -> httpx.Response:
+        """Complete the run, with a request_id kept through the retries: a completion the API applied but
+        did not answer before it died is acknowledged again, not refused as a lost lease."""
+        return self.call(f"/api/v1/runs/{run_id}/complete", {**body, "request_id": new_request_id()})
 
     def _checked(self, r: httpx.Response) -> dict:
         if r.status_code == 409:
@@ -104,8 +109,7 @@ class FakeWorker:
                 if pause:
                     time.sleep(pause)
             final = {"loss": expected_values(run_id, range(steps - 1, steps))[0]}
-            result = {"lease_id": lid, "request_id": uuid.uuid4().hex, "final_metrics": final}
-            self._checked(self.call(f"/api/v1/runs/{run_id}/complete", result))
+            self._checked(self.complete(run_id, {"lease_id": lid, "final_metrics": final}))
             self.stats.completed.append(run_id)
         except LeaseLost:
             self.stats.lost.append(run_id)

@@ -136,7 +136,7 @@ def test_simultaneous_completions_finish_the_study(cluster, backend_url):
     def finish(pair) -> int:
         w, lease = pair
         barrier.wait(timeout=30)
-        return w.call(f"/api/v1/runs/{lease['run_id']}/complete", {"lease_id": lease["lease_id"]}).status_code
+        return w.complete(lease["run_id"], {"lease_id": lease["lease_id"]}).status_code
 
     with ThreadPoolExecutor(len(workers)) as pool:
         assert set(pool.map(finish, zip(workers, leases), timeout=60)) == {200}
