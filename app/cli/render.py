@@ -177,7 +177,8 @@ def sources_lines(report: Report, *, color: bool = False) -> list[str]:
                             r.sequential.looks[-1])
                 where = f" at stage {look.stage} ({look.n_source} + {look.n_all} runs)"
                 if r.sequential.verdict == "inconclusive":
-                    where += "; budget spent" if r.sequential.final else "; more runs come"
+                    where += ("; stopped by the time budget" if r.sequential.stopped
+                              else "; budget spent" if r.sequential.final else "; more runs come")
                 extra = where + (f"; about {r.runs_needed} runs per arm would decide at one look"
                                  if r.runs_needed and r.sequential.final else "")
             lines.append(f"    {name:<32} {r.n:>4}  {_num(r.sd):>10}  {interval:>23}  {_num(r.vs_all.ratio):>8}  "

@@ -252,6 +252,10 @@ def register(sub: Any) -> None:
     p.add_argument("--max-runs", type=int, default=224,
                    help="with --sources: the most runs per arm; the arms of undecided sources grow in stages until "
                    "each source's TOST decides or this is reached (default 224, 7 stages; equal to --runs: one fixed stage)")
+    p.add_argument("--minutes", type=float, default=27.0,
+                   help="with --sources: a time budget; no next stage starts that would end more than this many minutes "
+                   "after the first began, and the sources still undecided are reported as stopped (default 27, so "
+                   "the table is printed within 30 minutes; 0: none)")
     p.add_argument("--numpy", action="store_true",
                    help="with --sources: the NumPy twin of the model (numpy_sources: half the CPU per run, no PyTorch "
                    "start-up; its one-ULP and numerics arms reach the band later, docs/sources.md)")

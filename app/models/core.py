@@ -254,7 +254,8 @@ class StudyStage(Base):
     Stage 1 holds the spec's seeds; each later stage the seeds the server added after the
     previous stage's seed-stability verdict stayed inconclusive. ``decisions`` is what the stage
     decided per (metric, determinism, stack): seeds judged, information fraction, boundary,
-    statistic and decision; ``outcome`` is "continue", "conclusive" or "budget_spent" once judged.
+    statistic and decision; ``outcome`` is "continue", "conclusive", "budget_spent" or "time_spent" (the
+    time budget ended the study before its last stage) once judged.
     """
 
     __tablename__ = "study_stages"

@@ -153,6 +153,8 @@ class SequentialTost(Part):
     max_seeds: int
     margin: WireFloat
     skew_withheld: bool = False  # a look's 'equivalent' was withheld: skewed finals on unequal stacks
+    stopped: bool = Field(
+        False, description="the study stopped growing before the budget's last stage: its time budget (max_minutes) ran out")
 
 
 class PortabilityVerdict(_VerdictBase):

@@ -168,6 +168,8 @@ class SequentialDecision(Part):
     alpha: WireFloat
     spending: str
     max_seeds: int
+    stopped: bool = Field(
+        False, description="the study stopped growing before the budget's last stage: its time budget (max_minutes) ran out")
 
 
 # --------------------------------------------------------------------------- repeatability
@@ -353,6 +355,7 @@ class SequentialOptions(Part):
     max_seeds: int
     spending: str
     stage: int
+    stopped: bool = Field(False, description="the time budget ended the study at this stage, before the last")
 
 
 class ReportOptions(Part):

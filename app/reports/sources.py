@@ -47,12 +47,15 @@ class SdRatioLookOut(Part):
 class SourcesSequentialOut(Part):
     verdict: str
     decided_at: int | None = Field(None, description="the stage whose look decided (None: inconclusive)")
-    final: bool = Field(description="no further stage: decided, or the budget's last stage was judged")
+    final: bool = Field(description="no further stage: decided, the budget's last stage was judged, or the study "
+                        "stopped growing (stopped)")
     spending: str
     max_runs: int = Field(description="the most runs per arm the budget allows")
     last_stage: int
     reason: str
     looks: list[SdRatioLookOut]
+    stopped: bool = Field(
+        False, description="the study stopped growing before the budget's last stage: its time budget (max_minutes) ran out")
 
 
 class SourceRowOut(Part):
@@ -124,7 +127,7 @@ def _row(entry_source: str, status: str, row: st.SourceRow | None, note: str = "
         if seq.verdict != "inconclusive":
             out["runs_needed"] = None
         out["sequential"] = SourcesSequentialOut(
-            verdict=seq.verdict, decided_at=seq.decided_at, final=seq.final, spending=seq.spending,
+            verdict=seq.verdict, decided_at=seq.decided_at, final=seq.final, stopped=seq.stopped, spending=seq.spending,
             max_runs=seq.max_runs, last_stage=last_stage, reason=sequential_sd_ratio_reason(seq, last_stage=last_stage),
             looks=[SdRatioLookOut(stage=x.stage, n_source=x.n_source, n_all=x.n_all, info_fraction=x.info_fraction,
                                   boundary=x.boundary, nominal_alpha=x.nominal_alpha,
@@ -192,7 +195,8 @@ def _sequential(source: str, finals: dict[str, tuple[np.ndarray, np.ndarray]], s
     n = stages.current
     (x, xs), (y, ys) = finals[source], finals["all"]
     return sequential_sd_ratio_tost(by_stage(x, xs, n), by_stage(y, ys, n), max_runs=stages.max_seeds,
-                                    last_stage=stages.last_stage, margin=margin, alpha=alpha, spending=stages.spending)
+                                    last_stage=stages.last_stage, margin=margin, alpha=alpha, spending=stages.spending,
+                                    stopped=stages.stopped)
 
 
 def sources_section(spec: dict[str, Any], runs: Sequence[Run], data: Sequence[RunData],

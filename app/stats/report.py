@@ -121,7 +121,8 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     options = {"coverage": coverage, "confidence": confidence, "alpha": alpha, "reference_stack": reference_stack,
                "adjust_method": adjust_method, "false_alarm": false_alarm,
                "sequential": None if stages is None else {"last_stage": stages.last_stage, "max_seeds": stages.max_seeds,
-                                                          "spending": stages.spending, "stage": stages.current},
+                                                          "spending": stages.spending, "stage": stages.current,
+                                                          "stopped": stages.stopped},
                "nonfinite_encoding": "NaN, +/-Inf -> 'NaN', 'Infinity', '-Infinity'; null: absent"}
     head = expectations.headline(
         {"group": v.group, "expected": v.details["expected"], "met_expectation": v.details["met_expectation"],

@@ -60,12 +60,14 @@ class MetricSpec:
 class SeedStages:
     """An adaptive study's stages: seed-stability verdicts are then group-sequential
     (``steady.server.stats.sequential.sequential_seed_decision``). ``stage_of_seed`` maps each seed to the
-    stage that added it (1-based); ``last_stage`` is the last stage the budget allows."""
+    stage that added it (1-based); ``last_stage`` is the last stage the budget allows; ``stopped``: the study
+    stopped growing before it (its time budget ran out), so no stage comes after ``current``."""
 
     stage_of_seed: Mapping
     last_stage: int
     max_seeds: int
     spending: str = "pocock"
+    stopped: bool = False
 
     @property
     def current(self) -> int:

@@ -28,7 +28,7 @@ from steady.server.stats.report_data import (
     common_finals,
 )
 from steady.server.stats.seed_stability import seed_spread
-from steady.server.stats.sequential import sequential_seed_decision
+from steady.server.stats.sequential import sequential_seed_decision, stopped_early
 from steady.server.stats.sequential_tost import sequential_tost_decision, sequential_tost_reason
 from steady.server.stats.serialize import to_data
 from steady.server.stats.stack_pairs import stack_pairs
@@ -134,7 +134,8 @@ def _sequential(chosen, fin: Finals, max_std: float, stages: SeedStages, *, alph
     for v, i in zip(fin.values, fin.run_ids):
         by_stage[int(stages.stage_of_seed.get(seed_of[i], 1)) - 1].append(v)
     return sequential_seed_decision(by_stage, max_std=max_std, max_seeds=stages.max_seeds,
-                                    last_stage=stages.last_stage, alpha=alpha, spending=stages.spending)
+                                    last_stage=stages.last_stage, alpha=alpha, spending=stages.spending,
+                                    stopped=stages.stopped)
 
 
 def _sequential_reason(d, stages: SeedStages, alpha: float) -> str:
@@ -148,7 +149,7 @@ def _sequential_reason(d, stages: SeedStages, alpha: float) -> str:
     if what:
         return (f"{head}: {what} at stage {look.stage} with {look.n_seeds} seeds (boundary z {look.boundary:.3f}, "
                 f"nominal level {look.nominal_alpha:.3g}{bounds})")
-    tail = "budget spent" if d.final else "more seeds come in the next stage"
+    tail = stopped_early(d.verdict, d.final, d.stopped, more="more seeds come in the next stage")
     return (f"{head}: inconclusive at stage {look.stage} with {look.n_seeds} seeds (boundary z "
             f"{look.boundary:.3f}{bounds}); {tail}")
 
@@ -336,7 +337,7 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
             seq_last = stages.last_stage
             seq = sequential_tost_decision(split[0], split[1], margin=spec.margin, max_seeds=stages.max_seeds,
                                            last_stage=stages.last_stage, alpha=alpha / n_tost,
-                                           spending=stages.spending)
+                                           spending=stages.spending, stopped=stages.stopped)
         details = {**base, "adjust_method": method, "n_comparisons_tost": len(tost_idx),
                    "n_comparisons_welch": len(welch_idx), "sequential": seq,
                    "guarantee": guarantees.stack_portability(alpha, method, sequential=seq is not None)}

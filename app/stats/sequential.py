@@ -303,11 +303,12 @@ class SequentialDecision:
     alpha: float
     spending: str
     max_seeds: int
+    stopped: bool = False  # the study stopped growing before the budget's last stage (its time budget ran out)
 
 
 def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_seeds: int, last_stage: int,
                              alpha: float = 0.05, spending: str = "pocock", kurtosis_floor: float | None = None,
-                             ) -> SequentialDecision:
+                             stopped: bool = False) -> SequentialDecision:
     """Seed stability judged in stages with alpha spending (see the module docstring).
 
     ``values_by_stage``: per stage, the finite final values of the seeds *added* at that stage
@@ -320,7 +321,8 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
     it has for Bonett's bound (n ≤ c_k + 1), spends its error without testing (conservative).
     The z of each one-sided bound is a log-variance statistic with asymptotically independent
     increments, so the design holds asymptotically; ``steady.server.stats.calibration`` measures it on
-    small, autocorrelated and heavy-tailed studies."""
+    small, autocorrelated and heavy-tailed studies. ``stopped``: no stage comes after the ones given although
+    the budget allowed more (:func:`stopped_early`)."""
     if not (max_std > 0 and math.isfinite(max_std)):
         raise ValueError(f"max_std must be finite and > 0, got {max_std!r}")
     if last_stage < 1 or len(values_by_stage) > last_stage:
@@ -331,7 +333,7 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
                           fraction=lambda n, _none, last: information_fraction(n, max_seeds, last=last))
     looks: list[StageLook] = []
     if not staged.fractions:
-        return SequentialDecision("inconclusive", None, False, (), alpha, spending, max_seeds)
+        return SequentialDecision("inconclusive", None, stopped, (), alpha, spending, max_seeds, stopped=stopped)
     b = spending_boundaries(staged.fractions, alpha=alpha, spending=spending)
     verdict, decided = "inconclusive", None
     for j, ((x, _), c, k) in enumerate(zip(staged.arms, b.boundaries, staged.stages)):
@@ -350,5 +352,17 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
         if v != "inconclusive":
             verdict, decided = v, k
             break
-    final = decided is not None or len(values_by_stage) >= last_stage
-    return SequentialDecision(verdict, decided, final, tuple(looks), float(alpha), spending, int(max_seeds))
+    final = decided is not None or stopped or len(values_by_stage) >= last_stage
+    return SequentialDecision(verdict, decided, final, tuple(looks), float(alpha), spending, int(max_seeds),
+                              stopped=stopped and decided is None)
+
+
+def stopped_early(verdict: str, final: bool, stopped: bool, *, more: str) -> str:
+    """Why a group-sequential verdict is still inconclusive, in words (``more``: the words while stages remain).
+
+    A study may stop growing before its budget's last stage when its time budget (``budget.max_minutes``) runs out.
+    That only drops looks: every look already taken keeps its boundary, and no error is spent beyond the plan, so
+    each claim stays wrong at most α (the error the dropped looks would have spent is left unused)."""
+    if verdict != "inconclusive" or not final:
+        return more
+    return "stopped by the study's time budget before the budget's last stage" if stopped else "budget spent"

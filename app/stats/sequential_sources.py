@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from steady.server.stats.sequential import spending_boundaries, staged_looks
+from steady.server.stats.sequential import spending_boundaries, staged_looks, stopped_early
 from steady.server.stats.sources import MIN_ARM_RUNS, SD_MARGIN, sd_ratio_tost
 
 __all__ = ["SdRatioLook", "SequentialSdRatio", "sd_ratio_information_fraction", "sequential_sd_ratio_tost",
@@ -69,6 +69,7 @@ class SequentialSdRatio:
     spending: str
     max_runs: int
     margin: float
+    stopped: bool = False  # the study stopped growing before the budget's last stage (its time budget ran out)
 
     @property
     def deciding(self) -> SdRatioLook | None:
@@ -89,13 +90,14 @@ def sd_ratio_information_fraction(n_source: int, n_all: int, max_runs: int, *, l
 
 def sequential_sd_ratio_tost(source_by_stage: Sequence, all_by_stage: Sequence, *, max_runs: int, last_stage: int,
                              margin: float = SD_MARGIN, alpha: float = 0.05, spending: str = "pocock",
-                             ) -> SequentialSdRatio:
+                             stopped: bool = False) -> SequentialSdRatio:
     """Is one source alone the full variance, judged in stages with alpha spending (module docstring).
 
     ``source_by_stage`` / ``all_by_stage``: per stage, the finite final values of the runs *added* at that
     stage to the source's arm and to the all-sources arm (stage k is judged on stages 1..k; an arm that stopped
     growing adds nothing). ``max_runs``: the most runs per arm the budget allows; ``last_stage``: the number of
-    the budget's last stage (1-based), which spends what is left."""
+    the budget's last stage (1-based), which spends what is left. ``stopped``: no stage comes after the ones
+    given although the budget allowed more (``sequential.stopped_early``)."""
     if not (margin > 1 and math.isfinite(margin)):
         raise ValueError(f"margin must be finite and > 1 (a ratio of SDs), got {margin!r}")
     if len(source_by_stage) != len(all_by_stage):
@@ -105,7 +107,8 @@ def sequential_sd_ratio_tost(source_by_stage: Sequence, all_by_stage: Sequence, 
     staged = staged_looks(source_by_stage, all_by_stage, last_stage=last_stage,
                           fraction=lambda n_s, n_a, last: sd_ratio_information_fraction(n_s, n_a, max_runs, last=last))
     if not staged.fractions:
-        return SequentialSdRatio("inconclusive", None, False, (), float(alpha), spending, int(max_runs), float(margin))
+        return SequentialSdRatio("inconclusive", None, stopped, (), float(alpha), spending, int(max_runs),
+                                 float(margin), stopped=stopped)
     b = spending_boundaries(staged.fractions, alpha=alpha, spending=spending)
     looks: list[SdRatioLook] = []
     verdict, decided = "inconclusive", None
@@ -121,9 +124,9 @@ def sequential_sd_ratio_tost(source_by_stage: Sequence, all_by_stage: Sequence, 
         if v != "inconclusive":
             verdict, decided = v, k
             break
-    final = decided is not None or len(source_by_stage) >= last_stage
+    final = decided is not None or stopped or len(source_by_stage) >= last_stage
     return SequentialSdRatio(verdict, decided, final, tuple(looks), float(alpha), spending, int(max_runs),
-                             float(margin))
+                             float(margin), stopped=stopped and decided is None)
 
 
 def by_stage(values, stages, n_stages: int) -> list[np.ndarray]:
@@ -152,4 +155,5 @@ def sequential_sd_ratio_reason(d: SequentialSdRatio, *, last_stage: int) -> str:
         return f"{head}: equivalent within ×{d.margin:g} {where}"
     if d.verdict == "not_equivalent":
         return f"{head}: not equivalent, wholly outside ×{d.margin:g} {where}"
-    return f"{head}: inconclusive {where}; " + ("budget spent" if d.final else "more runs come in the next stage")
+    return f"{head}: inconclusive {where}; " + stopped_early(d.verdict, d.final, d.stopped,
+                                                            more="more runs come in the next stage")

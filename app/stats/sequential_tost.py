@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import scipy
 
 from steady.server.stats.portability import skew_guard, welch_parts
-from steady.server.stats.sequential import spending_boundaries, staged_looks
+from steady.server.stats.sequential import spending_boundaries, staged_looks, stopped_early
 
 __all__ = ["TostLook", "SequentialTost", "tost_information_fraction", "sequential_tost_decision",
            "sequential_tost_reason"]
@@ -72,6 +72,7 @@ class SequentialTost:
     max_seeds: int
     margin: float
     skew_withheld: bool = False  # a look's 'equivalent' was withheld by the skew guard (``portability.skew_guard``)
+    stopped: bool = False  # the study stopped growing before the budget's last stage (its time budget ran out)
 
 
 # The skew guard at every look is stricter than the fixed rule's: each look is another chance for a small,
@@ -108,7 +109,7 @@ def _judge(d: float, se: float, df: float, margin: float, a_eq: float, a_ne: flo
 
 def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: Sequence, *, margin: float,
                              max_seeds: int, last_stage: int, alpha: float = 0.05, spending: str = "pocock",
-                             ) -> SequentialTost:
+                             stopped: bool = False) -> SequentialTost:
     """Equivalence of two stacks judged in stages with alpha spending (see the module docstring).
 
     ``reference_by_stage`` / ``candidate_by_stage``: per stage, the finite final values of the
@@ -117,7 +118,8 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
     allows (1-based), which spends the remaining error. A stage that adds no value to either
     stack makes no new look; a look with fewer than 2 values on a stack is not tested (its error
     is spent unused — conservative). ``alpha`` is the level of each claim (divide it by the
-    number of comparisons for a Bonferroni family)."""
+    number of comparisons for a Bonferroni family). ``stopped``: no stage comes after the ones given although
+    the budget allowed more (``sequential.stopped_early``)."""
     if not (margin > 0 and math.isfinite(margin)):
         raise ValueError(f"margin must be finite and > 0, got {margin!r}")
     if len(reference_by_stage) != len(candidate_by_stage):
@@ -127,7 +129,8 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
     staged = staged_looks(reference_by_stage, candidate_by_stage, last_stage=last_stage,
                           fraction=lambda n_r, n_c, last: tost_information_fraction(n_r, n_c, max_seeds, last=last))
     if not staged.fractions:
-        return SequentialTost("inconclusive", None, False, (), alpha, spending, max_seeds, float(margin))
+        return SequentialTost("inconclusive", None, stopped, (), alpha, spending, max_seeds, float(margin),
+                              stopped=stopped)
     b_eq = spending_boundaries(staged.fractions, alpha=alpha, spending=spending)
     b_ne = spending_boundaries(staged.fractions, alpha=alpha / 2.0, spending=spending)
     looks, verdict, decided = [], "inconclusive", None
@@ -148,9 +151,9 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
         if v != "inconclusive":
             verdict, decided = v, k
             break
-    final = decided is not None or len(reference_by_stage) >= last_stage
+    final = decided is not None or stopped or len(reference_by_stage) >= last_stage
     return SequentialTost(verdict, decided, final, tuple(looks), float(alpha), spending, int(max_seeds),
-                          float(margin), skew_withheld=withheld)
+                          float(margin), skew_withheld=withheld, stopped=stopped and decided is None)
 
 
 def sequential_tost_reason(d: SequentialTost, *, last_stage: int, n_comparisons: int) -> str:
@@ -172,7 +175,7 @@ def sequential_tost_reason(d: SequentialTost, *, last_stage: int, n_comparisons:
         return f"{head}: equivalent within ±{d.margin:g} {where}"
     if d.verdict == "not_equivalent":
         return f"{head}: not equivalent, entirely outside ±{d.margin:g} {where}"
-    tail = "budget spent" if d.final else "more seeds come in the next stage"
+    tail = stopped_early(d.verdict, d.final, d.stopped, more="more seeds come in the next stage")
     if d.skew_withheld:
         tail += ("; 'equivalent' withheld at a look: the finals look skewed and the stacks differ in seeds or "
                  "spread, where the TOST cannot claim its level (equal seed counts make the skew cancel)")

@@ -5,12 +5,14 @@ When the last run of a stage ends, the stage is judged (``steady.server.stats.se
 some seed-stability verdict with a ``max_std``, portability verdict with a ``margin`` or source of a sources
 study is still inconclusive and the budget allows another stage, the next stage's runs (new seeds) are queued
 and the study stays running; else the study completes. A sources study grows only the arms of its undecided
-sources and the all-sources arm. Every stage and what it decided is recorded (``study_stages``).
+sources and the all-sources arm. Every stage and what it decided is recorded (``study_stages``). A time budget
+(``budget.max_minutes``) ends the study before its last stage when the next stage would end past it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from sqlalchemy.orm import Session
@@ -20,7 +22,7 @@ from steady.server.models import Study, utcnow
 from steady.server.stats.report import SeedStages
 from steady.server.stats.sequential import stage_sizes
 from steady.server.studies import repository
-from steady.server.studies.queue import insert_runs
+from steady.server.studies.queue import insert_runs, runs_per_seed
 from steady.server.studies.schemas import StageInfo, StudySpec
 
 
@@ -70,7 +72,7 @@ def seed_stages(session: Session, study: Study) -> SeedStages | None:
     assert spec.budget is not None
     return SeedStages(stage_of_seed={s: row.stage for row in rows for s in row.seeds},
                       last_stage=len(planned_sizes(spec)), max_seeds=spec.max_seeds,
-                      spending=spec.budget.spending)
+                      spending=spec.budget.spending, stopped=rows[-1].outcome == TIME_SPENT)
 
 
 def stages_out(session: Session, study: Study) -> list[dict[str, Any]]:
@@ -129,6 +131,24 @@ def _source_decisions(report: Report, stage: int) -> tuple[list[dict[str, Any]],
     return out, grow
 
 
+TIME_SPENT = "time_spent"  # a stage's outcome when the time budget ended the study before its last stage
+
+
+def over_time(session: Session, study: Study, spec: StudySpec, rows: Sequence[Any], n_next: int,
+              now: datetime) -> bool:
+    """Would a next stage of ``n_next`` runs end past the budget's ``max_minutes``? Its pace is the stage just
+    ended: that stage's wall time (from its queueing to ``now``) per run, times ``n_next``, counted from the first
+    stage's start. False without a time budget."""
+    assert spec.budget is not None
+    if spec.budget.max_minutes is None:
+        return False
+    current = rows[-1]
+    n_current = max(repository.runs_of_seeds(session, study.id, current.seeds), 1)
+    per_run = (now - current.created_at).total_seconds() / n_current
+    ends = (now - rows[0].created_at).total_seconds() + per_run * n_next
+    return ends > 60.0 * spec.budget.max_minutes
+
+
 def next_seeds(used: set[int], n_new: int, *, start: int) -> list[int]:
     """The ``n_new`` smallest seeds from ``start`` on that no stage used yet (``start``: the spec's smallest
     seed, so a study that begins at seed 1000 stays clear of one that begins at 0)."""
@@ -178,6 +198,10 @@ def judge_stage(session: WriteSession, study: Study, report_of: ReportOf | None)
         return False
     used = {s for r in rows for s in r.seeds}
     seeds = next_seeds(used, sizes[current.stage] - len(used), start=min(spec.seeds))
+    if over_time(session, study, spec, rows, len(seeds) * runs_per_seed(spec, groups), utcnow()):
+        current.outcome = TIME_SPENT  # no next stage: its looks are dropped and their error is left unspent
+        session.flush()
+        return False
     current.outcome = "continue"
     repository.add_stage(session, study.id, current.stage + 1, seeds)
     insert_runs(session, study, spec, seeds, groups=groups)

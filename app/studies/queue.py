@@ -15,6 +15,12 @@ from steady.server.studies.schemas import StudySpec
 from steady.worker.contract.protocol import RunStatus
 
 
+def runs_per_seed(spec: StudySpec, groups: list[str] | None = None) -> int:
+    """How many runs :func:`insert_runs` queues per seed (repeats × groups × determinism levels)."""
+    n_groups = sum(1 for g in spec.groups if groups is None or g.name in groups)
+    return spec.repeats * n_groups * len(spec.determinism)
+
+
 def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: list[int],
                 groups: list[str] | None = None) -> None:
     """Queue the runs of ``seeds``: each seed × repeat × group (stack or arm) × determinism level; ``groups``:

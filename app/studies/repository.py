@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import NotFound
-from steady.server.models import Study, StudyEvaluation, StudyStage, utcnow
+from steady.server.models import Run, Study, StudyEvaluation, StudyStage, utcnow
 from steady.server.runs import repository as runs_repo
 from steady.server.kit.repository import paginate
 from steady.server.studies.schemas import Progress
@@ -78,6 +78,14 @@ def current_stages(session: Session, study_ids: Sequence[int]) -> dict[int, tupl
         _, n = out.get(study_id, (0, 0))
         out[study_id] = (stage, n + len(seeds or []))
     return out
+
+
+def runs_of_seeds(session: Session, study_id: int, seeds: Sequence[int]) -> int:
+    """How many runs the study has for these seeds (one stage's runs, every attempt counted once)."""
+    if not seeds:
+        return 0
+    return int(session.scalar(select(func.count()).select_from(Run)
+                              .where(Run.study_id == study_id, Run.seed.in_(list(seeds)))) or 0)
 
 
 def add_stage(session: WriteSession, study_id: int, stage: int, seeds: list[int]) -> StudyStage:

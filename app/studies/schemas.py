@@ -91,6 +91,11 @@ class BudgetSpec(_Spec):
         description="alpha-spending function of the group-sequential design (Lan–DeMets Pocock or "
         "O'Brien–Fleming type): each claim stays wrong ≤ 5% over all stages together",
     )
+    max_minutes: Annotated[float, Field(gt=0, le=7 * 24 * 60)] | None = Field(
+        None, description="a time budget: no next stage is queued when, at the pace of the stage just ended, it "
+        "would end more than this many minutes after the study's first stage began; the study then completes with "
+        "its undecided verdicts marked stopped (each claim stays wrong ≤ 5%: stopping early only drops looks)",
+    )
 
 
 class StudySpec(_Spec):

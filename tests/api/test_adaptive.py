@@ -85,6 +85,7 @@ def test_study_whose_budget_is_spent_ends_inconclusive(api):
         ({"budget": {"max_seeds": 10}, "metrics": ["loss"]}, "body.budget", "max_std"),
         ({"budget": {"max_seeds": 10, "stage_seeds": 0}}, "body.budget.stage_seeds", "greater than or equal to 1"),
         ({"budget": {"max_seeds": 100, "stage_seeds": 1}}, "body.budget.stage_seeds", "at most 20 stages"),
+        ({"budget": {"max_seeds": 10, "max_minutes": 0}}, "body.budget.max_minutes", "greater than 0"),
         ({"kind": "external", "workload": None, "budget": {"max_seeds": 10}}, "body.budget", "only a managed study"),
     ],
 )

@@ -98,6 +98,32 @@ def test_a_sources_study_may_carry_a_budget_without_max_std_or_margin(api):
     assert r.status_code == 422 and "no verdict can become conclusive" in r.text
 
 
+@SQLITE_ONLY  # the time check is Python's; leasing and judging are covered on both above
+def test_a_time_budget_ends_the_study_and_marks_its_undecided_sources_stopped(api):
+    """``budget.max_minutes``: no next stage is queued that would end past it, at the pace of the stage just run.
+    The budget here (6 ms) is below any stage's time, so stage 1 is the last: what it decided stands, and each
+    source it left undecided is reported as stopped by the time budget, not as "more runs come"."""
+    sid = api.post("/api/v1/studies", json=_spec(max_seeds=60, stage_seeds=10, max_minutes=1e-4)).json()["id"]
+    done = _work(api, register(api, labels=("python", "cpu")))
+    assert {s for _, s in done} == set(range(10))  # no second stage
+    assert api.get(f"/api/v1/studies/{sid}").json()["status"] == "completed"
+    report = Report.model_validate(api.get(f"/api/v1/studies/{sid}/report").json())
+    assert [s.outcome for s in report.stages] == ["time_spent"]
+    rows = {r.source: r.sequential for r in report.sources[0].rows}
+    data, init = rows["data"], rows["init"]
+    assert data is not None and data.verdict == "not_equivalent" and data.decided_at == 1 and not data.stopped
+    # the same stage-1 look as the pure rule with the planned boundaries: stopping spends no more error
+    x, y = (np.array([_final(a, s) for s in range(10)]) for a in ("init", "all"))
+    ref = sequential_sd_ratio_tost([x], [y], max_runs=60, last_stage=6, margin=2.0)
+    assert init is not None and init.verdict == ref.verdict == "inconclusive"
+    assert init.looks[0].boundary == pytest.approx(ref.stages[0].boundary) and not ref.final
+    assert init.final and init.stopped and "stopped by the study's time budget" in init.reason
+    text = "\n".join(sources_lines(report))
+    assert "at stage 1 (10 + 10 runs); stopped by the time budget" in text and "more runs come" not in text
+    page = api.get(f"/studies/{sid}")
+    assert "time_spent" in page.text and "stopped by the study&#39;s time budget" in page.text
+
+
 @SQLITE_ONLY  # the seeds a stage adds are chosen in Python; leasing is covered on both above
 def test_a_repeated_study_on_fresh_seeds_grows_into_fresh_seeds(api):
     """The next stage's seeds follow the spec's own (a study from seed 1000 does not reuse seeds 0…)."""

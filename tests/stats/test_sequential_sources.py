@@ -130,3 +130,46 @@ def test_sources_rules_are_registered_with_healthy_planted_stress_and_a_guarante
     for r in RULES:
         assert {"healthy", "planted", "stress"} == {s.kind for s in r.scenarios} and "all stages" in r.guarantee
     assert len(stage_sizes(32, 32, 256)) == 8
+
+
+def test_a_time_budget_only_drops_looks_in_each_sequential_rule():
+    """``stopped`` (the study's time budget ended it before the budget's last stage): the looks taken are those of
+    the plan, the verdict is final and says why, and nothing more is spent; true of the three staged rules."""
+    from steady.server.stats.sequential import sequential_seed_decision
+    from steady.server.stats.sequential_tost import sequential_tost_decision, sequential_tost_reason
+
+    rng = _rng("time-budget")
+    x, y = np.split(rng.normal(0, 1.2, 36), 3), np.split(rng.normal(0, 1.0, 36), 3)  # 3 stages of 12: undecided
+    runs = {
+        "sources": lambda k, **kw: sequential_sd_ratio_tost(x[:k], y[:k], max_runs=224, last_stage=7, **kw),
+        "seeds": lambda k, **kw: sequential_seed_decision(x[:k], max_std=1.3, max_seeds=224, last_stage=7, **kw),
+        "stacks": lambda k, **kw: sequential_tost_decision(x[:k], y[:k], margin=0.1, max_seeds=224, last_stage=7, **kw),
+    }
+    for name, run in runs.items():
+        going, stopped = run(3), run(3, stopped=True)
+        assert going.verdict == stopped.verdict == "inconclusive", name
+        assert not going.final and stopped.final and stopped.stopped and not going.stopped, name
+        assert stopped.stages == going.stages, name  # the same boundaries and statistics: no error re-spent
+    words = sequential_sd_ratio_reason(runs["sources"](3, stopped=True), last_stage=7)
+    assert words.endswith("stopped by the study's time budget before the budget's last stage")
+    assert "more runs come" in sequential_sd_ratio_reason(runs["sources"](3), last_stage=7)
+    assert "stopped by the study's time budget" in sequential_tost_reason(runs["stacks"](3, stopped=True), last_stage=7,
+                                                                          n_comparisons=1)
+    decided = sequential_sd_ratio_tost([rng.normal(0, 1, 200)], [rng.normal(0, 1, 200)], max_runs=224, last_stage=7,
+                                       stopped=True)
+    assert decided.verdict == "equivalent" and not decided.stopped  # a decided verdict was not stopped by time
+
+
+def test_a_time_budget_keeps_false_equivalent_within_nominal():
+    """Stopping at a stage the clock picks (not the data) leaves each claim wrong ≤ α: 400 staged studies of t5 arms
+    with the source's SD on the margin (1.5 × all), each stopped after a uniformly drawn stage of seven."""
+    rng = _rng("time-budget-sims")
+    k = 0
+    for _ in range(SIMS):
+        last = int(rng.integers(1, 8))
+        src = [1.5 * rng.standard_t(5, 32) for _ in range(last)]
+        ref = [rng.standard_t(5, 32) for _ in range(last)]
+        d = sequential_sd_ratio_tost(src, ref, max_runs=224, last_stage=7, stopped=last < 7)
+        k += d.verdict == "equivalent"
+    lo, hi = clopper_pearson(k, SIMS)
+    assert stats.binom.sf(k - 1, SIMS, 0.05) >= 0.01 and hi < 0.1, f"{k}/{SIMS}"

@@ -37,13 +37,14 @@ def _quick(spec: dict) -> dict:
 
 
 def sources_spec(runs: int, *, quick: bool = False, first_seed: int = 0, max_runs: int | None = None,
-                 numpy: bool = False) -> dict:
+                 numpy: bool = False, minutes: float | None = None) -> dict:
     """The sources demo: the built-in sources model (``torch_sources``, or its NumPy twin with ``numpy``), one arm
     per source of variance, ``runs`` runs per arm in the first stage (seeds from ``first_seed``, rounded up to a
     multiple of the grid's columns, so a repeated demo draws fresh seeds) and an init × data arm on a ⌊√runs⌋-column
     grid. With ``max_runs`` above ``runs`` the study carries a budget: the undecided sources' arms and the
     all-sources arm grow by ``runs`` per stage until each source's TOST decides or ``max_runs`` is reached
-    (docs/sources.md). ``quick``: a tiny one, for tests."""
+    (docs/sources.md); ``minutes``: the budget's time limit (no next stage that would end past it). ``quick``: a
+    tiny one, for tests."""
     crossed = max(2, int(runs ** 0.5))
     first_seed = -(-first_seed // crossed) * crossed
     workload = ({"framework": "python", "name": "numpy_sources"} if numpy else
@@ -57,7 +58,7 @@ def sources_spec(runs: int, *, quick: bool = False, first_seed: int = 0, max_run
         "metrics": [{"name": "val_loss"}, {"name": "val_acc"}],
     }
     if max_runs is not None and max_runs > runs:
-        spec["budget"] = {"max_seeds": max_runs, "stage_seeds": runs}
+        spec["budget"] = {"max_seeds": max_runs, "stage_seeds": runs, **({"max_minutes": minutes} if minutes else {})}
     return spec
 
 
@@ -136,7 +137,8 @@ def run_demo(args: argparse.Namespace) -> int:
         api = Api(url, user_token, timeout=120)
         study_ids = []
         specs = ([sources_spec(args.runs, quick=args.quick, first_seed=args.first_seed,
-                               max_runs=getattr(args, "max_runs", None), numpy=getattr(args, "numpy", False))]
+                               max_runs=getattr(args, "max_runs", None), numpy=getattr(args, "numpy", False),
+                               minutes=getattr(args, "minutes", None))]
                  if sources else
                  [yaml.safe_load((DEMO_DIR / name).read_text()) for name in SPECS])
         for spec in specs:
