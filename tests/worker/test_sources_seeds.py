@@ -137,6 +137,12 @@ def test_the_sources_demo_command_line_reaches_the_spec():
                                                  numpy=args.numpy))
     assert min(spec.seeds) == 1000 and spec.budget is not None and spec.budget.max_seeds == 224
     assert build_parser().parse_args(["demo", "--sources"]).first_seed == 0
+    # the time budget: 27 minutes unless told (0: none), so the table is printed within 30
+    for argv, minutes in ((["demo", "--sources"], 27.0), (["demo", "--sources", "--minutes", "10"], 10.0),
+                          (["demo", "--sources", "--minutes", "0"], None)):
+        args = build_parser().parse_args(argv)
+        spec = StudySpec.model_validate(sources_spec(args.runs, max_runs=args.max_runs, minutes=args.minutes))
+        assert spec.budget is not None and spec.budget.max_minutes == minutes, argv
 
 
 def test_the_numpy_model_s_gradient_is_torch_autograd_s():
