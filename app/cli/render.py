@@ -194,6 +194,10 @@ def sources_lines(report: Report, *, color: bool = False) -> list[str]:
             full = (f", the full band at step {d.first_full}" if d.first_full is not None else ", never the full band")
             lines.append(f"    one-ULP change vs its unperturbed twin: {when}{full}; at the end "
                          f"{_num(d.final)} × the distance of two independent runs")
+            if d.absorbed:
+                lines.append(f"    {d.absorbed} of {d.n_runs} one-ULP runs never left their twin ({t.metric} equal at every "
+                             "step): the change was absorbed by rounding or fed a unit that never reaches the loss, so "
+                             "that arm is a mixture and its SD understates what a change that takes hold does")
     return lines
 
 

@@ -93,9 +93,11 @@ def seed_route(study: Study, runs: Sequence[Run] = ()) -> SeedRoute:
 
 def pinned_arms(spec: dict[str, Any], runs: Sequence[Run] = ()) -> frozenset[str]:
     """The arms whose runs all get the same value of every per-source seed the code reads: a sources
-    study's ``none`` arm, and an arm that varies only sources the code never reads (its ``{x_seed}``
-    placeholder is absent, or the entrypoint never asked ``ctx.seed_for`` for it). Empty when the code
-    reads no per-source seed (its seeds then all follow the run's seed)."""
+    study's ``none`` arm, an arm that varies only sources the code never reads (its ``{x_seed}``
+    placeholder is absent, or the entrypoint never asked ``ctx.seed_for`` for it), and the ``ulp`` arm
+    (``ulp`` is not a seed: its runs share every seed and differ by which weight moves one ULP, a change
+    rounding may absorb in every run). Empty when the code reads no per-source seed (its seeds then all
+    follow the run's seed)."""
     exposed = {s for s, read in exposed_sources(spec, runs).items() if read}
     if not exposed:
         return frozenset()
@@ -106,7 +108,7 @@ def pinned_arms(spec: dict[str, Any], runs: Sequence[Run] = ()) -> frozenset[str
             varied = varied_sources({**base, **(arm.get("params") or {})})
         except SourcesError:
             continue
-        if varied is not None and not varied & exposed:
+        if varied is not None and not (varied & exposed) - {"ulp"}:
             out.add(arm["name"])
     return frozenset(out)
 
@@ -314,11 +316,17 @@ def pinned_caveats(report: Report, route: SeedRoute) -> list[Caveat]:
     the report judged no seed stability there (``steady.server.stats.report_levels``)."""
     judged = {v.group.stack for v in report.of_level("seed_stability")}
     ran = {v.group.stack for v in report.of_level("repeatability")}
-    return [Caveat(kind="pinned_arm", stack=arm,
-                   message=f"arm {arm}: every seed the code reads is pinned in this arm, and its runs of different "
-                           "seeds are bitwise identical, as pinning makes them: they are repeats by design, so seed "
-                           "stability is not judged in it (the arms that vary a source judge it)")
+    return [Caveat(kind="pinned_arm", stack=arm, message=_ABSORBED if arm == "ulp" else
+                   f"arm {arm}: every seed the code reads is pinned in this arm, and its runs of different "
+                   "seeds are bitwise identical, as pinning makes them: they are repeats by design, so seed "
+                   "stability is not judged in it (the arms that vary a source judge it)")
             for arm in sorted(route.pinned & (ran - judged))]
+
+
+_ABSORBED = ("arm ulp: every run moved one weight by one ULP and every run is bitwise identical to the others: each "
+             "change was absorbed (rounding swallowed it, or the weight never reaches the loss), so the code does "
+             "read {ulp_seed} / seed_for('ulp'), but this arm says nothing about how a change that takes hold grows; "
+             "seed stability is not judged in it")
 
 
 def capture_caveats(runs: Sequence[Run]) -> list[Caveat]:

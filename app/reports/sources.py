@@ -96,6 +96,9 @@ class DivergenceOut(Part):
                                    "independent runs")
     first_full: int | None = Field(None, description="first step where it reaches 0.9 of the band")
     final: WireFloat
+    n_runs: int = Field(0, description="runs of the one-ULP arm")
+    absorbed: int = Field(0, description="of them, runs equal to the unperturbed twin at every step: the change never "
+                          "reached this metric (rounding, or a unit that never reaches the loss)")
 
 
 class SourcesTableOut(Part):
@@ -242,6 +245,7 @@ def sources_section(spec: dict[str, Any], runs: Sequence[Run], data: Sequence[Ru
                   for e in table.entries],
             crossed=crossed_out,
             divergence=DivergenceOut(steps=list(d.steps), ratio=list(d.ratio), first_half=d.first_half,
-                                     first_full=d.first_full, final=d.final) if d else None,
+                                     first_full=d.first_full, final=d.final, n_runs=d.n_perturbed,
+                                     absorbed=d.absorbed) if d else None,
         ))
     return tables

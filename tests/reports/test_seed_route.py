@@ -90,3 +90,22 @@ def test_an_arm_that_varies_a_seed_the_code_reads_and_stays_identical_fails():
     assert report.outcome.status == "fail" and "seeded/init: the seed has no effect" in report.outcome.reason
     (rep,) = [v for v in report.of_level("repeatability") if v.group.stack == "init"]
     assert SEEDS_IDENTICAL in rep.suspicious
+
+
+ULP_COMMAND = [*COMMAND, "--ulp-seed", "{ulp_seed}"]
+
+
+def test_a_ulp_arm_whose_every_change_was_absorbed_is_said_so_not_failed():
+    """``ulp`` is not a seed: the ulp arm pins every seed and moves one weight by one ULP per run. When rounding
+    absorbs every change its runs are identical, which says the change never took hold, not that the code ignores a
+    seed (the failure an arm varying a real seed gets, above). When the changes take hold it is judged as any arm."""
+    study = _study(ULP_COMMAND, vary=["init", "data", "ulp"])
+    assert pinned_arms(study.spec) == {"none", "ulp"}
+    varied = [1.0 + 0.01 * s for s in range(5)]
+    report, _ = _report({"none": [1.0] * 5, "init": varied, "data": varied, "ulp": [1.0] * 5, "all": varied}, study)
+    assert all(c.status != "fail" and "no effect" not in c.summary for c in report.outcome.checks)
+    ulp = next(c for c in report.caveats if c.stack == "ulp")
+    assert "each change was absorbed" in ulp.message and "does read {ulp_seed}" in ulp.message
+    report, _ = _report({"none": [1.0] * 5, "init": varied, "data": varied, "ulp": varied, "all": varied}, study)
+    assert {v.group.stack: v.verdict for v in report.of_level("seed_stability")}["ulp"] == "stable"
+    assert [c.stack for c in report.caveats] == ["none"]

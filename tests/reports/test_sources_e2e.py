@@ -14,26 +14,36 @@ from tests.worker.test_worker_agent_e2e import Worker
 
 SCRIPT = """
     import argparse
+    import math
     import random
 
     p = argparse.ArgumentParser()
     p.add_argument("--init-seed", type=int, required=True)
     p.add_argument("--data-seed", type=int, required=True)
+    p.add_argument("--ulp-seed", type=int, required=True)
     args = p.parse_args()
     w = random.Random(args.init_seed).gauss(0.0, 1.0)
+    dead = 0.5  # a parameter that never reaches the loss, as a dead unit's weight
+    if args.ulp_seed >= 0:  # move one parameter by one ULP: w, or (odd index) the dead one
+        if args.ulp_seed % 2:
+            dead = math.nextafter(dead, math.inf)
+        else:
+            w = math.nextafter(w, math.inf)
+    print(f"step 0 loss {w!r}", flush=True)  # logged in full: later steps' rounding may swallow one ULP
     data = random.Random(args.data_seed)
-    for step in range(5):
+    for step in range(1, 5):
         w -= 0.3 * (w - data.gauss(0.0, 0.5))
-        print(f"step {step} loss {w * w:.6f}", flush=True)
+        print(f"step {step} loss {w * w!r}", flush=True)
 """
 
 SPEC = """
     name: where-from
     workload:
       framework: python
-      command: ["python", "train.py", "--init-seed", "{init_seed}", "--data-seed", "{data_seed}"]
+      command: ["python", "train.py", "--init-seed", "{init_seed}", "--data-seed", "{data_seed}",
+                "--ulp-seed", "{ulp_seed}"]
     seeds: [0, 1, 2, 3, 4]
-    sources: {vary: [init, data, dropout]}
+    sources: {vary: [init, data, dropout, ulp]}
     threads: 1
     max_attempts: 1
     metrics: [loss]
@@ -73,13 +83,20 @@ def test_own_script_gets_a_sources_table_and_its_exports(live_server, tmp_path, 
     from steady.server.reports.models import Report
 
     body = Report.model_validate_json(run_cli_in_process("report", sid, "--json", env=env, cwd=folder).stdout)
-    assert body.study.progress.completed == 25, worker.log()  # none, init, data, dropout, all × 5 seeds
+    assert body.study.progress.completed == 30, worker.log()  # none, init, data, dropout, ulp, all × 5 seeds
     table = body.sources[0]
     rows = {r.source: r for r in table.rows}
     assert rows["dropout"].status == "not_varied" and rows["dropout"].sd is None
     assert rows["init"].status == "measured" and rows["init"].sd > 0 and rows["init"].vs_all is not None
     assert rows["data"].sd > 0 and table.all_sources.sd > 0
-    assert {v.group.stack for v in body.of_level("seed_stability")} == {"init", "data", "all"}
+    assert {v.group.stack for v in body.of_level("seed_stability")} == {"init", "data", "ulp", "all"}
+    # the one-ULP runs whose change moved only the dead parameter never left their twin: counted and said
+    from steady.worker.contract.sources import seed_for
+
+    dead = sum(seed_for("ulp", seed=s, params={"sources": "ulp"}) % 2 for s in range(5))
+    assert 0 < dead < 5 and table.divergence is not None
+    assert (table.divergence.absorbed, table.divergence.n_runs) == (dead, 5)
+    assert f"{dead} of 5 one-ULP runs never left their twin (loss equal at every step)" in out, out
     assert body.outcome.status == "inconclusive" and [c.stack for c in body.caveats] == ["dropout", "none"]
 
     # TensorBoard, read back with its own reader: the band's margin chart names what the band is and N

@@ -115,3 +115,16 @@ def test_ulp_divergence_by_hand():
     assert d.ratio[1] == pytest.approx(0.1 / 2) and d.ratio[2] == pytest.approx(0.6)
     assert d.first_half == 20 and d.first_full == 30 and d.final == pytest.approx(1.0)
     assert d.ratio[0] == 0.0  # no spread and no difference yet
+    assert (d.n_perturbed, d.absorbed) == (2, 0)
+
+
+def test_a_one_ulp_run_that_never_leaves_its_twin_is_counted_absorbed():
+    """A run equal to the twin at every step (NaN where the twin is NaN) is absorbed; one that differs at one step,
+    however little, is not."""
+    steps = [0, 10, 20]
+    twin = np.array([2.0, np.nan, 1.0])
+    perturbed = np.array([[2.0, np.nan, 1.0], [2.0, np.nan, 1.0], [2.0, np.nan, np.nextafter(1.0, 2.0)],
+                          [2.0, 0.5, 1.0]])
+    all_sources = np.array([[2.0, 1.0, 1.0], [2.0, 2.0, 3.0]])
+    d = ulp_divergence(perturbed, twin, all_sources, steps)
+    assert (d.n_perturbed, d.absorbed) == (4, 2)
