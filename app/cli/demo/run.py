@@ -52,7 +52,7 @@ def sources_spec(runs: int, *, quick: bool = False, first_seed: int = 0, max_run
     spec = {
         "name": "sources: where does the variance come from?",
         "description": "Summers & Dinneen (ICML 2021), Table 2, on a CPU model: every source alone against all sources",
-        "workload": {**workload, "params": {"epochs": 2 if quick else 20}},
+        "workload": {**workload, "params": {"epochs": 2 if quick else 30}},
         "seeds": list(range(first_seed, first_seed + runs)), "determinism": ["seeded"], "threads": 1, "max_attempts": 1,
         "sources": {"crossed": crossed},
         "metrics": [{"name": "val_loss"}, {"name": "val_acc"}],

@@ -6,7 +6,7 @@ backward pass written out. It runs on ``framework: python``, so a run costs no f
 this one about 0.4 s in all, which is what lets a sources study reach its decisions (hundreds of runs per arm)
 on a CPU (docs/sources.md, "Where the time goes").
 
-Params: epochs=20, batch_size=32, lr=0.3, momentum=0.9, hidden=64, dropout=0.2, noise=0.05, eval_every=10,
+Params: epochs=30, batch_size=32, lr=0.2, momentum=0.9, hidden=64, dropout=0.2, noise=0.05, eval_every=15,
 as ``torch_sources``. Each source reads ``ctx.seed_for(source)``:
 
 - ``init``: the generator the weights are drawn from (uniform ±1/√fan_in, as ``nn.Linear``);
@@ -89,9 +89,9 @@ def loss_and_grads(params: dict[str, np.ndarray], xb: np.ndarray, yb: np.ndarray
 def run(ctx: sdk.RunContext) -> dict[str, Any]:
     split = digits_split(ctx.param("split_seed", 0))
     hidden, p_drop, noise = ctx.param("hidden", 64), ctx.param("dropout", 0.2), ctx.param("noise", 0.05)
-    epochs, batch, lr = ctx.param("epochs", 20), ctx.param("batch_size", 32), ctx.param("lr", 0.3)
+    epochs, batch, lr = ctx.param("epochs", 30), ctx.param("batch_size", 32), ctx.param("lr", 0.2)
     mu = ctx.param("momentum", 0.9)
-    eval_every = max(1, ctx.param("eval_every", 10))
+    eval_every = max(1, ctx.param("eval_every", 15))
     params = init_params(hidden, _rng(ctx.seed_for("init")))
     ulp = ctx.seed_for("ulp")
     if ulp is not None:
