@@ -121,7 +121,8 @@ def test_a_time_budget_ends_the_study_and_marks_its_undecided_sources_stopped(ap
     text = "\n".join(sources_lines(report))
     assert "at stage 1 (10 + 10 runs); stopped by the time budget" in text and "more runs come" not in text
     page = api.get(f"/studies/{sid}")
-    assert "time_spent" in page.text and "stopped by the study&#39;s time budget" in page.text
+    assert "time budget spent" in page.text and "data-time-spent" in page.text
+    assert "stopped by the study&#39;s time budget before the budget&#39;s last stage" in page.text
 
 
 @SQLITE_ONLY  # the seeds a stage adds are chosen in Python; leasing is covered on both above
