@@ -10,7 +10,6 @@ arm's divergence from its unperturbed twin is followed step by step.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -262,10 +261,14 @@ def ulp_divergence(perturbed, twin, all_sources, steps) -> Divergence:
         raise ValueError("perturbed, twin, all_sources and steps must share the step axis")
     if a.shape[0] < 2 or p.shape[0] < 1:
         raise ValueError("need ≥ 1 perturbed run and ≥ 2 all-sources runs")
-    with warnings.catch_warnings():  # a step with no finite difference (a NaN twin) is NaN, not a warning
-        warnings.simplefilter("ignore", RuntimeWarning)
-        rms = np.sqrt(np.nanmean((p - t[None, :]) ** 2, axis=0))
-        band = np.sqrt(2.0) * np.nanstd(a, axis=0, ddof=1)
+    # np.nanmean / np.nanstd by hand: a step with no finite difference (a NaN twin) is NaN, without a warning
+    sq = (p - t[None, :]) ** 2
+    n_p, n_a = np.sum(~np.isnan(sq), axis=0), np.sum(~np.isnan(a), axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rms = np.sqrt(np.nansum(sq, axis=0) / n_p)
+        centred = a - np.nansum(a, axis=0) / n_a
+        band = np.sqrt(2.0) * np.sqrt(np.nansum(centred ** 2, axis=0) / (n_a - 1))
+    band = np.where(n_a >= 2, band, np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(band > 0, rms / band, np.where(rms > 0, np.inf, 0.0))
 
