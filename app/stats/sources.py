@@ -267,9 +267,7 @@ def ulp_divergence(perturbed, twin, all_sources, steps) -> Divergence:
     with np.errstate(divide="ignore", invalid="ignore"):
         rms = np.sqrt(np.nansum(sq, axis=0) / n_p)
         centred = a - np.nansum(a, axis=0) / n_a
-        band = np.sqrt(2.0) * np.sqrt(np.nansum(centred ** 2, axis=0) / (n_a - 1))
-    band = np.where(n_a >= 2, band, np.nan)
-    with np.errstate(divide="ignore", invalid="ignore"):
+        band = np.where(n_a >= 2, np.sqrt(2.0) * np.sqrt(np.nansum(centred ** 2, axis=0) / (n_a - 1)), np.nan)
         ratio = np.where(band > 0, rms / band, np.where(rms > 0, np.inf, 0.0))
 
     def first(level: float) -> int | None:

@@ -15,10 +15,14 @@ from steady.server.studies.schemas import StudySpec
 from steady.worker.contract.protocol import RunStatus
 
 
+def _chosen(spec: StudySpec, groups: list[str] | None) -> list:
+    """The spec's groups (stacks or arms) that get runs: all, or those named in ``groups``."""
+    return [g for g in spec.groups if groups is None or g.name in groups]
+
+
 def runs_per_seed(spec: StudySpec, groups: list[str] | None = None) -> int:
     """How many runs :func:`insert_runs` queues per seed (repeats × groups × determinism levels)."""
-    n_groups = sum(1 for g in spec.groups if groups is None or g.name in groups)
-    return spec.repeats * n_groups * len(spec.determinism)
+    return spec.repeats * len(_chosen(spec, groups)) * len(spec.determinism)
 
 
 def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: list[int],
@@ -53,8 +57,7 @@ def insert_runs(session: WriteSession, study: Study, spec: StudySpec, seeds: lis
             "created_at": utcnow(),
         }
         for (seed, repeat), levels in zip(blocks, balanced_level_order(spec.determinism, len(blocks)))
-        for stack in spec.groups
-        if groups is None or stack.name in groups
+        for stack in _chosen(spec, groups)
         for level in levels
     ]
     runs_repo.insert_runs(session, rows)
