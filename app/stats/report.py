@@ -129,12 +129,18 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
          "expectation": v.details["expectation"],
          "suspicious": v.details["suspicious"]} for v in verdicts if v.level == "repeatability")
     cost = _cost(runs, confidence=confidence, budget=cost_budget)
-    return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics)),
+    return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics, route)),
                        determinism_cost=tuple(cost), diverged=tuple(diverged), options=options, headline=head,
                        bands=tuple(bands), cost_note=None if cost else _cost_note(runs))
 
 
-def _variance(groups, metrics) -> list[dict]:
+def _variance(groups, metrics, route: SeedRoute = BUILTIN) -> list[dict]:
+    """Final-value variance between seeds against run to run, per (metric, group). The between-seed split
+    applies where the seed reaches the code (``SeedRoute.reaches``, the same model the repeatability
+    expectations and the seed-stability verdicts read): at ``seeded``/``strict``, and at ``none`` for code
+    that receives the seed itself (a command with ``{seed}``, an entrypoint). Where it does not reach the
+    code (a built-in or a command without ``{seed}`` at ``none``, an arm that pins every seed) the seed labels
+    are arbitrary: every run is a repeat and all of the variance is run to run."""
     out = []
     for spec in metrics:
         for (det, stack), group_runs in groups.items():
@@ -149,12 +155,8 @@ def _variance(groups, metrics) -> list[dict]:
                 vc = variance_components([by_seed[s] for s in sorted(by_seed)])
                 entry.update({"available": True, "components": to_data(vc),
                               "estimator": "one-way random-effects ANOVA (method of moments, n0 for unbalanced)"})
-                if det == "none":
-                    # Seeds are not applied at `none`: seed labels are arbitrary, there is no
-                    # between-seed component, only run-to-run variation.
-                    entry.update({"between_seed_applies": False,
-                                  "note": "seeds are not applied at 'none': all variance is run to run; "
-                                          "the between-seed split does not apply"})
+                if det == "none" and not route.reaches(det, stack):
+                    entry.update({"between_seed_applies": False, "note": _SEED_NOT_APPLIED})
                 else:
                     entry["between_seed_applies"] = True
             elif by_seed:
@@ -163,6 +165,11 @@ def _variance(groups, metrics) -> list[dict]:
                 continue
             out.append(entry)
     return out
+
+
+_SEED_NOT_APPLIED = ("the seed does not reach the code at 'none' (Steady applies no seed there and the code receives "
+                     "none): seed labels are arbitrary, all variance is run to run; the between-seed split does not "
+                     "apply")
 
 
 def _cost(runs, *, confidence, budget=None) -> list[dict]:
