@@ -160,7 +160,9 @@ def mls_difference_interval(ms1: float, df1: float, ms2: float, df2: float, c: f
     """Two-sided interval of θ = c(E[MS₁] − E[MS₂]) by the modified large-sample method (Ting, Burdick,
     Graybill, Jeyaratnam & Lu 1990, J. Statist. Comput. Simul. 35:135–143; Burdick & Graybill 1992,
     *Confidence Intervals on Variance Components*, §3.3), for independent mean squares with χ²/df laws.
-    The lower end is truncated at 0 (a variance)."""
+    Both ends are truncated at 0, as Burdick & Graybill (1992, §3.3) set a negative bound of a variance
+    component to zero: when MS₁ falls far enough below MS₂, the upper end is negative too, and the
+    interval of a variance (estimated as max(0, θ̂)) is then [0, 0], not an upper end below its lower end."""
     a = (1.0 - confidence) / 2.0
     f_up = lambda q, d1, d2: float(scipy.stats.f.ppf(1.0 - q, d1, d2))  # noqa: E731 — F with area q to the right
     chi_inf = lambda q, d: float(scipy.stats.chi2.ppf(1.0 - q, d) / d)  # noqa: E731 — F(d, ∞) with area q right
@@ -174,7 +176,7 @@ def mls_difference_interval(ms1: float, df1: float, ms2: float, df2: float, c: f
     est = ms1 - ms2
     vl = g1 ** 2 * ms1 ** 2 + h2 ** 2 * ms2 ** 2 + g12 * ms1 * ms2
     vu = h1 ** 2 * ms1 ** 2 + g2 ** 2 * ms2 ** 2 + h12 * ms1 * ms2
-    return max(0.0, c * (est - np.sqrt(max(vl, 0.0)))), c * (est + np.sqrt(max(vu, 0.0)))
+    return max(0.0, float(c * (est - np.sqrt(max(vl, 0.0))))), max(0.0, float(c * (est + np.sqrt(max(vu, 0.0)))))
 
 
 @dataclass(frozen=True)
