@@ -20,6 +20,7 @@ from steady.server.reports.parts import (
     DeterminismCost,
     DivergedRun,
     LevelHeadline,
+    FinalStepSpread,
     Localization,
     OutOfBandTest,
     PairGroup,
@@ -85,6 +86,10 @@ class RepeatabilityVerdict(_VerdictBase):
                                          "printed digit, which |Δ| is counted in instead of ULPs")
     first_divergent_step: int | None = None
     source: str | None = Field(None, description="what diverged first: stack, seeding, data_order (input pipeline), "
+    steps_compared: int | None = Field(None, description="the worst seed's repeats: how many steps they all logged "
+                                       "(values are compared there only)")
+    last_steps: list[int | None] = Field(default_factory=list, description="the worst seed's repeats: each one's "
+                                         "last logged step")
                                "distributed (reduction order or per-rank state of a multi-process run) or numerics "
                                "(kernels)")
     data_order_epoch: int | None = None
@@ -112,11 +117,15 @@ class SeedStabilityVerdict(_VerdictBase):
     final_values: list[WireFloat]
     final_run_ids: list[int]
     diverged_run_ids: list[int]
-    final_step: int | None
+    final_step: int | None = Field(description="the step of every run's final value when they all ended on one; "
+                                   "null when they stopped at different steps (see final_steps)")
     short_run_ids: list[int]
     one_run_per_seed: bool
     n_needed: int | None
     out_of_band: list[int] = Field(description="runs whose whole curve lies outside the others' band")
+    final_steps: list[int] = Field(default_factory=list, description="each run's last logged step (the final value "
+                                   "judged is the run's last logged value), in final_run_ids order")
+    final_step_spread: FinalStepSpread | None = None
     out_of_band_test: OutOfBandTest | None
     sequential: SequentialDecision | None
 
@@ -174,6 +183,9 @@ class PortabilityVerdict(_VerdictBase):
     same_seed: StackPairs
     adjust_method: str
     n_comparisons_tost: int
+    final_steps: list[int] = Field(default_factory=list, description="each run's last logged step, reference runs "
+                                   "first")
+    final_step_spread: FinalStepSpread | None = None
     n_comparisons_welch: int
     n_needed: int | None
     result: Portability | None = None

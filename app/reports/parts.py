@@ -196,6 +196,20 @@ class RepeatabilityResult(Part):
     dtype: str = "float64"
     resolution: WireFloat | None = Field(None, description="values parsed from printed text: the unit of their last "
                                          "printed digit, which differences are counted in instead of ULPs")
+    steps_compared: int | None = Field(None, description="values are compared at the steps every repeat logged: "
+                                       "how many there were (0: the repeats share no logged step)")
+    last_steps: list[int | None] = Field(default_factory=list, description="each repeat's last logged step")
+
+
+class FinalStepSpread(Part):
+    """How the runs' final steps spread when they differ (early stopping, convergence criteria)."""
+
+    n: int
+    min: int
+    max: int
+    median: WireFloat
+    q1: WireFloat
+    q3: WireFloat
 
 
 class SeedRepeats(RepeatabilityResult):

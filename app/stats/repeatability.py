@@ -9,7 +9,8 @@ import numpy as np
 from steady.server.stats.align import align_series
 from steady.server.stats.distributed import DistributedCause, distributed_cause
 
-__all__ = ["RepeatRun", "Repeatability", "repeatability", "size_phrase", "ulp_distance", "VERDICT_ORDER"]
+__all__ = ["RepeatRun", "Repeatability", "repeatability", "size_phrase", "stopped_phrase", "ulp_distance",
+           "VERDICT_ORDER"]
 
 IDENTICAL, WITHIN, OUT, INCONCLUSIVE = "identical", "within_tolerance", "out_of_tolerance", "inconclusive"
 VERDICT_ORDER = {IDENTICAL: 0, WITHIN: 1, OUT: 2}  # worst case = highest
@@ -90,6 +91,10 @@ class Repeatability:
     dtype: str = "float64"  # the type ULPs are counted in
     resolution: float | None = None  # values parsed from text: the coarsest last printed digit of the runs
 
+    # Values are compared at the steps every repeat logged: how many there were (None: fewer than 2 runs),
+    # and each run's last logged step (repeats that stop at different steps differ, whatever their values)
+    steps_compared: int | None = None
+    last_steps: tuple = ()
 
 def size_phrase(max_abs: float, max_ulps: int | None, resolution: float | None, dtype: str = "float64") -> str:
     """The size of a difference: in ULPs of ``dtype`` for binary floats; for values parsed from printed
@@ -104,6 +109,17 @@ def size_phrase(max_abs: float, max_ulps: int | None, resolution: float | None, 
 
 
 def _decimals(resolution: float) -> int:
+def stopped_phrase(last_steps) -> str:
+    """``they stopped at steps 325 and 790`` (each distinct last step once), or ``they all stopped at step 790``."""
+    distinct = sorted({s for s in last_steps if s is not None})
+    if not distinct:
+        return "they logged no step"
+    if len(distinct) == 1:
+        return f"they all stopped at step {distinct[0]:,}"
+    listed = ", ".join(f"{s:,}" for s in distinct[:-1]) + f" and {distinct[-1]:,}"
+    return f"they stopped at steps {listed}"
+
+
     return max(0, min(20, -int(np.floor(np.log10(resolution) + 1e-9)))) if resolution > 0 else 6
 
 
@@ -208,24 +224,29 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
 
     n = len(runs)
     if values_identical and digests_identical:
+    steps_compared = int(al.present.all(axis=0).sum()) if al.steps.size else 0
+    last_steps = tuple(int(r.steps[-1]) if len(r.steps) else None for r in runs)
         verdict, reason = IDENTICAL, f"bitwise identical across {n} repeats"
     else:
         verdict = WITHIN if bool(ok.all()) else OUT
         where = "digests differ, values identical" if values_identical else (
             f"first divergence at step {first_div}" if first_div is not None else "values differ")
-        if not steps_identical:
-            where += "; logged steps differ"
+        if not steps_identical and steps_compared == 0:
+            where = f"the repeats share no logged step: their values were not compared; {stopped_phrase(last_steps)}"
+        elif not steps_identical:
+            where += f"; logged steps differ ({steps_compared:,} common step(s) compared; {stopped_phrase(last_steps)})"
         src = f"source: {source}" + (f", epoch {epoch}" if epoch is not None else "")
         if source == "seeding" and all(i is None for i in inits):
             src += f"; {UNSEEDED_INIT}"
         if source == "distributed" and dist is not None:
             src += f"; {dist.detail}"
-        size = (size_phrase(max_abs, max_ulps, resolution, dtype) if not nonfinite_mismatch else
+        size = ("no value compared" if steps_compared == 0 else
+                size_phrase(max_abs, max_ulps, resolution, dtype) if not nonfinite_mismatch else
                 f"a value is non-finite in one repeat and not the other "
                 f"({size_phrase(float(absd.max()) if absd.size else 0.0, max_ulps, resolution, dtype)} of finite values)")
         reason = f"{where} ({src}), {size}"
-        if verdict == OUT and first_oot is not None:
+        if verdict == OUT and first_oot is not None and steps_compared:
             reason += f"; outside atol={atol:g}/rtol={rtol:g} from step {first_oot}"
     return Repeatability(verdict, n, float(atol), float(rtol), values_identical, digests_identical,
                          steps_identical, max_abs, max_rel, max_ulps, first_div, first_oot, source, epoch, reason,
-                         dtype, resolution)
+                         dtype, resolution, steps_compared, last_steps)

@@ -35,6 +35,7 @@ from steady.server.stats.report_data import (
     _validate,
     common_finals,
     compute_bands,
+    last_finals,
 )
 from steady.server.stats.report_levels import (
     _finish_portability,
@@ -47,7 +48,8 @@ from steady.server.stats.variance import variance_components
 from steady.server.stats.vocabulary import DETERMINISM_LEVELS
 
 __all__ = ["RunData", "MetricSpec", "Verdict", "StudyReport", "GroupBand", "build_report", "compute_bands",
-           "to_plain", "to_data", "STEP_TIME_KEY", "DETERMINISM_LEVELS", "Finals", "common_finals", "SeedStages"]
+           "to_plain", "to_data", "STEP_TIME_KEY", "DETERMINISM_LEVELS", "Finals", "common_finals", "last_finals",
+           "SeedStages"]
 
 _COST_PAIRS = (("strict", "seeded"), ("seeded", "none"), ("strict", "none"))
 
@@ -63,15 +65,16 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
     * repeatability — per seed, repeats compared against the lowest repeat
       (``steady.server.stats.repeatability``); one verdict per (metric, group) = the worst seed;
       ``inconclusive`` when no seed has two repeats.
-    * seed_stability — one run per seed (lowest repeat); final value = each run's value at the
-      last step that every non-diverged run of the group logged (``Finals``; runs that stopped
-      early are listed); diverged runs have no final value, are excluded from the band and count
+    * seed_stability — one run per seed (lowest repeat); final value = each run's last logged value,
+      whatever its step (``last_finals``: early stopping and epochs of different length are normal; when
+      the final steps differ, their spread is reported as ``final_step_spread``, and the per-step band
+      compares the runs at the steps they share); diverged runs have no final value, are excluded from the band and count
       against stability (``unstable``); verdict of ``steady.server.stats.seed_stability.seed_spread``
       (robust σ bounds); out-of-band runs by the whole-curve leave-one-out test
       ``steady.server.stats.bands.out_of_band_curves`` (familywise level ``false_alarm`` per group).
       Every verdict carries ``guarantee``, its false-alarm level in one phrase.
     * stack_portability — per determinism level, every other stack against ``reference_stack``,
-      final values at one common step of both stacks
+      each run's last logged value (as for seed stability)
       (default: the stack of the lowest run id). TOST and Welch p-values are adjusted over all
       comparisons of the report with ``adjust_method`` ("holm" or "bh"). Rule: with a margin,
       ``equivalent`` if adjusted TOST p < α; ``not_equivalent`` if the (1 − α) Welch CI of the
@@ -145,7 +148,7 @@ def _variance(groups, metrics, route: SeedRoute = BUILTIN) -> list[dict]:
     for spec in metrics:
         for (det, stack), group_runs in groups.items():
             by_seed: dict[int, list[float]] = defaultdict(list)
-            fin = common_finals(group_runs, spec.name)  # every run's value at the group's common final step
+            fin = last_finals(group_runs, spec.name)  # every run's last logged value, as seed stability judges
             seed_of = {r.run_id: r.seed for r in group_runs}
             for rid, v in zip(fin.run_ids, fin.values):
                 by_seed[seed_of[rid]].append(float(v))

@@ -1,6 +1,6 @@
 """The report's inputs and outputs as frozen dataclasses, and the grouping helpers the level
 builders share: ``RunData``, ``MetricSpec``, ``SeedStages``, ``Verdict``, ``StudyReport``,
-``GroupBand`` and ``compute_bands``, ``Finals`` and ``common_finals``."""
+``GroupBand`` and ``compute_bands``, ``Finals``, ``last_finals`` and ``common_finals``."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -197,12 +197,15 @@ def _final(r: RunData, metric: str) -> tuple[float | None, int | None]:
 
 @dataclass(frozen=True)
 class Finals:
-    """Final values of a set of runs, read at the last step every non-diverged run logged.
+    """Final values of a set of runs.
 
-    ``step`` is that common step (None when the runs share no logged step); ``short_run_ids``
-    are runs (not diverged) that stopped before the longest one — their final value is read at
-    ``step`` like every other run's, and they are reported; ``diverged_run_ids`` are runs whose
-    metric turned non-finite (they have no final value and count against stability)."""
+    From ``last_finals`` (what the report judges): each run's last logged value, whatever its step
+    (early stopping and epochs of different length are normal); ``steps`` holds each run's last
+    step (in ``run_ids`` order) and ``step`` is that step when every run ended on the same one, else
+    None. From ``common_finals``: each run's value at the last step every run logged (``step``, None
+    when the runs share no logged step). ``short_run_ids`` are runs (not diverged) that stopped
+    before the longest one; ``diverged_run_ids`` are runs whose metric turned non-finite (they have
+    no final value and count against stability)."""
 
     values: np.ndarray
     run_ids: list
@@ -211,6 +214,63 @@ class Finals:
     short_run_ids: list
 
 
+    steps: tuple = ()  # each run's final step, in ``run_ids`` order
+
+    @property
+    def step_range(self) -> tuple[int, int] | None:
+        """(first, last) of the runs' final steps; None without a final value."""
+        return (min(self.steps), max(self.steps)) if self.steps else None
+
+    def where(self) -> str:
+        """Where the final values were taken, in words: ``at step 999``, ``at each run's last step,
+        325–1,450``, or (no final value) the empty string."""
+        if self.step is not None:
+            return f"at step {self.step:,}"
+        rng = self.step_range
+        if rng is None:
+            return ""
+        return f"at each run's last step, {rng[0]:,}–{rng[1]:,}"
+
+
+def last_finals(runs: Sequence[RunData], metric: str) -> Finals:
+    """Each run's last logged value and its step (see ``Finals``); runs without the metric are skipped."""
+    ok: list[tuple] = []
+    bad: list = []
+    for r in runs:
+        sv = _series(r, metric)
+        if sv is None or sv[1].size == 0:
+            continue
+        if np.all(np.isfinite(sv[1])):
+            ok.append((r, int(sv[0][-1]), float(sv[1][-1])))
+        else:
+            bad.append(r.run_id)
+    if not ok:
+        return Finals(np.zeros(0), [], bad, None, [])
+    steps = tuple(s for _, s, _ in ok)
+    longest = max(steps)
+    return Finals(np.array([v for _, _, v in ok], dtype=np.float64), [r.run_id for r, _, _ in ok], bad,
+                  steps[0] if min(steps) == longest else None, [r.run_id for r, s, _ in ok if s < longest], steps)
+
+
+def final_step_spread(fin: Finals) -> dict | None:
+    """How the runs' final steps spread when they differ (steps to stop is a stability measure in its
+    own right): their range, median and quartiles over the runs; None when every run ended at one step."""
+    if fin.step is not None or len(fin.steps) < 2:
+        return None
+    s = np.asarray(fin.steps, dtype=np.float64)
+    q1, med, q3 = (float(x) for x in np.quantile(s, [0.25, 0.5, 0.75]))
+    return {"n": int(s.size), "min": int(s.min()), "max": int(s.max()), "median": med, "q1": q1, "q3": q3}
+
+
+def final_step_phrase(spread: dict | None) -> str:
+    """``the runs stopped at different steps: median 790, quartiles 500–1,100 over 5 runs``."""
+    if spread is None:
+        return ""
+
+    def n(x: float) -> str:
+        return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
+    return (f"the runs stopped at different steps: median {n(spread['median'])}, "
+            f"quartiles {n(spread['q1'])}–{n(spread['q3'])} over {spread['n']} runs")
 def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
     """Each run's value at the common final step (see ``Finals``); runs without the metric are skipped."""
     ok: list[tuple] = []
@@ -233,7 +293,7 @@ def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
     longest = max(int(steps[-1]) for _, (steps, _) in ok)
     vals = [float(values[int(np.searchsorted(steps, step))]) for _, (steps, values) in ok]
     return Finals(np.array(vals, dtype=np.float64), [r.run_id for r, _ in ok], [r.run_id for r, _ in bad], step,
-                  [r.run_id for r, (steps, _) in ok if int(steps[-1]) < longest])
+                  [r.run_id for r, (steps, _) in ok if int(steps[-1]) < longest], (step,) * len(ok))
 
 
 # --------------------------------------------------------------------------- bands

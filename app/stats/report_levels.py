@@ -25,7 +25,9 @@ from steady.server.stats.report_data import (
     _one_per_seed,
     _series,
     _with_metric,
-    common_finals,
+    final_step_phrase,
+    final_step_spread,
+    last_finals,
 )
 from steady.server.stats.seed_stability import seed_spread
 from steady.server.stats.sequential import sequential_seed_decision, stopped_early
@@ -84,6 +86,7 @@ def _repeatability_verdicts(groups, spec: MetricSpec, *, route: SeedRoute = BUIL
                        "first_divergent_step": w.first_divergent_step, "source": w.source,
                        "data_order_epoch": w.data_order_epoch}
         first = plain.repeatability_line(verdict, det, exp, numbers, n_seeds=len(per_seed))
+                       "steps_compared": w.steps_compared, "last_steps": list(w.last_steps),
         out.append(Verdict("repeatability", spec.name, {"determinism": det, "stack": stack}, verdict, n_runs, reason,
                            {**numbers, "summary": first, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail,
                             "dtype": _dtype(group_runs, spec.name),
@@ -163,13 +166,13 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
                                             quantiles=DEFAULT_QUANTILES)
         if not chosen:
             continue
-        fin = common_finals(chosen, spec.name)
+        fin = last_finals(chosen, spec.name)  # each run's last logged value, whatever its step
         values, ids, bad = fin.values, fin.run_ids, fin.diverged_run_ids
         spread = seed_spread(values, max_std=spec.max_std, coverage=coverage, confidence=confidence, alpha=alpha,
                              n_diverged=len(bad))
         reason = spread.reason
         verdict, sequential = spread.verdict, None
-        if stages is not None and spec.max_std is not None and not bad and fin.step is not None:
+        if stages is not None and spec.max_std is not None and not bad and fin.values.size:
             sequential = _sequential(chosen, fin, spec.max_std, stages, alpha=alpha)
             verdict = sequential.verdict
             reason = (_sequential_reason(sequential, stages, alpha)
@@ -188,12 +191,8 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
             continue
         if without_effect:
             verdict, reason, sequential = _seeds_without_effect(len(chosen), det, route)
-        if fin.step is not None:
-            reason += f"; final values at step {fin.step}"
-            if fin.short_run_ids:
-                reason += f" (the last step all runs reached; run(s) {', '.join(map(str, fin.short_run_ids))} stopped early)"
-        elif ids == [] and len(bad) == 0:
-            reason += "; the runs share no logged step"
+        step_spread = final_step_spread(fin)
+        reason += _final_where(fin, step_spread)
         if bad:
             reason += f"; diverged run(s) {', '.join(map(str, bad))} excluded from the band"
         per_seed = len(chosen) < len(_with_metric(group_runs, spec.name))
@@ -244,6 +243,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
 def _seeds_without_effect(n: int, det: str, route: SeedRoute) -> tuple[str, str, None]:
     """Runs of ``n`` different seeds bitwise identical. Where the seed reached the code this is
     evidence that it has no effect: not stability (nothing varied, so the spread says nothing about
+                            "final_steps": list(fin.steps), "final_step_spread": step_spread,
     other seeds) but a finding that fails. Where it did not (``none`` and code that receives no seed),
     the seeds were only labels: the runs are repeats, and seed stability cannot be judged."""
     if route.reaches(det):
@@ -252,6 +252,16 @@ def _seeds_without_effect(n: int, det: str, route: SeedRoute) -> tuple[str, str,
                 "it is given, e.g. a hard-coded seed), so the spread over seeds is 0 by construction and says "
                 "nothing about other seeds", None)
     why = ("the command has no {seed} placeholder" if route.kind == "command"
+def _final_where(fin: Finals, step_spread: dict | None) -> str:
+    """``; final values at step 999`` or ``; final values at each run's last step, 325–1,450 (the runs
+    stopped at different steps: median 790, …)``; empty without a final value."""
+    where = fin.where()
+    if not where:
+        return ""
+    phrase = final_step_phrase(step_spread)
+    return f"; final values {where}" + (f" ({phrase})" if phrase else "")
+
+
            else "Steady seeds nothing at none")
     return ("inconclusive",
             f"runs of all {n} seeds are bitwise identical, but the seed does not reach the code at none ({why}): "
@@ -290,7 +300,7 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
             _, _, cand_band = _group_band(stacks[cand], spec.name, coverage=coverage, confidence=confidence,
                                           quantiles=(0.5,))
             cand_runs = _one_per_seed(stacks[cand], spec.name)
-            both = common_finals(ref_runs + cand_runs, spec.name)  # one common final step for both stacks
+            both = last_finals(ref_runs + cand_runs, spec.name)  # each run's last logged value, whatever its step
             ref_ids = {r.run_id for r in ref_runs}
             seed_of = {r.run_id: r.seed for r in ref_runs + cand_runs}
             split = (_split_by_stage([v for v, i in zip(both.values, both.run_ids) if i in ref_ids],
@@ -319,6 +329,7 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
 
 def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = None) -> list[Verdict]:
     """The portability verdicts, adjusted over the report's comparisons. In an adaptive study
+                    "final_steps": list(both.steps), "final_step_spread": final_step_spread(both),
     (``stages``) a verdict with a margin is the group-sequential TOST of
     ``steady.server.stats.sequential_tost`` at α / (number of TOST comparisons) (Bonferroni: Holm's step-down
     has no stage-wise form here)."""
@@ -395,6 +406,8 @@ def _same_seed(ref_runs, cand_runs, spec: MetricSpec):
     def first(runs):
         return {r.seed: r for r in reversed(sorted(_with_metric(runs, spec.name), key=lambda r: (r.repeat, r.run_id)))}
 
+        reason += _final_where(Finals(np.zeros(0), [], [], base["final_step"], [], tuple(base["final_steps"])),
+                               base["final_step_spread"])
     a, b = first(ref_runs), first(cand_runs)
     return stack_pairs({s: (_repeat_run(a[s], spec.name), _repeat_run(b[s], spec.name))
                         for s in sorted(a.keys() & b.keys())},

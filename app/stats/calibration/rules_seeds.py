@@ -228,9 +228,12 @@ def _spread(rng, *, n, dist, sd, claim):
 
 
 def _report_unequal(rng, *, n_runs, n_steps, n_short, claim):
-    """Through build_report: curves whose final-value sd equals max_std, some runs stopped early.
-    The final value is read at the common step, so early stops must not make the group unstable."""
-    x = gen.healthy_curves(rng, n_runs, n_steps, rho=0.9, offset_sd=_OFFSET_SD, noise=_NOISE, hetero=False)
+    """Through build_report: curves whose final-value sd equals max_std, some runs stopped early once the
+    loss had converged (early stopping on a plateau). Each run's final value is its last logged one, so
+    stops on the plateau must not make the group unstable."""
+    base = gen.smooth_curve(n_steps, tau=n_steps / 20.0)  # converged by the earliest stop (half the steps)
+    x = gen.healthy_curves(rng, n_runs, n_steps, rho=0.9, offset_sd=_OFFSET_SD, noise=_NOISE, hetero=False,
+                           base=base)
     x = gen.truncate_runs(rng, x, n_short=n_short, min_fraction=0.5)
     limit = float(np.sqrt(_OFFSET_SD**2 + _NOISE**2))  # sd of one step's value across seeds
     rep = build_report(_runs_from(x), [MetricSpec("loss", max_std=limit)], rng=rng, alpha=ALPHA)
@@ -260,7 +263,7 @@ def _seed_rules() -> list[Rule]:
                                    f"{n} seeds, {dist} final values, σ = max_std",
                                    partial(_spread, n=n, dist=dist, sd=MAX_STD, claim="stable")))
     unstable.append(Scenario("report-unequal-lengths", "healthy",
-                             "through build_report: 10 seeds, 3 stopped early, σ(final) = max_std",
+                             "through build_report: 10 seeds, 3 stopped early on the plateau, σ(final) = max_std",
                              partial(_report_unequal, n_runs=10, n_steps=200, n_short=3, claim="unstable")))
     stable.append(Scenario("stress-t3-n20-at-limit", "stress", "20 seeds, t3 final values (infinite kurtosis)",
                            partial(_spread, n=20, dist="t3", sd=MAX_STD, claim="stable")))
