@@ -19,8 +19,8 @@ from steady.server.reports.parts import (
     Convergence,
     DeterminismCost,
     DivergedRun,
-    LevelHeadline,
     FinalStepSpread,
+    LevelHeadline,
     Localization,
     OutOfBandTest,
     PairGroup,
@@ -85,11 +85,11 @@ class RepeatabilityVerdict(_VerdictBase):
     resolution: WireFloat | None = Field(None, description="values parsed from printed text: the unit of their last "
                                          "printed digit, which |Δ| is counted in instead of ULPs")
     first_divergent_step: int | None = None
-    source: str | None = Field(None, description="what diverged first: stack, seeding, data_order (input pipeline), "
     steps_compared: int | None = Field(None, description="the worst seed's repeats: how many steps they all logged "
                                        "(values are compared there only)")
     last_steps: list[int | None] = Field(default_factory=list, description="the worst seed's repeats: each one's "
                                          "last logged step")
+    source: str | None = Field(None, description="what diverged first: stack, seeding, data_order (input pipeline), "
                                "distributed (reduction order or per-rank state of a multi-process run) or numerics "
                                "(kernels)")
     data_order_epoch: int | None = None
@@ -120,12 +120,12 @@ class SeedStabilityVerdict(_VerdictBase):
     final_step: int | None = Field(description="the step of every run's final value when they all ended on one; "
                                    "null when they stopped at different steps (see final_steps)")
     short_run_ids: list[int]
-    one_run_per_seed: bool
-    n_needed: int | None
-    out_of_band: list[int] = Field(description="runs whose whole curve lies outside the others' band")
     final_steps: list[int] = Field(default_factory=list, description="each run's last logged step (the final value "
                                    "judged is the run's last logged value), in final_run_ids order")
     final_step_spread: FinalStepSpread | None = None
+    one_run_per_seed: bool
+    n_needed: int | None
+    out_of_band: list[int] = Field(description="runs whose whole curve lies outside the others' band")
     out_of_band_test: OutOfBandTest | None
     sequential: SequentialDecision | None
 
@@ -180,12 +180,12 @@ class PortabilityVerdict(_VerdictBase):
     margin: WireFloat | None
     final_step: int | None
     short_run_ids: list[int]
-    same_seed: StackPairs
-    adjust_method: str
-    n_comparisons_tost: int
     final_steps: list[int] = Field(default_factory=list, description="each run's last logged step, reference runs "
                                    "first")
     final_step_spread: FinalStepSpread | None = None
+    same_seed: StackPairs
+    adjust_method: str
+    n_comparisons_tost: int
     n_comparisons_welch: int
     n_needed: int | None
     result: Portability | None = None

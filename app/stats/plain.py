@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from steady.server.stats.expectations import Expectation
+from steady.server.stats.repeatability import stopped_phrase
 from steady.server.stats.seed_stability import MIN_SEEDS
 
 __all__ = ["repeatability_line", "seed_line", "portability_line", "times"]
@@ -21,11 +22,6 @@ _FIX = {  # what to do about the first difference between repeats, by its source
     "numerics": "run at strict for deterministic kernels (kernels, reduction order or threads differ)",
     "stack": "compare on one stack (the runs' software or hardware differ)",
 }
-
-
-# which digest parts repeats whose logged values are all equal, by the source found
-_DIGESTS = {"seeding": "the initial-weight digests", "data_order": "the data-order digests",
-            "": "the final-weight or optimizer-state digests"}
 
 
 def times(value: float, limit: float) -> str:
@@ -82,18 +78,23 @@ def repeatability_line(verdict: str, determinism: str, exp: Expectation, numbers
     """The repeatability line: what the repeats show and whether that is what the level promises."""
     if verdict == "inconclusive":
         return f"cannot tell: no seed has 2 repeats at {determinism}; run each seed at least twice"
+    last_steps = [s for s in numbers.get("last_steps") or [] if s is not None]
     if verdict == "identical":
         what = "identical: every repeat bitwise equal"
+    elif numbers.get("steps_compared") == 0:
+        # repeats that stopped at different steps, none shared: they differ, but no value was compared
+        what = f"repeats differ: they share no logged step, so no value was compared; {stopped_phrase(last_steps)}"
+    elif numbers.get("max_abs_delta") == 0 and numbers.get("steps_compared") and len(set(last_steps)) > 1:
+        what = (f"repeats differ: equal at the {numbers['steps_compared']:,} step(s) all logged, but "
+                f"{stopped_phrase(last_steps)}")
     else:
         delta = numbers.get("max_abs_delta")
         step = numbers.get("first_divergent_step")
         size = f"by up to {delta:.3g}" if delta is not None else ""
         tol = "within tolerance" if verdict == "within_tolerance" else "repeats differ"
-        if step is None and not delta:  # no logged value differs, only a digest (kernels moved a weight unseen)
-            digests = _DIGESTS.get(numbers.get("source") or "", _DIGESTS[""])
-            what = f"{tol}: every logged value bitwise equal, but {digests} differ"
-        else:
-            what = f"{tol}: {size} from step {step}".replace(":  ", ": ")
+        what = f"{tol}: {size} from step {step}".replace(":  ", ": ")
+        if len(set(last_steps)) > 1:
+            what += f"; {stopped_phrase(last_steps)}"
     if exp.met is False:
         fix = _FIX.get(numbers.get("source") or "", "")
         return f"{what}; not what {determinism} promises ({exp.expected})" + (f": {fix}" if fix else "")

@@ -90,11 +90,11 @@ class Repeatability:
     reason: str
     dtype: str = "float64"  # the type ULPs are counted in
     resolution: float | None = None  # values parsed from text: the coarsest last printed digit of the runs
-
     # Values are compared at the steps every repeat logged: how many there were (None: fewer than 2 runs),
     # and each run's last logged step (repeats that stop at different steps differ, whatever their values)
     steps_compared: int | None = None
     last_steps: tuple = ()
+
 
 def size_phrase(max_abs: float, max_ulps: int | None, resolution: float | None, dtype: str = "float64") -> str:
     """The size of a difference: in ULPs of ``dtype`` for binary floats; for values parsed from printed
@@ -108,7 +108,6 @@ def size_phrase(max_abs: float, max_ulps: int | None, resolution: float | None, 
     return f"max |Δ| {max_abs:.3g}, {max_ulps} {dtype} ULPs"
 
 
-def _decimals(resolution: float) -> int:
 def stopped_phrase(last_steps) -> str:
     """``they stopped at steps 325 and 790`` (each distinct last step once), or ``they all stopped at step 790``."""
     distinct = sorted({s for s in last_steps if s is not None})
@@ -120,6 +119,7 @@ def stopped_phrase(last_steps) -> str:
     return f"they stopped at steps {listed}"
 
 
+def _decimals(resolution: float) -> int:
     return max(0, min(20, -int(np.floor(np.log10(resolution) + 1e-9)))) if resolution > 0 else 6
 
 
@@ -223,9 +223,9 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
             source = "numerics"
 
     n = len(runs)
-    if values_identical and digests_identical:
     steps_compared = int(al.present.all(axis=0).sum()) if al.steps.size else 0
     last_steps = tuple(int(r.steps[-1]) if len(r.steps) else None for r in runs)
+    if values_identical and digests_identical:
         verdict, reason = IDENTICAL, f"bitwise identical across {n} repeats"
     else:
         verdict = WITHIN if bool(ok.all()) else OUT

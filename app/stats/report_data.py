@@ -212,8 +212,6 @@ class Finals:
     diverged_run_ids: list
     step: int | None
     short_run_ids: list
-
-
     steps: tuple = ()  # each run's final step, in ``run_ids`` order
 
     @property
@@ -271,6 +269,8 @@ def final_step_phrase(spread: dict | None) -> str:
         return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
     return (f"the runs stopped at different steps: median {n(spread['median'])}, "
             f"quartiles {n(spread['q1'])}–{n(spread['q3'])} over {spread['n']} runs")
+
+
 def common_finals(runs: Sequence[RunData], metric: str) -> Finals:
     """Each run's value at the common final step (see ``Finals``); runs without the metric are skipped."""
     ok: list[tuple] = []

@@ -84,9 +84,9 @@ def _repeatability_verdicts(groups, spec: MetricSpec, *, route: SeedRoute = BUIL
                        "resolution": max((v[1].resolution for v in conclusive.values() if v[1].resolution is not None),
                                          default=None),
                        "first_divergent_step": w.first_divergent_step, "source": w.source,
+                       "steps_compared": w.steps_compared, "last_steps": list(w.last_steps),
                        "data_order_epoch": w.data_order_epoch}
         first = plain.repeatability_line(verdict, det, exp, numbers, n_seeds=len(per_seed))
-                       "steps_compared": w.steps_compared, "last_steps": list(w.last_steps),
         out.append(Verdict("repeatability", spec.name, {"determinism": det, "stack": stack}, verdict, n_runs, reason,
                            {**numbers, "summary": first, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail,
                             "dtype": _dtype(group_runs, spec.name),
@@ -232,6 +232,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
                            len(chosen), reason,
                            {"summary": first, "spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
                             "final_step": fin.step, "short_run_ids": fin.short_run_ids,
+                            "final_steps": list(fin.steps), "final_step_spread": step_spread,
                             "one_run_per_seed": per_seed,
                             "n_needed": None if without_effect else spread.n_needed,
                             "out_of_band": flagged, "out_of_band_test": oob_info,
@@ -240,18 +241,6 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
     return out
 
 
-def _seeds_without_effect(n: int, det: str, route: SeedRoute) -> tuple[str, str, None]:
-    """Runs of ``n`` different seeds bitwise identical. Where the seed reached the code this is
-    evidence that it has no effect: not stability (nothing varied, so the spread says nothing about
-                            "final_steps": list(fin.steps), "final_step_spread": step_spread,
-    other seeds) but a finding that fails. Where it did not (``none`` and code that receives no seed),
-    the seeds were only labels: the runs are repeats, and seed stability cannot be judged."""
-    if route.reaches(det):
-        return ("seed_has_no_effect",
-                f"runs of all {n} seeds are bitwise identical: the seed has no effect (the code ignores the seed "
-                "it is given, e.g. a hard-coded seed), so the spread over seeds is 0 by construction and says "
-                "nothing about other seeds", None)
-    why = ("the command has no {seed} placeholder" if route.kind == "command"
 def _final_where(fin: Finals, step_spread: dict | None) -> str:
     """``; final values at step 999`` or ``; final values at each run's last step, 325–1,450 (the runs
     stopped at different steps: median 790, …)``; empty without a final value."""
@@ -262,6 +251,17 @@ def _final_where(fin: Finals, step_spread: dict | None) -> str:
     return f"; final values {where}" + (f" ({phrase})" if phrase else "")
 
 
+def _seeds_without_effect(n: int, det: str, route: SeedRoute) -> tuple[str, str, None]:
+    """Runs of ``n`` different seeds bitwise identical. Where the seed reached the code this is
+    evidence that it has no effect: not stability (nothing varied, so the spread says nothing about
+    other seeds) but a finding that fails. Where it did not (``none`` and code that receives no seed),
+    the seeds were only labels: the runs are repeats, and seed stability cannot be judged."""
+    if route.reaches(det):
+        return ("seed_has_no_effect",
+                f"runs of all {n} seeds are bitwise identical: the seed has no effect (the code ignores the seed "
+                "it is given, e.g. a hard-coded seed), so the spread over seeds is 0 by construction and says "
+                "nothing about other seeds", None)
+    why = ("the command has no {seed} placeholder" if route.kind == "command"
            else "Steady seeds nothing at none")
     return ("inconclusive",
             f"runs of all {n} seeds are bitwise identical, but the seed does not reach the code at none ({why}): "
@@ -318,6 +318,7 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
             base = {"n_reference": ref_vals.size, "n_candidate": cand_vals.size,
                     "diverged_run_ids": ref_bad + cand_bad, "band_containment": share, "band_steps_compared": k,
                     "margin": spec.margin, "final_step": both.step, "short_run_ids": both.short_run_ids,
+                    "final_steps": list(both.steps), "final_step_spread": final_step_spread(both),
                     "same_seed": _same_seed(stacks[ref], stacks[cand], spec)}
             if ref_vals.size < 2 or cand_vals.size < 2:
                 pending.append((group, None, base, split))
@@ -329,7 +330,6 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
 
 def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = None) -> list[Verdict]:
     """The portability verdicts, adjusted over the report's comparisons. In an adaptive study
-                    "final_steps": list(both.steps), "final_step_spread": final_step_spread(both),
     (``stages``) a verdict with a margin is the group-sequential TOST of
     ``steady.server.stats.sequential_tost`` at α / (number of TOST comparisons) (Bonferroni: Holm's step-down
     has no stage-wise form here)."""
@@ -395,6 +395,8 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
         if base["diverged_run_ids"]:
             reason += f"; {len(base['diverged_run_ids'])} diverged run(s) excluded"
         reason += same_seed_phrase(base["same_seed"])
+        reason += _final_where(Finals(np.zeros(0), [], [], base["final_step"], [], tuple(base["final_steps"])),
+                               base["final_step_spread"])
         details["summary"] = plain.portability_line(verdict, details)
         out.append(Verdict("stack_portability", spec.name, group, verdict, n_runs, reason, details))
     return out
@@ -406,8 +408,6 @@ def _same_seed(ref_runs, cand_runs, spec: MetricSpec):
     def first(runs):
         return {r.seed: r for r in reversed(sorted(_with_metric(runs, spec.name), key=lambda r: (r.repeat, r.run_id)))}
 
-        reason += _final_where(Finals(np.zeros(0), [], [], base["final_step"], [], tuple(base["final_steps"])),
-                               base["final_step_spread"])
     a, b = first(ref_runs), first(cand_runs)
     return stack_pairs({s: (_repeat_run(a[s], spec.name), _repeat_run(b[s], spec.name))
                         for s in sorted(a.keys() & b.keys())},
