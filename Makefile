@@ -51,8 +51,9 @@ demo: $(STAMP) $(ASSETS)
 # The house rules, configured in pyproject.toml (CONTRIBUTING.md): any finding fails the build.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python scripts/package-tree  # the package as one folder, which mypy and import-linter read
 	$(BIN)/mypy
-	$(BIN)/lint-imports --no-cache
+	$(BIN)/python scripts/lint-imports --no-cache
 	$(BIN)/python scripts/check-markdown
 	$(BIN)/python scripts/check-vendored
 

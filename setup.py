@@ -6,20 +6,34 @@ puts them into app/dashboard/static from the npm registry at the versions packag
 `pip wheel .` on a fresh clone ships them, and fails with the command to run when it cannot.
 An editable install serves the tree in place and leaves that to `make assets`. An sdist already
 holds the files (and not the script), so a build from it uses them as they are.
-Everything else about the package is in pyproject.toml.
+It also lists the packages: pyproject.toml maps steady.server, steady.worker and steady.migrations
+onto app/, worker/ and migrations/ (package-dir), and every folder below those is a package of the
+same name below them. Everything else about the package is in pyproject.toml.
 """
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import tomllib
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_namespace_packages, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
-FETCH = Path(__file__).resolve().parent / "scripts" / "fetch-assets"
+HERE = Path(__file__).resolve().parent
+FETCH = HERE / "scripts" / "fetch-assets"
+
+
+def _packages() -> list[str]:
+    """``steady`` and, for each folder pyproject.toml maps in, its name and every folder below it."""
+    mapped = tomllib.loads((HERE / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    packages = ["steady"]
+    for name, folder in mapped.items():
+        below = find_namespace_packages(where=str(HERE / folder), exclude=["*__pycache__*"])
+        packages += [name, *(f"{name}.{p}" for p in below)]
+    return packages
 
 
 def _fetch_assets() -> None:
@@ -50,4 +64,4 @@ class SDist(sdist):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildPy, "sdist": SDist})
+setup(packages=_packages(), cmdclass={"build_py": BuildPy, "sdist": SDist})

@@ -1,8 +1,8 @@
 """Steady: is my training stable?
 
 The one installed name. The repository keeps the server in ``app/`` and the agent in ``worker/``;
-this folder links them in as ``steady.server`` and ``steady.worker`` (and the Alembic scripts as
-``steady/migrations``), so a wheel and an editable install hold one top-level package and nothing
+pyproject.toml installs them as ``steady.server`` and ``steady.worker`` (and the Alembic scripts as
+``steady.migrations``), so a wheel and an editable install hold one top-level package and nothing
 generic reaches site-packages or a run's ``PYTHONPATH`` (docs/architecture.md).
 
 User code logs through the SDK: ``from steady import sdk``.

@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 
-MIGRATIONS_DIR = Path(__file__).parents[2] / "migrations"  # steady/migrations: shipped in the wheel, a link in a checkout
+MIGRATIONS_DIR = Path(__file__).parents[2] / "migrations"  # steady/migrations in the wheel, migrations/ in a checkout
 _PG_LOCK_KEY = 0x57EAD1  # arbitrary, constant across Steady processes
 
 

@@ -16,6 +16,7 @@ from pydantic import Field, TypeAdapter, model_validator
 from steady.server.reports.outcome import Outcome, judge
 from steady.server.reports.sources import SourcesTableOut
 from steady.server.reports.parts import (
+    Compared,
     Convergence,
     DeterminismCost,
     DivergedRun,
@@ -105,6 +106,8 @@ class RepeatabilityVerdict(_VerdictBase):
     suspicious: list[str]
     localization: Localization | None = Field(None, description="where two of these repeats parted: the first "
                                               "divergent step and op, from `steady localize`")
+    compared: Compared | None = Field(None, description="what the repeats were compared on: values at the printed "
+                                      "precision or bit for bit, the digests compared and the weight digests missing")
 
 
 class SeedStabilityVerdict(_VerdictBase):

@@ -471,3 +471,18 @@ class ResumeCheck(Part):
     reason: str
     guarantee: str
     steps: dict[str, int] | None = Field(None, description="updates made: uninterrupted, and all launches of the resume")
+
+
+class Compared(Part):
+    """What the repeats of a group were compared on, at which resolution (``steady.server.stats.resolution``)."""
+
+    basis: Literal["printed", "binary"] = Field(description="printed: values parsed from text, equal to their last "
+                                                "printed digit; binary: floats compared bit for bit")
+    dtype: str = Field(description="binary: the type the values were logged in")
+    resolution: WireFloat | None = Field(description="printed: the unit of the last printed digit")
+    decimals: int | None = Field(description="printed: digits after the point")
+    significant: int | None = Field(description="printed: significant digits of the last value")
+    digests: list[str] = Field(description="digest kinds every repeat recorded, compared bit for bit")
+    missing: dict[str, str] = Field(description="weight digest kind -> why a repeat has none")
+    values: str = Field(description="how the values were compared, in words")
+    digest_phrase: str = Field(description="which digests were compared and which are missing, in words")

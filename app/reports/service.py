@@ -144,9 +144,16 @@ def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stac
                 worker=r.worker_id,
                 dtypes={k: dtypes[(r.id, k)] for k in keys if (r.id, k) in dtypes},
                 resolutions={k: printed[(r.id, k)] for k in keys if (r.id, k) in printed},
+                digest_notes=_digest_notes(r),
             )
         )
     return out
+
+
+def _digest_notes(run: Run) -> dict[str, str]:
+    """Why the run has no digest of a kind, as its code said (``digests_missing`` in its applied record)."""
+    notes = (run.determinism_applied or {}).get("digests_missing")
+    return {str(k): str(v) for k, v in notes.items() if isinstance(v, str) and v} if isinstance(notes, dict) else {}
 
 
 def _rng(*parts: int) -> np.random.Generator:

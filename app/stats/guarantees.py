@@ -4,6 +4,8 @@ Each phrase states the false-alarm level the calibration harness (``steady.serve
 measures the rule against; ``Rule.guarantee`` uses the same phrases at the default levels."""
 from __future__ import annotations
 
+from steady.server.stats.resolution import Compared, guarantee_phrase
+
 __all__ = ["repeatability", "seed_stability", "out_of_band", "stack_portability", "sources"]
 
 
@@ -11,8 +13,9 @@ def _pct(level: float) -> str:
     return f"{level * 100:g}%"
 
 
-def repeatability() -> str:
-    return "exact (bitwise or atol/rtol comparison, no false alarm)"
+def repeatability(compared: Compared | None = None) -> str:
+    """Exact, at the resolution the values were compared at (``steady.server.stats.resolution``)."""
+    return guarantee_phrase(compared)
 
 
 def seed_stability(alpha: float = 0.05, *, sequential: bool = False) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from steady.server.stats.expectations import Expectation
+from steady.server.stats.resolution import Compared, equal_short
 from steady.server.stats.repeatability import stopped_phrase
 from steady.server.stats.seed_stability import MIN_SEEDS
 
@@ -74,13 +75,13 @@ def seed_line(verdict: str, spread: Any, *, n_seeds: int, sequential: Any = None
 
 
 def repeatability_line(verdict: str, determinism: str, exp: Expectation, numbers: Mapping,
-                       *, n_seeds: int) -> str:
+                       *, n_seeds: int, compared: Compared | None = None) -> str:
     """The repeatability line: what the repeats show and whether that is what the level promises."""
     if verdict == "inconclusive":
         return f"cannot tell: no seed has 2 repeats at {determinism}; run each seed at least twice"
     last_steps = [s for s in numbers.get("last_steps") or [] if s is not None]
     if verdict == "identical":
-        what = "identical: every repeat bitwise equal"
+        what = "identical: every repeat " + equal_short(compared)
     elif numbers.get("steps_compared") == 0:
         # repeats that stopped at different steps, none shared: they differ, but no value was compared
         what = f"repeats differ: they share no logged step, so no value was compared; {stopped_phrase(last_steps)}"

@@ -8,6 +8,7 @@ import numpy as np
 
 from steady.server.stats.align import align_series
 from steady.server.stats.distributed import DistributedCause, distributed_cause
+from steady.server.stats.resolution import compared, equal_phrase
 
 __all__ = ["RepeatRun", "Repeatability", "repeatability", "size_phrase", "stopped_phrase", "ulp_distance",
            "VERDICT_ORDER"]
@@ -226,7 +227,9 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
     steps_compared = int(al.present.all(axis=0).sum()) if al.steps.size else 0
     last_steps = tuple(int(r.steps[-1]) if len(r.steps) else None for r in runs)
     if values_identical and digests_identical:
-        verdict, reason = IDENTICAL, f"bitwise identical across {n} repeats"
+        verdict, reason = IDENTICAL, equal_phrase(compared(
+            [{"initial_weights": r.initial_weights, "data_order": list(r.data_order or ()), **(r.other_digests or {})}
+             for r in runs], [], resolution=resolution, dtype=dtype), n, missing=False)
     else:
         verdict = WITHIN if bool(ok.all()) else OUT
         where = "digests differ, values identical" if values_identical else (

@@ -14,6 +14,7 @@ from steady.server.stats.expectations import BUILTIN, SeedRoute
 from steady.server.stats.bands import DEFAULT_QUANTILES, out_of_band_curves
 from steady.server.stats.portability import adjust, band_containment, compare_stacks
 from steady.server.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability, size_phrase
+from steady.server.stats.resolution import Compared, compared, equal_phrase
 from steady.server.stats.report_data import (
     Finals,
     GroupBand,
@@ -52,6 +53,7 @@ def _repeatability_verdicts(groups, spec: MetricSpec, *, route: SeedRoute = BUIL
                                                 rtol=spec.rtol, determinism=det))
         conclusive = {s: v for s, v in per_seed.items() if v[1].verdict in VERDICT_ORDER}
         n_runs = sum(len(v[0]) for v in per_seed.values())
+        fact = _compared([r for rs, _ in per_seed.values() for r in rs], spec.name)
         if not conclusive:
             verdict = "inconclusive"
             reason = f"{det} runs: no seed has 2 or more repeats ({len(per_seed)} seed(s)); need at least 2"
@@ -63,9 +65,9 @@ def _repeatability_verdicts(groups, spec: MetricSpec, *, route: SeedRoute = BUIL
             verdict = w.verdict
             if verdict == "identical":
                 if len(conclusive) == 1:
-                    reason = f"{det} runs of seed {worst_seed} bitwise identical across {w.n_runs} repeats"
+                    reason = f"{det} runs of seed {worst_seed} {equal_phrase(fact, w.n_runs)}"
                 else:
-                    reason = f"{det} runs bitwise identical across repeats for all {len(conclusive)} seeds"
+                    reason = f"{det} runs, the repeats of each of {len(conclusive)} seeds {equal_phrase(fact)}"
             else:
                 reason = f"seed {worst_seed} (worst of {len(conclusive)}): {w.reason}"
         detail = [{"seed": s, "run_ids": [r.run_id for r in rs], **to_data(res)} for s, (rs, res) in per_seed.items()]
@@ -86,15 +88,24 @@ def _repeatability_verdicts(groups, spec: MetricSpec, *, route: SeedRoute = BUIL
                        "first_divergent_step": w.first_divergent_step, "source": w.source,
                        "steps_compared": w.steps_compared, "last_steps": list(w.last_steps),
                        "data_order_epoch": w.data_order_epoch}
-        first = plain.repeatability_line(verdict, det, exp, numbers, n_seeds=len(per_seed))
+        first = plain.repeatability_line(verdict, det, exp, numbers, n_seeds=len(per_seed), compared=fact)
         out.append(Verdict("repeatability", spec.name, {"determinism": det, "stack": stack}, verdict, n_runs, reason,
                            {**numbers, "summary": first, "atol": spec.atol, "rtol": spec.rtol, "per_seed": detail,
                             "dtype": _dtype(group_runs, spec.name),
                             "seeds_identical": seeds_identical, "n_seeds_compared": len(firsts),
                             "expected": exp.expected, "met_expectation": exp.met, "expectation": exp.phrase,
                             "suspicious": list(exp.suspicious),
-                            "guarantee": guarantees.repeatability()}))
+                            "compared": fact.to_data(), "guarantee": guarantees.repeatability(fact)}))
     return out
+
+
+def _compared(runs: Sequence[RunData], metric: str) -> Compared:
+    """What the repeats of a group are compared on: their values at the printed precision or bit for bit,
+    the digests they all recorded, and the weight digests missing with the reason the runs gave."""
+    printed = [r.resolutions[metric] for r in runs if r.resolutions.get(metric) is not None]
+    last = [float(sv[1][-1]) for r in runs if (sv := _series(r, metric)) is not None and sv[1].size]
+    return compared([r.digests for r in runs], [r.digest_notes for r in runs],
+                    resolution=max(printed) if printed else None, dtype=_dtype(runs, metric), last_values=last)
 
 
 def _max_ulps(ulps: Sequence[int | None]) -> int | None:

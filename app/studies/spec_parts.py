@@ -70,8 +70,8 @@ class WorkloadSpec(_Spec):
     @field_validator("command")
     @classmethod
     def _placeholders(cls, value: list[str] | None) -> list[str] | None:
-        for arg in value or []:
-            placeholder_names(arg)  # a PlaceholderError is a ValueError: a 422 naming the argument
+        for i, arg in enumerate(value or [], start=1):
+            placeholder_names(arg, i)  # a PlaceholderError is a ValueError: a 422 naming the argument and its place
         return value
 
     @model_validator(mode="after")

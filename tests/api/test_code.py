@@ -7,6 +7,7 @@ import pytest
 from tests.api.helpers import spec
 from tests.conftest import SQLITE_ONLY
 from steady.worker.contract import codepack
+from steady.worker.contract.placeholders import PlaceholderError, fill_command
 
 
 @pytest.fixture
@@ -362,3 +363,17 @@ def test_the_file_and_its_directories_are_fsynced_before_the_row_commits(api, ar
     assert _put(api, archive.sha256, archive.data).json()["created"] is False  # restored: durable again
     assert [e for e in events if e[0] == "fsync"][-2:] == [("fsync", str(shard)), ("fsync", str(root))], events
     assert final.read_bytes() == archive.data
+
+
+@SQLITE_ONLY  # pydantic, no SQL
+@pytest.mark.parametrize("arg", ["--name=a\x00b", "\x00", "{seed}\x00"])
+def test_a_command_argument_with_a_nul_byte_is_a_422_naming_the_argument(api, arg):
+    """No program can receive an argument holding a NUL byte (exec takes C strings): the run would fail
+    at the worker, so the spec is refused at submit, naming the argument, its position and the reason."""
+    r = api.post("/api/v1/studies", json=spec(workload={"framework": "torch", "command": ["python", "t.py", arg]}))
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == ["body", "workload", "command"]
+    assert repr(arg) in detail["msg"] and "argument 3" in detail["msg"] and "NUL byte" in detail["msg"], detail
+    with pytest.raises(PlaceholderError, match="NUL byte"):  # a worker that was handed one refuses it as well
+        fill_command(["python", "t.py", arg], {"seed": 1}, "python")

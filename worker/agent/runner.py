@@ -44,8 +44,10 @@ from steady.worker.contract.events import (
 
 STDERR_TAIL_BYTES = 60_000  # characters of the output tail a run reports (the wire allows 65,536)
 TAIL_LINES = 200  # and at most this many lines of it
-_WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # steady/worker
-_STEADY_DIR = os.path.dirname(_WORKER_DIR)  # the installed ``steady`` package
+_WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # steady.worker's folder
+# steady's own folder: site-packages/steady for a wheel, which holds the worker folder; for an editable install
+# the repository's steady/, which holds only __init__.py (pyproject.toml maps worker/ in as steady.worker)
+_STEADY_DIR = os.path.dirname(os.path.abspath(sys.modules["steady"].__file__ or ""))
 _SHIM_DIR = os.path.join(_WORKER_DIR, "inrun", "shim")
 _REAPER = os.path.abspath(reaper.__file__)
 _LINUX = sys.platform.startswith("linux")
@@ -102,26 +104,37 @@ def run_environment(
 
 
 def package_path() -> str:
-    """A folder whose only entry is a link to the installed ``steady`` package: the first PYTHONPATH
-    entry of every run, so a run's interpreter (the agent's or the user's own) imports ``steady``
-    and nothing else of the agent's: not the folder ``steady`` was installed from (a checkout holds
-    ``app/``, ``worker/`` and ``tests/``), not the agent's site-packages. One per user and package,
-    made once and atomically (``os.replace`` of a finished folder), readable by a ``--run-as`` user."""
-    key = hashlib.sha256(_STEADY_DIR.encode()).hexdigest()[:16]
+    """A folder holding only the ``steady`` package: the first PYTHONPATH entry of every run, so a
+    run's interpreter (the agent's or the user's own) imports ``steady`` and nothing else of the
+    agent's: not the folder ``steady`` was installed from (a checkout holds ``app/``, ``worker/``
+    and ``tests/``), not the agent's site-packages. Its ``steady`` links to the installed package's
+    ``__init__.py`` and worker folder (the two a run imports, wherever the install put them). One
+    per user and install, made once and atomically (``os.replace`` of a finished folder), readable
+    by a ``--run-as`` user."""
+    parts = {"__init__.py": os.path.join(_STEADY_DIR, "__init__.py"), "worker": _WORKER_DIR}
+    key = hashlib.sha256("|".join(parts.values()).encode()).hexdigest()[:16]
     home = os.path.join(tempfile.gettempdir(), f"steady-path-{os.getuid()}-{key}")
-    link = os.path.join(home, "steady")
-    if os.path.islink(link) and os.readlink(link) == _STEADY_DIR:
+    if _links_in_place(os.path.join(home, "steady"), parts):
         return home
     fresh = tempfile.mkdtemp(prefix=f"{os.path.basename(home)}.", dir=os.path.dirname(home))
     os.chmod(fresh, 0o755)
-    os.symlink(_STEADY_DIR, os.path.join(fresh, "steady"))
+    os.mkdir(os.path.join(fresh, "steady"), 0o755)
+    for name, target in parts.items():
+        os.symlink(target, os.path.join(fresh, "steady", name))
     try:
         os.replace(fresh, home)  # fails if another process made it first (a non-empty folder): use theirs
     except OSError:
         shutil.rmtree(fresh, ignore_errors=True)
-        if not (os.path.islink(link) and os.readlink(link) == _STEADY_DIR):
-            raise RuntimeError(f"{home} exists and does not hold a link to {_STEADY_DIR}") from None
+        if not _links_in_place(os.path.join(home, "steady"), parts):
+            raise RuntimeError(f"{home} exists and does not hold links to {_STEADY_DIR} and {_WORKER_DIR}") from None
     return home
+
+
+def _links_in_place(folder: str, parts: dict[str, str]) -> bool:
+    try:  # (a run's interpreter may add a __pycache__ beside them)
+        return all(os.readlink(os.path.join(folder, n)) == t for n, t in parts.items())
+    except OSError:
+        return False
 
 
 def last_lines(text: str, n: int) -> str:

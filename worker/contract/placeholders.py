@@ -16,27 +16,32 @@ _KNOWN = ", ".join("{" + p + "}" for p in COMMAND_PLACEHOLDERS)
 
 
 class PlaceholderError(ValueError):
-    """A command argument whose placeholders are not plain known names."""
+    """A command argument no run can take: a NUL byte, or placeholders that are not plain known names."""
 
 
-def placeholder_names(arg: str) -> list[str]:
+def placeholder_names(arg: str, position: int | None = None) -> list[str]:
     """The placeholder names in ``arg``, in order; :class:`PlaceholderError` naming the argument and the
-    reason for a malformed brace, a format spec, a conversion, or an unknown name."""
+    reason for a NUL byte (no program can receive one: exec takes C strings), a malformed brace, a format
+    spec, a conversion, or an unknown name (``position``: the argument's place in the command, from 1)."""
+    what = f"command argument {arg!r}" if position is None else f"command argument {position} ({arg!r})"
+    if "\x00" in arg:
+        raise PlaceholderError(f"{what} holds a NUL byte, which no program can receive in its "
+                               "arguments: remove it")
     try:
         parts = list(string.Formatter().parse(arg))
     except ValueError as exc:
-        raise PlaceholderError(f"command argument {arg!r}: {exc} (write {{{{ and }}}} for literal braces)") from None
+        raise PlaceholderError(f"{what}: {exc} (write {{{{ and }}}} for literal braces)") from None
     names = []
     for _, name, spec, conversion in parts:
         if name is None:
             continue
         if spec or conversion:
             raise PlaceholderError(
-                f"command argument {arg!r}: placeholder {{{name}}} carries a format spec or conversion "
+                f"{what}: placeholder {{{name}}} carries a format spec or conversion "
                 f"({'!' + conversion if conversion else ''}{':' + spec if spec else ''}); placeholders are "
                 "names only: write e.g. {seed}")
         if name not in COMMAND_PLACEHOLDERS:
-            raise PlaceholderError(f"command argument {arg!r} has unknown placeholder {name!r}; known: {_KNOWN}")
+            raise PlaceholderError(f"{what} has unknown placeholder {name!r}; known: {_KNOWN}")
         names.append(name)
     return names
 

@@ -12,6 +12,16 @@ Installed by the harness in the run subprocess before user code runs (:func:`ins
   data order is not recorded: ``fit(shuffle=True)`` shuffles inside its tf.data pipeline
   (``tf.random.shuffle`` in graph code), where no Python hook sees the indices.
 
+**Without an optimizer** (weights stepped by hand: ``p.data.add_``, ``w -= lr * w.grad``, a custom
+optimizer that is no ``torch.optim.Optimizer``; a Keras custom training loop with no ``fit``): the model
+is the module the code first calls. For torch a global forward pre-hook (one call, then removed) keeps the
+outermost ``nn.Module`` of the first forward and digests its parameters there, before any update can
+have happened (``initial_weights``), and again when the run ends (``final_weights``); without any forward
+call the process's ``nn.Module`` objects that are no other module's child are digested at the end. For Keras,
+``keras.Model.__call__`` is wrapped for its first eager call the same way. These digests are used only
+when no optimizer hook (or ``fit``) recorded one. Where none can be had the run says which and why
+(``digests_missing``: kind -> reason, in its applied record), and the report shows it.
+
 A digest the code records itself (``sdk.set_digest``) always wins: an automatic one is only
 written for a kind the run has not recorded by then. Entries are named by position
 (``g<group>.p<index>`` for torch, ``w<index>`` for Keras) so runs of the same code compare.
@@ -27,15 +37,24 @@ from steady.worker.contract.digests import state_digest
 SOURCE = "automatic"
 
 
+def _missing(reasons: dict[str, str]) -> None:
+    """Tell the report which weight digests the run has none of, and why (only kinds still unrecorded)."""
+    reasons = {k: v for k, v in reasons.items() if not _recorded(k)}
+    if reasons:
+        sdk.emit({"e": "info", "value": {"digests_missing": reasons}})
+
+
 def _recorded(kind: str) -> bool:
     run = sdk._active()
     return run is not None and kind in run.digests
 
 
-def _record(kind: str, value: str) -> None:
+def _record(kind: str, value: str, how: str | None = None) -> None:
+    """``how``: where the weights were found when no optimizer (or ``fit``) hook fired ("module": the model the
+    code called first)."""
     if not _recorded(kind):
         sdk.set_digest(kind, value)
-        sdk.emit({"e": "info", "value": {f"{kind}_digest_source": SOURCE}})
+        sdk.emit({"e": "info", "value": {f"{kind}_digest_source": SOURCE if how is None else f"{SOURCE} ({how})"}})
 
 
 # --- PyTorch -------------------------------------------------------------------------------
@@ -45,6 +64,9 @@ class _TorchHooks:
     def __init__(self) -> None:
         self.stepped: list[Any] = []  # optimizers that stepped, in order of their first step
         self.handles: list[Any] = []
+        self.forward_handles: list[Any] = []  # the one-shot forward pre-hook
+        self.model: Any = None  # the outermost module of the first forward call
+        self.model_initial: str | None = None  # its parameters' digest at that call
 
     def _params(self) -> dict[str, Any]:
         from steady.worker.inrun.frameworks.torch import _to_numpy
@@ -63,11 +85,74 @@ class _TorchHooks:
         if len(self.stepped) == 1 and not _recorded("initial_weights"):
             _record("initial_weights", state_digest(self._params()))
 
-    def finish(self) -> None:
-        for h in self.handles:
+    def forward_pre(self, module: Any, args: Any) -> None:
+        """The first forward call of any module: keep its outermost module (the model) and digest it
+        before an update can have happened; then the hook removes itself (one call costs nothing)."""
+        for h in self.forward_handles:
             h.remove()
-        if self.stepped and not _recorded("final_weights"):
-            _record("final_weights", state_digest(self._params()))
+        self.forward_handles.clear()
+        if self.model is None:
+            self.model = module
+            try:
+                self.model_initial = _module_params_digest([module])
+            except Exception:  # noqa: BLE001 - a parameter that cannot be read: no digest, said at the end
+                self.model_initial = None
+
+    def finish(self) -> None:
+        for h in self.handles + self.forward_handles:
+            h.remove()
+        if self.stepped:
+            if not _recorded("final_weights"):
+                _record("final_weights", state_digest(self._params()))
+            return
+        # no torch.optim optimizer stepped: the weights were updated by hand (or not at all)
+        modules = [self.model] if self.model is not None else _root_modules()
+        if not modules:
+            _missing({"initial_weights": NO_MODULE, "final_weights": NO_MODULE})
+            return
+        how = "module" if self.model is not None else "module found at exit"
+        if self.model_initial is not None and not _recorded("initial_weights"):
+            _record("initial_weights", self.model_initial, how)
+        elif self.model is None:
+            _missing({"initial_weights": NO_FORWARD})
+        if not _recorded("final_weights"):
+            try:
+                _record("final_weights", _module_params_digest(modules), how)
+            except Exception as exc:  # noqa: BLE001
+                _missing({"final_weights": f"its parameters could not be read ({type(exc).__name__})"})
+
+
+NO_MODULE = ("no torch.optim optimizer stepped and no torch.nn.Module with parameters was found "
+             "(weights kept in plain tensors: sdk.set_digest records them)")
+NO_FORWARD = ("no torch.optim optimizer stepped and no module was called: the parameters were found only when "
+              "the run ended")
+
+
+def _module_params_digest(modules: list[Any]) -> str:
+    """The parameters of ``modules`` (named ``m<i>.<parameter name>``), bitwise."""
+    from steady.worker.inrun.frameworks.torch import _to_numpy
+
+    return state_digest({f"m{i}.{name}": _to_numpy(p.detach())
+                         for i, m in enumerate(modules) for name, p in m.named_parameters()})
+
+
+def _root_modules() -> list[Any]:
+    """The process's ``nn.Module`` objects with parameters that are no other module's child, in an order that
+    does not depend on memory (class name, parameter count, parameter shapes)."""
+    import gc
+
+    import torch
+
+    module = torch.nn.Module
+    found = [o for o in gc.get_objects() if issubclass(type(o), module)]  # type(): no __class__ property runs
+    children = {id(c) for m in found for c in m.modules() if c is not m}
+    roots = [m for m in found if id(m) not in children and any(True for _ in m.parameters())]
+
+    def key(m: Any) -> tuple:
+        shapes = tuple(tuple(p.shape) for p in m.parameters())
+        return (type(m).__qualname__, sum(p.numel() for p in m.parameters()), shapes)
+
+    return sorted(roots, key=key)
 
 
 def _record_data_order(epochs: list[str]) -> None:
@@ -86,6 +171,12 @@ def _install_torch() -> Any:
 
     hooks = _TorchHooks()
     hooks.handles.append(register_optimizer_step_pre_hook(hooks.pre))
+    try:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        hooks.forward_handles.append(register_module_forward_pre_hook(hooks.forward_pre))
+    except ImportError:  # an old torch: the modules are looked for at the end only
+        pass
     try:  # the order hook uses a private torch method: without it, the weight digests still count
         finish_order = install_order(_record_data_order)
     except (AttributeError, KeyError, ImportError):
@@ -132,21 +223,72 @@ def _install_keras() -> Any:
                 _record("initial_weights", model_digest(self._target))
 
     model_cls.fit = fit
+    had_call = "__call__" in model_cls.__dict__
+    original_call = model_cls.__call__
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """The first call of a model outside ``fit`` (a custom training loop): keep it, and digest its weights
+        right after that call built them, before any gradient is applied; then unwrap (one call)."""
+        out = original_call(self, *args, **kwargs)
+        if state["called"] is None and tf.executing_eagerly():
+            _unwrap_call()
+            state["called"] = self
+            try:
+                state["called_initial"] = model_digest(self) if self.weights else None
+            except Exception:  # noqa: BLE001
+                state["called_initial"] = None
+        return out
+
+    def _unwrap_call() -> None:
+        if model_cls.__dict__.get("__call__") is call:
+            if had_call:
+                model_cls.__call__ = original_call
+            else:
+                del model_cls.__call__
+
+    state["called"] = state["called_initial"] = None
+    model_cls.__call__ = call
 
     def finish() -> None:
         model_cls.fit = original
-        if state["model"] is not None and not _recorded("final_weights"):
-            _record("final_weights", model_digest(state["model"]))
+        _unwrap_call()
+        if state["model"] is not None:
+            if not _recorded("final_weights"):
+                _record("final_weights", model_digest(state["model"]))
+            return
+        # no fit: a custom training loop (GradientTape and apply_gradients, or assign_sub by hand)
+        called = state["called"]
+        if called is None:
+            _missing({"initial_weights": NO_KERAS_MODEL, "final_weights": NO_KERAS_MODEL})
+            return
+        if state["called_initial"] is not None and not _recorded("initial_weights"):
+            _record("initial_weights", state["called_initial"], "model")
+        if not _recorded("final_weights"):
+            _record("final_weights", model_digest(called), "model")
 
     return finish
+
+
+NO_KERAS_MODEL = ("no keras.Model was fitted or called eagerly (weights kept in plain tf.Variables, or only called "
+                  "inside tf.function): sdk.set_digest records them")
 
 
 def install(framework: str) -> Any:
     """Install the hooks for ``framework``; returns a function that records the final digests
     (call it when the user code has returned). Never raises: no hook, no automatic digest.
-    ``python`` code has no framework to hook (and importing one would cost seconds): nothing."""
+    ``python`` code has no framework to hook (and importing one would cost seconds): no digest, and the run
+    says so (``digests_missing``) unless its code recorded its own."""
     if framework not in ("torch", "tensorflow"):
-        return lambda: None
+        why = (f"framework {framework}: Steady hooks no model's weights here (sdk.set_digest records them; "
+               "framework torch or tensorflow digests them automatically)")
+
+        def note() -> None:
+            try:
+                _missing({"initial_weights": why, "final_weights": why})
+            except Exception:  # noqa: BLE001
+                pass
+
+        return note
     try:
         finish = _install_torch() if framework == "torch" else _install_keras()
     except Exception:  # noqa: BLE001 - an old framework without the hooks: just no digests

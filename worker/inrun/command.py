@@ -38,9 +38,8 @@ def start() -> None:
     applied["applied_by"] = "command shim (sitecustomize)"
     sdk.emit({"e": "determinism", "value": applied})
     sdk.emit({"e": "fingerprint", "value": frameworks.run_fingerprint(ctx.framework)})
-    # never raises; only for the frameworks it hooks (importing TensorFlow for another is slow)
-    finish_digests = (autodigest.install(ctx.framework) if ctx.framework in ("torch", "tensorflow")
-                      else (lambda: None))
+    # never raises; hooks only torch and TensorFlow (importing one for another framework is slow)
+    finish_digests = autodigest.install(ctx.framework)  # other frameworks: only a note that there is no digest
     if ctx.framework == "torch":
         from steady.worker.inrun import localize
 

@@ -1,0 +1,71 @@
+"""Every compared value carries its resolution, and the words follow it: "bitwise" only where bits or a
+digest were compared; values parsed from text are "equal at the N printed decimals"; a missing weight digest
+is named with its reason."""
+import numpy as np
+import pytest
+
+from steady.server.stats.report import MetricSpec, RunData, build_report
+from steady.server.stats.resolution import compared, decimals, equal_phrase
+
+NO_OPT = "no torch.optim optimizer stepped and no torch.nn.Module with parameters was found"
+
+
+def _report(*, printed: float | None, digests: bool, notes: dict | None = None, dtype: str | None = None):
+    runs, i = [], 0
+    for seed in (1, 2):
+        for rep in (0, 1):
+            i += 1
+            v = np.linspace(2.0, 1.0, 6) + 0.1 * seed
+            if printed is not None:
+                v = np.round(v, decimals(printed))
+            runs.append(RunData(run_id=i, seed=seed, repeat=rep, determinism="seeded", stack="cpu",
+                                series={"loss": (np.arange(6), v)},
+                                resolutions={"loss": printed} if printed is not None else {},
+                                dtypes={"loss": dtype} if dtype else {},
+                                digests={"initial_weights": f"i{seed}", "final_weights": f"f{seed}"} if digests else {},
+                                digest_notes=notes or {}))
+    rep = build_report(runs, [MetricSpec("loss")], rng=np.random.default_rng(0)).to_dict()
+    (v,) = [x for x in rep["verdicts"] if x["level"] == "repeatability"]
+    assert v["verdict"] == "identical"
+    return v
+
+
+def test_text_at_two_decimals_without_digests_is_never_bitwise():
+    v = _report(printed=0.01, digests=False, notes={"initial_weights": NO_OPT, "final_weights": NO_OPT})
+    words = " ".join((v["summary"], v["reason"], v["guarantee"], *(s["reason"] for s in v["per_seed"])))
+    assert "bitwise" not in words, words
+    assert v["summary"].startswith("identical: every repeat equal at the 2 printed decimals (no weight digest: "
+                                   + NO_OPT), v["summary"]
+    assert "3 significant digits" in v["reason"] and "a difference below 0.01 is not seen" in v["reason"]
+    assert "no initial-weight and final-weight digests: " + NO_OPT in v["reason"]
+    assert v["guarantee"].startswith("exact at the printed precision only") and "(0.01)" in v["guarantee"]
+    assert v["compared"]["basis"] == "printed" and v["compared"]["decimals"] == 2 and v["compared"]["digests"] == []
+    assert v["compared"]["missing"] == {"initial_weights": NO_OPT, "final_weights": NO_OPT}
+
+
+def test_text_with_weight_digests_says_the_weights_were_compared_bitwise():
+    v = _report(printed=0.01, digests=True)
+    assert "equal at the 2 printed decimals, weights bitwise equal (digests)" in v["summary"]
+    assert "the weights bitwise equal (initial-weight and final-weight digests)" in v["reason"]
+    assert v["compared"]["digests"] == ["initial_weights", "final_weights"] and v["compared"]["missing"] == {}
+
+
+def test_binary_values_are_bitwise_in_their_logged_type_and_a_missing_digest_is_named():
+    v = _report(printed=None, digests=False, dtype="float32")
+    assert v["summary"].startswith("identical: every repeat bitwise equal")
+    assert "bitwise identical (float32 values as logged)" in v["reason"]
+    assert "no initial-weight and final-weight digests: the run recorded none" in v["reason"]
+    assert "float32 values as logged" in v["guarantee"]
+
+
+@pytest.mark.parametrize("resolution,n", [(0.01, 2), (0.5, 1), (1.0, 0), (1e-6, 6), (0.001, 3)])
+def test_decimals_of_a_printed_unit(resolution, n):
+    assert decimals(resolution) == n
+
+
+def test_significant_digits_counted_at_the_printed_unit():
+    c = compared([{}, {}], [{}, {}], resolution=0.01, dtype=None, last_values=[2.31, 2.31])
+    assert c.significant == 3 and c.decimals == 2
+    c = compared([{}, {}], [{}, {}], resolution=0.0001, dtype=None, last_values=[0.0512])
+    assert c.significant == 3
+    assert "bitwise" not in equal_phrase(c, 2)
