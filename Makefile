@@ -55,6 +55,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python scripts/lint-imports --no-cache
 	$(BIN)/python scripts/check-markdown
+	$(BIN)/python scripts/check-process-words
 	$(BIN)/python scripts/check-vendored
 
 # The suite on TEST_WORKERS parallel processes (pytest-xdist; CONTRIBUTING.md "Tests"), the slow tier included.

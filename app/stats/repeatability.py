@@ -142,7 +142,7 @@ def repeatability(runs: Sequence[RepeatRun], *, atol: float = 0.0, rtol: float =
     values must be bitwise equal); ``out_of_tolerance`` otherwise (including a step logged by
     one run and not another); ``inconclusive`` with fewer than two runs.
 
-    The source of the first divergence is attributed in the order of the architecture brief:
+    The source of the first divergence is attributed in this order (docs/controls.md):
     ``stack`` when fingerprints differ, else ``seeding`` when initial-weight digests differ,
     else ``data_order`` (with the first differing epoch) when data-order digests differ, else
     ``distributed`` when multi-process runs' per-rank records show it (a rank's state disagreeing with

@@ -2,7 +2,7 @@
 
 Params: epochs=30, batch_size=32, lr=0.2, momentum=0.9 (SGD: at this rate training is chaotic enough that a
 difference in the last bit grows to the full band, as Summers & Dinneen found for ResNets; at lr=0.1 it stays
-below 1e-7; at lr=0.3, the default until wave 3, the final accuracies are heavy-tailed, a few runs far from the
+below 1e-7; at lr=0.3, an earlier default, the final accuracies are heavy-tailed, a few runs far from the
 rest, which no equivalence test can decide in a CPU budget: docs/sources.md), hidden=64, dropout=0.2,
 noise=0.05 (Gaussian input augmentation), eval_every=15 (steps between evaluations of ``val_loss``/``val_acc``
 on the fixed validation split, the series a one-ULP change is followed along: 90 evaluations of 1,350 steps).
