@@ -4,7 +4,7 @@ The same network, data, training and sources as :mod:`steady.worker.inrun.worklo
 backward pass written out. It runs on ``framework: python``, so a run costs no framework start-up: on the
 2-core development machine a run of ``torch_sources`` spends about 1.7 s importing PyTorch and 1.2 s training,
 this one about 0.4 s in all, which is what lets a sources study reach its decisions (hundreds of runs per arm)
-on a CPU (docs/sources.md, "Where the time goes").
+on a CPU.
 
 Params: epochs=30, batch_size=32, lr=0.2, momentum=0.9, hidden=64, dropout=0.2, noise=0.05, eval_every=15,
 as ``torch_sources``. Each source reads ``ctx.seed_for(source)``:
