@@ -25,6 +25,11 @@ _FIX = {  # what to do about the first difference between repeats, by its source
 }
 
 
+# which digest parts repeats whose logged values are all equal, by the source found
+_DIGESTS = {"seeding": "the initial-weight digests", "data_order": "the data-order digests",
+            "": "the final-weight or optimizer-state digests"}
+
+
 def times(value: float, limit: float) -> str:
     """``value`` as a multiple of ``limit``: "2.4×", "0.41×"."""
     r = value / limit
@@ -93,7 +98,11 @@ def repeatability_line(verdict: str, determinism: str, exp: Expectation, numbers
         step = numbers.get("first_divergent_step")
         size = f"by up to {delta:.3g}" if delta is not None else ""
         tol = "within tolerance" if verdict == "within_tolerance" else "repeats differ"
-        what = f"{tol}: {size} from step {step}".replace(":  ", ": ")
+        if step is None and not delta:  # no logged value differs, only a digest (kernels moved a weight unseen)
+            digests = _DIGESTS.get(numbers.get("source") or "", _DIGESTS[""])
+            what = f"{tol}: every logged value {equal_short(compared)}, but {digests} differ"
+        else:
+            what = f"{tol}: {size} from step {step}".replace(":  ", ": ")
         if len(set(last_steps)) > 1:
             what += f"; {stopped_phrase(last_steps)}"
     if exp.met is False:
