@@ -8,12 +8,106 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sqlalchemy import create_engine, select
 
 from steady.server.cli.demo.run import open_data_dir
 from steady.server.models import Study
 from tests.conftest import REPO, free_port, proc_stat, wait_until
+
+
+def _demo_report(*, seeds: int = 5, val_acc_sd: float = 0.06, strict_parts: bool = False, kernels: bool = False):
+    """A report of the shape a demo study gives, built by the stats core from constructed runs: at ``none`` the
+    repeats differ from the first step (unseeded weights, no initial-weight digest), at ``seeded`` and ``strict``
+    they are bitwise identical (``kernels``: at ``seeded`` a weight digest and param_sum differ, the loss not;
+    ``strict_parts``: the strict repeats differ too); val_acc's final value moves by ``val_acc_sd`` between
+    seeds against its limit 0.02."""
+    from steady.server.reports.models import Report
+    from steady.server.stats.report import MetricSpec, RunData, build_report
+
+    rng = np.random.default_rng(7)
+    steps = np.arange(20)
+    shift = rng.normal(0, 1, seeds)
+    shift = (shift - shift.mean()) / (shift.std(ddof=1) if seeds > 1 else 1.0)
+    runs = []
+    for det in (("seeded", "strict") if kernels else ("none", "seeded", "strict")):
+        for seed in range(seeds):
+            for rep in range(2):
+                noise = rng.normal(0, 1e-3, 20) if det == "none" or (det == "strict" and strict_parts and rep) else 0
+                loss = np.linspace(2.0, 0.3, 20) + 0.01 * shift[seed] + noise
+                series = {"loss": (steps, loss)}
+                digests = {} if det == "none" else {"initial_weights": f"{seed:064x}", "final_weights": "f" * 64}
+                if kernels:
+                    moved = det == "seeded" and rep == 1
+                    series["param_sum"] = (steps, np.linspace(5.0, 7.0, 20) + (1e-12 * steps if moved else 0))
+                    digests["final_weights"] = ("e" if moved else "f") * 64
+                else:
+                    series["val_acc"] = (steps, np.linspace(0.3, 0.9, 20) + val_acc_sd * shift[seed] + noise)
+                runs.append(RunData(run_id=len(runs) + 1, seed=seed, repeat=rep, determinism=det, stack="default",
+                                    series=series, digests=digests))
+    metrics = ([MetricSpec("loss"), MetricSpec("param_sum")] if kernels else
+               [MetricSpec("loss", max_std=0.05), MetricSpec("val_acc", max_std=0.02)])
+    built = build_report(runs, metrics, rng=np.random.default_rng(0))
+    return Report.assemble(built, study={"id": 7, "name": "demo", "status": "completed"}, n_runs_judged=len(runs))
+
+
+def test_the_planted_failure_is_said_as_planted_with_the_cause_steady_found():
+    from steady.server.cli.demo.purposes import PURPOSES, outcome_line, purpose_line
+
+    mlp = PURPOSES["torch_mlp.yaml"]
+    report = _demo_report()
+    assert report.outcome.status == "fail"
+    mark, why, cause = outcome_line(mlp, report)
+    assert mark == "FAILED, as planted", (mark, why)
+    assert why.startswith("val_acc seeded/default: unstable: std ") and "the limit 0.02" in why
+    assert cause == "all of the spread is between seeds (repeats of a seed are bitwise identical at seeded)"
+    assert purpose_line(mlp, report).startswith(f"shows that {mlp.shows}: yes (")
+    # a limit the spread meets: the study passes, and the summary says the planted failure did not happen
+    met = _demo_report(val_acc_sd=0.001)
+    if met.outcome.status == "pass":
+        assert outcome_line(mlp, met)[0] == "PASSED, not as planted"
+    else:
+        assert outcome_line(mlp, met)[0] in ("INCONCLUSIVE", "FAILED") and "as planted" not in outcome_line(mlp, met)[0]
+
+
+def test_a_failure_that_was_not_planted_is_not_called_planted():
+    from steady.server.cli.demo.purposes import PURPOSES, outcome_line, purpose_line
+
+    mlp = PURPOSES["torch_mlp.yaml"]
+    report = _demo_report(strict_parts=True)  # strict repeats differ: a real failure besides the planted one
+    mark, why, cause = outcome_line(mlp, report)
+    assert mark == "FAILED" and why == report.outcome.reason and not cause
+    assert ": no (" in purpose_line(mlp, report) and "repeats differ at strict" in purpose_line(mlp, report)
+
+
+def test_one_seed_cannot_show_the_planted_failure_and_says_so():
+    from steady.server.cli.demo.purposes import PURPOSES, outcome_line
+
+    report = _demo_report(seeds=1)
+    mark, why, _ = outcome_line(PURPOSES["torch_mlp.yaml"], report, quick=True)
+    assert "as planted" not in mark
+    assert why.endswith("the planted val_acc failure needs 5 seeds: run the demo without --quick to see it") or (
+        report.outcome.status == "fail"), why
+
+
+def test_the_kernel_study_shows_seeded_parting_and_strict_removing_it():
+    from steady.server.cli.demo.purposes import PURPOSES, purpose_line, summary_lines
+
+    kernels = PURPOSES["torch_kernels.yaml"]
+    report = _demo_report(seeds=1, kernels=True)
+    line = purpose_line(kernels, report)
+    assert line == (f"shows that {kernels.shows}: yes (param_sum repeats differ at seeded (source: numerics); "
+                    "strict repeats bitwise identical)"), line
+    lines = summary_lines([(PURPOSES["torch_mlp.yaml"], _demo_report()), (kernels, report)],
+                          url="http://127.0.0.1:8000", token_path=".steady-demo/token")
+    text = "\n".join(lines)
+    assert lines[0] == "Summary: the 2 demo studies, what each shows, and its outcome"
+    assert text.count("  Study 7  demo: ") == 2 and "FAILED, as planted" in text and "planted: val_acc is" in text
+    assert "the cause Steady found: all of the spread is between seeds" in text
+    assert "Dashboard:   http://127.0.0.1:8000/studies/7" in text and "then: steady report 7 (or 7)" in text
+    assert "docs/statistics.md #repeatability" in text and "#seed-stability" in text
+    assert len(lines) <= 24  # one screen
 
 
 def _demo_env() -> dict[str, str]:
@@ -75,7 +169,26 @@ def test_demo_runs_a_whole_study(tmp_path):
     expectation_lines = [line for line in text.splitlines() if line.startswith("  ") and " expected " in line
                          and line.split()[0] in ("strict", "seeded", "none")]
     assert len(expectation_lines) == 7 and all(line.endswith(": met") for line in expectation_lines), expectation_lines
-    assert "Dashboard: http://127.0.0.1:" in text
+    # the last screen: every study with its outcome, what it shows and why, then where to look
+    lines = text.rstrip("\n").splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("Summary: the 3 demo studies"))
+    summary = lines[start:]
+    assert len(summary) <= 24, "\n".join(summary)
+    heads = [line for line in summary if line.startswith("  Study ")]
+    assert [h.split(": ", 1)[1].rsplit(": ", 1)[0] for h in heads] == [
+        "digits MLP (PyTorch)", "nondeterministic kernels (PyTorch)", "digits MLP (TensorFlow/Keras)"], heads
+    # --quick runs one seed: no seed band is asked, so each study passes on what it shows (the planted val_acc
+    # failure needs the full demo's five seeds, and the summary says so)
+    assert all(h.endswith(": PASSED") for h in heads), "\n".join(summary)
+    shows = [line.strip() for line in summary if line.startswith("    shows that ")]
+    assert len(shows) == 3 and all(line.endswith(": yes") for line in shows), shows
+    assert "the planted val_acc failure needs 5 seeds: run the demo without --quick to see it" in "\n".join(summary)
+    assert sum(line.startswith("    why: ") for line in summary) == 3
+    assert any(line.startswith("  Dashboard:   http://127.0.0.1:") for line in summary)
+    assert any("then: steady report " in line for line in summary)
+    assert any(line.startswith("  The checks:  docs/statistics.md #repeatability") for line in summary)
+    for line in [x for x in text.splitlines() if x.startswith("  shows that ")]:
+        assert ": yes (" in line, line  # each study's purpose, printed under its report with the evidence
     assert (tmp_path / "demo" / "token").stat().st_mode & 0o777 == 0o600
     assert "(kept from an earlier demo: 1 study; this demo adds its own)" in text
     names = _study_names(tmp_path / "demo")

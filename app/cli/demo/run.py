@@ -104,6 +104,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     from steady.server.cli.client import Api, wait_for
     from steady.server.reports.models import Report
+    from steady.server.cli.demo.purposes import PURPOSES, purpose_line, summary_lines
     from steady.server.cli.render import render_report, sources_lines
 
     data_dir = Path(args.data_dir).resolve()
@@ -136,6 +137,7 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         api = Api(url, user_token, timeout=120)
         study_ids = []
+        demos = [None] if sources else [PURPOSES[name] for name in SPECS]
         specs = ([sources_spec(args.runs, quick=args.quick, first_seed=args.first_seed,
                                max_runs=getattr(args, "max_runs", None), numpy=getattr(args, "numpy", False),
                                minutes=getattr(args, "minutes", None))]
@@ -153,7 +155,8 @@ def run_demo(args: argparse.Namespace) -> int:
             if worker.poll() is not None:
                 raise SystemExit(f"steady demo: the worker exited:\n{worker_log.read_text()[-2000:]}")
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-        for sid in study_ids:
+        judged = []
+        for sid, demo in zip(study_ids, demos, strict=True):
             print()
             report = Report.model_validate(api.get(f"/api/v1/studies/{sid}/report"))
             if sources:
@@ -162,10 +165,17 @@ def run_demo(args: argparse.Namespace) -> int:
                 print(f"(the whole report: steady report {sid})")
             else:
                 print(render_report(report, color=color))
+            if demo is not None:
+                print(f"  {purpose_line(demo, report)}")
+                judged.append((demo, report))
         print()
-        print(f"Dashboard: {url}/studies/{study_ids[0]}   (log in with the token in {data_dir / 'token'})")
-        print(f"API:       {url}/docs")
-        print(f"CLI:       steady login {url} < {data_dir / 'token'}   then: steady status")
+        if judged:  # the last screen: every study, its outcome and why, then where to look
+            print("\n".join(summary_lines(judged, url=url, token_path=str(data_dir / "token"), quick=args.quick,
+                                         color=color)))
+        else:
+            print(f"Dashboard: {url}/studies/{study_ids[0]}   (log in with the token in {data_dir / 'token'})")
+            print(f"CLI:       steady login {url} < {data_dir / 'token'}   then: steady report {study_ids[0]}")
+            print(f"API:       {url}/docs")
         if args.exit:
             return 0
         print("The server and worker keep running; press Ctrl-C to stop.", flush=True)
