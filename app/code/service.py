@@ -21,7 +21,6 @@ import os
 import re
 import stat
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,22 +291,15 @@ def open_archive(session: Session, sha256: str, settings: Settings) -> Iterator[
 
 MAX_UNPACKED_FOR_DIGESTS = 512 * 1024 * 1024
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
-_digest_cache: dict[str, tuple[dict[str, str], dict[str, bytes]]] = {}
-_DIGEST_CACHE_SIZE = 32
-_digest_lock = threading.Lock()
+SPEC_KEEP_BYTES = 64 * 1024
 
 
-def file_digests(session: Session, sha256: str, settings: Settings) -> tuple[dict[str, str], dict[str, bytes]]:
-    """Each file's SHA-256 in the archive ``sha256``, and the bytes of its small YAML/JSON files (a
-    spec among them is told apart from the code). An archive never changes under its digest, so the
-    answer is kept for the next comparison. Raises ``NotFound`` or ``codepack.CodeError``."""
-    with _digest_lock:
-        found = _digest_cache.get(sha256)
-    if found is None:
-        with open_archive(session, sha256, settings) as (f, size):
-            found = codepack.file_digests(f, size, max_unpacked=MAX_UNPACKED_FOR_DIGESTS, keep=SPEC_SUFFIXES)
-        with _digest_lock:
-            while len(_digest_cache) >= _DIGEST_CACHE_SIZE:
-                _digest_cache.pop(next(iter(_digest_cache)))
-            _digest_cache[sha256] = found
-    return found
+def file_digests(session: Session, sha256: str, settings: Settings, *,
+                 keep_max: int = SPEC_KEEP_BYTES) -> tuple[dict[str, str], dict[str, bytes]]:
+    """Each file's SHA-256 in the archive ``sha256``, and the bytes of its YAML/JSON files of at most
+    ``keep_max`` bytes (a spec among them is told apart from the code). Reads the archive once, a chunk
+    at a time; keeps nothing: the caller keeps what it derives (``steady.server.reports.compare`` keeps
+    small results per archive, never file bytes). Raises ``NotFound`` or ``codepack.CodeError``."""
+    with open_archive(session, sha256, settings) as (f, size):
+        return codepack.file_digests(f, size, max_unpacked=MAX_UNPACKED_FOR_DIGESTS, keep=SPEC_SUFFIXES,
+                                     keep_max=keep_max)

@@ -35,6 +35,14 @@ class Settings(BaseSettings):
     # the server, whatever its worker's heartbeats say.
     time_limit_grace_seconds: float = Field(60.0, ge=0)
 
+    # Capacity (docs/deploy.md, "Capacity"). The worker protocol (lease, heartbeat, metrics, complete)
+    # runs on this many threads and database connections of its own, which no user request takes.
+    protocol_threads: int = Field(8, ge=1, le=256)
+    # Heavy reads (report, bands, compare, a run's series) in progress at once, per token and in all
+    # per API process; one more is answered 429 with Retry-After.
+    heavy_per_user: int = Field(2, ge=1)
+    heavy_total: int = Field(12, ge=1)
+
     # Limits on input.
     max_runs_per_study: int = Field(2000, ge=1)
     max_batch_points: int = Field(200_000, ge=1)

@@ -57,7 +57,9 @@ _WRITE_OPTION = "steady_write"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 
-def make_engine(url: str, *, sqlite_synchronous: str = "FULL") -> Engine:
+def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int | None = None,
+                max_overflow: int | None = None) -> Engine:
+    """An engine and its connection pool (default: 8 + 16 on SQLite, 10 + 20 on PostgreSQL)."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -65,12 +67,13 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL") -> Engine:
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
-            pool_size=8,
-            max_overflow=16,
+            pool_size=8 if pool_size is None else pool_size,
+            max_overflow=16 if max_overflow is None else max_overflow,
         )
         _configure_sqlite(engine, sqlite_synchronous)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, pool_size=10 if pool_size is None else pool_size,
+                         max_overflow=20 if max_overflow is None else max_overflow)
 
 
 def _configure_sqlite(engine: Engine, synchronous: str) -> None:
@@ -96,19 +99,42 @@ def _configure_sqlite(engine: Engine, synchronous: str) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
+class _Shared:
+    """What every ``Database`` on one URL in a process shares: the integrity verdict and the SQLite write queue."""
+
+    def __init__(self, is_sqlite: bool) -> None:
+        self.corruption: str | None = None
+        self.write_queue = threading.Lock() if is_sqlite else None
+
+
 class Database:
     """Owns the engine and the two session factories."""
 
-    def __init__(self, url: str, *, sqlite_synchronous: str = "FULL") -> None:
+    def __init__(self, url: str, *, sqlite_synchronous: str = "FULL", pool_size: int | None = None,
+                 max_overflow: int | None = None, _shared: _Shared | None = None) -> None:
         self.url = url
-        self.engine = make_engine(url, sqlite_synchronous=sqlite_synchronous)
+        self._synchronous = sqlite_synchronous
+        self.engine = make_engine(url, sqlite_synchronous=sqlite_synchronous, pool_size=pool_size,
+                                  max_overflow=max_overflow)
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         write_engine = self.engine.execution_options(**{_WRITE_OPTION: True})
         self._read = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
         _refuse_writes(self._read)
         self._write = sessionmaker(write_engine, expire_on_commit=False)
-        self.corruption: str | None = None  # why the SQLite file failed its integrity check
-        self._write_queue = threading.Lock() if self.is_sqlite else None
+        self._shared = _shared or _Shared(self.is_sqlite)
+        self._write_queue = self._shared.write_queue
+
+    @property
+    def corruption(self) -> str | None:
+        """Why the SQLite file failed its integrity check (None: it did not)."""
+        return self._shared.corruption
+
+    def own_pool(self, connections: int) -> Database:
+        """A ``Database`` on the same URL with a connection pool of its own (``connections``, no overflow),
+        sharing this one's integrity verdict and SQLite write queue: capacity that no request on this
+        one's pool can take (the worker protocol's, ``steady.server.kit.capacity``)."""
+        return Database(self.url, sqlite_synchronous=self._synchronous, pool_size=connections, max_overflow=0,
+                        _shared=self._shared)
 
     def check_integrity(self) -> str | None:
         """SQLite: ``PRAGMA quick_check`` (every page and index structure, O(file size)); on failure
@@ -126,7 +152,7 @@ class Database:
         return problem
 
     def mark_corrupt(self, problem: str) -> None:
-        self.corruption = problem
+        self._shared.corruption = problem
 
     @contextmanager
     def read(self) -> Iterator[ReadSession]:

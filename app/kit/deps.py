@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -110,27 +110,47 @@ def forget_tokens(request: Request) -> None:
     token_cache(request).invalidate()
 
 
+async def _principal(request: Request, creds: HTTPAuthorizationCredentials | None, *, protocol: bool) -> Principal:
+    found = _credentials(request, creds)
+    if found is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+    async def look_up() -> Principal:
+        if protocol:  # the worker protocol's own thread and connection (steady.server.kit.capacity)
+            lane = request.app.state.protocol
+            return await lane.run(get_principal, request, lane.database, creds)
+        return await run_in_threadpool(get_principal, request, request.app.state.database, creds)
+
+    if found[0] != "bearer":
+        return await look_up()
+    cache = token_cache(request)
+    digest = hash_token(found[1])
+    principal = cache.get(digest)
+    if principal is None:
+        generation = cache.generation
+        principal = await look_up()
+        cache.put(digest, principal, generation)
+    return principal
+
+
 async def current_principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     """The caller. A bearer token checked less than STEADY_TOKEN_CACHE_SECONDS ago in this process is
     not looked up again (no database query, no thread-pool hop); see app/kit/tokencache.py for revocation."""
-    found = _credentials(request, creds)
-    if found is None:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
-        )
-    if found[0] != "bearer":
-        return await run_in_threadpool(get_principal, request, request.app.state.database, creds)
-    cache = token_cache(request)
-    digest = hash_token(found[1])
-    principal = cache.get(digest)
-    if principal is None:
-        generation = cache.generation
-        principal = await run_in_threadpool(get_principal, request, request.app.state.database, creds)
-        cache.put(digest, principal, generation)
-    return principal
+    return await _principal(request, creds, protocol=False)
+
+
+async def protocol_principal(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """The caller of a worker-protocol route: as ``current_principal``, but a token not in the cache is
+    looked up on the protocol's own thread and connection, never the shared pools."""
+    return await _principal(request, creds, protocol=True)
 
 
 async def optional_principal(
@@ -149,10 +169,12 @@ async def optional_principal(
         raise
 
 
-def require(*roles: Role):
+def require(*roles: Role, protocol: bool = False):
     allowed = frozenset().union(*(GRANTS[r] for r in roles))
+    who = protocol_principal if protocol else current_principal
 
-    async def _check(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    # a default, not an Annotated[...] hint: hints are strings here, resolved in this module's globals
+    async def _check(principal: Principal = Depends(who)) -> Principal:  # noqa: B008 - FastAPI's dependency idiom
         if principal.role not in allowed:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN, f"a {principal.role.value} token cannot do this; it needs role "
@@ -163,9 +185,27 @@ def require(*roles: Role):
     return _check
 
 
+_user = require(Role.user)
+
+
+async def heavy_reader(request: Request, principal: Annotated[Principal, Depends(_user)]) -> AsyncIterator[Principal]:
+    """A user's heavy read (report, bands, compare, a series), admitted by the process's ``HeavyGate``
+    (429 with Retry-After past its per-token or total limit) and counted until its answer is sent."""
+    gate = request.app.state.heavy_gate
+    started = gate.enter(principal.token_id)
+    try:
+        yield principal
+    finally:
+        gate.leave(principal.token_id, started)
+
+
 OptionalCaller = Annotated[Principal | None, Depends(optional_principal)]
 AdminCaller = Annotated[Principal, Depends(require(Role.admin))]
-UserCaller = Annotated[Principal, Depends(require(Role.user))]
+UserCaller = Annotated[Principal, Depends(_user)]
+# A heavy read: declare it first among a route's parameters, so a refused request takes no thread.
+HeavyReader = Annotated[Principal, Depends(heavy_reader)]
 WorkerCaller = Annotated[Principal, Depends(require(Role.worker))]
+# The worker protocol's routes: a token lookup on the protocol's own capacity.
+ProtocolCaller = Annotated[Principal, Depends(require(Role.worker, protocol=True))]
 # Code archives: users upload and read them, workers fetch them.
 CodeReader = Annotated[Principal, Depends(require(Role.user, Role.worker))]

@@ -3,7 +3,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from steady.server.kit.bounds import bounded
+
+# What `steady launch` records (the script's path, the cluster's answer): listed with every launch in
+# `steady status`, so a few kB, never a payload.
+MAX_DETAIL_BYTES = 16 * 1024
 
 
 class LaunchIn(BaseModel):
@@ -14,7 +20,8 @@ class LaunchIn(BaseModel):
     engine: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_\-]+$")]
     job_id: Annotated[str, Field(min_length=1, max_length=200)]
     tasks: Annotated[int, Field(ge=1, le=100_000)]
-    detail: Annotated[dict[str, Any], Field(max_length=32)] = {}
+    detail: Annotated[dict[str, Any], Field(max_length=32),
+                      AfterValidator(bounded("the launch's detail", MAX_DETAIL_BYTES))] = {}
 
 
 class LaunchOut(BaseModel):

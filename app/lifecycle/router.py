@@ -6,9 +6,8 @@ import base64
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.concurrency import run_in_threadpool
 
-from steady.server.kit.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
+from steady.server.kit.deps import AppSettings, HeavyReader, ProtocolCaller, ReadDB, UserCaller, WriteDB
 from steady.server.kit.errors import NotFound
 from steady.server.metrics import repository as metrics_repo
 from steady.server.lifecycle import ingest, service, transitions
@@ -59,10 +58,10 @@ def include_run(run_id: int, db: WriteDB, caller: UserCaller) -> RunOut:
 
 @router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut)  # keys may hold "/" (TensorBoard tags)
 def get_series(
+    caller: HeavyReader,
     run_id: int,
     key: str,
     db: ReadDB,
-    caller: UserCaller,
     format: Annotated[Literal["json", "packed"], Query(description="packed: base64 <i8 steps and <f8 values")] = "json",
 ) -> SeriesOut:
     service.get_run(db, run_id)
@@ -85,31 +84,23 @@ def get_series(
 # --- worker side ----------------------------------------------------------------------------
 
 
-# Heartbeats and metric batches, the hot path of the protocol, are async routes. A heartbeat does
-# all its database work in one thread-pool call: the caller comes from an async dependency
-# (usually from the token cache), and the write session is opened, used and committed in that
-# one thread. So it may queue for the process's SQLite write lock (``Database.write``), which a
-# session spread over a dependency's several thread-pool calls may not. A metric batch is decoded
-# in the request and stored by the process's group committer, which holds that lock per group.
-
-
-def _in_one_write(request: Request, work, *args):
-    database = request.app.state.database
-
-    def call():
-        with database.write(queue=True) as db:
-            return work(db, *args)
-
-    return run_in_threadpool(call)
+# The worker protocol runs on capacity of its own (steady.server.kit.capacity): its routes are async,
+# and each does its database work in one call on the protocol's threads and connections, never the
+# shared thread pool or connection pool that user requests use. The write session is opened, used and
+# committed in that one thread, so it may queue for the process's SQLite write lock
+# (``Database.write``), which a session spread over a dependency's several thread-pool calls may not.
+# A metric batch is decoded in the request and stored by the process's group committer (on the
+# protocol's connections), which holds that lock per group.
 
 
 @router.post("/{run_id}/heartbeat", response_model=HeartbeatAck, tags=["worker protocol"])
-async def heartbeat(run_id: int, body: Heartbeat, request: Request, caller: WorkerCaller, settings: AppSettings):
-    return await _in_one_write(request, transitions.heartbeat, run_id, body, settings, caller)
+async def heartbeat(run_id: int, body: Heartbeat, request: Request, caller: ProtocolCaller, settings: AppSettings):
+    return await request.app.state.protocol.write(transitions.heartbeat, run_id, body, settings, caller)
 
 
 @router.post("/{run_id}/metrics", response_model=BatchAck, tags=["worker protocol"])
-async def push_metrics(run_id: int, body: MetricBatch, request: Request, caller: WorkerCaller, settings: AppSettings):
+async def push_metrics(run_id: int, body: MetricBatch, request: Request, caller: ProtocolCaller,
+                       settings: AppSettings):
     """Answered once the batch is committed (on SQLite: fsynced). Batches that arrive while a
     commit is in flight are stored together in the next transaction, each checked on its own."""
     batch = ingest.prepare(run_id, body, settings)
@@ -117,15 +108,15 @@ async def push_metrics(run_id: int, body: MetricBatch, request: Request, caller:
 
 
 @router.post("/{run_id}/complete", response_model=RunAck, tags=["worker protocol"])
-def complete(run_id: int, body: RunResult, db: WriteDB, caller: WorkerCaller):
-    return transitions.complete(db, run_id, body, caller)
+async def complete(run_id: int, body: RunResult, request: Request, caller: ProtocolCaller):
+    return await request.app.state.protocol.write(transitions.complete, run_id, body, caller)
 
 
 @router.post("/{run_id}/fail", response_model=RunAck, tags=["worker protocol"])
-def fail(run_id: int, body: RunFailure, db: WriteDB, caller: WorkerCaller):
-    return transitions.fail(db, run_id, body, caller)
+async def fail(run_id: int, body: RunFailure, request: Request, caller: ProtocolCaller):
+    return await request.app.state.protocol.write(transitions.fail, run_id, body, caller)
 
 
 @router.post("/{run_id}/release", response_model=RunAck, tags=["worker protocol"])
-def release(run_id: int, body: RunRelease, db: WriteDB, caller: WorkerCaller):
-    return transitions.release(db, run_id, body, caller)
+async def release(run_id: int, body: RunRelease, request: Request, caller: ProtocolCaller):
+    return await request.app.state.protocol.write(transitions.release, run_id, body, caller)

@@ -10,8 +10,10 @@ kernels' (``numerics``).
 
 from __future__ import annotations
 
+import threading
 import zlib
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,7 @@ from steady.server.kit.config import Settings
 from steady.server.kit.errors import Invalid, NotFound, judging
 from steady.server.models import Run, Study
 from steady.server.reports.differences import (
+    SPEC_MAX_BYTES,
     STACK,
     CodeFiles,
     Difference,
@@ -46,14 +49,84 @@ def _rng(*parts: int) -> np.random.Generator:
     return np.random.default_rng([0x57EAD, *parts])
 
 
-def _code_files(session: Session, sha256: str | None, settings: Settings) -> CodeFiles | None:
-    if not sha256:
-        return None
+class CodeFilesCache:
+    """What compare needs from each archive (its files' digests, which files are specs), computed once per
+    archive and kept as those small results, never file bytes; least recently used first out past
+    ``budget`` bytes (an estimate: each file's name, its hex digest and the objects around them). An archive
+    never changes under its digest, so an entry never goes stale. Two compares of one archive not yet
+    known wait for one computation."""
+
+    PER_FILE_OVERHEAD = 200
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.used = 0
+        self._entries: OrderedDict[str, tuple[CodeFiles, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._computing: dict[str, threading.Lock] = {}
+
+    @classmethod
+    def cost(cls, files: CodeFiles) -> int:
+        return 512 + sum(len(n) + len(d) + cls.PER_FILE_OVERHEAD for n, d in (files.files or {}).items())
+
+    def get(self, sha256: str, compute: Callable[[], CodeFiles]) -> CodeFiles:
+        with self._lock:
+            found = self._hit(sha256)
+            if found is not None:
+                return found
+            gate = self._computing.setdefault(sha256, threading.Lock())
+        with gate:
+            with self._lock:
+                found = self._hit(sha256)
+            if found is not None:
+                return found
+            files = compute()
+            with self._lock:
+                self._computing.pop(sha256, None)
+                if files.problem is None:  # a missing archive may be uploaded again: not kept
+                    self._put(sha256, files)
+            return files
+
+    def _hit(self, sha256: str) -> CodeFiles | None:
+        entry = self._entries.get(sha256)
+        if entry is None:
+            return None
+        self._entries.move_to_end(sha256)
+        return entry[0]
+
+    def _put(self, sha256: str, files: CodeFiles) -> None:
+        cost = self.cost(files)
+        if cost > self.budget:
+            return
+        while self._entries and self.used + cost > self.budget:
+            _, (_, freed) = self._entries.popitem(last=False)
+            self.used -= freed
+        self._entries[sha256] = (files, cost)
+        self.used += cost
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.used = 0
+
+
+CODE_FILES_BUDGET = 64 * 1024 * 1024
+code_files_cache = CodeFilesCache(CODE_FILES_BUDGET)
+
+
+def read_code_files(session: Session, sha256: str, settings: Settings) -> CodeFiles:
+    """An archive's files and spec files, read from the stored archive (no cache)."""
     try:
-        digests, small = code_service.file_digests(session, sha256, settings)
+        digests, small = code_service.file_digests(session, sha256, settings, keep_max=SPEC_MAX_BYTES)
     except (NotFound, codepack.CodeError) as exc:
         return CodeFiles(sha256, problem=str(exc))
     return CodeFiles(sha256, digests, frozenset(n for n, data in small.items() if is_spec_text(n, data)))
+
+
+def _code_files(session: Session, sha256: str | None, settings: Settings) -> CodeFiles | None:
+    if not sha256:
+        return None
+    return code_files_cache.get(sha256, lambda: read_code_files(session, sha256, settings))
 
 
 def _arm_code(session: Session, spec: dict[str, Any], settings: Settings) -> dict[str, CodeFiles]:

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from steady.server.kit.deps import AppSettings, ReadDB, UserCaller, WriteDB
+from steady.server.kit.deps import AppSettings, HeavyReader, ReadDB, UserCaller, WriteDB
 from steady.server.kit.pagination import Page, PageQuery
 from steady.server.reports import localizations, service
 from steady.server.reports.parts import Localization
@@ -18,7 +18,7 @@ Probability = Annotated[float, Query(gt=0, lt=1)]
 
 
 @router.get("/studies/{study_id}/report")
-def study_report(study_id: int, db: ReadDB, caller: UserCaller) -> Report:
+def study_report(caller: HeavyReader, study_id: int, db: ReadDB) -> Report:
     """Verdicts per level, metric and group, with the numbers behind them."""
     return service.study_report(db, study_id)
 
@@ -43,9 +43,9 @@ def list_localizations(study_id: int, db: ReadDB, caller: UserCaller, page: Page
 
 @router.get("/studies/{study_id}/bands", response_model=Bands)
 def study_bands(
+    caller: HeavyReader,
     study_id: int,
     db: ReadDB,
-    caller: UserCaller,
     metric: Annotated[str, Query(min_length=1, max_length=200)] = "loss",
     coverage: Probability = 0.9,
     confidence: Probability = 0.95,
@@ -59,8 +59,8 @@ def study_bands(
 
 @router.get("/compare")
 def compare(
+    caller: HeavyReader,
     db: ReadDB,
-    caller: UserCaller,
     settings: AppSettings,
     baseline: int,
     candidate: int,

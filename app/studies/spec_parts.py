@@ -20,6 +20,7 @@ from steady.worker.contract.protocol import (
     Framework,
     Label,
 )
+from steady.server.kit.bounds import check_nesting
 from steady.worker.contract.sources import CROSSED_PARAM, SOURCES, SOURCES_PARAM
 
 MAX_PARAMS_BYTES = 64 * 1024  # workload.params travel with every lease of the study's runs
@@ -66,6 +67,12 @@ class WorkloadSpec(_Spec):
         "world size and backend are part of the run's stack fingerprint. A command that starts with "
         "`torchrun --nproc-per-node N` is run the same way",
     )
+
+    @field_validator("params")
+    @classmethod
+    def _params_depth(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_nesting(value, "params")  # before anything serializes them (their size is checked below)
+        return value
 
     @field_validator("command")
     @classmethod
@@ -179,6 +186,7 @@ class ArmSpec(_Spec):
     @field_validator("params")
     @classmethod
     def _params_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_nesting(value, "params")
         size = len(json.dumps(value, separators=(",", ":"), default=str))
         if size > MAX_PARAMS_BYTES:
             raise ValueError(f"params take {size} bytes as JSON; the limit is {MAX_PARAMS_BYTES}")

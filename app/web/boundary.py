@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steady.server.kit import wire
+from steady.server.kit.bounds import MAX_NESTING, nesting
 from steady.server.kit.db import database_message, sqlite_sql_error
 from steady.server.kit.errors import SteadyError, error_body
 from steady.server.mlflow.service import MlflowError
@@ -44,6 +45,12 @@ def _error(request: Request, status_code: int, msg: str, *, type: str | None = N
     return JSONResponse(body, status_code=status_code, headers=headers)
 
 
+def _without_deep_input(error: dict) -> dict:
+    if "input" in error and nesting(error["input"]) > MAX_NESTING:
+        return {k: v for k, v in error.items() if k != "input"}
+    return error
+
+
 def _is_mlflow(path: str) -> bool:
     return path.startswith("/mlflow/")
 
@@ -58,8 +65,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # the errors echo the input, which may hold a bare NaN token an old client sent: answered as "NaN"
-        errors = wire.plain(jsonable_encoder(exc.errors()))
+        # the errors echo the input, which may hold a bare NaN token an old client sent: answered as "NaN";
+        # an input nested past the cap on stored values is not echoed (it was refused for that depth)
+        errors = wire.plain(jsonable_encoder([_without_deep_input(e) for e in exc.errors()]))
         if _is_mlflow(request.url.path):
             first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
             where = ".".join(str(p) for p in first.get("loc", ()))

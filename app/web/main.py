@@ -25,6 +25,7 @@ from steady.server.alerts.settings import AlertSettings
 from steady.server.kit.tokencache import TokenCache
 from steady.server.auth.router import router as tokens_router
 from steady.server.kit.background import BackgroundLoop
+from steady.server.kit.capacity import HeavyGate, ProtocolLane
 from steady.server.code import service as code_service
 from steady.server.code.router import router as code_router
 from steady.server.kit.config import Settings, get_settings
@@ -199,10 +200,13 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
             migrate.upgrade(database.engine)
             migrate.verify(database.engine)
         app.state.database = database
+        # the worker protocol's own threads and connections; the committer and the reaper use them too
+        protocol = app.state.protocol = ProtocolLane(database, settings.protocol_threads)
+        app.state.heavy_gate = HeavyGate(settings.heavy_per_user, settings.heavy_total)
         code_service.sweep_uploads(settings)  # uploads a crash or kill -9 cut short
-        app.state.committer = GroupCommitter(database)
+        app.state.committer = GroupCommitter(protocol.database)
         background: list[BackgroundLoop | Dispatcher | ReportCacher | GroupCommitter] = [
-            app.state.committer, reaper(database, settings.reaper_interval_seconds),
+            app.state.committer, reaper(protocol.database, settings.reaper_interval_seconds),
             Dispatcher(database, settings, alert_settings), ReportCacher(database, settings.report_cache_interval_seconds)]
         for task in background:
             task.start()
@@ -211,6 +215,7 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
         finally:
             for task in background:
                 task.stop()
+            protocol.dispose()
             database.dispose()
 
     app = FastAPI(
@@ -230,13 +235,16 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
     boundary.install(app)
 
     @app.get("/healthz", tags=["health"])
-    def healthz(request: Request) -> JSONResponse:
+    async def healthz(request: Request) -> JSONResponse:
+        """Whether this process can serve the worker protocol: its database answers on the protocol's own
+        thread and connection (steady.server.kit.capacity), so user requests cannot make it slow."""
         corruption = request.app.state.database.corruption
         if corruption:
             return JSONResponse({"status": "database corrupt", **error_body(corruption, 503, type="database_corrupt")},
                                 status_code=503)
+        protocol = request.app.state.protocol
         try:
-            request.app.state.database.ping()
+            await protocol.run(protocol.database.ping)
         except Exception as exc:  # noqa: BLE001 - any failure to reach the database is "unavailable"
             log.warning("health check: database unavailable: %s", exc)
             return JSONResponse({"status": "database unavailable", **error_body("database unavailable", 503)},

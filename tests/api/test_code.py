@@ -322,7 +322,6 @@ def test_file_digests_stream_an_archive_of_several_chunks(make_api, tmp_path, st
     assert len(packed.data) > repository.CHUNK_BYTES  # incompressible: more than one chunk in the database
     api = make_api(code_store=store)
     assert _put(api, packed.sha256, packed.data).status_code == 200
-    code_service._digest_cache.clear()
     with api.app.state.database.read() as session:
         digests, small = code_service.file_digests(session, packed.sha256, api.app.state.settings)
     assert digests == {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
