@@ -299,9 +299,12 @@ def _cost_line(c: DeterminismCost) -> str:
     text = f"{c.numerator} / {c.denominator} ({c.stack})"
     if math.isnan(c.ratio):
         return text + ": not available"
-    text += f": ×{c.ratio:.3f}"
-    if c.ci_low is not None and c.ci_high is not None:
-        text += f" ({c.confidence:.0%} CI {c.ci_low:.3f}–{c.ci_high:.3f})"
+    if c.summary:
+        text += f": {c.summary}"
+    else:  # a report from before the summary: the ratio with its interval
+        text += f": ×{c.ratio:.3f}"
+        if c.ci_low is not None and c.ci_high is not None:
+            text += f" ({c.confidence:.0%} CI {c.ci_low:.3f}–{c.ci_high:.3f})"
     if c.verdict is not None and c.budget is not None:
         text += f"  {c.verdict} against budget ×{c.budget:g}"
         if c.guarantee:

@@ -353,6 +353,8 @@ class DeterminismCost(Part):
     method: str
     source: str | None = None  # the series the step times came from (steady.server.stats.report_data.STEP_TIME_SOURCES)
     source_text: str | None = None  # the same in words, for a reader
+    summary: str = Field("", description="the plain first line: a cost, no evidence of one (the interval covers 1) "
+                         "or faster, always with the interval it rests on")
 
 
 class DivergedRun(Part):

@@ -41,7 +41,7 @@ import numpy as np
 import scipy
 
 __all__ = ["CostRatio", "cost_ratio", "run_summary", "cost_verdict", "balanced_level_order",
-           "DEFAULT_WARMUP_FRACTION", "cost_guarantee"]
+           "DEFAULT_WARMUP_FRACTION", "cost_guarantee", "cost_summary"]
 
 DEFAULT_WARMUP_FRACTION = 0.1
 
@@ -64,6 +64,7 @@ class CostRatio:
     reason: str
     guarantee: str
     method: str
+    summary: str = ""  # the plain first line: a cost, no evidence of one, or faster, with the interval (cost_summary)
 
 
 def cost_guarantee(confidence: float, *, interleaved: bool | None = True) -> str:
@@ -77,6 +78,36 @@ def cost_guarantee(confidence: float, *, interleaved: bool | None = True) -> str
     if not interleaved:
         return head + " (these runs were not interleaved: not claimed)"
     return head
+
+
+def _r(x: float) -> str:
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
+
+
+def cost_summary(ratio: float, ci_low: float | None, ci_high: float | None, confidence: float, *,
+                 numerator: str, denominator: str, n_runs: int) -> str:
+    """The plain first line of a cost: what the interval shows, never a bare point that carries no evidence.
+
+    * CI above 1: "strict costs ×1.8 the step time of none (95% CI 1.4–2.3)";
+    * CI below 1: "strict is faster than none: ×0.6 (95% CI 0.4–0.8)";
+    * CI covers 1: "no evidence of a cost (ratio ×0.53, 95% CI 0.2–1.4 covers 1)";
+    * no CI (one run per level): "×1.9 from 1 run per level: no interval, so no evidence of a cost either way".
+    """
+    if not math.isfinite(ratio):
+        return "no ratio: the step times give none"
+    if ci_low is None or ci_high is None:
+        return (f"×{_r(ratio)} from {n_runs} run{'s' if n_runs != 1 else ''} per level: no interval, so no evidence "
+                "of a cost either way (run each level at least twice)")
+    ci = f"{confidence:.0%} CI {_r(ci_low)}–{_r(ci_high)}"
+    if ci_low == ci_high:
+        ci = "exact: every run of each level has the same step time"
+    if ci_low > 1:
+        return f"{numerator} costs ×{_r(ratio)} the step time of {denominator} ({ci})"
+    if ci_high < 1:
+        return f"{numerator} is faster than {denominator}: ×{_r(ratio)} the step time ({ci})"
+    if ci_low == ci_high == 1:
+        return f"no cost: the same step time ({ci})"
+    return f"no evidence of a cost (ratio ×{_r(ratio)}, {ci} covers 1)"
 
 
 def run_summary(step_times, *, warmup_fraction: float = DEFAULT_WARMUP_FRACTION) -> float | None:
@@ -193,10 +224,9 @@ def cost_ratio(numerator_runs: Sequence, denominator_runs: Sequence, *, numerato
         ratio = ci_low = ci_high = exact
     verdict = cost_verdict(ci_low, ci_high, budget)
     design = "paired" if paired else "independent"
-    unit = "pairs" if paired else "runs per level"
-    ci = (f" ({confidence:.0%} CI {ci_low:.3g}–{ci_high:.3g})" if ci_low is not None
-          else f" (no CI: need at least 2 {unit}, have {min(na, nb)})")
-    reason = f"{numerator}/{denominator} ×{ratio:.3g}{ci}"
+    summary = cost_summary(ratio, ci_low, ci_high, confidence, numerator=numerator, denominator=denominator,
+                           n_runs=min(na, nb))
+    reason = f"{numerator}/{denominator}: {summary}"
     if verdict == "pass":
         reason += f" ≤ budget ×{budget:g}"
     elif verdict == "fail":
@@ -210,7 +240,7 @@ def cost_ratio(numerator_runs: Sequence, denominator_runs: Sequence, *, numerato
                      confidence=float(confidence), n_numerator=int(na), n_denominator=int(nb), design=design,
                      df=None if df is None else float(df), warmup_fraction=float(warmup_fraction),
                      budget=None if budget is None else float(budget), verdict=verdict, reason=reason,
-                     guarantee=cost_guarantee(confidence), method=method)
+                     guarantee=cost_guarantee(confidence), method=method, summary=summary)
 
 
 def balanced_level_order(levels: Sequence, n_blocks: int) -> list[list]:

@@ -20,7 +20,7 @@ STEP_TIME_KEY = "step_time"
 # (logged ``step_time``, or the SDK timing its ``log`` calls), then what the worker derives for a run
 # that logs none: TensorBoard events' wall times, the arrival of step lines on stdout.
 STEP_TIME_SOURCES = {
-    STEP_TIME_KEY: "the run's own step_time (logged, or the SDK timing its log calls)",
+    STEP_TIME_KEY: "the run's own step_time (logged, printed and captured as step_time, or the SDK timing its log calls)",
     "step_time:tensorboard": "TensorBoard events' wall times",
     "step_time:stdout": "the arrival times of step lines on stdout",
 }

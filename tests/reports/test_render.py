@@ -25,7 +25,7 @@ def test_render_variance_and_cost_from_a_real_report():
     report = build_report(runs, [MetricSpec(name="loss")], rng=np.random.default_rng(1))
     text = render_report(Report.assemble(report, study=STUDY))
     assert "loss  seeded / cpu: nondeterminism share" in text and "within-seed var" in text
-    (line,) = [x for x in text.splitlines() if "strict / seeded (cpu): ×" in x]
+    (line,) = [x for x in text.splitlines() if "strict / seeded (cpu): strict costs ×" in x]
     assert abs(float(line.split("×")[1].split()[0]) - 1.5) < 0.02 and "(95% CI " in line
 
 
@@ -38,11 +38,27 @@ def test_render_cost_verdict_against_budget():
     entry = DeterminismCost(stack="cpu", **cost_ratio(slow, fast, numerator="strict", denominator="seeded",
                                                       budget=1.5).__dict__)
     line = _cost_line(entry)
-    assert line.startswith("strict / seeded (cpu): ×3.0") and "(95% CI " in line
+    assert line.startswith("strict / seeded (cpu): strict costs ×3 the step time of seeded (95% CI 2.88–3.13)"), line
     assert "fail against budget ×1.5" in line and "false 'fail' ≤ 2.5%" in line
     assert "against budget" not in _cost_line(entry.model_copy(update={"verdict": None, "budget": None}))
     assert _cost_line(entry.model_copy(update={"ratio": float("nan")})).endswith(
         "not available")
+
+
+def test_a_cost_whose_interval_covers_1_is_no_evidence_of_a_cost():
+    """A bare ratio carries no evidence when its interval covers 1: the line says so, with the interval."""
+    from steady.server.cli.render import _cost_line
+    from steady.server.stats.cost import cost_ratio
+
+    noisy = [np.full(20, 0.01) * f for f in (1.0, 0.45, 0.8)]
+    other = [np.full(20, 0.01) * f for f in (1.2, 1.6, 1.1)]
+    c = cost_ratio(noisy, other, numerator="strict", denominator="none")
+    assert c.ci_low < 1 < c.ci_high
+    line = _cost_line(DeterminismCost(stack="cpu", **c.__dict__))
+    assert line.startswith(f"strict / none (cpu): no evidence of a cost (ratio ×{c.ratio:.3g}, 95% CI "), line
+    assert line.endswith("covers 1)") and c.summary in c.reason
+    one = cost_ratio(noisy[:1], other[:1], numerator="strict", denominator="none")
+    assert "no interval, so no evidence of a cost either way" in one.summary
 
 
 def test_render_shows_each_verdicts_guarantee():
