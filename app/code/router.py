@@ -74,8 +74,12 @@ def _readable(db: ReadDB, sha256: str, caller: Principal):
 
 
 @router.head("/{sha256}")
-def head_code(sha256: Sha256, db: ReadDB, caller: CodeReader) -> Response:
+def head_code(sha256: Sha256, db: ReadDB, caller: CodeReader, settings: AppSettings) -> Response:
+    """200 when the archive can be fetched: recorded and, in the filesystem store, its file in place (404
+    otherwise, so `steady submit` uploads it again, which puts a missing file back)."""
     row = _readable(db, sha256, caller)
+    if row.store == "filesystem":
+        service.file_path(settings, row)  # 404 naming where the file should be
     return Response(status_code=200, headers={"Content-Length": str(row.size), "Content-Type": "application/gzip"})
 
 

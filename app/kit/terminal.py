@@ -1,5 +1,7 @@
 """Text bound for a terminal: names and messages come from users, so their control characters
-(escape sequences that could move the cursor, retitle the window or hide text) are removed."""
+(escape sequences that could move the cursor, retitle the window or hide text) are removed, and so are
+the invisible characters that reorder or hide text: bidirectional controls (a right-to-left override
+makes "report.txt" of "txt.troper") and zero-width characters."""
 from __future__ import annotations
 
 import re
@@ -7,8 +9,11 @@ from typing import Any
 
 __all__ = ["printable", "printable_output", "printable_tree"]
 
-# C0 controls except tab and newline, DEL, and C1 controls (U+0080–U+009F, e.g. the 8-bit CSI)
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 controls except tab and newline, DEL, and C1 controls (U+0080–U+009F, e.g. the 8-bit CSI); the Arabic
+# letter mark, zero-width space, non-joiner, joiner and the LTR/RTL marks (U+200B–U+200F), the embeddings and
+# overrides (U+202A–U+202E), the word joiner and invisible operators (U+2060–U+2064), the isolates
+# (U+2066–U+2069), and the zero-width no-break space (U+FEFF)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
 
 
 def printable(text: Any) -> str:

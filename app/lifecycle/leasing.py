@@ -10,7 +10,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
 from steady.server.kit.config import Settings
@@ -139,8 +139,14 @@ def _own_blocks_first(session: Session, worker_id: int, candidates: list) -> lis
 
 
 def running_in_scope(session: Session, study_id: int | None) -> int:
-    """Runs still running (on any worker) in a lease scope: one study, or the whole queue."""
-    return runs_repo.running_count(session, study_id=study_id)
+    """Runs still running under a lease (on any worker) in a lease scope: one study, or the whole queue.
+    An external study's open runs (logged through the MLflow-compatible endpoint) hold no lease and never
+    come back to the queue, so they are not counted: an agent that exits when idle does not wait on them."""
+    stmt = select(func.count()).select_from(Run).where(Run.status == RunStatus.running.value,
+                                                       Run.lease_id.is_not(None))
+    if study_id is not None:
+        stmt = stmt.where(Run.study_id == study_id)
+    return int(session.scalar(stmt) or 0)
 
 
 def _lease_of(run: Run, study: Study, settings: Settings, *, run_credential: bool = True) -> Lease:
