@@ -147,7 +147,7 @@ def repeatability_badge(report_: Report) -> Badge:
     for h in head:
         mark = {True: "met", False: "NOT met", None: "inconclusive"}[h.met]
         parts.append(f"{h.determinism}: expected {h.expected} — {mark}" + (f" ({h.phrase})" if h.met is False else ""))
-    hint = "; ".join(parts + [s for h in head for s in h.suspicious])
+    hint = "; ".join(parts + [s for h in head for s in h.suspicious] + _compared_hints(report_))
     count = sum(h.n_verdicts for h in head)
     if any(h.suspicious for h in head):
         return Badge("repeatability", title, "suspicious", "bad", count, hint)
@@ -156,6 +156,20 @@ def repeatability_badge(report_: Report) -> Badge:
     if all(h.met is None for h in head):
         return Badge("repeatability", title, "inconclusive", "unknown", count, hint)
     return Badge("repeatability", title, "met expectations", "good", count, hint)
+
+
+def _compared_hints(report_: Report) -> list[str]:
+    """What the repeats were compared on, once per distinct wording: "values compared at the 2 printed
+    decimals (…)"; the digests compared or missing (``steady.server.stats.resolution``)."""
+    out: list[str] = []
+    for v in report_.of_level("repeatability"):
+        c = v.compared
+        if c is None:
+            continue
+        text = f"values compared {c.values}" + (f"; {c.digest_phrase}" if c.digest_phrase else "")
+        if text not in out:
+            out.append(text)
+    return out
 
 
 OUTCOME_TONE = {"pass": "good", "fail": "bad", "inconclusive": "unknown"}
