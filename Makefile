@@ -10,7 +10,7 @@ ASSETS := app/dashboard/static/.assets.json
 # CPU builds for this machine and CI; GPU boxes install their own CUDA builds (docs/deploy.md).
 FRAMEWORKS := torch==2.13.0 tensorflow-cpu==2.21.*
 
-.PHONY: setup system-deps assets demo lint test test-fast bench serve worker clean
+.PHONY: setup system-deps assets demo lint test test-fast bench results serve worker clean
 
 setup: $(STAMP) system-deps $(ASSETS)
 
@@ -56,6 +56,7 @@ lint: $(STAMP)
 	$(BIN)/python scripts/lint-imports --no-cache
 	$(BIN)/python scripts/check-markdown
 	$(BIN)/python scripts/check-process-words
+	$(BIN)/python scripts/check-figures
 	$(BIN)/python scripts/check-vendored
 
 # The suite on TEST_WORKERS parallel processes (pytest-xdist; CONTRIBUTING.md "Tests"), the slow tier included.
@@ -97,6 +98,30 @@ bench: setup $(MLFLOW_VENV)/.installed
 	$(BIN)/python bench/baseline_snapshot_bench.py
 	$(BIN)/python bench/worker_memory_bench.py
 	$(BIN)/python bench/report_bench.py
+
+# Every published table, regenerated into the files the docs show or link to: the calibration tables (in place
+# in docs/calibration.md, and results/*.md), the alerts' rates, the benchmarks (bench/results/*.json, `make bench`)
+# and the demos' tables (results/*.txt). Hours on a 2-core machine: each doc names the one command of its table.
+CALIBRATE := $(BIN)/steady calibrate
+results: bench
+	mkdir -p results
+	$(CALIBRATE) --sims 400 --planted-sims 200 --json bench/results/calibration-doc.json --power-sims 1000 \
+	    --update-doc docs/calibration.md
+	$(CALIBRATE) --rule out_of_band_run --rule stack_portability:equivalent --rule stack_portability:adaptive:equivalent \
+	    --sims 400 --planted-sims 200 --power-sims 400 --update-doc docs/calibration.md --doc-block offnormal
+	$(CALIBRATE) --rule seed_stability:adaptive:unstable --rule seed_stability:adaptive:stable --sims 400 \
+	    --update-doc results/adaptive-seeds-calibration.md --doc-block adaptive-seeds-calibration
+	$(CALIBRATE) --rule stack_portability:adaptive:equivalent --rule stack_portability:adaptive:not_equivalent --sims 400 \
+	    --update-doc results/adaptive-portability-calibration.md --doc-block adaptive-portability-calibration
+	$(CALIBRATE) --rule sources:adaptive:equivalent --rule sources:adaptive:not_equivalent --sims 200 \
+	    --update-doc results/sources-adaptive-calibration.md --doc-block sources-adaptive
+	$(BIN)/python scripts/alert-calibration
+	set -o pipefail; NO_COLOR=1 $(BIN)/steady demo --controls --variants --overlaps --keras | tee results/controls.txt
+	set -o pipefail; NO_COLOR=1 $(BIN)/steady demo --controls --resume | tee results/resume-controls.txt
+	set -o pipefail; NO_COLOR=1 $(BIN)/steady demo --controls --distributed | tee results/distributed-controls.txt
+	set -o pipefail; $(BIN)/python -m steady.worker.inrun.localize_controls --overhead --clean 50 | tee results/localize-controls.txt
+	set -o pipefail; $(BIN)/python -m steady.worker.inrun.localize_controls_keras --clean 10 | tee results/localize-controls-keras.txt
+	set -o pipefail; NO_COLOR=1 $(BIN)/steady demo --sources --exit | tee results/sources-demo.txt
 
 serve: $(STAMP) $(ASSETS)
 	$(BIN)/steady serve
