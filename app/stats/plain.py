@@ -42,10 +42,13 @@ def _more(n_needed: int | None, n: int, unit: str = "seeds") -> str:
     return f"run ~{max(n_needed - n, 1)} more {unit} to confirm"
 
 
-def seed_line(verdict: str, spread: Any, *, n_seeds: int, sequential: Any = None, identical: bool = False) -> str:
-    """The seed-stability line from ``SeedSpread`` (``steady.server.stats.seed_stability``)."""
+def seed_line(verdict: str, spread: Any, *, n_seeds: int, sequential: Any = None, identical: bool = False,
+              same: str = "bitwise identical") -> str:
+    """The seed-stability line from ``SeedSpread`` (``steady.server.stats.seed_stability``); ``same``: how runs of
+    different seeds that gave the same values were compared (``steady.server.stats.resolution.same_phrase``)."""
     if verdict == "seed_has_no_effect":
-        return (f"the seed has no effect: all {n_seeds} seeds gave bitwise identical runs; make the code use the "
+        runs = f"{same} runs" if same == "bitwise identical" else f"runs {same}"
+        return (f"the seed has no effect: all {n_seeds} seeds gave {runs}; make the code use the "
                 "seed it is given (no hard-coded seed) to judge seed stability")
     if identical:
         return (f"cannot judge seeds here: all {n_seeds} runs are identical and the seed does not reach the code at "

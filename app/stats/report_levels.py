@@ -14,7 +14,7 @@ from steady.server.stats.expectations import BUILTIN, SeedRoute
 from steady.server.stats.bands import DEFAULT_QUANTILES, out_of_band_curves
 from steady.server.stats.portability import adjust, band_containment, compare_stacks
 from steady.server.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability, size_phrase
-from steady.server.stats.resolution import Compared, compared, equal_phrase
+from steady.server.stats.resolution import WEIGHT_DIGESTS, Compared, compared, equal_phrase, same_phrase
 from steady.server.stats.report_data import (
     Finals,
     GroupBand,
@@ -129,7 +129,12 @@ def _repeat_run(r: RunData, metric: str) -> RepeatRun:
 
 
 def _all_identical(runs: Sequence[RunData], metric: str) -> bool:
-    """True when every run's series of ``metric`` has the same steps and bitwise the same values."""
+    """True when every run's series of ``metric`` has the same steps and bitwise the same values, and no weight
+    digest tells two runs apart (values printed to 2 decimals can agree where the weights did not)."""
+    for kind in WEIGHT_DIGESTS:
+        found = [r.digests.get(kind) for r in runs]
+        if all(found) and len(set(found)) > 1:
+            return False
     ref_steps, ref_values = _series(runs[0], metric)
     for r in runs[1:]:
         steps, values = _series(r, metric)
@@ -200,8 +205,9 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
                                        one_run_per_seed=len(chosen) < len(_with_metric(group_runs, spec.name)),
                                        downsampled=False, band=band))
             continue
+        same = same_phrase(_compared(chosen, spec.name)) if without_effect else "bitwise identical"
         if without_effect:
-            verdict, reason, sequential = _seeds_without_effect(len(chosen), det, route)
+            verdict, reason, sequential = _seeds_without_effect(len(chosen), det, route, same=same)
         step_spread = final_step_spread(fin)
         reason += _final_where(fin, step_spread)
         if bad:
@@ -238,7 +244,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
             if not oob.skew_ok:
                 reason += f"; {oob.reason.split('; ', 1)[-1]}"
         first = plain.seed_line(verdict, spread, sequential=sequential, n_seeds=len(chosen),
-                                identical=without_effect)
+                                identical=without_effect, same=same)
         out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, verdict,
                            len(chosen), reason,
                            {"summary": first, "spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
@@ -262,20 +268,21 @@ def _final_where(fin: Finals, step_spread: dict | None) -> str:
     return f"; final values {where}" + (f" ({phrase})" if phrase else "")
 
 
-def _seeds_without_effect(n: int, det: str, route: SeedRoute) -> tuple[str, str, None]:
+def _seeds_without_effect(n: int, det: str, route: SeedRoute, *, same: str = "bitwise identical"
+                          ) -> tuple[str, str, None]:
     """Runs of ``n`` different seeds bitwise identical. Where the seed reached the code this is
     evidence that it has no effect: not stability (nothing varied, so the spread says nothing about
     other seeds) but a finding that fails. Where it did not (``none`` and code that receives no seed),
     the seeds were only labels: the runs are repeats, and seed stability cannot be judged."""
     if route.reaches(det):
         return ("seed_has_no_effect",
-                f"runs of all {n} seeds are bitwise identical: the seed has no effect (the code ignores the seed "
+                f"runs of all {n} seeds are {same}: the seed has no effect (the code ignores the seed "
                 "it is given, e.g. a hard-coded seed), so the spread over seeds is 0 by construction and says "
                 "nothing about other seeds", None)
     why = ("the command has no {seed} placeholder" if route.kind == "command"
            else "Steady seeds nothing at none")
     return ("inconclusive",
-            f"runs of all {n} seeds are bitwise identical, but the seed does not reach the code at none ({why}): "
+            f"runs of all {n} seeds are {same}, but the seed does not reach the code at none ({why}): "
             "the seeds are only labels here, so seed stability cannot be judged at this level", None)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Compared", "WEIGHT_DIGESTS", "DIGEST_NAMES", "compared", "decimals", "values_phrase", "equal_phrase",
-           "digests_phrase", "equal_short", "guarantee_phrase", "NO_DIGEST_REASON"]
+           "digests_phrase", "equal_short", "same_phrase", "guarantee_phrase", "NO_DIGEST_REASON"]
 
 WEIGHT_DIGESTS = ("initial_weights", "final_weights")
 DIGEST_NAMES = {"initial_weights": "initial-weight", "final_weights": "final-weight", "data_order": "data-order",
@@ -161,6 +161,17 @@ def equal_short(c: Compared | None) -> str:
         return what + ", weights bitwise equal (digests)"
     why = next((w for w in c.missing.values() if w != NO_DIGEST_REASON), None)
     return what + (f" (no weight digest: {why})" if why else " (no weight digest recorded)")
+
+
+def same_phrase(c: Compared | None) -> str:
+    """Runs (of different seeds) that gave the same values: "bitwise identical", or for values parsed from
+    text "equal at the 2 printed decimals" (with "and their weight digests" where those were compared too)."""
+    if c is None or c.basis != "printed" or c.resolution is None:
+        return "bitwise identical"
+    n = c.decimals or 0
+    what = f"equal at the {n} printed decimal{'s' if n != 1 else ''}" if n else f"equal at the printed unit {c.resolution:g}"
+    weights = [k for k in WEIGHT_DIGESTS if k in c.digests]
+    return what + (" with bitwise equal weight digests" if weights else " (no weight digest to tell them apart)")
 
 
 def guarantee_phrase(c: Compared | None) -> str:

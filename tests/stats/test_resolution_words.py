@@ -69,3 +69,31 @@ def test_significant_digits_counted_at_the_printed_unit():
     c = compared([{}, {}], [{}, {}], resolution=0.0001, dtype=None, last_values=[0.0512])
     assert c.significant == 3
     assert "bitwise" not in equal_phrase(c, 2)
+
+
+def _seeds(*, digests: bool):
+    """Two seeds whose printed values agree at two decimals; their weights differ only when ``digests``."""
+    v = np.round(np.linspace(2.0, 1.0, 6), 2)
+    runs = [RunData(run_id=i + 1, seed=seed, repeat=rep, determinism="seeded", stack="cpu",
+                    series={"loss": (np.arange(6), v.copy())}, resolutions={"loss": 0.01},
+                    digests={"initial_weights": f"i{seed}", "final_weights": f"f{seed}"} if digests else {})
+            for i, (seed, rep) in enumerate(((1, 0), (1, 1), (2, 0), (2, 1)))]
+    rep = build_report(runs, [MetricSpec("loss", max_std=1.0)], rng=np.random.default_rng(0)).to_dict()
+    (seed_row,) = [x for x in rep["verdicts"] if x["level"] == "seed_stability"]
+    (repeat_row,) = [x for x in rep["verdicts"] if x["level"] == "repeatability"]
+    return seed_row, repeat_row
+
+
+def test_seeds_equal_at_two_decimals_whose_weight_digests_differ_are_not_a_seed_without_effect():
+    """Two decimals can agree where the weights did not: the digests tell the seeds apart."""
+    seed_row, repeat_row = _seeds(digests=True)
+    assert seed_row["verdict"] != "seed_has_no_effect" and repeat_row["seeds_identical"] is False
+    assert not repeat_row["suspicious"]
+
+
+def test_seeds_equal_at_two_decimals_without_digests_say_at_which_resolution():
+    seed_row, _ = _seeds(digests=False)
+    assert seed_row["verdict"] == "seed_has_no_effect"
+    assert seed_row["summary"].startswith("the seed has no effect: all 2 seeds gave runs equal at the 2 printed "
+                                          "decimals (no weight digest to tell them apart)"), seed_row["summary"]
+    assert "bitwise" not in seed_row["summary"] + seed_row["reason"]
