@@ -60,8 +60,12 @@ class SlurmLaunch:
         if self.time is not None and not _TIME.match(self.time):
             raise LaunchError(f"--time {self.time!r} is not a Slurm time (e.g. 90, 4:00:00, 1-12:00)")
         # The batch script is lines: a newline in a path or an option would start a line of its own
-        # (a further #SBATCH directive, or a command run on every node).
-        texts = [("--output-dir", self.output_dir), ("--agent-command", self.agent_command), ("--server", self.server),
+        # (a further #SBATCH directive, or a command run on every node). Checked as written into the script:
+        # the output directory resolved (a relative one takes the working directory's name, which may hold a
+        # newline) and the interpreter the default agent command names.
+        resolved = str(Path(self.output_dir).resolve())
+        texts = [("--output-dir", self.output_dir), ("--output-dir (resolved)", resolved),
+                 ("--agent-command", self.agent_command or sys.executable), ("--server", self.server),
                  *(("--worker-arg", a) for a in self.worker_args), *(("--sbatch-option", o) for o in self.extra_sbatch)]
         for flag, text in texts:
             bad = sorted({c for c in text if ord(c) < 32 or ord(c) == 127 or 0x80 <= ord(c) <= 0x9f})

@@ -45,3 +45,13 @@ def test_submit_without_sbatch_says_so(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr("steady.server.cli.client.Api.get", lambda self, path, **kw: {"id": 1, "name": "s"})
     rc = main(["launch", "slurm", "1", "--tasks", "2", "--worker-token", "t", "--output-dir", str(tmp_path)])
     assert rc == 1 and "sbatch not found" in capsys.readouterr().err
+
+
+def test_a_newline_in_the_working_directory_never_reaches_the_script(tmp_path, monkeypatch):
+    """The check ran on the typed --output-dir; the script gets it resolved, so "." in a directory whose
+    name holds a newline wrote a line of its own into the batch script (run on every node)."""
+    cwd = tmp_path / "x\ntouch owned"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    with pytest.raises(LaunchError, match="resolved"):
+        SlurmLaunch(study_id=1, server="http://s", tasks=2, output_dir=".")
