@@ -17,6 +17,21 @@ The presets read what the libraries print, as they print it:
                train_loss=0.693]``. Step: the epoch (from 0, as Lightning prints it); ``v_num`` is not a metric.
 ``tqdm``       any tqdm bar's postfix, ``50/100 [00:01<00:01, 45.2it/s, loss=2.31, acc=0.91]``: every
                ``name=number`` of it. Step: the bar's count.
+``mnist``      pytorch/examples' mnist: ``Train Epoch: 2 [640/60000 (1%)]\tLoss: 0.123456`` gives ``loss`` at
+               the global sample count, (epoch − first epoch) × 60000 + 640; ``Test set: Average loss: 0.0338,
+               Accuracy: 9887/10000 (99%)`` gives ``test_loss`` and ``test_accuracy`` (9887/10000 = 0.9887) at
+               the epoch of the training lines before it.
+``word_language_model``  pytorch/examples' word_language_model: ``| epoch   2 |   200/ 2983 batches | lr 20.00 |
+               ms/batch 45.49 | loss  6.48 | ppl   652.3`` gives ``loss``, ``ppl`` and ``lr`` at the global batch,
+               (epoch − first epoch) × 2983 + 200; ``| end of epoch   2 | time: 141.92s | valid loss  5.58 |
+               valid ppl   265.07`` gives ``valid_loss`` and ``valid_ppl`` at the epoch; ``| End of training |
+               test loss  5.52 | test ppl   249.36`` gives ``test_loss`` and ``test_ppl`` at the last epoch.
+
+A capture pattern may name an ``epoch`` group beside ``step`` (a script that prints the batch index *within*
+the epoch): its readings are placed on one global step series ordered by (epoch, step within the epoch). The
+first epoch's steps are kept as printed; each later epoch starts one past the largest global step of the
+epoch before it (``EpochSteps``), so every value of a 3-epoch run is kept, none overwrites another, and the
+same script prints the same global steps in every run.
 
 Every regex here, and every pattern of a capture spec, runs on RE2 (:mod:`steady.worker.contract.linear_re`):
 time linear in the line whatever the pattern, so a run's output can slow only its own capture.
@@ -33,7 +48,7 @@ from steady.worker.contract.protocol import CapturePreset
 NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
 Reading = tuple[int, dict[str, str]]
 
-__all__ = ["NUMBER", "PRESETS", "PatternReader", "Reader", "Reading", "preset_reader", "printed_precision",
+__all__ = ["NUMBER", "PRESETS", "EpochSteps", "PatternReader", "Reader", "Reading", "preset_reader", "printed_precision",
            "printed_resolution", "significant_digits"]
 
 
@@ -64,11 +79,30 @@ def printed_resolution(text: str) -> float | None:
     return printed_precision(text)[1]
 
 
+class EpochSteps:
+    """One global step series from (epoch, step within the epoch) readings: the first epoch's steps as printed,
+    each later epoch offset to start one past the largest global step of the epoch before it. A reading of an
+    epoch seen before (its lines interleaved with a new one's) keeps that epoch's offset."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[int, int] = {}
+        self.top = -1  # the largest global step so far
+
+    def global_step(self, epoch: int, step: int) -> int:
+        if epoch not in self.offsets:
+            self.offsets[epoch] = 0 if not self.offsets else self.top + 1
+        g = self.offsets[epoch] + step
+        self.top = max(self.top, g)
+        return g
+
+
 class PatternReader:
-    """A capture pattern: a regex with a named group ``step`` and one per metric."""
+    """A capture pattern: a regex with a named group ``step``, optionally ``epoch``, and one per metric.
+    With ``epoch``, the step read is the global one (``EpochSteps``)."""
 
     def __init__(self, pattern: str) -> None:
         self.rx = compile_linear(pattern)
+        self.epochs = EpochSteps() if "epoch" in self.rx.groupindex else None
 
     def read(self, line: str) -> list[Reading]:
         m = self.rx.search(line)
@@ -76,9 +110,12 @@ class PatternReader:
             return []
         try:
             step = int(m.group("step"))
+            if self.epochs is not None:
+                step = self.epochs.global_step(int(m.group("epoch")), step)
         except (TypeError, ValueError, IndexError):
             return []
-        values = {name: text for name, text in m.groupdict().items() if name != "step" and text is not None}
+        values = {name: text for name, text in m.groupdict().items()
+                  if name not in ("step", "epoch") and text is not None}
         return [(step, values)] if values else []
 
 
@@ -151,8 +188,66 @@ class LightningReader:
         return [(int(m.group(1)), values)] if values else []
 
 
+class _EpochLength:
+    """The global step of a script that prints the position within an epoch and the epoch's length:
+    (epoch − the first epoch printed) × length + position."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.epoch: int | None = None  # the epoch of the last training line
+
+    def global_step(self, epoch: int, position: int, length: int) -> int:
+        if self.first is None:
+            self.first = epoch
+        self.epoch = epoch
+        return (epoch - self.first) * length + position
+
+
+class MnistReader(_EpochLength):
+    _TRAIN = compile_linear(r"Train Epoch: (\d+) \[(\d+)/(\d+) \([^)]*\)\]\s+Loss: (" + NUMBER + r")")
+    _TEST = compile_linear(r"Test set: Average loss: (" + NUMBER + r"), Accuracy: (\d+)/(\d+)")
+
+    def read(self, line: str) -> list[Reading]:
+        m = self._TRAIN.search(line)
+        if m:
+            return [(self.global_step(int(m.group(1)), int(m.group(2)), int(m.group(3))), {"loss": m.group(4)})]
+        m = self._TEST.search(line)
+        if m is None:
+            return []
+        correct, total = int(m.group(2)), int(m.group(3))
+        values = {"test_loss": m.group(1)}
+        if total > 0:
+            values["test_accuracy"] = repr(correct / total)
+        return [(self.epoch if self.epoch is not None else 0, values)]
+
+
+class WordLanguageModelReader(_EpochLength):
+    _TRAIN = compile_linear(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+) batches\s*\|")
+    _END = compile_linear(r"\|\s*end of epoch\s+(\d+)\s*\|")
+    _FINAL = compile_linear(r"\|\s*End of training\s*\|")
+    _PAIR = compile_linear(r"\|\s*(lr|loss|ppl|valid loss|valid ppl|test loss|test ppl)\s+(" + NUMBER + r")")
+
+    def read(self, line: str) -> list[Reading]:
+        pairs = {name.replace(" ", "_"): text for name, text in self._PAIR.findall(line)}
+        if not pairs:
+            return []
+        m = self._TRAIN.search(line)
+        if m:
+            values = {k: v for k, v in pairs.items() if k in ("lr", "loss", "ppl")}
+            step = self.global_step(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            return [(step, values)] if values else []
+        m = self._END.search(line)
+        if m:
+            values = {k: v for k, v in pairs.items() if k.startswith("valid_")}
+            return [(int(m.group(1)), values)] if values else []
+        if self._FINAL.search(line):
+            values = {k: v for k, v in pairs.items() if k.startswith("test_")}
+            return [(self.epoch if self.epoch is not None else 0, values)] if values else []
+        return []
+
+
 PRESETS: dict[str, type] = {"keras": KerasReader, "hf": HuggingFaceReader, "lightning": LightningReader,
-                            "tqdm": TqdmReader}
+                            "tqdm": TqdmReader, "mnist": MnistReader, "word_language_model": WordLanguageModelReader}
 
 
 def preset_reader(name: CapturePreset | str) -> Reader:

@@ -299,8 +299,9 @@ DEFAULT_CAPTURE_PATTERN = (r"(?i)\b(?:step|iter|iteration|it)\b\s*[:=#]?\s*(?P<s
 TQDM_CAPTURE_PATTERN = (r"(?P<step>\d+)(?:/\d+|it) \[\d+:\d\d[^\]\n]*?\bloss=(?P<loss>" + _NUMBER + r")")
 DEFAULT_CAPTURE_PATTERNS = (DEFAULT_CAPTURE_PATTERN, TQDM_CAPTURE_PATTERN)
 # Logging shapes a preset reads (steady.worker.agent.presets): Keras fit's epoch and progress lines, the
-# Hugging Face Trainer's dict lines, PyTorch Lightning's progress bar, any tqdm bar's postfix.
-CapturePreset = Literal["keras", "hf", "lightning", "tqdm"]
+# Hugging Face Trainer's dict lines, PyTorch Lightning's progress bar, any tqdm bar's postfix, and the lines of
+# pytorch/examples' mnist and word_language_model scripts.
+CapturePreset = Literal["keras", "hf", "lightning", "tqdm", "mnist", "word_language_model"]
 
 
 def check_capture_pattern(pattern: str) -> str | None:
@@ -314,8 +315,8 @@ def check_capture_pattern(pattern: str) -> str | None:
         return f"not a valid regular expression: {exc}"
     if "step" not in rx.groupindex:
         return "needs a named group 'step', e.g. (?P<step>\\d+)"
-    if len(rx.groupindex) < 2:
-        return "needs a named group per metric besides 'step', e.g. (?P<loss>[-+.\\deE]+)"
+    if len(set(rx.groupindex) - {"epoch"}) < 2:
+        return "needs a named group per metric besides 'step' (and 'epoch'), e.g. (?P<loss>[-+.\\deE]+)"
     return None
 
 
@@ -329,8 +330,9 @@ def _capture_pattern(pattern: str) -> str:
 class CaptureSpec(_Model):
     """What the worker captures from a run besides the SDK (steady.worker.agent.capture): scalars of
     TensorBoard event files written under the run's directory, and stdout/stderr lines matched
-    by ``patterns`` (regexes with a named group ``step`` and one per metric) and by ``preset`` (a known
-    logging shape: Keras ``fit``, the Hugging Face Trainer, Lightning, tqdm); neither given: the default
+    by ``patterns`` (regexes with a named group ``step``, optionally ``epoch``, and one per metric) and by
+    ``preset`` (a known logging shape: Keras ``fit``, the Hugging Face Trainer, Lightning, tqdm, pytorch/examples'
+    mnist and word_language_model); neither given: the default
     ``step N ... loss X`` and tqdm ``N/T [..., loss=X]`` patterns)."""
 
     tensorboard: bool = True
