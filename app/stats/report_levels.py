@@ -14,7 +14,14 @@ from steady.server.stats.expectations import BUILTIN, SeedRoute
 from steady.server.stats.bands import DEFAULT_QUANTILES, out_of_band_curves
 from steady.server.stats.portability import adjust, band_containment, compare_stacks
 from steady.server.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability, size_phrase
-from steady.server.stats.resolution import WEIGHT_DIGESTS, Compared, compared, equal_phrase, same_phrase
+from steady.server.stats.resolution import (
+    WEIGHT_DIGESTS,
+    Compared,
+    compared,
+    equal_phrase,
+    identical_words,
+    same_phrase,
+)
 from steady.server.stats.report_data import (
     Finals,
     GroupBand,
@@ -437,7 +444,7 @@ def same_seed_phrase(pairs) -> str:
     if pairs.n_pairs == 0:
         return ""
     if pairs.verdict == "identical":
-        return f"; same seed on both stacks: bitwise identical ({pairs.n_pairs} seed(s))"
+        return f"; same seed on both stacks: {identical_words(pairs.resolution)} ({pairs.n_pairs} seed(s))"
     size = (f"max |Δ| {pairs.max_abs_delta:.3g} ({pairs.max_ulps} ULPs)" if pairs.resolution is None
             else size_phrase(pairs.max_abs_delta, pairs.max_ulps, pairs.resolution))
     return (f"; same seed on both stacks: source {pairs.source}, first divergence at step "

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Compared", "WEIGHT_DIGESTS", "DIGEST_NAMES", "compared", "decimals", "values_phrase", "equal_phrase",
-           "digests_phrase", "equal_short", "same_phrase", "guarantee_phrase", "NO_DIGEST_REASON"]
+           "digests_phrase", "equal_short", "same_phrase", "identical_words", "guarantee_phrase", "NO_DIGEST_REASON"]
 
 WEIGHT_DIGESTS = ("initial_weights", "final_weights")
 DIGEST_NAMES = {"initial_weights": "initial-weight", "final_weights": "final-weight", "data_order": "data-order",
@@ -172,6 +172,15 @@ def same_phrase(c: Compared | None) -> str:
     what = f"equal at the {n} printed decimal{'s' if n != 1 else ''}" if n else f"equal at the printed unit {c.resolution:g}"
     weights = [k for k in WEIGHT_DIGESTS if k in c.digests]
     return what + (" with bitwise equal weight digests" if weights else " (no weight digest to tell them apart)")
+
+
+def identical_words(resolution: float | None) -> str:
+    """Two series found equal: "bitwise identical" for binary floats, "equal at the 2 printed decimals" for
+    values parsed from text (``resolution``: the unit of their last printed digit)."""
+    if resolution is None:
+        return "bitwise identical"
+    n = decimals(resolution)
+    return f"equal at the {n} printed decimal{'s' if n != 1 else ''}" if n else f"equal at the printed unit {resolution:g}"
 
 
 def guarantee_phrase(c: Compared | None) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from steady.server.stats.repeatability import VERDICT_ORDER, RepeatRun, repeatability
+from steady.server.stats.resolution import identical_words
 
 __all__ = ["StackPairs", "stack_pairs"]
 
@@ -43,12 +44,12 @@ def stack_pairs(pairs: Mapping[int, tuple[RepeatRun, RepeatRun]], *, atol: float
     worst = max(results, key=lambda s: (VERDICT_ORDER[results[s].verdict], results[s].max_abs_delta, -s))
     w = results[worst]
     n = len(results)
+    resolution = max((r.resolution for r in results.values() if r.resolution is not None), default=None)
     if w.verdict == "identical":
-        reason = f"bitwise identical on both stacks for {n} seed(s)"
+        reason = f"{identical_words(resolution)} on both stacks for {n} seed(s)"
     else:
         reason = f"same seed on both stacks, seed {worst} (worst of {n}): {w.reason}"
     ulps = [r.max_ulps for r in results.values()]
-    resolution = max((r.resolution for r in results.values() if r.resolution is not None), default=None)
     return StackPairs(n, w.verdict, w.source, worst, w.first_divergent_step,
                       max(r.max_abs_delta for r in results.values()), max(r.max_rel_delta for r in results.values()),
                       None if None in ulps else max(u for u in ulps if u is not None), reason, resolution)

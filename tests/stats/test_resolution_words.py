@@ -97,3 +97,15 @@ def test_seeds_equal_at_two_decimals_without_digests_say_at_which_resolution():
     assert seed_row["summary"].startswith("the seed has no effect: all 2 seeds gave runs equal at the 2 printed "
                                           "decimals (no weight digest to tell them apart)"), seed_row["summary"]
     assert "bitwise" not in seed_row["summary"] + seed_row["reason"]
+
+
+def test_the_same_seed_on_two_stacks_equal_at_two_decimals_is_not_bitwise():
+    from steady.server.stats.repeatability import RepeatRun
+    from steady.server.stats.stack_pairs import stack_pairs
+
+    v = np.round(np.linspace(2.0, 1.0, 6), 2)
+    run = RepeatRun(steps=np.arange(6), values=v, resolution=0.01)
+    pairs = stack_pairs({1: (run, run), 2: (run, run)})
+    assert pairs.verdict == "identical" and pairs.reason == "equal at the 2 printed decimals on both stacks for 2 seed(s)"
+    binary = RepeatRun(steps=np.arange(6), values=v)
+    assert stack_pairs({1: (binary, binary)}).reason == "bitwise identical on both stacks for 1 seed(s)"
