@@ -74,9 +74,14 @@ def format_markdown(rows) -> str:
     out = ["| rule | scenario | kind | what is simulated | fired k/n | rate | 95% CI | nominal | guarantee |",
            "|---|---|---|---|---|---|---|---|---|"]
     for rule, desc, r in rows:
-        out.append(f"| `{r.rule}` | `{r.scenario}` | {r.kind} | {desc} | {r.k}/{r.n} | {r.rate:.3f} | "
-                   f"{r.low:.3f}–{r.high:.3f} | {r.nominal:g} | {rule.guarantee} |")
+        out.append(f"| `{r.rule}` | `{r.scenario}` | {r.kind} | {_cell(desc)} | {r.k}/{r.n} | {r.rate:.3f} | "
+                   f"{r.low:.3f}–{r.high:.3f} | {r.nominal:g} | {_cell(rule.guarantee)} |")
     return "\n".join(out)
+
+
+def _cell(text: str) -> str:
+    """``text`` inside one table cell: a pipe (``|Δ|``) would end the cell, so it is escaped."""
+    return text.replace("|", "\\|")
 
 
 def to_json(rows, **meta) -> dict:
