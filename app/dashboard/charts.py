@@ -266,6 +266,8 @@ def difference_chart(
         "n_seeds_with_repeats": sum(1 for g in by_seed.values() if len(g) > 1),
         "n_lines": len(lines_meta),
         "identical": bool(lines_meta) and all(m["max_abs"] == 0 for m in lines_meta),
+        # values parsed from text: the coarsest last printed digit of any line (equal there is not bitwise)
+        "printed_resolution": max((m["resolution"] or 0.0 for m in lines_meta), default=0.0) or None,
         "first_nonzero_step": min(starts) if starts else None,
         "max_abs": max((m["max_abs"] for m in lines_meta), default=0.0),
         # "printed" when any line counts units of its last printed digit rather than ULPs

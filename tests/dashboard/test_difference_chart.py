@@ -58,3 +58,16 @@ def test_values_parsed_from_text_count_printed_digits_not_ulps():
     binary = json.loads(difference_chart(runs, {1: (steps, a), 2: (steps, b)}, {}, metric="loss", unit="ulp",
                                          max_points=100))
     assert binary["basis"] == "binary" and binary["max_abs"] > 1e9  # the same floats, counted as binary
+
+
+def test_identical_repeats_parsed_from_text_carry_their_printed_resolution():
+    """Equal to the last printed digit is not bitwise: the payload names the digit, and the page says so."""
+    steps = np.arange(4)
+    a = np.array([2.31, 2.2, 2.1, 2.0])
+    runs = [_run(1, 0, 0), _run(2, 0, 1)]
+    d = json.loads(difference_chart(runs, {1: (steps, a), 2: (steps, a.copy())}, {}, metric="loss", unit="abs",
+                                    max_points=100, resolutions={1: 0.01, 2: 0.01}))
+    assert d["identical"] and d["printed_resolution"] == 0.01
+    binary = json.loads(difference_chart(runs, {1: (steps, a), 2: (steps, a.copy())}, {}, metric="loss", unit="abs",
+                                         max_points=100))
+    assert binary["identical"] and binary["printed_resolution"] is None

@@ -383,7 +383,8 @@
         const d = await getJSON(`/dashboard/data/studies/${studyId}/difference?${q}`);
         const info = { d, group, firstNonzeroStep: d.first_nonzero_step, maxAbs: d.max_abs, identical: d.identical };
         if (!d.n_lines) return Object.assign(info, { message: `${metric}, ${group}: no seed has two repeats with data, so there is no difference to draw.` });
-        if (d.identical) return Object.assign(info, { message: `${metric}, ${group}: repeats bitwise identical: no difference to draw (${d.n_lines} repeat(s) over ${d.n_seeds_with_repeats} seed(s)).` });
+        const same = d.printed_resolution ? `repeats equal to their last printed digit (${d.printed_resolution}, values parsed from text)` : "repeats bitwise identical";
+        if (d.identical) return Object.assign(info, { message: `${metric}, ${group}: ${same}: no difference to draw (${d.n_lines} repeat(s) over ${d.n_seeds_with_repeats} seed(s)).` });
         return Object.assign(info, {
           summary: diffSummary(d, group), lineCount: d.n_lines,
           caption: `${group} · ${d.n_lines} repeat(s) against their seed's reference` + (view === "ulp" ? " · in ULPs" : ""),
