@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, StreamingResponse
@@ -11,6 +13,7 @@ from steady.server.code import service
 from steady.server.kit.auth import Role
 from steady.server.kit.db import Database
 from steady.server.kit.deps import AppSettings, CodeReader, Principal, ReadDB, UserCaller, get_database
+from steady.server.kit.errors import RequestTimeout
 
 router = APIRouter(prefix="/api/v1/code", tags=["code"])
 Sha256 = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the archive's bytes (lowercase hex)")]
@@ -53,7 +56,7 @@ async def put_code(
     try:
         pending: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        async for chunk in _until_stalled(request, settings.upload_stall_seconds):
             pending.append(chunk)
             size += len(chunk)
             if size >= _SPOOL_BYTES:
@@ -64,6 +67,22 @@ async def put_code(
     finally:
         await run_in_threadpool(spool.close)
     return CodeArchiveOut(sha256=row.sha256, size=row.size, files=row.files, created=created)
+
+
+async def _until_stalled(request: Request, stall_s: float) -> AsyncIterator[bytes]:
+    """The request's body, chunk by chunk; 408 when no chunk came for ``stall_s`` seconds (a client that
+    stopped sending must not hold its spool file and a connection open for ever)."""
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            with anyio.fail_after(stall_s):
+                chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise RequestTimeout(f"the upload stalled: nothing was received for {stall_s:g} s "
+                                 "(STEADY_UPLOAD_STALL_SECONDS); nothing was stored") from None
+        yield chunk
 
 
 def _readable(db: ReadDB, sha256: str, caller: Principal):

@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     max_code_unpacked_bytes: int = Field(1024 * 1024 * 1024, ge=1024)
     max_code_files: int = Field(100_000, ge=1)
     max_code_ratio: float = Field(200.0, gt=1)
+    # An upload whose client sends nothing for this long is answered 408 and its spool file removed.
+    upload_stall_seconds: float = Field(30.0, gt=0)
 
     # SQLite only: PRAGMA synchronous. FULL: an acknowledged write survives power loss
     # (fsync of the WAL at every commit). NORMAL: it survives a crash of the process, but the

@@ -60,6 +60,12 @@ class TooLarge(SteadyError):
     status_code = 413
 
 
+class RequestTimeout(SteadyError):
+    """The client stopped sending its request's body (an upload that stalled)."""
+
+    status_code = 408
+
+
 class InsufficientStorage(SteadyError):
     """The server's disk is full (or over quota): nothing was stored; the message says where."""
 
@@ -95,7 +101,7 @@ def judging(loc: tuple[str | int, ...]) -> Iterator[None]:
 # a specific code a service set (e.g. ``lease_lost``, ``already_finished`` on a 409).
 
 ERROR_TYPES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-               409: "conflict", 413: "too_large", 422: "value_error", 429: "too_many_requests",
+               408: "request_timeout", 409: "conflict", 413: "too_large", 422: "value_error", 429: "too_many_requests",
                500: "internal_error", 503: "unavailable"}
 
 
