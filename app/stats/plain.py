@@ -42,6 +42,22 @@ def _more(n_needed: int | None, n: int, unit: str = "seeds") -> str:
     return f"run ~{max(n_needed - n, 1)} more {unit} to confirm"
 
 
+def _tie_line(verdict: str, spread: Any, limit: float) -> str:
+    """Every seed ended on the same value: what that shows depends on the metric's resolution."""
+    q, b = spread.resolution, spread.decision_bounds
+    if q is None:
+        return (f"cannot tell: all {spread.n} seeds end on the same value and the metric's resolution is unknown, "
+                "so the tie says nothing about the spread below it; declare the metric's resolution")
+    bound = f"the smallest spread it can show, one seed one step off, is below {b.upper:.3g}" if b else ""
+    if verdict == "stable":
+        return (f"stable: all {spread.n} seeds end on the same value at resolution {q:.3g}; {bound}, under the "
+                f"limit {limit:g} with 95% confidence")
+    more = (f"about {spread.n_needed - spread.n} more tied seeds would show it" if spread.n_needed
+            else "more seeds at this resolution cannot show it; log the metric at a finer resolution")
+    return (f"cannot tell: all {spread.n} seeds end on the same value, but at resolution {q:.3g} a tie is no "
+            f"evidence of a spread below the limit {limit:g}; {more}")
+
+
 def seed_line(verdict: str, spread: Any, *, n_seeds: int, sequential: Any = None, identical: bool = False,
               same: str = "bitwise identical") -> str:
     """The seed-stability line from ``SeedSpread`` (``steady.server.stats.seed_stability``); ``same``: how runs of
@@ -60,6 +76,8 @@ def seed_line(verdict: str, spread: Any, *, n_seeds: int, sequential: Any = None
                 "before judging the spread")
     if s is None:
         return f"too few seeds: {spread.n} with a final value; run at least {max(5 - spread.n, 1)} more"
+    if getattr(spread, "tied", False) and limit is not None and verdict != "unstable":
+        return _tie_line(verdict, spread, limit)
     if limit is None:
         return f"no limit to judge against: std {s:.3g} over {spread.n} seeds; give the metric a max_std"
     ratio = times(s, limit)

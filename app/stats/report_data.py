@@ -56,6 +56,7 @@ class MetricSpec:
     rtol: float = 0.0
     max_std: float | None = None
     margin: float | None = None
+    resolution: float | None = None  # the metric's resolution, declared (e.g. 1/N for accuracy over N examples)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from steady.server.stats.report_data import (
     final_step_spread,
     last_finals,
 )
-from steady.server.stats.seed_stability import seed_spread
+from steady.server.stats.seed_stability import metric_resolution, seed_spread
 from steady.server.stats.sequential import sequential_seed_decision, stopped_early
 from steady.server.stats.sequential_tost import sequential_tost_decision, sequential_tost_reason
 from steady.server.stats.serialize import to_data
@@ -154,14 +154,24 @@ def _all_identical(runs: Sequence[RunData], metric: str) -> bool:
 _SPENDING_NAMES = {"pocock": "Pocock-type", "obrien_fleming": "O'Brien–Fleming-type"}
 
 
-def _sequential(chosen, fin: Finals, max_std: float, stages: SeedStages, *, alpha: float):
+def _seed_resolution(chosen, spec: MetricSpec, values: np.ndarray, *, staged: bool) -> float | None:
+    """The resolution a tie of final values is judged at (``seed_stability.metric_resolution``): only looked
+    for when the finals tie, or when an adaptive study may judge a stage whose finals tie."""
+    if not staged and not (values.size and np.all(values == values[0])):
+        return spec.resolution
+    curves = [sv[1][np.isfinite(sv[1])] for r in chosen if (sv := _series(r, spec.name)) is not None]
+    return metric_resolution(spec.resolution, [r.resolutions.get(spec.name) for r in chosen], curves)
+
+
+def _sequential(chosen, fin: Finals, max_std: float, stages: SeedStages, *, alpha: float,
+                resolution: float | None = None):
     seed_of = {r.run_id: r.seed for r in chosen}
     by_stage: list[list[float]] = [[] for _ in range(stages.current)]
     for v, i in zip(fin.values, fin.run_ids):
         by_stage[int(stages.stage_of_seed.get(seed_of[i], 1)) - 1].append(v)
     return sequential_seed_decision(by_stage, max_std=max_std, max_seeds=stages.max_seeds,
                                     last_stage=stages.last_stage, alpha=alpha, spending=stages.spending,
-                                    stopped=stages.stopped)
+                                    stopped=stages.stopped, resolution=resolution)
 
 
 def _sequential_reason(d, stages: SeedStages, alpha: float) -> str:
@@ -191,12 +201,13 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
             continue
         fin = last_finals(chosen, spec.name)  # each run's last logged value, whatever its step
         values, ids, bad = fin.values, fin.run_ids, fin.diverged_run_ids
+        resolution = _seed_resolution(chosen, spec, values, staged=stages is not None)
         spread = seed_spread(values, max_std=spec.max_std, coverage=coverage, confidence=confidence, alpha=alpha,
-                             n_diverged=len(bad))
+                             n_diverged=len(bad), resolution=resolution)
         reason = spread.reason
         verdict, sequential = spread.verdict, None
         if stages is not None and spec.max_std is not None and not bad and fin.values.size:
-            sequential = _sequential(chosen, fin, spec.max_std, stages, alpha=alpha)
+            sequential = _sequential(chosen, fin, spec.max_std, stages, alpha=alpha, resolution=resolution)
             verdict = sequential.verdict
             reason = (_sequential_reason(sequential, stages, alpha)
                       + f"; for reference, the fixed-sample rule on all {spread.n} seeds: {spread.reason}")

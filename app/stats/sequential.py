@@ -308,7 +308,7 @@ class SequentialDecision:
 
 def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_seeds: int, last_stage: int,
                              alpha: float = 0.05, spending: str = "pocock", kurtosis_floor: float | None = None,
-                             stopped: bool = False) -> SequentialDecision:
+                             stopped: bool = False, resolution: float | None = None) -> SequentialDecision:
     """Seed stability judged in stages with alpha spending (see the module docstring).
 
     ``values_by_stage``: per stage, the finite final values of the seeds *added* at that stage
@@ -322,7 +322,9 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
     The z of each one-sided bound is a log-variance statistic with asymptotically independent
     increments, so the design holds asymptotically; ``steady.server.stats.calibration`` measures it on
     small, autocorrelated and heavy-tailed studies. ``stopped``: no stage comes after the ones given although
-    the budget allowed more (:func:`stopped_early`)."""
+    the budget allowed more (:func:`stopped_early`). ``resolution``: the metric's resolution, at which a
+    stage whose values all tie is judged (``seed_stability.tie_decision``: a tie coarser than the limit
+    needs is no evidence of stability)."""
     if not (max_std > 0 and math.isfinite(max_std)):
         raise ValueError(f"max_std must be finite and > 0, got {max_std!r}")
     if last_stage < 1 or len(values_by_stage) > last_stage:
@@ -344,7 +346,7 @@ def sequential_seed_decision(values_by_stage: Sequence, *, max_std: float, max_s
         lower = upper = None
         v = "inconclusive"
         if testable:
-            v, db = spread_decision(x, max_std=max_std, alpha=a_k, kurtosis_floor=floor)
+            v, db = spread_decision(x, max_std=max_std, alpha=a_k, kurtosis_floor=floor, resolution=resolution)
             if db is not None:
                 lower, upper = db.lower, db.upper
         looks.append(StageLook(k, n, b.info_fractions[j], float(c), a_k, b.cumulative_alpha[j], std, lower, upper,

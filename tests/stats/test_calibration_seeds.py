@@ -246,8 +246,9 @@ def test_bonett_interval_matches_the_published_example():
 
 
 def test_seed_spread_zero_variance_and_divergence_are_exact():
-    z = seed_spread([0.5] * 6, max_std=0.01)
-    assert z.verdict == "stable" and "exactly 0" in z.reason
+    z = seed_spread([0.5] * 6, max_std=0.01, resolution=1e-6)  # a tie is judged at the metric's resolution
+    assert z.verdict == "stable" and "resolution 1e-06" in z.reason
+    assert seed_spread([0.5] * 6, max_std=0.01).verdict == "inconclusive"  # unknown resolution: no evidence
     d = seed_spread([0.5, 0.51, 0.49, 0.5, 0.52], max_std=1.0, n_diverged=3)
     assert d.verdict == "unstable" and "3 of 8 seeds diverged" in d.reason and d.n_diverged == 3
     lo, hi = d.divergence_rate_ci

@@ -20,6 +20,7 @@ import numpy as np
 from steady.server.stats import guarantees
 from steady.server.stats.calibration import Rule, Scenario
 from steady.server.stats.calibration import generators as gen
+from steady.server.stats.calibration.rules_seeds import QUANTIZED_EVAL, quantized_finals
 from steady.server.stats.report import MetricSpec, RunData, SeedStages, build_report
 from steady.server.stats.seed_stability import spread_decision
 from steady.server.stats.sequential import sequential_seed_decision, stage_sizes
@@ -40,6 +41,14 @@ def _adaptive(rng, *, dist, sd, first, step, max_seeds, spending, claim):
     parts, last = _stages(gen.final_values(rng, max_seeds, sd=sd, dist=dist), first, step)
     d = sequential_seed_decision(parts, max_std=MAX_STD, max_seeds=max_seeds, last_stage=last, alpha=ALPHA,
                                  spending=spending)
+    return d.verdict == claim
+
+
+def _adaptive_quantized(rng, *, lam, first, step, max_seeds, claim, declared=True):
+    """Accuracy over QUANTIZED_EVAL examples with Poisson(``lam``) errors per seed, σ = max_std."""
+    parts, last = _stages(quantized_finals(rng, max_seeds, lam), first, step)
+    d = sequential_seed_decision(parts, max_std=float(np.sqrt(lam)) / QUANTIZED_EVAL, max_seeds=max_seeds,
+                                 last_stage=last, alpha=ALPHA, resolution=1.0 / QUANTIZED_EVAL if declared else None)
     return d.verdict == claim
 
 
@@ -103,6 +112,11 @@ def _rules_for(claim: str) -> Rule:
     sc.append(Scenario("report-ar0.9-5+5to20", "healthy",
                        "through build_report: AR(1) ρ=0.9 curves + seed offsets, 5 + 5 per stage up to 20 seeds",
                        partial(_report_curves, n_steps=100, rho=0.9, first=5, step=5, max_seeds=20, claim=claim)))
+    for lam in (0.3, 1.0):
+        sc.append(Scenario(f"quantized-poisson{lam:g}-5+5to20", "healthy",
+                           f"5 seeds + 5 per stage up to 20, accuracy over {QUANTIZED_EVAL} examples, Poisson({lam:g}) "
+                           "errors, σ = max_std, resolution declared",
+                           partial(_adaptive_quantized, lam=lam, first=5, step=5, max_seeds=20, claim=claim)))
     sc.append(Scenario("naive-normal-5+5to40", "stress",
                        "no alpha spending: every stage at α = 5%, 5 + 5 per stage up to 40 seeds (what the design prevents)",
                        partial(_naive, dist="normal", sd=MAX_STD, first=5, step=5, max_seeds=40, claim=claim)))

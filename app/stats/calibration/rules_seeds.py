@@ -25,7 +25,8 @@ from steady.server.stats.repeatability import RepeatRun, repeatability
 from steady.server.stats.report import MetricSpec, RunData, build_report
 from steady.server.stats.seed_stability import seed_spread
 
-__all__ = ["RULES", "STATED_POWER", "OOB_FALSE_ALARM", "LATE_BLOWUP_FACTOR", "curve_level_sd", "offset_for_power",
+__all__ = ["RULES", "STATED_POWER", "quantized_finals", "quantized_scenarios", "QUANTIZED_EVAL",
+           "OOB_FALSE_ALARM", "LATE_BLOWUP_FACTOR", "curve_level_sd", "offset_for_power",
            "bonferroni_offset_for_power", "oob_planted_power", "late_blowup_power"]
 
 OOB_FALSE_ALARM = 0.01
@@ -251,6 +252,45 @@ def _diverged(rng, *, n, n_diverged):
 
 _FINAL_DISTS = ("normal", "t5", "lognormal", "contaminated")
 
+QUANTIZED_EVAL = 300  # accuracy over 300 examples: resolution 1/300
+
+
+def quantized_finals(rng: np.random.Generator, n: int, lam: float, *, n_eval: int = QUANTIZED_EVAL) -> np.ndarray:
+    """Final accuracies of ``n`` seeds over ``n_eval`` examples with Poisson(``lam``) errors each: σ = √λ/n_eval."""
+    return 1.0 - rng.poisson(lam, n) / n_eval
+
+
+def _quantized(rng, *, n, lam, claim, declared=True):
+    """A quantized metric at σ = max_std (rare errors over a finite evaluation set: seeds often tie)."""
+    x = quantized_finals(rng, n, lam)
+    q = 1.0 / QUANTIZED_EVAL if declared else None
+    return seed_spread(x, max_std=np.sqrt(lam) / QUANTIZED_EVAL, alpha=ALPHA, resolution=q).verdict == claim
+
+
+def _quantized_report(rng, *, n, lam, claim, n_epochs=24):
+    """Through build_report: accuracy after each epoch over QUANTIZED_EVAL examples, errors falling to
+    Poisson(``lam``); no resolution declared: the report infers 1/300 from the curves."""
+    steps = np.arange(n_epochs, dtype=np.int64)
+    runs = [RunData(run_id=i, seed=i, repeat=0, determinism="seeded", stack="a",
+                    series={"acc": (steps, 1.0 - rng.poisson(lam + 30.0 * np.exp(-steps / 2.0)) / QUANTIZED_EVAL)})
+            for i in range(n)]
+    rep = build_report(runs, [MetricSpec("acc", max_std=float(np.sqrt(lam)) / QUANTIZED_EVAL)], rng=rng, alpha=ALPHA)
+    (v,) = [v for v in rep.verdicts if v.level == "seed_stability"]
+    return v.verdict == claim
+
+
+def quantized_scenarios(claim: str) -> list[Scenario]:
+    """The quantized-metric rows of a seed-stability claim (docs/calibration.md, "Where users are")."""
+    out = [Scenario(f"quantized-poisson{lam:g}-n{n}", "healthy",
+                    f"{n} seeds, accuracy over {QUANTIZED_EVAL} examples, Poisson({lam:g}) errors, σ = max_std, "
+                    "resolution declared", partial(_quantized, n=n, lam=lam, claim=claim))
+           for lam, n in ((0.3, 5), (0.3, 8), (1.0, 5), (3.0, 10))]
+    out.append(Scenario("quantized-report-poisson0.3-n5", "healthy",
+                        f"through build_report: 5 seeds' accuracy curves over {QUANTIZED_EVAL} examples, Poisson(0.3) "
+                        "final errors, σ = max_std, resolution inferred from the curves",
+                        partial(_quantized_report, n=5, lam=0.3, claim=claim)))
+    return out
+
 
 def _seed_rules() -> list[Rule]:
     unstable, stable = [], []
@@ -267,6 +307,8 @@ def _seed_rules() -> list[Rule]:
                              partial(_report_unequal, n_runs=10, n_steps=200, n_short=3, claim="unstable")))
     stable.append(Scenario("stress-t3-n20-at-limit", "stress", "20 seeds, t3 final values (infinite kurtosis)",
                            partial(_spread, n=20, dist="t3", sd=MAX_STD, claim="stable")))
+    unstable.extend(quantized_scenarios("unstable"))
+    stable.extend(quantized_scenarios("stable"))
     for n, f in ((10, 2.0), (20, 1.5)):
         unstable.append(Scenario(f"normal-n{n}-{f:g}x", "planted", f"{n} seeds, normal, σ = {f:g} × max_std",
                                  partial(_spread, n=n, dist="normal", sd=f * MAX_STD, claim="unstable")))
