@@ -106,7 +106,7 @@ PURPOSES: dict[str, Demonstration] = {
         holds=_all(_level(_identical, "strict"), _level(_identical, "seeded"), _level(_differ, "none", "seeding")),
         planted=Planted("seed_stability", "val_acc",
                         "val_acc is measured on 359 validation images, so seeds move it by about 5 points; "
-                        "its limit 0.02 is set below that on purpose, to show a failure"),
+                        "its limit is set below that on purpose, to show a failure"),
     ),
     "torch_kernels.yaml": Demonstration(
         shows="seeded repeats part through nondeterministic kernels and strict removes it",
