@@ -69,15 +69,17 @@ PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 # process recompiles Steady's modules (measured: collection about 4 s of CPU per worker, a server 0.3 s).
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 
+# -rfEs: every failure, error and skip with its reason. With CI=true a skip fails the run unless it is one the
+# setup cannot provide (tests/skip_policy.py): in CI the real-cluster, proxy and browser tests must run.
 test: setup
 	@$(MAKE) --no-print-directory lint
 	@$(BIN)/python scripts/machine-speed
-	@$(PYTEST) -q -rfE $(PYTEST_PARALLEL) --durations=25; rc=$$?; \
+	@$(PYTEST) -q -rfEs $(PYTEST_PARALLEL) --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi; \
 	exit $$rc
 
 test-fast: $(STAMP)
-	$(PYTEST) -q $(PYTEST_PARALLEL) -m "not slow and not browser"
+	$(PYTEST) -q -rfEs $(PYTEST_PARALLEL) -m "not slow and not browser"
 
 # Benchmarks write bench/results/*.json. MLflow, the ingestion reference, lives in its own venv.
 MLFLOW_VENV := .venv-mlflow

@@ -35,6 +35,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from steady.server.web.devserver import ServerProcess, free_port, serve_argv
+from tests.skip_policy import (  # noqa: F401 - pytest finds hooks by name here: skips fail a run where CI is set
+    pytest_collectreport,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("STEADY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
