@@ -17,7 +17,8 @@ from steady.server.models import Study
 from tests.conftest import REPO, free_port, proc_stat, wait_until
 
 
-def _demo_report(*, seeds: int = 5, val_acc_sd: float = 0.06, strict_parts: bool = False, kernels: bool = False):
+def _demo_report(*, seeds: int = 5, val_acc_sd: float = 0.06, strict_parts: bool = False, kernels: bool = False,
+                 limit: float | None = 0.01):
     """A report of the shape a demo study gives, built by the stats core from constructed runs: at ``none`` the
     repeats differ from the first step (unseeded weights, no initial-weight digest), at ``seeded`` and ``strict``
     they are bitwise identical (``kernels``: at ``seeded`` a weight digest and param_sum differ, the loss not;
@@ -47,7 +48,7 @@ def _demo_report(*, seeds: int = 5, val_acc_sd: float = 0.06, strict_parts: bool
                 runs.append(RunData(run_id=len(runs) + 1, seed=seed, repeat=rep, determinism=det, stack="default",
                                     series=series, digests=digests))
     metrics = ([MetricSpec("loss"), MetricSpec("param_sum")] if kernels else
-               [MetricSpec("loss"), MetricSpec("val_acc", max_std=0.01)])
+               [MetricSpec("loss"), MetricSpec("val_acc", max_std=limit)])
     built = build_report(runs, metrics, rng=np.random.default_rng(0))
     return Report.assemble(built, study={"id": 7, "name": "demo", "status": "completed"}, n_runs_judged=len(runs))
 
@@ -84,7 +85,7 @@ def test_a_failure_that_was_not_planted_is_not_called_planted():
 def test_one_seed_cannot_show_the_planted_failure_and_says_so():
     from steady.server.cli.demo.purposes import PURPOSES, outcome_line
 
-    report = _demo_report(seeds=1)
+    report = _demo_report(seeds=1, limit=None)  # --quick: one seed, no limit (steady.server.cli.demo.run._quick)
     mark, why, _ = outcome_line(PURPOSES["torch_mlp.yaml"], report, quick=True)
     assert "as planted" not in mark
     assert why.endswith("the planted val_acc failure needs 5 seeds: run the demo without --quick to see it") or (

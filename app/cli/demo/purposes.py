@@ -171,7 +171,7 @@ def outcome_line(demo: Demonstration, report: Report, *, quick: bool = False) ->
     mark = {"pass": "PASSED", "fail": "FAILED", "inconclusive": "INCONCLUSIVE"}[out.status]
     p = demo.planted
     judged = [c for c in out.checks if c.kind == p.kind and c.name.startswith(f"{p.metric} ")
-              and c.status != "inconclusive"] if p is not None else []
+              and c.status in ("pass", "fail")] if p is not None else []
     if p is not None and out.status != "fail" and not judged:
         note = (f"the planted {p.metric} failure needs 5 seeds: run the demo without --quick to see it" if quick
                 else f"the planted {p.metric} failure was not judged")
