@@ -107,7 +107,8 @@ class Expectation:
 
 def repeatability_expectation(determinism: str, verdict: str, *, source: str | None = None,
                               seeds_identical: bool | None = None, deltas_finite: bool = True,
-                              route: SeedRoute = BUILTIN, stack: str | None = None) -> Expectation:
+                              route: SeedRoute = BUILTIN, stack: str | None = None,
+                              same: str = "bitwise identical") -> Expectation:
     """Judge one repeatability verdict (``identical`` / ``within_tolerance`` / ``out_of_tolerance``
     / ``inconclusive``) against the expectation of its determinism level for code reached by ``route``.
 
@@ -116,9 +117,11 @@ def repeatability_expectation(determinism: str, verdict: str, *, source: str | N
     its reference did not; ``seeds_identical`` is True when runs of two or more different
     seeds are bitwise identical (None when fewer than two seeds were compared): noted as
     suspicious where the seed reached the code (in the group's arm ``stack``: ``SeedRoute.reaches``),
-    never a reason to miss the expectation of repeats."""
+    never a reason to miss the expectation of repeats. ``same``: how the runs of different seeds were found
+    equal ("bitwise identical", or "equal at the 2 printed decimals …" for values parsed from text)."""
     exp = expected(determinism, route)
-    suspicious = (SEEDS_IDENTICAL,) if seeds_identical and route.reaches(determinism, stack) else ()
+    note = SEEDS_IDENTICAL.replace("bitwise identical", same)  # ``same``: at which resolution they were equal
+    suspicious = (note,) if seeds_identical and route.reaches(determinism, stack) else ()
     if verdict == "inconclusive":
         met, phrase = None, "not enough repeats to tell"
     elif determinism == "none" and route.user_code:

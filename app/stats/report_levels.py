@@ -83,7 +83,8 @@ def _repeatability_verdicts(groups, spec: MetricSpec, *, route: SeedRoute = BUIL
         exp = expectations.repeatability_expectation(
             det, verdict, source=conclusive[worst_seed][1].source if worst_seed is not None else None,
             seeds_identical=seeds_identical, route=route, stack=stack,
-            deltas_finite=all(np.isfinite(res.max_abs_delta) for _, res in conclusive.values()))
+            deltas_finite=all(np.isfinite(res.max_abs_delta) for _, res in conclusive.values()),
+            same=same_phrase(_compared(firsts, spec.name)) if seeds_identical else "bitwise identical")
         numbers = {}
         if worst_seed is not None:
             w = conclusive[worst_seed][1]

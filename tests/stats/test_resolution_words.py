@@ -109,3 +109,11 @@ def test_the_same_seed_on_two_stacks_equal_at_two_decimals_is_not_bitwise():
     assert pairs.verdict == "identical" and pairs.reason == "equal at the 2 printed decimals on both stacks for 2 seed(s)"
     binary = RepeatRun(steps=np.arange(6), values=v)
     assert stack_pairs({1: (binary, binary)}).reason == "bitwise identical on both stacks for 1 seed(s)"
+
+
+def test_seeds_equal_at_two_decimals_are_noted_at_that_resolution():
+    _, repeat_row = _seeds(digests=False)
+    assert repeat_row["seeds_identical"] is True
+    assert repeat_row["suspicious"] == ["runs of different seeds are equal at the 2 printed decimals (no weight "
+                                        "digest to tell them apart): the seed has no effect (the code ignores the seed "
+                                        "it is given)"], repeat_row["suspicious"]
