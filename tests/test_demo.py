@@ -111,6 +111,19 @@ def test_the_kernel_study_shows_seeded_parting_and_strict_removing_it():
     assert len(lines) <= 24  # one screen
 
 
+def test_the_summary_points_at_doc_sections_that_exist():
+    import re
+
+    from steady.server.cli.demo.purposes import CHECK_DOCS
+
+    for kind, where in CHECK_DOCS.items():
+        page, _, anchor = where.partition("#")
+        text = (REPO / page).read_text()
+        slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                 for h in re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)}
+        assert not anchor or anchor in slugs, (kind, where, sorted(slugs))
+
+
 def _demo_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEADY_")}
     env["NO_COLOR"] = "1"
