@@ -6,8 +6,9 @@ import math
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from steady.server.kit.bounds import bounded
 from steady.server.kit.wire import WireFloat, WireModel
 from steady.worker.contract.protocol import Determinism, FloatDtype, MetricKey
 
@@ -97,15 +98,23 @@ def _repeated_step(steps: list[int], values: list[float]) -> tuple[int, float, f
     return None
 
 
+# An uploaded run's free-form parts are listed with every report of its study: a fingerprint's and a run's
+# digests' size, as an agent's are.
+MAX_EXTERNAL_STACK_BYTES = 16 * 1024
+MAX_EXTERNAL_DIGESTS_BYTES = 64 * 1024
+
+
 class ExternalRunIn(_Spec):
     """A finished run produced elsewhere, uploaded into an external study."""
 
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)]
     repeat: Annotated[int, Field(ge=0)] = 0
     determinism: Determinism = Determinism.seeded
-    stack: dict[str, Any] = Field({}, description="the stack fingerprint; its 'name' (or a hash) names the group")
+    stack: Annotated[dict[str, Any], AfterValidator(bounded("stack", MAX_EXTERNAL_STACK_BYTES))] = Field(
+        {}, description=f"the stack fingerprint; its 'name' (or a hash) names the group; at most "
+        f"{MAX_EXTERNAL_STACK_BYTES} bytes as JSON")
     metrics: Annotated[dict[MetricKey, SeriesIn], Field(min_length=1, max_length=256)]
-    digests: dict[str, Any] = {}
+    digests: Annotated[dict[str, Any], AfterValidator(bounded("digests", MAX_EXTERNAL_DIGESTS_BYTES))] = {}
     step_times: list[WireFloat] | None = None
     framework: Annotated[str, Field(max_length=32)] = "external"
 

@@ -53,3 +53,17 @@ def test_a_launch_detail_is_capped_as_a_whole(api):
     assert _loc(r) == ["body", "detail"], r.text
     ok = api.post(f"/api/v1/studies/{study}/launches", json={**body, "detail": {"script": "/tmp/x.sbatch"}})
     assert ok.status_code == 201, ok.text
+
+
+def test_an_uploaded_runs_stack_and_digests_are_capped(api):
+    from steady.server.runs.schemas import MAX_EXTERNAL_DIGESTS_BYTES, MAX_EXTERNAL_STACK_BYTES
+
+    study = api.post("/api/v1/studies", json={"name": "elsewhere", "kind": "external", "metrics": ["loss"]}).json()["id"]
+    run = {"seed": 0, "determinism": "seeded", "metrics": {"loss": {"steps": [0, 1], "values": [1.0, 0.5]}}}
+    for field, value in (("stack", {"name": "a", "blob": "x" * MAX_EXTERNAL_STACK_BYTES}),
+                         ("digests", {"weights": "x" * MAX_EXTERNAL_DIGESTS_BYTES}),
+                         ("stack", {"name": "a", "deep": _nested(MAX_NESTING + 1)})):
+        r = api.post(f"/api/v1/studies/{study}/runs", json={**run, field: value})
+        assert _loc(r) == ["body", field], r.text
+    ok = api.post(f"/api/v1/studies/{study}/runs", json={**run, "stack": {"name": "a100"}, "digests": {"w": "ab"}})
+    assert ok.status_code == 201, ok.text
