@@ -1,0 +1,53 @@
+"""Heavy reads (report, bands, compare, a run's series) are admitted a few at a time per token and per
+process; one more is answered 429 at once with Retry-After (docs/deploy.md, "Capacity"). The end-to-end
+shape, with a real agent beside the storm: tests/scale/test_capacity.py."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from steady.server.kit.auth import hash_token
+from steady.server.kit.capacity import HeavyGate
+from steady.server.kit.errors import TooManyRequests
+from steady.server.models import ApiToken
+from tests.api.helpers import spec
+from tests.conftest import SQLITE_ONLY
+
+pytestmark = SQLITE_ONLY
+
+
+def test_the_gate_counts_per_token_and_in_all():
+    gate = HeavyGate(per_user=2, total=3)
+    a1, a2 = gate.enter(1), gate.enter(1)
+    with pytest.raises(TooManyRequests) as refused:
+        gate.enter(1)
+    assert refused.value.retry_after_s >= 1 and "STEADY_HEAVY_PER_USER" in refused.value.message
+    b1 = gate.enter(2)
+    with pytest.raises(TooManyRequests, match="STEADY_HEAVY_TOTAL"):
+        gate.enter(3)
+    gate.leave(1, a1)
+    assert gate.enter(3) and gate.in_progress() == 3
+    for token, started in ((1, a2), (2, b1)):
+        gate.leave(token, started)
+    assert gate.in_progress() == 1
+
+
+def test_a_heavy_read_past_the_tokens_limit_is_429_with_retry_after_and_others_pass(api):
+    study = api.post("/api/v1/studies", json=spec()).json()["id"]
+    with api.app.state.database.read() as s:
+        token_id = s.scalar(select(ApiToken.id).where(ApiToken.token_hash == hash_token(api.tokens["user"])))
+    gate = api.app.state.heavy_gate
+    held = [gate.enter(token_id) for _ in range(gate.per_user)]  # this token's heavy reads in progress
+    for path in (f"/api/v1/studies/{study}/report", f"/api/v1/studies/{study}/bands",
+                 f"/api/v1/compare?baseline={study}&candidate={study}", "/api/v1/runs/1/metrics/loss"):
+        r = api.get(path)
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, (path, r.text)
+        assert r.json()["detail"][0]["type"] == "too_many_heavy_reads"
+    assert api.get(f"/api/v1/studies/{study}").status_code == 200  # a light read is not counted
+    admin = api.get(f"/api/v1/studies/{study}/bands", role="admin")  # another token's heavy read passes
+    assert admin.status_code != 429, admin.text
+    for started in held:
+        gate.leave(token_id, started)
+    assert api.get(f"/api/v1/studies/{study}/bands").status_code != 429
+    assert gate.in_progress() == 0  # each admitted read left the gate when answered
