@@ -28,7 +28,7 @@ from steady.server.cli.support import (
 from steady.server.kit.terminal import printable
 
 if TYPE_CHECKING:
-    from steady.server.reports.models import Compare, CompareMetric, CompareStudy, Report
+    from steady.server.reports.models import Compare, CompareMetric, CompareStudy
 
 
 
@@ -70,22 +70,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     title = f"study {sid} ({study['name']})"
     if study["status"] == "cancelled":
         raise CliError(f"study {sid} was cancelled: nothing to judge (`steady status {sid}`)")
-    report: Report | None = None
-    if study["status"] == "failed":
-        items = [gate.GateItem("study", f"study {sid}", gate.FAIL,
-                               f"the study failed (every run failed): see `steady runs {sid}`", "")]
-    else:
-        report = get_report(api, sid)
-        comparison = None
-        if args.against:
-            from urllib.parse import quote
+    report = get_report(api, sid)  # a failed study too: its report fails it, for the reason it ended on
+    comparison = None
+    if args.against and study["status"] != "failed":
+        from urllib.parse import quote
 
-            from steady.server.reports.models import BaselineComparisonOut
+        from steady.server.reports.models import BaselineComparisonOut
 
-            comparison = BaselineComparisonOut.model_validate(api.get(
-                f"/api/v1/suites/{quote(args.against, safe='')}/baseline/compare", params={"study_id": sid}))
-            title += f" against the baseline of {args.against}"
-        items = gate.gate_items(report, comparison)
+        comparison = BaselineComparisonOut.model_validate(api.get(
+            f"/api/v1/suites/{quote(args.against, safe='')}/baseline/compare", params={"study_id": sid}))
+        title += f" against the baseline of {args.against}"
+    items = gate.gate_items(report, comparison)
     code = gate.exit_code(items)
     rows = [[i.status.upper() if i.status == gate.FAIL else i.status, i.kind, printable(i.name), printable(i.reason)]
             for i in items]

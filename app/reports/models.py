@@ -223,6 +223,8 @@ class StudyHeader(Part):
     kind: str = "managed"
     suite: str | None = None
     progress: RunCounts = Field(default_factory=RunCounts)
+    status_reason: str | None = Field(None, description="why the study ended as it did, e.g. what the runs of a "
+                                      "failed study hit")
 
 
 class JudgedMetric(Part):

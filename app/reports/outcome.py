@@ -9,6 +9,8 @@ Prometheus export present the same judgment with the same reason instead of each
   at ``none`` repeats may differ), an expectation the same way;
 * any other verdict passes when it is good or within tolerance, fails when it is bad (``unstable``,
   ``seed_has_no_effect``, ``not_equivalent``, a cost or convergence ``fail``), else is inconclusive;
+* a study that failed (every run failed, or no run logged its metrics) fails with the reason the study
+  ended on, whatever its verdicts;
 * the study fails when one check fails, is inconclusive when none fails and one is inconclusive
   (or there is nothing to judge), and passes otherwise. The reason is the first failing (else
   inconclusive) check's plain first line.
@@ -37,7 +39,8 @@ _RESUME_STATUS: dict[str, Status] = {"identical": "pass", "within_seed_band": "p
 class Check(Part):
     """One thing the study is judged on: a level's expectation, a verdict, a cost budget, a convergence group."""
 
-    kind: str  # expectation | repeatability | seed_stability | stack_portability | determinism_cost | convergence | resume
+    kind: str  # study | expectation | repeatability | seed_stability | stack_portability | determinism_cost | convergence
+    #            | resume
     name: str
     status: Status
     summary: str  # the plain first line: what it means and what to do
@@ -87,9 +90,18 @@ def _convergence_check(c: Any) -> Check:
                  reason=f"{c.verdict}: {c.reason} ({numbers})", guarantee=c.guarantee)
 
 
+def _study_check(report: Any) -> list[Check]:
+    """A study that failed (every run failed, or no run logged its metrics) fails, for the reason it ended on."""
+    if report.study.status != "failed":
+        return []
+    why = getattr(report.study, "status_reason", None) or "every run failed"
+    return [Check(kind="study", name="study", status="fail", summary=why,
+                  reason=f"the study failed: {why}", guarantee="")]
+
+
 def checks(report: Any) -> list[Check]:
     """The report as checks, in report order (see the module's docstring for the rules)."""
-    out: list[Check] = []
+    out: list[Check] = _study_check(report)
     for h in report.headline:
         promise = next((v.guarantee for v in report.of_level("repeatability")
                         if v.group.determinism == h.determinism and v.guarantee), "")

@@ -300,7 +300,7 @@ def compute_report(session: Session, study_id: int) -> Report:
     report = Report.assemble(
         built,
         study={"id": study.id, "name": study.name, "status": study.status, "kind": study.kind,
-               "suite": study.suite, "progress": progress.model_dump()},
+               "suite": study.suite, "progress": progress.model_dump(), "status_reason": study.status_reason},
         metrics=[m.__dict__ for m in specs],
         n_runs_judged=len(runs),
         excluded_runs=excluded_runs(session, study_id),

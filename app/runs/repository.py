@@ -190,6 +190,17 @@ def first_failed_run(session: Session, study_id: int) -> Run | None:
     return session.scalars(stmt).first()
 
 
+def last_run_with_output(session: Session, study_id: int) -> Run | None:
+    """The study's finished run that last kept some output (``stderr_tail``)."""
+    stmt = (
+        select(Run)
+        .where(Run.study_id == study_id, Run.stderr_tail.is_not(None), Run.stderr_tail != "")
+        .order_by(Run.finished_at.desc(), Run.id.desc())
+        .limit(1)
+    )
+    return session.scalars(stmt).first()
+
+
 def studies_of_runs(session: Session, condition: Any) -> set[int]:
     return set(session.scalars(select(Run.study_id).where(condition)))
 

@@ -233,8 +233,35 @@ def _judge_outcome(session: Session, study: Study, status: StudyStatus) -> tuple
                      else f"the spec names metric {m!r} but no run logged it")
     reason = "; ".join(parts) + f"; runs logged: {', '.join(logged) if logged else 'no metric at all'}"
     if len(missing) == len(wanted):
-        return StudyStatus.failed, "no run logged any of the study's metrics: " + reason
+        return StudyStatus.failed, "no run logged any of the study's metrics: " + reason + _capture_hint(
+            session, study, missing)
     return status, reason
+
+
+def _capture_hint(session: Session, study: Study, missing: Sequence[str]) -> str:
+    """A command's output that capture read and matched nothing in: what it tried and one line it did not
+    match (the last that names a missing metric, else the last), so the fix (a pattern) is in sight."""
+    workload = study.spec.get("workload") or {}
+    capture = workload.get("capture") or {}
+    if not workload.get("command") or capture.get("stdout") is False:
+        return ""
+    run = runs_repo.last_run_with_output(session, study.id)
+    if run is None or not run.stderr_tail:
+        return ""
+    lines = [ln.strip() for ln in run.stderr_tail.splitlines() if ln.strip()]
+    named = [ln for ln in lines if any(m.lower() in ln.lower() for m in missing)]
+    line = (named or lines or [""])[-1]
+    if not line:
+        return ""
+    if capture.get("patterns") or capture.get("preset"):
+        tried = " and ".join(filter(None, [f"the spec's {len(capture['patterns'])} pattern(s)" if capture.get(
+            "patterns") else "", f"the {capture['preset']} preset" if capture.get("preset") else ""]))
+    else:
+        tried = "its default patterns ('step N ... loss X' and tqdm's 'N/T [..., loss=X]')"
+    shown = line if len(line) <= 200 else line[:199] + "…"
+    return (f"; capture tried {tried} on the output and matched none of it, e.g. run {run.id} printed "
+            f"{shown!r}: give workload.capture.patterns a regex with a named group 'step' and one per metric "
+            "(docs/spec.md#capture)")
 
 
 def on_study_finished(session: WriteSession, study: Study) -> None:

@@ -145,6 +145,42 @@ def test_the_study_says_which_metrics_no_run_logged(api):
     assert study["status"] == "failed" and study["status_reason"].endswith(": RuntimeError: boom")
 
 
+def test_a_study_whose_output_capture_did_not_match_fails_in_every_view_with_what_capture_tried(api, capsys):
+    """A command that prints `| epoch 1 | 25/ 29 batches | ... | loss 6.71 |` (pytorch/examples'
+    word_language_model) with no `capture` key: no metric is captured and the study fails. Its report said
+    'INCONCLUSIVE: nothing to judge' (exit 2) while `submit --wait` exited 1; every view now fails it (exit 1)
+    with the reason, the patterns capture tried and a line it did not match."""
+    from steady.server.cli import gate
+    from steady.server.cli.render import render_report
+    from steady.server.cli.support import verdict_exit_code
+    from steady.server.reports.models import Report
+    from tests.api.helpers import lease, register, result
+
+    body = spec(name="wlm", seeds=[0], repeats=1, determinism=["seeded"], max_attempts=1,
+                workload={"framework": "torch", "command": ["python", "main.py", "--seed", "{seed}"]})
+    sid = api.post("/api/v1/studies", json=body).json()["id"]
+    leased = lease(api, register(api))
+    output = ("| epoch   1 |    25/   29 batches | lr 20.00 | ms/batch 40.12 | loss  6.71 | ppl   820.91\n"
+              "| end of epoch   1 | time:  1.31s | valid loss  6.01 | valid ppl   407.40\n")
+    done = api.post(f"/api/v1/runs/{leased['run_id']}/complete", role="worker",
+                    json=result(leased["lease_id"], final_metrics={}, stderr_tail=output))
+    assert done.status_code == 200, done.text
+    study = api.get(f"/api/v1/studies/{sid}").json()
+    assert study["status"] == "failed", study
+    reason = study["status_reason"]
+    assert reason.startswith("no run logged any of the study's metrics: the spec names metric 'loss' but no run "
+                             "logged it; runs logged: no metric at all; capture tried its default patterns "
+                             "('step N ... loss X' and tqdm's 'N/T [..., loss=X]')"), reason
+    assert f"run {leased['run_id']} printed '| end of epoch   1 | time:  1.31s | valid loss  6.01 |" in reason
+    assert "workload.capture.patterns" in reason
+    report = Report.model_validate(api.get(f"/api/v1/studies/{sid}/report").json())
+    assert (report.outcome.status, report.outcome.reason) == ("fail", f"study: {reason}")
+    assert verdict_exit_code(report) == 1  # steady report, as submit --wait
+    assert f"outcome: FAILED: study: {reason}" in render_report(report)
+    items = gate.gate_items(report)  # steady check
+    assert gate.exit_code(items) == 1 and gate.outcome_reason(items, report) == report.outcome.reason
+
+
 def test_capture_patterns_are_checked_at_submit(api):
     def submit(capture):
         return api.post("/api/v1/studies", json=spec(workload={

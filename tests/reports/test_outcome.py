@@ -92,3 +92,27 @@ def test_every_view_gives_the_same_outcome_and_reason(passing, level, value, met
         "workers": (0, 0), "firing": [], "outbox": {}}).collect()}
     (sample,) = families["steady_study_outcome"].samples
     assert sample.value == {"pass": 0, "fail": 1, "inconclusive": 2}[status]
+
+
+def _every_view(report: Report, status: str, capsys) -> None:
+    """``status`` with the report's reason in every view that exits by it."""
+    code = {"pass": 0, "fail": 1, "inconclusive": 2}[status]
+    assert report.outcome.status == status, report.outcome
+    assert verdict_exit_code(report) == code
+    capsys.readouterr()
+    assert _verdict_summary(report, report.study.id) == code
+    assert report.outcome.reason in capsys.readouterr().err
+    items = gate.gate_items(report)
+    assert gate.exit_code(items) == code and gate.outcome_reason(items, report) == report.outcome.reason
+    assert outcome_badge(report).tone == {"pass": "good", "fail": "bad", "inconclusive": "unknown"}[status]
+
+
+def test_a_failed_study_fails_for_the_reason_it_ended_on(capsys):
+    """The defect: a study whose every run failed (or logged no metric) read 'INCONCLUSIVE: nothing to judge', exit 2,
+    in `steady report`, while `submit --wait` exited 1. Every view now says it failed, and why."""
+    why = "no run logged any of the study's metrics: the spec names metric 'loss' but no run logged it"
+    built = build_report([], [MetricSpec(name="loss")], rng=np.random.default_rng(0))
+    report = Report.assemble(built, study={"id": 10, "name": "wlm", "status": "failed", "status_reason": why})
+    _every_view(report, "fail", capsys)
+    assert report.outcome.reason == f"study: {why}"
+    assert f"outcome: FAILED: study: {why}" in render_report(report)
