@@ -1,18 +1,19 @@
 """No program values in the sentences a user reads: every view of a study (the terminal report, the
-CI gate's Markdown, the dashboard's study page) rendered over a range of studies, read for ``None``,
-``nan``/``inf`` as Python spells them and empty containers. The studies are uploaded in process as
-external runs, so each view reads the report the server builds from stored runs."""
+CI gate's Markdown and JUnit messages, the dashboard's study page) rendered over a range of studies,
+read for ``None``, ``nan``/``inf`` as Python spells them and empty containers. The studies are
+uploaded in process as external runs, so each view reads the report the server builds from stored runs."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
 import pytest
 
-from steady.server.cli.gate import gate_items, markdown
+from steady.server.cli.gate import gate_items, junit_xml, markdown
 from steady.server.cli.render import render_report
 from steady.server.reports.models import Report
 
@@ -67,6 +68,11 @@ def page_text(html: str) -> str:
     parser = _Text()
     parser.feed(html)
     return re.sub(r"[ \t]+", " ", "".join(parser.parts))
+
+
+def junit_text(xml: bytes) -> str:
+    """The messages a CI server shows from a JUnit file: each element's message and text."""
+    return "\n".join(v for e in ET.fromstring(xml).iter() for v in (e.get("message"), e.text) if v and v.strip())
 
 
 def _curve(seed: int, n: int = 40, *, offset: float = 0.0) -> list[float]:
@@ -144,6 +150,7 @@ def _views(api, sid: int) -> tuple[Report, dict[str, str]]:
     assert page.status_code == 200, page.text[:500]
     return report, {"terminal": render_report(report),
             "markdown": markdown(gate_items(report), title=report.study.name, link=f"http://x/studies/{sid}"),
+            "junit": junit_text(junit_xml(gate_items(report), suite_name=report.study.name)),
             "dashboard": page_text(page.text)}
 
 
