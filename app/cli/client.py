@@ -78,11 +78,22 @@ class Api:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
 
+    # A read refused with 429 (the server admits a few heavy reads per token at once: a report, bands, a
+    # compare) is asked again after the Retry-After it names, a few times, then the 429 is the answer.
+    READ_RETRIES = 4
+    MAX_RETRY_AFTER_S = 30.0
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ApiError(0, f"cannot reach {self.server}: {exc}") from None
+        for attempt in range(self.READ_RETRIES + 1):
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise ApiError(0, f"cannot reach {self.server}: {exc}") from None
+            wait = response.headers.get("Retry-After", "")
+            if (response.status_code != 429 or method != "GET" or not wait.isdigit()
+                    or attempt == self.READ_RETRIES):
+                break
+            time.sleep(min(float(wait), self.MAX_RETRY_AFTER_S))
         if response.status_code >= 400:
             try:
                 detail = describe_error(response.json()) or response.text

@@ -51,3 +51,49 @@ def test_a_heavy_read_past_the_tokens_limit_is_429_with_retry_after_and_others_p
         gate.leave(token_id, started)
     assert api.get(f"/api/v1/studies/{study}/bands").status_code != 429
     assert gate.in_progress() == 0  # each admitted read left the gate when answered
+
+
+def test_the_cli_asks_again_after_retry_after(api):
+    """`steady report` and the other reads wait their turn instead of failing: the CLI's client asks again
+    after the Retry-After of a 429 (here the token's slots free up while it waits)."""
+    import threading
+
+    from steady.server.cli.client import Api, ApiError
+
+    study = api.post("/api/v1/studies", json=spec()).json()["id"]
+    with api.app.state.database.read() as s:
+        token_id = s.scalar(select(ApiToken.id).where(ApiToken.token_hash == hash_token(api.tokens["user"])))
+    gate = api.app.state.heavy_gate
+    held = [gate.enter(token_id) for _ in range(gate.per_user)]
+    cli = Api(server="http://testserver", token=api.tokens["user"])
+    cli._http = api.client  # the app in process, with the CLI's own request logic
+    api.client.headers["Authorization"] = f"Bearer {api.tokens['user']}"
+    freed = threading.Event()
+
+    def free() -> None:
+        freed.wait(10)
+        for started in held:
+            gate.leave(token_id, started)
+
+    releaser = threading.Thread(target=free)
+    releaser.start()
+    original = api.client.request
+    answers: list[int] = []
+
+    def first_refused(*args, **kwargs):
+        r = original(*args, **kwargs)
+        answers.append(r.status_code)
+        freed.set()  # the first answer was the 429: free the slots while the client waits
+        return r
+
+    api.client.request = first_refused
+    try:
+        try:
+            cli.get(f"/api/v1/studies/{study}/bands")
+        except ApiError as exc:
+            assert exc.status != 429, exc
+    finally:
+        api.client.request = original
+        freed.set()
+        releaser.join()
+    assert answers[0] == 429 and answers[-1] != 429 and len(answers) >= 2, answers
