@@ -29,6 +29,7 @@ written for a kind the run has not recorded by then. Entries are named by positi
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from steady.worker.inrun import sdk
@@ -68,15 +69,13 @@ class _TorchHooks:
         self.model: Any = None  # the outermost module of the first forward call
         self.model_initial: str | None = None  # its parameters' digest at that call
 
-    def _params(self) -> dict[str, Any]:
-        from steady.worker.inrun.frameworks.torch import _to_numpy
-
+    def _params(self) -> Mapping[str, Any]:
         entries: dict[str, Any] = {}
         for oi, opt in enumerate(self.stepped):
             for gi, group in enumerate(opt.param_groups):
                 for pi, p in enumerate(group["params"]):
-                    entries[f"o{oi}.g{gi}.p{pi:05d}"] = _to_numpy(p.detach())
-        return entries
+                    entries[f"o{oi}.g{gi}.p{pi:05d}"] = p
+        return _OnHost(entries)
 
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if any(o is optimizer for o in self.stepped):
@@ -93,6 +92,8 @@ class _TorchHooks:
         self.forward_handles.clear()
         if self.model is None:
             self.model = module
+            if _optimizer_exists():  # its first step will digest the weights: no second copy of them here
+                return
             try:
                 self.model_initial = _module_params_digest([module])
             except Exception:  # noqa: BLE001 - a parameter that cannot be read: no digest, said at the end
@@ -115,6 +116,8 @@ class _TorchHooks:
             _record("initial_weights", self.model_initial, how)
         elif self.model is None:
             _missing({"initial_weights": NO_FORWARD})
+        else:
+            _missing({"initial_weights": NO_INITIAL})
         if not _recorded("final_weights"):
             try:
                 _record("final_weights", _module_params_digest(modules), how)
@@ -124,16 +127,44 @@ class _TorchHooks:
 
 NO_MODULE = ("no torch.optim optimizer stepped and no torch.nn.Module with parameters was found "
              "(weights kept in plain tensors: sdk.set_digest records them)")
+NO_INITIAL = ("a torch.optim optimizer existed at the first forward call but never stepped: the weights before "
+              "the first update were not taken")
 NO_FORWARD = ("no torch.optim optimizer stepped and no module was called: the parameters were found only when "
               "the run ended")
 
 
+class _OnHost(Mapping):
+    """Tensors by name, each copied to the host only when the digest reads it: one parameter in host memory
+    at a time, not a second copy of the whole model."""
+
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        self._tensors = tensors
+
+    def __getitem__(self, name: str) -> Any:
+        from steady.worker.inrun.frameworks.torch import _to_numpy
+
+        return _to_numpy(self._tensors[name].detach())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
 def _module_params_digest(modules: list[Any]) -> str:
     """The parameters of ``modules`` (named ``m<i>.<parameter name>``), bitwise."""
-    from steady.worker.inrun.frameworks.torch import _to_numpy
+    return state_digest(_OnHost({f"m{i}.{name}": p for i, m in enumerate(modules) for name, p in m.named_parameters()}))
 
-    return state_digest({f"m{i}.{name}": _to_numpy(p.detach())
-                         for i, m in enumerate(modules) for name, p in m.named_parameters()})
+
+def _optimizer_exists() -> bool:
+    """Whether the process holds a ``torch.optim.Optimizer`` (whose first step the optimizer hook digests)."""
+    import gc
+
+    import torch
+
+    base = torch.optim.Optimizer
+    return any(issubclass(type(o), base) for o in gc.get_objects())
 
 
 def _root_modules() -> list[Any]:
