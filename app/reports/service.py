@@ -27,7 +27,7 @@ from steady.server.reports.outcome import judge
 from steady.server.reports.resume import resume_section
 from steady.server.reports.sources import exposed_sources, sources_section
 from steady.server.runs import repository as runs_repo
-from steady.server.runs.conflicts import conflict_phrase, conflict_summary
+from steady.server.runs.conflicts import conflict_phrase, conflict_summary, restart_phrase
 from steady.server.stats.convergence import (
     ReferencePoint,
     check_convergence,
@@ -145,9 +145,16 @@ def run_data(session: Session, runs: Sequence[Run], keys: Sequence[str], *, stac
                 dtypes={k: dtypes[(r.id, k)] for k in keys if (r.id, k) in dtypes},
                 resolutions={k: printed[(r.id, k)] for k in keys if (r.id, k) in printed},
                 digest_notes=_digest_notes(r),
+                restarts=_restarts(r, keys),
             )
         )
     return out
+
+
+def _restarts(run: Run, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """{metric: the output line where its step counter went back} (``MetricRestart``), for the judged keys."""
+    restart = (run.metric_conflicts or {}).get("restart")
+    return {restart["key"]: dict(restart)} if isinstance(restart, dict) and restart.get("key") in keys else {}
 
 
 def _digest_notes(run: Run) -> dict[str, str]:
@@ -340,6 +347,10 @@ def capture_caveats(runs: Sequence[Run]) -> list[Caveat]:
     """One caveat per judged run whose capture kept a first value over a second, different one."""
     out = []
     for run in runs:
+        restart = restart_phrase((run.metric_conflicts or {}).get("restart"))
+        if restart is not None:
+            out.append(Caveat(kind="capture_conflicts", run_id=run.id,
+                              message=f"run {run.id}: {restart} (`steady logs {run.id}`)"))
         summary = conflict_summary(run.metric_conflicts)
         if summary is not None and run.metric_conflicts is not None:
             first = run.metric_conflicts.get("first") or []

@@ -43,6 +43,9 @@ class RunData:
     dtypes: Mapping = field(default_factory=dict)  # metric key -> logged value type ("float32"…); absent: float64
     # metric key -> the last printed digit's unit of values parsed from text (stdout); absent: binary floats
     resolutions: Mapping = field(default_factory=dict)
+    # metric key -> where its step counter went back on the run's output ({"line", "step_before", "step_after"}):
+    # its values at steps already logged were not stored, so its final value is not its last printed one
+    restarts: Mapping = field(default_factory=dict)
     # digest kind -> why the run has none (its code's note: no optimizer stepped, no model found); absent: none given
     digest_notes: Mapping = field(default_factory=dict)
 

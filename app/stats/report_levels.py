@@ -228,7 +228,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         if without_effect:
             verdict, reason, sequential = _seeds_without_effect(len(chosen), det, route, same=same)
         step_spread = final_step_spread(fin)
-        reason += _final_where(fin, step_spread)
+        reason += _final_where(fin, step_spread) + _restarted(chosen, spec.name)
         if bad:
             reason += f"; diverged run(s) {', '.join(map(str, bad))} excluded from the band"
         per_seed = len(chosen) < len(_with_metric(group_runs, spec.name))
@@ -263,7 +263,7 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
             if not oob.skew_ok:
                 reason += f"; {oob.reason.split('; ', 1)[-1]}"
         first = plain.seed_line(verdict, spread, sequential=sequential, n_seeds=len(chosen),
-                                identical=without_effect, same=same)
+                                identical=without_effect, same=same) + _restarted_short(chosen, spec.name)
         out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, verdict,
                            len(chosen), reason,
                            {"summary": first, "spread": spread, "final_values": values, "final_run_ids": ids, "diverged_run_ids": bad,
@@ -275,6 +275,25 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
                             "sequential": sequential,
                             "guarantee": guarantees.seed_stability(alpha, sequential=sequential is not None)}))
     return out
+
+
+def _restarted(runs: Sequence[RunData], metric: str) -> str:
+    """The end of a reason when some runs' step counter went back (``RunData.restarts``): which value was judged."""
+    hit = [r for r in runs if metric in r.restarts]
+    if not hit:
+        return ""
+    r = hit[0].restarts[metric]
+    return (f"; run(s) {', '.join(str(x.run_id) for x in hit)}: the final value judged is the first value logged at "
+            f"the run's highest step, not its last printed one (run {hit[0].run_id}'s step counter went back at output "
+            f"line {r.get('line')}, step {r.get('step_before')} then {r.get('step_after')}: name the epoch in the "
+            "capture pattern to keep every value)")
+
+
+def _restarted_short(runs: Sequence[RunData], metric: str) -> str:
+    """The same on the verdict's own line."""
+    n = sum(1 for r in runs if metric in r.restarts)
+    return (f" (judged on the first value at each run's highest step, not the last printed one: the step counter "
+            f"restarted in {n} run(s))") if n else ""
 
 
 def _final_where(fin: Finals, step_spread: dict | None) -> str:
@@ -356,6 +375,7 @@ def _portability_verdicts(groups, spec: MetricSpec, *, reference_stack, alpha, r
                     "diverged_run_ids": ref_bad + cand_bad, "band_containment": share, "band_steps_compared": k,
                     "margin": spec.margin, "final_step": both.step, "short_run_ids": both.short_run_ids,
                     "final_steps": list(both.steps), "final_step_spread": final_step_spread(both),
+                    "restarted": _restarted(ref_runs + cand_runs, spec.name),
                     "same_seed": _same_seed(stacks[ref], stacks[cand], spec)}
             if ref_vals.size < 2 or cand_vals.size < 2:
                 pending.append((group, None, base, split))
@@ -386,6 +406,7 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
             seq = sequential_tost_decision(split[0], split[1], margin=spec.margin, max_seeds=stages.max_seeds,
                                            last_stage=stages.last_stage, alpha=alpha / n_tost,
                                            spending=stages.spending, stopped=stages.stopped)
+        restarted = base.pop("restarted", "")
         details = {**base, "adjust_method": method, "n_comparisons_tost": len(tost_idx),
                    "n_comparisons_welch": len(welch_idx), "sequential": seq,
                    "guarantee": guarantees.stack_portability(alpha, method, sequential=seq is not None)}
@@ -431,7 +452,7 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
                       + f"; for reference, the fixed-sample rule on all seeds: {reason}")
         if base["diverged_run_ids"]:
             reason += f"; {len(base['diverged_run_ids'])} diverged run(s) excluded"
-        reason += same_seed_phrase(base["same_seed"])
+        reason += same_seed_phrase(base["same_seed"]) + restarted
         reason += _final_where(Finals(np.zeros(0), [], [], base["final_step"], [], tuple(base["final_steps"])),
                                base["final_step_spread"])
         details["summary"] = plain.portability_line(verdict, details)

@@ -86,3 +86,17 @@ def test_portability_judges_last_values_and_says_where():
     assert "final values at each run's last step, 49–104" in v["reason"]
     (sv,) = [x for x in rep["variance_by_source"] if x["group"]["stack"] == "a"]
     assert sv["final_step"] is None
+
+
+def test_a_run_whose_step_counter_restarted_says_which_value_was_judged():
+    steps = np.array([10, 20, 29], dtype=np.int64)
+    runs = [RunData(run_id=s, seed=s, repeat=0, determinism="seeded", stack="a",
+                    series={"loss": (steps, np.array([6.9, 6.8, 6.7]) + 0.01 * s)},
+                    restarts={"loss": {"line": 5, "step_before": 29, "step_after": 10}} if s == 1 else {})
+            for s in range(3)]
+    rep = build_report(runs, [MetricSpec("loss", max_std=1.0)], rng=np.random.default_rng(0)).to_dict()
+    v = _verdict(rep, "seed_stability")
+    assert "run(s) 1: the final value judged is the first value logged at the run's highest step" in v["reason"]
+    assert "went back at output line 5, step 29 then 10" in v["reason"]
+    assert v["summary"].endswith("(judged on the first value at each run's highest step, not the last printed one: "
+                                 "the step counter restarted in 1 run(s))")

@@ -94,3 +94,44 @@ def test_patterns_and_presets_are_checked():
     assert CaptureSpec(preset="mnist").preset == "mnist"
     with pytest.raises(ValueError):
         CaptureSpec(preset="mnst")
+
+
+def test_a_step_counter_that_goes_back_is_a_restart_with_a_pattern_that_keeps_every_value(tmp_path):
+    """Without an epoch, epoch 2's batches repeat epoch 1's steps: the capture says at which output line the
+    count went back, and offers the pattern with an epoch group, which keeps every value when used."""
+    output, printed = _wlm(2)
+    step_only = r"\|\s*(?P<step>\d+)/[^|]*batches.*\|\s*loss\s+(?P<loss>[-+.\d]+)"
+    out, events = tmp_path / "output.log", tmp_path / "events.jsonl"
+    out.write_text(output)
+    cap = Capture(events_path=str(events), output_path=str(out), roots=[], tensorboard=False, patterns=[step_only])
+    cap.pump()
+    cap.close()
+    restart = cap.restart
+    assert restart is not None and cap.restarts == 1
+    # line 4 is epoch 1's end line; epoch 2's first batch is output line 5
+    assert {k: restart[k] for k in ("key", "line", "step_before", "step_after")} == {
+        "key": "loss", "line": 5, "step_before": 29, "step_after": 10}
+    assert output.splitlines()[restart["line"] - 1].startswith("| epoch   2 |    10/")
+    assert any("went back at output line 5" in n and restart["pattern"] in n for n in cap.notes())
+    (tmp_path / "again").mkdir()
+    got = _points(_captured(tmp_path / "again", output, patterns=[restart["pattern"]]), "loss")
+    assert [v for _, v in got] == [v for _, _, v in printed]
+    steps = [s for s, _ in got]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+
+
+def test_the_conflict_record_carries_the_restart_to_the_server_and_its_words():
+    from steady.server.runs.conflicts import conflict_lines, merged
+    from steady.worker.agent.conflicts import ConflictGuard
+    from steady.worker.contract.protocol import MetricConflicts
+
+    g = ConflictGuard()
+    assert g.summary() is None
+    g.restart, g.restarts = {"key": "loss", "line": 5, "step_before": 29, "step_after": 10, "pattern": None}, 1
+    record = MetricConflicts.model_validate(g.summary()).model_dump()
+    assert record["restart"]["line"] == 5 and record["count"] == 0
+    kept = merged(None, record)
+    assert merged(kept, {"count": 1, "first": []})["restart"]["line"] == 5
+    (line,) = conflict_lines(kept)
+    assert line.startswith("capture restart: the step counter of loss went back at output line 5 (step 29, then 10)")
+    assert "name the epoch in the capture pattern" in line

@@ -33,7 +33,7 @@ from typing import Any
 from steady.worker.contract import runfiles
 from steady.worker.contract.events import EventWriter, step_in_range
 from steady.worker.contract.linear_re import compile_linear
-from steady.worker.agent.presets import PatternReader, Reader, preset_reader, printed_precision
+from steady.worker.agent.presets import PatternReader, Reader, epoch_pattern, preset_reader, printed_precision
 from steady.worker.agent.stepclock import StepClock
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERN as DEFAULT_PATTERN
 from steady.worker.contract.protocol import DEFAULT_CAPTURE_PATTERNS as DEFAULT_PATTERNS
@@ -261,6 +261,12 @@ class Capture:
             self.patterns.append(preset_reader(preset))
         self._line_no = 1  # the output's line being read (1-based; a \r redraw stays on its line)
         self._pending: dict[int, tuple[int, dict[str, str]]] = {}  # reader -> the line's last reading so far
+        self._pending_line: dict[int, str] = {}  # reader -> the line its pending reading came from
+        self._top: dict[str, int] = {}  # key -> the last step read from the output
+        # The first time a key's step went back on the output (a restart: e.g. a new epoch printed without its
+        # number): protocol.MetricRestart fields; ``restarts`` counts the lines where one did
+        self.restart: dict[str, Any] | None = None
+        self.restarts = 0
         self._last_step: dict[str, int] = {}
         self._writer: EventWriter | None = None
         self._out_offset = 0
@@ -294,6 +300,13 @@ class Capture:
             out.append(f"{self.bad_steps} captured reading(s) skipped: step outside the 64-bit signed range")
         if self.unfinished:
             out.append(f"the run's output and event files were not read to their end within {CLOSE_SECONDS:g} s")
+        if self.restart is not None:
+            r = self.restart
+            out.append(f"the step counter of {r['key']} went back at output line {r['line']} (step {r['step_before']}, "
+                       f"then {r['step_after']}): a restart, e.g. a new epoch printed without its number; values at "
+                       "steps already read are kept as first read and the later ones recorded as conflicts"
+                       + (f"; a capture pattern naming the epoch keeps every value: {r['pattern']}" if r["pattern"]
+                          else "; name the epoch in the capture pattern (a group 'epoch') to keep every value"))
         return out
 
     def _skip(self, exc: runfiles.UnsafeFileError) -> None:
@@ -422,16 +435,33 @@ class Capture:
             for step, texts in reader.read(line):
                 pending = self._pending.get(i)
                 if pending is not None and pending[0] != step:
-                    self._emit_reading(*pending)
+                    self._emit_reading(*pending, reader=i)
                 self._pending[i] = (step, texts)
+                self._pending_line[i] = line
 
     def _end_line(self) -> None:
         for i in sorted(self._pending):
-            self._emit_reading(*self._pending[i])
+            self._emit_reading(*self._pending[i], reader=i)
         self._pending.clear()
         self._line_no += 1
 
-    def _emit_reading(self, step: int, texts: dict[str, str]) -> None:
+    def _went_back(self, step: int, keys, reader: int) -> None:
+        """Note a step counter that goes back (a restart: its values at steps already read become conflicts)."""
+        back = {k: self._top[k] for k in keys if step < self._top.get(k, step)}
+        for k in keys:
+            self._top[k] = step  # the last step read: the next restart is the next time it goes back
+        if not back:
+            return
+        self.restarts += 1
+        if self.restart is None:
+            key = sorted(back)[0]
+            found = self.patterns[reader]
+            line = self._pending_line.get(reader, "")
+            suggestion = epoch_pattern(found.pattern, line) if isinstance(found, PatternReader) else None
+            self.restart = {"key": key, "line": self._line_no, "step_before": back[key], "step_after": step,
+                            "pattern": suggestion}
+
+    def _emit_reading(self, step: int, texts: dict[str, str], *, reader: int = 0) -> None:
         values, digits, printed = {}, {}, {}
         for name, text in texts.items():
             try:
@@ -443,6 +473,8 @@ class Capture:
             digits[key], unit = printed_precision(text)
             if unit is not None:
                 printed[key] = unit
+        if values and step_in_range(step):
+            self._went_back(step, values, reader)
         self._emit("stdout", step, values, {}, {"o": self._line_no, "d": digits}, printed)
         if self.arrival is not None and values:
             self._time_step("stdout", step, self.arrival(self._at))

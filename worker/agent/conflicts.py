@@ -88,6 +88,8 @@ class ConflictGuard:
         self._files: list[str] = []
         self._sdk_events = 0
         self._held: dict[tuple[str, int], tuple[float, int, int]] = {}  # (key, step): (value, origin, digits)
+        self.restart: dict[str, Any] | None = None  # the output's first step counter that went back (the capture's)
+        self.restarts = 0
 
     def admit(self, event: dict[str, Any]) -> dict[str, float]:
         """The values of a metric event that go on to the server (the others are dropped, and recorded
@@ -143,10 +145,14 @@ class ConflictGuard:
             self._held.setdefault((key, step), (value, origin, min(digits, 127)))
 
     def summary(self) -> dict[str, Any] | None:
-        """The run's conflicts as ``protocol.MetricConflicts`` fields, or None when there were none."""
-        if not self.count:
+        """The run's conflicts as ``protocol.MetricConflicts`` fields (with the output's first restart, which the
+        capture sets in :attr:`restart`), or None when there were neither."""
+        if not self.count and self.restart is None:
             return None
-        return {"count": self.count, "first": list(self.first)}
+        out: dict[str, Any] = {"count": self.count, "first": list(self.first)}
+        if self.restart is not None:
+            out.update(restart=self.restart, restarts=self.restarts)
+        return out
 
     def _admit_one(self, key: str, step: int, value: float, origin: int, digits: int) -> bool:
         series = self._series.get(key)

@@ -48,7 +48,7 @@ from steady.worker.contract.protocol import CapturePreset
 NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
 Reading = tuple[int, dict[str, str]]
 
-__all__ = ["NUMBER", "PRESETS", "EpochSteps", "PatternReader", "Reader", "Reading", "preset_reader", "printed_precision",
+__all__ = ["NUMBER", "PRESETS", "EpochSteps", "PatternReader", "epoch_pattern", "Reader", "Reading", "preset_reader", "printed_precision",
            "printed_resolution", "significant_digits"]
 
 
@@ -101,6 +101,7 @@ class PatternReader:
     With ``epoch``, the step read is the global one (``EpochSteps``)."""
 
     def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
         self.rx = compile_linear(pattern)
         self.epochs = EpochSteps() if "epoch" in self.rx.groupindex else None
 
@@ -186,6 +187,25 @@ class LightningReader:
             return []
         values = {k: v for k, v in _POSTFIX_PAIR.findall(line, m.end()) if k not in self._SKIP}
         return [(int(m.group(1)), values)] if values else []
+
+
+_EPOCH_PREFIX = r"(?i)\bepoch\b\D*?(?P<epoch>\d+)[^\n]*?"
+
+
+def epoch_pattern(pattern: str, line: str) -> str | None:
+    """``pattern`` (a step-only capture pattern) with an ``epoch`` group read from the word "epoch" before it,
+    when ``line`` shows an epoch number and the new pattern reads it with the same metrics; else None."""
+    if "epoch" in compile_linear(pattern).groupindex or "epoch" not in line.lower():
+        return None
+    candidate = _EPOCH_PREFIX + pattern
+    try:
+        rx = compile_linear(candidate)
+    except ValueError:  # PatternError: a pattern the prefix makes unreadable gets no suggestion
+        return None
+    m = rx.search(line)
+    if m is None or m.group("step") is None or m.group("epoch") is None:
+        return None
+    return candidate
 
 
 class _EpochLength:

@@ -655,6 +655,7 @@ class RunProcess:
         if self.capture is not None:  # what the run wrote last, appended before the last reads
             self.capture.close()
             self.collected.captured = dict(self.capture.last)
+            self.guard.restart, self.guard.restarts = self.capture.restart, self.capture.restarts
         # What the run reported about itself may lie behind a metric backlog that poll() has not
         # reached: read it without the metric lines (absorbing an event twice changes nothing),
         # and leave those to later poll() calls.

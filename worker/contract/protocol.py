@@ -597,11 +597,25 @@ class MetricConflict(_FreeText):
     dropped: ValueOrigin
 
 
+class MetricRestart(_FreeText):
+    """The first time a key's step went back on a run's output (a restart: e.g. a new epoch printed without its
+    number), at which output line, and a capture pattern naming the epoch that would keep every value."""
+
+    key: Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
+    line: Annotated[int, Field(ge=1)]
+    step_before: int
+    step_after: int
+    pattern: Annotated[str, Field(max_length=2000)] | None = None
+
+
 class MetricConflicts(_FreeText):
-    """A run's capture conflicts: the first :data:`MAX_CONFLICTS_KEPT` in full, and how many in all."""
+    """A run's capture conflicts: the first :data:`MAX_CONFLICTS_KEPT` in full, and how many in all; ``restart``:
+    the output's first step counter that went back (``restarts``: on how many lines one did)."""
 
     count: Annotated[int, Field(ge=0)]
     first: Annotated[list[MetricConflict], Field(max_length=MAX_CONFLICTS_KEPT)] = []
+    restart: MetricRestart | None = None
+    restarts: Annotated[int, Field(ge=0)] = 0
 
 
 class RunResult(_FreeText):
