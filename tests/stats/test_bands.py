@@ -1,10 +1,12 @@
 import numpy as np
 import pytest
+from scipy import stats
 
 from steady.server.stats.align import align_series, first_nonfinite_step
 from steady.server.stats.bands import compute_band, out_of_band_runs
 from steady.server.stats.downsample import extreme_indices
 from steady.server.stats.intervals import normal_tolerance_factor
+from tests.stats.rate_checks import design
 
 
 def test_align_union_of_steps_and_divergence():
@@ -60,17 +62,29 @@ def test_diverged_runs_are_excluded_and_counted():
         compute_band(x, diverged=[True])
 
 
-def test_out_of_band_false_flag_rate_and_planted_shift():
+def test_out_of_band_false_flag_rate_is_exact_and_a_planted_shift_is_flagged():
+    """Steps independent and normal, the model of the per-step rule: a run's exceedance count is exactly
+    Binomial(K, q), q the in-sample probability of leaving mean ± k·s (Pope 1976: n(x − x̄)²/((n − 1)²s²) ~
+    Beta(1/2, (n − 2)/2)), so the chance a healthy run is flagged is exactly P(Binomial(K, q) > the threshold)
+    (4.5% at a 5% level: discreteness). Run 0 of 400 studies: its count rules out twice that (a doubled
+    rate fails with probability ≥ 0.95, exact) and is not below it beyond simulation error."""
+    n, steps, level = 20, 200, 0.05
+    k = normal_tolerance_factor(n, coverage=0.9, confidence=0.95)
+    q = float(stats.beta.sf(n * k * k / (n - 1) ** 2, 0.5, (n - 2) / 2.0))
+    threshold = int(stats.binom.isf(level, steps, q))
+    exact = float(stats.binom.sf(threshold, steps, q))
+    assert 0.03 < exact <= level
+    check = design(2 * exact, (400,))
+    assert check.pass_probability(2 * exact) <= 0.05 and check.pass_probability(exact) >= 0.95
     rng = np.random.default_rng(2024)
-    flagged = total = 0
-    for _ in range(40):
-        x = rng.normal(size=(20, 200))
-        b = compute_band(x, coverage=0.9, confidence=0.95)
-        r = out_of_band_runs(x, b, false_alarm=0.05)
-        flagged += int(r.flagged.sum())
-        total += x.shape[0]
-    rate = flagged / total  # binomial discreteness keeps the actual level a bit below nominal
-    assert 0.01 <= rate <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / total)
+    flagged = 0
+    for _ in range(400):
+        x = rng.normal(size=(n, steps))
+        r = out_of_band_runs(x, compute_band(x, coverage=0.9, confidence=0.95), false_alarm=level)
+        assert r.q == pytest.approx(q, rel=1e-9) and r.threshold.tolist() == [threshold] * n
+        flagged += bool(r.flagged[0])
+    ok, _, _ = check.run(lambda _: flagged)
+    assert ok and stats.binom.cdf(flagged, 400, exact) > 0.01, f"{flagged}/400 flagged, exactly {exact:.4f} expected"
     x = rng.normal(size=(20, 200))
     x[7] += 1.5
     b = compute_band(x)

@@ -21,6 +21,7 @@ from steady.server.stats.sequential import (
     stage_sizes,
     staged_looks,
 )
+from tests.stats.rate_checks import design
 
 # Jennison & Turnbull (2000), Group Sequential Methods, Table 2.1 (Pocock C_P) and Table 2.3
 # (O'Brien–Fleming C_B), two-sided α = 0.05, K equally spaced analyses.
@@ -179,10 +180,27 @@ def test_the_false_alarm_check_catches_a_doubled_rate():
     assert _passes(SIMS, 0.05, 0.03)[0] > 0.95
 
 
+# The power check's design (tests/stats/rate_checks.py): its count of misses rules out twice the miss rate the
+# stated power allows; the second stage runs only when the first 100 studies do not yet rule it out.
+POWER_STAGES = (100, 360)
+
+
 @pytest.mark.parametrize("rule,scenario", PLANTED, ids=[f"{r.name}/{s.name}" for r, s in PLANTED])
 def test_adaptive_power_as_stated(rule, scenario):
-    rate = measure(rule, scenario, n=100, rng=_rng(rule.name, scenario.name))
-    assert rate.high >= STATED_POWER[f"{rule.name}/{scenario.name}"]
+    """Stated 0.9: a true power of 0.8 fails with probability ≥ 0.95, and 0.9 passes with probability ≥ 0.95
+    (test_the_power_check_catches_a_doubled_miss_rate)."""
+    stated = STATED_POWER[f"{rule.name}/{scenario.name}"]
+    check = design(2 * round(1.0 - stated, 12), POWER_STAGES)
+    rng = _rng(rule.name, scenario.name)
+    ok, misses, n = check.run(lambda more: more - measure(rule, scenario, n=more, rng=rng).k)
+    assert ok, f"power {1 - misses / n:.3f} ({n - misses}/{n}) does not rule out {1 - check.bound:.2f} (stated {stated})"
+
+
+def test_the_power_check_catches_a_doubled_miss_rate():
+    for stated in set(STATED_POWER.values()):
+        miss = round(1.0 - stated, 12)
+        check = design(2 * miss, POWER_STAGES)
+        assert check.pass_probability(2 * miss) <= 0.05 and check.pass_probability(miss) >= 0.95, (stated, check)
 
 
 @pytest.mark.slow
