@@ -204,7 +204,6 @@ AdminCaller = Annotated[Principal, Depends(require(Role.admin))]
 UserCaller = Annotated[Principal, Depends(_user)]
 # A heavy read: declare it first among a route's parameters, so a refused request takes no thread.
 HeavyReader = Annotated[Principal, Depends(heavy_reader)]
-WorkerCaller = Annotated[Principal, Depends(require(Role.worker))]
 # The worker protocol's routes: a token lookup on the protocol's own capacity.
 ProtocolCaller = Annotated[Principal, Depends(require(Role.worker, protocol=True))]
 # Code archives: users upload and read them, workers fetch them.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Request, status
 
-from steady.server.kit.deps import AppSettings, ReadDB, UserCaller, WorkerCaller, WriteDB
+from steady.server.kit.deps import AppSettings, ProtocolCaller, ReadDB, UserCaller, WriteDB
 from steady.server.kit.pagination import Page, PageQuery
 from steady.server.lifecycle import localizing
 from steady.server.lifecycle.localizing import LocalizationJobOut, LocalizationJobRequest
@@ -49,26 +49,26 @@ def cancel_localization_job(job_id: int, db: WriteDB, caller: UserCaller) -> Loc
     return localizing.job_out(db, localizing.cancel(db, job_id, caller))
 
 
-# --- worker side ----------------------------------------------------------------------------------
+# --- worker side: on the protocol's own threads and connections (steady.server.kit.capacity) ---------------
 
 
 @router.post("/localization-jobs/{job_id}/heartbeat", response_model=LocalizationHeartbeatAck,
              tags=["worker protocol"])
-def heartbeat(job_id: int, body: LocalizationHeartbeat, db: WriteDB, caller: WorkerCaller,
-              settings: AppSettings) -> LocalizationHeartbeatAck:
-    return localizing.heartbeat(db, job_id, body, settings, caller)
+async def heartbeat(job_id: int, body: LocalizationHeartbeat, request: Request, caller: ProtocolCaller,
+                    settings: AppSettings) -> LocalizationHeartbeatAck:
+    return await request.app.state.protocol.write(localizing.heartbeat, job_id, body, settings, caller)
 
 
 @router.post("/localization-jobs/{job_id}/complete", response_model=LocalizationAck, tags=["worker protocol"])
-def complete(job_id: int, body: LocalizationDone, db: WriteDB, caller: WorkerCaller) -> LocalizationAck:
-    return localizing.complete(db, job_id, body, caller)
+async def complete(job_id: int, body: LocalizationDone, request: Request, caller: ProtocolCaller) -> LocalizationAck:
+    return await request.app.state.protocol.write(localizing.complete, job_id, body, caller)
 
 
 @router.post("/localization-jobs/{job_id}/fail", response_model=LocalizationAck, tags=["worker protocol"])
-def fail(job_id: int, body: LocalizationFailure, db: WriteDB, caller: WorkerCaller) -> LocalizationAck:
-    return localizing.fail(db, job_id, body, caller)
+async def fail(job_id: int, body: LocalizationFailure, request: Request, caller: ProtocolCaller) -> LocalizationAck:
+    return await request.app.state.protocol.write(localizing.fail, job_id, body, caller)
 
 
 @router.post("/localization-jobs/{job_id}/release", response_model=LocalizationAck, tags=["worker protocol"])
-def release(job_id: int, body: LocalizationRelease, db: WriteDB, caller: WorkerCaller) -> LocalizationAck:
-    return localizing.release(db, job_id, body, caller)
+async def release(job_id: int, body: LocalizationRelease, request: Request, caller: ProtocolCaller) -> LocalizationAck:
+    return await request.app.state.protocol.write(localizing.release, job_id, body, caller)

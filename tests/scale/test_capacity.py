@@ -1,7 +1,7 @@
 """No user's requests can cost another user's run its lease (ARCHITECTURE.md: the control plane's hot path
 runs on capacity of its own; docs/deploy.md, "Capacity").
 
-One user fires heavy reads at a real ``steady serve`` (48 compares at once, then a compare loop from 24
+One user fires heavy reads at a real ``steady serve`` (48 compares at once, then a compare loop from 8
 clients) while a real agent runs another user's study with leases of 4 s renewed every 1 s. Before the
 worker protocol had threads and connections of its own, the compares took every thread of the shared
 pool for tens of seconds: ``/healthz`` stalled and the other user's run lost its lease and ran again as
@@ -31,7 +31,7 @@ from tests.worker.test_worker_agent_e2e import Worker
 pytestmark = pytest.mark.slow
 
 LEASES = {"lease_seconds": 4, "heartbeat_seconds": 1, "reaper_interval_seconds": 0.5}
-BURST, CLIENTS, STORM_S = 48, 24, 10.0
+BURST, CLIENTS, STORM_S = 48, 8, 8.0
 HEALTHZ_BOUND_S = 5.0  # a ping on the protocol's own thread and connection: milliseconds when idle
 
 RUN = textwrap.dedent("""
@@ -110,7 +110,7 @@ def test_heavy_reads_of_one_user_cannot_cost_another_users_run_its_lease(live_se
                 c.timeout = httpx.Timeout(600)
                 while not stop.is_set():
                     compare(c)
-                    stop.wait(0.2)
+                    stop.wait(0.5)
 
         prober = threading.Thread(target=probe)
         prober.start()
