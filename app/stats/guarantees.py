@@ -37,9 +37,13 @@ def stack_portability(alpha: float = 0.05, method: str = "holm", *, sequential: 
     if sequential:
         return (f"each claim ('equivalent', 'not equivalent') wrong ≤ {_pct(alpha)} over all stages "
                 "(group-sequential TOST, alpha spending; Bonferroni over comparisons); 'equivalent' withheld "
-                "for visibly skewed finals with unequal seeds or spreads")
+                "for visibly skewed finals with unequal seeds or spreads; " + SMALL_STACKS)
     return (f"false 'equivalent' or 'not equivalent' ≤ {_pct(alpha)} ({'Holm' if method == 'holm' else method.upper()}); "
-            "'equivalent' withheld for visibly skewed finals with unequal seeds or spreads")
+            "'equivalent' withheld for visibly skewed finals with unequal seeds or spreads; " + SMALL_STACKS)
+
+
+SMALL_STACKS = ("at 3–5 seeds on a stack a small-sample rule (df of the smaller stack, an allowance for skew) "
+                "holds the level for unequal spreads and skewed or outlier finals")
 
 
 def sources(alpha: float = 0.05, *, sequential: bool = False) -> str:

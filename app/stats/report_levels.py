@@ -441,6 +441,8 @@ def _finish_portability(pending, *, alpha, method, stages: SeedStages | None = N
                     "; indistinguishable from the margin at this precision" if
                     res.diff_ci_low <= m <= res.diff_ci_high or res.diff_ci_low <= -m <= res.diff_ci_high else "") + (
                     f"; {res.plan}" if res.plan else "")
+            if res.tost is not None and res.tost.small_sample:
+                reason += f"; {res.tost.small_sample}"
         else:
             if welch_adj[i] < alpha:
                 verdict, reason = "not_equivalent", f"no margin given; {d}, Welch p={welch_adj[i]:.3g} ({method})"

@@ -16,7 +16,8 @@ Lan–DeMets functions of ``steady.server.stats.sequential``:
 With a single stage (K = 1) both rules are exactly the fixed-sample verdict of
 ``steady.server.stats.report`` (TOST p < α; (1 − α) Welch CI outside the margin). The first stage that
 decides ends the test. Critical values are Student t quantiles at the stage's Welch df and
-level a_k (the significance-level approach: exact for a known variance, approximate for an
+level a_k (at a look with ≤ 5 seeds on a stack, the equivalence claim uses the fixed rule's
+small-sample rule, ``portability.small_sample_quantile``) (the significance-level approach: exact for a known variance, approximate for an
 estimated one; ``steady.server.stats.calibration.rules_adaptive_portability`` measures it).
 
 The information of a difference of means grows with h = n_r·n_c/(n_r + n_c); the fraction of
@@ -31,7 +32,13 @@ from dataclasses import dataclass
 
 import scipy
 
-from steady.server.stats.portability import skew_guard, welch_parts
+from steady.server.stats.portability import (
+    is_small_sample,
+    skew_guard,
+    small_sample_quantile,
+    small_sample_skew,
+    welch_parts,
+)
 from steady.server.stats.sequential import spending_boundaries, staged_looks, stopped_early
 
 __all__ = ["TostLook", "SequentialTost", "tost_information_fraction", "sequential_tost_decision",
@@ -92,12 +99,17 @@ def tost_information_fraction(n_reference: int, n_candidate: int, max_seeds: int
     return min(max(h / (max_seeds / 2.0), 1e-6), 1.0)
 
 
-def _judge(d: float, se: float, df: float, margin: float, a_eq: float, a_ne: float) -> tuple[str, float, float]:
-    """One stage's decision and its (1 − 2a_eq) CI of the difference."""
+def _judge(d: float, se: float, df: float, margin: float, a_eq: float, a_ne: float,
+           small: tuple[float, float] | None = None) -> tuple[str, float, float]:
+    """One stage's decision and its (1 − 2a_eq) CI of the difference. ``small``: (df, skew allowance) of the
+    fixed rule's small-sample rule (``portability.small_sample_quantile``) for the equivalence claim."""
     if se == 0.0:  # both stacks constant: the difference is known exactly (as the fixed rule)
         verdict = "equivalent" if abs(d) < margin else "not_equivalent" if abs(d) > margin else "inconclusive"
         return verdict, d, d
-    q_eq = float(scipy.stats.t.isf(a_eq, df)) if a_eq > 0 else math.inf
+    if small is not None:
+        q_eq = small_sample_quantile(a_eq, small[0], small[1]) if a_eq > 0 else math.inf
+    else:
+        q_eq = float(scipy.stats.t.isf(a_eq, df)) if a_eq > 0 else math.inf
     q_ne = float(scipy.stats.t.isf(a_ne, df)) if a_ne > 0 else math.inf
     low, high = d - q_eq * se, d + q_eq * se
     if -margin < low and high < margin:
@@ -141,7 +153,8 @@ def sequential_tost_decision(reference_by_stage: Sequence, candidate_by_stage: S
         v = "inconclusive"
         if a.size >= 2 and c.size >= 2:
             d, se, df = welch_parts(a, c)
-            v, low, high = _judge(d, se, df, float(margin), a_eq, a_ne)
+            small = (float(min(a.size, c.size) - 1), small_sample_skew(a, c)) if is_small_sample(a.size, c.size) else None
+            v, low, high = _judge(d, se, df, float(margin), a_eq, a_ne, small)
             if v == "equivalent" and skew_guard(a, c, visible_z=SEQUENTIAL_VISIBLE_Z,
                                                 imbalance_limit=SEQUENTIAL_IMBALANCE_LIMIT):
                 v = "inconclusive"  # skewed finals, unequal stacks: as the fixed rule, stricter (repeated looks)

@@ -26,6 +26,7 @@ from steady.server.stats.report import MetricSpec, RunData, build_report
 from steady.server.stats.seed_stability import seed_spread
 
 __all__ = ["RULES", "STATED_POWER", "quantized_finals", "quantized_scenarios", "QUANTIZED_EVAL",
+           "small_unequal_scenarios", "SMALL_UNEQUAL", "SMALL_DISTS",
            "OOB_FALSE_ALARM", "LATE_BLOWUP_FACTOR", "curve_level_sd", "offset_for_power",
            "bonferroni_offset_for_power", "oob_planted_power", "late_blowup_power"]
 
@@ -414,6 +415,26 @@ _UNEQUAL = [
 ]
 
 
+# Where users are: 3–5 seeds per stack, one stack's variance 6× the other's (the noisy one the smaller in
+# 9 vs 3), skewed or 10%-outlier finals; true Δ = margin = 4 se on the side where a skewed, noisy stack that
+# misses its tail looks equivalent (name, n_ref, n_cand, variance ratio cand/ref)
+SMALL_UNEQUAL = (("4v4-var6", 4, 4, 6.0), ("9v3-var6", 9, 3, 6.0), ("3v3-var6", 3, 3, 6.0), ("5v5-var6", 5, 5, 6.0))
+SMALL_DISTS = ("gamma", "lognormal", "contaminated")
+
+
+def small_unequal_scenarios() -> list[Scenario]:
+    """The small, unequal stacks rows of ``stack_portability:equivalent`` (docs/calibration.md, "Where users are")."""
+    out = []
+    for name, nr, nc, vr in SMALL_UNEQUAL:
+        for dist in (*SMALL_DISTS, *(("normal",) if name == "4v4-var6" else ())):
+            out.append(Scenario(f"small-{dist}-{name}", "healthy",
+                                f"{dist} finals, {nr} vs {nc} seeds, candidate variance {vr:g}× the reference's, "
+                                "true Δ = margin = 4 se",
+                                partial(_stacks_unequal, n_ref=nr, n_cand=nc, sd_ref=1.0, sd_cand=float(np.sqrt(vr)),
+                                        dist=dist, diff_se=4.0, margin_se=4.0, claim="equivalent")))
+    return out
+
+
 def _portability_rules() -> list[Rule]:
     eq, neq = [], []
     for dist in ("normal", "lognormal", "contaminated"):
@@ -432,6 +453,7 @@ def _portability_rules() -> list[Rule]:
                            f"{dist} finals, {nr} vs {nc} seeds, variance ratio 4, true Δ = margin = 4 se",
                            partial(_stacks_unequal, n_ref=nr, n_cand=nc, sd_ref=sr, sd_cand=sc_, dist=dist,
                                    diff_se=diff, margin_se=4.0, claim="equivalent")))
+    eq.extend(small_unequal_scenarios())
     eq.append(Scenario("stress-lognormal1-20v5-var4", "stress",
                        "lognormal (log-sd 1, skewness 6) finals, 20 vs 5 seeds, variance ratio 4, Δ = margin",
                        partial(_stacks_unequal, n_ref=20, n_cand=5, sd_ref=1.0, sd_cand=2.0, dist="lognormal1",
