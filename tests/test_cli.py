@@ -179,7 +179,8 @@ def test_login_saves_server_and_token_and_every_401_says_how_to_fix_it(live_serv
     assert login.returncode == 0, login.stderr
     config = tmp_path / "config" / "steady" / "config.json"
     assert config.stat().st_mode & 0o777 == 0o600
-    assert json.loads(config.read_text()) == {"server": live_server.url, "token": live_server.tokens["user"]}
+    assert json.loads(config.read_text()) == {"default": live_server.url,
+                                              "servers": {live_server.url: {"token": live_server.tokens["user"]}}}
 
     with live_server.client() as c:
         sid = external_study(c, "after login", seeds=1)
@@ -202,6 +203,57 @@ def test_login_saves_server_and_token_and_every_401_says_how_to_fix_it(live_serv
     assert out.returncode == 0 and not config.exists()
     after = run_cli("status", "--server", live_server.url, env=env, cwd=cwd)
     assert after.returncode == 1 and "steady login URL" in one_line(after.stderr)
+
+
+@SQLITE_ONLY
+def test_login_keeps_one_entry_per_server_and_each_gets_its_own_token(api, monkeypatch, tmp_path):
+    """Two servers on one machine (in this process, told apart by their URLs; the token each request carries is
+    recorded): logging in to the second keeps the first, whose token still goes to it with --server; logout
+    forgets one server at a time; the one-server file of earlier versions still reads."""
+    from fastapi.testclient import TestClient
+
+    sent: list[tuple[str, str]] = []
+
+    def client(base_url, headers, timeout):
+        sent.append((base_url, headers.get("Authorization", "").removeprefix("Bearer ")))
+        return TestClient(api.app, base_url=base_url, headers=headers)
+
+    monkeypatch.setattr(httpx, "Client", client)
+    one, two = "http://one.test", "http://two.test"
+    token_one = api.tokens["user"]
+    token_two = api.post("/api/v1/tokens", role="admin", json={"name": "second", "role": "user"}).json()["token"]
+    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1"}
+    config = tmp_path / "config" / "steady" / "config.json"
+
+    def status(*args: str) -> tuple[str, str]:
+        sent.clear()
+        r = run_cli("status", *args, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return sent[-1]
+
+    assert run_cli("login", one, "--token", token_one, env=env, cwd=tmp_path).returncode == 0
+    second = run_cli("login", two, "--token", token_two, env=env, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert f"logged in to {two} (the default server now)" in second.stdout and f"still saved: {one}" in second.stdout
+    saved = json.loads(config.read_text())
+    assert saved == {"default": two, "servers": {one: {"token": token_one}, two: {"token": token_two}}}
+    assert config.stat().st_mode & 0o777 == 0o600
+    assert status() == (two, token_two)  # the default: the last login
+    assert status("--server", one) == (one, token_one)  # the first login was kept, with its own token
+    assert status("--server", one + "/") == (one, token_one)
+
+    out = run_cli("logout", env=env, cwd=tmp_path)  # the default server's login
+    assert out.returncode == 0 and f"forgot the login to {two}" in out.stdout and f"default server now: {one}" in out.stdout
+    assert status() == (one, token_one)
+    unknown = run_cli("logout", "http://three.test", env=env, cwd=tmp_path)
+    assert unknown.returncode == 0 and f"not logged in to http://three.test (saved: {one})" in unknown.stdout
+    assert run_cli("logout", one, env=env, cwd=tmp_path).returncode == 0 and not config.exists()
+    assert run_cli("logout", env=env, cwd=tmp_path).stdout.strip() == "not logged in"
+
+    config.write_text(json.dumps({"server": one, "token": token_one}))  # the one-server file of earlier versions
+    assert status() == (one, token_one)
+    assert run_cli("login", two, "--token", token_two, env=env, cwd=tmp_path).returncode == 0
+    assert json.loads(config.read_text())["servers"] == {one: {"token": token_one}, two: {"token": token_two}}
 
 
 @SQLITE_ONLY

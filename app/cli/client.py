@@ -47,20 +47,20 @@ def token_file(data_dir: str | os.PathLike | None = None) -> Path:
 def resolve_with_source(server: str | None, token: str | None) -> tuple[str, str | None, str]:
     """Server, token and where the token came from.
 
-    Server: ``--server``, ``STEADY_SERVER``, the ``steady login`` file, then the default.
-    Token: ``--token``, ``STEADY_TOKEN``, the login's token when talking to the login's server,
+    Server: ``--server``, ``STEADY_SERVER``, the default server of the ``steady login`` file, then the default.
+    Token: ``--token``, ``STEADY_TOKEN``, the token ``steady login`` saved for this server (one per server),
     then ``<STEADY_DATA_DIR or .steady>/token`` (written by ``steady token create --save``).
     """
-    from steady.server.cli.support import config_path, load_login
+    from steady.server.cli.support import config_path, read_logins
 
-    login = load_login()
-    server = (server or os.environ.get("STEADY_SERVER") or login.get("server") or DEFAULT_SERVER).rstrip("/")
+    default, saved = read_logins()
+    server = (server or os.environ.get("STEADY_SERVER") or default or DEFAULT_SERVER).rstrip("/")
     if token:
         return server, token, "--token"
     if os.environ.get("STEADY_TOKEN"):
         return server, os.environ["STEADY_TOKEN"], "STEADY_TOKEN"
-    if login.get("token") and login.get("server", "").rstrip("/") == server:
-        return server, login["token"], str(config_path())
+    if saved.get(server):
+        return server, saved[server], str(config_path())
     path = token_file()
     if path.is_file():
         return server, path.read_text().strip(), str(path)

@@ -201,16 +201,24 @@ def cmd_login(args: argparse.Namespace) -> int:
             raise CliError(f"{api.server} refused this token (401): check it, or create one with "
                            "`steady token create --role user` on the server") from None
         raise
-    path = save_login(api.server, token)
-    print(f"logged in to {api.server}; saved to {path}")
+    path, others = save_login(api.server, token)
+    print(f"logged in to {api.server} (the default server now); saved to {path}"
+          + (f"; still saved: {', '.join(others)} (--server or STEADY_SERVER picks one)" if others else ""))
     return EXIT_OK
 
 
 def cmd_logout(args: argparse.Namespace) -> int:
     from steady.server.cli.support import remove_login
 
-    path = remove_login()
-    print(f"forgot the login in {path}" if path else "not logged in")
+    path, forgotten, default, left = remove_login(args.url)
+    if forgotten is None:
+        print(f"not logged in to {args.url.rstrip('/')} (saved: {', '.join(left)})" if args.url and left
+              else "not logged in")
+    elif default:
+        print(f"forgot the login to {forgotten} in {path}; default server now: {default}"
+              + (f" (also saved: {', '.join(s for s in left if s != default)})" if len(left) > 1 else ""))
+    else:
+        print(f"forgot the login to {forgotten}; no login left ({path} removed)")
     return EXIT_OK
 
 
@@ -268,13 +276,15 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add login, logout, check, report, compare, alerts to ``steady``'s subcommands (``sub``)."""
-    p = sub.add_parser("login", help="check a server URL and token, and save both for this user")
+    p = sub.add_parser("login", help="check a server URL and token, and save both for this user (one login per "
+                                     "server; the last one is the default server)")
     p.add_argument("url", help="the server, e.g. http://steady.example:8000")
     p.add_argument("--token", default=argparse.SUPPRESS,
                    help="API token (default: STEADY_TOKEN, else asked for, or read from stdin when piped)")
     p.set_defaults(func=cmd_login)
 
-    p = sub.add_parser("logout", help="forget the saved server and token")
+    p = sub.add_parser("logout", help="forget one server's saved login (default: the default server's)")
+    p.add_argument("url", nargs="?", help="the server to forget (default: the default server)")
     p.set_defaults(func=cmd_logout)
 
     p = sub.add_parser(

@@ -40,7 +40,7 @@ class CliError(Exception):
         self.message, self.code = message, code
 
 
-# --- the login file: one server and its token per user --------------------------------------
+# --- the login file: one entry per server, and the default server ---------------------------
 
 
 def config_path() -> Path:
@@ -49,33 +49,72 @@ def config_path() -> Path:
     return Path(base) / "steady" / "config.json"
 
 
-def load_login() -> dict[str, str]:
-    """The saved ``{"server", "token"}``, or ``{}`` when nobody logged in (or the file is unreadable)."""
+def _url(server: Any) -> str:
+    return str(server).rstrip("/")
+
+
+def read_logins() -> tuple[str | None, dict[str, str]]:
+    """(the default server, {server: token}) from the login file: ``{"default": URL, "servers": {URL: {"token":
+    …}}}``. The one-server file of earlier versions (``{"server", "token"}``) reads as one entry, the default.
+    Nobody logged in, or a file that cannot be read: ``(None, {})``."""
     try:
         data = json.loads(config_path().read_text())
     except (OSError, ValueError):
-        return {}
-    return {k: str(data[k]) for k in ("server", "token") if isinstance(data, dict) and data.get(k)}
+        return None, {}
+    if not isinstance(data, dict):
+        return None, {}
+    servers: dict[str, str] = {}
+    if isinstance(data.get("servers"), dict):
+        servers = {_url(url): str(entry["token"]) for url, entry in data["servers"].items()
+                   if isinstance(entry, dict) and entry.get("token")}
+    elif data.get("server") and data.get("token"):
+        servers = {_url(data["server"]): str(data["token"])}
+    default = data.get("default", data.get("server"))
+    return (_url(default) if default and _url(default) in servers else None), servers
 
 
-def save_login(server: str, token: str) -> Path:
+def load_login() -> dict[str, str]:
+    """The default server's ``{"server", "token"}``, or ``{}`` when nobody logged in."""
+    default, servers = read_logins()
+    return {"server": default, "token": servers[default]} if default else {}
+
+
+def _write_logins(default: str | None, servers: dict[str, str]) -> Path:
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"server": server, "token": token}, f)
+        json.dump({"default": default, "servers": {url: {"token": token} for url, token in servers.items()}}, f)
         f.write("\n")
     path.chmod(0o600)  # an older file may have had wider permissions
     return path
 
 
-def remove_login() -> Path | None:
+def save_login(server: str, token: str) -> tuple[Path, list[str]]:
+    """Save (or replace) ``server``'s token and make it the default server. Returns the file and the other
+    servers still saved."""
+    _, servers = read_logins()
+    servers.pop(_url(server), None)
+    servers[_url(server)] = token  # the last saved comes last
+    return _write_logins(_url(server), servers), [url for url in servers if url != _url(server)]
+
+
+def remove_login(server: str | None = None) -> tuple[Path | None, str | None, str | None, list[str]]:
+    """Forget ``server``'s login (default: the default server's). Returns (the file, the server forgotten or
+    None, the default server now, the servers still saved); the file goes when the last login does."""
     path = config_path()
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return None
-    return path
+    default, servers = read_logins()
+    target = _url(server) if server else default
+    if target is None or target not in servers:
+        return None, None, default, list(servers)
+    del servers[target]
+    if default == target or default not in servers:
+        default = next(reversed(servers), None)  # the most recently saved of the rest
+    if servers:
+        _write_logins(default, servers)
+    else:
+        path.unlink(missing_ok=True)
+    return path, target, default, list(servers)
 
 
 # --- study specs ----------------------------------------------------------------------------
