@@ -233,6 +233,8 @@ class JudgedMetric(Part):
     rtol: WireFloat
     max_std: WireFloat | None
     margin: WireFloat | None
+    resolution: WireFloat | None = Field(None, description="the metric's declared resolution (e.g. 1/N for accuracy "
+                                         "over N examples): a tie of final values is judged at it")
 
 
 class ExcludedRun(Part):

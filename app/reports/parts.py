@@ -127,6 +127,9 @@ class SeedSpread(Part):
     n_diverged: int = 0
     divergence_rate_ci: list[WireFloat] | None = None
     plan: str | None = None
+    resolution: WireFloat | None = Field(None, description="the resolution a tie of final values was judged at "
+                                         "(declared with the metric, or the step of the values' lattice)")
+    tied: bool = Field(False, description="every finite final value is the same: the spread is judged at resolution")
 
 
 class OutOfBandTest(Part):
