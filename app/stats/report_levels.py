@@ -262,6 +262,9 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
                            f"(whole curve or its worst tenth vs the other runs, false alarm ≤ {false_alarm:g} per study)")
             if not oob.skew_ok:
                 reason += f"; {oob.reason.split('; ', 1)[-1]}"
+            if not oob.testable and not aligned.present[keep].all(axis=0).any():
+                reason += ("; the runs share no logged step, so no step's band holds them all and the whole-curve "
+                           "out-of-band test was not run")
         first = plain.seed_line(verdict, spread, sequential=sequential, n_seeds=len(chosen),
                                 identical=without_effect, same=same) + _restarted_short(chosen, spec.name)
         out.append(Verdict("seed_stability", spec.name, {"determinism": det, "stack": stack}, verdict,

@@ -100,3 +100,13 @@ def test_a_run_whose_step_counter_restarted_says_which_value_was_judged():
     assert "went back at output line 5, step 29 then 10" in v["reason"]
     assert v["summary"].endswith("(judged on the first value at each run's highest step, not the last printed one: "
                                  "the step counter restarted in 1 run(s))")
+
+
+def test_runs_that_share_no_step_say_the_band_compared_none():
+    runs = [RunData(run_id=s, seed=s, repeat=0, determinism="seeded", stack="a",
+                    series={"loss": (np.array([100 + 5 * s]), np.array([0.0005 + 1e-5 * s]))}) for s in range(5)]
+    rep = build_report(runs, [MetricSpec("loss", max_std=1.0)], rng=np.random.default_rng(0)).to_dict()
+    v = _verdict(rep, "seed_stability")
+    assert v["verdict"] == "stable" and "final values at each run's last step, 100–120" in v["reason"]
+    assert "the runs share no logged step, so no step's band holds them all" in v["reason"]
+    assert v["out_of_band_test"]["testable"] is False
