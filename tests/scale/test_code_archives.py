@@ -37,11 +37,11 @@ def test_a_bomb_upload_leaves_other_writers_p99_under_a_second(live_server_facto
     as for a team that ships large code: the default 1 GiB would stop it after one file).
 
     The property is that no check of an upload holds the database's write lock. Writes that start while
-    a bomb is checked must finish in the usual time: p99 under 1 s, where one takes milliseconds on a
-    quiet machine. The bound is that generous because the suite runs on a loaded 2-core machine, where
-    the inflation competes with the writers for the CPU; the lock held through the big bomb's check would
-    keep every write that starts meanwhile waiting for the whole of it (seconds), so the bound still
-    separates the two. Every write, during the uploads and a while after, must answer 200 (a 503 after
+    a bomb is checked must finish in the usual time, where one takes milliseconds on a quiet machine: p99
+    under half the time the big bomb's check took (at least 1 s). The lock held through that check would
+    keep every write that starts meanwhile waiting for the rest of it, the first for all of it; a bound
+    relative to the check's own time holds on a loaded 2-core machine, where the inflation competes with
+    the writers for the CPU and both slow down together. Every write, during the uploads and a while after, must answer 200 (a 503 after
     61 s was the finding) and the p99 over all of them must be under 1 s too."""
     server = live_server_factory(max_code_unpacked_bytes=4 << 30)
     big = archives.gzip_of_zeros_fast(4, 1024)
@@ -79,9 +79,13 @@ def test_a_bomb_upload_leaves_other_writers_p99_under_a_second(live_server_facto
     took = windows[2][1] - windows[2][0]
     assert len(checked) >= 10, f"{len(checked)} writes started during the {took:.1f} s the big bomb took"
     p99_checked, p99_all = _p99(checked), _p99([end - start for start, end, _ in during])
-    assert p99_checked < 1.0, (f"p99 {p99_checked:.2f} s over the {len(checked)} writes that started during the "
-                               f"{took:.1f} s the big bomb took (median {statistics.median(checked):.3f} s)")
-    assert p99_all < 1.0, f"p99 {p99_all:.2f} s over {len(during)} writes"
+    # A write lock held through the check would keep the first write that starts in the window waiting for all
+    # of it: p99 ≈ the time the big bomb took. Half of that time (at least 1 s) separates the two however slow
+    # the machine is, since the inflation slows down with it.
+    bound = max(1.0, 0.5 * took)
+    assert p99_checked < bound, (f"p99 {p99_checked:.2f} s over the {len(checked)} writes that started during the "
+                                 f"{took:.1f} s the big bomb took (median {statistics.median(checked):.3f} s)")
+    assert p99_all < bound, f"p99 {p99_all:.2f} s over {len(during)} writes (bound {bound:.2f} s)"
     assert [r.status_code for r in answers] == [422, 422, 422], [r.text for r in answers]
     assert "not a tar.gz archive (bzip2)" in answers[0].text and "STEADY_MAX_CODE_RATIO" in answers[1].text
     assert "200 times" in answers[2].text and "STEADY_MAX_CODE_RATIO" in answers[2].text, answers[2].text
