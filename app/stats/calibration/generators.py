@@ -29,7 +29,8 @@ __all__ = ["smooth_curve", "ar1_noise", "healthy_curves", "multiplicative_curves
            "FINAL_DISTRIBUTIONS", "TAILS", "resample_curves", "recorded_curves"]
 
 TAILS = ("normal", "t3", "t5")
-FINAL_DISTRIBUTIONS = ("normal", "t3", "t5", "lognormal", "lognormal1", "gamma", "contaminated", "uniform")
+FINAL_DISTRIBUTIONS = ("normal", "t3", "t5", "lognormal", "lognormal0.6", "lognormal1", "gamma", "contaminated",
+                       "uniform")
 SEED_EFFECTS = ("rate", "scale")
 
 
@@ -57,6 +58,10 @@ def _unit_draws(rng: np.random.Generator, dist: str, size) -> np.ndarray:
         return rng.standard_t(nu, size) / np.sqrt(nu / (nu - 2.0))
     if dist == "lognormal":  # log-sd 0.5: skewness 1.75, excess kurtosis 5.9
         s = 0.5
+        x = rng.lognormal(0.0, s, size)
+        return (x - np.exp(s * s / 2)) / np.sqrt((np.exp(s * s) - 1) * np.exp(s * s))
+    if dist == "lognormal0.6":  # log-sd 0.6: skewness 2.26, excess kurtosis 11 (heavier than the calibration's 0.5)
+        s = 0.6
         x = rng.lognormal(0.0, s, size)
         return (x - np.exp(s * s / 2)) / np.sqrt((np.exp(s * s) - 1) * np.exp(s * s))
     if dist == "lognormal1":  # log-sd 1: skewness 6.2 (a strongly skewed seed effect)

@@ -59,15 +59,20 @@ def training_finals(rng: np.random.Generator, n: int, *, dist: str = "normal", c
 
 def suite_history(rng: np.random.Generator, n_studies: int, *, seeds: int = 4, dist: str = "normal",
                   study_sd: float = 0.01, shift: float = 0.0, shift_from: int | None = None,
-                  ar: float = 0.0) -> np.ndarray:
+                  ar: float = 0.0, effect_ar: float = 0.0) -> np.ndarray:
     """One summary per study (mean final over ``seeds`` seeds), with a between-study random effect.
 
     With ``ar`` the summaries of consecutive studies are correlated (they share data, code and
     machines): the deviations from the mean go through an AR(1) filter, x_t = ar·x_{t−1} +
     √(1 − ar²)·e_t, which keeps their variance and gives lag-1 correlation ``ar``.
+    With ``effect_ar`` only the between-study effect wanders slowly (AR(1) ``effect_ar``, same variance)
+    under independent seed noise: an environment that drifts (data, drivers, machines).
     A ``shift`` (in units of the summary's std) is added to studies ``shift_from`` onwards."""
     seed_sd = 0.02
     effect = study_sd * rng.standard_normal(n_studies)
+    if effect_ar:
+        for t in range(1, n_studies):
+            effect[t] = effect_ar * effect[t - 1] + np.sqrt(1.0 - effect_ar * effect_ar) * effect[t]
     means = np.array([training_finals(rng, seeds, dist=dist, scale=seed_sd).mean() for _ in range(n_studies)])
     x = means + effect
     if ar:
@@ -177,6 +182,10 @@ SUITE_SHIFT = Rule(
                  _shift(30, ar=0.5)),
         Scenario("lifetime_100_ar0.5_skewed", "healthy", "100 studies, AR(1) 0.5, skewed (lognormal) finals of 4 seeds",
                  _shift(100, ar=0.5, dist="lognormal")),
+        *(Scenario(f"lifetime_100_effect_ar{a:g}", "stress",
+                   f"100 studies, the study effect wanders slowly (AR(1) {a:g}) under independent seed noise: at the "
+                   "alarm the history before it looks independent, so no check on it can tell the wander from a shift",
+                   _shift(100, effect_ar=a)) for a in (0.7, 0.9)),
         Scenario("lifetime_100_ar0.7", "stress",
                  "100 studies, AR(1) 0.7: more dependent than the level is checked for (the alarm says so)",
                  _shift(100, ar=0.7)),

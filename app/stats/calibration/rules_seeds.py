@@ -203,6 +203,11 @@ def _oob_rule() -> Rule:
     sc.append(Scenario("stress-t5-offsets", "stress",
                        "10 seeds, ρ=0.9, seed offsets t5 (heavy-tailed seeds: outside the rule's model)",
                        partial(_oob_healthy, n_runs=10, n_steps=300, rho=0.9, offset_dist="t5")))
+    for dist, what in (("t3", "symmetric Student-t(3)"), ("lognormal0.6", "lognormal, log-sd 0.6")):
+        sc.append(Scenario(f"stress-{dist}-offsets-20x300", "stress",
+                           f"20 seeds, ρ=0.9, seed offsets {what}: heavier tails than the level is calibrated for, "
+                           "and a false flag leaves the other runs looking ordinary (no check on one study can see it)",
+                           partial(_oob_healthy, n_runs=20, n_steps=300, rho=0.9, offset_dist=dist)))
     sc.extend(Scenario(name, "healthy", desc, partial(_oob_skewed, **kw)) for name, desc, kw in _OOB_SKEWED)
     sc.append(Scenario("stress-rate-lognormal1-20x100", "stress",
                        "20 seeds, lognormal (log-sd 1) factor on the decay rate: skew beyond the calibration",

@@ -12,7 +12,8 @@ from steady.server.stats.calibration import Rate, Rule, clopper_pearson, exceeds
 __all__ = ["run_table", "format_text", "format_markdown", "to_json", "update_doc", "power_offsets",
            "format_power_markdown", "late_blowup_rows", "format_blowup_markdown", "block_markers", "KINDS",
            "DOC_START", "DOC_END", "POWER_START", "POWER_END", "BLOWUP_START", "BLOWUP_END", "shift_power_rows",
-           "format_shift_power_markdown", "SHIFT_POWER_START", "SHIFT_POWER_END"]
+           "format_shift_power_markdown", "SHIFT_POWER_START", "SHIFT_POWER_END", "where_users_are", "run_rows",
+           "WHERE_USERS_ARE"]
 
 KINDS = ("healthy", "stress", "planted")
 DOC_START = "<!-- calibration-table:start -->"
@@ -49,6 +50,22 @@ def run_table(rules: Sequence[Rule], *, sims: int, rng: np.random.Generator, kin
             if progress is not None:
                 progress(rate)
     return out
+
+
+WHERE_USERS_ARE = "where-users-are"  # the doc block of the rows below (docs/calibration.md)
+_WHERE_USERS_ARE_PREFIXES = ("quantized-", "small-", "stress-t3-offsets-20x300", "stress-lognormal0.6-offsets",
+                             "lifetime_100_effect_ar", "lifetime_100_ar0.7")
+
+
+def where_users_are(rules: Sequence[Rule]) -> list[tuple[Rule, object]]:
+    """The (rule, scenario) rows of docs/calibration.md's "Where users are" block: quantized metrics, small
+    unequal stacks, heavy-tailed seed effects, slowly wandering environments."""
+    return [(r, sc) for r in rules for sc in r.scenarios if sc.name.startswith(_WHERE_USERS_ARE_PREFIXES)]
+
+
+def run_rows(pairs, *, sims: int, rng: np.random.Generator) -> list[tuple[Rule, str, Rate]]:
+    """``run_table`` for chosen (rule, scenario) pairs: ``sims`` trials each, in order."""
+    return [(rule, sc.description, measure(rule, sc, n=sims, rng=rng)) for rule, sc in pairs]
 
 
 def _status(rate: Rate) -> str:
