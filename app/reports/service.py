@@ -63,6 +63,7 @@ def metric_specs(study: Study) -> list[MetricSpec]:
             rtol=m.get("rtol", 0.0),
             max_std=m.get("max_std"),
             margin=m.get("margin"),
+            resolution=m.get("resolution"),
         )
         for m in study.spec.get("metrics", [])
     ]

@@ -38,6 +38,10 @@ class MetricSpec(_Spec):
     margin: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         None, description="stack portability: equivalence margin on the final value (absolute)"
     )
+    resolution: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None, description="the metric's resolution, e.g. 1/N for accuracy over N examples: seeds that all end on the "
+        "same value are judged at it (a tie coarser than max_std needs is no evidence of stability)"
+    )
 
 
 class ConvergenceReferenceSpec(_Spec):

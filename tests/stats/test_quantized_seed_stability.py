@@ -250,3 +250,21 @@ def test_the_calibration_harness_draws_quantized_metrics():
     r, s = rows[next(k for k in names if k.startswith("seed_stability:stable/"))]
     rate = measure(r, s, n=50, rng=np.random.default_rng(1))
     assert rate.k <= 10
+
+
+def test_the_study_spec_declares_a_resolution():
+    """A metric's resolution is declared in the study spec (validated: finite, > 0) and reaches the report."""
+    from types import SimpleNamespace
+
+    from pydantic import ValidationError
+
+    from steady.server.reports.service import metric_specs
+    from steady.server.studies.schemas import MetricSpec as SpecMetric
+
+    assert SpecMetric(name="acc", max_std=0.01, resolution=1 / 300).resolution == pytest.approx(1 / 300)
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValidationError, match="resolution"):
+            SpecMetric(name="acc", resolution=bad)
+    study = SimpleNamespace(spec={"metrics": [{"name": "acc", "max_std": 0.01, "resolution": 0.01}, {"name": "loss"}]})
+    acc, loss = metric_specs(study)
+    assert acc.resolution == 0.01 and loss.resolution is None
