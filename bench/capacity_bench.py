@@ -1,20 +1,25 @@
-"""Capacity of the control plane: how many agents one PostgreSQL and N API processes hold.
+"""Capacity of the control plane: how many agents one API process holds on PostgreSQL.
 
-Simulated agents (asyncio + httpx, in client processes) speak the real wire protocol to real
-``steady serve`` processes on a throwaway PostgreSQL database. Each agent behaves like a
-worker in a batch job with a steady training run: it leases a run, sends a metric batch of
-``--points`` points every ``--batch-s`` seconds, heartbeats every ``--heartbeat-s`` seconds
-(the server's default), completes the run after ``--batches`` batches and leases the next.
-Agents start spread over ``--ramp-s`` seconds; latencies are recorded over the following
-``--duration-s`` seconds only, so every configuration runs for a bounded time.
+Simulated agents are coroutines (a small HTTP/1.1 keep-alive client on asyncio streams, a few
+hundred per client process) that speak the real wire protocol to a real ``steady serve`` on a
+throwaway PostgreSQL database. For each number of agents (``--agents``, default 10, 100 and
+1,000), on a fresh server and database, after every agent has registered and leased a run:
 
-For each (API processes, agents) it reports lease, heartbeat and batch latency p50/p99,
-the offered and achieved request rates, lost leases and errors; a configuration is
-*saturated* when it serves less than 90 % of the offered rate or its heartbeat p99 exceeds
-``--saturation-ms``.
+1. *health*: every agent asks ``/healthz`` back to back for ``--phase-s`` seconds: the baseline.
+2. *heartbeat*: every agent heartbeats its lease back to back for ``--phase-s`` seconds.
+3. *fleet*: every agent works like a worker with a steady run (``--fleet-s`` seconds): a metric
+   batch of ``--points`` points every ``--batch-s`` seconds, a heartbeat every ``--heartbeat-s``
+   seconds, the run completed after ``--batches`` batches and the next one leased; one probe per
+   client process asks ``/healthz`` every 0.2 s meanwhile, so lease and heartbeat latency have a
+   baseline under the same load.
+
+For each phase it reports requests/s, p50/p99 latency and the server's CPU time per request (the
+API process and its children, user + system, read from /proc at the phase's start and end), and
+the heartbeat's and the lease's figures as ratios to the health check's of the same run. The
+clients, PostgreSQL and the server share this machine: read the ratios, not the absolute figures.
 
     .venv/bin/python bench/capacity_bench.py            # writes bench/results/capacity.json
-    .venv/bin/python bench/capacity_bench.py --agents 100,300 --api 1,2 --duration-s 20
+    .venv/bin/python bench/capacity_bench.py --agents 100 --phase-s 5 --fleet-s 20
 """
 
 from __future__ import annotations
@@ -26,136 +31,288 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from bench.common import Server, percentile, postgres_database, run_clients, write_result
+from bench.common import REPO, Server, percentile, postgres_database, run_synced_clients, write_result
+from bench.procstat import process_tree_cpu_s
 from steady.worker.contract.protocol import Series
+
+PROBE_INTERVAL_S = 0.2
 
 
 def _ms(values: list[float], q: float) -> float | None:
     p = percentile(values, q)
-    return None if p is None else round(1000 * p, 1)
+    return None if p is None else round(1000 * p, 2)
 
 
-async def _agent(c: httpx.AsyncClient, a: argparse.Namespace, measure_from: float, end: float, out: dict) -> None:
-    def record(kind: str, t0: float, status: int) -> None:
-        if t0 >= measure_from:
-            out[kind].append(time.time() - t0)
-            out["requests"] += 1
-        if status >= 400 and status != 409:
-            out["errors"].append(f"{kind} {status}")
+class Conn:
+    """One keep-alive HTTP/1.1 connection: a request at a time, answers with a Content-Length."""
 
-    async def post(kind: str, path: str, body: dict) -> httpx.Response | None:
-        t0 = time.time()
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.host, self.port = host, port
+        self.head = f"Host: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+        if self.writer is not None:
+            try:
+                return await self._request(method, path, body)
+            except (ConnectionResetError, asyncio.IncompleteReadError) as exc:
+                # the server closes a keep-alive connection idle past its timeout: one new connection
+                if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                    raise
+                self.writer.close()
+                self.reader = self.writer = None
+        return await self._request(method, path, body)
+
+    async def _request(self, method: str, path: str, body: dict | None) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        data = b"" if body is None else json.dumps(body).encode()
+        extra = f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n" if body is not None else ""
+        self.writer.write(f"{method} {path} HTTP/1.1\r\n{self.head}{extra}\r\n".encode() + data)
+        assert self.reader is not None
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        payload = await self.reader.readexactly(int(headers.get("content-length", "0")))
+        if headers.get("connection", "").lower() == "close":
+            self.writer.close()
+            self.reader = self.writer = None
+        return status, payload
+
+
+class Agent:
+    def __init__(self, conn: Conn, out: dict) -> None:
+        self.conn, self.out = conn, out
+        self.worker_id = self.run_id = self.lease_id = None
+
+    async def call(self, kind: str, method: str, path: str, body: dict | None = None,
+                   record: bool = True) -> tuple[int, bytes]:
+        t0 = time.perf_counter()
         try:
-            r = await c.post(path, json=body)
-        except httpx.HTTPError as exc:
-            out["errors"].append(f"{kind} {type(exc).__name__}")
-            return None
-        record(kind, t0, r.status_code)
-        return r
+            status, payload = await self.conn.request(method, path, body)
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            self.out["errors"].append(f"{kind} {type(exc).__name__}")
+            self.conn.writer = self.conn.reader = None
+            return 0, b""
+        if record:
+            self.out["lat"].setdefault(kind, []).append(time.perf_counter() - t0)
+            self.out["count"][kind] = self.out["count"].get(kind, 0) + 1
+        if status >= 400 and status != 409:
+            self.out["errors"].append(f"{kind} {status} {payload[:120]!r}")
+        return status, payload
 
-    await asyncio.sleep(random.uniform(0, a.ramp_s))
-    r = await post("register", "/api/v1/workers/register", {"name": f"sim-{uuid.uuid4().hex[:12]}", "labels": ["torch"]})
-    if r is None or r.status_code != 200:
-        return
-    wid = r.json()["worker_id"]
-    steps = list(range(a.points))
-    while time.time() < end:
-        r = await post("lease", f"/api/v1/workers/{wid}/lease", {"worker_id": wid})
-        if r is None or r.status_code != 200:
-            await asyncio.sleep(1.0)
-            continue
-        lease = r.json()
-        run_id, lid = lease["run_id"], lease["lease_id"]
-        next_hb = time.time() + a.heartbeat_s * random.uniform(0.8, 1.0)
-        lost = False
-        for seq in range(a.batches):
-            await asyncio.sleep(a.batch_s * random.uniform(0.8, 1.2))
+    async def lease(self, record: bool) -> bool:
+        status, payload = await self.call("lease", "POST", f"/api/v1/workers/{self.worker_id}/lease",
+                                          {"worker_id": self.worker_id}, record)
+        if status != 200:
+            return False
+        lease = json.loads(payload)
+        self.run_id, self.lease_id = lease["run_id"], lease["lease_id"]
+        return True
+
+    async def setup(self) -> None:
+        status, payload = await self.call("register", "POST", "/api/v1/workers/register",
+                                          {"name": f"sim-{uuid.uuid4().hex[:12]}", "labels": ["torch"]}, False)
+        if status != 200:
+            raise RuntimeError(f"register answered {status}: {payload[:200]!r}")
+        self.worker_id = json.loads(payload)["worker_id"]
+        if not await self.lease(record=False):
+            raise RuntimeError("no run to lease during set-up")
+
+    async def heartbeat(self, step: int) -> int:
+        status, _ = await self.call("heartbeat", "POST", f"/api/v1/runs/{self.run_id}/heartbeat",
+                                    {"lease_id": self.lease_id, "step": step})
+        return status
+
+    async def closed_loop(self, kind: str, end: float) -> None:
+        step = 0
+        while time.time() < end:
+            if kind == "health":
+                await self.call("health", "GET", "/healthz")
+            else:
+                step += 1
+                if await self.heartbeat(step) == 409:
+                    self.out["lost"] += 1
+                    return
+
+    async def fleet(self, a: argparse.Namespace, end: float) -> None:
+        steps = list(range(a.points))
+        seq, next_hb = 0, time.time() + a.heartbeat_s * random.uniform(0, 1)
+        next_batch = time.time() + a.batch_s * random.uniform(0, 1)
+        while time.time() < end:
+            await asyncio.sleep(max(0.0, min(next_hb, next_batch) - time.time()))
             if time.time() >= end:
                 return
-            series = Series.packed("loss", [seq * a.points + s for s in steps], [1.0 / (seq * a.points + s + 1) for s in steps])
-            r = await post("batch", f"/api/v1/runs/{run_id}/metrics",
-                           {"lease_id": lid, "seq": seq, "series": [series.model_dump(exclude_none=True)]})
-            if r is not None and r.status_code == 409:
-                lost = True
-                break
             if time.time() >= next_hb:
-                r = await post("heartbeat", f"/api/v1/runs/{run_id}/heartbeat", {"lease_id": lid, "step": seq})
                 next_hb += a.heartbeat_s
-                if r is not None and r.status_code == 409:
-                    lost = True
-                    break
-        if lost:
-            out["lost"] += 1
-            continue
-        await post("complete", f"/api/v1/runs/{run_id}/complete", {"lease_id": lid, "final_metrics": {"loss": 0.5}})
+                if await self.heartbeat(seq) == 409:
+                    self.out["lost"] += 1
+                    seq = a.batches  # leased away: take another run
+            elif seq < a.batches:
+                next_batch += a.batch_s
+                base = seq * a.points
+                series = Series.packed("loss", [base + s for s in steps], [1.0 / (base + s + 1) for s in steps])
+                status, _ = await self.call("batch", "POST", f"/api/v1/runs/{self.run_id}/metrics",
+                                            {"lease_id": self.lease_id, "seq": seq,
+                                             "series": [series.model_dump(exclude_none=True)]})
+                seq = a.batches if status == 409 else seq + 1
+            if seq >= a.batches:
+                await self.call("complete", "POST", f"/api/v1/runs/{self.run_id}/complete",
+                                {"lease_id": self.lease_id, "final_metrics": {"loss": 0.5}})
+                while time.time() < end and not await self.lease(record=True):
+                    await asyncio.sleep(1.0)
+                seq = 0
+
+
+async def _probe(conn: Conn, out: dict, end: float) -> None:
+    probe = Agent(conn, out)
+    while time.time() < end:
+        await probe.call("health_probe", "GET", "/healthz")
+        await asyncio.sleep(PROBE_INTERVAL_S)
 
 
 def client_main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
-    for name in ("--url", "--token"):
-        p.add_argument(name)
+    p.add_argument("--url")
+    p.add_argument("--token")
     p.add_argument("--agents", type=int)
-    for name in ("--start-at", "--ramp-s", "--duration-s", "--batch-s", "--heartbeat-s"):
+    for name in ("--phase-s", "--fleet-s", "--batch-s", "--heartbeat-s", "--gap-s"):
         p.add_argument(name, type=float)
     p.add_argument("--batches", type=int)
     p.add_argument("--points", type=int)
     a = p.parse_args(argv)
-    out: dict = {"lease": [], "heartbeat": [], "batch": [], "complete": [], "register": [], "errors": [],
-                 "lost": 0, "requests": 0}
+    u = urlsplit(a.url)
+    phases: dict[str, dict] = {}
+
+    def fresh() -> dict:
+        return {"lat": {}, "count": {}, "errors": [], "lost": 0}
 
     async def run() -> None:
-        limits = httpx.Limits(max_connections=a.agents, max_keepalive_connections=a.agents)
-        async with httpx.AsyncClient(base_url=a.url, headers={"Authorization": f"Bearer {a.token}"},
-                                     timeout=120, limits=limits) as c:
-            await asyncio.sleep(max(0.0, a.start_at - time.time()))
-            measure_from = a.start_at + a.ramp_s
-            end = measure_from + a.duration_s
-            await asyncio.gather(*(_agent(c, a, measure_from, end, out) for _ in range(a.agents)))
+        setup_out = fresh()
+        agents = [Agent(Conn(u.hostname, u.port, a.token), setup_out) for _ in range(a.agents)]
+        sem = asyncio.Semaphore(32)  # set-up is not measured: don't flood the server with it
+
+        async def set_up(agent: Agent) -> None:
+            async with sem:
+                await agent.setup()
+
+        await asyncio.gather(*(set_up(x) for x in agents))
+        print("ready", flush=True)
+        start_at = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+        t = start_at
+        for name, length in (("health", a.phase_s), ("heartbeat", a.phase_s), ("fleet", a.fleet_s)):
+            await asyncio.sleep(max(0.0, t - time.time()))
+            out = phases[name] = fresh()
+            for x in agents:
+                x.out = out
+            end = t + length
+            if name == "fleet":
+                await asyncio.gather(*(x.fleet(a, end) for x in agents),
+                                     _probe(Conn(u.hostname, u.port, a.token), out, end))
+            else:
+                await asyncio.gather(*(x.closed_loop(name, end) for x in agents))
+            t = end + a.gap_s
 
     asyncio.run(run())
-    out["errors"] = out["errors"][:20]
-    print(json.dumps(out))
+    for out in phases.values():
+        out["errors"] = out["errors"][:20]
+    print(json.dumps(phases))
 
 
-def measure(url_db: str, tmp: Path, api: int, agents: int, a: argparse.Namespace) -> dict:
-    # One client process per 250 agents (at least one); asyncio keeps each agent a coroutine.
-    n_procs = max(1, min(4, (agents + 249) // 250))
-    with Server(url_db, tmp / f"api{api}-{agents}", workers=api, max_runs_per_study=100_000) as server:
-        runs_needed = int(agents * (1 + (a.ramp_s + a.duration_s) / (a.batches * a.batch_s)) * 1.5) + 10
+def _cpu_sampler(pid: int, times: list[float], cpu: list[float]) -> threading.Thread:
+    """Read the server's CPU time at each of ``times`` (epoch seconds), in a thread."""
+    def sample() -> None:
+        for t in times:
+            time.sleep(max(0.0, t - time.time()))
+            cpu.append(process_tree_cpu_s(pid))
+
+    th = threading.Thread(target=sample, daemon=True)
+    return th
+
+
+def measure(url_db: str, tmp: Path, agents: int, a: argparse.Namespace) -> dict:
+    n_procs = max(1, min(4, (agents + 249) // 250))  # a few hundred coroutines per client process
+    per = [agents // n_procs + (1 if i < agents % n_procs else 0) for i in range(n_procs)]
+    with Server(url_db, tmp / f"api-{agents}", workers=1, max_runs_per_study=100_000) as server:
+        runs_needed = int(agents * (2 + a.fleet_s / (a.batches * a.batch_s)) * 1.5) + 10
         study = server.create_study(runs_needed)
-        per = [agents // n_procs + (1 if i < agents % n_procs else 0) for i in range(n_procs)]
-        start_at = time.time() + 3
-        args = [["--url", server.url, "--token", server.tokens["worker"], "--agents", str(n), "--start-at", str(start_at),
-                 "--ramp-s", str(a.ramp_s), "--duration-s", str(a.duration_s), "--batch-s", str(a.batch_s),
-                 "--heartbeat-s", str(a.heartbeat_s), "--batches", str(a.batches), "--points", str(a.points)]
-                for n in per]
-        out = run_clients(Path(__file__), n_procs, args, timeout=a.ramp_s + a.duration_s + 300)
+        cmd = [sys.executable, str(Path(__file__)), "_client", "--url", server.url, "--token", server.tokens["worker"],
+               "--phase-s", str(a.phase_s), "--fleet-s", str(a.fleet_s), "--batch-s", str(a.batch_s),
+               "--heartbeat-s", str(a.heartbeat_s), "--gap-s", str(a.gap_s), "--batches", str(a.batches),
+               "--points", str(a.points)]
+        cpu: list[float] = []
+        bounds: list[tuple[str, float, float]] = []
+        sampler: list[threading.Thread] = []
+
+        def on_start() -> None:
+            # run_synced_clients starts the clients at now + lead_s (0.5 s): the phases follow from there
+            t0 = time.time() + 0.5
+            for name, length in (("health", a.phase_s), ("heartbeat", a.phase_s), ("fleet", a.fleet_s)):
+                bounds.append((name, t0, t0 + length))
+                t0 += length + a.gap_s
+            th = _cpu_sampler(server.proc.pid, [t for _, s, e in bounds for t in (s, e)], cpu)
+            th.start()
+            sampler.append(th)
+
+        load_before = os.getloadavg()[0]
+        out = run_synced_clients([[*cmd, "--agents", str(n)] for n in per], timeout=600 + 3 * a.phase_s + a.fleet_s,
+                                 on_start=on_start)
+        sampler[0].join(timeout=30)
         httpx.post(f"{server.url}/api/v1/studies/{study}/cancel",
                    headers={"Authorization": f"Bearer {server.tokens['user']}"}, timeout=120)
-    merged = {k: [x for o in out for x in o[k]] for k in ("lease", "heartbeat", "batch", "complete", "errors")}
-    requests = sum(o["requests"] for o in out)
-    per_agent_rps = 1 / a.batch_s + 1 / a.heartbeat_s + 2 / (a.batches * a.batch_s)
-    offered = agents * per_agent_rps
-    achieved = requests / a.duration_s
-    hb_p99 = _ms(merged["heartbeat"], 99)
-    return {
-        "api_processes": api, "agents": agents, "client_processes": n_procs,
-        "offered_rps": round(offered, 1), "achieved_rps": round(achieved, 1),
-        "lease_p50_ms": _ms(merged["lease"], 50), "lease_p99_ms": _ms(merged["lease"], 99),
-        "heartbeat_p50_ms": _ms(merged["heartbeat"], 50), "heartbeat_p99_ms": hb_p99,
-        "batch_p50_ms": _ms(merged["batch"], 50), "batch_p99_ms": _ms(merged["batch"], 99),
-        "samples": {k: len(merged[k]) for k in ("lease", "heartbeat", "batch")},
-        "lost_leases": sum(o["lost"] for o in out), "errors": len(merged["errors"]), "error_examples": merged["errors"][:5],
-        "saturated": achieved < 0.9 * offered or (hb_p99 is not None and hb_p99 > a.saturation_ms),
+    row: dict = {"agents": agents, "client_processes": n_procs, "api_processes": 1,
+                 "load_average_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)]}
+    for i, (name, start, end) in enumerate(bounds):
+        phase = [o[name] for o in out]
+        lat: dict[str, list[float]] = {}
+        for o in phase:
+            for k, v in o["lat"].items():
+                lat.setdefault(k, []).extend(v)
+        count = sum(sum(o["count"].values()) for o in phase)
+        cpu_s = cpu[2 * i + 1] - cpu[2 * i]
+        errors = [e for o in phase for e in o["errors"]]
+        row[name] = {
+            "requests": count, "requests_per_s": round(count / (end - start), 1),
+            "server_cpu_ms_per_request": round(1000 * cpu_s / count, 3) if count else None,
+            "server_cpu_busy": round(cpu_s / (end - start), 2),
+            "latency_ms": {k: {"p50": _ms(v, 50), "p99": _ms(v, 99), "n": len(v)} for k, v in sorted(lat.items())},
+            "lost_leases": sum(o["lost"] for o in phase), "errors": len(errors), "error_examples": errors[:5],
+        }
+    h, hb, fl = row["health"], row["heartbeat"], row["fleet"]
+
+    def ratio(x: float | None, y: float | None) -> float | None:
+        return None if x is None or not y else round(x / y, 2)
+
+    def lat(phase: dict, kind: str, q: str) -> float | None:
+        return phase["latency_ms"].get(kind, {}).get(q)
+
+    row["ratios"] = {
+        "heartbeat_cpu_per_request_vs_health": ratio(hb["server_cpu_ms_per_request"], h["server_cpu_ms_per_request"]),
+        "heartbeat_requests_per_s_vs_health": ratio(hb["requests_per_s"], h["requests_per_s"]),
+        "heartbeat_p50_vs_health": ratio(lat(hb, "heartbeat", "p50"), lat(h, "health", "p50")),
+        "heartbeat_p99_vs_health": ratio(lat(hb, "heartbeat", "p99"), lat(h, "health", "p99")),
+        "fleet_lease_p50_vs_health_probe": ratio(lat(fl, "lease", "p50"), lat(fl, "health_probe", "p50")),
+        "fleet_lease_p99_vs_health_probe": ratio(lat(fl, "lease", "p99"), lat(fl, "health_probe", "p99")),
+        "fleet_heartbeat_p50_vs_health_probe": ratio(lat(fl, "heartbeat", "p50"), lat(fl, "health_probe", "p50")),
+        "fleet_heartbeat_p99_vs_health_probe": ratio(lat(fl, "heartbeat", "p99"), lat(fl, "health_probe", "p99")),
     }
+    offered = agents * (1 / a.batch_s + 1 / a.heartbeat_s + 2 / (a.batches * a.batch_s)) + n_procs / PROBE_INTERVAL_S
+    fl["offered_requests_per_s"] = round(offered, 1)
+    hb_p99 = lat(fl, "heartbeat", "p99")
+    fl["saturated"] = fl["requests_per_s"] < 0.9 * offered or (hb_p99 is not None and hb_p99 > a.saturation_ms)
+    return row
 
 
 def main() -> int:
@@ -163,33 +320,32 @@ def main() -> int:
         client_main(sys.argv[2:])
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--agents", default="25,50,100,300,1000", help="comma-separated agent counts")
-    p.add_argument("--api", default="1,2", help="comma-separated numbers of API processes")
-    p.add_argument("--ramp-s", type=float, default=10.0)
-    p.add_argument("--duration-s", type=float, default=30.0)
-    p.add_argument("--batch-s", type=float, default=2.0)
-    p.add_argument("--heartbeat-s", type=float, default=10.0)
-    p.add_argument("--batches", type=int, default=10, help="batches per run before it completes")
-    p.add_argument("--points", type=int, default=200, help="points per batch")
-    p.add_argument("--saturation-ms", type=float, default=1000.0, help="heartbeat p99 above this: saturated")
+    p.add_argument("--agents", default="10,100,1000", help="comma-separated agent counts (one fresh server each)")
+    p.add_argument("--phase-s", type=float, default=15.0, help="length of the health and heartbeat phases")
+    p.add_argument("--fleet-s", type=float, default=40.0, help="length of the fleet phase")
+    p.add_argument("--gap-s", type=float, default=2.0, help="pause between phases")
+    p.add_argument("--batch-s", type=float, default=10.0, help="fleet: seconds between an agent's metric batches")
+    p.add_argument("--heartbeat-s", type=float, default=10.0, help="fleet: seconds between heartbeats (the default)")
+    p.add_argument("--batches", type=int, default=10, help="fleet: batches per run before it completes")
+    p.add_argument("--points", type=int, default=1000, help="fleet: points per batch")
+    p.add_argument("--saturation-ms", type=float, default=1000.0, help="fleet heartbeat p99 above this: saturated")
     p.add_argument("--out", default="capacity")
     a = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for api in [int(x) for x in a.api.split(",")]:
-            for agents in [int(x) for x in a.agents.split(",")]:
-                with postgres_database() as url:
-                    t0, load_before = time.time(), os.getloadavg()[0]
-                    row = measure(url, Path(tmp), api, agents, a)
-                    row["wall_s"] = round(time.time() - t0, 1)
-                    # Other work on the machine shifts every figure: record how busy it was.
-                    row["load_average_1m"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+        for agents in [int(x) for x in a.agents.split(",")]:
+            with postgres_database() as url:
+                t0 = time.time()
+                row = measure(url, Path(tmp), agents, a)
+                row["wall_s"] = round(time.time() - t0, 1)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     result = {
-        "backend": "postgresql", "profile": {k: getattr(a, k) for k in ("ramp_s", "duration_s", "batch_s", "heartbeat_s",
-                                                                         "batches", "points", "saturation_ms")},
-        "note": "simulated agents and the API share this machine's CPUs; the rates are for this machine",
+        "backend": "postgresql", "api_processes": 1,
+        "profile": {k: getattr(a, k) for k in ("phase_s", "fleet_s", "gap_s", "batch_s", "heartbeat_s", "batches",
+                                               "points", "saturation_ms")},
+        "note": "simulated agents, PostgreSQL and the API share this machine's CPUs: compare the ratios, each "
+                "measured against the health check in the same run; server CPU is the API process's, not PostgreSQL's",
         "rows": rows,
     }
     path = write_result(a.out, result)
@@ -198,4 +354,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    os.chdir(REPO)
     sys.exit(main())

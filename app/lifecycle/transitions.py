@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, update
+from sqlalchemy import case, select, update
 
 from steady.server.kit.auth import Role
 from steady.server.kit.config import Settings
@@ -120,13 +120,54 @@ def _apply(session: WriteSession, run_id: int, lease_id: str, request_id: str | 
     return state, row[0]
 
 
+def _extend_lease(session: WriteSession, run_id: int, lease_id: str, token_id: int, now: datetime,
+                  values: dict[str, Any]) -> Any | None:
+    """The heartbeat's write, one statement where the database allows: ``UPDATE runs SET values WHERE
+    id = :id AND status = 'running' AND lease_id = :lease AND the lease is live AND worker_id is a
+    worker of the caller's token RETURNING lease_expires_at, cancel_requested``, and the worker's
+    ``last_seen_at`` in the same statement (PostgreSQL: a data-modifying CTE; SQLite, where the
+    database is in the process: a second UPDATE). Core statements on the session's connection: no
+    ORM objects, no read first. None when the row did not match."""
+    beat = (
+        update(Run)
+        .where(
+            Run.id == run_id,
+            Run.status == RunStatus.running.value,
+            Run.lease_id == lease_id,
+            Run.lease_expires_at.is_(None) | (Run.lease_expires_at >= now),
+            Run.worker_id.in_(select(Worker.id).where(Worker.token_id == token_id).scalar_subquery()),
+        )
+        .values(**values)
+        .returning(Run.lease_expires_at, Run.cancel_requested, Run.worker_id)
+    )
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        cte = beat.cte("beat")
+        seen = update(Worker).where(Worker.id == cte.c.worker_id).values(last_seen_at=now).cte("seen")
+        return conn.execute(select(cte.c.lease_expires_at, cte.c.cancel_requested).add_cte(seen)).first()
+    row = conn.execute(beat).first()
+    if row is not None:
+        conn.execute(update(Worker).where(Worker.id == row[2]).values(last_seen_at=now))
+    return row
+
+
 def heartbeat(session: WriteSession, run_id: int, body: Heartbeat, settings: Settings,
               principal: Principal) -> HeartbeatAck:
-    state = _leased_state(session, run_id, body.lease_id, principal)
+    """Extend the caller's live lease. The common case is one conditional UPDATE and nothing else
+    (``_extend_lease``); only when it matches no row is the run read, to answer why (404, finished,
+    lost, another worker's lease, expired)."""
     now = utcnow()
     values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=settings.lease_seconds)}
     if body.step is not None:
         values["progress_step"] = body.step
+    if principal.role is not Role.admin:
+        row = _extend_lease(session, run_id, body.lease_id, principal.token_id, now, values)
+        if row is not None:
+            return HeartbeatAck(lease_expires_at=row[0], cancel=row[1])
+        _leased_state(session, run_id, body.lease_id, principal)  # raises the reason when it can tell
+        raise _lost(run_id)  # the run changed between the UPDATE and the read
+    # an admin may heartbeat any worker's lease: the run's holder is read first
+    state = _leased_state(session, run_id, body.lease_id, principal)
     row = runs_repo.transition(session, state, body.lease_id, now, values,
                                returning=(Run.lease_expires_at, Run.cancel_requested))
     if row is None:

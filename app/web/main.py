@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from steady.server import __version__
 from steady.server.web import apidocs, boundary
+from steady.server.web.fastpath import HeartbeatFastPath
 from steady.server.kit import migrate
 from steady.server.alerts.dispatcher import Dispatcher
 from steady.server.alerts.router import metrics_router
@@ -259,5 +260,6 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
     app.add_middleware(GZipFeeds)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, code_limit=settings.max_code_bytes)
     app.add_middleware(boundary.InternalErrors)
+    app.add_middleware(HeartbeatFastPath)  # the commonest request, answered past routing (app/web/fastpath.py)
     app.add_middleware(SecurityHeaders)
     return app
