@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from steady.server.reports.models import BaselineComparisonOut, Report
-from steady.server.reports.outcome import FAIL, INCONCLUSIVE, PASS, group_label, verdict_status
+from steady.server.reports.outcome import FAIL, INCONCLUSIVE, NOT_ASKED, PASS, group_label, verdict_status
 from steady.server.kit.terminal import printable
 
 EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}  # failure wins over inconclusive (see exit_code)
@@ -23,10 +23,10 @@ EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}  # failure wins over inconclusi
 class GateItem:
     """One check of the gate: a check of the report's outcome (``Report.outcome.checks``) or a baseline comparison."""
 
-    kind: str  # expectation | repeatability | seed_stability | stack_portability | determinism_cost | convergence
-    #            | baseline | study | report
+    kind: str  # study | expectation | repeatability | seed_stability | stack_portability | sources | determinism_cost
+    #            | convergence | resume | baseline | report
     name: str
-    status: str  # pass | fail | inconclusive
+    status: str  # pass | fail | inconclusive | not_asked (information: never the exit code)
     reason: str
     guarantee: str  # the decision's stated false-alarm level, in words ("" when it has none)
 
@@ -44,7 +44,7 @@ def gate_items(report: Report, comparison: BaselineComparisonOut | None = None) 
     """The checks of the report's outcome, as the server judged them (``steady.server.reports.outcome``:
     one policy for every gate), each with its plain first line before its statistics, then one per
     comparison with the suite baseline. A report with nothing to judge gives one inconclusive item:
-    an empty gate does not pass."""
+    an empty gate does not pass (nor does one whose every check is ``not_asked``)."""
     items = [GateItem(c.kind, c.name, c.status, c.summary if c.reason in c.summary else f"{c.summary} — {c.reason}",
                       c.guarantee) for c in report.outcome.checks]
     if comparison is not None:
@@ -56,13 +56,14 @@ def gate_items(report: Report, comparison: BaselineComparisonOut | None = None) 
         if not comparison.verdicts:
             items.append(GateItem("baseline", f"vs {against}", INCONCLUSIVE,
                                   "no metric and determinism level in common with the baseline", ""))
-    if not items:
+    if all(i.status == NOT_ASKED for i in items):
         items.append(GateItem("report", "study", INCONCLUSIVE, report.outcome.reason, ""))
     return items
 
 
 def exit_code(items: Iterable[GateItem]) -> int:
-    """0 when every check passed, 1 when one failed, 2 when none failed and one is inconclusive."""
+    """0 when every check asked passed, 1 when one failed, 2 when none failed and one is inconclusive
+    (a ``not_asked`` check is information: it never sets the code)."""
     statuses = {i.status for i in items}
     if FAIL in statuses:
         return EXIT_CODES[FAIL]
@@ -91,10 +92,10 @@ def outcome(code: int) -> str:
 
 def junit_xml(items: list[GateItem], *, suite_name: str, link: str = "", timestamp: str | None = None) -> bytes:
     """One ``<testsuite>`` in ``<testsuites>``, one ``<testcase>`` per item (``classname`` ``steady.<kind>``):
-    a failure is ``<failure message type>``, an inconclusive check ``<skipped message>``; the guarantee and
+    a failure is ``<failure message type>``, an inconclusive or not-asked check ``<skipped message>``; the guarantee and
     the dashboard link go in ``<system-out>``. The shape Jenkins' and GitLab's JUnit readers accept."""
     failures = sum(i.status == FAIL for i in items)
-    skipped = sum(i.status == INCONCLUSIVE for i in items)
+    skipped = sum(i.status in (INCONCLUSIVE, NOT_ASKED) for i in items)
     counts = {"tests": str(len(items)), "failures": str(failures), "errors": "0", "skipped": str(skipped),
               "time": "0"}
     root = ET.Element("testsuites", {"name": "steady", **counts})
@@ -113,6 +114,8 @@ def junit_xml(items: list[GateItem], *, suite_name: str, link: str = "", timesta
             node.text = printable(i.reason)
         elif i.status == INCONCLUSIVE:
             ET.SubElement(case, "skipped", {"message": "inconclusive: " + printable(i.reason)})
+        elif i.status == NOT_ASKED:
+            ET.SubElement(case, "skipped", {"message": printable(i.reason)})
         out = [f"{i.status}: {i.reason}"]
         if i.guarantee:
             out.append(f"guarantee: {i.guarantee}")
@@ -125,7 +128,7 @@ def junit_xml(items: list[GateItem], *, suite_name: str, link: str = "", timesta
 
 # --- Markdown ----------------------------------------------------------------------------------
 
-_MARK = {PASS: "✅ pass", FAIL: "❌ **fail**", INCONCLUSIVE: "⚠️ inconclusive"}
+_MARK = {PASS: "✅ pass", FAIL: "❌ **fail**", INCONCLUSIVE: "⚠️ inconclusive", NOT_ASKED: "➖ not asked"}
 
 
 def _md(text: str) -> str:
@@ -138,8 +141,9 @@ def markdown(items: list[GateItem], *, title: str, link: str = "") -> str:
     its guarantee and the dashboard link."""
     code = exit_code(items)
     head = f"### Steady gate: {_md(title)}: {outcome(code)} (exit {code})"
-    counts = {s: sum(i.status == s for i in items) for s in (PASS, FAIL, INCONCLUSIVE)}
+    counts = {s: sum(i.status == s for i in items) for s in (PASS, FAIL, INCONCLUSIVE, NOT_ASKED)}
     lines = [head, "", f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[INCONCLUSIVE]} inconclusive"
+             + (f", {counts[NOT_ASKED]} not asked (information)" if counts[NOT_ASKED] else "")
              + (f" — [dashboard]({link})" if link else ""), ""]
     for i in items:
         line = f"- {_MARK[i.status]} `{_md(i.kind)}` {_md(i.name)}: {_md(i.reason)}"

@@ -182,7 +182,7 @@ def outcome_badge(report_: Report) -> Badge:
     ``submit --wait`` and ``check`` exit by), its reason in the tooltip."""
     out = report_.outcome
     return Badge("outcome", BADGE_TITLES["outcome"], {"pass": "passed", "fail": "failed"}.get(out.status, out.status),
-                 OUTCOME_TONE[out.status], len(out.checks), out.reason)
+                 OUTCOME_TONE[out.status], sum(c.status != "not_asked" for c in out.checks), out.reason)
 
 
 def badges(report_: Report) -> list[Badge]:

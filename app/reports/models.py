@@ -225,6 +225,8 @@ class StudyHeader(Part):
     progress: RunCounts = Field(default_factory=RunCounts)
     status_reason: str | None = Field(None, description="why the study ended as it did, e.g. what the runs of a "
                                       "failed study hit")
+    repeats: int | None = Field(None, description="repeats of each seed the spec asks for: with 1, repeatability "
+                                "is not asked (null: not known)")
 
 
 class JudgedMetric(Part):

@@ -9,10 +9,16 @@ Prometheus export present the same judgment with the same reason instead of each
   at ``none`` repeats may differ), an expectation the same way;
 * any other verdict passes when it is good or within tolerance, fails when it is bad (``unstable``,
   ``seed_has_no_effect``, ``not_equivalent``, a cost or convergence ``fail``), else is inconclusive;
+* a sources study's question is answered per source: a source whose TOST against all sources decided
+  (the full variance, or not) passes, an undecided one is inconclusive;
 * a study that failed (every run failed, or no run logged its metrics) fails with the reason the study
   ended on, whatever its verdicts;
+* only what the spec asks decides: a check with nothing to judge against (seed stability without a
+  ``max_std``, stack portability without a ``margin``, repeatability when the spec runs each seed once) or
+  not asked by the study's kind (the arms of a sources study compared by their means) is ``not_asked``:
+  shown, with why, as information, never the outcome;
 * the study fails when one check fails, is inconclusive when none fails and one is inconclusive
-  (or there is nothing to judge), and passes otherwise. The reason is the first failing (else
+  (or nothing asked can be judged), and passes otherwise. The reason is the first failing (else
   inconclusive) check's plain first line.
 
 Reads the report duck-typed (``level``, ``verdict``, ``summary`` …; a ``steady.server.reports.models.Report``),
@@ -21,16 +27,18 @@ so ``models`` can judge a report as it is read without the two modules importing
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from steady.server.reports.parts import Part
 from steady.server.stats.vocabulary import severity
 
-__all__ = ["PASS", "FAIL", "INCONCLUSIVE", "Check", "Outcome", "judge", "checks", "combine", "verdict_status",
-           "group_label"]
+__all__ = ["PASS", "FAIL", "INCONCLUSIVE", "NOT_ASKED", "Check", "Outcome", "judge", "checks", "combine",
+           "verdict_status", "group_label"]
 
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+PASS, FAIL, INCONCLUSIVE, NOT_ASKED = "pass", "fail", "inconclusive", "not_asked"
 Status = Literal["pass", "fail", "inconclusive"]
+CheckStatus = Literal["pass", "fail", "inconclusive", "not_asked"]  # not_asked: information, never the outcome
 _EXPECTATION_STATUS: dict[bool | None, Status] = {True: "pass", False: "fail", None: "inconclusive"}
 _RESUME_STATUS: dict[str, Status] = {"identical": "pass", "within_seed_band": "pass", "not_restored": "fail",
                                      "outside_seed_band": "fail"}  # failed, not_judged: inconclusive
@@ -39,11 +47,11 @@ _RESUME_STATUS: dict[str, Status] = {"identical": "pass", "within_seed_band": "p
 class Check(Part):
     """One thing the study is judged on: a level's expectation, a verdict, a cost budget, a convergence group."""
 
-    kind: str  # study | expectation | repeatability | seed_stability | stack_portability | determinism_cost | convergence
-    #            | resume
+    kind: str  # study | expectation | repeatability | seed_stability | stack_portability | sources | determinism_cost
+    #            | convergence | resume
     name: str
-    status: Status
-    summary: str  # the plain first line: what it means and what to do
+    status: CheckStatus  # not_asked: the spec gives it nothing to judge against, or the study's kind does not ask it
+    summary: str  # the plain first line: what it means and what to do (not_asked: why it does not decide)
     reason: str  # the statistics behind it
     guarantee: str  # the decision's stated false-alarm level, in words ("" when it has none)
 
@@ -90,6 +98,19 @@ def _convergence_check(c: Any) -> Check:
                  reason=f"{c.verdict}: {c.reason} ({numbers})", guarantee=c.guarantee)
 
 
+def _not_asked(check: Check, why: str) -> Check:
+    """``check`` as information: its plain line says ``why`` it does not decide; its reason keeps what it showed."""
+    return check.model_copy(update={"status": NOT_ASKED, "summary": f"not asked: {why}"})
+
+
+def _repeats_not_asked(report: Any) -> str:
+    """Why repeatability is not asked (``""`` when it is): the spec runs each seed once."""
+    repeats = getattr(report.study, "repeats", None)
+    if repeats is None or repeats >= 2:
+        return ""
+    return "the spec runs each seed once (repeats: 1), so there are no repeats of a seed to compare"
+
+
 def _study_check(report: Any) -> list[Check]:
     """A study that failed (every run failed, or no run logged its metrics) fails, for the reason it ended on."""
     if report.study.status != "failed":
@@ -99,9 +120,51 @@ def _study_check(report: Any) -> list[Check]:
                   reason=f"the study failed: {why}", guarantee="")]
 
 
+_SOURCE_WORDS = {"equivalent": "about the full variance", "not_equivalent": "not the full variance",
+                 "inconclusive": "cannot tell yet"}
+
+
+def _sources_checks(report: Any) -> list[Check]:
+    """A sources study's answers: per source, whether its SD is the full (all-sources) SD, by TOST."""
+    out: list[Check] = []
+    for t in report.sources or ():
+        band = f"[{1 / t.margin:.3g}, {t.margin:.3g}]"
+        guarantee = f"TOST at α = {t.alpha:g}: a false 'the full variance' at most {t.alpha:.0%} of the time"
+        for r in t.rows:
+            name = f"{t.metric} {r.source} vs all sources"
+            if r.status == "not_varied":
+                check = Check(kind="sources", name=name, status="inconclusive", summary=r.note or "not varied",
+                              reason=r.note or "not varied", guarantee="")
+                out.append(_not_asked(check, f"the code never reads the {r.source} seed, so this arm varies nothing"))
+                continue
+            v = r.vs_all
+            if r.status != "measured" or v is None:
+                line = f"too few runs to compare the {r.source} arm with all sources" + (f": {r.note}" if r.note else "")
+                out.append(Check(kind="sources", name=name, status="inconclusive", summary=line, reason=line,
+                                 guarantee=""))
+                continue
+            if all(math.isfinite(x) for x in (v.ratio, v.lower, v.upper)):
+                ratio = (f"SD ratio {v.ratio:.3g} ({1 - 2 * t.alpha:.0%} CI {v.lower:.3g}–{v.upper:.3g}) against "
+                         f"{band}")
+            else:  # a zero SD is exact: no ratio to draw an interval around
+                ratio = "no SD ratio: " + ("both this arm's and all sources' runs are all equal" if math.isnan(v.ratio)
+                                           else "all sources' runs are all equal" if v.ratio > 0
+                                           else "this arm's runs are all equal (SD 0)")
+            more = f"; about {r.runs_needed} runs per arm would decide" if v.verdict == "inconclusive" and r.runs_needed \
+                else ""
+            line = f"{_SOURCE_WORDS.get(v.verdict, v.verdict)}: {ratio}{more}"
+            status: Status = "inconclusive" if v.verdict == "inconclusive" else "pass"  # decided either way: answered
+            out.append(Check(kind="sources", name=name, status=status, summary=line,
+                             reason=f"{v.verdict}: TOST p = {v.p_value:.3g}, {r.n} runs of the {r.source} arm",
+                             guarantee=guarantee))
+    return out
+
+
 def checks(report: Any) -> list[Check]:
     """The report as checks, in report order (see the module's docstring for the rules)."""
     out: list[Check] = _study_check(report)
+    sources_study = report.sources is not None
+    no_repeats = _repeats_not_asked(report)
     for h in report.headline:
         promise = next((v.guarantee for v in report.of_level("repeatability")
                         if v.group.determinism == h.determinism and v.guarantee), "")
@@ -109,9 +172,9 @@ def checks(report: Any) -> list[Check]:
         mark = {True: "met", False: "NOT met", None: "not enough repeats to tell"}[h.met]
         said = h.phrase.removeprefix("met: ")  # the headline's phrase may start with the mark already
         summary = f"{h.determinism} expectation {mark}" + ("" if said == mark else f": {said}")
-        out.append(Check(kind="expectation", name=f"{h.determinism}: {h.expected}",
-                         status=_EXPECTATION_STATUS[h.met], summary=summary,
-                         reason=reason, guarantee=promise))
+        check = Check(kind="expectation", name=f"{h.determinism}: {h.expected}",
+                      status=_EXPECTATION_STATUS[h.met], summary=summary, reason=reason, guarantee=promise)
+        out.append(_not_asked(check, no_repeats) if no_repeats and (sources_study or h.met is None) else check)
     for v in report.verdicts:
         name = f"{v.metric} {group_label(v.group)}"
         if v.level == "repeatability":
@@ -119,8 +182,20 @@ def checks(report: Any) -> list[Check]:
             reason = f"{v.verdict}: {v.reason} (expected: {v.expectation})"
         else:
             status, reason = verdict_status(v.verdict), f"{v.verdict}: {v.reason}"
-        out.append(Check(kind=v.level, name=name, status=status, summary=v.summary or reason, reason=reason,
-                         guarantee=_guarantee(v)))
+        check = Check(kind=v.level, name=name, status=status, summary=v.summary or reason, reason=reason,
+                      guarantee=_guarantee(v))
+        why = ""
+        if v.level == "repeatability" and no_repeats and (sources_study or v.verdict == "inconclusive"):
+            why = no_repeats
+        elif v.level == "seed_stability" and status == INCONCLUSIVE and v.spread.max_std is None:
+            why = f"nothing to judge against: the spec gives {v.metric} no max_std"
+        elif v.level == "stack_portability" and sources_study:
+            why = ("a sources study compares each source's SD with the all-sources SD (the table of sources), "
+                   "not the means of its arms")
+        elif v.level == "stack_portability" and status == INCONCLUSIVE and v.margin is None:
+            why = f"nothing to judge against: the spec gives {v.metric} no margin"
+        out.append(_not_asked(check, why) if why else check)
+    out += _sources_checks(report)
     for c in report.determinism_cost:
         if c.verdict is None:  # no budget given: a measurement, not a check
             continue
@@ -138,16 +213,24 @@ def checks(report: Any) -> list[Check]:
 
 
 def combine(items: list[Check]) -> Outcome:
-    """The outcome of ``items``: the first failing check decides, else the first inconclusive one."""
+    """The outcome of ``items``: the first failing check decides, else the first inconclusive one; a
+    ``not_asked`` check never does."""
     for status in (FAIL, INCONCLUSIVE):
         hits = [c for c in items if c.status == status]
         if hits:
             more = f" (and {len(hits) - 1} more {'failing' if status == FAIL else 'inconclusive'} check(s))" \
                 if len(hits) > 1 else ""
             return Outcome(status=status, reason=f"{hits[0].name}: {hits[0].summary}{more}", checks=items)
-    if not items:
-        return Outcome(status="inconclusive", reason="nothing to judge: no verdict in the report", checks=items)
-    return Outcome(status="pass", reason=f"all {len(items)} checks passed", checks=items)
+    asked = [c for c in items if c.status != NOT_ASKED]
+    if not asked:
+        first = next((c for c in items if c.status == NOT_ASKED), None)
+        reason = ("nothing to judge: no verdict in the report" if first is None else
+                  f"nothing asked that this study can judge: {first.name}: {first.summary.removeprefix('not asked: ')}")
+        return Outcome(status="inconclusive", reason=reason, checks=items)
+    shown = len(items) - len(asked)
+    return Outcome(status="pass", reason=("the one check asked passed" if len(asked) == 1 else
+                                          f"all {len(asked)} checks passed") + (
+        f" ({shown} more shown as information, not asked)" if shown else ""), checks=items)
 
 
 def judge(report: Any) -> Outcome:

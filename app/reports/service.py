@@ -308,7 +308,8 @@ def compute_report(session: Session, study_id: int) -> Report:
     report = Report.assemble(
         built,
         study={"id": study.id, "name": study.name, "status": study.status, "kind": study.kind,
-               "suite": study.suite, "progress": progress.model_dump(), "status_reason": study.status_reason},
+               "suite": study.suite, "progress": progress.model_dump(), "status_reason": study.status_reason,
+               "repeats": spec.get("repeats", 1)},
         metrics=[m.__dict__ for m in specs],
         n_runs_judged=len(runs),
         excluded_runs=excluded_runs(session, study_id),
@@ -321,8 +322,7 @@ def compute_report(session: Session, study_id: int) -> Report:
     report.sources = sources
     report.caveats = pinned_caveats(report, route) + capture_caveats(runs)
     report.resume = resume_section(runs, specs[0].name if specs else None)
-    if report.resume:
-        report.outcome = judge(report)  # the resume checks count in the study's outcome
+    report.outcome = judge(report)  # with the sources table and the resume checks, which count in the outcome
     return report
 
 

@@ -85,9 +85,9 @@ def test_a_failed_expectation_or_comparison_exits_1_and_wins_over_inconclusive()
     failed = {i.kind for i in items if i.status == gate.FAIL}
     assert failed == {"expectation", "repeatability"}, items
     assert gate.exit_code(items) == 1
-    # failing repeatability and an inconclusive band (no max_std): failure wins
+    # failing repeatability and a band with no max_std to judge against (not asked, shown): failure wins
     items = gate.gate_items(_report(repeat_noise=1e-3, max_std=None))
-    assert {i.status for i in items} >= {gate.FAIL, gate.INCONCLUSIVE} and gate.exit_code(items) == 1
+    assert {i.status for i in items} >= {gate.FAIL, gate.NOT_ASKED} and gate.exit_code(items) == 1
     # a failing comparison with the baseline fails a study whose own verdicts pass
     items = gate.gate_items(_report(), _comparison("not_equivalent"))
     assert [i.kind for i in items if i.status == gate.FAIL] == ["baseline"] and gate.exit_code(items) == 1
@@ -96,8 +96,8 @@ def test_a_failed_expectation_or_comparison_exits_1_and_wins_over_inconclusive()
 def test_inconclusive_exits_2():
     items = gate.gate_items(_report(max_std=None))  # no limit on the seed spread: a band, no claim
     (band,) = [i for i in items if i.kind == "seed_stability"]
-    assert band.status == gate.INCONCLUSIVE and "no max_std" in band.reason
-    assert gate.exit_code(items) == 2
+    assert band.status == gate.NOT_ASKED and "no max_std" in band.reason
+    assert gate.exit_code(items) == 0  # shown, not the exit code: the repeats the spec asked for decide
     assert gate.exit_code(gate.gate_items(_report(), _comparison("inconclusive"))) == 2
     # an empty report is never a pass; an unknown verdict does not even read as a report
     empty = build_report([], [MetricSpec(name="loss")], rng=np.random.default_rng(0))
@@ -119,7 +119,7 @@ def test_junit_xml_has_the_shape_ci_servers_read(tmp_path, noise, max_std):
     cases = suite.findall("testcase")
     assert len(cases) == len(items) == int(suite.get("tests")) == int(root.get("tests"))
     assert int(suite.get("failures")) == sum(i.status == gate.FAIL for i in items) == len(suite.findall("*/failure"))
-    assert int(suite.get("skipped")) == sum(i.status == gate.INCONCLUSIVE for i in items)
+    assert int(suite.get("skipped")) == sum(i.status in (gate.INCONCLUSIVE, gate.NOT_ASKED) for i in items)
     assert suite.get("errors") == "0" and "\x1b" not in suite.get("name")
     for case, item in zip(cases, items, strict=True):
         assert case.get("name") and case.get("classname", "").startswith("steady.")
@@ -129,6 +129,8 @@ def test_junit_xml_has_the_shape_ci_servers_read(tmp_path, noise, max_std):
             assert case.find("failure").get("message") == item.reason and case.find("failure").get("type")
         if item.status == gate.INCONCLUSIVE:
             assert case.find("skipped").get("message").startswith("inconclusive: ")
+        if item.status == gate.NOT_ASKED:
+            assert case.find("skipped").get("message").startswith("not asked: ")
         assert "http://h/studies/7" in case.find("system-out").text
     # read back as CI tools read it
     path = tmp_path / "out.xml"
@@ -139,7 +141,8 @@ def test_junit_xml_has_the_shape_ci_servers_read(tmp_path, noise, max_std):
     results = {(c.classname, c.name): [type(r).__name__ for r in c.result] for c in ts}
     assert len(results) == len(items)  # (classname, name) names each check once
     for item in items:
-        expected = {gate.PASS: [], gate.FAIL: ["Failure"], gate.INCONCLUSIVE: ["Skipped"]}[item.status]
+        expected = {gate.PASS: [], gate.FAIL: ["Failure"], gate.INCONCLUSIVE: ["Skipped"],
+                    gate.NOT_ASKED: ["Skipped"]}[item.status]
         assert results[(f"steady.{item.kind}", item.name)] == expected, item
 
 
