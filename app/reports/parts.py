@@ -257,6 +257,8 @@ class Tost(Part):
     p_value: WireFloat
     exact: bool = False
     withheld: str | None = None  # why 'equivalent' is not claimed although p_value is small (skewed, unequal stacks)
+    small_sample: str | None = Field(None, description="the small-sample rule was used (5 or fewer seeds on a stack), "
+                                     "in words")
 
 
 class BootstrapCI(Part):
