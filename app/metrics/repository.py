@@ -166,22 +166,28 @@ def study_metric_keys(session: Session, study_id: int) -> set[str]:
     return set(session.scalars(stmt))
 
 
-def _assemble(chunks: list[tuple[int, int, np.ndarray, bytes]]) -> tuple[np.ndarray, np.ndarray]:
-    """One series from its chunks, given as (step_min, chunk id, steps, value bytes)."""
+def _assemble(chunks: list[tuple[int, int, np.ndarray, bytes, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """One series from its chunks, given as (step_min, chunk id, steps, value bytes, seq), one value per step.
+
+    A step stored more than once (a step logged twice) is read in the order stored (chunk id, then position).
+    Values from the MLflow endpoint (seq < 0) at one step are a history, as MLflow keeps them: the step reads
+    its latest one (each request's points are stored in timestamp order). Otherwise a repeated step keeps its
+    first value, never a later one (the agent stores no second value for a step: it records a conflict)."""
     chunks.sort(key=lambda c: (c[0], c[1]))  # by first step, then the order stored
     steps = np.concatenate([c[2] for c in chunks]).astype(np.int64, copy=False)
     values = np.frombuffer(b"".join(c[3] for c in chunks), dtype=VALUE_DTYPE).astype(np.float64, copy=False)
     if len(steps) > 1 and not np.all(steps[1:] > steps[:-1]):
-        # Out of order or repeated steps (e.g. a step logged twice): in the order stored (chunk id: the
-        # agent's batches and the MLflow endpoint's requests alike), then position, sorted by step; a
-        # repeated step keeps its first value, never a later one.
         chunks.sort(key=lambda c: (c[1], c[0]))
         steps = np.concatenate([c[2] for c in chunks]).astype(np.int64, copy=False)
         values = np.frombuffer(b"".join(c[3] for c in chunks), dtype=VALUE_DTYPE).astype(np.float64, copy=False)
-        order = np.argsort(steps, kind="stable")
+        mlflow = np.concatenate([np.full(len(c[2]), c[4] < 0) for c in chunks])
+        stored = np.arange(len(steps), dtype=np.int64)
+        # per step, the last of the sort wins: an MLflow value over any other, the latest MLflow value, or else
+        # the first value stored
+        order = np.lexsort((np.where(mlflow, stored, -stored), mlflow, steps))
         steps, values = steps[order], values[order]
-        first = np.insert(steps[1:] != steps[:-1], 0, True)
-        steps, values = steps[first], values[first]
+        last = np.append(steps[1:] != steps[:-1], True)
+        steps, values = steps[last], values[last]
     return steps, values
 
 
@@ -197,22 +203,23 @@ def load_series(
     # chunks of each series are ordered in Python instead.
     stmt = (
         select(table.c.run_id, table.c.key, table.c.id, table.c.step_min, table.c.step_max, table.c.n,
-               table.c.steps, table.c["values"])
+               table.c.steps, table.c["values"], table.c.seq)
         .join(runs, (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt))
         .where(table.c.run_id.in_(list(run_ids)))
     )
     if keys is not None:
         stmt = stmt.where(table.c.key.in_(list(keys)))
-    parts: dict[tuple[int, str], list[tuple[int, int, np.ndarray, bytes]]] = defaultdict(list)
-    for run_id, key, chunk_id, step_min, step_max, n, steps_b, values_b in session.execute(stmt):
-        parts[(run_id, key)].append((step_min, chunk_id, decode_steps(steps_b, step_min, step_max, n), values_b))
+    parts: dict[tuple[int, str], list[tuple[int, int, np.ndarray, bytes, int]]] = defaultdict(list)
+    for run_id, key, chunk_id, step_min, step_max, n, steps_b, values_b, seq in session.execute(stmt):
+        parts[(run_id, key)].append((step_min, chunk_id, decode_steps(steps_b, step_min, step_max, n), values_b, seq))
     return {rk: _assemble(chunks) for rk, chunks in parts.items()}
 
 
 def stored_points(session: Session, run_id: int, attempt: int,
                   ranges: dict[str, tuple[int, int]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """What one attempt of a run already holds for each key between the steps (lo, hi) given, first value
-    per step, read from the chunks that overlap that range only (a write checks what it would repeat)."""
+    """What one attempt of a run already holds for each key between the steps (lo, hi) given, one value
+    per step as a series reads it (``_assemble``), read from the chunks that overlap that range only (a write
+    checks what it would repeat)."""
     if not ranges:
         return {}
     table = MetricChunk.__table__
@@ -220,12 +227,12 @@ def stored_points(session: Session, run_id: int, attempt: int,
                     for key, (lo, hi) in ranges.items()])
     stmt = (
         select(table.c.key, table.c.id, table.c.step_min, table.c.step_max, table.c.n, table.c.steps,
-               table.c["values"])
+               table.c["values"], table.c.seq)
         .where(table.c.run_id == run_id, table.c.attempt == attempt, overlap)
     )
-    parts: dict[str, list[tuple[int, int, np.ndarray, bytes]]] = defaultdict(list)
-    for key, chunk_id, step_min, step_max, n, steps_b, values_b in session.execute(stmt):
-        parts[key].append((step_min, chunk_id, decode_steps(steps_b, step_min, step_max, n), values_b))
+    parts: dict[str, list[tuple[int, int, np.ndarray, bytes, int]]] = defaultdict(list)
+    for key, chunk_id, step_min, step_max, n, steps_b, values_b, seq in session.execute(stmt):
+        parts[key].append((step_min, chunk_id, decode_steps(steps_b, step_min, step_max, n), values_b, seq))
     return {key: _assemble(chunks) for key, chunks in parts.items()}
 
 
@@ -241,7 +248,7 @@ def load_series_shared(
     them. A run that logged every step of the grid gets ``(grid, matrix[i])`` — the one grid array
     shared by all runs and a row *view* of the matrix; a run with gaps gets copies of its logged
     steps. Runs with unevenly spaced or overlapping chunks (a step re-logged) go through
-    ``load_series`` (sort, keep the first write). Same result as ``load_series``, bit for bit.
+    ``load_series`` (sort, one value per step: ``_assemble``). Same result as ``load_series``, bit for bit.
     """
     if not run_ids:
         return {}

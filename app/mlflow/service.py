@@ -13,7 +13,10 @@ Two kinds of caller:
 
 Metric points are stored like every other series (columnar chunks, exact float64 bits, NaN
 and ±Inf as data). A write is idempotent by content: a request re-sent by the client's retry
-stores nothing twice.
+stores nothing twice. Values logged at one step with increasing timestamps are a history, as MLflow keeps
+them (e.g. ``mlflow.log_metric("loss", v)`` once per epoch, every call at step 0): all are stored in
+order, and the step reads the latest, which is the run's final value when it is the last step and what
+``runs/get`` answers as the latest metric.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from steady.server.runs import repository as runs_repo
 from steady.server.lifecycle.credentials import RunCredential
 from steady.server.studies import service as studies
 from steady.server.studies.schemas import StudySpec
-from steady.worker.contract.protocol import MAX_CONFLICTS_KEPT, Determinism, RunStatus
+from steady.worker.contract.protocol import Determinism, RunStatus
 
 RUN_NAME_TAG = "mlflow.runName"
 _STATUS_OUT = {RunStatus.running.value: "RUNNING", RunStatus.queued.value: "SCHEDULED",
@@ -200,51 +203,52 @@ def _content_seq(run_id: int, payload: Any) -> int:
 def _store_metrics(session: Session, run: Run, metrics: list[MetricIn], settings: Settings) -> None:
     if not metrics:
         return
-    grouped: dict[str, tuple[list[int], list[float]]] = {}
-    for m in metrics:
-        steps, values = grouped.setdefault(m.key, ([], []))
-        steps.append(int(m.step))
-        values.append(float(m.value))
     payload = [(m.key, m.step, m.value.hex(), m.timestamp) for m in metrics]
     seq = _content_seq(run.id, payload)
     if metrics_repo.batch_exists(session, run.id, run.attempt, seq):
         return
+    grouped: dict[str, tuple[list[int], list[float]]] = {}
+    # a step's values in timestamp order (a stable sort: equal timestamps keep the request's order)
+    for m in sorted(metrics, key=lambda m: (int(m.step), int(m.timestamp))):
+        steps, values = grouped.setdefault(m.key, ([], []))
+        steps.append(int(m.step))
+        values.append(float(m.value))
     from steady.server.lifecycle import service as runs
 
     runs.check_limits(session, run, set(grouped), len(metrics), settings)
-    grouped = _first_values(session, run, grouped)
+    grouped = _new_values(session, run, grouped)
     arrays = [(key, np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for key, (s, v) in grouped.items()]
     metrics_repo.insert_chunks(session, run.id, run.attempt, seq, arrays)
 
 
-def _first_values(session: Session, run: Run, grouped: dict[str, tuple[list[int], list[float]]]
-                  ) -> dict[str, tuple[list[int], list[float]]]:
-    """The points of a request that give a step its first value. A step the run already holds (or that the
-    request names twice) keeps the value it has: the same value again is dropped without a word, a
-    different one is recorded on the run as a capture conflict and not stored."""
+def _same(a: float, b: float) -> bool:
+    return np.float64(a).tobytes() == np.float64(b).tobytes() or bool(np.isnan(a) and np.isnan(b))
+
+
+def _new_values(session: Session, run: Run, grouped: dict[str, tuple[list[int], list[float]]]
+                ) -> dict[str, tuple[list[int], list[float]]]:
+    """The points of a request that change what the run holds. Values an MLflow client logs at one step are a
+    history, as MLflow keeps them: a different value at a step the run already holds is stored after the ones
+    before it, and the step then reads it (its latest, ``metrics_repo._assemble``). A value equal to the step's
+    latest one (a client re-sending a point, or the same value logged again) changes neither and is not stored."""
     stored = metrics_repo.stored_points(session, run.id, run.attempt,
                                         {key: (min(s), max(s)) for key, (s, _) in grouped.items()})
     out: dict[str, tuple[list[int], list[float]]] = {}
-    conflicts: list[dict[str, Any]] = []
     for key, (steps, values) in grouped.items():
         held_steps, held_values = stored.get(key, ((), ()))
-        have = {int(s): (float(v), "stored before") for s, v in zip(held_steps, held_values)}
+        latest = {int(s): float(v) for s, v in zip(held_steps, held_values)}
         keep: tuple[list[int], list[float]] = ([], [])
         for step, value in zip(steps, values):
-            if step in have:
-                kept, source = have[step]
-                if np.float64(kept).tobytes() != np.float64(value).tobytes() and not (np.isnan(kept) and np.isnan(value)):
-                    conflicts.append({"key": key, "step": step, "kept": {"value": wire_float(kept), "source": source},
-                                      "dropped": {"value": wire_float(value), "source": "mlflow request"}})
+            if step in latest and _same(latest[step], value):
                 continue
-            have[step] = (value, "mlflow request")
+            latest[step] = value
             keep[0].append(step)
             keep[1].append(value)
         if keep[0]:
             out[key] = keep
-    if conflicts:
-        runs_repo.add_conflicts(session, run.id, {"count": len(conflicts), "first": conflicts[:MAX_CONFLICTS_KEPT]})
     return out
+
+
 def _too_large(message: str) -> MlflowError:
     return MlflowError(413, "RESOURCE_LIMIT_EXCEEDED", message)
 

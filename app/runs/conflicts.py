@@ -1,7 +1,8 @@
 """How a run's capture conflicts read, in one wording for ``steady logs``, the run page and the report.
 
-A conflict is a second, different value logged for one (key, step) of a run (``runs.metric_conflicts``,
-``protocol.MetricConflicts``): the first value was kept, the second not stored.
+A conflict is a second, different value logged for one (key, step) of a run from stdout or the SDK
+(``runs.metric_conflicts``, ``protocol.MetricConflicts``): the first value was kept, the second not stored.
+Values an MLflow client logs at one step are a history instead, as MLflow keeps them (``steady.server.mlflow``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ __all__ = ["conflict_lines", "conflict_phrase", "conflict_summary", "merged", "r
 
 
 def merged(existing: dict[str, Any] | None, more: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Two records of a run's conflicts as one (the MLflow endpoint's, found as they were written, and the
-    worker's, reported with the result): counts added, the first :data:`MAX_CONFLICTS_KEPT` kept in full.
+    """Two records of a run's conflicts as one (the one stored on the run, e.g. by an earlier version's MLflow
+    endpoint, and the worker's, reported with the result): counts added, the first :data:`MAX_CONFLICTS_KEPT` kept in full.
     A conflict recorded already, the same in every part, is a client's retry of one request: not counted again."""
     restart = (existing or {}).get("restart") or (more or {}).get("restart")
     restarts = max(int((existing or {}).get("restarts") or 0), int((more or {}).get("restarts") or 0))

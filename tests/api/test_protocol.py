@@ -282,9 +282,10 @@ def test_a_failed_run_keeps_its_capture_conflicts(api):
     assert api.get(f"/api/v1/runs/{leased['run_id']}").json()["metric_conflicts"] == conflicts
 
 
-def test_a_value_sent_twice_through_mlflow_keeps_the_first_and_is_recorded(api):
-    """The MLflow-compatible endpoint is a channel the worker does not see: the server keeps the first value
-    of a (key, step) itself, records a different second one, and adds the worker's own with the result."""
+def test_a_value_sent_again_through_mlflow_is_history_not_a_conflict(api):
+    """The MLflow-compatible endpoint is a channel the worker does not see: values an MLflow client logs at a
+    step the run holds are a history, as MLflow keeps them (the step reads the latest), the same value again and
+    a retried request store nothing, and the worker's own conflicts arrive with the result."""
     _one_run_study(api)
     leased = lease(api, register(api))
     run_id, lid = leased["run_id"], leased["lease_id"]
@@ -297,17 +298,14 @@ def test_a_value_sent_twice_through_mlflow_keeps_the_first_and_is_recorded(api):
             "run_id": str(run_id), "metrics": [{"key": "loss", "value": value, "step": step, "timestamp": 1}]})
         assert r.status_code == 200, r.text
 
-    log(1, 0.5)  # the same value again: silent
-    log(2, 9.0)  # a different one: recorded, not stored
-    log(2, 9.0)  # the client's retry of that request: recorded once
+    log(1, 0.5)  # the same value again: nothing stored
+    log(2, 9.0)  # a different one: the step's latest
+    log(2, 9.0)  # the client's retry of that request: a no-op
     log(3, 0.125)
     got = api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()
-    assert got["steps"] == [0, 1, 2, 3] and got["values"] == [1.0, 0.5, 0.25, 0.125]
-    stored = api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"]
-    assert stored == {"count": 1, "first": [{"key": "loss", "step": 2, "kept": {"value": 0.25, "source": "stored before"},
-                                             "dropped": {"value": 9.0, "source": "mlflow request"}}]}
+    assert got["steps"] == [0, 1, 2, 3] and got["values"] == [1.0, 0.5, 9.0, 0.125]
+    assert api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"] is None
     worker_side = {"count": 4, "first": [_conflict(7, 1.0, 2.0)]}
     assert api.post(f"/api/v1/runs/{run_id}/complete", role="worker",
                     json=result(lid, conflicts=worker_side)).status_code == 200
-    both = api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"]
-    assert both["count"] == 5 and [c["step"] for c in both["first"]] == [2, 7]
+    assert api.get(f"/api/v1/runs/{run_id}").json()["metric_conflicts"] == worker_side
