@@ -22,7 +22,9 @@ def test_every_planted_source_is_named_exactly():
     for name in ("initial weights only", "data order only", "dropout RNG only"):
         assert by_name[name].first_divergent_step == 0  # the first batch already differs
     for name in ("reduction order only", "library version only"):
-        assert by_name[name].verdict in ("equivalent", "inconclusive", "not_equivalent")
+        # final losses ~1e-7 apart against a margin of 0.05: the stacks are equivalent, and the same-seed pairs
+        # name the stack as the source of the difference
+        assert by_name[name].verdict == "equivalent", by_name[name].reason
         assert "same seed on both stacks: source stack" in by_name[name].reason
 
 
