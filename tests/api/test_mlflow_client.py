@@ -99,3 +99,30 @@ def test_client_calls_of_the_support_table(live_server):
     assert run["status"] == "completed" and run["study_id"] == int(experiment["experiment_id"])
     stored = _mlflow(READ_TAGS, live_server.url, live_server.tokens["user"], out["run_id"])  # another process
     assert stored["team"] == "vision" and stored["stage"] == "warmup"
+
+QUICKSTART = textwrap.dedent("""
+    import json, sys, time
+    import mlflow
+
+    mlflow.set_experiment(sys.argv[1])
+    with mlflow.start_run() as run:
+        for loss in (0.9, 0.5, 0.3):  # once per epoch, without step=: every value at step 0
+            mlflow.log_metric("loss", loss)
+            time.sleep(0.01)  # an epoch takes longer: each call gets its own timestamp
+        during = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
+    after = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
+    print(json.dumps({"run_id": run.info.run_id, "during": during, "after": after}))
+""")
+
+
+def test_the_quickstart_style_is_judged_on_its_last_epoch(live_server):
+    """mlflow.log_metric once per epoch without step=: MLflow keeps every value at step 0 and get_run answers the
+    latest; Steady reads the step's latest too, as the run's final value and in get_run."""
+    out = _mlflow(QUICKSTART, live_server.url, live_server.tokens["user"], "quickstart-epochs")
+    assert out["during"] == {"loss": 0.3} and out["after"] == {"loss": 0.3}
+    http = live_server.client()
+    run = http.get(f"/api/v1/runs/{out['run_id']}").json()
+    assert run["status"] == "completed" and run["final_metrics"] == {"loss": 0.3}
+    assert run["metric_conflicts"] is None
+    got = http.get(f"/api/v1/runs/{out['run_id']}/metrics/loss").json()
+    assert got["steps"] == [0] and got["values"] == [0.3]
