@@ -255,7 +255,12 @@ def final_outliers(baseline: Sequence[RunData], candidates: Sequence[RunData], m
                    alpha: float = 0.01) -> FinalsCheck:
     """``baseline_outliers`` on final values read at the last step that every non-diverged run,
     baseline and candidate, logged (``steady.server.stats.report.common_finals``): each run's own last step
-    made a run that stopped early look off. A diverged candidate (no finite value) is outside."""
+    made a run that stopped early look off. A diverged candidate (no finite value) is outside.
+
+    Not the report's last-value rule (``last_finals``) on purpose: an alert compares runs with another
+    study's, and a candidate cut short (a crash, a smaller budget) read at its own last step is compared with
+    baselines at a later point of training and flagged for that alone; at the shared step every run is read at
+    one point. A step an MLflow client logged several times reads its latest value here too."""
     fin = common_finals([*baseline, *candidates], metric)
     at = dict(zip(fin.run_ids, fin.values.tolist()))
     base = np.array([at[r.run_id] for r in baseline if r.run_id in at], dtype=np.float64)
