@@ -11,10 +11,10 @@ row and the caller gets 409, so exactly one of any number of racing transitions 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, select, update
+from sqlalchemy import case, select, text, update
 
 from steady.server.kit.auth import Role
 from steady.server.kit.config import Settings
@@ -149,6 +149,42 @@ def _extend_lease(session: WriteSession, run_id: int, lease_id: str, token_id: i
     if row is not None:
         conn.execute(update(Worker).where(Worker.id == row[2]).values(last_seen_at=now))
     return row
+
+
+_BEAT_MANY = """
+WITH v(id, lease_id, token_id, step) AS (VALUES {rows}),
+beat AS (
+  UPDATE runs SET lease_expires_at = :expires, progress_step = COALESCE(v.step, runs.progress_step)
+  FROM v
+  WHERE runs.id = v.id AND runs.status = 'running' AND runs.lease_id = v.lease_id
+    AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at >= :now)
+    AND runs.worker_id IN (SELECT workers.id FROM workers WHERE workers.token_id = v.token_id)
+  RETURNING runs.id, runs.lease_expires_at, runs.cancel_requested, runs.worker_id),
+seen AS (UPDATE workers SET last_seen_at = :now FROM beat WHERE workers.id = beat.worker_id)
+SELECT id, lease_expires_at, cancel_requested FROM beat
+"""
+
+
+def heartbeat_many(session: WriteSession, beats: list[tuple[int, Heartbeat, Principal]],
+                   settings: Settings) -> list[HeartbeatAck | None]:
+    """PostgreSQL: the heartbeats of different runs by worker tokens, in one statement (the UPDATE of
+    ``_extend_lease`` joined to a VALUES list). Each one's acknowledgement, or None where its row did
+    not match (the caller then answers it with ``heartbeat``, which says why)."""
+    now = utcnow()
+    naive_now = now.astimezone(UTC).replace(tzinfo=None)  # the columns hold naive UTC (UTCDateTime)
+    params: dict[str, Any] = {"now": naive_now,
+                              "expires": naive_now + timedelta(seconds=settings.lease_seconds)}
+    rows = []
+    for i, (run_id, beat, principal) in enumerate(beats):
+        rows.append(f"(CAST(:i{i} AS BIGINT), CAST(:l{i} AS VARCHAR), CAST(:t{i} AS BIGINT), CAST(:s{i} AS BIGINT))")
+        params.update({f"i{i}": run_id, f"l{i}": beat.lease_id, f"t{i}": principal.token_id, f"s{i}": beat.step})
+    found = {row[0]: row for row in session.connection().execute(text(_BEAT_MANY.format(rows=", ".join(rows))),
+                                                                 params)}
+    out: list[HeartbeatAck | None] = []
+    for run_id, _, _ in beats:
+        row = found.get(run_id)
+        out.append(None if row is None else HeartbeatAck(lease_expires_at=row[1].replace(tzinfo=UTC), cancel=row[2]))
+    return out
 
 
 def heartbeat(session: WriteSession, run_id: int, body: Heartbeat, settings: Settings,

@@ -41,13 +41,27 @@ MAX_BODY = 4096
 
 def _beat_all(session: WriteSession, items: list[tuple[int, Heartbeat, Principal]], settings: Any) -> list[Any]:
     """Each heartbeat in one transaction: its acknowledgement, or the refusal it raised (a refused
-    heartbeat changed nothing: its UPDATE matched no row). A database error ends them all."""
-    out: list[Any] = []
-    for run_id, beat, principal in items:
-        try:
-            out.append(transitions.heartbeat(session, run_id, beat, settings, principal))
-        except SteadyError as exc:
-            out.append(exc)
+    heartbeat changed nothing: its UPDATE matched no row). On PostgreSQL the heartbeats of distinct
+    runs by worker tokens are one statement first; the others, and any that did not match, one by
+    one. A database error ends them all."""
+    out: list[Any] = [None] * len(items)
+    if session.connection().dialect.name == "postgresql":
+        seen: set[int] = set()
+        batch = []
+        for i, (run_id, _, principal) in enumerate(items):
+            if run_id not in seen and principal.role is not Role.admin:
+                seen.add(run_id)
+                batch.append(i)
+        if batch:
+            for i, ack in zip(batch, transitions.heartbeat_many(session, [items[i] for i in batch], settings),
+                              strict=True):
+                out[i] = ack
+    for i, (run_id, beat, principal) in enumerate(items):
+        if out[i] is None:
+            try:
+                out[i] = transitions.heartbeat(session, run_id, beat, settings, principal)
+            except SteadyError as exc:
+                out[i] = exc
     return out
 
 
