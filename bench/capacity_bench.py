@@ -128,8 +128,11 @@ class Agent:
         if status != 200:
             raise RuntimeError(f"register answered {status}: {payload[:200]!r}")
         self.worker_id = json.loads(payload)["worker_id"]
-        if not await self.lease(record=False):
-            raise RuntimeError("no run to lease during set-up")
+        for _ in range(60):  # a busy server may answer a lease late or not at all; set-up is not measured
+            if await self.lease(record=False):
+                return
+            await asyncio.sleep(1.0)
+        raise RuntimeError(f"no run leased during set-up: {self.out['errors'][-3:]}")
 
     async def heartbeat(self, step: int) -> int:
         status, _ = await self.call("heartbeat", "POST", f"/api/v1/runs/{self.run_id}/heartbeat",
@@ -149,7 +152,8 @@ class Agent:
 
     async def fleet(self, a: argparse.Namespace, end: float) -> None:
         steps = list(range(a.points))
-        seq, next_hb = 0, time.time() + a.heartbeat_s * random.uniform(0, 1)
+        # agents are at different points of their runs, so that completions and leases are spread out
+        seq, next_hb = random.randrange(a.batches), time.time() + a.heartbeat_s * random.uniform(0, 1)
         next_batch = time.time() + a.batch_s * random.uniform(0, 1)
         while time.time() < end:
             await asyncio.sleep(max(0.0, min(next_hb, next_batch) - time.time()))
@@ -326,7 +330,7 @@ def main() -> int:
     p.add_argument("--gap-s", type=float, default=2.0, help="pause between phases")
     p.add_argument("--batch-s", type=float, default=10.0, help="fleet: seconds between an agent's metric batches")
     p.add_argument("--heartbeat-s", type=float, default=10.0, help="fleet: seconds between heartbeats (the default)")
-    p.add_argument("--batches", type=int, default=10, help="fleet: batches per run before it completes")
+    p.add_argument("--batches", type=int, default=3, help="fleet: batches per run before it completes")
     p.add_argument("--points", type=int, default=1000, help="fleet: points per batch")
     p.add_argument("--saturation-ms", type=float, default=1000.0, help="fleet heartbeat p99 above this: saturated")
     p.add_argument("--out", default="capacity")
