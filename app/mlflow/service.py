@@ -119,7 +119,7 @@ def run_info(run: Run) -> dict[str, Any]:
 
 def run_view(session: Session, run: Run) -> dict[str, Any]:
     meta = _meta(run)
-    series = metrics_repo.load_series(session, [run.id], None) if run.status == RunStatus.running.value else {}
+    series = metrics_repo.load_series(session, [run.id], None)  # the latest value at each key's last step, as MLflow
     latest = {key: (int(steps[-1]), float(values[-1])) for (_, key), (steps, values) in series.items() if len(steps)}
     if not latest:
         latest = {k: (0, from_wire(v)) for k, v in (run.final_metrics or {}).items()}

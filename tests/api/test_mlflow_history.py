@@ -77,6 +77,10 @@ def test_one_request_is_stored_in_timestamp_order_and_a_later_step_stays_latest(
     steps, values, points = _stored(api, run_id)
     assert (steps, values, points) == ([0, 5], [0.1, 0.7], 5)
     assert (_latest(api, run_id)["loss"]["value"], _latest(api, run_id)["loss"]["step"]) == (0.7, "5")
+    done = api.post(f"{MLFLOW}/runs/update", json={"run_id": run_id, "status": "FINISHED"})
+    assert done.status_code == 200, done.text
+    # a finished run answers the same, its step included (it answered step 0)
+    assert (_latest(api, run_id)["loss"]["value"], _latest(api, run_id)["loss"]["step"]) == (0.7, "5")
 
 
 def test_a_step_reads_the_latest_mlflow_value_and_the_first_of_any_other():
