@@ -113,7 +113,9 @@ def small_sample_skew(reference, candidate) -> float:
 
 
 def is_small_sample(n_reference: int, n_candidate: int) -> bool:
-    return min(n_reference, n_candidate) <= SMALL_SAMPLE_SEEDS
+    """3 to ``SMALL_SAMPLE_SEEDS`` seeds on the smaller stack: where the rule is calibrated (2 seeds keep the Welch TOST,
+    whose df is already 1 to 2)."""
+    return 3 <= min(n_reference, n_candidate) <= SMALL_SAMPLE_SEEDS
 
 
 def small_sample_quantile(level: float, df: float, skew: float) -> float:
@@ -167,7 +169,7 @@ def tost(reference, candidate, *, margin: float) -> Tost:
     ``withheld`` says why 'equivalent' must not be claimed even when p is small: skewed finals with
     unequal seed counts or spreads (``skew_guard``).
 
-    Small samples (≤ ``SMALL_SAMPLE_SEEDS`` seeds on either stack): each one-sided test uses the
+    Small samples (3 to ``SMALL_SAMPLE_SEEDS`` seeds on the smaller stack): each one-sided test uses the
     small-sample rule of ``small_sample_quantile`` (df = min(n_r, n_c) − 1 and a skew allowance that
     grows with the stacks' imbalance of spread and seeds), its p-value the level at which the statistic
     meets that critical value; ``df`` is then that df and ``small_sample`` says so. Calibrated by the

@@ -111,10 +111,11 @@ def test_larger_stacks_keep_the_welch_tost():
     from statsmodels.stats.weightstats import ttost_ind
 
     rng = np.random.default_rng(2)
-    ref, cand = rng.normal(0, 1, 6), rng.normal(0.2, 2, 7)
-    res = tost(ref, cand, margin=2.0)
-    assert res.small_sample is None and res.p_value == pytest.approx(ttost_ind(cand, ref, -2.0, 2.0,
-                                                                               usevar="unequal")[0])
+    for n_ref, n_cand in ((6, 7), (2, 4)):  # above 5 seeds, and 2 seeds (outside the rule's calibrated 3–5)
+        ref, cand = rng.normal(0, 1, n_ref), rng.normal(0.2, 2, n_cand)
+        res = tost(ref, cand, margin=2.0)
+        assert res.small_sample is None and res.p_value == pytest.approx(ttost_ind(cand, ref, -2.0, 2.0,
+                                                                                   usevar="unequal")[0])
 
 
 def test_the_report_says_the_small_sample_rule_beside_the_verdict():
