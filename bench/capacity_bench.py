@@ -249,7 +249,8 @@ def _cpu_sampler(pid: int, times: list[float], cpu: list[float]) -> threading.Th
 def measure(url_db: str, tmp: Path, agents: int, a: argparse.Namespace) -> dict:
     n_procs = max(1, min(4, (agents + 249) // 250))  # a few hundred coroutines per client process
     per = [agents // n_procs + (1 if i < agents % n_procs else 0) for i in range(n_procs)]
-    with Server(url_db, tmp / f"api-{agents}", workers=1, max_runs_per_study=100_000) as server:
+    # leases long enough to outlast the set-up of 1,000 agents on a busy machine (no heartbeat before the phases)
+    with Server(url_db, tmp / f"api-{agents}", workers=1, max_runs_per_study=100_000, lease_seconds=900) as server:
         runs_needed = int(agents * (2 + a.fleet_s / (a.batches * a.batch_s)) * 1.5) + 10
         study = server.create_study(runs_needed)
         cmd = [sys.executable, str(Path(__file__)), "_client", "--url", server.url, "--token", server.tokens["worker"],
