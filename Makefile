@@ -102,15 +102,15 @@ bench: setup $(MLFLOW_VENV)/.installed
 	$(BIN)/python bench/report_bench.py
 
 # Every published table, regenerated into the files the docs show or link to: the calibration tables (in place
-# in docs/calibration.md, and results/*.md), the alerts' rates, the benchmarks (bench/results/*.json, `make bench`)
+# in results/calibration.md and results/*.md), the alerts' rates, the benchmarks (bench/results/*.json, `make bench`)
 # and the demos' tables (results/*.txt). Hours on a 2-core machine: each doc names the one command of its table.
 CALIBRATE := $(BIN)/steady calibrate
 results: bench
 	mkdir -p results
 	$(CALIBRATE) --sims 400 --planted-sims 200 --json bench/results/calibration-doc.json --power-sims 1000 \
-	    --update-doc docs/calibration.md
+	    --update-doc results/calibration.md
 	$(CALIBRATE) --rule out_of_band_run --rule stack_portability:equivalent --rule stack_portability:adaptive:equivalent \
-	    --sims 400 --planted-sims 200 --power-sims 400 --update-doc docs/calibration.md --doc-block offnormal
+	    --sims 400 --planted-sims 200 --power-sims 400 --update-doc results/calibration.md --doc-block offnormal
 	$(CALIBRATE) --rule seed_stability:adaptive:unstable --rule seed_stability:adaptive:stable --sims 400 \
 	    --update-doc results/adaptive-seeds-calibration.md --doc-block adaptive-seeds-calibration
 	$(CALIBRATE) --rule stack_portability:adaptive:equivalent --rule stack_portability:adaptive:not_equivalent --sims 400 \

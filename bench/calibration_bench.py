@@ -3,7 +3,7 @@
 Runs every scenario of ``steady.server.stats.calibration.rules.all_rules()`` (healthy, stress and planted)
 with ``--sims`` simulated studies each, plus the out-of-band 80%-power offsets for 5/10/20
 seeds, and writes ``bench/results/calibration.json`` (with the wall time and the machine).
-With ``--update-doc`` it also rewrites the table block of docs/calibration.md.
+With ``--update-doc`` it also rewrites the table block of results/calibration.md.
 
     .venv/bin/python bench/calibration_bench.py [--sims 2000] [--planted-sims 1000] [--update-doc]
 """
@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--power-sims", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=20260101)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "calibration.json"))
-    ap.add_argument("--update-doc", action="store_true", help="rewrite the table in docs/calibration.md")
+    ap.add_argument("--update-doc", action="store_true", help="rewrite the table in results/calibration.md")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
@@ -53,7 +53,7 @@ def main() -> int:
         print(f"out-of-band, {p['seeds']} seeds: offset {p['offset_level_sd']:.2f} level-sd → power "
               f"{p['power']:.3f} [{p['ci_low']:.3f}, {p['ci_high']:.3f}]")
     if args.update_doc:
-        md = REPO / "docs" / "calibration.md"
+        md = REPO / "results" / "calibration.md"
         text = table.update_doc(md.read_text(), table.format_markdown(rows))
         md.write_text(table.update_doc(text, table.format_power_markdown(power), start=table.POWER_START,
                                        end=table.POWER_END))

@@ -283,7 +283,7 @@ def register(sub: Any) -> None:
     p.add_argument("--power-sims", type=int, default=0,
                    help="also measure the out-of-band 80%%-power offsets for 5/10/20 seeds, the late blow-ups and the "
                    "suite-shift power before/after estimating dependence (this many sims each)")
-    p.add_argument("--update-doc", metavar="MD", help="rewrite the table block of this markdown file (docs/calibration.md)")
+    p.add_argument("--update-doc", metavar="MD", help="rewrite the table block of this markdown file (results/calibration.md)")
     p.add_argument("--doc-block", metavar="NAME",
                    help="with --update-doc: rewrite the block between <!-- calibration-table:NAME:start/end --> "
                         "instead of the full table (for a table of the --rule rules only)")

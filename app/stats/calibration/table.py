@@ -1,6 +1,6 @@
 """The calibration table: every registered rule × scenario, measured, formatted as text, markdown
 and JSON. ``steady calibrate`` and ``bench/calibration_bench.py`` call ``run_table``; the docs'
-table (docs/calibration.md) is written by ``update_doc`` between two marker lines."""
+table (results/calibration.md) is written by ``update_doc`` between two marker lines."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -52,13 +52,13 @@ def run_table(rules: Sequence[Rule], *, sims: int, rng: np.random.Generator, kin
     return out
 
 
-WHERE_USERS_ARE = "where-users-are"  # the doc block of the rows below (docs/calibration.md)
+WHERE_USERS_ARE = "where-users-are"  # the doc block of the rows below (results/calibration.md)
 _WHERE_USERS_ARE_PREFIXES = ("quantized-", "small-", "stress-t3-offsets-20x300", "stress-lognormal0.6-offsets",
                              "lifetime_100_effect_ar", "lifetime_100_ar0.7")
 
 
 def where_users_are(rules: Sequence[Rule]) -> list[tuple[Rule, object]]:
-    """The (rule, scenario) rows of docs/calibration.md's "Where users are" block: quantized metrics, small
+    """The (rule, scenario) rows of results/calibration.md's "Where users are" block: quantized metrics, small
     unequal stacks, heavy-tailed seed effects, slowly wandering environments."""
     return [(r, sc) for r in rules for sc in r.scenarios if sc.name.startswith(_WHERE_USERS_ARE_PREFIXES)]
 
