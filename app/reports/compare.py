@@ -216,7 +216,8 @@ def _restate(v: PortabilityVerdict, source: str | None, diffs: list[Difference])
     """The verdict as two studies read: "in both studies" (not "on both stacks"), and the same-seed
     difference attributed to what the studies differ by."""
     stats_phrase = same_seed_phrase(v.same_seed)
-    reason = v.reason.removesuffix(stats_phrase) if stats_phrase and v.reason.endswith(stats_phrase) else v.reason
+    # the stats core's phrase sits inside the reason (other clauses, such as which steps were judged, may follow it)
+    reason = v.reason.replace(stats_phrase, "", 1) if stats_phrase else v.reason
     pairs = v.same_seed
     if source is not None and pairs.n_pairs and pairs.verdict != "identical":
         pairs = pairs.model_copy(update={"source": source})

@@ -438,8 +438,8 @@ def _attribute_to_setup(v: Any) -> None:
         return
     old = same_seed_phrase(pairs)
     v.same_seed = pairs.model_copy(update={"source": "setup"})
-    if v.reason.endswith(old):
-        v.reason = v.reason.removesuffix(old) + same_seed_phrase(v.same_seed)
+    # the phrase sits inside the reason (other clauses, such as which steps were judged, may follow it)
+    v.reason = v.reason.replace(old, same_seed_phrase(v.same_seed), 1)
 
 
 def study_bands(

@@ -208,7 +208,7 @@ def test_capture_patterns_are_checked_at_submit(api):
     assert ok.json()["spec"]["workload"]["capture"]["patterns"] == ["epoch (?P<step>\\d+) acc (?P<acc>\\S+)"]
     unknown = submit({"preset": "fastai"})
     assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["body", "workload", "capture", "preset"]
-    assert "'keras', 'hf', 'lightning' or 'tqdm'" in unknown.json()["detail"][0]["msg"]
+    assert "'keras', 'hf', 'lightning', 'tqdm', 'mnist' or 'word_language_model'" in unknown.json()["detail"][0]["msg"]
     keras = submit({"preset": "keras"})
     assert keras.status_code == 201 and keras.json()["spec"]["workload"]["capture"]["preset"] == "keras"
 

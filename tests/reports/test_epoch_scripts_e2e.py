@@ -219,7 +219,9 @@ def test_epochs_that_restart_the_step_and_a_run_that_stops_early(live_server, tm
     if len(stops) > 1:
         assert f"final values at each run's last step, {stops[0]:,}–{stops[-1]:,}" in seeded.reason, seeded.reason
         assert seeded.final_step_spread is not None and seeded.final_step_spread.min == stops[0]
-    assert "too few seeds" not in seeded.summary and "share no logged step" not in seeded.reason
+    # judged on each run's own last value: no advice to run more seeds (the runs share no step, and the
+    # reason says only that the per-step band test could not run)
+    assert "too few seeds" not in seeded.summary and "too few seeds" not in seeded.reason
     # at none it seeds nothing: each seed's two repeats stop at their own steps, and share none
     assert done["early_none"]["body"].study.progress.completed == 4, worker.log()
     (none,) = done["early_none"]["body"].of_level("repeatability")

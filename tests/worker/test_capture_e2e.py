@@ -98,9 +98,10 @@ def test_a_script_that_logs_only_to_tensorboard_and_stdout_is_judged(live_server
     w = workers(live_server, "w1", cwd=tmp_path / "worker-home")
     done = _submit(live_server, repo / "study.yaml", "--wait")
     # judged: `none` repeats differ, which `none` allows for a script that fixes no seed itself;
-    # seeded is identical. One seed cannot show a seed band: inconclusive, not a failure (exit 0)
-    assert done.returncode in (0, 2), done.stdout + done.stderr + w.log()
-    assert ": inconclusive: " in done.stderr and "too few seeds" in done.stderr, done.stderr
+    # seeded is identical. One seed cannot show a seed band, and the spec gives no
+    # max_std: seed stability is shown as information, not asked, so the study passes on what it asks (exit 0)
+    assert done.returncode == 0, done.stdout + done.stderr + w.log()
+    assert ": passed: " in done.stderr and "not asked" in done.stderr, done.stderr
     sid = int(done.stdout.split("submitted study ")[1].split()[0])
     items = runs(http, sid)
     assert len(items) == 2 and {r["status"] for r in items} == {"completed"}

@@ -36,7 +36,11 @@ def test_run_environment_is_an_allow_list(tmp_path):
     first, *rest = env["PYTHONPATH"].split(os.pathsep)
     assert rest == ["/opt/user"] and os.getcwd() not in (first, *rest)  # never the agent's cwd
     # the first entry holds the steady package and nothing else: no checkout's app/, worker/ or tests/
-    assert os.listdir(first) == ["steady"] and os.path.samefile(os.path.join(first, "steady"), Path(steady.__file__).parent)
+    assert os.listdir(first) == ["steady"]
+    held = os.path.join(first, "steady")  # links to the installed package's __init__.py and worker folder only
+    assert sorted(n for n in os.listdir(held) if n != "__pycache__") == ["__init__.py", "worker"]
+    assert os.path.samefile(os.path.join(held, "__init__.py"), steady.__file__)
+    assert os.path.samefile(os.path.join(held, "worker"), Path(steady.worker.__file__).parent)
     narrowed = run_environment(spec, run_dir=str(tmp_path), device="cuda:1", base=base, pass_env=["HF_HOME"])
     assert narrowed["CUDA_VISIBLE_DEVICES"] == "1" and narrowed["HF_HOME"] == "/data/hf"
 

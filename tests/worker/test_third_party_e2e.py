@@ -86,9 +86,10 @@ def test_an_unmodified_third_party_script_is_judged(live_server, workers, tmp_pa
     (tmp_path / "worker-home").mkdir()
     w = workers(live_server, "w1", cwd=tmp_path / "worker-home")
     done = _submit_wait(live_server, repo / "study.yaml")
-    # judged: the seeded repeats are identical. One seed cannot show a seed band: inconclusive, not a failure (exit 0)
-    assert done.returncode in (0, 2), done.stdout + done.stderr + w.log()
-    assert ": inconclusive: " in done.stderr and "too few seeds" in done.stderr, done.stderr
+    # judged: the seeded repeats are identical. One seed cannot show a seed band, and the spec gives no
+    # max_std: seed stability is shown as information, not asked, so the study passes on what it asks (exit 0)
+    assert done.returncode == 0, done.stdout + done.stderr + w.log()
+    assert ": passed: " in done.stderr and "not asked" in done.stderr, done.stderr
     sid = int(done.stdout.split("submitted study ")[1].split()[0])
     items = runs(http, sid)
     assert len(items) == 2 and {r["status"] for r in items} == {"completed"}, items
