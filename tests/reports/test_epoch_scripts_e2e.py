@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tests.conftest import run_cli_in_process
 from tests.worker.test_worker_agent_e2e import Worker, runs, series
+from tests.gitfolder import commit_all
 
 WLM = """
     import argparse
@@ -106,11 +107,7 @@ def _project(root: Path, script: str, *, name: str, capture: str, seeds: str = "
     spec = textwrap.dedent(SPEC).lstrip().format(name=name, capture=capture, seeds=seeds, repeats=repeats,
                                                  levels=levels)
     (root / "study.yaml").write_text(spec)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-qm", "my script"], cwd=root, check=True)
-    return root
+    return commit_all(root)
 
 
 def _submit(server, folder: Path) -> dict:

@@ -14,12 +14,12 @@ the user's command is the point.
 from __future__ import annotations
 
 import re
-import subprocess
 import textwrap
 from pathlib import Path
 
 from tests.conftest import run_cli_in_process
 from tests.worker.test_worker_agent_e2e import Worker
+from tests.gitfolder import commit_all
 
 SCRIPT = """
     import argparse
@@ -59,11 +59,7 @@ def _project(root: Path, *, seed_expr: str | None, name: str, seeds: str, repeat
         script = script.replace("rng = random.Random(None)", "rng = random  # the global generator, never seeded here")
     (root / "train.py").write_text(script)
     (root / "study.yaml").write_text(textwrap.dedent(SPEC.format(name=name, seeds=seeds, repeats=repeats)).lstrip())
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-qm", "my script"], cwd=root, check=True)
-    return root
+    return commit_all(root)
 
 
 def _gates(server, folder: Path) -> dict:
