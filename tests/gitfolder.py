@@ -13,3 +13,10 @@ def commit_all(root: Path, message: str = "my script") -> Path:
     subprocess.run([*git, "add", "-A"], cwd=root, check=True)
     subprocess.run([*git, "commit", "-qm", message], cwd=root, check=True)
     return root
+
+
+def user_env(server, folder: Path) -> dict[str, str]:
+    """The environment of a user's CLI in ``folder``: the live server and its user token, no colours, a home
+    of its own (no saved login from elsewhere) and a bare PATH."""
+    return {"STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1",
+            "HOME": str(folder), "XDG_CONFIG_HOME": str(folder / ".config"), "PATH": "/usr/bin:/bin"}

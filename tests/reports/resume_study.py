@@ -11,6 +11,7 @@ from typing import Any
 
 from tests.conftest import run_cli_in_process, user_project
 from tests.worker.test_worker_agent_e2e import Worker
+from tests.gitfolder import user_env
 
 
 @dataclass
@@ -33,8 +34,7 @@ def run_resume_study(live_server, tmp_path: Path, files: dict[str, str], worker_
     worker running it, and read its report."""
     folder = user_project(tmp_path / "project", files)
     (tmp_path / "worker-home").mkdir()
-    env = {"STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"], "NO_COLOR": "1",
-           "HOME": str(folder), "XDG_CONFIG_HOME": str(folder / ".config"), "PATH": "/usr/bin:/bin"}
+    env = user_env(live_server, folder)
     worker = Worker(live_server, tmp_path, worker_name, "--concurrency", "1", cwd=tmp_path / "worker-home")
     try:
         submit = run_cli_in_process("submit", "study.yaml", "--wait", env=env, cwd=folder)

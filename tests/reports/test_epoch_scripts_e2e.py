@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tests.conftest import run_cli_in_process
 from tests.worker.test_worker_agent_e2e import Worker, runs, series
-from tests.gitfolder import commit_all
+from tests.gitfolder import commit_all, user_env
 
 WLM = """
     import argparse
@@ -111,8 +111,7 @@ def _project(root: Path, script: str, *, name: str, capture: str, seeds: str = "
 
 
 def _submit(server, folder: Path) -> dict:
-    env = {"STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1",
-           "HOME": str(folder), "XDG_CONFIG_HOME": str(folder / ".config"), "PATH": "/usr/bin:/bin"}
+    env = user_env(server, folder)
     submit = run_cli_in_process("submit", "study.yaml", "--wait", env=env, cwd=folder)
     found = re.search(r"submitted study (\d+)", submit.stdout + submit.stderr)
     assert found, (submit.stdout, submit.stderr)

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import run_cli_in_process, user_project
 from tests.worker.test_worker_agent_e2e import Worker
+from tests.gitfolder import user_env
 
 SCRIPT = """
     import argparse
@@ -87,8 +88,7 @@ def _project(root: Path) -> Path:
 @pytest.mark.slow
 def test_own_script_with_a_jittering_layer_gets_the_op_and_the_layer_named(live_server, tmp_path):
     folder = _project(tmp_path / "project")
-    env = {"STEADY_SERVER": live_server.url, "STEADY_TOKEN": live_server.tokens["user"], "NO_COLOR": "1",
-           "HOME": str(folder), "XDG_CONFIG_HOME": str(folder / ".config"), "PATH": "/usr/bin:/bin"}
+    env = user_env(live_server, folder)
     (tmp_path / "worker-home").mkdir()
     worker = Worker(live_server, tmp_path, "localize", "--concurrency", "2", cwd=tmp_path / "worker-home")
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.conftest import run_cli_in_process
 from tests.worker.test_worker_agent_e2e import Worker
-from tests.gitfolder import commit_all
+from tests.gitfolder import commit_all, user_env
 
 SCRIPT = """
     import argparse
@@ -64,8 +64,7 @@ def _project(root: Path, *, seed_expr: str | None, name: str, seeds: str, repeat
 
 def _gates(server, folder: Path) -> dict:
     """submit --wait, then report and check of the same study: exit codes, outputs and the report."""
-    env = {"STEADY_SERVER": server.url, "STEADY_TOKEN": server.tokens["user"], "NO_COLOR": "1",
-           "HOME": str(folder), "XDG_CONFIG_HOME": str(folder / ".config"), "PATH": "/usr/bin:/bin"}
+    env = user_env(server, folder)
     submit = run_cli_in_process("submit", "study.yaml", "--wait", env=env, cwd=folder)
     found = re.search(r"submitted study (\d+)", submit.stdout + submit.stderr)
     assert found, (submit.stdout, submit.stderr)
