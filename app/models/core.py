@@ -99,6 +99,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_runs_status_id", "status", "id"),
         Index("ix_runs_study_id_status", "study_id", "status"),
+        Index("ix_runs_pinned_worker_status", "pinned_worker", "status"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -109,6 +110,11 @@ class Run(Base):
     stack: Mapped[str] = mapped_column(String(200))
     framework: Mapped[str] = mapped_column(String(32))
     required_labels: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # The id of the only worker that may lease the run (a fleet check), and until when it may; past
+    # pinned_until a run still queued is failed with the reason. No foreign key: a deleted worker's
+    # pinned runs must stay pinned, not become anyone's.
+    pinned_worker: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pinned_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     status: Mapped[str] = mapped_column(String(16), default=RunStatus.queued.value)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
