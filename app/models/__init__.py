@@ -10,6 +10,7 @@ from steady.server.models.alerts import (
     Webhook,
 )
 from steady.server.models.base import Base, UTCDateTime, utcnow
+from steady.server.models.fleet import StudySchedule, WorkerEvent
 from steady.server.models.core import (
     ApiToken,
     CodeArchive,
@@ -28,4 +29,4 @@ from steady.server.models.core import (
 __all__ = ["Base", "UTCDateTime", "utcnow", "ApiToken", "CodeArchive", "CodeChunk", "DashboardSession", "Launch", "LocalizationJob",
            "MetricChunk", "Run", "Study", "StudyReport", "StudyStage", "Worker", "Alert", "AlertDelivery", "AlertRule",
            "BaselineSnapshot", "StudyEvaluation", "SuiteBaseline",
-           "Webhook"]
+           "Webhook", "StudySchedule", "WorkerEvent"]

@@ -92,6 +92,14 @@ class Worker(Base):
     # request (its answer was lost) gets the same run back instead of a second one.
     lease_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Quarantined (leases no run of a study that respects quarantine) since when, by whom, why, and the
+    # fleet check that set it if one did; the last lift. Every change is a WorkerEvent too.
+    quarantined_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    quarantined_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    quarantine_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    quarantine_study_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    quarantine_lifted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    quarantine_lifted_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
 
 
 class Run(Base):
