@@ -89,6 +89,7 @@ def reap_expired(session: WriteSession, now: datetime | None = None) -> list[int
             error="ran past its time limit (time_limit_s plus STEADY_TIME_LIMIT_GRACE_SECONDS); "
             "failed by the server",
         ))
+    study_ids |= _fail_unclaimed_pins(session, now)
     expired = and_(running, Run.lease_expires_at < now)
     study_ids |= runs_repo.studies_of_runs(session, expired)
     if not study_ids:
@@ -111,6 +112,31 @@ def reap_expired(session: WriteSession, now: datetime | None = None) -> list[int
     for study_id in sorted(study_ids):
         settled.announce(session, study_id)
     return sorted(study_ids)
+
+
+def _fail_unclaimed_pins(session: WriteSession, now: datetime) -> set[int]:
+    """Fail the queued runs pinned to a worker that did not take them by their ``pinned_until`` (the worker
+    left, or never came back): a fleet check says so instead of waiting for it forever. Returns their studies."""
+    unclaimed = and_(Run.status == RunStatus.queued.value, Run.pinned_worker.is_not(None), Run.pinned_until < now)
+    rows = runs_repo.unclaimed_pins(session, unclaimed)
+    if not rows:
+        return set()
+    names = dict(session.execute(select(Worker.id, Worker.name).where(
+        Worker.id.in_({r.pinned_worker for r in rows}))).tuples().all())
+    studies = set()
+    for r in rows:
+        who = f"worker {names[r.pinned_worker]} (id {r.pinned_worker})" if r.pinned_worker in names else \
+            f"worker id {r.pinned_worker}, no longer registered"
+        changed = runs_repo.update_where(session, and_(unclaimed, Run.id == r.id), dict(
+            status=RunStatus.failed.value,
+            finished_at=now,
+            failure_kind="pin_expired",
+            error=f"pinned to {who}, which did not take it by {r.pinned_until:%Y-%m-%d %H:%M:%S} UTC: "
+            "the worker is gone, or was busy until then",
+        ))
+        if changed:
+            studies.add(r.study_id)
+    return studies
 
 
 def _own_blocks_first(session: Session, worker_id: int, candidates: list) -> list:
@@ -205,7 +231,7 @@ def lease_next(session: WriteSession, worker: Worker, settings: Settings, reques
     # Candidates are read without locks: locking them all (FOR UPDATE SKIP LOCKED on the whole
     # page) made concurrent leasers on PostgreSQL skip every queued run and answer 204. Each
     # matching candidate is then locked alone, skipping one another leaser holds right now.
-    candidates = runs_repo.queued_candidates(session, study_id, CANDIDATES_PER_LEASE)
+    candidates = runs_repo.queued_candidates(session, study_id, CANDIDATES_PER_LEASE, worker_id=worker.id)
     for run_id, required, run_study_id, *_ in _own_blocks_first(session, worker.id, candidates):
         if not set(required) <= labels:
             continue
@@ -234,7 +260,7 @@ def lease_next(session: WriteSession, worker: Worker, settings: Settings, reques
             # PostgreSQL re-check its foreign keys, taking a KEY SHARE lock on the study row
             # that refresh_status's FOR UPDATE then has to upgrade (deadlocks between leasers).
             time_limit_at=now + timedelta(seconds=time_limit_s + settings.time_limit_grace_seconds),
-        ))
+        ), worker_id=worker.id)
         if not claimed:
             continue
         run = session.get(Run, run_id, populate_existing=True)

@@ -92,10 +92,12 @@ def transition(session: WriteSession, state: RunState, lease_id: str, now: datet
     return True if _rowcount(session.execute(stmt)) == 1 else None
 
 
-def claim(session: WriteSession, run_id: int, values: Mapping[str, Any]) -> bool:
-    """``queued → running``: succeeds for exactly one of any number of concurrent callers."""
+def claim(session: WriteSession, run_id: int, values: Mapping[str, Any], *, worker_id: int | None = None) -> bool:
+    """``queued → running``: succeeds for exactly one of any number of concurrent callers; with ``worker_id``
+    only if the run is unpinned or pinned to that worker."""
+    pinned = (Run.pinned_worker.is_(None) | (Run.pinned_worker == worker_id)) if worker_id is not None else True
     result = session.execute(
-        update(Run).where(Run.id == run_id, Run.status == RunStatus.queued.value).values(**values)
+        update(Run).where(Run.id == run_id, Run.status == RunStatus.queued.value, pinned).values(**values)
         .execution_options(synchronize_session=False)
     )
     return _rowcount(result) == 1
@@ -111,14 +113,19 @@ def lockable_queued(session: Session, run_id: int) -> bool:
     return session.execute(stmt).first() is not None
 
 
-def queued_candidates(session: Session, study_id: int | None, limit: int) -> list:
-    """Queued runs in id order (read without locks): id, required labels, study, seed, repeat, stack."""
+def queued_candidates(session: Session, study_id: int | None, limit: int, *, worker_id: int | None = None) -> list:
+    """Queued runs in id order (read without locks): id, required labels, study, seed, repeat, stack.
+
+    With ``worker_id``, only runs that worker may take: unpinned ones and those pinned to it (a run pinned
+    to another worker is never a candidate, so pinned runs of other workers cannot fill the page)."""
     stmt = (
         select(Run.id, Run.required_labels, Run.study_id, Run.seed, Run.repeat, Run.stack)
         .where(Run.status == RunStatus.queued.value)
         .order_by(Run.id)
         .limit(limit)
     )
+    if worker_id is not None:
+        stmt = stmt.where(Run.pinned_worker.is_(None) | (Run.pinned_worker == worker_id))
     if study_id is not None:
         stmt = stmt.where(Run.study_id == study_id)
     return list(session.execute(stmt).all())
@@ -199,6 +206,13 @@ def last_run_with_output(session: Session, study_id: int) -> Run | None:
         .limit(1)
     )
     return session.scalars(stmt).first()
+
+
+def unclaimed_pins(session: Session, condition: Any) -> list:
+    """(id, study_id, pinned_worker, pinned_until) of the runs matching ``condition`` (the reaper's pins)."""
+    return list(session.execute(
+        select(Run.id, Run.study_id, Run.pinned_worker, Run.pinned_until).where(condition).order_by(Run.id)
+    ).all())
 
 
 def studies_of_runs(session: Session, condition: Any) -> set[int]:
