@@ -107,7 +107,7 @@ class RepeatabilityVerdict(_VerdictBase):
     localization: Localization | None = Field(None, description="where two of these repeats parted: the first "
                                               "divergent step and op, from `steady localize`")
     compared: Compared | None = Field(None, description="what the repeats were compared on: values at the printed "
-                                      "precision or bit for bit, the digests compared and the weight digests missing")
+                                      "precision or bit for bit, the digests compared and those missing")
 
 
 class SeedStabilityVerdict(_VerdictBase):

@@ -490,6 +490,7 @@ class Compared(Part):
     decimals: int | None = Field(description="printed: digits after the point")
     significant: int | None = Field(description="printed: significant digits of the last value")
     digests: list[str] = Field(description="digest kinds every repeat recorded, compared bit for bit")
-    missing: dict[str, str] = Field(description="weight digest kind -> why a repeat has none")
+    missing: dict[str, str] = Field(description="digest kind -> why a repeat has none: the weight digests always, "
+                                    "the data order and optimizer state where a run said why")
     values: str = Field(description="how the values were compared, in words")
     digest_phrase: str = Field(description="which digests were compared and which are missing, in words")

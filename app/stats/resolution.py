@@ -13,7 +13,8 @@ A value reaches the report from one of a few places, each with its own precision
 
 "Bitwise" is said only where bits were compared: binary values, or a digest. Values parsed from text are
 "equal at the N printed decimals". A weight digest that is missing is named, with the reason the run
-gave (``digest_notes``) or, without one, that the run recorded none.
+gave (``digest_notes``) or, without one, that the run recorded none; a data-order (or optimizer-state)
+digest is named missing only where a run said why (a Keras run: TensorFlow's input order is not watched).
 
 The stats core (``steady.server.stats.repeatability``, ``report_levels``) builds a :class:`Compared`;
 every sentence about it (the reason, the plain first line, the guarantee, the dashboard and the badge,
@@ -60,7 +61,8 @@ class Compared:
     decimals: int | None = None  # printed: digits after the point at that unit
     significant: int | None = None  # printed: significant digits of the last value at that unit
     digests: tuple = ()  # digest kinds every repeat recorded (compared bit for bit)
-    missing: Mapping = field(default_factory=dict)  # weight digest kind -> why a repeat has none
+    missing: Mapping = field(default_factory=dict)  # digest kind -> why a repeat has none (weights always;
+    # data order and optimizer state where a run said why)
 
     def to_data(self) -> dict:
         return {"basis": self.basis, "dtype": self.dtype, "resolution": self.resolution, "decimals": self.decimals,
@@ -85,11 +87,14 @@ def compared(digests: Sequence[Mapping], notes: Sequence[Mapping], *, resolution
     kinds = ("initial_weights", "data_order", "final_weights", "optimizer_state")
     both = tuple(k for k in kinds if digests and all(_present(d.get(k)) for d in digests))
     missing = {}
-    for k in WEIGHT_DIGESTS:
+    for k in kinds:
         if k in both:
             continue
         why = next((str(n[k]) for n in notes if isinstance(n, Mapping) and n.get(k)), None)
-        missing[k] = why or NO_DIGEST_REASON
+        if k in WEIGHT_DIGESTS:
+            missing[k] = why or NO_DIGEST_REASON
+        elif why:  # data order, optimizer state: named only where a run said why it has none
+            missing[k] = why
     if resolution is None:
         return Compared("binary", dtype=dtype or "float64", digests=both, missing=missing)
     last = [abs(v) for v in last_values if v is not None and math.isfinite(v) and v != 0]
@@ -159,7 +164,8 @@ def equal_short(c: Compared | None) -> str:
     weights = [k for k in WEIGHT_DIGESTS if k in c.digests]
     if weights:
         return what + ", weights bitwise equal (digests)"
-    why = next((w for w in c.missing.values() if w != NO_DIGEST_REASON), None)
+    why = next((c.missing[k] for k in WEIGHT_DIGESTS if c.missing.get(k, NO_DIGEST_REASON) != NO_DIGEST_REASON),
+               None)
     return what + (f" (no weight digest: {why})" if why else " (no weight digest recorded)")
 
 

@@ -117,3 +117,25 @@ def test_seeds_equal_at_two_decimals_are_noted_at_that_resolution():
     assert repeat_row["suspicious"] == ["runs of different seeds are equal at the 2 printed decimals (no weight "
                                         "digest to tell them apart): the seed has no effect (the code ignores the seed "
                                         "it is given)"], repeat_row["suspicious"]
+
+
+NO_ORDER = "TensorFlow's input order is not watched"
+
+
+def test_a_data_order_digest_is_named_missing_only_where_a_run_said_why():
+    """A Keras run has no data-order digest and says why: the reason names it; the weights' words stay theirs."""
+    v = _report(printed=0.01, digests=True, notes={"data_order": NO_ORDER})
+    assert v["summary"].startswith("identical: every repeat equal at the 2 printed decimals, weights bitwise equal "
+                                   "(digests)"), v["summary"]
+    assert ("the weights bitwise equal (initial-weight and final-weight digests); no data-order digest: "
+            + NO_ORDER) in v["reason"], v["reason"]
+    assert v["compared"]["missing"] == {"data_order": NO_ORDER}
+    # no weight digests either: the first line gives the weights' own reason, never the data order's
+    both = {"initial_weights": NO_OPT, "final_weights": NO_OPT, "data_order": NO_ORDER}
+    v = _report(printed=0.01, digests=False, notes=both)
+    assert v["summary"].startswith("identical: every repeat equal at the 2 printed decimals (no weight digest: "
+                                   + NO_OPT), v["summary"]
+    v = _report(printed=0.01, digests=False, notes={"data_order": NO_ORDER})
+    assert "(no weight digest recorded)" in v["summary"], v["summary"]
+    # a run that said nothing about its data order: none named missing (runs without a data loader)
+    assert _report(printed=0.01, digests=True)["compared"]["missing"] == {}
