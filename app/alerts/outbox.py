@@ -27,8 +27,10 @@ def slack_escape(text: str) -> str:
 def payload(alert: Alert, event: str) -> str:
     """The delivery body. ``text`` is Slack-compatible (escaped); ``alert`` has the raw fields."""
     tag = "FIRING" if event == "firing" else "RESOLVED"
-    where = f"suite {alert.suite!r}, " if alert.suite else ""
-    text = slack_escape(f"[{tag}] {alert.severity}: {alert.summary} ({where}study {alert.study_id}) {alert.link}")
+    scope = ([f"suite {alert.suite!r}"] if alert.suite else []) + (
+        [f"study {alert.study_id}"] if alert.study_id is not None else [])
+    where = f" ({', '.join(scope)})" if scope else ""  # a worker's quarantine may name no study
+    text = slack_escape(f"[{tag}] {alert.severity}: {alert.summary}{where} {alert.link}")
     body = {"text": text, "event": event, "alert": alert_out(alert).model_dump(mode="json")}
     return wire.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
 

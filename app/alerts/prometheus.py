@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy.orm import Session
 
-from steady.server.alerts import repository
+from steady.server.alerts import quarantine, repository
 from steady.server.alerts.settings import AlertSettings
 from steady.server.kit.config import Settings
 from steady.server.models import utcnow
@@ -83,6 +83,9 @@ class SnapshotCollector:
         workers.add_metric(["registered"], snap["workers"][0])
         workers.add_metric(["active"], snap["workers"][1])
         yield workers
+        yield GaugeMetricFamily("steady_workers_quarantined",
+                                "Workers in quarantine: they lease no run of a study that respects quarantine",
+                                value=snap["quarantined"])
 
         firing = GaugeMetricFamily("steady_alerts_firing", "Alerts in state firing", labels=["kind", "severity"])
         for kind, severity, count in snap["firing"]:
@@ -110,6 +113,7 @@ def snapshot(session: Session, settings: Settings, cfg: AlertSettings) -> dict[s
         "study_runs": [(studies[sid], counts.get(sid, {})) for sid in studies],
         "run_totals": repository.run_status_totals(session),
         "workers": repository.worker_counts(session, active_since),
+        "quarantined": quarantine.quarantined_count(session),
         "firing": repository.firing_counts(session),
         "outbox": repository.outbox_counts(session),
     }

@@ -31,7 +31,9 @@ def rules_for_study(session: Session, study: Study) -> list[AlertRule]:
     scope = [AlertRule.study_id == study.id, and_(AlertRule.study_id.is_(None), AlertRule.suite.is_(None))]
     if study.suite:
         scope.append(and_(AlertRule.study_id.is_(None), AlertRule.suite == study.suite))
-    return list(session.scalars(select(AlertRule).where(or_(*scope)).order_by(AlertRule.id)))
+    # system rules (a worker's quarantine, steady.server.alerts.quarantine) are not judged on studies
+    return list(session.scalars(select(AlertRule).where(or_(*scope), AlertRule.source != "system")
+                                .order_by(AlertRule.id)))
 
 
 def find_rule(session: Session, *, study_id: int | None, suite: str | None, name: str) -> AlertRule | None:

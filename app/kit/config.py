@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(60.0, gt=0)
     heartbeat_seconds: float = Field(10.0, gt=0)
     reaper_interval_seconds: float = Field(5.0, gt=0)
+    # How often each API process looks for due study schedules (steady.server.studies.schedules).
+    schedule_interval_seconds: float = Field(15.0, gt=0)
     # Reports of settled studies are computed in the background and cached; 0 turns it off.
     report_cache_interval_seconds: float = Field(2.0, ge=0)
     # Runs one worker may hold at once; a lease request beyond it is answered 429.

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
+from steady.server.alerts import quarantine
 from steady.server.kit.config import Settings
 from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import TooManyRequests
@@ -238,6 +239,10 @@ def lease_next(session: WriteSession, worker: Worker, settings: Settings, reques
         if builtin_only:
             candidate_study = session.get(Study, run_study_id)
             if candidate_study is None or _is_user_code(candidate_study):
+                continue
+        if worker.quarantined_at is not None:  # a quarantined worker takes runs only of studies that let it
+            candidate_study = session.get(Study, run_study_id)
+            if candidate_study is None or quarantine.respects(candidate_study.spec):
                 continue
         if not runs_repo.lockable_queued(session, run_id):
             continue

@@ -45,6 +45,8 @@ from steady.server.lifecycle.localize_router import router as localize_router
 from steady.server.runs import settled
 from steady.server.lifecycle.router import router as runs_router
 from steady.server.studies.router import router as studies_router
+from steady.server.studies import schedules
+from steady.server.studies.schedules_router import router as schedules_router
 from steady.server.workers.router import router as workers_router
 
 log = logging.getLogger("steady")
@@ -208,7 +210,8 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
         app.state.committer = GroupCommitter(protocol.database)
         background: list[BackgroundLoop | Dispatcher | ReportCacher | GroupCommitter] = [
             app.state.committer, reaper(protocol.database, settings.reaper_interval_seconds),
-            Dispatcher(database, settings, alert_settings), ReportCacher(database, settings.report_cache_interval_seconds)]
+            Dispatcher(database, settings, alert_settings), ReportCacher(database, settings.report_cache_interval_seconds),
+            schedules.scheduler(database, settings)]
         for task in background:
             task.start()
         try:
@@ -253,7 +256,7 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
         return JSONResponse({"status": "ok", "version": __version__})
 
     for router in (studies_router, runs_router, workers_router, tokens_router, reports_router, alerts_router,
-                   launches_router, code_router, localize_router):
+                   launches_router, code_router, localize_router, schedules_router):
         app.include_router(router, responses=ERROR_RESPONSES)
     for router in (metrics_router, mlflow_router, dashboard_router):  # text, MLflow's shapes, pages
         app.include_router(router)

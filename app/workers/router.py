@@ -3,12 +3,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from typing import Annotated
+
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from steady.server.kit.config import Settings
 from steady.server.kit.db import WriteSession
-from steady.server.kit.deps import AppSettings, Principal, ProtocolCaller, ReadDB, UserCaller
+from steady.server.alerts import quarantine
+from steady.server.kit.deps import AdminCaller, AppSettings, Principal, ProtocolCaller, ReadDB, UserCaller, WriteDB
+from steady.server.kit.errors import NotFound
+from steady.server.models import Worker, WorkerEvent
 from steady.server.kit.pagination import Page, PageQuery
 from steady.server.lifecycle import leasing, localizing
 from steady.server.workers import service
@@ -27,6 +32,13 @@ from steady.worker.contract.protocol import (
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 
 
+class QuarantineOut(BaseModel):
+    since: datetime
+    by: str | None
+    reason: str | None
+    study_id: int | None = Field(description="the fleet check that quarantined the worker, if one did")
+
+
 class WorkerOut(BaseModel):
     id: int
     name: str
@@ -36,6 +48,46 @@ class WorkerOut(BaseModel):
     registered_at: datetime
     last_seen_at: datetime
     running_runs: list[int]
+    quarantine: QuarantineOut | None = Field(
+        None, description="set while the worker is quarantined: it leases no run of a study that respects quarantine")
+    quarantine_lifted_at: datetime | None = None
+    quarantine_lifted_by: str | None = None
+
+
+class QuarantineIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, Field(min_length=1, max_length=2000, pattern=r"\S")] = Field(
+        description="why: kept in the worker's history and sent with the alert")
+
+
+class ReleaseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, Field(max_length=2000)] | None = Field(None, description="kept in the worker's history")
+
+
+class WorkerEventOut(BaseModel):
+    id: int
+    worker_id: int
+    kind: str = Field(description="quarantined, released, or check (a fleet check's result for this worker)")
+    at: datetime
+    actor: str | None
+    reason: str | None
+    study_id: int | None
+    verdict: str | None = Field(description="a check's verdict for this worker")
+    first_divergent_step: int | None = Field(
+        description="a check's first step where this worker's runs part from its peers'")
+    details: dict[str, Any]
+
+
+def worker_out(w: Worker, running: list[int]) -> WorkerOut:
+    q = None if w.quarantined_at is None else QuarantineOut(
+        since=w.quarantined_at, by=w.quarantined_by, reason=w.quarantine_reason, study_id=w.quarantine_study_id)
+    return WorkerOut(id=w.id, name=w.name, labels=w.labels, fingerprint=w.fingerprint, engine=w.engine,
+                     registered_at=w.registered_at, last_seen_at=w.last_seen_at, running_runs=running,
+                     quarantine=q, quarantine_lifted_at=w.quarantine_lifted_at,
+                     quarantine_lifted_by=w.quarantine_lifted_by)
 
 
 # The worker protocol's routes run on its own threads and connections (steady.server.kit.capacity).
@@ -111,17 +163,46 @@ async def localization_lease(worker_id: int, body: LocalizationLeaseRequest, req
 @router.get("", response_model=Page[WorkerOut])
 def list_workers(db: ReadDB, caller: UserCaller, page: PageQuery) -> Page[WorkerOut]:
     rows, total = service.workers_page(db, limit=page.limit, offset=page.offset)
-    items = [
-        WorkerOut(
-            id=w.id,
-            name=w.name,
-            labels=w.labels,
-            fingerprint=w.fingerprint,
-            engine=w.engine,
-            registered_at=w.registered_at,
-            last_seen_at=w.last_seen_at,
-            running_runs=running,
-        )
-        for w, running in rows
-    ]
-    return Page.of(items, total, page)
+    return Page.of([worker_out(w, running) for w, running in rows], total, page)
+
+
+def _worker(db, worker_id: int) -> Worker:
+    worker = db.get(Worker, worker_id)
+    if worker is None:
+        raise NotFound(f"worker {worker_id} not found")
+    return worker
+
+
+@router.post("/{worker_id}/quarantine", response_model=WorkerOut)
+def quarantine_worker(worker_id: int, body: QuarantineIn, db: WriteDB, caller: AdminCaller,
+                      settings: AppSettings) -> WorkerOut:
+    """Quarantine a worker (admin): it leases no run of a study that respects quarantine (every study unless
+    its spec sets ``respect_quarantine: false``; a fleet check's default is false) until released. Recorded in
+    the worker's history; its alert fires through every webhook. A worker quarantined already is left as it is."""
+    worker = _worker(db, worker_id)
+    quarantine.quarantine(db, worker, reason=body.reason.strip(), actor=caller.name, base_url=settings.base_url)
+    return worker_out(worker, service.running_of(db, worker.id))
+
+
+@router.post("/{worker_id}/release", response_model=WorkerOut)
+def release_worker(worker_id: int, body: ReleaseIn, db: WriteDB, caller: AdminCaller,
+                   settings: AppSettings) -> WorkerOut:
+    """Lift a worker's quarantine (admin); 409 when it is not quarantined. Recorded in the worker's history;
+    its alert is resolved through every webhook."""
+    worker = _worker(db, worker_id)
+    quarantine.release(db, worker, actor=caller.name, base_url=settings.base_url,
+                       reason=body.reason.strip() if body.reason else None)
+    return worker_out(worker, service.running_of(db, worker.id))
+
+
+@router.get("/{worker_id}/history", response_model=Page[WorkerEventOut])
+def worker_history(worker_id: int, db: ReadDB, caller: UserCaller, page: PageQuery) -> Page[WorkerEventOut]:
+    """The worker's history, newest first: quarantines and releases (who, why) and its fleet-check results
+    (study, verdict, first divergent step)."""
+    _worker(db, worker_id)
+    rows, total = quarantine.history(db, worker_id, limit=page.limit, offset=page.offset)
+    return Page.of([event_out(e) for e in rows], total, page)
+
+
+def event_out(e: WorkerEvent) -> WorkerEventOut:
+    return WorkerEventOut.model_validate(e, from_attributes=True)

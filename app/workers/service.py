@@ -51,3 +51,7 @@ def _with_running(session: Session, workers: list[Worker]) -> list[tuple[Worker,
     """Each worker with the ids of the runs it is running now."""
     running = runs_repo.running_by_worker(session) if workers else {}
     return [(w, running.get(w.id, [])) for w in workers]
+
+
+def running_of(session: Session, worker_id: int) -> list[int]:
+    return runs_repo.running_by_worker(session).get(worker_id, [])
