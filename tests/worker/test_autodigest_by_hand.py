@@ -1,14 +1,17 @@
 """Weight digests of scripts that step their weights by hand: no optimizer hook fires, so the model is the
-module the code first calls (torch) or calls eagerly (Keras custom loop); weights in plain tensors get no
-digest, and the run says which and why."""
+module the code first calls (torch) or calls, eagerly or traced by tf.function (Keras custom loop), or a model
+found when the run ends; weights in plain tensors get no digest, and the run says which and why. A Keras run
+has no data-order digest (tf.data draws the order inside TensorFlow) and says so."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from steady.worker.agent.local import run_local
+from steady.worker.inrun import autodigest
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -49,3 +52,25 @@ def test_a_keras_custom_loop_gets_weight_digests_from_the_model_it_calls():
     assert len(r.digests["initial_weights"]) == 64 and len(r.digests["final_weights"]) == 64
     assert r.digests["initial_weights"] != r.digests["final_weights"]
     assert r.determinism_applied["final_weights_digest_source"] == "automatic (model)"
+    assert r.determinism_applied["digests_missing"] == {"data_order": autodigest.NO_KERAS_ORDER}
+
+
+def test_a_tf_function_loop_stepping_by_hand_is_digested_before_its_first_update(tmp_path):
+    """The model is first called inside a tf.function trace: its weights are read then, before the function
+    first runs; they equal the script's own digest before training, and the final ones its digest after."""
+    dump = tmp_path / "digests.json"
+    r = _run("keras_tf_function_loop.py", "tensorflow", "--seed", "3", "--dump", str(dump))
+    own = json.loads(dump.read_text())
+    assert r.digests["initial_weights"] == own["initial"] and r.digests["final_weights"] == own["final"]
+    assert own["initial"] != own["final"]
+    assert r.determinism_applied["initial_weights_digest_source"] == "automatic (model)"
+    assert r.determinism_applied["digests_missing"] == {"data_order": autodigest.NO_KERAS_ORDER}
+    assert r.digests["data_order"] == []
+
+
+def test_weights_in_a_tf_module_of_its_own_are_found_at_exit_and_the_initial_digest_is_said_missing():
+    r = _run("keras_tf_function_loop.py", "tensorflow", "--seed", "3", "--module")
+    assert r.digests["initial_weights"] is None and len(r.digests["final_weights"]) == 64
+    assert r.determinism_applied["final_weights_digest_source"] == "automatic (model found at exit)"
+    assert r.determinism_applied["digests_missing"] == {"data_order": autodigest.NO_KERAS_ORDER,
+                                                       "initial_weights": autodigest.NO_KERAS_CALL}

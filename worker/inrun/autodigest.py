@@ -9,8 +9,9 @@ Installed by the harness in the run subprocess before user code runs (:func:`ins
   samplers hand out indices is digested per epoch (``data_order``, :mod:`steady.worker.inrun.autodigest_order`).
 * **Keras** — ``keras.Model.fit`` is wrapped: the model's weights are digested when the first
   ``fit`` starts (``initial_weights``) and when the last one returns (``final_weights``). Keras'
-  data order is not recorded: ``fit(shuffle=True)`` shuffles inside its tf.data pipeline
-  (``tf.random.shuffle`` in graph code), where no Python hook sees the indices.
+  data order is not recorded: ``fit(shuffle=True)`` and a ``tf.data`` pipeline's ``shuffle`` draw the
+  order inside TensorFlow (graph code), where no Python hook sees the indices; the run says so
+  (``digests_missing``) unless its code logged the order itself.
 
 **Without an optimizer** (weights stepped by hand: ``p.data.add_``, ``w -= lr * w.grad``, a custom
 optimizer that is no ``torch.optim.Optimizer``; a Keras custom training loop with no ``fit``): the model
@@ -18,7 +19,10 @@ is the module the code first calls. For torch a global forward pre-hook (one cal
 outermost ``nn.Module`` of the first forward and digests its parameters there, before any update can
 have happened (``initial_weights``), and again when the run ends (``final_weights``); without any forward
 call the process's ``nn.Module`` objects that are no other module's child are digested at the end. For Keras,
-``keras.Model.__call__`` is wrapped for its first eager call the same way. These digests are used only
+``keras.Model.__call__`` is wrapped for its first call the same way (eager, or traced by ``tf.function``:
+the weights are read outside the graph, before the function first runs); a model never called through it
+(layers called one by one, a ``tf.Module`` of the code's own) is looked for at the end, among the process's
+``keras.Model`` and ``tf.Module`` objects, for the final weights only. These digests are used only
 when no optimizer hook (or ``fit``) recorded one. Where none can be had the run says which and why
 (``digests_missing``: kind -> reason, in its applied record), and the report shows it.
 
@@ -38,11 +42,20 @@ from steady.worker.contract.digests import state_digest
 SOURCE = "automatic"
 
 
+_said: dict[str, Any] = {"run": None, "reasons": {}}  # the reasons told so far for the active run
+
+
 def _missing(reasons: dict[str, str]) -> None:
-    """Tell the report which weight digests the run has none of, and why (only kinds still unrecorded)."""
+    """Tell the report which digests the run has none of, and why (only kinds still unrecorded). Each call
+    sends every reason told so far: the agent keeps the last ``digests_missing`` it read."""
     reasons = {k: v for k, v in reasons.items() if not _recorded(k)}
-    if reasons:
-        sdk.emit({"e": "info", "value": {"digests_missing": reasons}})
+    if not reasons:
+        return
+    run = sdk._active()
+    if _said["run"] is not run:
+        _said["run"], _said["reasons"] = run, {}
+    _said["reasons"].update(reasons)
+    sdk.emit({"e": "info", "value": {"digests_missing": dict(_said["reasons"])}})
 
 
 def _recorded(kind: str) -> bool:
@@ -259,14 +272,17 @@ def _install_keras() -> Any:
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         """The first call of a model outside ``fit`` (a custom training loop): keep it, and digest its weights
-        right after that call built them, before any gradient is applied; then unwrap (one call)."""
+        right after that call built them, before any gradient is applied; then unwrap (one call). A call
+        traced by ``tf.function`` counts too: the trace runs before the function first executes, and the
+        weights are read outside the graph being built (``tf.init_scope``)."""
         out = original_call(self, *args, **kwargs)
-        if state["called"] is None and tf.executing_eagerly():
+        if state["called"] is None:
             _unwrap_call()
             state["called"] = self
             try:
-                state["called_initial"] = model_digest(self) if self.weights else None
-            except Exception:  # noqa: BLE001
+                with tf.init_scope():
+                    state["called_initial"] = model_digest(self) if self.weights else None
+            except Exception:  # noqa: BLE001 - weights that cannot be read here: said at the end
                 state["called_initial"] = None
         return out
 
@@ -283,6 +299,7 @@ def _install_keras() -> Any:
     def finish() -> None:
         model_cls.fit = original
         _unwrap_call()
+        _missing({"data_order": NO_KERAS_ORDER})
         if state["model"] is not None:
             if not _recorded("final_weights"):
                 _record("final_weights", model_digest(state["model"]))
@@ -290,18 +307,70 @@ def _install_keras() -> Any:
         # no fit: a custom training loop (GradientTape and apply_gradients, or assign_sub by hand)
         called = state["called"]
         if called is None:
-            _missing({"initial_weights": NO_KERAS_MODEL, "final_weights": NO_KERAS_MODEL})
+            roots = _keras_roots(tf)
+            if not roots:
+                _missing({"initial_weights": NO_KERAS_MODEL, "final_weights": NO_KERAS_MODEL})
+                return
+            _missing({"initial_weights": NO_KERAS_CALL})
+            _record("final_weights", _variables_of(roots), "model found at exit")
             return
-        if state["called_initial"] is not None and not _recorded("initial_weights"):
+        if state["called_initial"] is not None:
             _record("initial_weights", state["called_initial"], "model")
-        if not _recorded("final_weights"):
-            _record("final_weights", model_digest(called), "model")
+        else:
+            _missing({"initial_weights": NO_KERAS_INITIAL})
+        _record("final_weights", model_digest(called), "model")
 
     return finish
 
 
-NO_KERAS_MODEL = ("no keras.Model was fitted or called eagerly (weights kept in plain tf.Variables, or only called "
-                  "inside tf.function): sdk.set_digest records them")
+def _keras_roots(tf: Any) -> list[Any]:
+    """The process's models with weights at exit: ``keras.Model`` objects, and ``tf.Module`` objects of the
+    code's own classes (TensorFlow's and Keras' own modules left out). One per set of variables: a model
+    whose variables are all another's (a layer of it, the graph a ``Sequential`` builds inside) is left out.
+    In an order that does not depend on memory (class name, variable count, variable shapes)."""
+    import gc
+
+    model, module = tf.keras.Model, tf.Module
+    found = []
+    for o in gc.get_objects():
+        kind = type(o)  # type(): no __class__ property runs
+        if issubclass(kind, model) or (issubclass(kind, module)
+                                       and not kind.__module__.startswith(("tensorflow", "keras", "tf_keras"))):
+            try:
+                variables = list(o.weights if issubclass(kind, model) else o.variables)
+            except Exception:  # noqa: BLE001 - an object half built: not a model to digest
+                continue
+            if variables:
+                found.append((o, variables, frozenset(id(v) for v in variables)))
+
+    def key(entry: tuple) -> tuple:
+        o, variables, _ = entry
+        shapes = tuple(tuple(v.shape) for v in variables)
+        return (type(o).__qualname__, len(variables), shapes)
+
+    found.sort(key=key)
+    roots: list[tuple] = []
+    for entry in found:
+        ids = entry[2]
+        if any(ids < other[2] for other in found) or any(ids == r[2] for r in roots):
+            continue
+        roots.append(entry)
+    return [variables for _, variables, _ in roots]
+
+
+def _variables_of(roots: list[list[Any]]) -> str:
+    from steady.worker.inrun.frameworks.tensorflow import variables_digest
+
+    return variables_digest([v for variables in roots for v in variables])
+
+
+NO_KERAS_MODEL = ("no keras.Model was fitted or called and no model with variables was found at exit (weights "
+                  "kept in plain tf.Variables): sdk.set_digest records them")
+NO_KERAS_CALL = ("no keras.Model was fitted or called: the model was found only when the run ended, so the weights "
+                 "before the first update were not taken")
+NO_KERAS_INITIAL = "the model's weights could not be read at its first call, before the first update"
+NO_KERAS_ORDER = ("TensorFlow's input order is not watched (tf.data shuffles inside TensorFlow, where no sample "
+                  "index reaches Python): sdk.log_data_order records it")
 
 
 def install(framework: str) -> Any:

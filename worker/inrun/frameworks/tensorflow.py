@@ -27,7 +27,7 @@ def apply_determinism(level: str, seed: int, threads: int) -> dict[str, Any]:
     return applied
 
 
-def _variables_digest(variables: Any) -> str:
+def variables_digest(variables: Any) -> str:
     entries: dict[str, Any] = {}
     for i, v in enumerate(variables):
         name = getattr(v, "path", None) or getattr(v, "name", None) or f"var{i}"
@@ -37,11 +37,11 @@ def _variables_digest(variables: Any) -> str:
 
 
 def model_digest(model: Any) -> str:
-    return _variables_digest(model.weights)
+    return variables_digest(model.weights)
 
 
 def optimizer_digest(optimizer: Any) -> str:
-    return _variables_digest(optimizer.variables)
+    return variables_digest(optimizer.variables)
 
 
 def fingerprint() -> dict[str, Any]:
