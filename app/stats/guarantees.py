@@ -27,7 +27,8 @@ def seed_stability(alpha: float = 0.05, *, sequential: bool = False) -> str:
 
 def out_of_band(false_alarm: float = 0.01, *, skew_ok: bool = True) -> str:
     head = (f"false alarm ≤ {_pct(false_alarm)} per study while seed effects are no more skewed than lognormal "
-            "(log-sd 0.5, kurtosis ≤ 9); leave-one-out over the whole curve and its worst tenth")
+            "(log-sd 0.6) and no heavier-tailed than Student-t(3); leave-one-out over the whole curve and its worst "
+            "tenth")
     if not skew_ok:
         return head + "; not claimed here: these runs are more skewed than that"
     return head

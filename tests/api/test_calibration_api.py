@@ -67,7 +67,8 @@ def test_planted_bad_seed_over_rest_is_flagged_with_five_seeds(api):
     assert v["out_of_band"] == [oob["run_ids"][3]]
     assert "out of band" in v["reason"] and "false alarm ≤ 0.01 per study" in v["reason"]
     assert oob["guarantee"] == ("false alarm ≤ 1% per study while seed effects are no more skewed than lognormal "
-                                "(log-sd 0.5, kurtosis ≤ 9); leave-one-out over the whole curve and its worst tenth")
+                                "(log-sd 0.6) and no heavier-tailed than Student-t(3); leave-one-out over the whole "
+                                "curve and its worst tenth")
     assert v["guarantee"].startswith("each claim wrong ≤ 5% for final values with kurtosis ≤ 9")
 
 

@@ -53,7 +53,7 @@ def run_table(rules: Sequence[Rule], *, sims: int, rng: np.random.Generator, kin
 
 
 WHERE_USERS_ARE = "where-users-are"  # the doc block of the rows below (results/calibration.md)
-_WHERE_USERS_ARE_PREFIXES = ("quantized-", "small-", "stress-t3-offsets-20x300", "stress-lognormal0.6-offsets",
+_WHERE_USERS_ARE_PREFIXES = ("quantized-", "small-", "heavy-t3-offsets-", "heavy-lognormal0.6-offsets-",
                              "lifetime_100_effect_ar", "lifetime_100_ar0.7")
 
 
