@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from steady.server.reports.models import Report, SeedStabilityVerdict, Verdict
+from steady.server.reports.outcome import FLEET_GUARANTEE, fleet_finding_phrase
 from steady.server.reports.parts import (
     Convergence,
     DeterminismCost,
@@ -57,6 +58,10 @@ def render_report(report: Report, *, color: bool = False) -> str:
     out = report.outcome
     mark = {"pass": ("PASSED", "32"), "fail": ("FAILED", "31"), "inconclusive": ("INCONCLUSIVE", "33")}[out.status]
     lines.append(f"  outcome: {_paint(mark[0], mark[1], color)}: {out.reason}")
+    if report.fleet is not None:  # a fleet check answers in its own section; the levels are not asked
+        lines.append("")
+        lines.extend(fleet_lines(report, color=color))
+        return "\n".join(lines)
     if report.stages:
         lines.append("")
         lines.extend(stage_lines(report, color=color))
@@ -139,6 +144,46 @@ def render_report(report: Report, *, color: bool = False) -> str:
         for caveat in report.caveats:
             lines.append("  " + _paint(caveat.message, "33", color))
     return "\n".join(lines)
+
+
+def fleet_lines(report: Report, *, color: bool = False) -> list[str]:
+    """A fleet check: per stack group, who parts from the majority; who is slow; who did not run; what it could miss."""
+    fleet = report.fleet
+    assert fleet is not None
+    lines = [_paint("Fleet check", "1", color) + f" — {len(fleet.pool)} workers: which one computes differently?"]
+    checks = {c.name: c for c in report.outcome.checks}
+    for g in fleet.groups:
+        lines.append(f"  stack {g.stack} [{g.group}]: workers {', '.join(g.workers)}")
+        check = checks.get(f"fleet {g.stack} ({len(g.workers)} workers)")
+        if check is not None and g.findings:
+            for f in g.findings:
+                lines.append("    " + _paint(fleet_finding_phrase(f), "31", color))
+            lines.append(f"    the others agree bit for bit: {g.majority_runs} of {g.runs} runs share one result "
+                         f"(every step of {fleet.metric} and the weight digests)")
+        elif check is not None:
+            lines.append("    " + _paint(check.summary, "32" if check.status == "pass" else "33", color))
+    group_checks = {f"fleet {g.stack} ({len(g.workers)} workers)" for g in fleet.groups}
+    for c in report.outcome.checks:  # slow workers, workers that did not run, the groups compared by TOST
+        if c.kind in ("fleet", "fleet_speed") and c.name not in group_checks:
+            hue = {"pass": "32", "fail": "31"}.get(c.status, "33")
+            lines.append("  " + _paint(c.summary, hue, color))
+    sens = fleet.sensitivity
+    if sens is not None:
+        lines.append("")
+        lines.append(_paint("What it could miss", "1", color) + f" — per worker {sens.repeats} runs × "
+                     f"{sens.steps_per_run} steps = {sens.steps_per_worker} steps")
+        if sens.one_in_seen:
+            lines.append(f"  a fault in 1 of {sens.one_in_seen} steps would have been seen with probability "
+                         f"{sens.power:.2f}; rarer ones may have been missed")
+        lines.append("  " + "; ".join(f"1 in {r.one_in:,} steps: seen with probability {r.probability:.2f}"
+                                      for r in sens.rates))
+        if sens.plan_one_in and sens.plan_repeats:
+            lines.append(f"  to see a fault in 1 of {sens.plan_one_in:,} steps with probability {sens.power:.2f}: "
+                         f"{sens.plan_repeats} runs per worker")
+        lines.append("  (a run with a wrong step parts from then on; a fault that leaves every logged value and "
+                     "digest unchanged is not seen)")
+    lines.append("  " + _paint(f"guarantee: {FLEET_GUARANTEE}", "2", color))
+    return lines
 
 
 _SOURCE_VERDICTS = {"equivalent": ("≈ full variance", "32"), "not_equivalent": ("NOT the full variance", "31"),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
 from pydantic import Field, TypeAdapter, model_validator
 
+from steady.server.reports.fleet import FleetReport
 from steady.server.reports.outcome import Outcome, judge
 from steady.server.reports.sources import SourcesTableOut
 from steady.server.reports.parts import (
@@ -326,6 +327,8 @@ class Report(Part):
         "all-sources SD, the crossed init × data variance components and the one-ULP divergence")
     caveats: list[Caveat] = []
     resume: list[ResumeCheck] | None = Field(None, description="the resume check of each run that got one")
+    fleet: FleetReport | None = Field(None, description="a fleet check: per stack-fingerprint group, the workers "
+                                      "whose runs part from the group's majority, the slow ones, what it could miss")
     outcome: Outcome = Field(None, description="the study's judgment (pass / fail / inconclusive) and its one reason, "  # type: ignore[assignment]
                              "computed once from the checks below: what `steady report`, `submit --wait`, "
                              "`check`, the dashboard and the metrics export present")

@@ -160,9 +160,90 @@ def _sources_checks(report: Any) -> list[Check]:
     return out
 
 
+FLEET_GUARANTEE = ("a worker is named only when a run of it parts bit for bit from the result most of its stack "
+                   "group's runs share: no false alarm where healthy devices repeat the workload bit for bit at strict")
+_FLEET_NOT_ASKED = ("a fleet check compares each worker's runs with its stack group's majority (the fleet section), "
+                    "not every run with every other")
+
+
+def _steps_phrase(f: Any) -> str:
+    if f.first_step is None:
+        return "every logged value equal, the " + " and ".join(d.replace("_", " ") for d in f.digests) + " digest differs"
+    return f"from step {f.first_step} ({f.metric})"
+
+
+def fleet_finding_phrase(f: Any) -> str:
+    """One named worker in words: who, where its runs part, how many, consistent or intermittent."""
+    if f.kind == "consistent":
+        how = "consistently (every run of it parts, all alike)" if f.runs > 1 else "(one run: consistent or not, untold)"
+    elif f.parted < f.runs:
+        how = "intermittently (its other runs agree with the group)"
+    else:
+        how = "intermittently (its runs disagree with each other)"
+    return f"worker {f.worker}: {f.parted} of {f.runs} runs part {_steps_phrase(f)}, {how}"
+
+
+def _fleet_checks(fleet: Any) -> list[Check]:
+    """A fleet check's answers: per stack group, who parts from its majority; who is slow; who did not run; and
+    between groups, the TOST of the final value."""
+    out: list[Check] = []
+    for g in fleet.groups:
+        name = f"fleet {g.stack} ({len(g.workers)} workers)"
+        if not g.has_majority:
+            line = (f"no result is shared by more than half of the group's {g.runs} runs: the workload is not "
+                    "bit-repeatable on these workers, or most of them part; no worker is named")
+            out.append(Check(kind="fleet", name=name, status="inconclusive", summary=line, reason=line,
+                             guarantee=FLEET_GUARANTEE))
+        elif g.findings:
+            line = "; ".join(fleet_finding_phrase(f) for f in g.findings)
+            reason = (f"{line} (the majority: {g.majority_runs} of {g.runs} runs, equal bit for bit in every step of "
+                      f"{fleet.metric} and the weight digests)")
+            out.append(Check(kind="fleet", name=name, status="fail", summary=line, reason=reason,
+                             guarantee=FLEET_GUARANTEE))
+        else:
+            line = (f"all {len(g.workers)} workers agree bit for bit: {g.runs} runs equal in every step of "
+                    f"{fleet.metric} and the weight digests")
+            out.append(Check(kind="fleet", name=name, status="pass", summary=line, reason=line,
+                             guarantee=FLEET_GUARANTEE))
+    for s in fleet.slow:
+        line = (f"worker {s.worker} is slow, not wrong: median step time ×{s.ratio:.3g} its group's other workers' "
+                f"({s.median_s * 1e3:.3g} ms against {s.others_median_s * 1e3:.3g} ms)")
+        out.append(Check(kind="fleet_speed", name=f"step time of {s.worker}", status="fail", summary=line,
+                         reason=f"{line}; one-sided Mann–Whitney p = {s.p_value:.2g} < {s.threshold:.2g}",
+                         guarantee=f"named when ×{fleet.slow_ratio:g} or more and the test rejects at "
+                         f"{fleet.alpha:g} over the group's workers (Bonferroni)"))
+    for m in fleet.missing:
+        line = f"worker {m.worker} completed {m.completed} of {m.asked} runs" + (f": {m.reason}" if m.reason else "")
+        out.append(Check(kind="fleet", name=f"runs of {m.worker}", status="inconclusive", summary=line, reason=line,
+                         guarantee=""))
+    for a in fleet.across:
+        name = f"fleet {a.candidate_group} vs {a.reference_group}"
+        if a.verdict == "not_asked":
+            line = (f"the stacks differ, so final {a.metric} values are compared by TOST, not bit for bit; "
+                    f"the spec gives {a.metric} no margin")
+            out.append(_not_asked(Check(kind="fleet", name=name, status="inconclusive", summary=line, reason=line,
+                                        guarantee=""), line))
+            continue
+        numbers = "" if a.diff is None else f" (difference {a.diff:.3g}, TOST p = {a.p_value:.3g})"
+        line = (f"stacks differ, so compared by TOST on the final {a.metric}, not bit for bit: "
+                f"{a.verdict.replace('_', ' ')} within ±{a.margin:g}{numbers}")
+        status: Status = {"equivalent": "pass", "not_equivalent": "fail"}.get(a.verdict, "inconclusive")  # type: ignore[assignment]
+        out.append(Check(kind="fleet", name=name, status=status, summary=line, reason=line,
+                         guarantee=f"TOST at α = {a.alpha:g}: a false 'equivalent' at most {a.alpha:.0%} of the time"))
+    return out
+
+
 def checks(report: Any) -> list[Check]:
     """The report as checks, in report order (see the module's docstring for the rules)."""
     out: list[Check] = _study_check(report)
+    fleet = getattr(report, "fleet", None)
+    if fleet is not None:  # the fleet section answers; the levels' checks compare runs of different workers
+        return out + [_not_asked(c, _FLEET_NOT_ASKED) for c in _level_checks(report)] + _fleet_checks(fleet)
+    return out + _level_checks(report)
+
+
+def _level_checks(report: Any) -> list[Check]:
+    out: list[Check] = []
     sources_study = report.sources is not None
     no_repeats = _repeats_not_asked(report)
     for h in report.headline:

@@ -22,6 +22,7 @@ from steady.server.kit.errors import NotFound, judging
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
 from steady.server.reports import localizations, repository
+from steady.server.reports.fleet import fleet_section
 from steady.server.reports.models import Caveat, Report
 from steady.server.reports.outcome import judge
 from steady.server.reports.resume import resume_section
@@ -302,6 +303,9 @@ def compute_report(session: Session, study_id: int) -> Report:
     )
     convergence = convergence_section(session, data, spec["convergence"]) if spec.get("convergence") else None
     sources = sources_section(spec, runs, data, [m.name for m in specs], stages=seed_stages)
+    fleet = fleet_section(spec["fleet"], runs_repo.list_runs(session, study_id, status=None, limit=1_000_000,
+                                                             offset=0)[0],
+                          data, [m.name for m in specs], {m.name: m.margin for m in specs}) if spec.get("fleet") else None
     del data  # the series: the bands below are all that is kept
     _bands.put(bands_key, built.bands)
     progress = studies_repo.progress_by_study(session, [study_id])[study_id]
@@ -322,6 +326,7 @@ def compute_report(session: Session, study_id: int) -> Report:
     report.sources = sources
     report.caveats = pinned_caveats(report, route) + capture_caveats(runs)
     report.resume = resume_section(runs, specs[0].name if specs else None)
+    report.fleet = fleet
     report.outcome = judge(report)  # with the sources table and the resume checks, which count in the outcome
     return report
 

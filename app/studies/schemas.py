@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from steady.server.studies.alert_specs import AlertRuleSpec, SuiteName, check_spec_alerts
+from steady.server.studies.fleet_spec import FleetSpec
 from steady.server.studies.spec_parts import ArmSpec, CodeRef, SourcesSpec, StackName, StackSpec, WorkloadSpec, _Spec
 from steady.server.kit.wire import WireModel
 from steady.worker.contract.distributed import torchrun_launch
@@ -159,6 +160,14 @@ class StudySpec(_Spec):
     alerts: Annotated[list[AlertRuleSpec], Field(max_length=100)] = Field(
         [], description="alert rules; scoped to the suite when the study has one, else to the study"
     )
+    respect_quarantine: bool | None = Field(
+        None, description="keep this study's runs from quarantined workers; unset: yes, except for a fleet check "
+        "(a `fleet` section), which re-tests quarantined workers so that a scheduled check shows whether the fault "
+        "is still there (docs/fleet.md)")
+    fleet: FleetSpec | None = Field(
+        None, description="a fleet check: the workload runs `repeats` times at strict on each worker of a pool, each "
+        "run pinned to its worker, and the report names the workers whose runs part from their fingerprint group's "
+        "majority (docs/fleet.md). Needs one seed, determinism [strict], no arms, stacks or budget")
     resume: ResumeSpec | None = Field(
         None,
         description="the resume check: the first `runs` seeds are also trained interrupted (killed after each "
@@ -239,6 +248,8 @@ class StudySpec(_Spec):
             arm_code = any(isinstance(a.code, CodeRef) for a in self.arms or [])
             if self.workload.name is not None and (self.code is not None or arm_code):
                 raise ValueError("built-in workloads ship no code: leave 'code' out (of the study and its arms)")
+        if self.fleet is not None:
+            self._check_fleet()
         if self.budget is not None:
             self._check_budget(self.budget)
         if self.resume is not None:
@@ -266,6 +277,18 @@ class StudySpec(_Spec):
                 _refuse(("resume", "runs"), self.resume.runs,
                         f"resume.runs is {self.resume.runs} but the study has only {len(self.seeds)} seed(s)")
         return self
+
+    def _check_fleet(self) -> None:
+        """A fleet check runs one thing many times: one seed, at strict, on the one default stack."""
+        why = ("an external study" if self.kind != "managed" else
+               "more than one seed" if len(self.seeds) != 1 else
+               "determinism other than [strict]" if [d.value for d in self.determinism] != ["strict"] else
+               "arms or stacks" if self.arms is not None or [s.name for s in self.stacks] != ["default"] else
+               "repeats (give fleet.repeats)" if self.repeats != 1 else
+               "a budget, sources or a resume check" if self.budget or self.sources or self.resume else "")
+        if why:
+            _refuse(("fleet",), self.fleet.model_dump() if self.fleet else None,
+                    f"a fleet check runs one seed at strict, fleet.repeats times on each worker; this spec has {why}")
 
     @field_validator("arms")
     @classmethod
@@ -331,6 +354,8 @@ class StudySpec(_Spec):
 
     @property
     def run_count(self) -> int:
+        if self.fleet is not None:  # per worker; the pool is known at creation (studies.fleet)
+            return len(self.fleet.pool or []) * self.fleet.repeats
         return len(self.seeds) * self.repeats * len(self.determinism) * len(self.groups)
 
 

@@ -18,7 +18,8 @@ from steady.server.kit.errors import Conflict, Forbidden, Invalid
 from steady.server.metrics import repository as metrics_repo
 from steady.server.kit.wire import wire_float
 from steady.server.models import Run, Study, utcnow
-from steady.server.studies import adaptive, repository
+from steady.server.studies import adaptive, fleet, repository
+from steady.server.studies.fleet_spec import FleetWorker
 from steady.server.studies.queue import insert_runs
 from steady.server.runs import repository as runs_repo
 from steady.server.runs.schemas import ExternalRunIn
@@ -54,6 +55,11 @@ def create_study(session: WriteSession, spec: StudySpec, settings: Settings, cal
             f"{spec.max_seeds * spec.runs_per_seed} runs, over the limit of {settings.max_runs_per_study} runs per "
             "study (STEADY_MAX_RUNS_PER_STUDY): lower max_seeds or set max_runs",
         )
+    pool = None
+    if spec.fleet is not None and spec.workload is not None:
+        pool = fleet.resolve_pool(session, spec.fleet, spec.workload.framework.value)
+        spec = spec.model_copy(update={"fleet": spec.fleet.model_copy(
+            update={"pool": [FleetWorker(id=w.id, name=w.name) for w in pool]})})
     if spec.kind == "managed" and spec.run_count > settings.max_runs_per_study:
         raise Invalid(
             ("body", "seeds"),
@@ -81,7 +87,11 @@ def create_study(session: WriteSession, spec: StudySpec, settings: Settings, cal
     )
     session.add(study)
     session.flush()
-    if spec.kind == "managed":
+    if pool is not None and spec.fleet is not None and spec.workload is not None:
+        fleet.insert_fleet_runs(session, study, pool, seed=spec.seeds[0], repeats=spec.fleet.repeats,
+                                framework=spec.workload.framework.value, max_attempts=spec.max_attempts,
+                                wait_s=spec.fleet.wait_s)
+    elif spec.kind == "managed":
         insert_runs(session, study, spec, spec.seeds)
         adaptive.start(session, study, spec)
     return study

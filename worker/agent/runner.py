@@ -53,6 +53,9 @@ _REAPER = os.path.abspath(reaper.__file__)
 _LINUX = sys.platform.startswith("linux")
 COMMAND_SHIM_ENV = "STEADY_COMMAND_SHIM"
 LOCALIZE_ENV = "STEADY_LOCALIZE"  # steady.worker.inrun.localize: "steps" records the step digests
+# A fault to plant in the built-in fleet canary's runs (steady.worker.inrun.workloads.fleet_canary), set in the
+# agent's environment: tests and demonstrations of `steady fleet check` make one worker of a pool faulty.
+FAULT_ENV = "STEADY_FAULT"
 
 # The only names a run subprocess inherits from the agent's environment (``--pass-env`` adds
 # more). Everything else it gets is set here: HOME (its run directory), the determinism
@@ -420,6 +423,9 @@ class RunProcess:
             env[distributed.PLAN_ENV] = json.dumps(dist)
         elif self.spec.get("command"):
             env[COMMAND_SHIM_ENV] = "1"
+        fault = os.environ.get(FAULT_ENV)
+        if fault and self.spec.get("workload") == "fleet_canary":  # a planted fault: the canary's only
+            env[FAULT_ENV] = fault
         if self.spec.get("localize_steps") and LOCALIZE_ENV not in env:  # a replay sets its own mode
             env[LOCALIZE_ENV] = "steps"
         return env

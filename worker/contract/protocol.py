@@ -173,6 +173,7 @@ class Determinism(str, Enum):
 # against this table; worker/inrun/workloads/ implements each name.
 BUILTIN_WORKLOADS: dict[str, str] = {
     "torch_mlp": "torch",
+    "fleet_canary": "torch",  # steady fleet check's canary (and its planted faults)
     "torch_cnn": "torch",
     "torch_dataloader_workers": "torch",
     "torch_nondeterministic_kernels": "torch",

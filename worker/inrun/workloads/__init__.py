@@ -14,6 +14,7 @@ from types import ModuleType
 
 WORKLOADS: dict[str, str] = {
     "torch_mlp": "steady.worker.inrun.workloads.torch_mlp",
+    "fleet_canary": "steady.worker.inrun.workloads.fleet_canary",
     "torch_cnn": "steady.worker.inrun.workloads.torch_cnn",
     "torch_dataloader_workers": "steady.worker.inrun.workloads.torch_dataloader_workers",
     "torch_nondeterministic_kernels": "steady.worker.inrun.workloads.torch_nondeterministic_kernels",
