@@ -26,6 +26,7 @@ from steady.server.reports.summary import ReportSummary
 from steady.server.stats.alert_rules import band_check_values, curve_outliers, final_outliers, guarantee, study_means
 from steady.server.stats.changepoint import sequential_shift
 from steady.server.stats.report import MetricSpec, build_report
+from steady.server.stats.resolution import identical_words, no_longer_words
 from steady.server.stats.vocabulary import Level
 from steady.server.studies.alert_specs import _Rule
 
@@ -134,8 +135,16 @@ def _eval_repeatability(session, study, rule, spec, report, baseline) -> list[Fi
             out.append(Finding(rule, spec.metric, group, UNKNOWN, v.reason, numbers))
             continue
         firing = v.verdict != "identical"
-        text = (f"{_label(group)} runs of {spec.metric} are no longer bitwise identical: {v.reason}"
-                if firing else f"{_label(group)} runs of {spec.metric} are bitwise identical")
+        # the words follow what was compared: bits (binary values, digests) or the digits a script printed
+        printed = v.compared.resolution if v.compared is not None and v.compared.basis == "printed" else None
+        if v.compared is not None:
+            numbers["compared"] = v.compared.model_dump(mode="json")
+        stops = {s for s in v.last_steps if s is not None}
+        digest_only = (bool(v.compared and v.compared.digests) and bool(v.steps_compared) and len(stops) <= 1
+                       and v.first_divergent_step is None and not v.max_abs_delta)  # as the plain line tells it
+        text = (f"{_label(group)} runs of {spec.metric} are "
+                f"{no_longer_words(printed, digest_only=digest_only)}: {v.reason}"
+                if firing else f"{_label(group)} runs of {spec.metric} are {identical_words(printed)}")
         out.append(Finding(rule, spec.metric, group, firing, text, numbers))
     return out
 

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Compared", "WEIGHT_DIGESTS", "DIGEST_NAMES", "compared", "decimals", "values_phrase", "equal_phrase",
-           "digests_phrase", "equal_short", "same_phrase", "identical_words", "guarantee_phrase", "NO_DIGEST_REASON"]
+           "digests_phrase", "equal_short", "same_phrase", "identical_words", "no_longer_words", "guarantee_phrase",
+           "NO_DIGEST_REASON"]
 
 WEIGHT_DIGESTS = ("initial_weights", "final_weights")
 DIGEST_NAMES = {"initial_weights": "initial-weight", "final_weights": "final-weight", "data_order": "data-order",
@@ -187,6 +188,15 @@ def identical_words(resolution: float | None) -> str:
         return "bitwise identical"
     n = decimals(resolution)
     return f"equal at the {n} printed decimal{'s' if n != 1 else ''}" if n else f"equal at the printed unit {resolution:g}"
+
+
+def no_longer_words(resolution: float | None, *, digest_only: bool = False) -> str:
+    """Repeats that were equal and are not any more, at the resolution compared: "no longer bitwise identical"
+    for binary floats, or where only a digest differs (``digest_only``: every logged value equal, a digest's
+    bits not); "no longer equal at the 2 printed decimals" for values parsed from text."""
+    if digest_only:
+        return "no longer bitwise identical (a digest differs; the logged values do not)"
+    return f"no longer {identical_words(resolution)}"
 
 
 def guarantee_phrase(c: Compared | None) -> str:
