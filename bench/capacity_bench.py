@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from bench.common import REPO, Server, percentile, postgres_database, run_synced_clients, write_result
+from bench.common import REPO, RESULTS, Server, percentile, postgres_database, run_synced_clients, write_result
 from bench.procstat import process_tree_cpu_s
 from steady.worker.contract.protocol import Series
 
@@ -246,6 +247,22 @@ def _cpu_sampler(pid: int, times: list[float], cpu: list[float]) -> threading.Th
     return th
 
 
+def _profile(py_spy: str, pid: int, window: tuple[float, float], out: Path) -> None:
+    """py-spy samples the server during one phase (its middle, off the edges), in the background; the
+    collapsed stacks are copied to bench/results/ when it ends."""
+    start, end = window
+    lead = (end - start) * 0.1
+
+    def record() -> None:
+        time.sleep(max(0.0, start + lead - time.time()))
+        subprocess.run([py_spy, "record", "--pid", str(pid), "--duration", str(max(1, int(end - start - 2 * lead))),
+                        "--format", "raw", "--threads", "--nonblocking", "-o", str(out)], capture_output=True)
+        if out.exists():
+            (RESULTS / out.name).write_bytes(out.read_bytes())
+
+    threading.Thread(target=record, daemon=True).start()
+
+
 def measure(url_db: str, tmp: Path, agents: int, a: argparse.Namespace) -> dict:
     n_procs = max(1, min(4, (agents + 249) // 250))  # a few hundred coroutines per client process
     per = [agents // n_procs + (1 if i < agents % n_procs else 0) for i in range(n_procs)]
@@ -270,6 +287,9 @@ def measure(url_db: str, tmp: Path, agents: int, a: argparse.Namespace) -> dict:
             th = _cpu_sampler(server.proc.pid, [t for _, s, e in bounds for t in (s, e)], cpu)
             th.start()
             sampler.append(th)
+            if a.py_spy:
+                _profile(a.py_spy, server.proc.pid, {n: (s, e) for n, s, e in bounds}[a.profile_phase],
+                         tmp / f"profile-{agents}-{a.profile_phase}.txt")
 
         load_before = os.getloadavg()[0]
         out = run_synced_clients([[*cmd, "--agents", str(n)] for n in per], timeout=600 + 3 * a.phase_s + a.fleet_s,
@@ -335,6 +355,8 @@ def main() -> int:
     p.add_argument("--points", type=int, default=1000, help="fleet: points per batch")
     p.add_argument("--saturation-ms", type=float, default=1000.0, help="fleet heartbeat p99 above this: saturated")
     p.add_argument("--out", default="capacity")
+    p.add_argument("--py-spy", help="path of py-spy: sample the server during --profile-phase (bench/results/profile-*)")
+    p.add_argument("--profile-phase", default="heartbeat", choices=("health", "heartbeat", "fleet"))
     a = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -39,7 +39,10 @@ class ProtocolLane:
     (an AnyIO limiter belongs to the running event loop)."""
 
     def __init__(self, database: Database, threads: int) -> None:
-        self.database = database.own_pool(threads + BACKGROUND_CONNECTIONS)
+        # no round trip before each of the protocol's statements: its pool recycles its connections instead,
+        # and a request that finds one the server closed is answered by its route (heartbeats) or retried by
+        # the agent (a 503), on a pool emptied of the closed ones
+        self.database = database.own_pool(threads + BACKGROUND_CONNECTIONS, pre_ping=False)
         self.limiter = CapacityLimiter(threads)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:

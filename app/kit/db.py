@@ -57,9 +57,18 @@ _WRITE_OPTION = "steady_write"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 
+# A pool without a check at checkout replaces its connections after this long, before an idle timeout
+# of the server or a proxy in between would close them.
+RECYCLE_SECONDS = 300
+
+
 def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int | None = None,
-                max_overflow: int | None = None) -> Engine:
-    """An engine and its connection pool (default: 8 + 16 on SQLite, 10 + 20 on PostgreSQL)."""
+                max_overflow: int | None = None, pre_ping: bool = True) -> Engine:
+    """An engine and its connection pool (default: 8 + 16 on SQLite, 10 + 20 on PostgreSQL).
+
+    ``pre_ping`` (PostgreSQL): a round trip at every checkout that replaces a connection the server
+    closed. Without it the pool recycles its connections every ``RECYCLE_SECONDS``, and one closed
+    under it (the server restarted) fails the statement that finds it, which also empties the pool."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -72,7 +81,8 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int | 
         )
         _configure_sqlite(engine, sqlite_synchronous)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10 if pool_size is None else pool_size,
+    return create_engine(url, pool_pre_ping=pre_ping, pool_recycle=-1 if pre_ping else RECYCLE_SECONDS,
+                         pool_size=10 if pool_size is None else pool_size,
                          max_overflow=20 if max_overflow is None else max_overflow)
 
 
@@ -111,11 +121,11 @@ class Database:
     """Owns the engine and the two session factories."""
 
     def __init__(self, url: str, *, sqlite_synchronous: str = "FULL", pool_size: int | None = None,
-                 max_overflow: int | None = None, _shared: _Shared | None = None) -> None:
+                 max_overflow: int | None = None, pre_ping: bool = True, _shared: _Shared | None = None) -> None:
         self.url = url
         self._synchronous = sqlite_synchronous
         self.engine = make_engine(url, sqlite_synchronous=sqlite_synchronous, pool_size=pool_size,
-                                  max_overflow=max_overflow)
+                                  max_overflow=max_overflow, pre_ping=pre_ping)
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         write_engine = self.engine.execution_options(**{_WRITE_OPTION: True})
         self._read = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
@@ -129,12 +139,12 @@ class Database:
         """Why the SQLite file failed its integrity check (None: it did not)."""
         return self._shared.corruption
 
-    def own_pool(self, connections: int) -> Database:
+    def own_pool(self, connections: int, *, pre_ping: bool = True) -> Database:
         """A ``Database`` on the same URL with a connection pool of its own (``connections``, no overflow),
         sharing this one's integrity verdict and SQLite write queue: capacity that no request on this
         one's pool can take (the worker protocol's, ``steady.server.kit.capacity``)."""
         return Database(self.url, sqlite_synchronous=self._synchronous, pool_size=connections, max_overflow=0,
-                        _shared=self._shared)
+                        pre_ping=pre_ping, _shared=self._shared)
 
     def check_integrity(self) -> str | None:
         """SQLite: ``PRAGMA quick_check`` (every page and index structure, O(file size)); on failure

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
@@ -127,12 +127,37 @@ async def _principal(request: Request, creds: HTTPAuthorizationCredentials | Non
         return await look_up()
     cache = token_cache(request)
     digest = hash_token(found[1])
+    return cache.get(digest) or await cache.once(digest, look_up)
+
+
+def bearer_principal(db: Database, secret: str) -> Principal | None:
+    """The caller of a bearer token, looked up in the database (blocking), or None when it is not valid."""
+    with db.read() as session:
+        row = authenticate(session, secret)
+        return None if row is None else Principal(token_id=row.id, name=row.name, role=Role(row.role))
+
+
+async def cached_protocol_bearer(app: Any, secret: str) -> Principal | None:
+    """A worker-protocol caller's principal from the token cache, or looked up once for all the requests
+    that carry the token meanwhile (on the protocol's own thread and connection); None when the token
+    is not valid (the route then answers 401)."""
+    cache: TokenCache[Principal] = app.state.token_cache
+    digest = hash_token(secret)
     principal = cache.get(digest)
-    if principal is None:
-        generation = cache.generation
-        principal = await look_up()
-        cache.put(digest, principal, generation)
-    return principal
+    if principal is not None:
+        return principal
+    lane = app.state.protocol
+
+    async def look_up() -> Principal:
+        found = await lane.run(bearer_principal, lane.database, secret)
+        if found is None:
+            raise _unauthorized()
+        return found
+
+    try:
+        return await cache.once(digest, look_up)
+    except HTTPException:
+        return None
 
 
 async def current_principal(

@@ -7,12 +7,18 @@ process forgets the token within ``ttl_s`` seconds (``STEADY_TOKEN_CACHE_SECONDS
 
 A lookup that started before an invalidation cannot put its (possibly stale) answer back in:
 ``generation`` counts invalidations, and ``put`` is refused when it changed since the lookup began.
+
+A token that many requests carry at once (a fleet of agents sharing one worker token) is looked up
+once when its entry expires: ``once`` lets the requests that miss meanwhile wait for that lookup
+instead of each making its own (with a thousand agents, a thousand lookups every ``ttl_s``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -27,6 +33,7 @@ class TokenCache(Generic[T]):
         self._entries: dict[str, tuple[float, T]] = {}
         self._lock = threading.Lock()
         self.generation = 0
+        self._lookups: dict[str, asyncio.Task] = {}  # in progress, on the event loop that started them
 
     def get(self, digest: str) -> T | None:
         if self.ttl_s <= 0:
@@ -50,6 +57,30 @@ class TokenCache(Generic[T]):
             if len(self._entries) >= MAX_ENTRIES:
                 self._entries.clear()
             self._entries[digest] = (self._clock() + self.ttl_s, value)
+
+    async def once(self, digest: str, look_up: Callable[[], Awaitable[T]]) -> T:
+        """The value for ``digest`` from ``look_up()``, remembered; a lookup of the same digest already in
+        progress on this event loop is awaited instead of starting another (its answer or its error).
+        With the cache off (``ttl_s`` 0) every caller looks up for itself."""
+        if self.ttl_s <= 0:
+            return await look_up()
+        loop = asyncio.get_running_loop()
+        task = self._lookups.get(digest)
+        if task is None or task.get_loop() is not loop:
+            generation = self.generation
+
+            async def run() -> T:
+                try:
+                    value = await look_up()
+                    self.put(digest, value, generation)
+                    return value
+                finally:
+                    if self._lookups.get(digest) is task:
+                        del self._lookups[digest]
+
+            task = self._lookups[digest] = loop.create_task(run())
+        # shielded: one waiter cancelled (its client went away) does not cancel the others' lookup
+        return await asyncio.shield(task)
 
     def invalidate(self) -> None:
         """Forget every token (a token was revoked in this process)."""

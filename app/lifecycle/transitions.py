@@ -135,7 +135,8 @@ def _extend_lease(session: WriteSession, run_id: int, lease_id: str, token_id: i
             Run.status == RunStatus.running.value,
             Run.lease_id == lease_id,
             Run.lease_expires_at.is_(None) | (Run.lease_expires_at >= now),
-            Run.worker_id.in_(select(Worker.id).where(Worker.token_id == token_id).scalar_subquery()),
+            # the holder's own row, by primary key: one lookup however many workers share the token
+            select(Worker.id).where(Worker.id == Run.worker_id, Worker.token_id == token_id).exists(),
         )
         .values(**values)
         .returning(Run.lease_expires_at, Run.cancel_requested, Run.worker_id)
@@ -151,35 +152,36 @@ def _extend_lease(session: WriteSession, run_id: int, lease_id: str, token_id: i
     return row
 
 
-_BEAT_MANY = """
-WITH v(id, lease_id, token_id, step) AS (VALUES {rows}),
+_BEAT_MANY = text("""
+WITH v AS (
+  SELECT * FROM unnest(CAST(:ids AS BIGINT[]), CAST(:leases AS VARCHAR[]), CAST(:tokens AS BIGINT[]),
+                       CAST(:steps AS BIGINT[])) AS v(id, lease_id, token_id, step)),
 beat AS (
   UPDATE runs SET lease_expires_at = :expires, progress_step = COALESCE(v.step, runs.progress_step)
   FROM v
   WHERE runs.id = v.id AND runs.status = 'running' AND runs.lease_id = v.lease_id
     AND (runs.lease_expires_at IS NULL OR runs.lease_expires_at >= :now)
-    AND runs.worker_id IN (SELECT workers.id FROM workers WHERE workers.token_id = v.token_id)
+    AND EXISTS (SELECT 1 FROM workers WHERE workers.id = runs.worker_id AND workers.token_id = v.token_id)
   RETURNING runs.id, runs.lease_expires_at, runs.cancel_requested, runs.worker_id),
 seen AS (UPDATE workers SET last_seen_at = :now FROM beat WHERE workers.id = beat.worker_id)
 SELECT id, lease_expires_at, cancel_requested FROM beat
-"""
+""")
 
 
 def heartbeat_many(session: WriteSession, beats: list[tuple[int, Heartbeat, Principal]],
                    settings: Settings) -> list[HeartbeatAck | None]:
     """PostgreSQL: the heartbeats of different runs by worker tokens, in one statement (the UPDATE of
-    ``_extend_lease`` joined to a VALUES list). Each one's acknowledgement, or None where its row did
-    not match (the caller then answers it with ``heartbeat``, which says why)."""
+    ``_extend_lease`` joined to the heartbeats as four arrays, so the statement's text is the same
+    for any number of them and the driver prepares it once). Each one's acknowledgement, or None
+    where its row did not match (the caller then answers it with ``heartbeat``, which says why)."""
     now = utcnow()
     naive_now = now.astimezone(UTC).replace(tzinfo=None)  # the columns hold naive UTC (UTCDateTime)
-    params: dict[str, Any] = {"now": naive_now,
-                              "expires": naive_now + timedelta(seconds=settings.lease_seconds)}
-    rows = []
-    for i, (run_id, beat, principal) in enumerate(beats):
-        rows.append(f"(CAST(:i{i} AS BIGINT), CAST(:l{i} AS VARCHAR), CAST(:t{i} AS BIGINT), CAST(:s{i} AS BIGINT))")
-        params.update({f"i{i}": run_id, f"l{i}": beat.lease_id, f"t{i}": principal.token_id, f"s{i}": beat.step})
-    found = {row[0]: row for row in session.connection().execute(text(_BEAT_MANY.format(rows=", ".join(rows))),
-                                                                 params)}
+    params: dict[str, Any] = {
+        "now": naive_now, "expires": naive_now + timedelta(seconds=settings.lease_seconds),
+        "ids": [run_id for run_id, _, _ in beats], "leases": [beat.lease_id for _, beat, _ in beats],
+        "tokens": [principal.token_id for _, _, principal in beats], "steps": [beat.step for _, beat, _ in beats],
+    }
+    found = {row[0]: row for row in session.connection().execute(_BEAT_MANY, params)}
     out: list[HeartbeatAck | None] = []
     for run_id, _, _ in beats:
         row = found.get(run_id)

@@ -5,17 +5,18 @@ that is the request the server answers most. Through FastAPI it costs the event 
 than its database work (route matching over every route, dependency solving, four middlewares;
 measured in bench/capacity_bench.py), and the event loop is the API process's one core.
 
-``HeartbeatFastPath`` answers ``POST /api/v1/runs/{run_id}/heartbeat`` itself when the request
-is the common one: a bearer token this process has already checked (``TokenCache``) and whose
-role may heartbeat, a JSON body that is a valid ``Heartbeat``, and a lease that the conditional
-UPDATE extends (``transitions.heartbeat``, on the protocol's own threads and connections). It
-answers exactly what the route answers. Heartbeats that arrive while others are being written
-are written together, in one thread hop and one transaction (``HeartbeatBatch``): with many
-workers the hop to a thread and the commit, not the UPDATE, were most of a heartbeat's cost.
-Anything else (no or unknown token, a body that does not validate, a lease that is not the
-caller's, a database error) goes on to the application unchanged, body included, so every
-refusal is the route's own 401/403/404/409/413/422; a refused heartbeat changed nothing (its
-UPDATE matched no row, or its transaction was rolled back), so the route repeats it without effect.
+``HeartbeatFastPath`` answers ``POST /api/v1/runs/{run_id}/heartbeat`` itself when the request is
+the common one: a valid bearer token whose role may heartbeat (looked up once per
+``STEADY_TOKEN_CACHE_SECONDS`` for all the requests that carry it, ``TokenCache.once``), a JSON
+body that is a valid ``Heartbeat``, and a lease that the conditional UPDATE extends
+(``transitions.heartbeat``, on the protocol's own threads and connections). It answers exactly
+what the route answers. Heartbeats that arrive while others are being written are written
+together, in one thread hop and one transaction (``HeartbeatBatch``): with many workers the hop to
+a thread and the commit, not the UPDATE, were most of a heartbeat's cost. Anything else (no or
+unknown token, a body that does not validate, a lease that is not the caller's, a database error)
+goes on to the application unchanged, body included, so every refusal is the route's own
+401/403/404/409/413/422; a refused heartbeat changed nothing (its UPDATE matched no row, or its
+transaction was rolled back), so the route repeats it without effect.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from steady.server.kit.auth import GRANTS, Role, hash_token
+from steady.server.kit.auth import GRANTS, Role
 from steady.server.kit.db import WriteSession
-from steady.server.kit.deps import Principal
+from steady.server.kit.deps import Principal, cached_protocol_bearer
 from steady.server.kit.errors import SteadyError
 from steady.server.lifecycle import transitions
 from steady.worker.contract.protocol import Heartbeat
@@ -154,7 +155,10 @@ class HeartbeatFastPath:
         if scheme.lower() != "bearer" or not secret.strip():
             return None
         app = scope["app"]
-        principal = app.state.token_cache.get(hash_token(secret.strip()))
+        try:
+            principal = await cached_protocol_bearer(app, secret.strip())
+        except Exception:  # noqa: BLE001 - the database failed the lookup: the route answers
+            return None
         if principal is None or principal.role not in GRANTS[Role.worker]:
             return None
         try:

@@ -204,3 +204,41 @@ def test_a_lookup_that_raced_a_revocation_is_not_remembered():
     assert cache.get("digest") == "principal"
     now[0] = 5.0
     assert cache.get("digest") is None  # expired after the TTL
+
+
+def test_requests_that_miss_the_cache_together_share_one_lookup():
+    """A fleet sharing one token: the requests that miss while its lookup is in progress wait for that
+    lookup; its answer is remembered, and a refusal is everyone's then and not remembered."""
+    import asyncio
+
+    from steady.server.kit.tokencache import TokenCache
+
+    cache: TokenCache[str] = TokenCache(5.0)
+    lookups: list[str] = []
+
+    async def scenario() -> tuple[list, list]:
+        release = asyncio.Event()
+
+        async def valid() -> str:
+            lookups.append("valid")
+            await release.wait()
+            return "principal"
+
+        waiting = [asyncio.ensure_future(cache.once("digest", valid)) for _ in range(50)]
+        while not lookups:
+            await asyncio.sleep(0)
+        release.set()
+        answers = await asyncio.gather(*waiting)
+        assert cache.get("digest") == "principal"
+
+        async def refused() -> str:
+            lookups.append("refused")
+            await asyncio.sleep(0)
+            raise PermissionError("revoked")
+
+        errors = await asyncio.gather(*(cache.once("other", refused) for _ in range(20)), return_exceptions=True)
+        return answers, errors
+
+    answers, errors = asyncio.run(scenario())
+    assert answers == ["principal"] * 50 and lookups == ["valid", "refused"]
+    assert all(isinstance(e, PermissionError) for e in errors) and cache.get("other") is None
