@@ -26,16 +26,25 @@ DEMO_DIR = Path(__file__).resolve().parent
 SPECS = ("torch_mlp.yaml", "torch_kernels.yaml", "keras_mlp.yaml")
 
 
+QUICK_STEPS = 10  # the kernel study's steps at --quick: its seeded repeats part in every step on 2 threads
+
+
 def _quick(spec: dict) -> dict:
-    """A smaller matrix for tests: one seed, two repeats, one epoch (what each level promises shows in the
-    repeats; a seed band over real runs is tests/reports/test_report_e2e.py's). One seed cannot judge a seed
-    band, so the quick spec asks for none: its metrics keep no ``max_std``."""
+    """A smaller matrix for tests: one seed, two repeats, one epoch, a workload counted in steps cut to
+    ``QUICK_STEPS`` (what each level promises shows in the repeats; a seed band over real runs is
+    tests/reports/test_report_e2e.py's). One seed cannot judge a seed band, so the quick spec asks for none:
+    its metrics keep no ``max_std``."""
     spec = dict(spec)
     spec["seeds"] = spec["seeds"][:1]
     spec["metrics"] = [m if isinstance(m, str) else {k: v for k, v in m.items() if k != "max_std"}
                        for m in spec.get("metrics", [])]
     spec["repeats"] = min(spec.get("repeats", 1), 2)
-    spec["workload"] = {**spec["workload"], "params": {**spec["workload"].get("params", {}), "epochs": 1}}
+    params = {**spec["workload"].get("params", {})}
+    if "steps" in params:
+        params["steps"] = min(params["steps"], QUICK_STEPS)
+    else:
+        params["epochs"] = 1
+    spec["workload"] = {**spec["workload"], "params": params}
     return spec
 
 
