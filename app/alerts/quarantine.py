@@ -126,7 +126,7 @@ def apply_fleet_result(session: Session, study: Study, checks: Iterable[WorkerCh
         session.flush()
         if quarantine_faulty and check.faulty:
             where = "" if check.first_divergent_step is None else f" from step {check.first_divergent_step}"
-            reason = f"fleet check {study.name!r} (study {study.id}): its runs part from its peers'{where}"
+            reason = f"its runs part from its peers'{where} in fleet check {study.name!r}"
             if quarantine(session, worker, reason=reason, actor=f"fleet check (study {study.id})",
                           base_url=base_url, study_id=study.id):
                 quarantined.append(worker.id)
