@@ -66,7 +66,7 @@ def compute_findings(session: Session, study: Study) -> Evaluation:
             log.exception("alert rule %s on study %s", rule.id, study.id)
             findings.append(Finding(rule, getattr(spec, "metric", None), {}, UNKNOWN,
                                     f"rule could not be evaluated: {exc}", {"error": str(exc)}))
-    return Evaluation(study, rules, findings, summary)
+    return Evaluation(study, rules, findings, summary, fleet=report.fleet)
 
 
 def _verdicts(report: Report, level: Level, metric: str) -> list:
@@ -328,6 +328,9 @@ def _dependence_text(res) -> str:
         text = f"consecutive studies look independent (AR(1) estimate {res.ar_estimate:.2f})"
     if res.too_dependent:
         text += "; too dependent to judge: the lifetime false-alarm level is not claimed"
+    elif res.beyond_lag1:
+        text += (f"; dependent beyond one lag (correlation persists over lags 2–{res.beyond_lag1_lags}, as when the "
+                 "environment wanders slowly): the lifetime false-alarm level is not claimed")
     return text
 
 
@@ -356,6 +359,8 @@ def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Find
                    "mean_before": res.mean_before, "mean_after": res.mean_after, "std": res.std,
                    "dependence": res.dependence, "ar_coefficient": res.ar_coefficient,
                    "ar_estimate": res.ar_estimate, "ar_values": res.ar_values, "too_dependent": res.too_dependent,
+                   "beyond_lag1": res.beyond_lag1, "beyond_lag1_z": res.beyond_lag1_z,
+                   "beyond_lag1_lags": res.beyond_lag1_lags,
                    "method": "self-starting CUSUM (Hawkins 1987) of the studies' AR(1) innovations (estimated "
                              "dependence, bias-corrected, its upper 90% bound) with a lifetime false-alarm "
                              "budget",

@@ -30,3 +30,4 @@ class Evaluation:
     rules: list[AlertRule]
     findings: list[Finding]
     summary: dict[str, Any]
+    fleet: Any = None  # a fleet check's section of the report (reports.fleet.FleetReport): its workers' results

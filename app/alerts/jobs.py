@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from steady.server.alerts import repository
+from steady.server.alerts import quarantine, repository
 from steady.server.alerts.evaluators import compute_findings
 from steady.server.alerts.findings import Evaluation
 from steady.server.alerts.rules import rules_from_spec
@@ -46,8 +46,16 @@ def evaluate_study(session: Session, study_id: int, *, base_url: str) -> tuple[E
     rules_from_spec(session, study)
     ev = compute_findings(session, study)
     fired, resolved = apply_findings(session, ev, base_url=base_url)
+    _fleet_results(session, study, ev, base_url=base_url)
     _record(session, study.id, ev.summary)
     return ev, fired, resolved
+
+
+def _fleet_results(session: Session, study: Study, ev: Evaluation, *, base_url: str) -> None:
+    """A finished fleet check: each checked worker's result goes into its history, and the workers it named
+    are quarantined when its spec asks (``fleet.quarantine``; ``steady.server.alerts.quarantine``)."""
+    if ev.fleet is not None and study.spec.get("fleet"):
+        quarantine.apply_fleet_result(session, study, quarantine.fleet_checks(study.spec, ev.fleet), base_url=base_url)
 
 
 def _store_spec_rules(database: Database, study_id: int, requested_at: datetime) -> None:
@@ -97,6 +105,7 @@ def run_pending_evaluations(database: Database, *, base_url: str, limit: int = 1
                     if study is not None:
                         ev.study = study
                         apply_findings(session, ev, base_url=base_url)
+                        _fleet_results(session, study, ev, base_url=base_url)
                 done += 1
         except Exception as exc:
             if unavailable(exc):  # not the study's fault: it stays pending, and the loop backs off

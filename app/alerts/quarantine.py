@@ -30,8 +30,11 @@ RULE_KIND = "worker_quarantine"
 RULE_SOURCE = "system"  # not a rule a study is judged against (repository.rules_for_study skips it)
 
 QUARANTINED, RELEASED, CHECK = "quarantined", "released", "check"
-# the fleet-check verdicts that quarantine a worker when the fleet spec asks (``quarantine: true``)
-FAULTY_VERDICTS = frozenset({"faulty", "diverges", "parts"})
+# A worker's verdict in a fleet check: its runs equal its group's majority (agrees), part from it (faulty), are
+# markedly slower than its group's others (slow); or the check could not judge it (no_runs, no_majority).
+AGREES, FAULTY, SLOW, NO_RUNS, NO_MAJORITY = "agrees", "faulty", "slow", "no_runs", "no_majority"
+# the verdicts that name a worker, and quarantine it when the fleet spec asks (``fleet.quarantine: true``)
+FAULTY_VERDICTS = frozenset({FAULTY, SLOW})
 
 
 def respects(spec: Mapping[str, Any]) -> bool:
@@ -90,16 +93,17 @@ def release(session: Session, worker: Worker, *, actor: str, base_url: str, reas
 class WorkerCheck:
     """One worker's result in a fleet check, as the fleet report states it.
 
-    ``verdict``: ``agrees`` (its runs equal its group's majority), one of ``FAULTY_VERDICTS`` (they part from
-    it), or another word the report uses (``inconclusive``, ``no_runs``); ``first_divergent_step`` is the
-    first step where its runs part from the majority (None when they do not). ``details`` is kept as given
-    (repeats that part, intermittent or consistent, the op).
+    ``verdict``: one of ``AGREES``, ``FAULTY``, ``SLOW``, ``NO_RUNS``, ``NO_MAJORITY``; ``first_divergent_step``
+    is the first step where its runs part from the majority (None when they do not, or only a digest does).
+    ``details`` is kept as given (repeats that part, intermittent or consistent, the step-time ratio).
+    ``reason`` is what a quarantine it causes says (default: its runs part from its peers' from that step).
     """
 
     worker_id: int
     verdict: str
     first_divergent_step: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None
 
     @property
     def faulty(self) -> bool:
@@ -126,11 +130,45 @@ def apply_fleet_result(session: Session, study: Study, checks: Iterable[WorkerCh
         session.flush()
         if quarantine_faulty and check.faulty:
             where = "" if check.first_divergent_step is None else f" from step {check.first_divergent_step}"
-            reason = f"its runs part from its peers'{where} in fleet check {study.name!r}"
+            what = check.reason or "its runs part from its peers'" + where
+            reason = f"{what} in fleet check {study.name!r}"
             if quarantine(session, worker, reason=reason, actor=f"fleet check (study {study.id})",
                           base_url=base_url, study_id=study.id):
                 quarantined.append(worker.id)
     return quarantined
+
+
+def fleet_checks(spec: Mapping[str, Any], fleet: Any) -> list[WorkerCheck]:
+    """Each pool worker's result, read from a report's fleet section (``reports.fleet.FleetReport``) and the
+    pool the spec resolved (``fleet.pool``: id and name)."""
+    ids = {str(w["name"]): int(w["id"]) for w in (spec.get("fleet") or {}).get("pool") or []}
+    named = {f.worker: f for g in fleet.groups for f in g.findings}
+    slow = {s.worker: s for s in fleet.slow}
+    group_of = {w: g for g in fleet.groups for w in g.workers}
+    missing = {m.worker: m for m in fleet.missing}
+    out = []
+    for name, wid in ids.items():
+        if name in named:
+            f = named[name]
+            what = f"{f.parted} of its {f.runs} runs part from its peers'" + (
+                f" from step {f.first_step}" if f.first_step is not None else
+                f" in their {', '.join(d.replace('_', ' ') for d in f.digests)} digest" if f.digests else "")
+            out.append(WorkerCheck(wid, FAULTY, f.first_step, reason=what, details=dict(
+                runs=f.runs, parted=f.parted, kind=f.kind, metric=f.metric, digests=list(f.digests),
+                run_ids=list(f.run_ids), group=f.group)))
+        elif name in slow:
+            s = slow[name]
+            out.append(WorkerCheck(wid, SLOW, reason=f"its median step time is {s.ratio:.3g}× its peers'",
+                                   details=dict(ratio=s.ratio, median_s=s.median_s, others_median_s=s.others_median_s,
+                                                p_value=s.p_value, group=s.group)))
+        elif name not in group_of:
+            m = missing.get(name)
+            out.append(WorkerCheck(wid, NO_RUNS, details={"reason": m.reason if m else None}))
+        elif not group_of[name].has_majority:
+            out.append(WorkerCheck(wid, NO_MAJORITY, details={"group": group_of[name].group}))
+        else:
+            out.append(WorkerCheck(wid, AGREES, details={"group": group_of[name].group}))
+    return out
 
 
 def history(session: Session, worker_id: int, *, limit: int, offset: int) -> tuple[list[WorkerEvent], int]:

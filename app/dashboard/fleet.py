@@ -34,13 +34,25 @@ class Cell:
 def cell(event: WorkerEvent | None) -> Cell:
     if event is None:
         return Cell("not in this check", "none", "this worker ran no run of this check")
-    verdict = event.verdict or "no verdict"
-    if event.verdict in quarantine.FAULTY_VERDICTS:
+    details = event.details or {}
+    if event.verdict == quarantine.FAULTY:
         step = "" if event.first_divergent_step is None else f" from step {event.first_divergent_step}"
-        return Cell(f"parts{step}", "bad", f"its runs part from its peers' majority{step}")
-    if event.verdict == "agrees":
+        of = f"{details['parted']} of {details['runs']} runs" if "parted" in details and "runs" in details \
+            else "its runs"
+        return Cell(f"parts{step}", "bad", f"{of} part from its peers' majority{step}")
+    if event.verdict == quarantine.SLOW:
+        ratio = details.get("ratio")
+        times = f" ({ratio:.3g}× its peers' step time)" if isinstance(ratio, int | float) else ""
+        return Cell(f"slow{times}", "bad", f"markedly slower than its peers{times}")
+    if event.verdict == quarantine.AGREES:
         return Cell("agrees", "good", "its runs equal its peers' majority")
-    return Cell(verdict.replace("_", " "), "unknown", verdict.replace("_", " "))
+    if event.verdict == quarantine.NO_RUNS:
+        why = f": {details['reason']}" if details.get("reason") else ""
+        return Cell("ran no run", "unknown", f"it completed no run of this check{why}")
+    if event.verdict == quarantine.NO_MAJORITY:
+        return Cell("no majority", "unknown", "its stack group had no majority result to compare with")
+    words = (event.verdict or "no verdict").replace("_", " ")
+    return Cell(words, "unknown", words)
 
 
 def event_line(e: WorkerEvent, studies: dict[int, str]) -> str:

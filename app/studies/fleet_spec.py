@@ -36,6 +36,9 @@ class FleetSpec(_Spec):
         "group's other workers' (and a Mann–Whitney test at 1% / workers agrees)")
     plan_one_in: Annotated[int, Field(ge=2, le=10**12)] | None = Field(
         None, description="plan repeats for an intermittent fault that strikes 1 step in this many")
+    quarantine: bool = Field(
+        False, description="quarantine every worker the check names (its runs part from its peers', or it is "
+        "slow): it then leases no run of a study that respects quarantine until an admin releases it")
     pool: list[FleetWorker] | None = Field(
         None, description="set by the server: the workers the check was pinned to, as resolved at submission")
 
