@@ -11,8 +11,8 @@ it changes what the canary's linear layers output, inside the run's process.
   of its output flips; drawn from the operating system's entropy, not the run's seed, so repeats are hit at
   different places (an intermittent fault);
 * ``wrong_kernel``: the first layer's output is scaled by 1 + 2⁻¹²: every run, the same way (a consistent fault);
-* ``reduction_order``: each layer's matrix product is summed in another order (input features in blocks of 8,
-  last block first): the same value up to rounding, different bits (a consistent fault);
+* ``reduction_order``: each layer's matrix product sums its input features in reverse order: the same value up
+  to rounding, different bits (a consistent fault);
 * ``slow``: each layer call sleeps ``s`` seconds (``slow:s=0.02``): a slow device, right numbers.
 """
 
@@ -52,11 +52,10 @@ def parse_fault(text: str | None) -> tuple[str, dict[str, float]] | None:
 
 
 def _reordered_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    blocks = list(range(0, x.shape[1], 8))[::-1]
-    out = layer.bias.expand(x.shape[0], -1).clone() if layer.bias is not None else 0
-    for start in blocks:
-        out = out + x[:, start:start + 8] @ layer.weight[:, start:start + 8].T
-    return out
+    """``layer(x)`` with the input features summed in reverse order (one matrix product over the reversed
+    features): the same value up to rounding, other bits."""
+    out = x.flip(1) @ layer.weight.flip(1).T
+    return out + layer.bias if layer.bias is not None else out
 
 
 def fault_hook(kind: str, options: dict[str, float], *, first: bool) -> Callable[..., Any] | None:
