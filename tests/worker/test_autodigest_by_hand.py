@@ -55,11 +55,14 @@ def test_a_keras_custom_loop_gets_weight_digests_from_the_model_it_calls():
     assert r.determinism_applied["digests_missing"] == {"data_order": autodigest.NO_KERAS_ORDER}
 
 
-def test_a_tf_function_loop_stepping_by_hand_is_digested_before_its_first_update(tmp_path):
+@pytest.mark.parametrize("shape", ["flat", "nested"])
+def test_a_tf_function_loop_stepping_by_hand_is_digested_before_its_first_update(tmp_path, shape):
     """The model is first called inside a tf.function trace: its weights are read then, before the function
-    first runs; they equal the script's own digest before training, and the final ones its digest after."""
+    first runs; they equal the script's own digest before training, and the final ones its digest after. A
+    model built around an inner model is digested whole (the outermost call), not as the inner one."""
     dump = tmp_path / "digests.json"
-    r = _run("keras_tf_function_loop.py", "tensorflow", "--seed", "3", "--dump", str(dump))
+    r = _run("keras_tf_function_loop.py", "tensorflow", "--seed", "3", "--dump", str(dump),
+             *(["--nested"] if shape == "nested" else []))
     own = json.loads(dump.read_text())
     assert r.digests["initial_weights"] == own["initial"] and r.digests["final_weights"] == own["final"]
     assert own["initial"] != own["final"]

@@ -274,17 +274,31 @@ def _install_keras() -> Any:
         """The first call of a model outside ``fit`` (a custom training loop): keep it, and digest its weights
         right after that call built them, before any gradient is applied; then unwrap (one call). A call
         traced by ``tf.function`` counts too: the trace runs before the function first executes, and the
-        weights are read outside the graph being built (``tf.init_scope``)."""
-        out = original_call(self, *args, **kwargs)
-        if state["called"] is None:
+        weights are read outside the graph being built (``tf.init_scope``). The outermost call is the model's:
+        a model called inside another's call is a part of it. Inside ``fit`` nothing is digested (``fit``'s
+        own hook does it). A call on symbolic inputs (a functional model being built around this one) is no
+        call of the model."""
+        state["depth"] += 1
+        try:
+            out = original_call(self, *args, **kwargs)
+        finally:
+            state["depth"] -= 1
+        if state["called"] is None and state["depth"] == 0 and not _symbolic(args, kwargs):
             _unwrap_call()
             state["called"] = self
-            try:
-                with tf.init_scope():
-                    state["called_initial"] = model_digest(self) if self.weights else None
-            except Exception:  # noqa: BLE001 - weights that cannot be read here: said at the end
-                state["called_initial"] = None
+            if state["model"] is None:
+                try:
+                    with tf.init_scope():
+                        state["called_initial"] = model_digest(self) if self.weights else None
+                except Exception:  # noqa: BLE001 - weights that cannot be read here: said at the end
+                    state["called_initial"] = None
         return out
+
+    def _symbolic(args: Any, kwargs: Any) -> bool:
+        try:
+            return any(type(x).__name__ == "KerasTensor" for x in tf.nest.flatten((args, kwargs)))
+        except Exception:  # noqa: BLE001 - inputs tf.nest cannot walk: taken as a real call
+            return False
 
     def _unwrap_call() -> None:
         if model_cls.__dict__.get("__call__") is call:
@@ -294,6 +308,7 @@ def _install_keras() -> Any:
                 del model_cls.__call__
 
     state["called"] = state["called_initial"] = None
+    state["depth"] = 0
     model_cls.__call__ = call
 
     def finish() -> None:
