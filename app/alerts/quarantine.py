@@ -186,7 +186,7 @@ def recent_checks(session: Session, *, studies: int) -> tuple[list[int], list[Wo
         return [], []
     events = list(session.scalars(select(WorkerEvent).where(WorkerEvent.kind == CHECK,
                                                             WorkerEvent.study_id.in_(study_ids))))
-    return [int(s) for s in study_ids], events
+    return [int(s) for s in study_ids if s is not None], events
 
 
 def _rule(session: Session) -> AlertRule:
