@@ -105,7 +105,7 @@ class ScheduleOut(BaseModel):
     daily_at: str | None = Field(description="HH:MM UTC")
     next_due_at: datetime
     last_fired_at: datetime | None
-    last_study_id: int | None
+    last_study_id: int | None = Field(description="the study the last fire submitted")
     last_error: str | None = Field(description="why the last fire submitted no study, if it did not")
     fired_count: int
     owner_token_id: int | None
@@ -197,13 +197,13 @@ def fire(database: Database, settings: Settings, schedule_id: int, seen_due: dat
             return None
         token = session.get(ApiToken, row.owner_token_id) if row.owner_token_id is not None else None
         if token is None or token.revoked_at is not None:
-            row.last_error = "its owner's token was revoked or deleted: no study submitted"
+            row.last_study_id, row.last_error = None, "its owner's token was revoked or deleted: no study submitted"
             return None
         try:
             with session.begin_nested():
                 study = studies.create_study(session, StudySpec.model_validate(row.spec), settings, _Owner(token))
         except (Invalid, Conflict, NotFound, ValidationError) as exc:
-            row.last_error = f"not submitted: {exc}"[:2000]
+            row.last_study_id, row.last_error = None, f"not submitted: {exc}"[:2000]
             log.warning("schedule %s (%s): %s", row.id, row.name, row.last_error)
             return None
         row.last_study_id, row.last_error = study.id, None

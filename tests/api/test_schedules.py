@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from steady.server.kit.db import Database
-from steady.server.models import Study, StudySchedule, utcnow
+from steady.server.models import ApiToken, Study, StudySchedule, utcnow
 from steady.server.studies import schedules
 from steady.server.web.main import create_app
 from tests.api.helpers import spec
@@ -134,3 +134,16 @@ def test_schedules_are_listed_deleted_by_their_owner_and_refuse_bad_input(api):
     assert api.delete(f"/api/v1/schedules/{made['id']}").status_code == 204
     assert api.get("/api/v1/schedules").json()["items"] == []
     assert api.delete(f"/api/v1/schedules/{made['id']}").status_code == 404
+
+
+@pytest.mark.backends("sqlite")
+def test_a_schedule_whose_owner_token_was_revoked_submits_nothing_and_says_why(api, clock):
+    made = _schedule(api, every="1h")
+    with api.app.state.database.write() as session:
+        session.get(ApiToken, made["owner_token_id"]).revoked_at = utcnow()
+    clock.advance(3601)
+    assert schedules.fire_due(api.app.state.database, api.app.state.settings) == []
+    (row,) = api.get("/api/v1/schedules", role="admin").json()["items"]
+    assert row["fired_count"] == 1 and row["last_study_id"] is None
+    assert row["last_error"] == "its owner's token was revoked or deleted: no study submitted"
+    assert _studies(api.app.state.database) == []
