@@ -13,7 +13,7 @@ import sys
 from typing import Any, NoReturn
 
 from steady.server import __version__
-from steady.server.cli import fleet, launch, localize, results, server, studies, workers
+from steady.server.cli import bisect, fleet, launch, localize, results, server, studies, workers
 from steady.server.cli.client import wait_for
 from steady.server.cli.support import (
     EXIT_BROKEN_PIPE,
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     server_opts(parser, None)
     client_opts(parser, None)
-    for command_module in (server, studies, results, localize, launch, workers, fleet):
+    for command_module in (server, studies, results, localize, bisect, launch, workers, fleet):
         command_module.register(sub)
     sub.add_parser("worker", help="run a worker agent (steady worker --help)", add_help=False)
     return parser

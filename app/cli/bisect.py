@@ -1,0 +1,366 @@
+"""``steady bisect GOOD BAD -- SPEC``: the first commit of the user's git history where one of Steady's own
+verdicts changes, each point decided by a study on the server.
+
+A bisect is a sequence of ordinary studies, one per point (commit): each ships that commit's code (its
+content-addressed archive, ``git_commit`` set), runs on the queue and is judged by the report's one outcome
+(``steady.server.reports.outcome``), the check of the bisected kind deciding the point: pass → ``good``, fail →
+``bad``, inconclusive → ``undecided``; a study whose runs all failed, or a commit lacking the spec's script,
+is ``skipped`` (``git bisect skip``). Seed stability and TOST points grow in stages (the spec's ``budget``,
+docs/adaptive-seeds.md) within their share of ``--budget-runs``. The search is
+``steady.server.stats.bisect``; each study's description names the bisect and the point, so the studies
+are found on the dashboard. No table, no scheduler of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from steady.server.cli.support import EXIT_CANNOT_JUDGE, EXIT_USAGE, CliError, client_opts, load_spec
+from steady.server.kit.terminal import printable
+
+PROPERTIES = {  # --property → the report check kind that decides a point
+    "repeatability": "repeatability",
+    "seed-stability": "seed_stability",
+    "tost": "stack_portability",
+    "cost": "determinism_cost",
+}
+POINT_ALPHA = 0.05  # each claim of the server's rules (docs/adaptive-seeds.md)
+EXIT_FOUND, EXIT_NO_CHANGE, EXIT_UNDECIDED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    subject: str
+
+
+def _git(repo: str, *args: str, binary: bool = False) -> Any:
+    try:
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, check=True, timeout=120)
+    except subprocess.CalledProcessError as exc:
+        raise CliError(f"git {' '.join(args)}: {exc.stderr.decode(errors='replace').strip()}", EXIT_USAGE) from None
+    except OSError as exc:
+        raise CliError(f"cannot run git: {exc}", EXIT_USAGE) from None
+    return out.stdout if binary else out.stdout.decode("utf-8", "replace")
+
+
+def history(repo: str, good: str, bad: str) -> list[Commit]:
+    """GOOD, then the first-parent commits after it up to BAD (oldest first)."""
+    good_sha = _git(repo, "rev-parse", "--verify", f"{good}^{{commit}}").strip()
+    bad_sha = _git(repo, "rev-parse", "--verify", f"{bad}^{{commit}}").strip()
+    shas = [good_sha, *_git(repo, "rev-list", "--first-parent", "--reverse", f"{good_sha}..{bad_sha}").split()]
+    if len(shas) < 2 or shas[-1] != bad_sha:
+        raise CliError(f"{good} is not a first-parent ancestor of {bad}: nothing to bisect", EXIT_USAGE)
+    if good_sha not in _git(repo, "rev-list", "--first-parent", bad_sha).split():
+        raise CliError(f"{good} is not on {bad}'s first-parent line: nothing to bisect", EXIT_USAGE)
+    subjects = dict(line.split(" ", 1) for line in _git(repo, "log", "--format=%H %s", "--no-walk", *shas).splitlines()
+                    if " " in line)
+    return [Commit(s, subjects.get(s, "")) for s in shas]
+
+
+def pack_commit(repo: str, sha: str, scratch: str, max_mb: float) -> Any:
+    """The commit's tracked files as the study's code archive (as ``steady submit`` packs a clean tree)."""
+    import steady.worker.contract.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module
+
+    dest = os.path.join(scratch, sha)
+    os.makedirs(dest, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(_git(repo, "archive", "--format=tar", sha, binary=True))) as tar:
+        tar.extractall(dest, filter="data")
+    files = [n for n in _git(repo, "ls-tree", "-r", "-z", "--name-only", sha).split("\0") if n]
+    try:
+        return codepack.pack(dest, files, max_bytes=int(max_mb * 1024 * 1024))
+    except codepack.CodeError as exc:
+        raise CliError(f"commit {sha[:10]}: {exc}", EXIT_USAGE) from None
+
+
+def command_spec(command: list[str], framework: str) -> dict[str, Any]:
+    """A study spec for a bare command: two repeats of seeds 0–4, seeded, its printed loss."""
+    return {"name": "bisect", "workload": {"framework": framework, "command": command}, "seeds": [0, 1, 2, 3, 4],
+            "repeats": 2, "determinism": ["seeded"], "max_attempts": 1}
+
+
+class _Bisect:
+    """Turns points into studies and studies into point outcomes."""
+
+    def __init__(self, api: Any, args: argparse.Namespace, spec: dict[str, Any], repo: str, workdir: str,
+                 commits: list[Commit], scratch: str) -> None:
+        self.api, self.args, self.spec, self.repo, self.workdir = api, args, spec, repo, workdir
+        self.commits, self.scratch = commits, scratch
+        self.kind = PROPERTIES[args.property]
+        self.codes: dict[str, dict[str, Any] | str] = {}  # sha → the spec's code entry, or why it cannot run
+        self.reports: dict[int, Any] = {}  # point → its study's report
+        self.studies: dict[int, dict[str, Any]] = {}
+        self.title = f"{commits[0].sha[:7]}..{commits[-1].sha[:7]}"
+
+    # --- one point's study
+
+    def per_seed_runs(self) -> int:
+        s = self.spec
+        arms = 2 if self.kind == "stack_portability" else 1
+        return max(int(s.get("repeats", 1)), 1) * max(len(s.get("determinism") or ["seeded"]), 1) * arms
+
+    def min_runs(self) -> int:
+        return max(len(self.spec.get("seeds") or [0]), 1) * self.per_seed_runs()
+
+    def code(self, point: int) -> dict[str, Any] | str:
+        from steady.server.cli.client import ApiError
+        from steady.server.cli.code import check_spec_files
+
+        sha = self.commits[point].sha
+        if sha not in self.codes:
+            packed = pack_commit(self.repo, sha, self.scratch, self.args.max_code_mb)
+            try:
+                check_spec_files(self.spec["workload"], packed.files, os.path.join(self.scratch, sha), self.workdir)
+            except CliError as exc:
+                self.codes[sha] = exc.message
+                return self.codes[sha]
+            try:
+                self.api.request("HEAD", f"/api/v1/code/{packed.sha256}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                self.api.request("PUT", f"/api/v1/code/{packed.sha256}", content=packed.data,
+                                 headers={"Content-Type": "application/gzip"})
+            self.codes[sha] = {"sha256": packed.sha256, "dirty": False, "workdir": self.workdir, "git_commit": sha}
+        return self.codes[sha]
+
+    def study_spec(self, point: int, share: int, code: dict[str, Any]) -> dict[str, Any]:
+        spec = copy.deepcopy(self.spec)
+        commit = self.commits[point]
+        spec["name"] = f"{spec.get('name', 'bisect')} @ {commit.sha[:10]}"
+        spec["description"] = (f"steady bisect {self.title} ({self.args.property}): point {point} of "
+                               f"{len(self.commits) - 1}, commit {commit.sha}")
+        spec.pop("budget", None)
+        if self.kind == "repeatability":
+            spec["repeats"] = max(int(spec.get("repeats", 1)), 2)
+        seeds = len(spec.get("seeds") or [0])
+        if self.kind in ("seed_stability", "stack_portability"):
+            max_seeds = share // self.per_seed_runs()
+            if max_seeds > seeds:
+                spec["budget"] = {"max_seeds": max_seeds, "stage_seeds": seeds}
+        if self.kind == "stack_portability":
+            good = self.code(0)
+            assert isinstance(good, dict)  # GOOD runs: checked before the search
+            spec.pop("stacks", None)
+            spec["arms"] = [{"name": f"good {self.commits[0].sha[:7]}", "code": good},
+                            {"name": f"at {commit.sha[:7]}", "code": code}]
+            spec["reference_stack"] = spec["arms"][0]["name"]
+        else:
+            spec["code"] = code
+        return spec
+
+    def outcome(self, point: int, study: dict[str, Any]) -> Any:
+        from steady.server.cli.support import get_report
+        from steady.server.stats.bisect import BAD, GOOD, SKIPPED, UNDECIDED, PointOutcome
+
+        p = study["progress"]
+        runs = p.get("completed", 0) + p.get("failed", 0)
+        if study["status"] == "cancelled":
+            raise CliError(f"study {study['id']} (point {point}) was cancelled: the bisect stops", EXIT_CANNOT_JUDGE)
+        if study["status"] == "failed":
+            return PointOutcome(point, SKIPPED, runs, study["id"], study.get("status_reason") or "its runs failed")
+        report = get_report(self.api, study["id"])
+        self.reports[point] = report
+        checks = [c for c in report.outcome.checks if c.kind == self.kind and c.status != "not_asked"]
+        if not checks:
+            raise CliError(f"study {study['id']} has no {self.args.property} check to decide point {point}: "
+                           f"{report.outcome.reason}", EXIT_CANNOT_JUDGE)
+        status = {c.status for c in checks}
+        state = BAD if "fail" in status else GOOD if status == {"pass"} else UNDECIDED
+        first = next(c for c in checks if c.status == ("fail" if state == BAD else "inconclusive" if
+                                                        state == UNDECIDED else "pass"))
+        return PointOutcome(point, state, runs, study["id"], first.summary)
+
+    # --- the oracle the search calls
+
+    def judge(self, points: tuple[int, ...], share: int) -> list[Any]:
+        from steady.server.stats.bisect import SKIPPED, PointOutcome
+
+        out: dict[int, Any] = {}
+        pending: dict[int, int] = {}
+        for point in points:
+            code = self.code(point)
+            if isinstance(code, str):
+                out[point] = PointOutcome(point, SKIPPED, 0, None, code)
+                self.say(point, out[point])
+                continue
+            study = self.api.post("/api/v1/studies", json=self.study_spec(point, share, code))
+            self.studies[point] = study
+            pending[point] = study["id"]
+            self.progress(f"point {point} {self.commits[point].sha[:10]}: study {study['id']}, "
+                          f"up to {share} runs")
+        while pending:
+            for point, sid in list(pending.items()):
+                study = self.api.get(f"/api/v1/studies/{sid}")
+                if study["status"] in {"completed", "failed", "cancelled"}:
+                    del pending[point]
+                    self.studies[point] = study
+                    out[point] = self.outcome(point, study)
+                    self.say(point, out[point])
+            if pending:
+                time.sleep(self.args.poll)
+        return [out[p] for p in points]
+
+    def progress(self, line: str) -> None:
+        print(printable(line), file=sys.stderr, flush=True)
+
+    def say(self, point: int, o: Any) -> None:
+        study = f"study {o.ref}, {o.runs} runs" if o.ref is not None else "not run"
+        self.progress(f"point {point} {self.commits[point].sha[:10]}: {o.state} ({study}): {o.why}")
+
+
+def _describe(b: _Bisect, point: int, result: Any) -> str:
+    o = result.outcome(point)
+    if o is None:
+        return "not judged (taken as given)"
+    return f"{o.state}: {o.why}" + (f" (study {o.ref}, {o.runs} runs)" if o.ref is not None else "")
+
+
+def _divergent_step(b: _Bisect, point: int) -> str:
+    report = b.reports.get(point)
+    if report is None:
+        return ""
+    for v in report.of_level("repeatability"):
+        if v.verdict != "identical":
+            step = "an unrecorded step" if v.first_divergent_step is None else f"step {v.first_divergent_step}"
+            what = f"; first diverged: {v.source}" if v.source else ""
+            return (f"repeats part at {step} ({v.group.determinism}{what}); `steady localize {report.study.id}` "
+                    "names the first divergent op")
+    return ""
+
+
+def render(b: _Bisect, result: Any) -> int:
+    from steady.server.stats.bisect import wrong_point_bound
+
+    commits = b.commits
+    low, high = commits[result.last_good], commits[result.first_bad]
+    out: list[str] = []
+    bound = wrong_point_bound(result.decided, POINT_ALPHA)
+    guarantee = (f"{result.decided} point(s) decided, each claim wrong at most {POINT_ALPHA:.0%}: the named commit "
+                 f"is wrong with probability at most {bound:.0%} (Bonferroni)")
+    if b.kind == "repeatability":
+        guarantee = (f"{result.decided} point(s) decided; a 'differs' claim is exact (two repeats differed), an "
+                     "'identical' one holds for the repeats run: a break that shows rarely can hide in them")
+    if result.state == "found":
+        stat = _git(b.repo, "show", "--stat", "--format=%H%n%an, %ad%n%n    %B", high.sha).rstrip()
+        out += [f"first commit where {b.args.property} changed: {high.sha[:10]} {high.subject}", "",
+                *("  " + line for line in stat.splitlines()), "",
+                f"  at its parent {low.sha[:10]}: {_describe(b, result.last_good, result)}",
+                f"  at {high.sha[:10]}:        {_describe(b, result.first_bad, result)}"]
+        step = _divergent_step(b, result.first_bad)
+        if step:
+            out.append(f"  {step}")
+        code = EXIT_FOUND
+    elif result.state == "no_change":
+        ends = ", ".join(f"{'GOOD' if o.point == 0 else 'BAD'} {commits[o.point].sha[:10]} is {o.state}: {o.why}"
+                         for o in result.ends)
+        out.append(f"no change to bisect: {ends}")
+        code = EXIT_NO_CHANGE
+    elif result.state == "inconsistent":
+        bad_p, good_p = result.conflict
+        out += [f"inconsistent: {commits[bad_p].sha[:10]} is bad but the later {commits[good_p].sha[:10]} is good: the "
+                "property changes more than once in this range, or one of these claims is wrong; bisect a shorter range",
+                f"  {commits[bad_p].sha[:10]}: {_describe(b, bad_p, result)}",
+                f"  {commits[good_p].sha[:10]}: {_describe(b, good_p, result)}"]
+        code = EXIT_NO_CHANGE
+    else:
+        out.append(f"undecided between {low.sha[:10]} ({low.subject}) and {high.sha[:10]} ({high.subject}): the "
+                   f"first change is one of the {result.first_bad - result.last_good} commits after {low.sha[:10]}")
+        for label, pts in (("skipped (could not run)", result.skipped), ("undecided", result.undecided)):
+            for p in pts:
+                out.append(f"  {label}: {commits[p].sha[:10]} {commits[p].subject}: {_describe(b, p, result)}")
+        if result.budget_spent:
+            out.append(f"  the budget of {b.args.budget_runs} runs is spent ({result.runs} used): raise --budget-runs")
+        code = EXIT_UNDECIDED
+    rounds = len(result.rounds) + bool(result.ends)
+    out.append(f"steady bisect {b.title}: {result.state} (exit {code}); {rounds} round(s), {result.runs} runs; "
+               f"{guarantee}")
+    print("\n".join(printable(line) for line in out))
+    return code
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from steady.server.cli.client import Api
+    from steady.server.stats.bisect import bisect, plan
+
+    if args.budget_runs < 1 or args.parallel < 1:
+        raise CliError("--budget-runs and --parallel must be 1 or more", EXIT_USAGE)
+    target = list(args.target)
+    if target and target[0] == "--":
+        target = target[1:]
+    if not target:
+        raise CliError("give a study spec or a command after --", EXIT_USAGE)
+    if len(target) == 1 and os.path.isfile(target[0]):
+        spec, spec_dir = load_spec(target[0]), os.path.dirname(os.path.abspath(target[0]))
+    else:
+        spec, spec_dir = command_spec(target, args.framework), os.getcwd()
+    if not isinstance(spec.get("workload"), dict) or not (spec["workload"].get("command")
+                                                          or spec["workload"].get("entrypoint")):
+        raise CliError("a bisect runs your own code: the spec's workload needs a command or an entrypoint",
+                       EXIT_USAGE)
+    metrics = [m for m in spec.get("metrics") or [] if isinstance(m, dict)]
+    if args.property == "seed-stability" and not any(m.get("max_std") for m in metrics):
+        raise CliError("--property seed-stability needs a metric with max_std in the spec", EXIT_USAGE)
+    if args.property == "tost" and not any(m.get("margin") for m in metrics):
+        raise CliError("--property tost needs a metric with a margin in the spec", EXIT_USAGE)
+    if args.property == "cost" and not (spec.get("cost_budget") and len(spec.get("determinism") or []) >= 2):
+        raise CliError("--property cost needs cost_budget and two determinism levels in the spec", EXIT_USAGE)
+    import steady.worker.contract.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module
+
+    repo = os.path.realpath(args.repo or codepack.git_root(spec_dir) or "")
+    if not args.repo and not codepack.git_root(spec_dir):
+        raise CliError(f"{spec_dir} is not in a git repository: give --repo", EXIT_USAGE)
+    rel = os.path.relpath(os.path.realpath(spec_dir), repo)
+    workdir = "." if rel.startswith("..") else rel.replace(os.sep, "/")
+    commits = history(repo, args.good, args.bad)
+    api = Api(args.server, args.token)
+    with tempfile.TemporaryDirectory(prefix="steady-bisect-") as scratch:
+        b = _Bisect(api, args, spec, repo, workdir, commits, scratch)
+        if b.kind == "stack_portability" and isinstance(b.code(0), str):
+            raise CliError(f"GOOD {commits[0].sha[:10]} cannot be the reference: {b.code(0)}", EXIT_USAGE)
+        judge_good = b.kind != "stack_portability"  # TOST: GOOD is the reference, not a point
+        p = plan(len(commits), parallel=args.parallel, budget_runs=args.budget_runs,
+                 judge_ends=1 + judge_good)
+        b.progress(f"bisecting {len(commits) - 2} commits between {commits[0].sha[:10]} and {commits[-1].sha[:10]} "
+                   f"for {args.property}: at most {p.rounds} rounds of {args.parallel} point(s) and the ends, "
+                   f"up to {args.budget_runs // p.max_decided} runs per point")
+        result = bisect(len(commits), b.judge, parallel=args.parallel, budget_runs=args.budget_runs,
+                        alpha_point=POINT_ALPHA, min_runs=b.min_runs(), judge_good=judge_good)
+        return render(b, result)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "bisect", help="the first commit between GOOD and BAD where a verdict changes (one study per point)",
+        description="Bisect the first-parent commits of your git repository between GOOD and BAD for the first "
+                    "one where a Steady verdict changes: repeatability (identical → not), seed stability, a TOST "
+                    "against GOOD's distribution, or the cost of determinism. Each point is a study of that commit's "
+                    "code, decided by the server's rules; points that cannot run are skipped; a point left "
+                    "undecided is said, never guessed. docs/bisect.md.",
+        epilog="Exit codes: 0 the first commit was found; 1 no change (GOOD is not good or BAD not bad) or the "
+               "claims contradict one another; 2 undecided (the budget or undecided/skipped points leave a range); "
+               "3 could not judge (arguments, git, the server).")
+    client_opts(p)
+    p.add_argument("good", metavar="GOOD", help="a commit where the property holds (as git names it)")
+    p.add_argument("bad", metavar="BAD", help="a later commit where it does not")
+    p.add_argument("--property", choices=sorted(PROPERTIES), default="repeatability",
+                   help="what to bisect (default repeatability)")
+    p.add_argument("--budget-runs", type=int, default=400, help="runs for the whole bisect (default 400)")
+    p.add_argument("--parallel", type=int, default=1, help="points judged at once, one study each (default 1)")
+    p.add_argument("--repo", metavar="DIR", help="the git repository (default: the one holding the spec)")
+    p.add_argument("--framework", default="python", help="the framework of a bare command (default python)")
+    p.add_argument("--max-code-mb", type=float, default=50.0, help="refuse a commit's code over this (default 50)")
+    p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SPEC | COMMAND",
+                   help="a study spec (YAML/JSON) or a command with {seed}, after --")
+    p.set_defaults(func=cmd_bisect, error_exit=EXIT_CANNOT_JUDGE)
