@@ -77,6 +77,8 @@ def _repeatability_verdicts(groups, spec: MetricSpec, *, route: SeedRoute = BUIL
                     reason = f"{det} runs, the repeats of each of {len(conclusive)} seeds {equal_phrase(fact)}"
             else:
                 reason = f"seed {worst_seed} (worst of {len(conclusive)}): {w.reason}"
+                if w.source == "numerics" and "data_order" in fact.missing:  # the order was not compared
+                    reason += f"; the data order is not ruled out (no data-order digest: {fact.missing['data_order']})"
         detail = [{"seed": s, "run_ids": [r.run_id for r in rs], **to_data(res)} for s, (rs, res) in per_seed.items()]
         firsts = [rs[0] for rs, _ in per_seed.values()]
         seeds_identical = _all_identical(firsts, spec.name) if len(firsts) >= 2 else None

@@ -139,3 +139,23 @@ def test_a_data_order_digest_is_named_missing_only_where_a_run_said_why():
     assert "(no weight digest recorded)" in v["summary"], v["summary"]
     # a run that said nothing about its data order: none named missing (runs without a data loader)
     assert _report(printed=0.01, digests=True)["compared"]["missing"] == {}
+
+
+def test_repeats_blamed_on_numerics_without_a_data_order_digest_say_the_order_is_not_ruled_out():
+    """Equal initial weights and no data-order digest (a Keras run said why): numerics is the attribution left,
+    and the reason says the data order was not compared rather than let it read as ruled out."""
+    def runs(notes):
+        return [RunData(run_id=rep + 1, seed=1, repeat=rep, determinism="seeded", stack="cpu",
+                        series={"loss": (np.arange(4), np.array([2.0, 1.5, 1.2, 1.0 + 0.01 * rep]))},
+                        digests={"initial_weights": "i", "final_weights": f"f{rep}"}, digest_notes=notes)
+                for rep in (0, 1)]
+
+    def row(notes):
+        rep = build_report(runs(notes), [MetricSpec("loss")], rng=np.random.default_rng(0)).to_dict()
+        (v,) = [x for x in rep["verdicts"] if x["level"] == "repeatability"]
+        return v
+
+    v = row({"data_order": NO_ORDER})
+    assert v["verdict"] == "out_of_tolerance" and v["per_seed"][0]["source"] == "numerics", v
+    assert v["reason"].endswith("; the data order is not ruled out (no data-order digest: " + NO_ORDER + ")"), v["reason"]
+    assert "not ruled out" not in row({})["reason"]  # no run said why it has no order digest: nothing added
