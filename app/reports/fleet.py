@@ -130,7 +130,8 @@ def fleet_section(fleet: Mapping[str, Any], runs: Sequence[Any], data: Sequence[
     pool = [dict(w) for w in fleet.get("pool") or []]
     names = {int(w["id"]): str(w["name"]) for w in pool}
     repeats = int(fleet.get("repeats", 1))
-    fleet_runs, fingerprints = [], {}
+    fleet_runs: list[fleet_stats.FleetRun] = []
+    fingerprints: dict[str, Mapping[str, Any]] = {}
     for d in data:
         name = names.get(int(d.worker)) if d.worker is not None else None
         if name is None:

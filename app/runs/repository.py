@@ -95,9 +95,11 @@ def transition(session: WriteSession, state: RunState, lease_id: str, now: datet
 def claim(session: WriteSession, run_id: int, values: Mapping[str, Any], *, worker_id: int | None = None) -> bool:
     """``queued → running``: succeeds for exactly one of any number of concurrent callers; with ``worker_id``
     only if the run is unpinned or pinned to that worker."""
-    pinned = (Run.pinned_worker.is_(None) | (Run.pinned_worker == worker_id)) if worker_id is not None else True
+    stmt = update(Run).where(Run.id == run_id, Run.status == RunStatus.queued.value)
+    if worker_id is not None:
+        stmt = stmt.where(Run.pinned_worker.is_(None) | (Run.pinned_worker == worker_id))
     result = session.execute(
-        update(Run).where(Run.id == run_id, Run.status == RunStatus.queued.value, pinned).values(**values)
+        stmt.values(**values)
         .execution_options(synchronize_session=False)
     )
     return _rowcount(result) == 1

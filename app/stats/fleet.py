@@ -154,8 +154,8 @@ def _group(name: str, runs: Sequence[FleetRun]) -> FleetGroup:
             if not parted:
                 continue
             partings = [_first_parting(r, ref) for r in parted]
-            steps_seen = [p for p in partings if p[0] is not None]
-            first = min(steps_seen, key=lambda p: p[0]) if steps_seen else (None, None)
+            steps_seen = [(step, key) for step, key in partings if step is not None]
+            first: tuple[int | None, str | None] = min(steps_seen) if steps_seen else (None, None)
             digests = tuple(k for k in DIGEST_KINDS if any(r.digests.get(k) != ref.digests.get(k) for r in parted))
             consistent = len(parted) == len(mine) and len({sigs[r.run_id] for r in parted}) == 1
             findings.append(WorkerFinding(worker=w, group=name, runs=len(mine), parted=len(parted),
