@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
+from steady.server.alerts import quarantine
 from steady.server.kit.auth import Caller, Role
 from steady.server.kit.config import Settings
 from steady.server.kit.db import WriteSession
@@ -241,6 +242,8 @@ def lease_next(session: WriteSession, worker: Worker, settings: Settings, reques
         study = studies.get_study(session, job.study_id)
         if builtin_only and not (study.spec.get("workload") or {}).get("name"):
             continue
+        if worker.quarantined_at is not None and quarantine.respects(study.spec):
+            continue  # a replay on a quarantined device would localize its fault, not the study's
         lease_id = uuid.uuid4().hex
         claimed = session.execute(update(LocalizationJob).where(
             LocalizationJob.id == job.id, LocalizationJob.status == LocalizationStatus.pending.value,

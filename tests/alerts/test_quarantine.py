@@ -129,3 +129,15 @@ def test_a_fleet_check_without_quarantine_only_records_results(api):
     ({"fleet": {"workers": 4}, "respect_quarantine": True}, True)])
 def test_which_studies_respect_quarantine(spec_fields, respects):
     assert quarantine.respects(spec_fields) is respects
+
+
+@pytest.mark.backends("sqlite")
+def test_a_quarantined_worker_takes_no_localization_job_of_a_study_that_respects_quarantine(api):
+    from tests.api.test_localization_jobs import _ask, _lease, _study
+
+    sid, ids = _study(api)
+    job = _ask(api, sid, (ids[0, 0], ids[0, 1])).json()
+    bad, good = register(api, "w-bad"), register(api, "w-good")
+    assert api.post(f"/api/v1/workers/{bad}/quarantine", role="admin", json={"reason": "bit flips"}).status_code == 200
+    assert _lease(api, bad) is None  # its replay would localize the device's fault, not the study's
+    assert _lease(api, good)["job_id"] == job["id"]

@@ -61,3 +61,9 @@ def test_the_fleet_page_shows_the_faulty_worker_red_with_its_history(live_server
     # a healthy worker's history on request
     page.click(f"#worker-{ids['gpu-a']} th a")
     assert page.locator(f"#history-{ids['gpu-a']} tbody tr").count() == 2
+
+    # the workers page marks the quarantined worker, and links to its row here
+    page.goto(server.url + "/workers")
+    marked = page.locator("[data-quarantined]")
+    assert marked.count() == 1 and marked.get_attribute("href") == f"/fleet#worker-{ids[BAD]}"
+    assert page.locator(f"tr[data-worker-id='{ids[BAD]}'] [data-quarantined]").count() == 1
