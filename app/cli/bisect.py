@@ -84,9 +84,10 @@ def pack_commit(repo: str, sha: str, scratch: str, max_mb: float) -> Any:
 
 
 def command_spec(command: list[str], framework: str) -> dict[str, Any]:
-    """A study spec for a bare command: two repeats of seeds 0–4, seeded, its printed loss."""
+    """A study spec for a bare command: two repeats of seeds 0–4 at strict (where repeats must be identical), its
+    printed loss."""
     return {"name": "bisect", "workload": {"framework": framework, "command": command}, "seeds": [0, 1, 2, 3, 4],
-            "repeats": 2, "determinism": ["seeded"], "max_attempts": 1}
+            "repeats": 2, "determinism": ["strict"], "max_attempts": 1}
 
 
 class _Bisect:
@@ -233,8 +234,7 @@ def _divergent_step(b: _Bisect, point: int) -> str:
     for v in report.of_level("repeatability"):
         if v.verdict != "identical":
             step = "an unrecorded step" if v.first_divergent_step is None else f"step {v.first_divergent_step}"
-            what = f"; first diverged: {v.source}" if v.source else ""
-            return (f"repeats part at {step} ({v.group.determinism}{what}); `steady localize {report.study.id}` "
+            return (f"repeats part at {step} ({v.group.determinism}); `steady localize {report.study.id}` "
                     "names the first divergent op")
     return ""
 
@@ -293,11 +293,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from steady.server.cli.client import Api
     from steady.server.stats.bisect import bisect, plan
 
+    target = _split_target(args)
     if args.budget_runs < 1 or args.parallel < 1:
         raise CliError("--budget-runs and --parallel must be 1 or more", EXIT_USAGE)
-    target = list(args.target)
-    if target and target[0] == "--":
-        target = target[1:]
     if not target:
         raise CliError("give a study spec or a command after --", EXIT_USAGE)
     if len(target) == 1 and os.path.isfile(target[0]):
@@ -339,6 +337,39 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         return render(b, result)
 
 
+def _options(p: argparse.ArgumentParser, default: Any = None) -> None:
+    """The options, given before GOOD BAD or between them and ``--`` (``default``: SUPPRESS to parse the latter)."""
+    def d(value: Any) -> Any:
+        return value if default is None else default
+
+    p.add_argument("--property", choices=sorted(PROPERTIES), default=d("repeatability"),
+                   help="what to bisect (default repeatability)")
+    p.add_argument("--budget-runs", type=int, default=d(400), help="runs for the whole bisect (default 400)")
+    p.add_argument("--parallel", type=int, default=d(1), help="points judged at once, one study each (default 1)")
+    p.add_argument("--repo", metavar="DIR", default=d(None),
+                   help="the git repository (default: the one holding the spec)")
+    p.add_argument("--framework", default=d("python"), help="the framework of a bare command (default python)")
+    p.add_argument("--max-code-mb", type=float, default=d(50.0), help="refuse a commit's code over this (default 50)")
+    p.add_argument("--poll", type=float, default=d(1.0), help=argparse.SUPPRESS)
+
+
+def _split_target(args: argparse.Namespace) -> list[str]:
+    """What follows ``--``; options between BAD and ``--`` are parsed into ``args``."""
+    target = list(args.target)
+    if "--" in target:
+        cut = target.index("--")
+        head, target = target[:cut], target[cut + 1:]
+        if head:
+            inner = argparse.ArgumentParser(prog="steady bisect GOOD BAD", add_help=False)
+            client_opts(inner)
+            _options(inner, argparse.SUPPRESS)
+            try:
+                inner.parse_args(head, namespace=args)
+            except SystemExit:
+                raise CliError(f"options before --: {' '.join(head)}", EXIT_USAGE) from None
+    return target
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "bisect", help="the first commit between GOOD and BAD where a verdict changes (one study per point)",
@@ -353,14 +384,7 @@ def register(sub: Any) -> None:
     client_opts(p)
     p.add_argument("good", metavar="GOOD", help="a commit where the property holds (as git names it)")
     p.add_argument("bad", metavar="BAD", help="a later commit where it does not")
-    p.add_argument("--property", choices=sorted(PROPERTIES), default="repeatability",
-                   help="what to bisect (default repeatability)")
-    p.add_argument("--budget-runs", type=int, default=400, help="runs for the whole bisect (default 400)")
-    p.add_argument("--parallel", type=int, default=1, help="points judged at once, one study each (default 1)")
-    p.add_argument("--repo", metavar="DIR", help="the git repository (default: the one holding the spec)")
-    p.add_argument("--framework", default="python", help="the framework of a bare command (default python)")
-    p.add_argument("--max-code-mb", type=float, default=50.0, help="refuse a commit's code over this (default 50)")
-    p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
+    _options(p)
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SPEC | COMMAND",
                    help="a study spec (YAML/JSON) or a command with {seed}, after --")
     p.set_defaults(func=cmd_bisect, error_exit=EXIT_CANNOT_JUDGE)

@@ -1,0 +1,117 @@
+"""`steady bisect` on a planted history, end to end: a user's git repository of 17 commits of a tiny training
+script, against the live server with a real worker. One commit cannot run (skipped), one sums in another
+order (the bits change, the repeats stay identical: not the bisected property), one adds an unseeded shuffle
+(repeats differ): the bisect names that commit exactly, with its parent's and its own verdicts and studies.
+
+The noisy cases (a small shift only many seeds see, the wrong-commit rate) are simulated in process:
+tests/stats/test_bisect.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli_in_process
+from tests.gitfolder import user_env
+from tests.worker.test_worker_agent_e2e import Worker
+
+TRAIN = """
+    import argparse
+    import random
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--seed", type=int, required=True)
+    seed = p.parse_args().seed
+    LR = 0.05  # edit {edit}
+    rng = random.Random(seed)
+    data = [(x, 3.0 * x + rng.gauss(0.0, 0.1)) for x in (rng.uniform(-1, 1) for _ in range(32))]
+    order = list(range(len(data)))
+    rng.shuffle(order)
+    {shuffle}
+    w = 0.0
+    for step in range(4):
+        for i in order:
+            x, y = data[i]
+            w -= LR * 2 * (w * x - y) * x
+        terms = [(w * x - y) ** 2 for x, y in data]
+        loss = {total} / len(terms)
+        print(f"step {{step}} loss {{loss!r}}", flush=True)
+"""
+
+SPEC = """
+    name: tiny-train
+    workload:
+      framework: python
+      command: ["python", "train.py", "--seed", "{seed}"]
+    seeds: [0]
+    repeats: 2
+    determinism: [strict]
+    threads: 1
+    max_attempts: 1
+    metrics: [loss]
+"""
+
+BROKEN, REORDER, BREAK, N_COMMITS = 8, 10, 11, 16
+
+
+def _planted_history(root: Path) -> list[str]:
+    """GOOD and 16 commits after it; returns their shas (index = point)."""
+    root.mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    (root / "study.yaml").write_text(textwrap.dedent(SPEC).lstrip())
+    shas = []
+    for i in range(N_COMMITS + 1):
+        shuffle = "random.Random().shuffle(order)  # a fresh order each run" if i >= BREAK else ""
+        total = "sum(reversed(terms))" if i >= REORDER else "sum(terms)"
+        text = textwrap.dedent(TRAIN).lstrip().format(edit=i, shuffle=shuffle, total=total)
+        if i == BROKEN:
+            text = text.replace("w = 0.0", "w = 0.0 +")  # a syntax error, fixed by the next commit
+        (root / "train.py").write_text(text)
+        message = {0: "tiny training script", BROKEN: "half-finished edit", REORDER: "sum the loss in reverse",
+                   BREAK: "add a shuffle"}.get(i, f"tune comment {i}")
+        subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+        subprocess.run([*git, "commit", "-qm", message], cwd=root, check=True)
+        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
+                                   text=True).stdout.strip())
+    return shas
+
+
+@pytest.mark.slow
+def test_determinism_break_is_found_at_its_exact_commit(live_server, tmp_path):
+    folder = tmp_path / "project"
+    shas = _planted_history(folder)
+    env = user_env(live_server, folder)
+    (tmp_path / "worker-home").mkdir()
+    worker = Worker(live_server, tmp_path, "bisect", "--concurrency", "2", cwd=tmp_path / "worker-home")
+    try:
+        got = run_cli_in_process("bisect", shas[0], shas[-1], "--budget-runs", "60", "--poll", "0.3",
+                                 "--", "study.yaml", env=env, cwd=folder)
+    finally:
+        worker.stop()
+    out, err = got.stdout, got.stderr
+    assert got.returncode == 0, (out, err, worker.log())
+    assert f"first commit where repeatability changed: {shas[BREAK][:10]} add a shuffle" in out, out
+    assert re.search(r"train\.py \| +4 \+\+--\n +1 file changed", out), out  # its diff stat
+    parent = re.search(rf"at its parent {shas[BREAK - 1][:10]}: good: .*\(study (\d+), 2 runs\)", out)
+    at = re.search(rf"at {shas[BREAK][:10]}: +bad: .*\(study (\d+), 2 runs\)", out)
+    assert parent and at, out
+    assert f"repeats part at step 0 (strict); `steady localize {at.group(1)}` names the first divergent op" in out
+    # the broken commit was met and skipped, the sum-order commit judged good (its repeats are identical)
+    assert re.search(rf"point {BROKEN} {shas[BROKEN][:10]}: skipped", err), err
+    assert re.search(rf"point {REORDER} {shas[REORDER][:10]}: good", err), err
+    assert "steady bisect" in out and ": found (exit 0)" in out
+
+    # each point is an ordinary study of that commit's code, named for the bisect
+    with live_server.client() as c:
+        for sid, sha in ((parent.group(1), shas[BREAK - 1]), (at.group(1), shas[BREAK])):
+            study = c.get(f"/api/v1/studies/{sid}").json()
+            assert study["spec"]["code"]["git_commit"] == sha
+            assert f"steady bisect {shas[0][:7]}..{shas[-1][:7]} (repeatability)" in study["spec"]["description"]
+        report = c.get(f"/api/v1/studies/{at.group(1)}/report").json()
+        assert report["outcome"]["status"] == "fail"
