@@ -232,8 +232,13 @@ def lease_next(session: WriteSession, worker: Worker, settings: Settings, reques
     # Candidates are read without locks: locking them all (FOR UPDATE SKIP LOCKED on the whole
     # page) made concurrent leasers on PostgreSQL skip every queued run and answer 204. Each
     # matching candidate is then locked alone, skipping one another leaser holds right now.
-    candidates = runs_repo.queued_candidates(session, study_id, CANDIDATES_PER_LEASE, worker_id=worker.id)
-    for run_id, required, run_study_id, *_ in _own_blocks_first(session, worker.id, candidates):
+    # Runs pinned to this worker come first (a fleet check's canary is taken at the worker's next lease, between
+    # its jobs, not behind the whole queue); then the others in block preference order.
+    pinned = runs_repo.queued_pinned_to(session, worker.id, study_id, CANDIDATES_PER_LEASE)
+    mine = {c.id for c in pinned}
+    candidates = [c for c in runs_repo.queued_candidates(session, study_id, CANDIDATES_PER_LEASE, worker_id=worker.id)
+                  if c.id not in mine]
+    for run_id, required, run_study_id, *_ in [*pinned, *_own_blocks_first(session, worker.id, candidates)]:
         if not set(required) <= labels:
             continue
         if builtin_only:

@@ -133,6 +133,20 @@ def queued_candidates(session: Session, study_id: int | None, limit: int, *, wor
     return list(session.execute(stmt).all())
 
 
+def queued_pinned_to(session: Session, worker_id: int, study_id: int | None, limit: int) -> list:
+    """Queued runs pinned to this worker, in id order, with the columns of ``queued_candidates`` (by the
+    index on pinned_worker and status: a few rows, however long the queue)."""
+    stmt = (
+        select(Run.id, Run.required_labels, Run.study_id, Run.seed, Run.repeat, Run.stack)
+        .where(Run.pinned_worker == worker_id, Run.status == RunStatus.queued.value)
+        .order_by(Run.id)
+        .limit(limit)
+    )
+    if study_id is not None:
+        stmt = stmt.where(Run.study_id == study_id)
+    return list(session.execute(stmt).all())
+
+
 def started_block_workers(session: Session, study_ids: Collection[int], seeds: Collection[int]) -> list:
     """(study, seed, repeat, stack, worker) of every run of those studies and seeds a worker took."""
     return list(session.execute(

@@ -70,3 +70,14 @@ def test_a_fleet_check_quarantines_the_worker_it_names_and_an_admin_lifts_it(api
     assert lease(api, workers["w2"]) is None
     assert api.post(f"/api/v1/workers/{workers['w2']}/release", role="admin", json={}).status_code == 200
     assert lease(api, workers["w2"])["study_id"] == ordinary
+
+
+def test_a_worker_takes_its_fleet_canary_at_its_next_lease_before_older_queued_runs(api):
+    w = register(api, "w0")
+    older = api.post("/api/v1/studies", json=spec(name="training", seeds=[0, 1], repeats=2,
+                                                   determinism=["strict"])).json()["id"]
+    first = lease(api, w)
+    assert first["study_id"] == older  # a job is running
+    canary = _fleet(api, repeats=1)  # queued after four runs of the training study
+    assert lease(api, w)["study_id"] == canary  # between its jobs: the canary pinned to it first
+    assert lease(api, w)["study_id"] == older
