@@ -56,9 +56,17 @@ def quarantined_count(session: Session) -> int:
                or 0)
 
 
+def _locked(session: Session, worker: Worker) -> Worker:
+    """The worker's row, re-read under a lock (as the lease query takes it): one quarantine change at a time,
+    so an admin and a fleet check quarantining together record one change and fire one alert."""
+    return session.scalars(select(Worker).where(Worker.id == worker.id).with_for_update()
+                           .execution_options(populate_existing=True)).one()
+
+
 def quarantine(session: Session, worker: Worker, *, reason: str, actor: str, base_url: str,
                study_id: int | None = None) -> bool:
     """Quarantine ``worker``; False (nothing recorded) when it is quarantined already."""
+    worker = _locked(session, worker)
     if is_quarantined(worker):
         return False
     now = utcnow()
@@ -75,6 +83,7 @@ def quarantine(session: Session, worker: Worker, *, reason: str, actor: str, bas
 
 def release(session: Session, worker: Worker, *, actor: str, base_url: str, reason: str | None = None) -> None:
     """Lift the worker's quarantine (409 when it is not quarantined)."""
+    worker = _locked(session, worker)
     if not is_quarantined(worker):
         raise Conflict(f"worker {worker.name} (id {worker.id}) is not quarantined", loc=("path", "worker_id"))
     now = utcnow()
