@@ -14,11 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-import scipy.stats
 
 from steady.server.reports.parts import Part
 from steady.server.stats import fleet as fleet_stats
-from steady.server.stats.portability import tost
 from steady.server.stats.report_data import RunData
 from steady.server.kit.wire import WireFloat
 from steady.worker.contract.protocol import STEP_TIME_KEYS
@@ -199,6 +197,10 @@ def _across(runs: Sequence[fleet_stats.FleetRun], result: fleet_stats.FleetResul
             margins: Mapping[str, float | None]) -> list[FleetAcross]:
     if metric is None or len(result.groups) < 2:
         return []
+    import scipy.stats  # here, not at import: the web app imports scipy only where a statistic is computed
+
+    from steady.server.stats.portability import tost
+
     reference = max(result.groups, key=lambda g: (g.runs, g.group))
     named = {f.worker for g in result.groups for f in g.findings}
 

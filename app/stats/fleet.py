@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.stats
 
 __all__ = ["FleetRun", "WorkerFinding", "SlowWorker", "FleetGroup", "FleetResult", "fleet_check",
            "fingerprint_key", "seen_probability", "rate_seen", "repeats_for"]
@@ -173,6 +172,8 @@ def _slow(name: str, runs: Sequence[FleetRun], *, slow_ratio: float, alpha: floa
         by_worker[r.worker] = np.concatenate([by_worker.get(r.worker, np.empty(0)), times])
     if len(by_worker) < 2:
         return []
+    import scipy.stats  # here, not at import: the web app imports scipy only where a statistic is computed
+
     threshold = alpha / len(by_worker)
     out = []
     for w, mine in sorted(by_worker.items()):

@@ -3,6 +3,8 @@ leases only its own, and the report names the worker whose values part from its 
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -18,14 +20,14 @@ STEPS = np.arange(10)
 HEALTHY = np.linspace(2.0, 0.5, 10)
 
 
-def _fleet(api, **fleet) -> dict:
+def _fleet(api, metrics=("loss",), **fleet) -> dict:
     r = api.post("/api/v1/studies", json={
         "name": "fleet", "workload": {"framework": "torch", "name": "fleet_canary"}, "seeds": [0],
-        "determinism": ["strict"], "metrics": ["loss"], "fleet": fleet})
+        "determinism": ["strict"], "metrics": list(metrics), "fleet": fleet})
     return r
 
 
-def _run_all(api, workers: dict[str, int], values_of) -> None:
+def _run_all(api, workers: dict[str, int], values_of, cpu_of=lambda name: "test cpu") -> None:
     """Each worker leases until it gets nothing and completes each run with ``values_of(name, n)``'s loss."""
     for name, wid in workers.items():
         n = 0
@@ -33,10 +35,10 @@ def _run_all(api, workers: dict[str, int], values_of) -> None:
             values = values_of(name, n)
             body = batch(got["lease_id"], 0, "loss", STEPS.tolist(), values.tolist())
             assert api.post(f"/api/v1/runs/{got['run_id']}/metrics", role="worker", json=body).status_code == 200
-            digest = "f" * 64 if values is HEALTHY else f"{n:x}".rjust(64, "e")
+            digest = hashlib.sha256(values.tobytes()).hexdigest()  # the final weights follow the values
             r = api.post(f"/api/v1/runs/{got['run_id']}/complete", role="worker", json=result(
                 got["lease_id"], digests={"initial_weights": "a" * 64, "final_weights": digest},
-                fingerprint={"framework": "torch", "cpu_model": "test cpu"},
+                fingerprint={"framework": "torch", "cpu_model": cpu_of(name)},
                 determinism_applied={"level": "strict"}))
             assert r.status_code == 200, r.text
             n += 1
@@ -93,3 +95,22 @@ def test_a_fleet_spec_runs_one_seed_at_strict(api, extra):
             "determinism": ["strict"], "metrics": ["loss"], "fleet": {"repeats": 2}, **extra}
     r = api.post("/api/v1/studies", json=body)
     assert r.status_code == 422 and "a fleet check runs one seed at strict" in r.text
+
+
+@pytest.mark.parametrize("margin, verdict, status", [(0.1, "equivalent", "pass"), (None, "not_asked", "pass")])
+def test_workers_on_other_stacks_are_compared_by_tost_not_bits(api, margin, verdict, status):
+    workers = {f"w{i}": register(api, f"w{i}") for i in range(4)}
+    metric = {"name": "loss", **({"margin": margin} if margin else {})}
+    r = _fleet(api, metrics=[metric], repeats=2)
+    assert r.status_code == 201, r.text
+    other = HEALTHY + 1e-6  # another CPU: other bits, a final value within the margin
+
+    _run_all(api, workers, lambda name, n: other if name in ("w2", "w3") else HEALTHY,
+             cpu_of=lambda name: "cpu B" if name in ("w2", "w3") else "cpu A")
+    report = Report.model_validate(api.get(f"/api/v1/studies/{r.json()['id']}/report").json())
+    assert [len(g.workers) for g in report.fleet.groups] == [2, 2]
+    assert not any(g.findings for g in report.fleet.groups)  # a stack of its own is not a fault
+    (across,) = report.fleet.across
+    assert across.verdict == verdict
+    assert report.outcome.status == status, report.outcome.reason
+    assert "compared by TOST" in render_report(report)
