@@ -115,3 +115,73 @@ def test_determinism_break_is_found_at_its_exact_commit(live_server, tmp_path):
             assert f"steady bisect {shas[0][:7]}..{shas[-1][:7]} (repeatability)" in study["spec"]["description"]
         report = c.get(f"/api/v1/studies/{at.group(1)}/report").json()
         assert report["outcome"]["status"] == "fail"
+
+
+def _bisect_of(live_server, folder: Path, shas: list[str], spec: dict, prop: str, scratch: Path):
+    """The CLI's bisect of ``folder`` for ``prop``, as `steady bisect` builds it (no study run)."""
+    import argparse
+
+    from steady.server.cli.bisect import _Bisect, history
+    from steady.server.cli.client import Api
+
+    args = argparse.Namespace(property=prop, max_code_mb=50.0, poll=0.3, budget_runs=400)
+    commits = history(str(folder), shas[0], shas[-1])
+    assert [c.sha for c in commits] == shas
+    return _Bisect(Api(live_server.url, live_server.tokens["user"]), args, spec, str(folder), ".", commits,
+                   str(scratch))
+
+
+@pytest.mark.parametrize(("prop", "metrics"), [("seed-stability", [{"name": "loss", "max_std": 0.5}]),
+                                               ("tost", [{"name": "loss", "margin": 0.1}])])
+def test_each_point_of_a_staged_property_is_a_study_the_server_accepts(live_server, tmp_path, prop, metrics):
+    import yaml
+
+    folder = tmp_path / "project"
+    shas = _planted_history(folder)
+    spec = {**yaml.safe_load(textwrap.dedent(SPEC)), "seeds": [0, 1, 2, 3, 4], "repeats": 1, "metrics": metrics}
+    b = _bisect_of(live_server, folder, shas, spec, prop, tmp_path / "scratch")
+    point = BREAK
+    body = b.study_spec(point, 40, b.code(point))
+    with live_server.client() as c:
+        got = c.post("/api/v1/studies", json=body)
+        assert got.status_code == 201, got.text
+        study = got.json()
+        assert study["spec"]["budget"]["max_seeds"] == (20 if prop == "tost" else 40)
+        if prop == "tost":  # GOOD's code against the point's, GOOD the reference
+            arms = study["spec"]["arms"]
+            assert [a["code"]["git_commit"] for a in arms] == [shas[0], shas[point]]
+            assert study["spec"]["reference_stack"] == arms[0]["name"]
+        else:
+            assert study["spec"]["code"]["git_commit"] == shas[point]
+        c.post(f"/api/v1/studies/{study['id']}/cancel")
+    # a commit without the spec's script is skipped before any study
+    (folder / "train.py").unlink()
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qam", "drop it"],
+                   cwd=folder, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, check=True, capture_output=True,
+                          text=True).stdout.strip()
+    b = _bisect_of(live_server, folder, [*shas, head], spec, prop, tmp_path / "scratch2")
+    (skipped,) = b.judge((len(shas),), 40)
+    assert skipped.state == "skipped" and skipped.runs == 0 and "train.py" in skipped.why
+
+
+def test_usage_errors_and_a_budget_too_small_to_judge_the_ends(live_server, tmp_path):
+    folder = tmp_path / "project"
+    shas = _planted_history(folder)
+    env = user_env(live_server, folder)
+
+    def bisect(*args: str):
+        return run_cli_in_process("bisect", *args, env=env, cwd=folder)
+
+    got = bisect(shas[0], shas[-1], "--property", "tost", "--", "study.yaml")
+    assert got.returncode == 3 and "--property tost needs a metric with a margin" in got.stderr, got.stderr
+    got = bisect(shas[-1], shas[0], "--", "study.yaml")
+    assert got.returncode == 3 and "is not a first-parent ancestor" in got.stderr, got.stderr
+    got = bisect(shas[0], shas[-1])
+    assert got.returncode == 3 and "give a study spec or a command after --" in got.stderr, got.stderr
+    # 5 runs for the ends and 4 rounds: no point gets the 2 runs its first stage needs. Nothing runs; the
+    # answer is the whole range, undecided, and why
+    got = bisect(shas[0], shas[-1], "--budget-runs", "5", "--", "study.yaml")
+    assert got.returncode == 2, (got.stdout, got.stderr)
+    assert f"undecided between {shas[0][:10]} (tiny training script) and {shas[-1][:10]}" in got.stdout
+    assert "the budget of 5 runs is spent (0 used): raise --budget-runs" in got.stdout

@@ -153,8 +153,8 @@ class _Bisect:
             good = self.code(0)
             assert isinstance(good, dict)  # GOOD runs: checked before the search
             spec.pop("stacks", None)
-            spec["arms"] = [{"name": f"good {self.commits[0].sha[:7]}", "code": good},
-                            {"name": f"at {commit.sha[:7]}", "code": code}]
+            spec["arms"] = [{"name": f"good-{self.commits[0].sha[:7]}", "code": good},
+                            {"name": f"at-{commit.sha[:7]}", "code": code}]
             spec["reference_stack"] = spec["arms"][0]["name"]
         else:
             spec["code"] = code
