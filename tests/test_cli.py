@@ -541,7 +541,7 @@ def _commands() -> list[str]:
 
 
 COMMANDS = _commands()
-GATES = {"check", "report", "submit"}  # exit 0 pass, 1 fail, 2 inconclusive, 3 could not judge
+GATES = {"bisect", "check", "report", "submit"}  # exit 0 pass (bisect: found), 1 fail, 2 inconclusive, 3 could not judge
 
 
 @pytest.mark.parametrize("command", COMMANDS)
