@@ -142,7 +142,8 @@ def test_every_page_desktop_and_phone_screenshots(live_server, new_page):
     with live_server.client() as c:
         sid, runs = _demo_like_study(c)
     pages = {"login": "/login", "studies": "/studies", "study": f"/studies/{sid}", "run": f"/runs/{runs[0]['id']}",
-             "workers": "/workers", "alerts": "/alerts", "not-found": "/studies/999999", "docs": "/docs",
+             "workers": "/workers", "fleet": "/fleet", "alerts": "/alerts", "not-found": "/studies/999999",
+             "docs": "/docs",
              "redoc": "/redoc"}
     overflow = {}
     for size, width in WIDTHS.items():
