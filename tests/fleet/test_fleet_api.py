@@ -114,3 +114,22 @@ def test_workers_on_other_stacks_are_compared_by_tost_not_bits(api, margin, verd
     assert across.verdict == verdict
     assert report.outcome.status == status, report.outcome.reason
     assert "compared by TOST" in render_report(report)
+
+
+def test_a_worker_that_left_is_reported_not_waited_for(make_api, clock):
+    api = make_api(lease_seconds=3600)
+    workers = {f"w{i}": register(api, f"w{i}") for i in range(3)}
+    r = _fleet(api, repeats=2, wait_s=600)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    _run_all(api, {k: v for k, v in workers.items() if k != "w2"}, lambda name, n: HEALTHY)  # w2 never polls
+    assert api.get(f"/api/v1/studies/{sid}").json()["status"] == "running"
+    clock.advance(601)
+    assert lease(api, workers["w0"]) is None  # the lease path reaps w2's expired pins
+    assert api.get(f"/api/v1/studies/{sid}").json()["status"] not in ("queued", "running")
+    report = Report.model_validate(api.get(f"/api/v1/studies/{sid}/report").json())
+    (missing,) = report.fleet.missing
+    assert (missing.worker, missing.completed, missing.asked) == ("w2", 0, 2)
+    assert "pinned to worker w2" in missing.reason and "did not take it by" in missing.reason
+    assert report.outcome.status == "inconclusive"
+    assert "worker w2 completed 0 of 2 runs: pinned to worker w2" in render_report(report)
