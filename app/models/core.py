@@ -108,6 +108,7 @@ class Run(Base):
         Index("ix_runs_status_id", "status", "id"),
         Index("ix_runs_study_id_status", "study_id", "status"),
         Index("ix_runs_pinned_worker_status", "pinned_worker", "status"),
+        Index("ix_runs_status_pinned_until", "status", "pinned_until"),
         # what a lease reads: its candidates' blocks, its worker's runs, runs past their time limit (0021)
         Index("ix_runs_study_id_seed", "study_id", "seed"),
         Index("ix_runs_worker_id_status", "worker_id", "status"),

@@ -23,9 +23,12 @@ def upgrade() -> None:
         batch.add_column(sa.Column("pinned_worker", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("pinned_until", sa.DateTime(), nullable=True))
     op.create_index("ix_runs_pinned_worker_status", "runs", ["pinned_worker", "status"], unique=False)
+    # the reaper's look for expired pins on every lease: a range scan of the queued runs past pinned_until only
+    op.create_index("ix_runs_status_pinned_until", "runs", ["status", "pinned_until"], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index("ix_runs_status_pinned_until", table_name="runs")
     op.drop_index("ix_runs_pinned_worker_status", table_name="runs")
     with op.batch_alter_table("runs") as batch:
         batch.drop_column("pinned_until")
