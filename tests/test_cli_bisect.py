@@ -1,5 +1,5 @@
 """`steady bisect` on a planted history, end to end: a user's git repository of 17 commits of a tiny training
-script, against the live server with a real worker. One commit cannot run (skipped), one sums in another
+script, against the live server with a real worker, and the bisect's dashboard page. One commit cannot run (skipped), one sums in another
 order (the bits change, the repeats stay identical: not the bisected property), one adds an unseeded shuffle
 (repeats differ): the bisect names that commit exactly, with its parent's and its own verdicts and studies.
 
@@ -115,6 +115,16 @@ def test_determinism_break_is_found_at_its_exact_commit(live_server, tmp_path):
             assert f"steady bisect {shas[0][:7]}..{shas[-1][:7]} (repeatability)" in study["spec"]["description"]
         report = c.get(f"/api/v1/studies/{at.group(1)}/report").json()
         assert report["outcome"]["status"] == "fail"
+        # the bisect's page: its points in history order, the search's order, the answer
+        span = f"{shas[0][:7]}..{shas[-1][:7]}"
+        assert f"dashboard: {live_server.url}/bisects/{span}" in out
+        page = c.get(f"/bisects/{span}")
+        assert page.status_code == 200, page.text
+        assert f"First commit where repeatability changed: <strong><code>{shas[BREAK][:10]}</code></strong>" in page.text
+        points = [int(p) for p in re.findall(r'<tr data-point="(\d+)"', page.text)]
+        assert points == [0, BROKEN, 9, REORDER, BREAK, 13, N_COMMITS], points
+        assert re.search(rf'data-point="{BROKEN}".*?tone-none">skipped', page.text, re.S)
+        assert c.get("/bisects/0000000..0000000").status_code == 404
 
 
 def _bisect_of(live_server, folder: Path, shas: list[str], spec: dict, prop: str, scratch: Path):

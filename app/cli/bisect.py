@@ -138,7 +138,7 @@ class _Bisect:
     def study_spec(self, point: int, share: int, code: dict[str, Any]) -> dict[str, Any]:
         spec = copy.deepcopy(self.spec)
         commit = self.commits[point]
-        spec["name"] = f"{spec.get('name', 'bisect')} @ {commit.sha[:10]}"
+        spec["name"] = f"{str(spec.get('name', 'bisect'))[:120]} @ {commit.sha[:10]} (bisect {self.title})"
         spec["description"] = (f"steady bisect {self.title} ({self.args.property}): point {point} of "
                                f"{len(self.commits) - 1}, commit {commit.sha}")
         spec.pop("budget", None)
@@ -285,6 +285,7 @@ def render(b: _Bisect, result: Any) -> int:
     rounds = len(result.rounds) + bool(result.ends)
     out.append(f"steady bisect {b.title}: {result.state} (exit {code}); {rounds} round(s), {result.runs} runs; "
                f"{guarantee}")
+    out.append(f"dashboard: {b.api.server}/bisects/{b.title}")
     print("\n".join(printable(line) for line in out))
     return code
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from steady.server.dashboard import access, actions, feeds, fleet, service
+from steady.server.dashboard import access, actions, bisect, feeds, fleet, service
 from steady.server.dashboard.access import PageViewer
 from steady.server.dashboard.feeds import STUDIES_PER_PAGE
 from steady.server.dashboard.views import HERE, db_key, not_found, render
@@ -29,6 +29,7 @@ router.include_router(access.router)
 router.include_router(feeds.router)
 router.include_router(actions.router)
 router.include_router(fleet.router)
+router.include_router(bisect.router)
 
 RUNS_PER_PAGE = 100
 STUDY_STATUSES = tuple(s.value for s in StudyStatus)

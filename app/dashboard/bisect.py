@@ -1,0 +1,77 @@
+"""The page of a bisect (``steady bisect``): its points in history order, each one's study and the verdict of the
+bisected check, the order the search judged them in, and where the change lies by what was decided.
+
+A bisect has no table of its own: its studies carry it in their name (``… (bisect GOOD..BAD)``) and their
+description (``steady bisect GOOD..BAD (PROPERTY): point N of M, commit SHA``), both written by the CLI."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import HTMLResponse
+from sqlalchemy import select
+
+from steady.server.dashboard import service
+from steady.server.dashboard.access import PageViewer
+from steady.server.dashboard.views import db_key, not_found, render
+from steady.server.kit.deps import ReadDB
+from steady.server.models import Study
+
+router = APIRouter(include_in_schema=False)
+
+# --property → the report check that decides a point (as steady.server.cli.bisect.PROPERTIES)
+CHECK_OF = {"repeatability": "repeatability", "seed-stability": "seed_stability", "tost": "stack_portability",
+            "cost": "determinism_cost"}
+DESCRIPTION = re.compile(r"^steady bisect (?P<span>\S+) \((?P<prop>[a-z-]+)\): point (?P<point>\d+) of (?P<last>\d+), "
+                         r"commit (?P<sha>[0-9a-f]{7,64})$")
+TONE = {"good": "good", "bad": "bad", "undecided": "unknown", "skipped": "none", "running": "none"}
+MAX_POINTS = 500
+
+
+def _point(db: Any, request: Request, study: Study, kind: str) -> tuple[str, str]:
+    """(state, the deciding check's plain line) of one point's study."""
+    if study.status == "failed":
+        return "skipped", study.status_reason or "its runs failed"
+    if study.status in ("queued", "running"):
+        return "running", f"study {study.status}"
+    if study.status == "cancelled":
+        return "undecided", "the study was cancelled"
+    version = service.study_versions(db, [study])[study.id]
+    report = service.report(db, study, version, db_key(request))
+    checks = [c for c in report.outcome.checks if c.kind == kind and c.status != "not_asked"]
+    if not checks:
+        return "undecided", report.outcome.reason
+    statuses = {c.status for c in checks}
+    state = "bad" if "fail" in statuses else "good" if statuses == {"pass"} else "undecided"
+    want = {"bad": "fail", "good": "pass", "undecided": "inconclusive"}[state]
+    return state, next(c.summary for c in checks if c.status == want)
+
+
+@router.get("/bisects/{span}", response_class=HTMLResponse)
+def bisect_page(request: Request, db: ReadDB, viewer: PageViewer,
+                span: Annotated[str, Path(pattern=r"^[0-9a-f]{7}\.\.[0-9a-f]{7}$")]) -> HTMLResponse:
+    studies = list(db.scalars(select(Study).where(Study.name.like(f"% (bisect {span})"))
+                              .order_by(Study.id).limit(MAX_POINTS)))
+    rows: list[dict[str, Any]] = []
+    prop, last = "", 0
+    for order, s in enumerate(studies, start=1):
+        m = DESCRIPTION.match(str((s.spec or {}).get("description", "")))
+        if m is None or m["span"] != span or m["prop"] not in CHECK_OF:
+            continue
+        prop, last = m["prop"], int(m["last"])
+        state, why = _point(db, request, s, CHECK_OF[m["prop"]])
+        rows.append(dict(point=int(m["point"]), sha=m["sha"], study=s, order=order, state=state,
+                         tone=TONE[state], why=why))
+    if not rows:
+        return not_found(request, viewer, f"bisect {span}")
+    rows.sort(key=lambda r: (r["point"], r["order"]))
+    goods = [r["point"] for r in rows if r["state"] == "good"]
+    bads = [r["point"] for r in rows if r["state"] == "bad"]
+    low = max((p for p in goods if not bads or p < min(bads)), default=None)
+    high = min(bads, default=None)
+    found = low is not None and high is not None and high - low == 1
+    first_bad = next((r for r in rows if r["point"] == high), None) if found else None
+    return render(request, "bisect.html", viewer, span=span, prop=prop, last=last, rows=rows, low=low, high=high,
+                  first_bad=first_bad, judged=len(rows))
