@@ -127,7 +127,8 @@ async def _principal(request: Request, creds: HTTPAuthorizationCredentials | Non
         return await look_up()
     cache = token_cache(request)
     digest = hash_token(found[1])
-    return cache.get(digest) or await cache.once(digest, look_up)
+    # a protocol request never waits on a lookup queued behind user requests on the shared pool
+    return cache.get(digest) or await cache.once(digest, look_up, lane="protocol" if protocol else "shared")
 
 
 def bearer_principal(db: Database, secret: str) -> Principal | None:
@@ -155,7 +156,7 @@ async def cached_protocol_bearer(app: Any, secret: str) -> Principal | None:
         return found
 
     try:
-        return await cache.once(digest, look_up)
+        return await cache.once(digest, look_up, lane="protocol")
     except HTTPException:
         return None
 

@@ -33,7 +33,8 @@ class TokenCache(Generic[T]):
         self._entries: dict[str, tuple[float, T]] = {}
         self._lock = threading.Lock()
         self.generation = 0
-        self._lookups: dict[str, asyncio.Task] = {}  # in progress, on the event loop that started them
+        # lookups in progress by (lane, digest), on the event loop that started them
+        self._lookups: dict[tuple[str, str], asyncio.Task] = {}
 
     def get(self, digest: str) -> T | None:
         if self.ttl_s <= 0:
@@ -58,14 +59,16 @@ class TokenCache(Generic[T]):
                 self._entries.clear()
             self._entries[digest] = (self._clock() + self.ttl_s, value)
 
-    async def once(self, digest: str, look_up: Callable[[], Awaitable[T]]) -> T:
-        """The value for ``digest`` from ``look_up()``, remembered; a lookup of the same digest already in
-        progress on this event loop is awaited instead of starting another (its answer or its error).
-        With the cache off (``ttl_s`` 0) every caller looks up for itself."""
+    async def once(self, digest: str, look_up: Callable[[], Awaitable[T]], *, lane: str = "") -> T:
+        """The value for ``digest`` from ``look_up()``, remembered; a lookup of the same digest in the same
+        ``lane`` (the threads and connections it runs on) already in progress on this event loop is awaited
+        instead of starting another (its answer or its error). With the cache off (``ttl_s`` 0) every
+        caller looks up for itself."""
         if self.ttl_s <= 0:
             return await look_up()
         loop = asyncio.get_running_loop()
-        task = self._lookups.get(digest)
+        key = (lane, digest)
+        task = self._lookups.get(key)
         if task is None or task.get_loop() is not loop:
             generation = self.generation
 
@@ -75,10 +78,10 @@ class TokenCache(Generic[T]):
                     self.put(digest, value, generation)
                     return value
                 finally:
-                    if self._lookups.get(digest) is task:
-                        del self._lookups[digest]
+                    if self._lookups.get(key) is task:
+                        del self._lookups[key]
 
-            task = self._lookups[digest] = loop.create_task(run())
+            task = self._lookups[key] = loop.create_task(run())
         # shielded: one waiter cancelled (its client went away) does not cancel the others' lookup
         return await asyncio.shield(task)
 

@@ -237,8 +237,16 @@ def test_requests_that_miss_the_cache_together_share_one_lookup():
             raise PermissionError("revoked")
 
         errors = await asyncio.gather(*(cache.once("other", refused) for _ in range(20)), return_exceptions=True)
+
+        async def in_lane() -> str:
+            lookups.append("lane")
+            await asyncio.sleep(0)
+            return "principal"
+
+        # a lookup on another lane's threads is not waited on (protocol requests never wait on the shared pool)
+        await asyncio.gather(*(cache.once("third", in_lane, lane=lane) for lane in ("protocol", "shared") * 5))
         return answers, errors
 
     answers, errors = asyncio.run(scenario())
-    assert answers == ["principal"] * 50 and lookups == ["valid", "refused"]
+    assert answers == ["principal"] * 50 and lookups == ["valid", "refused", "lane", "lane"]
     assert all(isinstance(e, PermissionError) for e in errors) and cache.get("other") is None
