@@ -195,3 +195,55 @@ def test_usage_errors_and_a_budget_too_small_to_judge_the_ends(live_server, tmp_
     assert got.returncode == 2, (got.stdout, got.stderr)
     assert f"undecided between {shas[0][:10]} (tiny training script) and {shas[-1][:10]}" in got.stdout
     assert "the budget of 5 runs is spent (0 used): raise --budget-runs" in got.stdout
+
+
+STACKS = ("env-a", "env-b", "env-c", "env-d", "env-e")
+
+
+@pytest.mark.slow
+def test_a_stack_range_is_bisected_over_the_spec_stacks(live_server, tmp_path):
+    """GOOD and BAD name two of the spec's stacks: the stacks between them (in the spec's order) are the points,
+    each a study of the working tree's code on that stack. Here every stack repeats: no change (exit 1)."""
+    import yaml
+
+    spec = {**yaml.safe_load(textwrap.dedent(SPEC)), "stacks": [{"name": n, "labels": ["bisect-env"]} for n in STACKS]}
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "study.yaml").write_text(yaml.safe_dump(spec))
+    (folder / "train.py").write_text(textwrap.dedent(TRAIN).lstrip().format(edit=0, shuffle="", total="sum(terms)"))
+    env = user_env(live_server, folder)
+    (tmp_path / "worker-home").mkdir()
+    worker = Worker(live_server, tmp_path, "bisect-env", "--labels", "bisect-env", cwd=tmp_path / "worker-home")
+    try:
+        got = run_cli_in_process("bisect", "env-a", "env-e", "--poll", "0.3", "--", "study.yaml", env=env, cwd=folder)
+    finally:
+        worker.stop()
+    out, err = got.stdout, got.stderr
+    assert got.returncode == 1, (out, err, worker.log())
+    assert "bisecting 3 stacks between env-a and env-e" in err
+    assert "no change to bisect: GOOD env-a is good: identical" in out and "BAD env-e is good: identical" in out, out
+    with live_server.client() as c:
+        listed = c.get("/api/v1/studies", params={"name": "(bisect env-a..env-e)", "limit": 10}).json()["items"]
+        studies = [c.get(f"/api/v1/studies/{s['id']}").json() for s in listed]
+        assert sorted(s["spec"]["stacks"][0]["name"] for s in studies) == ["env-a", "env-e"], studies
+        assert all(s["spec"]["code"]["sha256"] == studies[0]["spec"]["code"]["sha256"] for s in studies)
+        page = c.get("/bisects/env-a..env-e")
+        assert page.status_code == 200 and "<th scope=\"col\">Stack</th>" in page.text, page.text
+
+    # a TOST point on a stack: GOOD's stack is the reference of a two-stack study
+    from steady.server.cli.bisect import _Bisect, stack_range
+    from steady.server.cli.client import Api
+    import argparse
+
+    spec["metrics"] = [{"name": "loss", "margin": 0.1}]
+    spec["code"] = studies[0]["spec"]["code"]
+    args = argparse.Namespace(property="tost", max_code_mb=50.0, poll=0.3, budget_runs=400)
+    points = stack_range(spec, "env-b", "env-d")
+    assert [p.sha for p in points] == ["env-b", "env-c", "env-d"]
+    b = _Bisect(Api(live_server.url, live_server.tokens["user"]), args, spec, "", ".", points, str(tmp_path))
+    with live_server.client() as c:
+        made = c.post("/api/v1/studies", json=b.study_spec(2, 40, b.code(2)))
+        assert made.status_code == 201, made.text
+        body = made.json()["spec"]
+        assert [s["name"] for s in body["stacks"]] == ["env-b", "env-d"] and body["reference_stack"] == "env-b"
+        c.post(f"/api/v1/studies/{made.json()['id']}/cancel")

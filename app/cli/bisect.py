@@ -40,8 +40,19 @@ EXIT_FOUND, EXIT_NO_CHANGE, EXIT_UNDECIDED = 0, 1, 2
 
 @dataclass(frozen=True)
 class Commit:
+    """A point of the history: a commit (``stack`` None), or a stack of the spec's ``stacks`` (``sha`` its name)."""
+
     sha: str
     subject: str
+    stack: dict[str, Any] | None = None
+
+    @property
+    def short(self) -> str:
+        return self.sha if self.stack is not None else self.sha[:10]
+
+    @property
+    def what(self) -> str:
+        return "stack" if self.stack is not None else "commit"
 
 
 def _git(repo: str, *args: str, binary: bool = False) -> Any:
@@ -66,6 +77,19 @@ def history(repo: str, good: str, bad: str) -> list[Commit]:
     subjects = dict(line.split(" ", 1) for line in _git(repo, "log", "--format=%H %s", "--no-walk", *shas).splitlines()
                     if " " in line)
     return [Commit(s, subjects.get(s, "")) for s in shas]
+
+
+def stack_range(spec: dict[str, Any], good: str, bad: str) -> list[Commit]:
+    """GOOD … BAD among the spec's ``stacks`` (in the spec's order) when both name one, else ``[]``."""
+    stacks = [s for s in spec.get("stacks") or [] if isinstance(s, dict)]
+    names = [str(s.get("name")) for s in stacks]
+    if good not in names or bad not in names:
+        return []
+    i, j = names.index(good), names.index(bad)
+    if j <= i:
+        raise CliError(f"stack {good} does not come before {bad} in the spec's stacks ({', '.join(names)})", EXIT_USAGE)
+    return [Commit(names[k], "labels " + (", ".join(map(str, stacks[k].get("labels") or [])) or "none"), stacks[k])
+            for k in range(i, j + 1)]
 
 
 def pack_commit(repo: str, sha: str, scratch: str, max_mb: float) -> Any:
@@ -101,7 +125,9 @@ class _Bisect:
         self.codes: dict[str, dict[str, Any] | str] = {}  # sha → the spec's code entry, or why it cannot run
         self.reports: dict[int, Any] = {}  # point → its study's report
         self.studies: dict[int, dict[str, Any]] = {}
-        self.title = f"{commits[0].sha[:7]}..{commits[-1].sha[:7]}"
+        self.stacks = commits[0].stack is not None
+        self.title = (f"{commits[0].sha}..{commits[-1].sha}" if self.stacks
+                      else f"{commits[0].sha[:7]}..{commits[-1].sha[:7]}")
 
     # --- one point's study
 
@@ -117,6 +143,8 @@ class _Bisect:
         from steady.server.cli.client import ApiError
         from steady.server.cli.code import check_spec_files
 
+        if self.stacks:  # the working tree's code, shipped once (cmd_bisect)
+            return dict(self.spec["code"]) if "code" in self.spec else {}
         sha = self.commits[point].sha
         if sha not in self.codes:
             packed = pack_commit(self.repo, sha, self.scratch, self.args.max_code_mb)
@@ -138,9 +166,9 @@ class _Bisect:
     def study_spec(self, point: int, share: int, code: dict[str, Any]) -> dict[str, Any]:
         spec = copy.deepcopy(self.spec)
         commit = self.commits[point]
-        spec["name"] = f"{str(spec.get('name', 'bisect'))[:120]} @ {commit.sha[:10]} (bisect {self.title})"
+        spec["name"] = f"{str(spec.get('name', 'bisect'))[:120]} @ {commit.short} (bisect {self.title})"
         spec["description"] = (f"steady bisect {self.title} ({self.args.property}): point {point} of "
-                               f"{len(self.commits) - 1}, commit {commit.sha}")
+                               f"{len(self.commits) - 1}, {commit.what} {commit.sha}")
         spec.pop("budget", None)
         if self.kind == "repeatability":
             spec["repeats"] = max(int(spec.get("repeats", 1)), 2)
@@ -149,14 +177,20 @@ class _Bisect:
             max_seeds = share // self.per_seed_runs()
             if max_seeds > seeds:
                 spec["budget"] = {"max_seeds": max_seeds, "stage_seeds": seeds}
-        if self.kind == "stack_portability":
+        if self.stacks:
+            spec.pop("reference_stack", None)
+            spec["stacks"] = [commit.stack]
+            if self.kind == "stack_portability":  # GOOD's stack is the reference
+                spec["stacks"] = [self.commits[0].stack, commit.stack]
+                spec["reference_stack"] = self.commits[0].sha
+        elif self.kind == "stack_portability":
             good = self.code(0)
             assert isinstance(good, dict)  # GOOD runs: checked before the search
             spec.pop("stacks", None)
             spec["arms"] = [{"name": f"good-{self.commits[0].sha[:7]}", "code": good},
                             {"name": f"at-{commit.sha[:7]}", "code": code}]
             spec["reference_stack"] = spec["arms"][0]["name"]
-        else:
+        elif code:
             spec["code"] = code
         return spec
 
@@ -198,7 +232,7 @@ class _Bisect:
             study = self.api.post("/api/v1/studies", json=self.study_spec(point, share, code))
             self.studies[point] = study
             pending[point] = study["id"]
-            self.progress(f"point {point} {self.commits[point].sha[:10]}: study {study['id']}, "
+            self.progress(f"point {point} {self.commits[point].short}: study {study['id']}, "
                           f"up to {share} runs")
         while pending:
             for point, sid in list(pending.items()):
@@ -217,7 +251,7 @@ class _Bisect:
 
     def say(self, point: int, o: Any) -> None:
         study = f"study {o.ref}, {o.runs} runs" if o.ref is not None else "not run"
-        self.progress(f"point {point} {self.commits[point].sha[:10]}: {o.state} ({study}): {o.why}")
+        self.progress(f"point {point} {self.commits[point].short}: {o.state} ({study}): {o.why}")
 
 
 def _describe(b: _Bisect, point: int, result: Any) -> str:
@@ -252,33 +286,38 @@ def render(b: _Bisect, result: Any) -> int:
         guarantee = (f"{result.decided} point(s) decided; a 'differs' claim is exact (two repeats differed), an "
                      "'identical' one holds for the repeats run: a break that shows rarely can hide in them")
     if result.state == "found":
-        stat = _git(b.repo, "show", "--stat", "--format=%H%n%an, %ad%n%n    %B", high.sha).rstrip()
-        out += [f"first commit where {b.args.property} changed: {high.sha[:10]} {high.subject}", "",
-                *("  " + line for line in stat.splitlines()), "",
-                f"  at its parent {low.sha[:10]}: {_describe(b, result.last_good, result)}",
-                f"  at {high.sha[:10]}:        {_describe(b, result.first_bad, result)}"]
+        if b.stacks:
+            out += [f"first stack where {b.args.property} changed: {high.sha} ({high.subject})", "",
+                    f"  at the stack before it, {low.sha}: {_describe(b, result.last_good, result)}",
+                    f"  at {high.sha}: {_describe(b, result.first_bad, result)}"]
+        else:
+            stat = _git(b.repo, "show", "--stat", "--format=%H%n%an, %ad%n%n    %B", high.sha).rstrip()
+            out += [f"first commit where {b.args.property} changed: {high.short} {high.subject}", "",
+                    *("  " + line for line in stat.splitlines()), "",
+                    f"  at its parent {low.short}: {_describe(b, result.last_good, result)}",
+                    f"  at {high.short}:        {_describe(b, result.first_bad, result)}"]
         step = _divergent_step(b, result.first_bad)
         if step:
             out.append(f"  {step}")
         code = EXIT_FOUND
     elif result.state == "no_change":
-        ends = ", ".join(f"{'GOOD' if o.point == 0 else 'BAD'} {commits[o.point].sha[:10]} is {o.state}: {o.why}"
+        ends = ", ".join(f"{'GOOD' if o.point == 0 else 'BAD'} {commits[o.point].short} is {o.state}: {o.why}"
                          for o in result.ends)
         out.append(f"no change to bisect: {ends}")
         code = EXIT_NO_CHANGE
     elif result.state == "inconsistent":
         bad_p, good_p = result.conflict
-        out += [f"inconsistent: {commits[bad_p].sha[:10]} is bad but the later {commits[good_p].sha[:10]} is good: the "
+        out += [f"inconsistent: {commits[bad_p].short} is bad but the later {commits[good_p].short} is good: the "
                 "property changes more than once in this range, or one of these claims is wrong; bisect a shorter range",
-                f"  {commits[bad_p].sha[:10]}: {_describe(b, bad_p, result)}",
-                f"  {commits[good_p].sha[:10]}: {_describe(b, good_p, result)}"]
+                f"  {commits[bad_p].short}: {_describe(b, bad_p, result)}",
+                f"  {commits[good_p].short}: {_describe(b, good_p, result)}"]
         code = EXIT_NO_CHANGE
     else:
-        out.append(f"undecided between {low.sha[:10]} ({low.subject}) and {high.sha[:10]} ({high.subject}): the "
-                   f"first change is one of the {result.first_bad - result.last_good} commits after {low.sha[:10]}")
+        out.append(f"undecided between {low.short} ({low.subject}) and {high.short} ({high.subject}): the "
+                   f"first change is one of the {result.first_bad - result.last_good} {low.what}s after {low.short}")
         for label, pts in (("skipped (could not run)", result.skipped), ("undecided", result.undecided)):
             for p in pts:
-                out.append(f"  {label}: {commits[p].sha[:10]} {commits[p].subject}: {_describe(b, p, result)}")
+                out.append(f"  {label}: {commits[p].short} {commits[p].subject}: {_describe(b, p, result)}")
         if result.budget_spent:
             out.append(f"  the budget of {b.args.budget_runs} runs is spent ({result.runs} used): raise --budget-runs")
         code = EXIT_UNDECIDED
@@ -303,10 +342,12 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         spec, spec_dir = load_spec(target[0]), os.path.dirname(os.path.abspath(target[0]))
     else:
         spec, spec_dir = command_spec(target, args.framework), os.getcwd()
-    if not isinstance(spec.get("workload"), dict) or not (spec["workload"].get("command")
-                                                          or spec["workload"].get("entrypoint")):
-        raise CliError("a bisect runs your own code: the spec's workload needs a command or an entrypoint",
-                       EXIT_USAGE)
+    commits = stack_range(spec, args.good, args.bad)  # GOOD and BAD name stacks of the spec: a stack range
+    user_code = isinstance(spec.get("workload"), dict) and bool(spec["workload"].get("command")
+                                                                or spec["workload"].get("entrypoint"))
+    if not commits and not user_code:
+        raise CliError("a bisect over commits runs your own code: the spec's workload needs a command or an "
+                       "entrypoint (GOOD and BAD naming two of the spec's stacks bisect those instead)", EXIT_USAGE)
     metrics = [m for m in spec.get("metrics") or [] if isinstance(m, dict)]
     if args.property == "seed-stability" and not any(m.get("max_std") for m in metrics):
         raise CliError("--property seed-stability needs a metric with max_std in the spec", EXIT_USAGE)
@@ -316,21 +357,29 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         raise CliError("--property cost needs cost_budget and two determinism levels in the spec", EXIT_USAGE)
     import steady.worker.contract.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module
 
-    repo = os.path.realpath(args.repo or codepack.git_root(spec_dir) or "")
-    if not args.repo and not codepack.git_root(spec_dir):
-        raise CliError(f"{spec_dir} is not in a git repository: give --repo", EXIT_USAGE)
-    rel = os.path.relpath(os.path.realpath(spec_dir), repo)
-    workdir = "." if rel.startswith("..") else rel.replace(os.sep, "/")
-    commits = history(repo, args.good, args.bad)
     api = Api(args.server, args.token)
+    repo, workdir = "", "."
+    if commits:
+        if user_code:  # the working tree's code, as `steady submit` ships it, for every stack
+            from steady.server.cli.code import ship_code
+
+            ship_code(api, spec, target[0], code_dir=None, max_mb=args.max_code_mb, no_code=False, out=sys.stderr)
+    else:
+        if not args.repo and not codepack.git_root(spec_dir):
+            raise CliError(f"{spec_dir} is not in a git repository: give --repo", EXIT_USAGE)
+        repo = os.path.realpath(args.repo or codepack.git_root(spec_dir) or "")
+        rel = os.path.relpath(os.path.realpath(spec_dir), repo)
+        workdir = "." if rel.startswith("..") else rel.replace(os.sep, "/")
+        commits = history(repo, args.good, args.bad)
     with tempfile.TemporaryDirectory(prefix="steady-bisect-") as scratch:
         b = _Bisect(api, args, spec, repo, workdir, commits, scratch)
         if b.kind == "stack_portability" and isinstance(b.code(0), str):
-            raise CliError(f"GOOD {commits[0].sha[:10]} cannot be the reference: {b.code(0)}", EXIT_USAGE)
+            raise CliError(f"GOOD {commits[0].short} cannot be the reference: {b.code(0)}", EXIT_USAGE)
         judge_good = b.kind != "stack_portability"  # TOST: GOOD is the reference, not a point
         p = plan(len(commits), parallel=args.parallel, budget_runs=args.budget_runs,
                  judge_ends=1 + judge_good)
-        b.progress(f"bisecting {len(commits) - 2} commits between {commits[0].sha[:10]} and {commits[-1].sha[:10]} "
+        b.progress(f"bisecting {len(commits) - 2} {commits[0].what}s between {commits[0].short} and "
+                   f"{commits[-1].short} "
                    f"for {args.property}: at most {p.rounds} rounds of {args.parallel} point(s) and the ends, "
                    f"up to {args.budget_runs // p.max_decided} runs per point")
         result = bisect(len(commits), b.judge, parallel=args.parallel, budget_runs=args.budget_runs,
@@ -378,13 +427,16 @@ def register(sub: Any) -> None:
                     "one where a Steady verdict changes: repeatability (identical → not), seed stability, a TOST "
                     "against GOOD's distribution, or the cost of determinism. Each point is a study of that commit's "
                     "code, decided by the server's rules; points that cannot run are skipped; a point left "
-                    "undecided is said, never guessed. docs/bisect.md.",
+                    "undecided is said, never guessed. When GOOD and BAD name two of the spec's stacks, the stacks "
+                    "from GOOD to BAD in the spec's order are bisected instead (the working tree's code on each). "
+                    "docs/bisect.md.",
         epilog="Exit codes: 0 the first commit was found; 1 no change (GOOD is not good or BAD not bad) or the "
                "claims contradict one another; 2 undecided (the budget or undecided/skipped points leave a range); "
                "3 could not judge (arguments, git, the server).")
     client_opts(p)
-    p.add_argument("good", metavar="GOOD", help="a commit where the property holds (as git names it)")
-    p.add_argument("bad", metavar="BAD", help="a later commit where it does not")
+    p.add_argument("good", metavar="GOOD", help="a commit where the property holds (as git names it), or a stack of "
+                   "the spec")
+    p.add_argument("bad", metavar="BAD", help="a later commit (or stack) where it does not")
     _options(p)
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SPEC | COMMAND",
                    help="a study spec (YAML/JSON) or a command with {seed}, after --")

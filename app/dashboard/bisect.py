@@ -2,7 +2,8 @@
 bisected check, the order the search judged them in, and where the change lies by what was decided.
 
 A bisect has no table of its own: its studies carry it in their name (``… (bisect GOOD..BAD)``) and their
-description (``steady bisect GOOD..BAD (PROPERTY): point N of M, commit SHA``), both written by the CLI."""
+description (``steady bisect GOOD..BAD (PROPERTY): point N of M, commit SHA`` or ``… stack NAME``), both written
+by the CLI."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ router = APIRouter(include_in_schema=False)
 CHECK_OF = {"repeatability": "repeatability", "seed-stability": "seed_stability", "tost": "stack_portability",
             "cost": "determinism_cost"}
 DESCRIPTION = re.compile(r"^steady bisect (?P<span>\S+) \((?P<prop>[a-z-]+)\): point (?P<point>\d+) of (?P<last>\d+), "
-                         r"commit (?P<sha>[0-9a-f]{7,64})$")
+                         r"(?P<what>commit|stack) (?P<sha>\S+)$")
+SPAN = r"^[A-Za-z0-9_.:+\-]{1,100}\.\.[A-Za-z0-9_.:+\-]{1,100}$"  # GOOD..BAD: 7-digit shas or stack names
 TONE = {"good": "good", "bad": "bad", "undecided": "unknown", "skipped": "none", "running": "none"}
 MAX_POINTS = 500
 
@@ -51,8 +53,8 @@ def _point(db: Any, request: Request, study: Study, kind: str) -> tuple[str, str
 
 @router.get("/bisects/{span}", response_class=HTMLResponse)
 def bisect_page(request: Request, db: ReadDB, viewer: PageViewer,
-                span: Annotated[str, Path(pattern=r"^[0-9a-f]{7}\.\.[0-9a-f]{7}$")]) -> HTMLResponse:
-    studies = list(db.scalars(select(Study).where(Study.name.like(f"% (bisect {span})"))
+                span: Annotated[str, Path(pattern=SPAN)]) -> HTMLResponse:
+    studies = list(db.scalars(select(Study).where(Study.name.endswith(f" (bisect {span})", autoescape=True))
                               .order_by(Study.id).limit(MAX_POINTS)))
     rows: list[dict[str, Any]] = []
     prop, last = "", 0
@@ -62,7 +64,8 @@ def bisect_page(request: Request, db: ReadDB, viewer: PageViewer,
             continue
         prop, last = m["prop"], int(m["last"])
         state, why = _point(db, request, s, CHECK_OF[m["prop"]])
-        rows.append(dict(point=int(m["point"]), sha=m["sha"], study=s, order=order, state=state,
+        short = m["sha"][:10] if m["what"] == "commit" else m["sha"]
+        rows.append(dict(point=int(m["point"]), sha=short, what=m["what"], study=s, order=order, state=state,
                          tone=TONE[state], why=why))
     if not rows:
         return not_found(request, viewer, f"bisect {span}")
