@@ -124,7 +124,7 @@ def test_prometheus_reads_the_stored_summary(report):
     assert [r.ti_width for r in rows] == [v.spread.tolerance.high - v.spread.tolerance.low for v in seed]
     metrics = {m.name: m for m in SnapshotCollector({"evaluations": [(
         {"id": 3, "name": "s", "suite": None}, summary)], "study_runs": [], "run_totals": {}, "workers": (0, 0),
-        "firing": [], "outbox": {}}).collect()}
+        "quarantined": 0, "firing": [], "outbox": {}}).collect()}
     codes = {(s.labels["level"], s.labels["group"]): s.value for s in metrics["steady_verdict"].samples}
     codes_expected = {0: {"identical", "stable", "equivalent"}, 3: {"out_of_tolerance", "unstable", "not_equivalent"}}
     for v in report.verdicts:

@@ -90,7 +90,7 @@ def test_every_view_gives_the_same_outcome_and_reason(passing, level, value, met
     assert (summary.outcome, summary.outcome_reason) == (status, reason)
     families = {m.name: m for m in SnapshotCollector({
         "evaluations": [({"id": 7, "name": "unit", "suite": None}, summary)], "study_runs": [], "run_totals": {},
-        "workers": (0, 0), "firing": [], "outbox": {}}).collect()}
+        "workers": (0, 0), "quarantined": 0, "firing": [], "outbox": {}}).collect()}
     (sample,) = families["steady_study_outcome"].samples
     assert sample.value == {"pass": 0, "fail": 1, "inconclusive": 2}[status]
 
