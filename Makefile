@@ -121,6 +121,7 @@ results: bench
 	set -o pipefail; NO_COLOR=1 $(BIN)/steady demo --controls --variants --overlaps --keras | tee results/controls.txt
 	set -o pipefail; NO_COLOR=1 $(BIN)/steady demo --controls --resume | tee results/resume-controls.txt
 	set -o pipefail; NO_COLOR=1 $(BIN)/steady demo --controls --distributed | tee results/distributed-controls.txt
+	set -o pipefail; NO_COLOR=1 $(BIN)/steady demo --controls --fleet | tee results/fleet-controls.txt
 	set -o pipefail; $(BIN)/python -m steady.worker.inrun.localize_controls --overhead --clean 50 | tee results/localize-controls.txt
 	set -o pipefail; $(BIN)/python -m steady.worker.inrun.localize_controls_keras --clean 10 | tee results/localize-controls-keras.txt
 	set -o pipefail; NO_COLOR=1 $(BIN)/steady demo --sources --exit | tee results/sources-demo.txt

@@ -194,6 +194,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from steady.server.cli.demo.distributed_controls import main as distributed_main
 
         return distributed_main(args)
+    if args.controls and getattr(args, "fleet", False):
+        from steady.server.cli.demo.fleet_controls import main as fleet_main
+
+        return fleet_main(args)
     if args.controls and getattr(args, "resume", False):
         from steady.server.cli.demo.resume_controls import main as resume_main
 
@@ -268,9 +272,13 @@ def register(sub: Any) -> None:
                    help="with --controls: instead, the resume check's planted omissions (one piece of state each)")
     p.add_argument("--distributed", action="store_true",
                    help="with --controls: instead, the distributed controls (3 and 4 local processes, gloo on CPU)")
+    p.add_argument("--fleet", action="store_true",
+                   help="with --controls: instead, the planted faults of a fleet check (4 healthy local workers and "
+                   "one faulty one per kind of fault, one server)")
+    p.add_argument("--checks", type=int, default=5, help="with --controls --fleet: fleet checks per kind of fault")
     p.add_argument("--seeds", type=int, default=5, help="with --controls --resume or --distributed: seeds per control")
     p.add_argument("--only", action="append", metavar="TEXT",
-                   help="with --controls --resume or --distributed: only the controls whose name holds TEXT (repeatable)")
+                   help="with --controls --resume, --distributed or --fleet: only the controls whose name holds TEXT (repeatable)")
     p.add_argument("--device", default="cpu", help="with --controls: device of the kernel control (cpu, cuda)")
     p.set_defaults(func=cmd_demo)
 
