@@ -24,7 +24,7 @@ from steady.server.reports import service as reports
 from steady.server.reports.models import Report, typed_verdicts, verdicts_of
 from steady.server.reports.summary import ReportSummary
 from steady.server.stats.alert_rules import band_check_values, curve_outliers, final_outliers, guarantee, study_means
-from steady.server.stats.changepoint import sequential_shift
+from steady.server.stats.changepoint import WANDER_LIMIT, sequential_shift
 from steady.server.stats.report import MetricSpec, build_report
 from steady.server.stats.resolution import identical_words, no_longer_words
 from steady.server.stats.vocabulary import Level
@@ -328,9 +328,16 @@ def _dependence_text(res) -> str:
         text = f"consecutive studies look independent (AR(1) estimate {res.ar_estimate:.2f})"
     if res.too_dependent:
         text += "; too dependent to judge: the lifetime false-alarm level is not claimed"
-    elif res.beyond_lag1:
-        text += (f"; dependent beyond one lag (correlation persists over lags 2–{res.beyond_lag1_lags}, as when the "
-                 "environment wanders slowly): the lifetime false-alarm level is not claimed")
+    elif res.detected and not res.wander_ruled_out:
+        if res.wander_bound is None:
+            text += (f"; the history before the alarm ({res.wander_values} studies) is too short to rule out a slowly "
+                     "wandering environment, which looks like a shift: the lifetime false-alarm level is not "
+                     "guaranteed for this alarm")
+        else:
+            text += (f"; the history of {res.wander_values} studies cannot rule out a slowly wandering environment, "
+                     f"which looks like a shift (correlation over lags 1–{res.wander_lags} up to {res.wander_bound:.2f}, "
+                     f"upper 95% bound; the level is claimed below {WANDER_LIMIT:g}): the lifetime false-alarm level is "
+                     "not guaranteed for this alarm")
     return text
 
 
@@ -359,8 +366,8 @@ def _eval_suite_shift(session, study, rule, spec, report, baseline) -> list[Find
                    "mean_before": res.mean_before, "mean_after": res.mean_after, "std": res.std,
                    "dependence": res.dependence, "ar_coefficient": res.ar_coefficient,
                    "ar_estimate": res.ar_estimate, "ar_values": res.ar_values, "too_dependent": res.too_dependent,
-                   "beyond_lag1": res.beyond_lag1, "beyond_lag1_z": res.beyond_lag1_z,
-                   "beyond_lag1_lags": res.beyond_lag1_lags,
+                   "wander_ruled_out": res.wander_ruled_out, "wander_bound": res.wander_bound,
+                   "wander_lags": res.wander_lags, "wander_values": res.wander_values,
                    "method": "self-starting CUSUM (Hawkins 1987) of the studies' AR(1) innovations (estimated "
                              "dependence, bias-corrected, its upper 90% bound) with a lifetime false-alarm "
                              "budget",
