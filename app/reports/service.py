@@ -278,6 +278,13 @@ def _report_bands(session: Session, study: Study, *, metric: str, coverage: floa
     return tuple(out) if out else None
 
 
+def level_options(spec: dict[str, Any]) -> dict[str, float]:
+    """The study's level α (``StudySpec.alpha``) as ``build_report`` takes it: every claim of seed stability and
+    stack portability at α, the cost check's CI at 1 − α. Unset: the defaults (0.05; the CI at ``confidence``)."""
+    alpha = spec.get("alpha")
+    return {} if alpha is None else {"alpha": float(alpha), "cost_confidence": 1.0 - float(alpha)}
+
+
 def compute_report(session: Session, study_id: int) -> Report:
     study = studies_repo.get_study(session, study_id)
     bands_key = _bands_key(session, study)  # before reading: a change meanwhile makes the key stale, not the data
@@ -300,6 +307,7 @@ def compute_report(session: Session, study_id: int) -> Report:
         cost_budget=spec.get("cost_budget"),
         stages=seed_stages,
         route=route,
+        **level_options(spec),
     )
     convergence = convergence_section(session, data, spec["convergence"]) if spec.get("convergence") else None
     sources = sources_section(spec, runs, data, [m.name for m in specs], stages=seed_stages)

@@ -226,7 +226,8 @@ def sources_section(spec: dict[str, Any], runs: Sequence[Run], data: Sequence[Ru
             staged[arm] = (finals[arm], np.array([k for _, k in pairs], dtype=np.int64))
         grid = _crossed(by_arm.get(CROSSED_ARM, []), metric, int(crossed)) if crossed else None
         table = st.sources_table(metric, finals, exposed=exposed, crossed_grid=grid,
-                                 divergence=_divergence(by_arm, metric) if exposed.get("ulp") else None, margin=margin)
+                                 divergence=_divergence(by_arm, metric) if exposed.get("ulp") else None, margin=margin,
+                                 **({} if spec.get("alpha") is None else {"alpha": float(spec["alpha"])}))
         crossed_out = None
         if table.crossed is not None:
             c = table.crossed

@@ -72,7 +72,8 @@ def cost_guarantee(confidence: float, *, interleaved: bool | None = True) -> str
     hold for runs of the two levels interleaved in time. ``interleaved=None``: the report cannot know
     (runs uploaded from elsewhere, no worker recorded), and the phrase says so."""
     tail = (1.0 - confidence) / 2.0
-    head = f"{confidence:.0%} CI; false 'fail' ≤ {tail:.1%}, false 'pass' ≤ {tail:.1%} for interleaved runs"
+    head = (f"{confidence * 100:.3g}% CI; false 'fail' ≤ {tail * 100:.3g}%, false 'pass' ≤ {tail * 100:.3g}% for "
+            "interleaved runs")
     if interleaved is None:
         return head + " (the runs' order is unknown here, e.g. uploaded runs: a load drift could read as a cost)"
     if not interleaved:
@@ -98,7 +99,7 @@ def cost_summary(ratio: float, ci_low: float | None, ci_high: float | None, conf
     if ci_low is None or ci_high is None:
         return (f"×{_r(ratio)} from {n_runs} run{'s' if n_runs != 1 else ''} per level: no interval, so no evidence "
                 "of a cost either way (run each level at least twice)")
-    ci = f"{confidence:.0%} CI {_r(ci_low)}–{_r(ci_high)}"
+    ci = f"{confidence * 100:.3g}% CI {_r(ci_low)}–{_r(ci_high)}"
     if ci_low == ci_high:
         ci = "exact: every run of each level has the same step time"
     if ci_low > 1:

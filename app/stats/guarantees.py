@@ -10,7 +10,7 @@ __all__ = ["repeatability", "seed_stability", "out_of_band", "stack_portability"
 
 
 def _pct(level: float) -> str:
-    return f"{level * 100:g}%"
+    return f"{level * 100:.3g}%"
 
 
 def repeatability(compared: Compared | None = None) -> str:

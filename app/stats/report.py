@@ -58,7 +58,7 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
                  confidence: float = 0.95, alpha: float = 0.05, reference_stack: str | None = None,
                  rng: np.random.Generator, adjust_method: str = "holm", false_alarm: float = 0.01,
                  cost_budget: float | None = None, stages: SeedStages | None = None,
-                 route: SeedRoute = BUILTIN) -> StudyReport:
+                 route: SeedRoute = BUILTIN, cost_confidence: float | None = None) -> StudyReport:
     """Build the study report: the three verdict levels, variance by source, cost, divergences.
 
     Groups are (determinism, stack).
@@ -93,12 +93,14 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
       identical mean the seed has no effect (``seed_has_no_effect``, a failing seed-stability verdict).
     ``rng`` drives every bootstrap (portability CI). ``cost_budget``: the largest acceptable
     step-time ratio between determinism levels; the cost entries then carry a
-    ``pass``/``fail``/``inconclusive`` verdict (``steady.server.stats.cost``).
+    ``pass``/``fail``/``inconclusive`` verdict (``steady.server.stats.cost``), from the ratio's CI at
+    ``cost_confidence`` (default ``confidence``; a study that sets its level α asks 1 − α).
     """
     if not isinstance(rng, np.random.Generator):
         raise ValueError("rng must be a numpy.random.Generator")
+    cost_confidence = confidence if cost_confidence is None else cost_confidence
     for name, v in (("coverage", coverage), ("confidence", confidence), ("alpha", alpha),
-                    ("false_alarm", false_alarm)):
+                    ("false_alarm", false_alarm), ("cost_confidence", cost_confidence)):
         if not (0 < v < 1):
             raise ValueError(f"{name} must be strictly between 0 and 1, got {v!r}")
     runs = _validate(runs, metrics)
@@ -131,7 +133,7 @@ def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, cove
         {"group": v.group, "expected": v.details["expected"], "met_expectation": v.details["met_expectation"],
          "expectation": v.details["expectation"],
          "suspicious": v.details["suspicious"]} for v in verdicts if v.level == "repeatability")
-    cost = _cost(runs, confidence=confidence, budget=cost_budget)
+    cost = _cost(runs, confidence=cost_confidence, budget=cost_budget)
     return StudyReport(verdicts=tuple(verdicts), variance_by_source=tuple(_variance(groups, metrics, route)),
                        determinism_cost=tuple(cost), diverged=tuple(diverged), options=options, headline=head,
                        bands=tuple(bands), cost_note=None if cost else _cost_note(runs))

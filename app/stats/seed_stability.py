@@ -141,11 +141,11 @@ def seed_spread(final_values, *, max_std: float | None = None, coverage: float =
         needed, plan = planned.n, planned.text
         if db is not None and db.upper < max_std:
             verdict, needed, plan = "stable", None, None
-            reason = (f"std {s:.3g} over {n} seeds; upper {1 - alpha:.0%} bound {db.upper:.3g} < max_std {max_std:g}"
+            reason = (f"std {s:.3g} over {n} seeds; upper {(1 - alpha) * 100:.3g}% bound {db.upper:.3g} < max_std {max_std:g}"
                       f" (robust to kurtosis ≤ {kurtosis_floor:g})")
         elif db is not None and db.lower > max_std:
             verdict, needed, plan = "unstable", None, None
-            reason = (f"std {s:.3g} over {n} seeds; lower {1 - alpha:.0%} bound {db.lower:.3g} > max_std {max_std:g}"
+            reason = (f"std {s:.3g} over {n} seeds; lower {(1 - alpha) * 100:.3g}% bound {db.lower:.3g} > max_std {max_std:g}"
                       " (robust to non-normal values)")
         else:
             if n < MIN_SEEDS:
@@ -285,7 +285,7 @@ def tie_decision(final_values, *, max_std: float, alpha: float = 0.05, kurtosis_
                            "declare the metric's resolution to judge a tie")
     bounds = _one_step_off_bounds(n, q, alpha=alpha, kurtosis_floor=kurtosis_floor)
     head = (f"all {n} seeds end on the same value {value} at resolution {q:.3g}; the smallest spread that "
-            f"resolution can show, one seed one step off (std {bounds.std:.3g}), has upper {1 - alpha:.0%} bound "
+            f"resolution can show, one seed one step off (std {bounds.std:.3g}), has upper {(1 - alpha) * 100:.3g}% bound "
             f"{bounds.upper:.3g}")
     if bounds.upper < max_std:
         return TieDecision("stable", f"{head} < max_std {max_std:g}", q, bounds)

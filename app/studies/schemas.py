@@ -94,12 +94,12 @@ class BudgetSpec(_Spec):
     spending: Literal["pocock", "obrien_fleming"] = Field(
         "pocock",
         description="alpha-spending function of the group-sequential design (Lan–DeMets Pocock or "
-        "O'Brien–Fleming type): each claim stays wrong ≤ 5% over all stages together",
+        "O'Brien–Fleming type): each claim stays wrong ≤ the study's alpha (5% unless set) over all stages together",
     )
     max_minutes: Annotated[float, Field(gt=0, le=7 * 24 * 60)] | None = Field(
         None, description="a time budget: no next stage is queued when, at the pace of the stage just ended, it "
         "would end more than this many minutes after the study's first stage began; the study then completes with "
-        "its undecided verdicts marked stopped (each claim stays wrong ≤ 5%: stopping early only drops looks)",
+        "its undecided verdicts marked stopped (each claim stays wrong ≤ alpha: stopping early only drops looks)",
     )
 
 
@@ -139,12 +139,19 @@ class StudySpec(_Spec):
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
     coverage: Annotated[float, Field(gt=0, lt=1)] = 0.9
     confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95
+    alpha: Annotated[float, Field(gt=0, le=0.5)] | None = Field(
+        None, description="the level each claim of the study's decisions is made at: seed stability (max_std), stack "
+        "portability (the TOST with a margin, and 'not equivalent'), the sources table, each over all stages with a "
+        "budget, and the cost check (a 1 − alpha CI: false 'pass' and false 'fail' ≤ alpha/2 each). Unset: 0.05, and "
+        "the cost check's CI at 'confidence'. A bisect sets it to its total level over the points it may decide",
+    )
     cost_budget: Annotated[float, Field(gt=1, allow_inf_nan=False)] | None = Field(
         None,
         description="cost of determinism: the largest acceptable step-time ratio of a more deterministic level "
         "over a less deterministic one (e.g. 1.5: strict may take at most 1.5× the step time of seeded). Each "
         "ratio is judged 'pass' (CI upper end ≤ budget), 'fail' (CI lower end > budget) or 'inconclusive'; "
-        "false 'fail' and false 'pass' ≤ 2.5% each at 95% confidence. Without it only ratio and CI are reported",
+        "false 'fail' and false 'pass' ≤ 2.5% each at 95% confidence (≤ alpha/2 each when 'alpha' is set). Without it "
+        "only ratio and CI are reported",
     )
     convergence: ConvergenceSpec | None = Field(
         None, description="judge the steps to reach a target against a reference (MLPerf RCP check)"

@@ -220,7 +220,7 @@ class SourcesSpec(_Spec):
         "seed % crossed (seeds 0..crossed²−1 give a crossed² grid); variance components with intervals")
     margin: Annotated[float, Field(gt=1, le=10, allow_inf_nan=False)] = Field(
         SD_MARGIN, description="a source is 'the full variance' when its SD is within [1/margin, margin] × "
-        "the all-sources SD (TOST at 5%)")
+        "the all-sources SD (TOST at the study's alpha, 5% unless set)")
 
     @field_validator("vary")
     @classmethod
