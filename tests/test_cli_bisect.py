@@ -133,12 +133,15 @@ def _bisect_of(live_server, folder: Path, shas: list[str], spec: dict, prop: str
 
     from steady.server.cli.bisect import _Bisect, history
     from steady.server.cli.client import Api
+    from steady.server.stats.bisect import plan
 
-    args = argparse.Namespace(property=prop, max_code_mb=50.0, poll=0.3, budget_runs=400)
+    args = argparse.Namespace(property=prop, max_code_mb=50.0, poll=0.3, budget_runs=400, parallel=1, alpha=0.05)
     commits = history(str(folder), shas[0], shas[-1])
     assert [c.sha for c in commits] == shas
-    return _Bisect(Api(live_server.url, live_server.tokens["user"]), args, spec, str(folder), ".", commits,
-                   str(scratch))
+    b = _Bisect(Api(live_server.url, live_server.tokens["user"]), args, spec, str(folder), ".", commits,
+                str(scratch))
+    b.plan = plan(len(commits), budget_runs=400, alpha=0.05, judge_ends=1 if prop == "tost" else 2)
+    return b
 
 
 @pytest.mark.parametrize(("prop", "metrics"), [("seed-stability", [{"name": "loss", "max_std": 0.5}]),
@@ -157,6 +160,9 @@ def test_each_point_of_a_staged_property_is_a_study_the_server_accepts(live_serv
         assert got.status_code == 201, got.text
         study = got.json()
         assert study["spec"]["budget"]["max_seeds"] == (20 if prop == "tost" else 40)
+        # judged at 5% over the points the search decides: the ends (for tost only BAD) and one per round,
+        # ⌈log2 16⌉ = 4 rounds over the 15 commits between GOOD and BAD
+        assert study["spec"]["alpha"] == pytest.approx(0.05 / ((1 if prop == "tost" else 2) + 4))
         if prop == "tost":  # GOOD's code against the point's, GOOD the reference
             arms = study["spec"]["arms"]
             assert [a["code"]["git_commit"] for a in arms] == [shas[0], shas[point]]
@@ -195,6 +201,33 @@ def test_usage_errors_and_a_budget_too_small_to_judge_the_ends(live_server, tmp_
     assert got.returncode == 2, (got.stdout, got.stderr)
     assert f"undecided between {shas[0][:10]} (tiny training script) and {shas[-1][:10]}" in got.stdout
     assert "the budget of 5 runs is spent (0 used): raise --budget-runs" in got.stdout
+    got = bisect(shas[0], shas[-1], "--alpha", "0.6", "--", "study.yaml")
+    assert got.returncode == 3 and "--alpha must be in (0, 0.5], got 0.6" in got.stderr, got.stderr
+
+
+def test_the_stated_guarantee_is_the_plan(live_server, tmp_path):
+    """A seed-stability bisect states its plan before it starts: each point at α / m for the m points the search
+    decides (here the 2 ends and one per round, ⌈log2 16⌉ = 4 rounds), so a wrong commit ≤ α; with a budget too
+    small for any point it decides none and says what that bound is."""
+    import yaml
+
+    from steady.server.cli.bisect import planned_guarantee
+    from steady.server.stats.bisect import plan
+
+    folder = tmp_path / "project"
+    shas = _planted_history(folder)
+    spec = {**yaml.safe_load(textwrap.dedent(SPEC)), "repeats": 1, "metrics": [{"name": "loss", "max_std": 0.5}]}
+    (folder / "seeds.yaml").write_text(yaml.safe_dump(spec))
+    p = plan(len(shas), budget_runs=5, alpha=0.02, judge_ends=2)
+    assert (p.max_decided, p.alpha_point) == (2 + 4, pytest.approx(0.02 / 6))
+    got = run_cli_in_process("bisect", shas[0], shas[-1], "--property", "seed-stability", "--alpha", "0.02",
+                             "--budget-runs", "5", "--", "seeds.yaml", env=user_env(live_server, folder), cwd=folder)
+    assert got.returncode == 2, (got.stdout, got.stderr)
+    stated = ("each point's claim at level 0.333% (2% over the 6 points the search decides when none is skipped or "
+              "undecided): wrong commit with probability ≤ 2%")
+    assert planned_guarantee(p) == stated and stated in got.stderr, got.stderr
+    assert ("0 point(s) decided, each claim wrong with probability ≤ 0.333%: the named commit is wrong with "
+            "probability ≤ 0% (Bonferroni)") in got.stdout, got.stdout
 
 
 STACKS = ("env-a", "env-b", "env-c", "env-d", "env-e")
@@ -237,10 +270,13 @@ def test_a_stack_range_is_bisected_over_the_spec_stacks(live_server, tmp_path):
 
     spec["metrics"] = [{"name": "loss", "margin": 0.1}]
     spec["code"] = studies[0]["spec"]["code"]
+    from steady.server.stats.bisect import plan
+
     args = argparse.Namespace(property="tost", max_code_mb=50.0, poll=0.3, budget_runs=400)
     points = stack_range(spec, "env-b", "env-d")
     assert [p.sha for p in points] == ["env-b", "env-c", "env-d"]
     b = _Bisect(Api(live_server.url, live_server.tokens["user"]), args, spec, "", ".", points, str(tmp_path))
+    b.plan = plan(len(points), budget_runs=400, judge_ends=1)
     with live_server.client() as c:
         made = c.post("/api/v1/studies", json=b.study_spec(2, 40, b.code(2)))
         assert made.status_code == 201, made.text

@@ -6,7 +6,9 @@ content-addressed archive, ``git_commit`` set), runs on the queue and is judged 
 (``steady.server.reports.outcome``), the check of the bisected kind deciding the point: pass → ``good``, fail →
 ``bad``, inconclusive → ``undecided``; a study whose runs all failed, or a commit lacking the spec's script,
 is ``skipped`` (``git bisect skip``). Seed stability and TOST points grow in stages (the spec's ``budget``,
-docs/adaptive-seeds.md) within their share of ``--budget-runs``. The search is
+docs/adaptive-seeds.md) within their share of ``--budget-runs``. Every statistical point is judged at the level
+``--alpha`` / m (the spec's ``alpha``), m the most points the search may decide (``plan``), so the commit named is
+wrong with probability at most ``--alpha`` while no more than m points are decided. The search is
 ``steady.server.stats.bisect``; each study's description names the bisect and the point, so the studies
 are found on the dashboard. No table, no scheduler of its own.
 """
@@ -34,7 +36,6 @@ PROPERTIES = {  # --property → the report check kind that decides a point
     "tost": "stack_portability",
     "cost": "determinism_cost",
 }
-POINT_ALPHA = 0.05  # each claim of the server's rules (docs/adaptive-seeds.md)
 EXIT_FOUND, EXIT_NO_CHANGE, EXIT_UNDECIDED = 0, 1, 2
 
 
@@ -126,6 +127,7 @@ class _Bisect:
         self.reports: dict[int, Any] = {}  # point → its study's report
         self.studies: dict[int, dict[str, Any]] = {}
         self.stacks = commits[0].stack is not None
+        self.plan: Any = None  # the search's plan (``steady.server.stats.bisect.plan``), set before the first point
         self.title = (f"{commits[0].sha}..{commits[-1].sha}" if self.stacks
                       else f"{commits[0].sha[:7]}..{commits[-1].sha[:7]}")
 
@@ -170,6 +172,8 @@ class _Bisect:
         spec["description"] = (f"steady bisect {self.title} ({self.args.property}): point {point} of "
                                f"{len(self.commits) - 1}, {commit.what} {commit.sha}")
         spec.pop("budget", None)
+        if self.kind != "repeatability":  # each claim at the plan's level (a repeatability claim is exact)
+            spec["alpha"] = self.plan.alpha_point
         if self.kind == "repeatability":
             spec["repeats"] = max(int(spec.get("repeats", 1)), 2)
         seeds = len(spec.get("seeds") or [0])
@@ -274,14 +278,10 @@ def _divergent_step(b: _Bisect, point: int) -> str:
 
 
 def render(b: _Bisect, result: Any) -> int:
-    from steady.server.stats.bisect import wrong_point_bound
-
     commits = b.commits
     low, high = commits[result.last_good], commits[result.first_bad]
     out: list[str] = []
-    bound = wrong_point_bound(result.decided, POINT_ALPHA)
-    guarantee = (f"{result.decided} point(s) decided, each claim wrong at most {POINT_ALPHA:.0%}: the named commit "
-                 f"is wrong with probability at most {bound:.0%} (Bonferroni)")
+    guarantee = _guarantee(b.plan, result.decided)
     if b.kind == "repeatability":
         guarantee = (f"{result.decided} point(s) decided; a 'differs' claim is exact (two repeats differed), an "
                      "'identical' one holds for the repeats run: a break that shows rarely can hide in them")
@@ -336,6 +336,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     target = _split_target(args)
     if args.budget_runs < 1 or args.parallel < 1:
         raise CliError("--budget-runs and --parallel must be 1 or more", EXIT_USAGE)
+    if not 0.0 < args.alpha <= 0.5:
+        raise CliError(f"--alpha must be in (0, 0.5], got {args.alpha:g}", EXIT_USAGE)
     if not target:
         raise CliError("give a study spec or a command after --", EXIT_USAGE)
     if len(target) == 1 and os.path.isfile(target[0]):
@@ -376,15 +378,38 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         if b.kind == "stack_portability" and isinstance(b.code(0), str):
             raise CliError(f"GOOD {commits[0].short} cannot be the reference: {b.code(0)}", EXIT_USAGE)
         judge_good = b.kind != "stack_portability"  # TOST: GOOD is the reference, not a point
-        p = plan(len(commits), parallel=args.parallel, budget_runs=args.budget_runs,
-                 judge_ends=1 + judge_good)
+        p = b.plan = plan(len(commits), parallel=args.parallel, budget_runs=args.budget_runs, alpha=args.alpha,
+                          judge_ends=1 + judge_good)
+        level = "" if b.kind == "repeatability" else f"; {planned_guarantee(p)}"
         b.progress(f"bisecting {len(commits) - 2} {commits[0].what}s between {commits[0].short} and "
                    f"{commits[-1].short} "
                    f"for {args.property}: at most {p.rounds} rounds of {args.parallel} point(s) and the ends, "
-                   f"up to {args.budget_runs // p.max_decided} runs per point")
+                   f"up to {args.budget_runs // p.max_decided} runs per point{level}")
         result = bisect(len(commits), b.judge, parallel=args.parallel, budget_runs=args.budget_runs,
-                        alpha_point=POINT_ALPHA, min_runs=b.min_runs(), judge_good=judge_good)
+                        alpha_point=p.alpha_point, min_runs=b.min_runs(), judge_good=judge_good)
         return render(b, result)
+
+
+def _pct(level: float) -> str:
+    return f"{level * 100:.3g}%"
+
+
+def planned_guarantee(p: Any) -> str:
+    """The search's promise before it starts: each point's level and the chance of naming a wrong commit."""
+    return (f"each point's claim at level {_pct(p.alpha_point)} ({_pct(p.alpha)} over the {p.max_decided} points "
+            f"the search decides when none is skipped or undecided): wrong commit with probability ≤ {_pct(p.alpha)}")
+
+
+def _guarantee(p: Any, decided: int) -> str:
+    """What the search that ran can claim: m·α_point for its m decided points (Bonferroni), and how that stands
+    against the plan's total when undecided or skipped points made it decide more than planned."""
+    from steady.server.stats.bisect import wrong_point_bound
+
+    bound = wrong_point_bound(decided, p.alpha_point)
+    over = (f"; more than the {p.max_decided} planned, so more than the planned {_pct(p.alpha)}"
+            if decided > p.max_decided else "")
+    return (f"{decided} point(s) decided, each claim wrong with probability ≤ {_pct(p.alpha_point)}: the named "
+            f"commit is wrong with probability ≤ {_pct(bound)} (Bonferroni{over})")
 
 
 def _options(p: argparse.ArgumentParser, default: Any = None) -> None:
@@ -396,6 +421,9 @@ def _options(p: argparse.ArgumentParser, default: Any = None) -> None:
                    help="what to bisect (default repeatability)")
     p.add_argument("--budget-runs", type=int, default=d(400), help="runs for the whole bisect (default 400)")
     p.add_argument("--parallel", type=int, default=d(1), help="points judged at once, one study each (default 1)")
+    p.add_argument("--alpha", type=float, default=d(0.05),
+                   help="the chance of naming a wrong commit the bisect may take (default 0.05): each point is "
+                        "judged at this over the most points the search decides")
     p.add_argument("--repo", metavar="DIR", default=d(None),
                    help="the git repository (default: the one holding the spec)")
     p.add_argument("--framework", default=d("python"), help="the framework of a bare command (default python)")
