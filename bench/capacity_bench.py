@@ -7,7 +7,12 @@ throwaway PostgreSQL database. For each number of agents (``--agents``, default 
 
 1. *health*: every agent asks ``/healthz`` back to back for ``--phase-s`` seconds: the baseline.
 2. *heartbeat*: every agent heartbeats its lease back to back for ``--phase-s`` seconds.
-3. *fleet*: every agent works like a worker with a steady run (``--fleet-s`` seconds): a metric
+3. *lease* (with ``--lease-phase``): every agent releases its run and leases one again, back to
+   back, for ``--phase-s`` seconds: the server's CPU per cycle (a release and a lease) and the
+   cycle's latency. Every release and lease of one study settles its status under the study's row
+   lock, so this phase measures that lock as much as a lease's work; at 1,000 agents its cycles run
+   past the phase into the fleet's.
+4. *fleet*: every agent works like a worker with a steady run (``--fleet-s`` seconds): a metric
    batch of ``--points`` points every ``--batch-s`` seconds, a heartbeat every ``--heartbeat-s``
    seconds, the run completed after ``--batches`` batches and the next one leased; one probe per
    client process asks ``/healthz`` every 0.2 s meanwhile, so lease and heartbeat latency have a
@@ -47,6 +52,12 @@ from bench.procstat import process_tree_cpu_s
 from steady.worker.contract.protocol import Series
 
 PROBE_INTERVAL_S = 0.2
+
+
+def phase_plan(a: argparse.Namespace) -> tuple[tuple[str, float], ...]:
+    """The phases in order, with their lengths."""
+    lease = (("lease", a.phase_s),) if a.lease_phase else ()
+    return (("health", a.phase_s), ("heartbeat", a.phase_s), *lease, ("fleet", a.fleet_s))
 
 
 def _ms(values: list[float], q: float) -> float | None:
@@ -145,6 +156,16 @@ class Agent:
         while time.time() < end:
             if kind == "health":
                 await self.call("health", "GET", "/healthz")
+            elif kind == "lease":
+                # give the run back and lease one again: the run returns to the queue, no attempt is counted
+                status, _ = await self.call("release", "POST", f"/api/v1/runs/{self.run_id}/release",
+                                            {"lease_id": self.lease_id})
+                if status != 200:
+                    self.out["lost"] += 1
+                while not await self.lease(record=True):
+                    if time.time() >= end + 60:  # the fleet phase needs a run: keep trying a while past the end
+                        return
+                    await asyncio.sleep(0.5)
             else:
                 step += 1
                 if await self.heartbeat(step) == 409:
@@ -197,6 +218,7 @@ def client_main(argv: list[str]) -> None:
         p.add_argument(name, type=float)
     p.add_argument("--batches", type=int)
     p.add_argument("--points", type=int)
+    p.add_argument("--lease-phase", action="store_true")
     a = p.parse_args(argv)
     u = urlsplit(a.url)
     phases: dict[str, dict] = {}
@@ -217,7 +239,7 @@ def client_main(argv: list[str]) -> None:
         print("ready", flush=True)
         start_at = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
         t = start_at
-        for name, length in (("health", a.phase_s), ("heartbeat", a.phase_s), ("fleet", a.fleet_s)):
+        for name, length in phase_plan(a):
             await asyncio.sleep(max(0.0, t - time.time()))
             out = phases[name] = fresh()
             for x in agents:
@@ -273,7 +295,7 @@ def measure(url_db: str, tmp: Path, agents: int, a: argparse.Namespace) -> dict:
         cmd = [sys.executable, str(Path(__file__)), "_client", "--url", server.url, "--token", server.tokens["worker"],
                "--phase-s", str(a.phase_s), "--fleet-s", str(a.fleet_s), "--batch-s", str(a.batch_s),
                "--heartbeat-s", str(a.heartbeat_s), "--gap-s", str(a.gap_s), "--batches", str(a.batches),
-               "--points", str(a.points)]
+               "--points", str(a.points), *(["--lease-phase"] if a.lease_phase else [])]
         cpu: list[float] = []
         bounds: list[tuple[str, float, float]] = []
         sampler: list[threading.Thread] = []
@@ -281,7 +303,7 @@ def measure(url_db: str, tmp: Path, agents: int, a: argparse.Namespace) -> dict:
         def on_start() -> None:
             # run_synced_clients starts the clients at now + lead_s (0.5 s): the phases follow from there
             t0 = time.time() + 0.5
-            for name, length in (("health", a.phase_s), ("heartbeat", a.phase_s), ("fleet", a.fleet_s)):
+            for name, length in phase_plan(a):
                 bounds.append((name, t0, t0 + length))
                 t0 += length + a.gap_s
             th = _cpu_sampler(server.proc.pid, [t for _, s, e in bounds for t in (s, e)], cpu)
@@ -311,11 +333,15 @@ def measure(url_db: str, tmp: Path, agents: int, a: argparse.Namespace) -> dict:
         row[name] = {
             "requests": count, "requests_per_s": round(count / (end - start), 1),
             "server_cpu_ms_per_request": round(1000 * cpu_s / count, 3) if count else None,
-            "server_cpu_busy": round(cpu_s / (end - start), 2),
+            "server_cpu_s": round(cpu_s, 3), "server_cpu_busy": round(cpu_s / (end - start), 2),
             "latency_ms": {k: {"p50": _ms(v, 50), "p99": _ms(v, 99), "n": len(v)} for k, v in sorted(lat.items())},
             "lost_leases": sum(o["lost"] for o in phase), "errors": len(errors), "error_examples": errors[:5],
         }
     h, hb, fl = row["health"], row["heartbeat"], row["fleet"]
+    ls = row.get("lease")
+    if ls is not None:  # a cycle is a release and a lease: the server's CPU per cycle
+        leases = ls["latency_ms"].get("lease", {}).get("n", 0)
+        ls["server_cpu_ms_per_cycle"] = round(1000 * ls["server_cpu_s"] / leases, 3) if leases else None
 
     def ratio(x: float | None, y: float | None) -> float | None:
         return None if x is None or not y else round(x / y, 2)
@@ -333,6 +359,9 @@ def measure(url_db: str, tmp: Path, agents: int, a: argparse.Namespace) -> dict:
         "fleet_heartbeat_p50_vs_health_probe": ratio(lat(fl, "heartbeat", "p50"), lat(fl, "health_probe", "p50")),
         "fleet_heartbeat_p99_vs_health_probe": ratio(lat(fl, "heartbeat", "p99"), lat(fl, "health_probe", "p99")),
     }
+    if ls is not None:
+        row["ratios"]["lease_cycle_cpu_vs_health"] = ratio(ls["server_cpu_ms_per_cycle"], h["server_cpu_ms_per_request"])
+        row["ratios"]["lease_p50_vs_health"] = ratio(lat(ls, "lease", "p50"), lat(h, "health", "p50"))
     offered = agents * (1 / a.batch_s + 1 / a.heartbeat_s + 2 / (a.batches * a.batch_s)) + n_procs / PROBE_INTERVAL_S
     fl["offered_requests_per_s"] = round(offered, 1)
     hb_p99 = lat(fl, "heartbeat", "p99")
@@ -353,10 +382,11 @@ def main() -> int:
     p.add_argument("--heartbeat-s", type=float, default=10.0, help="fleet: seconds between heartbeats (the default)")
     p.add_argument("--batches", type=int, default=3, help="fleet: batches per run before it completes")
     p.add_argument("--points", type=int, default=1000, help="fleet: points per batch")
+    p.add_argument("--lease-phase", action="store_true", help="add the lease phase (releases and leases back to back)")
     p.add_argument("--saturation-ms", type=float, default=1000.0, help="fleet heartbeat p99 above this: saturated")
     p.add_argument("--out", default="capacity")
     p.add_argument("--py-spy", help="path of py-spy: sample the server during --profile-phase (bench/results/profile-*)")
-    p.add_argument("--profile-phase", default="heartbeat", choices=("health", "heartbeat", "fleet"))
+    p.add_argument("--profile-phase", default="heartbeat", choices=("health", "heartbeat", "lease", "fleet"))
     a = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
