@@ -278,11 +278,17 @@ def _report_bands(session: Session, study: Study, *, metric: str, coverage: floa
     return tuple(out) if out else None
 
 
-def level_options(spec: dict[str, Any]) -> dict[str, float]:
+@dataclasses.dataclass(frozen=True)
+class StudyLevel:
+    alpha: float = 0.05
+    cost_confidence: float | None = None  # None: the CI at the spec's confidence
+
+
+def study_level(spec: dict[str, Any]) -> StudyLevel:
     """The study's level α (``StudySpec.alpha``) as ``build_report`` takes it: every claim of seed stability and
     stack portability at α, the cost check's CI at 1 − α. Unset: the defaults (0.05; the CI at ``confidence``)."""
     alpha = spec.get("alpha")
-    return {} if alpha is None else {"alpha": float(alpha), "cost_confidence": 1.0 - float(alpha)}
+    return StudyLevel() if alpha is None else StudyLevel(float(alpha), 1.0 - float(alpha))
 
 
 def compute_report(session: Session, study_id: int) -> Report:
@@ -297,6 +303,7 @@ def compute_report(session: Session, study_id: int) -> Report:
     data = run_data(session, runs, keys)
     route = seed_route(study, runs)
     seed_stages = adaptive.seed_stages(session, study)
+    level = study_level(spec)
     built = build_report(
         data,
         specs,
@@ -307,7 +314,8 @@ def compute_report(session: Session, study_id: int) -> Report:
         cost_budget=spec.get("cost_budget"),
         stages=seed_stages,
         route=route,
-        **level_options(spec),
+        alpha=level.alpha,
+        cost_confidence=level.cost_confidence,
     )
     convergence = convergence_section(session, data, spec["convergence"]) if spec.get("convergence") else None
     sources = sources_section(spec, runs, data, [m.name for m in specs], stages=seed_stages)
