@@ -391,7 +391,7 @@ def test_a_slowly_wandering_environment_alarms_only_with_the_caveat_beside_it(sh
     whole summary: the rule fires in 1.5–9% of 100-study lifetimes, above its 1%. An alarm claims its level only
     where the history before it rules the wander out (``wander_bound``), so the lifetimes that alarm *with no
     caveat beside them* stay within 1%: the staged exact check rules out 2% (a rule at 2% passes it with
-    probability ≤ 5%; one at the 0.2–0.5% measured in docs/calibration.md passes it with probability ≥ 99%)."""
+    probability ≤ 5%; one at the 0.1–0.55% measured in results/calibration.md passes it with probability ≥ 99%)."""
     from tests.stats.rate_checks import design
 
     check = design(2 * SUITE_SHIFT.nominal, (300, 900))
