@@ -83,3 +83,45 @@ def test_the_level_decides_the_tost(api):
         r = got["verdict"]["result"]
         assert (r["diff_ci_low"], r["diff_ci_high"]) == pytest.approx(
             (d - scipy.stats.t.ppf(1 - alpha / 2, df) * se, d + scipy.stats.t.ppf(1 - alpha / 2, df) * se), rel=1e-9)
+
+
+def _step_times() -> dict[str, np.ndarray]:
+    """Per-run step times (each run's steps all equal, so its median is that value) of two levels."""
+    rng = np.random.default_rng(460)
+    return {"seeded": np.exp(rng.normal(0.0, 0.05, SEEDS)), "strict": np.exp(rng.normal(0.25, 0.05, SEEDS))}
+
+
+def _cost(api, alpha: float | None, budget: float) -> tuple[dict, dict]:
+    body = {"name": "cost", "kind": "external", "determinism": ["seeded", "strict"], "cost_budget": budget,
+            "metrics": ["loss"]}
+    if alpha is not None:
+        body["alpha"] = alpha
+    r = api.post("/api/v1/studies", json=body)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    for level, times in _step_times().items():
+        for seed, t in enumerate(times):
+            run = {"seed": seed, "determinism": level, "stack": {"name": "a100"},
+                   "metrics": {"loss": {"steps": list(range(10)), "values": [1.0] * 10},
+                               "step_time": {"steps": list(range(10)), "values": [float(t)] * 10}}}
+            assert api.post(f"/api/v1/studies/{sid}/runs", json=run).status_code == 201
+    report = api.get(f"/api/v1/studies/{sid}/report").json()
+    (c,) = [c for c in report["determinism_cost"] if (c["numerator"], c["denominator"]) == ("strict", "seeded")]
+    return report, c
+
+
+def test_the_level_decides_the_cost_check(api):
+    """The cost check's CI is at 1 − α (unset: at the spec's confidence, 95%): a budget between the 95% and the 99%
+    upper ends of SciPy's Welch interval of the log ratio passes at α = 0.05 and is inconclusive at α = 0.01."""
+    times = _step_times()
+    x, y = np.log(times["strict"]), np.log(times["seeded"])
+    ci = {a: scipy.stats.ttest_ind(x, y, equal_var=False).confidence_interval(confidence_level=1 - a)
+          for a in (0.05, 0.01)}
+    budget = float(np.exp((ci[0.05].high + ci[0.01].high) / 2))
+    unset, at5, at1 = _cost(api, None, budget), _cost(api, 0.05, budget), _cost(api, 0.01, budget)
+    for (_, c), a in ((unset, 0.05), (at5, 0.05), (at1, 0.01)):
+        assert c["confidence"] == pytest.approx(1 - a)
+        assert (c["ci_low"], c["ci_high"]) == pytest.approx((np.exp(ci[a].low), np.exp(ci[a].high)), rel=1e-9)
+    assert unset[1]["verdict"] == at5[1]["verdict"] == "pass" and at1[1]["verdict"] == "inconclusive"
+    assert at1[1]["guarantee"].startswith("99% CI; false 'fail' ≤ 0.5%, false 'pass' ≤ 0.5%")
+    assert at5[1]["guarantee"].startswith("95% CI; false 'fail' ≤ 2.5%, false 'pass' ≤ 2.5%")
