@@ -42,6 +42,13 @@ def _more(n_needed: int | None, n: int, unit: str = "seeds") -> str:
     return f"run ~{max(n_needed - n, 1)} more {unit} to confirm"
 
 
+def _confidence(spread: Any) -> str:
+    """1 − α of the rule that decided the spread (its bounds' level; the report's default 95%)."""
+    bounds = spread.std_bounds or spread.decision_bounds
+    alpha = bounds.alpha if bounds is not None else 0.05
+    return f"{(1 - alpha) * 100:.3g}%"
+
+
 def _tie_line(verdict: str, spread: Any, limit: float) -> str:
     """Every seed ended on the same value: what that shows depends on the metric's resolution."""
     q, b = spread.resolution, spread.decision_bounds
@@ -51,7 +58,7 @@ def _tie_line(verdict: str, spread: Any, limit: float) -> str:
     bound = f"the smallest spread it can show, one seed one step off, is below {b.upper:.3g}" if b else ""
     if verdict == "stable":
         return (f"stable: all {spread.n} seeds end on the same value at resolution {q:.3g}; {bound}, under the "
-                f"limit {limit:g} with 95% confidence")
+                f"limit {limit:g} with {_confidence(spread)} confidence")
     more = (f"about {spread.n_needed - spread.n} more tied seeds would show it" if spread.n_needed
             else "more seeds at this resolution cannot show it; log the metric at a finer resolution")
     return (f"cannot tell: all {spread.n} seeds end on the same value, but at resolution {q:.3g} a tie is no "
@@ -82,9 +89,9 @@ def seed_line(verdict: str, spread: Any, *, n_seeds: int, sequential: Any = None
         return f"no limit to judge against: std {s:.3g} over {spread.n} seeds; give the metric a max_std"
     ratio = times(s, limit)
     if verdict == "stable":
-        return f"stable: std {s:.3g} is {ratio} the limit {limit:g}, below it with 95% confidence"
+        return f"stable: std {s:.3g} is {ratio} the limit {limit:g}, below it with {_confidence(spread)} confidence"
     if verdict == "unstable":
-        return (f"unstable: std {s:.3g} is {ratio} the limit {limit:g}, above it with 95% confidence; "
+        return (f"unstable: std {s:.3g} is {ratio} the limit {limit:g}, above it with {_confidence(spread)} confidence; "
                 "find the source of the spread (or raise max_std if it is acceptable)")
     likely = "likely stable" if s < limit else "likely unstable"
     if sequential is not None and not sequential.final:

@@ -45,6 +45,9 @@ def test_the_page_states_the_points_level_and_the_bound(api):
     assert "First stack where seed-stability changed: <strong><code>env-c</code></strong>" in page.text
     for point, sid in enumerate(ids):
         assert f'<tr data-point="{point}"' in page.text and f"study {sid}" in page.text
+    # each point's line states the confidence its own level gives, not the report's default
+    assert page.text.count(f"below it with {(1 - p.alpha_point) * 100:.3g}% confidence") == 2
+    assert page.text.count(f"above it with {(1 - p.alpha_point) * 100:.3g}% confidence") == 1
     bound = wrong_point_bound(3, p.alpha_point)
     assert bound == pytest.approx(p.alpha)
     assert (f"Each point was judged at level {p.alpha_point * 100:.3g}% (its study's alpha); with 3 points decided, "

@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.dashboard.conftest import curve, shot, upload_external
+from tests.dashboard.test_bisect_page import SPAN, bisect_studies
 
 pytestmark = pytest.mark.browser
 
@@ -141,8 +142,10 @@ def test_every_page_desktop_and_phone_screenshots(live_server, new_page):
     nothing overflows sideways; no page loads anything from another host."""
     with live_server.client() as c:
         sid, runs = _demo_like_study(c)
+        bisect_studies(c.post, 0.05 / 3)
     pages = {"login": "/login", "studies": "/studies", "study": f"/studies/{sid}", "run": f"/runs/{runs[0]['id']}",
              "workers": "/workers", "fleet": "/fleet", "alerts": "/alerts", "not-found": "/studies/999999",
+             "bisect": f"/bisects/{SPAN}",
              "docs": "/docs",
              "redoc": "/redoc"}
     overflow = {}
