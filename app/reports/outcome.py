@@ -129,7 +129,7 @@ def _sources_checks(report: Any) -> list[Check]:
     out: list[Check] = []
     for t in report.sources or ():
         band = f"[{1 / t.margin:.3g}, {t.margin:.3g}]"
-        guarantee = f"TOST at α = {t.alpha:g}: a false 'the full variance' at most {t.alpha:.0%} of the time"
+        guarantee = f"TOST at α = {t.alpha:g}: a false 'the full variance' at most {t.alpha * 100:.3g}% of the time"
         for r in t.rows:
             name = f"{t.metric} {r.source} vs all sources"
             if r.status == "not_varied":
@@ -144,7 +144,7 @@ def _sources_checks(report: Any) -> list[Check]:
                                  guarantee=""))
                 continue
             if all(math.isfinite(x) for x in (v.ratio, v.lower, v.upper)):
-                ratio = (f"SD ratio {v.ratio:.3g} ({1 - 2 * t.alpha:.0%} CI {v.lower:.3g}–{v.upper:.3g}) against "
+                ratio = (f"SD ratio {v.ratio:.3g} ({(1 - 2 * t.alpha) * 100:.3g}% CI {v.lower:.3g}–{v.upper:.3g}) against "
                          f"{band}")
             else:  # a zero SD is exact: no ratio to draw an interval around
                 ratio = "no SD ratio: " + ("both this arm's and all sources' runs are all equal" if math.isnan(v.ratio)
@@ -229,7 +229,7 @@ def _fleet_checks(fleet: Any) -> list[Check]:
                 f"{a.verdict.replace('_', ' ')} within ±{a.margin:g}{numbers}")
         status: Status = {"equivalent": "pass", "not_equivalent": "fail"}.get(a.verdict, "inconclusive")  # type: ignore[assignment]
         out.append(Check(kind="fleet", name=name, status=status, summary=line, reason=line,
-                         guarantee=f"TOST at α = {a.alpha:g}: a false 'equivalent' at most {a.alpha:.0%} of the time"))
+                         guarantee=f"TOST at α = {a.alpha:g}: a false 'equivalent' at most {a.alpha * 100:.3g}% of the time"))
     return out
 
 
