@@ -125,3 +125,40 @@ def test_the_level_decides_the_cost_check(api):
     assert unset[1]["verdict"] == at5[1]["verdict"] == "pass" and at1[1]["verdict"] == "inconclusive"
     assert at1[1]["guarantee"].startswith("99% CI; false 'fail' ≤ 0.5%, false 'pass' ≤ 0.5%")
     assert at5[1]["guarantee"].startswith("95% CI; false 'fail' ≤ 2.5%, false 'pass' ≤ 2.5%")
+
+
+def _seed_study(api, alpha: float, max_std: float) -> dict:
+    r = api.post("/api/v1/studies", json={"name": "seeds", "kind": "external", "alpha": alpha,
+                                          "metrics": [{"name": "loss", "max_std": max_std}]})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    for seed, final in enumerate(_seed_finals()):
+        run = {"seed": seed, "determinism": "seeded", "stack": {"name": "a100"},
+               "metrics": {"loss": {"steps": [0, 1], "values": [2.0, float(final)]}}}
+        assert api.post(f"/api/v1/studies/{sid}/runs", json=run).status_code == 201
+    (v,) = [v for v in api.get(f"/api/v1/studies/{sid}/report").json()["verdicts"] if v["level"] == "seed_stability"]
+    return v
+
+
+def _seed_finals() -> np.ndarray:
+    return 1.0 + np.random.default_rng(4646).standard_normal(12)
+
+
+def test_the_level_decides_seed_stability(api):
+    """The σ bounds are at the study's level (the normal-theory part against SciPy's χ² quantiles), and a limit
+    between the decision's lower bounds at 0.05 and at 0.01 is exceeded at 0.05 and not shown at 0.01."""
+    x = _seed_finals()
+    n, s = x.size, float(x.std(ddof=1))
+    bounds = {}
+    for alpha in (0.05, 0.01):
+        v = _seed_study(api, alpha, 1e-3)
+        chi2 = v["spread"]["std_bounds"]
+        assert chi2["alpha"] == alpha
+        assert chi2["lower"] == pytest.approx(s * np.sqrt((n - 1) / scipy.stats.chi2.ppf(1 - alpha, n - 1)), rel=1e-9)
+        assert chi2["upper"] == pytest.approx(s * np.sqrt((n - 1) / scipy.stats.chi2.ppf(alpha, n - 1)), rel=1e-9)
+        bounds[alpha] = v["spread"]["decision_bounds"]["lower"]
+    assert bounds[0.01] < bounds[0.05]
+    limit = (bounds[0.01] + bounds[0.05]) / 2
+    at5, at1 = _seed_study(api, 0.05, limit), _seed_study(api, 0.01, limit)
+    assert (at5["verdict"], at1["verdict"]) == ("unstable", "inconclusive")
+    assert "above it with 95% confidence" in at5["summary"] and "≤ 1%" in at1["guarantee"]
