@@ -96,3 +96,25 @@ def test_numbers_response_spells_non_finite_floats_instead_of_null():
     body = NumbersJSONResponse({"x": [1.0, math.nan], "y": np.float64(np.inf), "z": None}).body
     assert _loads(body) == {"x": [1.0, "NaN"], "y": "Infinity", "z": None}
     assert orjson.loads(body)["z"] is None
+
+
+def test_numbers_response_writes_arrays_as_the_bytes_of_their_python_numbers():
+    """Arrays rendered from their memory give the bytes of the same content turned into Python
+    numbers first (``to_plain``): float64 over the whole exponent range, signed zeros, subnormals,
+    NaN and ±Inf (as the strings), integers, booleans, float32 and 2-D arrays (element by element)."""
+    rng = np.random.default_rng(7)
+    wide = rng.standard_normal(20_000) * 10.0 ** rng.integers(-320, 308, 20_000)
+    special = np.array([0.0, -0.0, 5e-324, -2.2250738585072014e-308, 1.7976931348623157e308, 1e16, 1e-7, 0.1,
+                        2.0**53, 123456789012345678.0, 1e21, -1e22])
+    with_nonfinite = wide.copy()
+    with_nonfinite[rng.integers(0, wide.size, 30)] = rng.choice([np.nan, np.inf, -np.inf], 30)
+    content = {
+        "wide": wide, "special": special, "nonfinite": with_nonfinite, "strided": wide[::3],
+        "steps": np.arange(0, 10**12, 10**7, dtype=np.int64), "n": rng.integers(0, 300, 500).astype(np.int32),
+        "u": np.array([2**64 - 1, 0], dtype=np.uint64), "flags": rng.random(50) < 0.5,
+        "f32": rng.standard_normal(50).astype(np.float32), "matrix": rng.standard_normal((3, 4)),
+        "groups": [{"quantiles": {"0.5": with_nonfinite[:100], "0.95": wide[:100]}, "run_ids": (1, 2),
+                    "coverage": 0.9, "none": None, "nan": math.nan}],
+        "plain": [1.0, math.inf], "empty": np.array([], dtype=np.float64),
+    }
+    assert NumbersJSONResponse(content).body == orjson.dumps(plain(to_plain(content)))

@@ -51,7 +51,6 @@ from steady.server.studies import adaptive
 from steady.server.studies import service as studies
 from steady.server.studies import repository as studies_repo
 from steady.server.studies.arms import arm_differences, differences, effective_arms
-from steady.server.kit.wire import NONFINITE_SPELLING
 from steady.worker.contract.protocol import STEP_TIME_KEYS
 from steady.worker.contract.sources import SOURCES, SourcesError, varied_sources
 
@@ -472,8 +471,10 @@ def study_bands(
     confidence: float,
     max_points: int | None,
 ) -> dict[str, Any]:
-    """The ``Bands`` of ``metric`` as plain JSON data (non-finite floats spelled as the API spells
-    them): millions of numbers are rendered as they are, not validated into models first."""
+    """The ``Bands`` of ``metric``: JSON-like data whose per-step statistics are numpy arrays
+    (``GroupBand.to_arrays``; ``steady.server.kit.responses.NumbersJSONResponse`` writes them with the
+    API's spelling of non-finite floats): millions of numbers are rendered as they are, not
+    validated into models or turned into Python floats first."""
     study = studies_repo.get_study(session, study_id)
     groups = _report_bands(session, study, metric=metric, coverage=coverage, confidence=confidence,
                            max_points=max_points)
@@ -486,7 +487,7 @@ def study_bands(
             groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence,
                                    max_points=max_points)
     return {"study_id": study_id, "metric": metric, "coverage": coverage, "confidence": confidence,
-            "groups": [g.to_dict(spelling=NONFINITE_SPELLING) for g in groups]}
+            "groups": [g.to_arrays() for g in groups]}
 
 
 def run_settled(session: WriteSession, study_id: int) -> None:

@@ -323,6 +323,12 @@ class GroupBand:
         """Plain data with non-finite floats kept as floats."""
         return to_data(self._fields())
 
+    def to_arrays(self) -> dict:
+        """The fields of ``to_data`` with every per-step statistic left a 1-D numpy array (steps
+        and n integers, the rest float64 with NaN and ±Inf as they are), for a renderer that
+        writes arrays without a Python object per value."""
+        return self._fields()
+
     def _fields(self) -> dict:
         b = self.band
         return ({

@@ -3,14 +3,13 @@ series, with only the lines' series loaded."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 from sqlalchemy import select
 
 from steady.server.dashboard import charts
 from steady.server.dashboard import service as dashboard
 from steady.server.kit.db import Database
+from steady.server.kit.responses import NumbersJSONResponse
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
 from steady.server.reports import service as reports
@@ -68,13 +67,14 @@ def test_bands_after_a_report_are_the_reports_and_equal_computed_ones(db_url):
     study_id = _study(db)
     try:
         with db.read() as s:
-            fresh = {mp: json.dumps(reports.study_bands(s, study_id, metric="loss", coverage=0.8, confidence=0.9,
-                                                        max_points=mp)) for mp in (None, 100)}
+            fresh = {mp: NumbersJSONResponse(reports.study_bands(s, study_id, metric="loss", coverage=0.8,
+                                                                 confidence=0.9, max_points=mp)).body
+                     for mp in (None, 100)}
             reports.compute_report(s, study_id)
             assert reports.report_band(s, study_id, metric="loss", determinism="seeded", stack="a") is not None
             for mp in (None, 100):
-                assert json.dumps(reports.study_bands(s, study_id, metric="loss", coverage=0.8, confidence=0.9,
-                                                      max_points=mp)) == fresh[mp]
+                assert NumbersJSONResponse(reports.study_bands(s, study_id, metric="loss", coverage=0.8,
+                                                               confidence=0.9, max_points=mp)).body == fresh[mp]
             other = reports.study_bands(s, study_id, metric="loss", coverage=0.9, confidence=0.9, max_points=None)
             assert other["groups"][0]["coverage"] == 0.9  # not the report's: computed
     finally:

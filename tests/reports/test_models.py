@@ -141,15 +141,15 @@ def test_typed_verdicts_of_a_cross_report():
 
 def test_bands_data_is_what_the_bands_model_describes():
     """The /bands route renders plain data (no validation, for speed): it must read as ``Bands``."""
+    from steady.server.kit.responses import NumbersJSONResponse
     from steady.server.reports.models import Bands
     from steady.server.stats.report import compute_bands
-    from steady.server.kit.wire import NONFINITE_SPELLING
 
     groups = compute_bands(RUNS[:3], metric="loss")  # one seed: std and intervals are NaN at every step
-    body = {"study_id": 1, "metric": "loss", "coverage": 0.9, "confidence": 0.95,
-            "groups": [g.to_dict(spelling=NONFINITE_SPELLING) for g in groups]}
-    text = json.dumps(body, allow_nan=False)
-    assert '"NaN"' in text
+    text = NumbersJSONResponse({"study_id": 1, "metric": "loss", "coverage": 0.9, "confidence": 0.95,
+                                "groups": [g.to_arrays() for g in groups]}).body  # as the route renders it
+    body = json.loads(text)
+    assert '"NaN"' in text.decode()
     bands = Bands.model_validate_json(text)
     (g,) = bands.groups
     assert g.n == [1] * len(g.steps) and all(math.isnan(x) for x in g.std)
