@@ -172,8 +172,6 @@ class _Bisect:
         spec["description"] = (f"steady bisect {self.title} ({self.args.property}): point {point} of "
                                f"{len(self.commits) - 1}, {commit.what} {commit.sha}")
         spec.pop("budget", None)
-        if self.kind != "repeatability":  # each claim at the plan's level (a repeatability claim is exact)
-            spec["alpha"] = self.plan.alpha_point
         if self.kind == "repeatability":
             spec["repeats"] = max(int(spec.get("repeats", 1)), 2)
         seeds = len(spec.get("seeds") or [0])
@@ -196,6 +194,10 @@ class _Bisect:
             spec["reference_stack"] = spec["arms"][0]["name"]
         elif code:
             spec["code"] = code
+        if self.kind != "repeatability":  # the point at the plan's level, over its checks (a repeatability claim is exact)
+            from steady.server.stats.bisect import checks_per_point
+
+            spec["alpha"] = self.plan.alpha_point / checks_per_point(self.kind, spec)
         return spec
 
     def outcome(self, point: int, study: dict[str, Any]) -> Any:

@@ -19,7 +19,7 @@ from steady.server.dashboard.access import PageViewer
 from steady.server.dashboard.views import db_key, not_found, render
 from steady.server.kit.deps import ReadDB
 from steady.server.models import Study
-from steady.server.stats.bisect import wrong_point_bound
+from steady.server.stats.bisect import checks_per_point, wrong_point_bound
 
 router = APIRouter(include_in_schema=False)
 
@@ -67,7 +67,7 @@ def bisect_page(request: Request, db: ReadDB, viewer: PageViewer,
         state, why = _point(db, request, s, CHECK_OF[m["prop"]])
         short = m["sha"][:10] if m["what"] == "commit" else m["sha"]
         rows.append(dict(point=int(m["point"]), sha=short, what=m["what"], study=s, order=order, state=state,
-                         tone=TONE[state], why=why, alpha=(s.spec or {}).get("alpha")))
+                         tone=TONE[state], why=why, alpha=_point_level(s.spec or {}, CHECK_OF[m["prop"]])))
     if not rows:
         return not_found(request, viewer, f"bisect {span}")
     rows.sort(key=lambda r: (r["point"], r["order"]))
@@ -81,14 +81,20 @@ def bisect_page(request: Request, db: ReadDB, viewer: PageViewer,
                   first_bad=first_bad, judged=len(rows), level=_level(rows, prop))
 
 
+def _point_level(spec: dict[str, Any], kind: str) -> float | None:
+    """A point's level: its study's ``alpha`` (set by the CLI from its plan) times the study's checks of the kind."""
+    alpha = spec.get("alpha")
+    return None if alpha is None else float(alpha) * checks_per_point(kind, spec)
+
+
 def _level(rows: list[dict[str, Any]], prop: str) -> dict[str, Any] | None:
-    """The points' level (their studies' ``alpha``, which the CLI sets from its plan) and the chance that the
-    answer is wrong, m·α for the m points decided (``steady.server.stats.bisect.wrong_point_bound``); None for
-    repeatability (exact claims) or when the points' studies do not share one level."""
+    """The points' level (each study's ``alpha`` over its checks, as the CLI sets it from its plan) and the chance
+    that the answer is wrong, m·α for the m points decided (``steady.server.stats.bisect.wrong_point_bound``);
+    None for repeatability (exact claims) or when the points do not share one level."""
     levels = {r["alpha"] for r in rows}
     if prop == "repeatability" or len(levels) != 1 or None in levels:
         return None
-    alpha = float(levels.pop())
+    alpha = levels.pop()
     decided = sum(r["state"] in ("good", "bad") for r in rows)
     return {"alpha": f"{alpha * 100:.3g}%", "decided": decided,
             "bound": f"{wrong_point_bound(decided, alpha) * 100:.3g}%"}

@@ -29,18 +29,21 @@ Pure: the oracle is a callable, the result frozen dataclasses; no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from steady.server.stats.report import COST_PAIRS
 from steady.server.stats.sequential import sequential_seed_decision, stage_sizes
 from steady.server.stats.sequential_tost import sequential_tost_decision
 
 __all__ = [
     "GOOD", "BAD", "UNDECIDED", "SKIPPED", "STATES",
     "BisectPlan", "BisectResult", "PointOutcome", "Round",
-    "bisect", "plan", "rounds_needed", "split_points", "staged_seed_stability", "staged_tost", "wrong_point_bound",
+    "bisect", "checks_per_point", "plan", "rounds_needed", "split_points", "staged_seed_stability", "staged_tost",
+    "wrong_point_bound",
 ]
 
 GOOD, BAD, UNDECIDED, SKIPPED = "good", "bad", "undecided", "skipped"
@@ -232,6 +235,23 @@ def bisect(n_points: int, judge: Judge, *, parallel: int = 1, budget_runs: int, 
             low = max(goods)
         if bads:
             high = min(bads)
+
+
+def checks_per_point(kind: str, spec: Mapping[str, Any]) -> int:
+    """How many claims of the bisected check a point's study (its spec, as stored) makes: each at
+    α_point / this keeps the point's own claim wrong with probability ≤ α_point (Bonferroni: a good point is
+    claimed bad when any check fails, a bad one good only when its changed check passes).
+    ``seed_stability``: one per metric with a ``max_std``, determinism level and stack (or arm);
+    ``determinism_cost``: one per pair of levels the report compares, per stack; ``stack_portability``: one, the
+    report adjusting its TOSTs over all comparisons (Holm; Bonferroni in stages); ``repeatability``: exact."""
+    levels = [str(x) for x in spec.get("determinism") or ["seeded"]]
+    groups = max(len(spec.get("arms") or spec.get("stacks") or [None]), 1)
+    if kind == "seed_stability":
+        judged = sum(1 for m in spec.get("metrics") or [] if isinstance(m, Mapping) and m.get("max_std"))
+        return max(judged, 1) * len(levels) * groups
+    if kind == "determinism_cost":
+        return max(sum(a in levels and b in levels for a, b in COST_PAIRS), 1) * groups
+    return 1
 
 
 def wrong_point_bound(decided: int, alpha_point: float) -> float:

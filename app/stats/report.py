@@ -49,9 +49,9 @@ from steady.server.stats.vocabulary import DETERMINISM_LEVELS
 
 __all__ = ["RunData", "MetricSpec", "Verdict", "StudyReport", "GroupBand", "build_report", "compute_bands",
            "to_plain", "to_data", "STEP_TIME_KEY", "DETERMINISM_LEVELS", "Finals", "common_finals", "last_finals",
-           "SeedStages"]
+           "SeedStages", "COST_PAIRS"]
 
-_COST_PAIRS = (("strict", "seeded"), ("seeded", "none"), ("strict", "none"))
+COST_PAIRS = (("strict", "seeded"), ("seeded", "none"), ("strict", "none"))
 
 
 def build_report(runs: Sequence[RunData], metrics: Sequence[MetricSpec], *, coverage: float = 0.9,
@@ -194,7 +194,7 @@ def _cost(runs, *, confidence, budget=None) -> list[dict]:
                 times[r.stack][key][r.determinism].append(((r.seed, r.repeat), sv[1], r.worker))
     out = []
     for stack in sorted(times):
-        for num, den in _COST_PAIRS:
+        for num, den in COST_PAIRS:
             # one source for both levels: the most direct one that runs of both have
             source = next((k for k in STEP_TIME_SOURCES if num in times[stack][k] and den in times[stack][k]), None)
             if source is not None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from steady.server.stats.bisect import plan, wrong_point_bound
+from steady.server.stats.bisect import checks_per_point, plan, wrong_point_bound
 from tests.conftest import SQLITE_ONLY
 
 pytestmark = SQLITE_ONLY
@@ -50,5 +50,30 @@ def test_the_page_states_the_points_level_and_the_bound(api):
     assert page.text.count(f"above it with {(1 - p.alpha_point) * 100:.3g}% confidence") == 1
     bound = wrong_point_bound(3, p.alpha_point)
     assert bound == pytest.approx(p.alpha)
-    assert (f"Each point was judged at level {p.alpha_point * 100:.3g}% (its study's alpha); with 3 points decided, "
+    assert (f"Each point was judged at level {p.alpha_point * 100:.3g}% (its study's alpha, over its checks); with 3 "
+            f"points decided, "
             f"the answer is wrong with probability ≤ {bound * 100:.3g}% (Bonferroni).") in page.text
+
+
+@pytest.mark.parametrize(("kind", "levels"), [("seed_stability", ["seeded", "strict"]),
+                                              ("determinism_cost", ["none", "seeded", "strict"])])
+def test_a_points_checks_are_those_the_report_judges(api, kind, levels):
+    """The bisect divides a point's level over its study's checks of the bisected kind: as many as the report's
+    outcome judges (here 2 metrics with a max_std or a cost budget, the spec's levels, 2 stacks)."""
+    spec = {"name": "checks", "kind": "external", "determinism": levels, "stacks": [{"name": "a"}, {"name": "b"}],
+            "metrics": [{"name": "loss", "max_std": 0.05}, {"name": "acc", "max_std": 0.05}, {"name": "lr"}],
+            "cost_budget": 1.5}
+    sid = api.post("/api/v1/studies", json=spec).json()["id"]
+    rng = np.random.default_rng(7)
+    for stack in ("a", "b"):
+        for level in levels:
+            for seed in range(6):
+                run = {"seed": seed, "determinism": level, "stack": {"name": stack},
+                       "metrics": {key: {"steps": [0, 1], "values": [2.0, float(1 + 0.01 * rng.standard_normal())]}
+                                   for key in ("loss", "acc", "lr")}
+                       | {"step_time": {"steps": list(range(10)), "values": [float(1 + 0.1 * rng.random())] * 10}}}
+                assert api.post(f"/api/v1/studies/{sid}/runs", json=run).status_code == 201
+    outcome = api.get(f"/api/v1/studies/{sid}/report").json()["outcome"]
+    judged = [c for c in outcome["checks"] if c["kind"] == kind and c["status"] != "not_asked"]
+    stored = api.get(f"/api/v1/studies/{sid}").json()["spec"]
+    assert len(judged) == checks_per_point(kind, stored) == (2 * 2 * 2 if kind == "seed_stability" else 3 * 2)
