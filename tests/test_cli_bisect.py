@@ -226,7 +226,7 @@ def test_the_stated_guarantee_is_the_plan(live_server, tmp_path):
     stated = ("each point's claim at level 0.333% (2% over the 6 points the search decides when none is skipped or "
               "undecided): wrong commit with probability ≤ 2%")
     assert planned_guarantee(p) == stated and stated in got.stderr, got.stderr
-    assert ("0 point(s) decided, each claim wrong with probability ≤ 0.333%: the named commit is wrong with "
+    assert ("0 point(s) decided, each point's claim wrong with probability ≤ 0.333%: the answer is wrong with "
             "probability ≤ 0% (Bonferroni)") in got.stdout, got.stdout
 
 

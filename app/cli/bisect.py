@@ -408,10 +408,10 @@ def _guarantee(p: Any, decided: int) -> str:
     from steady.server.stats.bisect import wrong_point_bound
 
     bound = wrong_point_bound(decided, p.alpha_point)
-    over = (f"; more than the {p.max_decided} planned, so more than the planned {_pct(p.alpha)}"
-            if decided > p.max_decided else "")
-    return (f"{decided} point(s) decided, each claim wrong with probability ≤ {_pct(p.alpha_point)}: the named "
-            f"commit is wrong with probability ≤ {_pct(bound)} (Bonferroni{over})")
+    over = (f"; skipped or undecided points made it decide more than the {p.max_decided} planned, so above the "
+            f"planned {_pct(p.alpha)}" if decided > p.max_decided else "")
+    return (f"{decided} point(s) decided, each point's claim wrong with probability ≤ {_pct(p.alpha_point)}: the "
+            f"answer is wrong with probability ≤ {_pct(bound)} (Bonferroni{over})")
 
 
 def _options(p: argparse.ArgumentParser, default: Any = None) -> None:
