@@ -60,12 +60,19 @@ class Band:
                     confidence=self.confidence, n_runs=self.n_runs, excluded_runs=self.excluded_runs)
 
 
+def _distinct(n: np.ndarray) -> np.ndarray:
+    """``np.unique(n)``, without hashing every step when all steps count the same runs."""
+    if n.size and n.min() == n.max():
+        return n.reshape(-1)[:1]
+    return np.unique(n)
+
+
 def tolerance_factors(n, *, coverage: float, confidence: float) -> np.ndarray:
     """Exact tolerance factor for each entry of the integer array ``n`` (NaN where n < 2),
     computed once per distinct n."""
     n = np.asarray(n)
     out = np.full(n.shape, np.nan)
-    for value in np.unique(n):
+    for value in _distinct(n):
         if value >= 2:
             out[n == value] = normal_tolerance_factor(int(value), coverage=coverage, confidence=confidence)
     return out
@@ -73,7 +80,7 @@ def tolerance_factors(n, *, coverage: float, confidence: float) -> np.ndarray:
 
 def _t_quantiles(n: np.ndarray, confidence: float) -> np.ndarray:
     out = np.full(n.shape, np.nan)
-    for value in np.unique(n):
+    for value in _distinct(n):
         if value >= 2:
             out[n == value] = t_ppf(0.5 + confidence / 2.0, int(value) - 1)
     return out

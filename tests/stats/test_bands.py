@@ -3,7 +3,7 @@ import pytest
 from scipy import stats
 
 from steady.server.stats.align import align_series, first_nonfinite_step
-from steady.server.stats.bands import compute_band, out_of_band_runs
+from steady.server.stats.bands import compute_band, out_of_band_runs, tolerance_factors
 from steady.server.stats.downsample import extreme_indices
 from steady.server.stats.intervals import normal_tolerance_factor
 from tests.stats.rate_checks import design
@@ -205,3 +205,9 @@ def test_band_statistics_equal_the_sorted_gather_reference_bit_for_bit():
                                                atol=1e-300)
                 else:
                     assert np.isnan(band.quantiles[:, col]).all()
+
+
+def test_tolerance_factors_per_step_are_the_factor_of_each_steps_n():
+    for n in (np.full(1000, 12), np.array([12, 3, 1, 0, 12, 40, 3]), np.full(5, 1), np.zeros(0, np.int64)):
+        want = [normal_tolerance_factor(int(v), coverage=0.9, confidence=0.95) if v >= 2 else np.nan for v in n]
+        np.testing.assert_array_equal(tolerance_factors(n, coverage=0.9, confidence=0.95), np.array(want, dtype=float))
