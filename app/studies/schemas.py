@@ -143,7 +143,8 @@ class StudySpec(_Spec):
         None, description="the level each claim of the study's decisions is made at: seed stability (max_std), stack "
         "portability (the TOST with a margin, and 'not equivalent'), the sources table, each over all stages with a "
         "budget, and the cost check (a 1 − alpha CI: false 'pass' and false 'fail' ≤ alpha/2 each). Unset: 0.05, and "
-        "the cost check's CI at 'confidence'. A bisect sets it to its total level over the points it may decide",
+        "the cost check's CI at 'confidence'. steady bisect sets it to its total level divided over the points it may "
+        "decide and each point's checks",
     )
     cost_budget: Annotated[float, Field(gt=1, allow_inf_nan=False)] | None = Field(
         None,
