@@ -16,6 +16,7 @@ import numpy as np
 __all__ = ["to_plain", "to_data", "WIRE", "nonfinite_name"]
 
 WIRE = ("NaN", "Infinity", "-Infinity")  # how ``to_plain`` spells NaN, +Inf, -Inf by default
+_AS_IS = frozenset({str, bool, int, type(None)})  # exactly these types (not subclasses) are plain already
 
 
 def nonfinite_name(x: float) -> str:
@@ -26,6 +27,9 @@ def nonfinite_name(x: float) -> str:
 def to_plain(obj, *, spelling: tuple | None = WIRE):
     """Recursively convert dataclasses, mappings, sequences, numpy values to JSON-safe data.
     ``spelling`` gives (NaN, +Inf, -Inf): by default the API's strings; ``None`` keeps them as floats."""
+    kind = type(obj)  # most leaves are plain already: returned as the checks below would return them, unchecked
+    if kind in _AS_IS or (kind is float and (spelling is None or math.isfinite(obj))):
+        return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_plain(getattr(obj, f.name), spelling=spelling)
                 for f in dataclasses.fields(obj)}
