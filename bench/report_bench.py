@@ -17,6 +17,10 @@ cold) and measured:
   as a multiple of the raw data (runs × steps × 8 bytes).
 
 ``/bands`` is then asked ``--repeat`` more times in the same process (warm) and its median kept.
+Right before each request the bench reads the same chunks itself (sqlite3 and ``np.frombuffer``
+into one ``runs × steps`` matrix, median of 3): each time is also given as a multiple of that
+NumPy read (``over_numpy_read``, ``warm_over_numpy_read``), which the load on the machine
+stretches alike.
 Writes ``bench/results/report.json``. Run: ``.venv/bin/python bench/report_bench.py``
 (``--sizes 100x100000,300x100000``; the "before" code needs only git).
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -148,6 +153,26 @@ def path_of(kind: str, study_id: int) -> str:
             "chart": f"/dashboard/data/studies/{study_id}/chart?metric=loss&determinism=seeded&stack=a100-cu121"}[kind]
 
 
+def numpy_read_s(url: str, runs: int, steps: int, repeat: int = 3) -> float:
+    """The baseline: the same chunks read straight into one ``runs × steps`` matrix with sqlite3 and
+    ``np.frombuffer`` in this process (no server, no statistics); the median of ``repeat`` reads."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        con = sqlite3.connect(url.removeprefix("sqlite:///"))
+        matrix = np.empty((runs, steps), dtype=np.float64)
+        row_of: dict[int, int] = {}
+        for run_id, step_min, n, values in con.execute(
+                'SELECT run_id, step_min, n, "values" FROM metric_chunks WHERE key = ?', ("loss",)):
+            row = row_of.setdefault(run_id, len(row_of))
+            matrix[row, step_min:step_min + n] = np.frombuffer(values, dtype="<f8")
+        con.close()
+        times.append(time.perf_counter() - t0)
+        assert len(row_of) == runs
+        del matrix
+    return statistics.median(times)
+
+
 def measure(src: Path, url: str, token: str, study_id: int, kind: str, raw: int, repeat: int, workdir: Path) -> dict:
     with Serve(src, url, workdir) as srv, httpx.Client(base_url=srv.base, timeout=600,
                                                        headers={"Authorization": f"Bearer {token}"}) as client:
@@ -204,13 +229,20 @@ def main() -> None:
         raw = runs * steps * 8
         entry = {"runs": runs, "steps": steps, "raw_bytes": raw, "build_s": build_s}
         for name, src in versions.items():
-            entry[name] = {kind: measure(src, url, token, study_id, kind, raw, args.repeat, tmp) for kind in requests}
+            entry[name] = {}
             for kind in requests:
-                m = entry[name][kind]
+                base = numpy_read_s(url, runs, steps)  # right before the request: the same load on the machine
+                m = entry[name][kind] = measure(src, url, token, study_id, kind, raw, args.repeat, tmp)
+                m["numpy_read_s"] = base
+                m["over_numpy_read"] = m["seconds"] / base
+                if "warm_median_s" in m:
+                    m["warm_over_numpy_read"] = m["warm_median_s"] / base
                 print(f"{runs}x{steps} {name:6s} {kind:6s} {m['seconds']:7.2f} s (first byte {m['first_byte_s']:.2f} s,"
                       f" server CPU {m['server_cpu_s']:.2f} s, load {m['load_average']:.0f})"
                       f"  peak +{m['peak_rss_increase_bytes'] / 2**20:7.0f} MiB = {m['peak_increase_over_raw']:.2f}× raw"
-                      + (f"  warm median {m['warm_median_s']:.2f} s" if "warm_median_s" in m else ""), flush=True)
+                      + (f"  warm median {m['warm_median_s']:.2f} s" if "warm_median_s" in m else "")
+                      + f"  NumPy read of the chunks {base:.3f} s: ×{m['over_numpy_read']:.1f}"
+                      + (f" (warm ×{m['warm_over_numpy_read']:.1f})" if "warm_over_numpy_read" in m else ""), flush=True)
         if "before" in entry:
             entry["after_over_before"] = {
                 kind: {"seconds": entry["after"][kind]["seconds"] / entry["before"][kind]["seconds"],
