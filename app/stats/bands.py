@@ -89,12 +89,10 @@ def _t_quantiles(n: np.ndarray, confidence: float) -> np.ndarray:
 def _block_stats(xb, qs, n_out, mean_out, std_out, min_out, max_out, q_out) -> None:
     """Fill per-column statistics of one block (rows = runs); NaN/±Inf cells are skipped."""
     xs = np.array(xb, dtype=np.float64, copy=True)
-    bad = ~np.isfinite(xs)
-    if not bad.any():
+    if np.isfinite(xs).all():
         _finite_block_stats(xs, qs, n_out, mean_out, std_out, min_out, max_out, q_out)
         return
-    xs[bad] = np.nan
-    del bad
+    xs[~np.isfinite(xs)] = np.nan
     xs.sort(axis=0)  # NaN sorts last: the first n entries of a column are its finite values
     finite = ~np.isnan(xs)
     n = finite.sum(axis=0)
