@@ -22,10 +22,16 @@ from steady.worker.contract.protocol import RunStatus
 RUN_TOKEN_PREFIX = "stdr_"
 
 
+def new(run_id: int) -> tuple[str, str]:
+    """A fresh credential for run ``run_id`` and its hash (what ``runs.run_token_hash`` keeps), for a lease
+    that writes the hash in its own UPDATE."""
+    secret = f"{RUN_TOKEN_PREFIX}{run_id}_{secrets.token_urlsafe(32)}"
+    return secret, hash_token(secret)
+
+
 def issue(run: Run) -> str:
     """A fresh credential for ``run``'s current lease (its hash replaces the previous one)."""
-    secret = f"{RUN_TOKEN_PREFIX}{run.id}_{secrets.token_urlsafe(32)}"
-    run.run_token_hash = hash_token(secret)
+    secret, run.run_token_hash = new(run.id)
     return secret
 
 

@@ -10,10 +10,9 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, exists, func, select, update
 from sqlalchemy.orm import Session
 
-from steady.server.alerts import quarantine
 from steady.server.kit.config import Settings
 from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import TooManyRequests
@@ -27,8 +26,9 @@ from steady.worker.contract.protocol import Lease, RunSpec, RunStatus, StudyStat
 CANDIDATES_PER_LEASE = 200
 
 
-def _spec_for(run: Run, study: Study) -> RunSpec:
-    spec = study.spec
+def _spec_for(run: Run, study: Study | dict[str, Any]) -> RunSpec:
+    """The run's spec, from its study (or the study's spec)."""
+    spec = study.spec if isinstance(study, Study) else study
     workload = spec["workload"]
     params = dict(workload.get("params") or {})
     arm: dict[str, Any] = next((a for a in spec.get("arms") or [] if a.get("name") == run.stack), {})
@@ -77,6 +77,11 @@ def reap_expired(session: WriteSession, now: datetime | None = None) -> list[int
     now = now or utcnow()
     running = Run.status == RunStatus.running.value
     overdue = and_(running, Run.time_limit_at < now)
+    expired = and_(running, Run.lease_expires_at < now)
+    unclaimed = and_(Run.status == RunStatus.queued.value, Run.pinned_worker.is_not(None), Run.pinned_until < now)
+    # Every lease calls this, and there is seldom anything to do: one statement says whether there is.
+    if not session.scalar(select(exists().where(overdue | expired) | exists().where(unclaimed))):
+        return []
     study_ids = runs_repo.studies_of_runs(session, overdue)
     if study_ids:
         # Past its time limit (plus grace) the run is failed whatever its heartbeats say: the
@@ -91,7 +96,6 @@ def reap_expired(session: WriteSession, now: datetime | None = None) -> list[int
             "failed by the server",
         ))
     study_ids |= _fail_unclaimed_pins(session, now)
-    expired = and_(running, Run.lease_expires_at < now)
     study_ids |= runs_repo.studies_of_runs(session, expired)
     if not study_ids:
         return []
@@ -140,31 +144,6 @@ def _fail_unclaimed_pins(session: WriteSession, now: datetime) -> set[int]:
     return studies
 
 
-def _own_blocks_first(session: Session, worker_id: int, candidates: list) -> list:
-    """Queued candidates in lease preference order: runs of a block this worker already ran part
-    of, then blocks no worker has started, then blocks another worker started; id order within each.
-
-    A block is (study, seed, repeat, stack): one run per determinism level, created next to each
-    other (``studies.service.create_study``). Kept on one worker and run one after the other,
-    its runs can be compared paired for the cost of determinism (``steady.server.stats.cost``). A
-    preference only: a worker still takes another worker's block when nothing else is queued.
-    """
-    if not candidates:
-        return candidates
-    blocks = {(c.study_id, c.seed, c.repeat, c.stack) for c in candidates}
-    started = runs_repo.started_block_workers(session, {b[0] for b in blocks}, {b[1] for b in blocks})
-    workers: dict[tuple, set[int]] = {}
-    for study_id, seed, repeat, stack, wid in started:
-        if (study_id, seed, repeat, stack) in blocks:
-            workers.setdefault((study_id, seed, repeat, stack), set()).add(wid)
-
-    def rank(c) -> tuple[int, int]:
-        owners = workers.get((c.study_id, c.seed, c.repeat, c.stack), set())
-        return (0 if worker_id in owners else 1 if not owners else 2, c.id)
-
-    return sorted(candidates, key=rank)
-
-
 def running_in_scope(session: Session, study_id: int | None) -> int:
     """Runs still running under a lease (on any worker) in a lease scope: one study, or the whole queue.
     An external study's open runs (logged through the MLflow-compatible endpoint) hold no lease and never
@@ -176,10 +155,16 @@ def running_in_scope(session: Session, study_id: int | None) -> int:
     return int(session.scalar(stmt) or 0)
 
 
-def _lease_of(run: Run, study: Study, settings: Settings, *, run_credential: bool = True) -> Lease:
+def _lease_of(run: Run, spec: dict[str, Any], settings: Settings, *, run_credential: bool = True,
+              run_token: str | None = None) -> Lease:
+    """The lease of ``run`` (its study's ``spec``). ``run_token``: the credential whose hash the lease's UPDATE
+    wrote; without it, with ``run_credential``, a new one is issued here."""
     assert run.lease_id is not None and run.lease_expires_at is not None
     if not run_credential:
-        run.run_token_hash = None  # a credential of an earlier lease must not outlive it
+        if run.run_token_hash is not None:
+            run.run_token_hash = None  # a credential of an earlier lease must not outlive it
+    elif run_token is None:
+        run_token = credentials.issue(run)  # new per answer; only its hash is kept
     return Lease(
         run_id=run.id,
         study_id=run.study_id,
@@ -187,8 +172,8 @@ def _lease_of(run: Run, study: Study, settings: Settings, *, run_credential: boo
         lease_id=run.lease_id,
         lease_expires_at=run.lease_expires_at,
         heartbeat_seconds=settings.heartbeat_seconds,
-        spec=_spec_for(run, study),
-        run_token=credentials.issue(run) if run_credential else None,  # new per answer; only its hash is kept
+        spec=_spec_for(run, spec),
+        run_token=run_token if run_credential else None,
     )
 
 
@@ -204,83 +189,69 @@ def lease_next(session: WriteSession, worker: Worker, settings: Settings, reques
     A request repeating the ``request_id`` of this worker's last granted lease (its answer was
     lost) gets that lease again while the worker still holds it, and never a second run.
     ``study_id`` limits the lease to that study's runs (agents launched for one study).
+
+    A constant number of statements whatever the queue and however many leasers race: the
+    reaper's check, the worker's row, the choice of the run (``runs_repo.pick_queued``: the
+    candidates, the pin, label, built-in and quarantine rules, the block preference, the
+    per-worker cap and the lock in one query), the claim, the old attempt's points and the
+    worker's last lease.
     """
     now = utcnow()
     reap_expired(session, now)
-    # Lock the worker row: one lease decision per worker at a time, so a retry racing its
-    # original and the per-worker cap cannot both pass.
-    locked = session.scalars(
-        select(Worker).where(Worker.id == worker.id).with_for_update().execution_options(populate_existing=True)
+    # Lock the worker row (this UPDATE holds it to the end of the transaction): one lease decision per
+    # worker at a time, so a retry racing its original and the per-worker cap cannot both pass.
+    seen = session.execute(
+        update(Worker).where(Worker.id == worker.id).values(last_seen_at=now)
+        .returning(Worker.lease_request_id, Worker.lease_run_id, Worker.labels, Worker.quarantined_at, Worker.engine)
+        .execution_options(synchronize_session=False)
     ).one()
-    worker = locked
-    worker.last_seen_at = now
-    if request_id is not None and worker.lease_request_id == request_id and worker.lease_run_id is not None:
-        run = session.get(Run, worker.lease_run_id, populate_existing=True)
+    last_request_id, last_run_id, labels, quarantined_at, engine = seen
+    if request_id is not None and last_request_id == request_id and last_run_id is not None:
+        run = session.get(Run, last_run_id, populate_existing=True)
         if run is not None and run.status == RunStatus.running.value and run.worker_id == worker.id:
             study = session.get(Study, run.study_id)
             assert study is not None
-            return _lease_of(run, study, settings, run_credential=run_credential)
+            return _lease_of(run, study.spec, settings, run_credential=run_credential)
         return None  # that lease is gone already (expired and reaped, or finished)
-    held = runs_repo.running_count(session, worker_id=worker.id)
-    if held >= settings.max_leases_per_worker:
-        raise TooManyRequests(
-            f"worker {worker.id} already holds {held} leases, the limit per worker "
-            f"(STEADY_MAX_LEASES_PER_WORKER={settings.max_leases_per_worker}); finish or release one first",
-            code="lease_cap",
-        )
-    labels = set(worker.labels)
-    # Candidates are read without locks: locking them all (FOR UPDATE SKIP LOCKED on the whole
-    # page) made concurrent leasers on PostgreSQL skip every queued run and answer 204. Each
-    # matching candidate is then locked alone, skipping one another leaser holds right now.
     # Runs pinned to this worker come first (a fleet check's canary is taken at the worker's next lease, between
-    # its jobs, not behind the whole queue); then the others in block preference order.
-    pinned = runs_repo.queued_pinned_to(session, worker.id, study_id, CANDIDATES_PER_LEASE)
-    mine = {c.id for c in pinned}
-    candidates = [c for c in runs_repo.queued_candidates(session, study_id, CANDIDATES_PER_LEASE, worker_id=worker.id)
-                  if c.id not in mine]
-    for run_id, required, run_study_id, *_ in [*pinned, *_own_blocks_first(session, worker.id, candidates)]:
-        if not set(required) <= labels:
-            continue
-        if builtin_only:
-            candidate_study = session.get(Study, run_study_id)
-            if candidate_study is None or _is_user_code(candidate_study):
-                continue
-        if worker.quarantined_at is not None:  # a quarantined worker takes runs only of studies that let it
-            candidate_study = session.get(Study, run_study_id)
-            if candidate_study is None or quarantine.respects(candidate_study.spec):
-                continue
-        if not runs_repo.lockable_queued(session, run_id):
-            continue
-        lease_id = uuid.uuid4().hex
-        expires = now + timedelta(seconds=settings.lease_seconds)
-        study = session.get(Study, run_study_id)
-        assert study is not None
-        time_limit_s = float(study.spec.get("time_limit_s", 1800.0))
-        claimed = runs_repo.claim(session, run_id, dict(
-            status=RunStatus.running.value,
-            attempt=Run.attempt + 1,
-            lease_id=lease_id,
-            lease_expires_at=expires,
-            worker_id=worker.id,
-            engine=worker.engine,
-            started_at=now,
-            progress_step=None,
-            metric_conflicts=None,  # an earlier attempt's, like its points, are not this attempt's
-            # In this one UPDATE: a second UPDATE of the row in the same transaction makes
-            # PostgreSQL re-check its foreign keys, taking a KEY SHARE lock on the study row
-            # that refresh_status's FOR UPDATE then has to upgrade (deadlocks between leasers).
-            time_limit_at=now + timedelta(seconds=time_limit_s + settings.time_limit_grace_seconds),
-        ), worker_id=worker.id)
-        if not claimed:
-            continue
-        run = session.get(Run, run_id, populate_existing=True)
-        assert run is not None
-        metrics_repo.delete_other_attempts(session, run.id, run.attempt)
-        lease = _lease_of(run, study, settings, run_credential=run_credential)
-        worker.lease_request_id = request_id
-        worker.lease_run_id = run.id
-        session.flush()
-        if study.status != StudyStatus.running:  # a lease only ever moves a study from queued to running
-            settled.announce(session, study.id)
-        return lease
-    return None
+    # its jobs, not behind the whole queue); then the others in block preference order (``runs_repo.pick_queued``).
+    picked = runs_repo.pick_queued(
+        session, worker.id, labels or [], study_id=study_id, limit=CANDIDATES_PER_LEASE,
+        max_held=settings.max_leases_per_worker, builtin_only=builtin_only, quarantined=quarantined_at is not None)
+    if picked is None:
+        held = runs_repo.running_count(session, worker_id=worker.id)
+        if held >= settings.max_leases_per_worker:
+            raise TooManyRequests(
+                f"worker {worker.id} already holds {held} leases, the limit per worker "
+                f"(STEADY_MAX_LEASES_PER_WORKER={settings.max_leases_per_worker}); finish or release one first",
+                code="lease_cap",
+            )
+        return None
+    run_id, run_study_id, spec, study_status = picked
+    secret, token_hash = credentials.new(run_id) if run_credential else (None, None)
+    time_limit_s = float(spec.get("time_limit_s", 1800.0))
+    run = runs_repo.claim_returning(session, run_id, dict(
+        status=RunStatus.running.value,
+        attempt=Run.attempt + 1,
+        lease_id=uuid.uuid4().hex,
+        lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
+        worker_id=worker.id,
+        engine=engine,
+        started_at=now,
+        progress_step=None,
+        metric_conflicts=None,  # an earlier attempt's, like its points, are not this attempt's
+        # a credential of an earlier lease must not outlive it: the new one's hash, or none
+        run_token_hash=token_hash,
+        # In this one UPDATE: a second UPDATE of the row in the same transaction makes
+        # PostgreSQL re-check its foreign keys, taking a KEY SHARE lock on the study row
+        # that refresh_status's FOR UPDATE then has to upgrade (deadlocks between leasers).
+        time_limit_at=now + timedelta(seconds=time_limit_s + settings.time_limit_grace_seconds),
+    ))
+    if run is None:  # not on PostgreSQL (the row is locked); on SQLite no other writer runs meanwhile
+        return None
+    metrics_repo.delete_other_attempts(session, run.id, run.attempt)
+    session.execute(update(Worker).where(Worker.id == worker.id).values(lease_request_id=request_id,
+                                                                         lease_run_id=run.id))
+    if study_status != StudyStatus.running:  # a lease only ever moves a study from queued to running
+        settled.announce(session, run_study_id)
+    return _lease_of(run, spec, settings, run_credential=run_credential, run_token=secret)

@@ -105,19 +105,27 @@ def _lost_race(session: WriteSession, run_id: int, lease_id: str, request_id: st
 
 
 def _apply(session: WriteSession, run_id: int, lease_id: str, request_id: str | None, principal: Principal,
-           values: dict[str, Any], now: datetime) -> tuple[RunState, str] | RunAck:
-    """Check, then transition the leased run to ``values``: (its state before, its new status), or
-    the acknowledgement to answer instead (of an earlier identical request, or of the race's
-    winner when that was this same request)."""
+           values: dict[str, Any], now: datetime) -> tuple[int, int, str] | RunAck:
+    """Check, then transition the leased run to ``values``: (its study, its attempt after the UPDATE, its new
+    status), or the acknowledgement to answer instead (of an earlier identical request, or of the race's
+    winner when that was this same request).
+
+    A worker's transition of its own live lease is one conditional UPDATE (``runs_repo.transition_held``);
+    only when that matches no row (or for an admin) is the run read, to answer a repeated request or say why."""
+    values = {**values, "transition_request_id": request_id, "transition_status": values["status"]}
+    returning = (Run.study_id, Run.attempt, Run.status)
+    if principal.role is not Role.admin and principal.token_id is not None:
+        row = runs_repo.transition_held(session, run_id, lease_id, principal.token_id, now, values, returning)
+        if row is not None:
+            return row[0], row[1], row[2]
     before = runs_repo.run_state(session, run_id)
     if (ack := _duplicate(before, request_id)) is not None:
         return ack
     state = _leased_state(session, run_id, lease_id, principal, before)
-    values = {**values, "transition_request_id": request_id, "transition_status": values["status"]}
-    row = runs_repo.transition(session, state, lease_id, now, values, returning=(Run.status,))
+    row = runs_repo.transition(session, state, lease_id, now, values, returning=returning)
     if row is None:
         return _lost_race(session, run_id, lease_id, request_id, principal)
-    return state, row[0]
+    return row[0], row[1], row[2]
 
 
 def _extend_lease(session: WriteSession, run_id: int, lease_id: str, token_id: int, now: datetime,
@@ -240,10 +248,10 @@ def complete(session: WriteSession, run_id: int, body: RunResult, principal: Pri
     }, now)
     if isinstance(outcome, RunAck):
         return outcome
-    state, _ = outcome
+    study_id, attempt, _ = outcome
     runs_repo.add_conflicts(session, run_id, _conflicts(body.conflicts))
-    metrics_repo.delete_other_attempts(session, run_id, state.attempt)
-    settled.announce(session, state.study_id)
+    metrics_repo.delete_other_attempts(session, run_id, attempt)
+    settled.announce(session, study_id)
     return RunAck(run_id=run_id, status=RunStatus.completed)
 
 
@@ -266,9 +274,9 @@ def fail(session: WriteSession, run_id: int, body: RunFailure, principal: Princi
     outcome = _apply(session, run_id, body.lease_id, body.request_id, principal, values, now)
     if isinstance(outcome, RunAck):
         return outcome
-    state, _ = outcome
+    study_id, _, _ = outcome
     runs_repo.add_conflicts(session, run_id, _conflicts(body.conflicts))
-    settled.announce(session, state.study_id)
+    settled.announce(session, study_id)
     return RunAck(run_id=run_id, status=status)
 
 
@@ -290,7 +298,8 @@ def release(session: WriteSession, run_id: int, body: RunRelease, principal: Pri
     }, now)
     if isinstance(outcome, RunAck):
         return outcome
-    state, new_status = outcome
-    metrics_repo.delete_attempt(session, run_id, state.attempt)
-    settled.announce(session, state.study_id)
+    study_id, attempt, new_status = outcome
+    # the attempt given back (a release back to the queue took one off it; a cancelled run's is kept)
+    metrics_repo.delete_attempt(session, run_id, attempt if new_status == RunStatus.cancelled.value else attempt + 1)
+    settled.announce(session, study_id)
     return RunAck(run_id=run_id, status=RunStatus(new_status))

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CursorResult, and_, bindparam, distinct, exists, func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import CursorResult, and_, bindparam, case, cast, distinct, exists, func, literal, select, union_all, update
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Session, aliased
 
 from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import NotFound
-from steady.server.models import MetricChunk, Run, Worker
+from steady.server.models import MetricChunk, Run, Study, Worker
 from steady.server.runs.conflicts import merged
 from steady.worker.contract.protocol import RunStatus
 
@@ -92,71 +93,102 @@ def transition(session: WriteSession, state: RunState, lease_id: str, now: datet
     return True if _rowcount(session.execute(stmt)) == 1 else None
 
 
-def claim(session: WriteSession, run_id: int, values: Mapping[str, Any], *, worker_id: int | None = None) -> bool:
-    """``queued → running``: succeeds for exactly one of any number of concurrent callers; with ``worker_id``
-    only if the run is unpinned or pinned to that worker."""
-    stmt = update(Run).where(Run.id == run_id, Run.status == RunStatus.queued.value)
-    if worker_id is not None:
-        stmt = stmt.where(Run.pinned_worker.is_(None) | (Run.pinned_worker == worker_id))
-    result = session.execute(
-        stmt.values(**values)
+def transition_held(session: WriteSession, run_id: int, lease_id: str, token_id: int, now: datetime,
+                    values: Mapping[str, Any], returning: Sequence[Any]) -> Any | None:
+    """``transition`` without reading the run first: the holder is the run's worker when that worker's token is
+    ``token_id``, checked in the UPDATE's WHERE. The ``returning`` row, or None when the row did not match (the
+    caller then reads the run to tell why)."""
+    stmt = (
+        update(Run)
+        .where(
+            Run.id == run_id,
+            Run.status == RunStatus.running.value,
+            Run.lease_id == lease_id,
+            Run.lease_expires_at.is_(None) | (Run.lease_expires_at >= now),
+            select(Worker.id).where(Worker.id == Run.worker_id, Worker.token_id == token_id).exists(),
+        )
+        .values(**values)
+        .returning(*returning)
         .execution_options(synchronize_session=False)
     )
-    return _rowcount(result) == 1
+    return session.execute(stmt).first()
 
 
-def lockable_queued(session: Session, run_id: int) -> bool:
-    """Lock the queued run unless another leaser holds it right now (SKIP LOCKED; SQLite: no-op)."""
-    stmt = (
-        select(Run.id)
-        .where(Run.id == run_id, Run.status == RunStatus.queued.value)
-        .with_for_update(skip_locked=True)
-    )
-    return session.execute(stmt).first() is not None
+def study_activity(session: Session, study_id: int) -> tuple[bool, bool, bool]:
+    """Whether the study has a queued run, a running run, a completed or failed run: three index probes
+    (runs.study_id, runs.status), however many runs the study has."""
+    def any_in(*statuses: str) -> Any:
+        return exists().where(Run.study_id == study_id, Run.status.in_(statuses))
+    row = session.execute(select(any_in(RunStatus.queued.value), any_in(RunStatus.running.value),
+                                 any_in(RunStatus.completed.value, RunStatus.failed.value))).one()
+    return bool(row[0]), bool(row[1]), bool(row[2])
 
 
-def queued_candidates(session: Session, study_id: int | None, limit: int, *, worker_id: int | None = None) -> list:
-    """Queued runs in id order (read without locks): id, required labels, study, seed, repeat, stack.
+def pick_queued(session: WriteSession, worker_id: int, labels: Collection[str], *, study_id: int | None, limit: int,
+                max_held: int, builtin_only: bool, quarantined: bool) -> Any | None:
+    """The queued run this worker leases next, locked, in one statement: (run id, study id, study spec, study
+    status), or None when there is none (or the worker already holds ``max_held`` runs).
 
-    With ``worker_id``, only runs that worker may take: unpinned ones and those pinned to it (a run pinned
-    to another worker is never a candidate, so pinned runs of other workers cannot fill the page)."""
-    stmt = (
-        select(Run.id, Run.required_labels, Run.study_id, Run.seed, Run.repeat, Run.stack)
-        .where(Run.status == RunStatus.queued.value)
-        .order_by(Run.id)
-        .limit(limit)
-    )
-    if worker_id is not None:
-        stmt = stmt.where(Run.pinned_worker.is_(None) | (Run.pinned_worker == worker_id))
+    The candidates are the runs pinned to the worker (first, in id order) and the first ``limit`` queued runs
+    it may take by id; among the latter, runs of a block the worker already ran part of come first, then
+    blocks no worker started, then blocks another worker started. A block is (study, seed, repeat, stack): one
+    run per determinism level, created next to each other (``studies.service.create_study``); kept on one
+    worker, its runs can be compared paired for the cost of determinism (``steady.server.stats.cost``). A
+    preference only: a worker still takes another worker's block when nothing else is queued. A candidate
+    needs the worker's labels, a built-in workload with ``builtin_only``, and a study that lets quarantined
+    workers in when the worker is quarantined (``alerts.quarantine.respects``, the same rule in SQL). On
+    PostgreSQL the chosen row is locked FOR UPDATE SKIP LOCKED: a run another leaser holds right now is passed
+    over for the next. SQLite has one writer at a time (the transaction began IMMEDIATE), so the read needs
+    no lock."""
+    mine_or_free = Run.pinned_worker.is_(None) | (Run.pinned_worker == worker_id)
+    queued = Run.status == RunStatus.queued.value
+    pinned = select(Run.id).where(Run.pinned_worker == worker_id, queued).order_by(Run.id).limit(limit)
+    page = select(Run.id).where(queued, mine_or_free).order_by(Run.id).limit(limit)
     if study_id is not None:
-        stmt = stmt.where(Run.study_id == study_id)
-    return list(session.execute(stmt).all())
-
-
-def queued_pinned_to(session: Session, worker_id: int, study_id: int | None, limit: int) -> list:
-    """Queued runs pinned to this worker, in id order, with the columns of ``queued_candidates`` (by the
-    index on pinned_worker and status: a few rows, however long the queue)."""
-    stmt = (
-        select(Run.id, Run.required_labels, Run.study_id, Run.seed, Run.repeat, Run.stack)
-        .where(Run.pinned_worker == worker_id, Run.status == RunStatus.queued.value)
-        .order_by(Run.id)
-        .limit(limit)
+        pinned, page = pinned.where(Run.study_id == study_id), page.where(Run.study_id == study_id)
+    pinned_q, page_q = pinned.subquery(), page.subquery()
+    candidates = union_all(select(pinned_q.c.id), select(page_q.c.id)).subquery()
+    block = aliased(Run)
+    same_block = and_(block.study_id == Run.study_id, block.seed == Run.seed, block.repeat == Run.repeat,
+                      block.stack == Run.stack, block.status != RunStatus.queued.value, block.worker_id.is_not(None))
+    rank = case(
+        (Run.pinned_worker.is_not(None), 0),
+        (select(block.id).where(same_block, block.worker_id == worker_id).exists(), 0),
+        (select(block.id).where(same_block).exists(), 2),
+        else_=1,
     )
-    if study_id is not None:
-        stmt = stmt.where(Run.study_id == study_id)
-    return list(session.execute(stmt).all())
+    postgres = session.get_bind().dialect.name == "postgresql"
+    if postgres:
+        has_labels = cast(Run.required_labels, JSONB).contained_by(cast(literal(list(labels), JSONB), JSONB))
+    else:
+        required = func.json_each(Run.required_labels).table_valued("value")
+        has_labels = ~select(required.c.value).where(required.c.value.not_in(list(labels))).exists()
+    held = select(func.count()).select_from(Run).where(Run.worker_id == worker_id,
+                                                       Run.status == RunStatus.running.value).scalar_subquery()
+    stmt = (
+        select(Run.id, Run.study_id, Study.spec, Study.status)
+        .join(Study, Study.id == Run.study_id)
+        .where(Run.id.in_(select(candidates.c.id)), queued, mine_or_free, has_labels, held < max_held)
+        .order_by(Run.pinned_worker.is_(None), rank, Run.id)
+        .limit(1)
+    )
+    if builtin_only:  # steady.server.lifecycle.leasing._is_user_code, negated
+        stmt = stmt.where(func.coalesce(Study.spec["workload"]["name"].as_string(), "") != "")
+    if quarantined:  # not quarantine.respects(spec): respect_quarantine, else no fleet section
+        respect = Study.spec["respect_quarantine"].as_boolean()
+        stmt = stmt.where(~case((respect.is_(None), Study.spec["fleet"].as_string().is_(None)), else_=respect))
+    if postgres:
+        stmt = stmt.with_for_update(of=Run, skip_locked=True)
+    return session.execute(stmt).first()
 
 
-def started_block_workers(session: Session, study_ids: Collection[int], seeds: Collection[int]) -> list:
-    """(study, seed, repeat, stack, worker) of every run of those studies and seeds a worker took."""
-    return list(session.execute(
-        select(Run.study_id, Run.seed, Run.repeat, Run.stack, Run.worker_id).where(
-            Run.study_id.in_(set(study_ids)),
-            Run.seed.in_(set(seeds)),
-            Run.status != RunStatus.queued.value,
-            Run.worker_id.is_not(None),
-        )
-    ).all())
+def claim_returning(session: WriteSession, run_id: int, values: Mapping[str, Any]) -> Run | None:
+    """``queued → running`` for a run ``pick_queued`` chose: the run as the UPDATE left it (RETURNING), or None
+    if it is no longer queued."""
+    return session.scalars(
+        update(Run).where(Run.id == run_id, Run.status == RunStatus.queued.value).values(**values)
+        .returning(Run).execution_options(synchronize_session=False, populate_existing=True)
+    ).first()
 
 
 def running_count(session: Session, *, study_id: int | None = None, worker_id: int | None = None) -> int:

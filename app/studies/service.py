@@ -192,9 +192,12 @@ def refresh_status(session: WriteSession, study_id: int, *, report_of: adaptive.
     study = repository.get_study(session, study_id, lock=True)
     if study.kind == "external":
         return study
-    p = repository.progress_by_study(session, [study_id])[study_id]
+    # While the row is locked: whether runs are queued, running, finished (index probes); the runs are
+    # counted only when none is queued or running, where the counts decide how the study ends.
+    queued, running, finished = runs_repo.study_activity(session, study_id)
+    p = None if queued or running else repository.progress_by_study(session, [study_id])[study_id]
     before = study.status
-    if p.total and p.queued == 0 and p.running == 0:
+    if p is not None and p.total and p.queued == 0 and p.running == 0:
         if study.status == StudyStatus.cancelled or p.cancelled == p.total:
             status = StudyStatus.cancelled
         elif p.failed == p.total:
@@ -205,7 +208,7 @@ def refresh_status(session: WriteSession, study_id: int, *, report_of: adaptive.
             status = StudyStatus.completed
     elif study.status == StudyStatus.cancelled:
         status = StudyStatus.cancelled  # waiting for running runs to stop
-    elif p.running or p.completed or p.failed:
+    elif running or finished:
         status = StudyStatus.running
     else:
         status = StudyStatus.queued

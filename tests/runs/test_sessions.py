@@ -21,8 +21,8 @@ WRITES = [
     leasing.lease_next, leasing.reap_expired,
     ingest.store, service.exclude_run, service.include_run,
     studies.create_study, studies.cancel_study, studies.refresh_status, studies.upload_external_run,
-    repository.transition, repository.claim, repository.update_where, repository.insert_runs,
-    repository.cancel_runs_of,
+    repository.transition, repository.transition_held, repository.pick_queued, repository.claim_returning,
+    repository.update_where, repository.insert_runs, repository.cancel_runs_of,
 ]
 READS = [service.get_run, leasing.running_in_scope, repository.get_run, repository.find_run, repository.run_state,
          repository.list_runs, repository.status_counts, repository.batch_context, repository.judged_runs]
