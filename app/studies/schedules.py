@@ -126,6 +126,8 @@ def create(session: Session, body: ScheduleIn, settings: Settings, caller: Calle
     from steady.server.studies import service as studies  # the spec is checked now as a submit would
 
     studies.check_code(session, spec)
+    if spec.suite:  # as a submit would: a schedule may not add studies to another user's suite
+        studies.ensure_suite_owner(session, spec.suite, caller)
     now = utcnow()
     row = StudySchedule(name=body.name, spec=spec.model_dump(mode="json"), owner_token_id=caller.token_id,
                         every_seconds=parse_every(body.every) if body.every else None, daily_at=body.daily,

@@ -183,7 +183,13 @@ def _owned_objects(api) -> dict[tuple[str, str], tuple[str, dict | None]]:
     mlf = api.client.post(f"{MLFLOW}/runs/create", json={"experiment_id": str(ext)}, headers=api.h())
     assert mlf.status_code == 200, mlf.text
     mlf_run = mlf.json()["run"]["info"]["run_id"]
+    in_suite = {"name": "nightly check", "every": "6h",
+                "spec": spec(seeds=[0], repeats=1, determinism=["seeded"], suite="nightly")}
+    schedule = api.post("/api/v1/schedules", json=in_suite)
+    assert schedule.status_code == 201, schedule.text
     return {
+        ("POST", "/api/v1/schedules"): ("/api/v1/schedules", {**in_suite, "name": "another nightly check"}),
+        ("DELETE", "/api/v1/schedules/{schedule_id}"): (f"/api/v1/schedules/{schedule.json()['id']}", None),
         ("POST", f"{MLFLOW}/runs/create"): (f"{MLFLOW}/runs/create", {"experiment_id": str(ext)}),
         ("POST", f"{MLFLOW}/runs/log-metric"): (f"{MLFLOW}/runs/log-metric",
                                               {"run_id": mlf_run, "key": "loss", "value": 1.0, "step": 0}),
@@ -257,7 +263,8 @@ def test_the_owner_and_admins_change_it(api, who):
              ("POST", "/api/v1/studies/{study_id}/launches"), ("POST", "/api/v1/studies/{study_id}/cancel"),
              ("POST", f"{MLFLOW}/runs/create"), ("POST", f"{MLFLOW}/runs/log-metric"),
              ("POST", f"{MLFLOW}/runs/log-batch"), ("POST", f"{MLFLOW}/runs/log-parameter"),
-             ("POST", f"{MLFLOW}/runs/set-tag"), ("POST", f"{MLFLOW}/runs/update")]
+             ("POST", f"{MLFLOW}/runs/set-tag"), ("POST", f"{MLFLOW}/runs/update"),
+             ("POST", "/api/v1/schedules"), ("DELETE", "/api/v1/schedules/{schedule_id}")]
     assert set(order) == set(targets)
     for key in order:
         url, body = targets[key]
