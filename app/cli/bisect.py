@@ -142,8 +142,7 @@ class _Bisect:
         return max(len(self.spec.get("seeds") or [0]), 1) * self.per_seed_runs()
 
     def code(self, point: int) -> dict[str, Any] | str:
-        from steady.server.cli.client import ApiError
-        from steady.server.cli.code import check_spec_files
+        from steady.server.cli.code import check_spec_files, upload_archive
 
         if self.stacks:  # the working tree's code, shipped once (cmd_bisect)
             return dict(self.spec["code"]) if "code" in self.spec else {}
@@ -155,13 +154,7 @@ class _Bisect:
             except CliError as exc:
                 self.codes[sha] = exc.message
                 return self.codes[sha]
-            try:
-                self.api.request("HEAD", f"/api/v1/code/{packed.sha256}")
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
-                self.api.request("PUT", f"/api/v1/code/{packed.sha256}", content=packed.data,
-                                 headers={"Content-Type": "application/gzip"})
+            upload_archive(self.api, packed)
             self.codes[sha] = {"sha256": packed.sha256, "dirty": False, "workdir": self.workdir, "git_commit": sha}
         return self.codes[sha]
 

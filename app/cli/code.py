@@ -72,17 +72,9 @@ class _Shipper:
 
     def upload(self, packed: codepack.Packed) -> None:
         """PUT the archive unless the server holds it (HEAD) or this spec uploaded it already."""
-        from steady.server.cli.client import ApiError
-
         if packed.sha256 in self.uploaded:
             return
-        try:
-            self.api.request("HEAD", f"/api/v1/code/{packed.sha256}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-            self.api.request("PUT", f"/api/v1/code/{packed.sha256}", content=packed.data,
-                             headers={"Content-Type": "application/gzip"})
+        upload_archive(self.api, packed)
         self.uploaded.add(packed.sha256)
 
     def ship(self, workload: dict[str, Any], root: str, workdir: str, what: str) -> dict[str, Any]:
@@ -155,3 +147,16 @@ def ship_code(api: Any, spec: dict[str, Any], spec_path: str, *, code_dir: str |
 def ship_options(args: Any, api: Any, spec: dict[str, Any], spec_path: str, out: TextIO | None = None) -> None:
     """:func:`ship_code` with the command's ``--code``, ``--no-code`` and ``--max-code-mb``."""
     ship_code(api, spec, spec_path, code_dir=args.code, max_mb=args.max_code_mb, no_code=args.no_code, out=out)
+
+
+def upload_archive(api: Any, packed: codepack.Packed) -> None:
+    """PUT a code archive unless the server holds it already (HEAD answers 200)."""
+    from steady.server.cli.client import ApiError
+
+    try:
+        api.request("HEAD", f"/api/v1/code/{packed.sha256}")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        api.request("PUT", f"/api/v1/code/{packed.sha256}", content=packed.data,
+                    headers={"Content-Type": "application/gzip"})

@@ -138,14 +138,7 @@ def _extend_lease(session: WriteSession, run_id: int, lease_id: str, token_id: i
     ORM objects, no read first. None when the row did not match."""
     beat = (
         update(Run)
-        .where(
-            Run.id == run_id,
-            Run.status == RunStatus.running.value,
-            Run.lease_id == lease_id,
-            Run.lease_expires_at.is_(None) | (Run.lease_expires_at >= now),
-            # the holder's own row, by primary key: one lookup however many workers share the token
-            select(Worker.id).where(Worker.id == Run.worker_id, Worker.token_id == token_id).exists(),
-        )
+        .where(*runs_repo.held_by(run_id, lease_id, token_id, now))
         .values(**values)
         .returning(Run.lease_expires_at, Run.cancel_requested, Run.worker_id)
     )

@@ -93,6 +93,18 @@ def transition(session: WriteSession, state: RunState, lease_id: str, now: datet
     return True if _rowcount(session.execute(stmt)) == 1 else None
 
 
+def held_by(run_id: int, lease_id: str, token_id: int, now: datetime) -> tuple[Any, ...]:
+    """WHERE clauses: the run is running under this live lease, and its worker is the caller token's (the
+    holder's own row, by primary key: one lookup however many workers share the token)."""
+    return (
+        Run.id == run_id,
+        Run.status == RunStatus.running.value,
+        Run.lease_id == lease_id,
+        Run.lease_expires_at.is_(None) | (Run.lease_expires_at >= now),
+        select(Worker.id).where(Worker.id == Run.worker_id, Worker.token_id == token_id).exists(),
+    )
+
+
 def transition_held(session: WriteSession, run_id: int, lease_id: str, token_id: int, now: datetime,
                     values: Mapping[str, Any], returning: Sequence[Any]) -> Any | None:
     """``transition`` without reading the run first: the holder is the run's worker when that worker's token is
@@ -100,13 +112,7 @@ def transition_held(session: WriteSession, run_id: int, lease_id: str, token_id:
     caller then reads the run to tell why)."""
     stmt = (
         update(Run)
-        .where(
-            Run.id == run_id,
-            Run.status == RunStatus.running.value,
-            Run.lease_id == lease_id,
-            Run.lease_expires_at.is_(None) | (Run.lease_expires_at >= now),
-            select(Worker.id).where(Worker.id == Run.worker_id, Worker.token_id == token_id).exists(),
-        )
+        .where(*held_by(run_id, lease_id, token_id, now))
         .values(**values)
         .returning(*returning)
         .execution_options(synchronize_session=False)
