@@ -42,8 +42,8 @@ def respects(spec: Mapping[str, Any]) -> bool:
     yes, except for a fleet check (a ``fleet`` section), which re-tests quarantined workers by default so
     that a scheduled check shows whether the fault is still there."""
     value = spec.get("respect_quarantine")
-    if value is None:
-        return not spec.get("fleet")
+    if value is None:  # as the lease query says it (runs.repository.pick_queued): a fleet section is present
+        return spec.get("fleet") is None
     return bool(value)
 
 
