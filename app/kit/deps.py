@@ -216,7 +216,7 @@ _user = require(Role.user)
 
 async def heavy_reader(request: Request, principal: Annotated[Principal, Depends(_user)]) -> AsyncIterator[Principal]:
     """A user's heavy read (report, bands, compare, a series), admitted by the process's ``HeavyGate``
-    (429 with Retry-After past its per-token or total limit) and counted until its answer is sent."""
+    (429 with Retry-After past its per-token or total limit) and counted while its route computes it."""
     gate = request.app.state.heavy_gate
     started = gate.enter(principal.token_id)
     try:
@@ -229,7 +229,9 @@ OptionalCaller = Annotated[Principal | None, Depends(optional_principal)]
 AdminCaller = Annotated[Principal, Depends(require(Role.admin))]
 UserCaller = Annotated[Principal, Depends(_user)]
 # A heavy read: declare it first among a route's parameters, so a refused request takes no thread.
-HeavyReader = Annotated[Principal, Depends(heavy_reader)]
+# scope="function": it leaves the gate when the route returns, before the answer is sent; counted until
+# sent, a client that asks again on receipt could find its own finished read still counted and be refused.
+HeavyReader = Annotated[Principal, Depends(heavy_reader, scope="function")]
 # The worker protocol's routes: a token lookup on the protocol's own capacity.
 ProtocolCaller = Annotated[Principal, Depends(require(Role.worker, protocol=True))]
 # Code archives: users upload and read them, workers fetch them.
