@@ -29,7 +29,7 @@ TRAIN = """
     seed = p.parse_args().seed
     LR = 0.05  # edit {edit}
     rng = random.Random(seed)
-    data = [(x, 3.0 * x + rng.gauss(0.0, 0.1)) for x in (rng.uniform(-1, 1) for _ in range(32))]
+    data = [(x, 3.0 * x + rng.gauss(0.0, {noise})) for x in (rng.uniform(-1, 1) for _ in range(32))]
     order = list(range(len(data)))
     rng.shuffle(order)
     {shuffle}
@@ -59,27 +59,38 @@ SPEC = """
 BROKEN, REORDER, BREAK, N_COMMITS = 8, 10, 11, 16
 
 
-def _planted_history(root: Path) -> list[str]:
-    """GOOD and 16 commits after it; returns their shas (index = point)."""
+def _planted_history(root: Path, *, change: str = "shuffle", spec: str = SPEC) -> list[str]:
+    """GOOD and 16 commits after it; returns their shas (index = point). From commit ``BREAK`` on, ``change``:
+    ``shuffle`` adds an unseeded shuffle, ``noise`` draws the targets with more noise (the final loss shifts)."""
     root.mkdir(parents=True)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    (root / "study.yaml").write_text(textwrap.dedent(SPEC).lstrip())
+    (root / "study.yaml").write_text(textwrap.dedent(spec).lstrip())
     shas = []
     for i in range(N_COMMITS + 1):
-        shuffle = "random.Random().shuffle(order)  # a fresh order each run" if i >= BREAK else ""
-        total = "sum(reversed(terms))" if i >= REORDER else "sum(terms)"
-        text = textwrap.dedent(TRAIN).lstrip().format(edit=i, shuffle=shuffle, total=total)
+        text = _train(i, change)
         if i == BROKEN:
             text = text.replace("w = 0.0", "w = 0.0 +")  # a syntax error, fixed by the next commit
         (root / "train.py").write_text(text)
         message = {0: "tiny training script", BROKEN: "half-finished edit", REORDER: "sum the loss in reverse",
-                   BREAK: "add a shuffle"}.get(i, f"tune comment {i}")
+                   BREAK: CHANGES[change]}.get(i, f"tune comment {i}")
         subprocess.run([*git, "add", "-A"], cwd=root, check=True)
         subprocess.run([*git, "commit", "-qm", message], cwd=root, check=True)
         shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
                                    text=True).stdout.strip())
     return shas
+
+
+CHANGES = {"shuffle": "add a shuffle", "noise": "noisier targets"}
+NOISE, MORE_NOISE = 0.1, 0.14
+
+
+def _train(i: int, change: str = "shuffle") -> str:
+    """train.py at commit ``i`` of the planted history."""
+    shuffle = "random.Random().shuffle(order)  # a fresh order each run" if i >= BREAK and change == "shuffle" else ""
+    noise = MORE_NOISE if i >= BREAK and change == "noise" else NOISE
+    total = "sum(reversed(terms))" if i >= REORDER else "sum(terms)"
+    return textwrap.dedent(TRAIN).lstrip().format(edit=i, shuffle=shuffle, total=total, noise=noise)
 
 
 @pytest.mark.slow
@@ -125,6 +136,100 @@ def test_determinism_break_is_found_at_its_exact_commit(live_server, tmp_path):
         assert points == [0, BROKEN, 9, REORDER, BREAK, 13, N_COMMITS], points
         assert re.search(rf'data-point="{BROKEN}".*?tone-none">skipped', page.text, re.S)
         assert c.get("/bisects/0000000..0000000").status_code == 404
+
+
+TOST_SPEC = """
+    name: tiny-train
+    workload:
+      framework: python
+      command: ["python", "train.py", "--seed", "{seed}"]
+    seeds: [0, 1, 2, 3]
+    repeats: 1
+    determinism: [seeded]
+    threads: 1
+    max_attempts: 1
+    metrics: [{name: loss, margin: 0.004}]
+"""
+
+
+@pytest.mark.slow
+def test_a_small_shift_of_the_final_loss_is_found_at_its_exact_commit(live_server, tmp_path):
+    """`steady bisect --property tost` on the planted history whose commit 11 draws the targets with more noise,
+    so the final loss moves up. The shift is larger than "small": about 3 SDs of the seed-to-seed spread (measured
+    here over GOOD's seeds 0-39), so that 8 seeds per side decide it at the per-point level of 1% (5% over BAD and
+    the 4 rounds) and the test stays cheap; one seed per side cannot test it, and 4 seeds per side leave it
+    undecided (the second bisect). Each point is a two-arm study, GOOD's code against the point's, grown by 4
+    seeds per arm up to 12 while the sequential TOST (margin 0.004, under 1.5 SDs) is inconclusive. The sum-order
+    commit (10, the change's parent: new bits, the same distribution) is judged equivalent and not named; the
+    commit that does not parse (8) is skipped. With a budget of 8 runs a point (4 seeds per arm) BAD itself stays
+    undecided, and the answer is the whole range, with why."""
+    import statistics
+
+    folder = tmp_path / "project"
+    shas = _planted_history(folder, change="noise", spec=TOST_SPEC)
+    good = [_final_loss(_train(0, "noise"), seed) for seed in range(40)]
+    changed = [_final_loss(_train(BREAK, "noise"), seed) for seed in range(40)]
+    spread = statistics.stdev(good)
+    assert 2.5 < (statistics.mean(changed) - statistics.mean(good)) / spread < 4.0
+    assert 0.004 / spread < 1.5  # the margin, in seed SDs
+    env = user_env(live_server, folder)
+    (tmp_path / "worker-home").mkdir()
+    worker = Worker(live_server, tmp_path, "bisect", "--concurrency", "4", cwd=tmp_path / "worker-home")
+    try:
+        got = run_cli_in_process("bisect", shas[0], shas[-1], "--property", "tost", "--budget-runs", "120",
+                                 "--poll", "0.3", "--", "study.yaml", env=env, cwd=folder)
+        small = run_cli_in_process("bisect", shas[0], shas[-1], "--property", "tost", "--budget-runs", "40",
+                                   "--poll", "0.3", "--", "study.yaml", env=env, cwd=folder)
+    finally:
+        worker.stop()
+    out, err = got.stdout, got.stderr
+    assert got.returncode == 0, (out, err, worker.log())
+    assert ("up to 24 runs per point; each point's claim at level 1% (5% over the 5 points the search decides when "
+            "none is skipped or undecided)") in err, err
+    assert f"first commit where tost changed: {shas[BREAK][:10]} noisier targets" in out, out
+    assert re.search(r"train\.py \| +4 \+\+--\n +1 file changed", out), out
+    parent = re.search(rf"at its parent {shas[REORDER][:10]}: good: equivalent: means differ by \S+, within ±0\.004 "
+                       r"\(study (\d+), 16 runs\)", out)
+    at = re.search(rf"at {shas[BREAK][:10]}: +bad: not equivalent: means differ by 0\.0\d+, outside ±0\.004 "
+                   r"\(study (\d+), 16 runs\)", out)
+    assert parent and at, out
+    assert "repeats part" not in out and "localize" not in out
+    # the sum-order commit is the change's parent, judged equivalent: not named; the broken commit skipped
+    assert REORDER == BREAK - 1
+    assert re.search(rf"point {BROKEN} {shas[BROKEN][:10]}: skipped \(study \d+, 8 runs\): 4 of its 8 runs failed, "
+                     "leaving no tost check to judge", err), err
+    judged = re.findall(r"^point (\d+) \w+: (good|bad|skipped) \(study \d+, (\d+) runs\)", err, re.M)
+    assert judged == [("16", "bad", "16"), (str(BROKEN), "skipped", "8"), ("9", "good", "16"), ("13", "bad", "16"),
+                      (str(BREAK), "bad", "16"), (str(REORDER), "good", "16")], err
+    assert ("found (exit 0); 6 round(s), 88 runs; 5 point(s) decided, each point's claim wrong with probability ≤ 1%: "
+            "the answer is wrong with probability ≤ 5% (Bonferroni)") in out, out
+    with live_server.client() as c:  # each point: GOOD's code against the point's
+        arms = c.get(f"/api/v1/studies/{at.group(1)}").json()["spec"]["arms"]
+        assert [a["code"]["git_commit"] for a in arms] == [shas[0], shas[BREAK]]
+
+    assert small.returncode == 2, (small.stdout, small.stderr)
+    assert (f"undecided between {shas[0][:10]} (tiny training script) and {shas[-1][:10]} (tune comment 16): the "
+            f"first change is one of the 16 commits after {shas[0][:10]}\n"
+            f"  BAD {shas[-1][:10]} tune comment 16 is undecided: not yet equivalent: means differ by ") in small.stdout
+    assert ("  an undecided point ran out of its share of the budget (8 runs of --budget-runs 40) before its check "
+            "decided: raise --budget-runs\n") in small.stdout, small.stdout
+    assert "undecided (exit 2); 1 round(s), 8 runs; 0 point(s) decided" in small.stdout
+
+
+def _final_loss(script: str, seed: int) -> float:
+    """The last loss ``script`` prints for ``seed``, run in this process."""
+    import contextlib
+    import io
+    import sys
+
+    saved, buf = sys.argv, io.StringIO()
+    sys.argv = ["train.py", "--seed", str(seed)]
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile(script, "train.py", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.argv = saved
+    return float(buf.getvalue().split()[-1])
 
 
 def _bisect_of(live_server, folder: Path, shas: list[str], spec: dict, prop: str, scratch: Path):
@@ -243,7 +348,7 @@ def test_a_stack_range_is_bisected_over_the_spec_stacks(live_server, tmp_path):
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "study.yaml").write_text(yaml.safe_dump(spec))
-    (folder / "train.py").write_text(textwrap.dedent(TRAIN).lstrip().format(edit=0, shuffle="", total="sum(terms)"))
+    (folder / "train.py").write_text(_train(0))
     env = user_env(live_server, folder)
     (tmp_path / "worker-home").mkdir()
     worker = Worker(live_server, tmp_path, "bisect-env", "--labels", "bisect-env", cwd=tmp_path / "worker-home")

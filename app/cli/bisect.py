@@ -206,6 +206,10 @@ class _Bisect:
         report = get_report(self.api, study["id"])
         self.reports[point] = report
         checks = [c for c in report.outcome.checks if c.kind == self.kind and c.status != "not_asked"]
+        if not checks and p.get("failed", 0):  # e.g. a TOST point whose own arm's runs all failed: GOOD's ran
+            return PointOutcome(point, SKIPPED, runs, study["id"],
+                                f"{p['failed']} of its {runs} runs failed, leaving no {self.args.property} check "
+                                "to judge")
         if not checks:
             raise CliError(f"study {study['id']} has no {self.args.property} check to decide point {point}: "
                            f"{report.outcome.reason}", EXIT_CANNOT_JUDGE)
@@ -262,7 +266,7 @@ def _describe(b: _Bisect, point: int, result: Any) -> str:
 
 def _divergent_step(b: _Bisect, point: int) -> str:
     report = b.reports.get(point)
-    if report is None:
+    if report is None or b.kind != "repeatability":
         return ""
     for v in report.of_level("repeatability"):
         if v.verdict != "identical":
@@ -273,6 +277,8 @@ def _divergent_step(b: _Bisect, point: int) -> str:
 
 
 def render(b: _Bisect, result: Any) -> int:
+    from steady.server.stats.bisect import BAD, GOOD, UNDECIDED
+
     commits = b.commits
     low, high = commits[result.last_good], commits[result.first_bad]
     out: list[str] = []
@@ -310,9 +316,20 @@ def render(b: _Bisect, result: Any) -> int:
     else:
         out.append(f"undecided between {low.short} ({low.subject}) and {high.short} ({high.subject}): the "
                    f"first change is one of the {result.first_bad - result.last_good} {low.what}s after {low.short}")
+        for o in result.ends:
+            if o.state != BAD if o.point else o.state != GOOD:
+                out.append(f"  {'BAD' if o.point else 'GOOD'} {commits[o.point].short} {commits[o.point].subject} is "
+                           f"{_describe(b, o.point, result)}")
         for label, pts in (("skipped (could not run)", result.skipped), ("undecided", result.undecided)):
             for p in pts:
                 out.append(f"  {label}: {commits[p].short} {commits[p].subject}: {_describe(b, p, result)}")
+        grew = [o for o in (*result.ends, *(result.outcome(p) for p in result.undecided))
+                if o is not None and o.state == UNDECIDED]
+        if grew and b.kind != "repeatability":
+            most = max(o.runs for o in grew)
+            out.append(f"  {'an undecided point' if len(grew) == 1 else 'the undecided points'} ran out of its "
+                       f"share of the budget ({most} runs of --budget-runs {b.args.budget_runs}) before its check "
+                       "decided: raise --budget-runs")
         if result.budget_spent:
             out.append(f"  the budget of {b.args.budget_runs} runs is spent ({result.runs} used): raise --budget-runs")
         code = EXIT_UNDECIDED
