@@ -211,7 +211,7 @@ def test_a_small_shift_of_the_final_loss_is_found_at_its_exact_commit(live_serve
     assert (f"undecided between {shas[0][:10]} (tiny training script) and {shas[-1][:10]} (tune comment 16): the "
             f"first change is one of the 16 commits after {shas[0][:10]}\n"
             f"  BAD {shas[-1][:10]} tune comment 16 is undecided: not yet equivalent: means differ by ") in small.stdout
-    assert ("  an undecided point ran out of its share of the budget (8 runs of --budget-runs 40) before its check "
+    assert ("  an undecided point ran out of its share of the budget (8 runs of --budget-runs 40) before the check "
             "decided: raise --budget-runs\n") in small.stdout, small.stdout
     assert "undecided (exit 2); 1 round(s), 8 runs; 0 point(s) decided" in small.stdout
 

@@ -327,9 +327,10 @@ def render(b: _Bisect, result: Any) -> int:
                 if o is not None and o.state == UNDECIDED]
         if grew and b.kind != "repeatability":
             most = max(o.runs for o in grew)
-            out.append(f"  {'an undecided point' if len(grew) == 1 else 'the undecided points'} ran out of its "
-                       f"share of the budget ({most} runs of --budget-runs {b.args.budget_runs}) before its check "
-                       "decided: raise --budget-runs")
+            which = "an undecided point ran out of its share" if len(grew) == 1 else \
+                "the undecided points ran out of their shares"
+            out.append(f"  {which} of the budget ({most} runs of --budget-runs {b.args.budget_runs}) before the "
+                       "check decided: raise --budget-runs")
         if result.budget_spent:
             out.append(f"  the budget of {b.args.budget_runs} runs is spent ({result.runs} used): raise --budget-runs")
         code = EXIT_UNDECIDED

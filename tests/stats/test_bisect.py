@@ -174,7 +174,7 @@ def test_a_small_shift_is_found_at_its_exact_commit(parallel):
     assert wrong <= design(2 * ALPHA, (n,)).cutoffs[-1], f"{wrong}/{n} named a wrong commit"
 
 
-HARDEST = {  # the histories where a point's claim is wrong at its full level α/m
+HARDEST = {  # the histories where a point's claim (each at α/m) is wrong most often
     "good points on the margin": {"shift": 1.5, "good_shift": 0.5},  # a 'changed' claim at a good point
     "bad points on the margin": {"shift": 0.5, "end_shift": 1.5},  # an 'equivalent' claim at a bad one
 }
