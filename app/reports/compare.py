@@ -34,7 +34,7 @@ from steady.server.reports.differences import (
     is_spec_text,
 )
 from steady.server.reports.models import Compare, PortabilityVerdict, typed_verdicts, verdicts_of, worst
-from steady.server.reports.service import completed_runs, run_data
+from steady.server.reports.service import completed_runs, run_data, study_level
 from steady.server.stats.report import MetricSpec, build_report
 from steady.server.stats.report_levels import same_seed_phrase
 from steady.server.stats.repeatability import size_phrase
@@ -180,6 +180,12 @@ def _metric_specs(base: dict[str, Any], cand: dict[str, Any], names: list[str], 
     return out
 
 
+def _alpha(base: dict[str, Any], cand: dict[str, Any]) -> float:
+    """The level of the comparison's claims: the spec's ``alpha`` as the study report reads it
+    (``service.study_level``), the baseline's, else the candidate's, else 0.05."""
+    return study_level(base if base.get("alpha") is not None else cand).alpha
+
+
 def _attribution(diffs: list[Difference]) -> tuple[str | None, str]:
     """(the source a difference in results is attributed to, None: as the runs' digests say; the sentence)."""
     setup = [d for d in diffs if d.kind not in (STACK, "spec_file")]  # a spec file's settings are listed as such
@@ -239,7 +245,8 @@ def compare_studies(
 
     Both studies' runs are relabelled as two stacks, ``baseline`` and ``candidate``, and judged by
     the same rule as the study report's stack-portability verdicts, per determinism level present in
-    both, for each metric (default: those the specs name, with their margins).
+    both, for each metric (default: those the specs name, with their margins), at the level the specs state
+    (``alpha``, as the study report reads it: the baseline's, else the candidate's, else 0.05).
     """
     if margin is not None and relative_margin is not None:
         raise Invalid(("query", "relative_margin"), "give either margin or relative_margin, not both")
@@ -258,6 +265,7 @@ def compare_studies(
             [s for s, _ in specs],
             reference_stack="baseline",
             rng=_rng(baseline, candidate, zlib.crc32(",".join(names).encode())),
+            alpha=_alpha(base_study.spec, cand_study.spec),
         )
     diffs = differences(_side(session, base_study, base_rows, settings), _side(session, cand_study, cand_rows, settings))
     source, attribution = _attribution(diffs)

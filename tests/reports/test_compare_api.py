@@ -100,3 +100,21 @@ def test_arms_that_differ_by_a_param_are_not_blamed_on_numerics(api):
     (v,) = [v for v in api.get(f"/api/v1/studies/{sid}/report").json()["verdicts"] if v["level"] == "stack_portability"]
     assert v["group"]["differ_by"] == ["params.lr (0.05 vs 0.1)"]
     assert v["same_seed"]["source"] == "setup" and "source setup" in v["reason"] and "numerics" not in v["reason"]
+
+
+def test_the_comparison_is_judged_at_the_spec_alpha_as_the_report_is(api):
+    """The same finals compared at the default 5% and under a spec's ``alpha`` of 0.1%: the TOST that claims
+    'equivalent' at 5% does not at 0.1% (before, compare judged every pair at 5%, whatever the specs said)."""
+    seeds = list(range(6))
+    finals = {0: 0.80, 1: 0.83, 2: 0.78, 3: 0.82, 4: 0.79, 5: 0.81}
+    verdicts = {}
+    for alpha in (None, 0.001):
+        extra = {} if alpha is None else {"alpha": alpha}
+        a, b = _study(api, seeds=seeds, **extra), _study(api, seeds=seeds, **extra)
+        fp = {"numpy_version": "2.0.0"}
+        _run_all(api, register(api), {(s, seed): [0.5, finals[seed] + (0.06 if s == b else 0.0)]
+                                      for s in (a, b) for seed in seeds}, {a: fp, b: fp})
+        (v,) = api.get("/api/v1/compare", params={"baseline": a, "candidate": b}).json()["verdicts"]
+        verdicts[alpha] = v["verdict"]
+        assert 0.001 < v["tost_p_adjusted"] < 0.05, v
+    assert verdicts == {None: "equivalent", 0.001: "inconclusive"}, verdicts
