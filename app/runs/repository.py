@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CursorResult, and_, bindparam, case, cast, distinct, exists, func, literal, select, union_all, update
+from sqlalchemy import CursorResult, and_, bindparam, case, cast, distinct, exists, func, literal, select, text, union, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session, aliased
 
@@ -148,19 +148,31 @@ def pick_queued(session: WriteSession, worker_id: int, labels: Collection[str], 
     no lock."""
     mine_or_free = Run.pinned_worker.is_(None) | (Run.pinned_worker == worker_id)
     queued = Run.status == RunStatus.queued.value
-    pinned = select(Run.id).where(Run.pinned_worker == worker_id, queued).order_by(Run.id).limit(limit)
-    page = select(Run.id).where(queued, mine_or_free).order_by(Run.id).limit(limit)
+    pinned = select(Run.id, Run.status).where(Run.pinned_worker == worker_id, queued).order_by(Run.id).limit(limit)
+    page = select(Run.id, Run.status).where(queued, mine_or_free).order_by(Run.id).limit(limit)
     if study_id is not None:
         pinned, page = pinned.where(Run.study_id == study_id), page.where(Run.study_id == study_id)
     pinned_q, page_q = pinned.subquery(), page.subquery()
-    candidates = union_all(select(pinned_q.c.id), select(page_q.c.id)).subquery()
+    # The candidates drive the query: at most 2 × ``limit`` runs, each joined to its row by primary key, so a
+    # lease costs the same however long the queue. MATERIALIZED keeps them one computed list, and the outer
+    # query names no condition an index of runs could answer on its own (its status is compared with the
+    # candidate's, which is 'queued'): PostgreSQL's planner, misjudging how many runs are queued, would
+    # otherwise walk every queued run and compare each with every candidate (the queue's length times the
+    # page per lease). A candidate's pin never changes, so it is not checked again here; its status is, on the
+    # row as it is when locked.
+    candidates = union(select(pinned_q.c.id, pinned_q.c.status), select(page_q.c.id, page_q.c.status)) \
+        .cte("candidates").prefix_with("MATERIALIZED")
     block = aliased(Run)
     same_block = and_(block.study_id == Run.study_id, block.seed == Run.seed, block.repeat == Run.repeat,
-                      block.stack == Run.stack, block.status != RunStatus.queued.value, block.worker_id.is_not(None))
+                      block.stack == Run.stack, block.status != RunStatus.queued.value)
+    # "some worker took it" as an expression no index answers (worker ids start at 1): the block is found
+    # through (study_id, seed), however the planner's statistics judge workers (right after a study is queued
+    # they say no run has one, and a probe through the worker index then reads every leased run per candidate)
+    leased = func.coalesce(block.worker_id, 0) != 0
     rank = case(
         (Run.pinned_worker.is_not(None), 0),
         (select(block.id).where(same_block, block.worker_id == worker_id).exists(), 0),
-        (select(block.id).where(same_block).exists(), 2),
+        (select(block.id).where(same_block, leased).exists(), 2),
         else_=1,
     )
     postgres = session.get_bind().dialect.name == "postgresql"
@@ -173,8 +185,10 @@ def pick_queued(session: WriteSession, worker_id: int, labels: Collection[str], 
                                                        Run.status == RunStatus.running.value).scalar_subquery()
     stmt = (
         select(Run.id, Run.study_id, Study.spec, Study.status)
+        .select_from(candidates)
+        .join(Run, and_(Run.id == candidates.c.id, Run.status == candidates.c.status))
         .join(Study, Study.id == Run.study_id)
-        .where(Run.id.in_(select(candidates.c.id)), queued, mine_or_free, has_labels, held < max_held)
+        .where(has_labels, held < max_held)
         .order_by(Run.pinned_worker.is_(None), rank, Run.id)
         .limit(1)
     )
@@ -273,9 +287,20 @@ def studies_of_runs(session: Session, condition: Any) -> set[int]:
     return set(session.scalars(select(Run.study_id).where(condition)))
 
 
+# Runs queued at once from which PostgreSQL's statistics of the runs table are refreshed in the same transaction.
+ANALYZE_AFTER_RUNS = 100
+
+
 def insert_runs(session: WriteSession, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Queue many runs in one statement (a study's matrix, an adaptive stage's seeds)."""
+    """Queue many runs in one statement (a study's matrix, an adaptive stage's seeds).
+
+    On PostgreSQL, ``ANALYZE runs`` follows a large insert: the study's runs are leased right away, and until
+    autovacuum comes by (a minute or more) the planner would choose the lease's query plan from statistics
+    that predate them (on a new database: none, where every index of runs looks as good as another and a
+    lease may scan the whole study for each candidate)."""
     session.execute(Run.__table__.insert(), list(rows))
+    if len(rows) >= ANALYZE_AFTER_RUNS and session.get_bind().dialect.name == "postgresql":
+        session.execute(text("ANALYZE runs"))
 
 
 def cancel_runs_of(session: WriteSession, study_id: int, now: datetime) -> None:
