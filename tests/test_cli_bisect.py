@@ -178,6 +178,8 @@ def test_a_small_shift_of_the_final_loss_is_found_at_its_exact_commit(live_serve
     try:
         got = run_cli_in_process("bisect", shas[0], shas[-1], "--property", "tost", "--budget-runs", "120",
                                  "--poll", "0.3", "--", "study.yaml", env=env, cwd=folder)
+        with live_server.client() as c:  # the bisect's page, before the next bisect of the same range adds to it
+            page = c.get(f"/bisects/{shas[0][:7]}..{shas[-1][:7]}").text
         small = run_cli_in_process("bisect", shas[0], shas[-1], "--property", "tost", "--budget-runs", "40",
                                    "--poll", "0.3", "--", "study.yaml", env=env, cwd=folder)
     finally:
@@ -206,6 +208,11 @@ def test_a_small_shift_of_the_final_loss_is_found_at_its_exact_commit(live_serve
     with live_server.client() as c:  # each point: GOOD's code against the point's
         arms = c.get(f"/api/v1/studies/{at.group(1)}").json()["spec"]["arms"]
         assert [a["code"]["git_commit"] for a in arms] == [shas[0], shas[BREAK]]
+    # the page reads the same: GOOD is the reference (no point of its own), the broken commit skipped
+    assert f"First commit where tost changed: <strong><code>{shas[BREAK][:10]}</code></strong>" in page, page
+    assert [int(p) for p in re.findall(r'<tr data-point="(\d+)"', page)] == [BROKEN, 9, REORDER, BREAK, 13, N_COMMITS]
+    assert re.search(rf'data-point="{BROKEN}".*?tone-none">skipped.*?4 of its 8 runs failed, leaving no tost check',
+                     page, re.S), page
 
     assert small.returncode == 2, (small.stdout, small.stderr)
     assert (f"undecided between {shas[0][:10]} (tiny training script) and {shas[-1][:10]} (tune comment 16): the "

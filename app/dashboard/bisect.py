@@ -20,6 +20,7 @@ from steady.server.dashboard.views import db_key, not_found, render
 from steady.server.kit.deps import ReadDB
 from steady.server.models import Study
 from steady.server.stats.bisect import checks_per_point, wrong_point_bound
+from steady.server.studies import repository as studies_repo
 
 router = APIRouter(include_in_schema=False)
 
@@ -33,7 +34,7 @@ TONE = {"good": "good", "bad": "bad", "undecided": "unknown", "skipped": "none",
 MAX_POINTS = 500
 
 
-def _point(db: Any, request: Request, study: Study, kind: str) -> tuple[str, str]:
+def _point(db: Any, request: Request, study: Study, kind: str, prop: str = "") -> tuple[str, str]:
     """(state, the deciding check's plain line) of one point's study."""
     if study.status == "failed":
         return "skipped", study.status_reason or "its runs failed"
@@ -44,6 +45,10 @@ def _point(db: Any, request: Request, study: Study, kind: str) -> tuple[str, str
     version = service.study_versions(db, [study])[study.id]
     report = service.report(db, study, version, db_key(request))
     checks = [c for c in report.outcome.checks if c.kind == kind and c.status != "not_asked"]
+    progress = studies_repo.progress_by_study(db, [study.id])[study.id]
+    if not checks and progress.failed:  # e.g. a TOST point whose own arm's runs all failed (as `steady bisect`)
+        return "skipped", (f"{progress.failed} of its {progress.completed + progress.failed} runs failed, leaving "
+                           f"no {prop or kind} check to judge")
     if not checks:
         return "undecided", report.outcome.reason
     statuses = {c.status for c in checks}
@@ -64,7 +69,7 @@ def bisect_page(request: Request, db: ReadDB, viewer: PageViewer,
         if m is None or m["span"] != span or m["prop"] not in CHECK_OF:
             continue
         prop, last = m["prop"], int(m["last"])
-        state, why = _point(db, request, s, CHECK_OF[m["prop"]])
+        state, why = _point(db, request, s, CHECK_OF[m["prop"]], m["prop"])
         short = m["sha"][:10] if m["what"] == "commit" else m["sha"]
         rows.append(dict(point=int(m["point"]), sha=short, what=m["what"], study=s, order=order, state=state,
                          tone=TONE[state], why=why, alpha=_point_level(s.spec or {}, CHECK_OF[m["prop"]])))
