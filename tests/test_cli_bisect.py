@@ -3,8 +3,9 @@ script, against the live server with a real worker, and the bisect's dashboard p
 order (the bits change, the repeats stay identical: not the bisected property), one adds an unseeded shuffle
 (repeats differ): the bisect names that commit exactly, with its parent's and its own verdicts and studies.
 
-The noisy cases (a small shift only many seeds see, the wrong-commit rate) are simulated in process:
-tests/stats/test_bisect.py.
+The same history with a shift of the final loss instead of the shuffle is bisected by a TOST against GOOD's
+code (found at its exact commit; with too small a budget, undecided between GOOD and BAD). Shifts only many
+seeds see, and the wrong-commit rate, are simulated in process: tests/stats/test_bisect.py.
 """
 
 from __future__ import annotations
