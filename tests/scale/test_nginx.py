@@ -1,5 +1,8 @@
 """The shipped nginx configuration (deploy/nginx.conf), run by a real nginx in front of two real
-API processes on one database: a dashboard login and a study go through it, over http and https."""
+API processes on one database: a dashboard login and a study go through it, over http and https.
+
+One nginx and its two API processes per backend serve both tests (the login tests change nothing the other
+reads: each logs in with its own session), so the module starts them once per backend, not once per test."""
 
 from __future__ import annotations
 
@@ -13,10 +16,13 @@ import httpx
 import pytest
 
 from tests.api.helpers import spec
-from tests.conftest import REPO, free_port, wait_until
+from tests.conftest import (REPO, create_pg_database, drop_pg_database, free_port, pg_url_for, start_live_server,
+                            wait_until)
+from tests.scale.conftest import Server
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (make system-deps installs it)")
+pytestmark = [pytest.mark.skipif(NGINX is None, reason="nginx is not installed (make system-deps installs it)"),
+              pytest.mark.xdist_group("nginx")]  # one xdist worker: both tests use the module's nginx
 
 
 def _config(tmp: Path, backends: list[str], http_port: int, https_port: int | None) -> Path:
@@ -41,10 +47,33 @@ def _config(tmp: Path, backends: list[str], http_port: int, https_port: int | No
     return path
 
 
-@pytest.fixture
-def proxy(cluster, backend_url, tmp_path):
-    a, b = cluster(backend_url, n=2)
-    tmp = tmp_path / "nginx"
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request, tmp_path_factory, sqlite_template):
+    """Two API processes on one database of the backend: (root folder, [a, b])."""
+    root = tmp_path_factory.mktemp(f"nginx-{request.param}")
+    pg_name = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{root / 'shared' / 'steady.db'}"
+    else:
+        pg_name = create_pg_database(template=request.getfixturevalue("pg_template"))
+        url = pg_url_for(pg_name)
+    servers: list[Server] = []
+    try:
+        for i in range(2):
+            servers.append(start_live_server(root / f"api{i}", url, sqlite_template=sqlite_template, cls=Server,
+                                             tokens=servers[0].tokens if servers else None))
+        yield root, servers
+    finally:
+        for s in servers:
+            s.stop()
+        if pg_name is not None:
+            drop_pg_database(pg_name)
+
+
+@pytest.fixture(scope="module")
+def proxy(backend):
+    root, (a, b) = backend
+    tmp = root / "nginx"
     tmp.mkdir()
     https_port = None
     if shutil.which("openssl"):
