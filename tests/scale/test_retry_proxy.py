@@ -1,10 +1,17 @@
 """Retries are safe: a proxy in front of a real ``steady serve`` drops answers after the server
 processed the request, and the real worker client retries through it (issue #13).
 
-Over 1,000 dropped answers on PostgreSQL, the scale-out backend, and 400 on SQLite (the same retry code;
-only the leasing SQL differs): every lease the worker asked for is granted once (no second run
-leased by a retry, no orphaned lease left running), no run uses an extra attempt, and no
-retried ``complete``/``fail``/``release`` is mistaken for a lost lease.
+Over 400 dropped answers on each backend (the same retry code; only the leasing SQL differs): every
+lease the worker asked for is granted once (no second run leased by a retry, no orphaned lease left
+running), no run uses an extra attempt, and no retried ``complete``/``fail``/``release`` is mistaken
+for a lost lease.
+
+Why 400: one client sends one request at a time, so each dropped answer takes the retry of that one
+request, and a retry that leases a second run, spends an attempt or reads as a lost lease fails the
+test at its first occurrence. At a drop rate of one half, 400 drops are about 100 dropped lease
+answers and 90 dropped completions, with fails and releases among them (asserted), about half of
+them answers to a retry (a retry dropped in its turn); more drops repeat the same paths (1,000 on PostgreSQL
+cost 2.5 times the CPU).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from steady.worker.contract.protocol import (
 
 pytestmark = pytest.mark.slow
 
-DROPS_WANTED = {"postgres": 1000, "sqlite": 400}  # the answers to drop, per backend
+DROPS_WANTED = {"postgres": 400, "sqlite": 400}  # the answers to drop, per backend
 DROP_RATE = 0.5
 
 
@@ -146,6 +153,7 @@ def test_retries_through_dropped_answers_lease_once_and_never_report_a_false_lea
     assert errors == [], errors  # no false "lease lost", no "already finished" for a retry
     assert dropped >= wanted, f"only {dropped} answers dropped in the time allowed"
     assert by_endpoint.get("lease", 0) > wanted // 10 and by_endpoint.get("complete", 0) > wanted // 10
+    assert by_endpoint.get("fail", 0) and by_endpoint.get("release", 0), by_endpoint  # every finishing request retried
     with server.client("admin") as c:
         workers = c.get("/api/v1/workers").json()["items"]
         study = c.get(f"/api/v1/studies/{study_id}").json()
