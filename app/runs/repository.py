@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import CursorResult, and_, bindparam, case, cast, distinct, exists, func, select, text, union, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session, aliased
+from sqlalchemy.sql.elements import BindParameter
 
 from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import NotFound
@@ -160,13 +161,13 @@ def _pick_statement(postgres: bool, limit: int, one_study: bool, builtin_only: b
     """``pick_queued``'s statement for one combination of its options, built once: its parameters (worker,
     labels, cap, study) are bound at each lease, so a lease neither builds the query nor computes its cache
     key again (building it, with its aliased blocks, was a third of the CPU of a lease on PostgreSQL)."""
-    worker_id = bindparam("worker_id")
+    worker_id: BindParameter[int] = bindparam("worker_id")
     mine_or_free = Run.pinned_worker.is_(None) | (Run.pinned_worker == worker_id)
     queued = Run.status == RunStatus.queued.value
     pinned = select(Run.id, Run.status).where(Run.pinned_worker == worker_id, queued).order_by(Run.id).limit(limit)
     page = select(Run.id, Run.status).where(queued, mine_or_free).order_by(Run.id).limit(limit)
     if one_study:
-        study_id = bindparam("study_id")
+        study_id: BindParameter[int] = bindparam("study_id")
         pinned, page = pinned.where(Run.study_id == study_id), page.where(Run.study_id == study_id)
     pinned_q, page_q = pinned.subquery(), page.subquery()
     # The candidates drive the query: at most 2 × ``limit`` runs, each joined to its row by primary key, so a
