@@ -66,8 +66,10 @@ def test_threads_race_for_leases(cluster, backend_url, workers):
 
 @pytest.mark.postgres
 def test_two_api_processes_one_postgres(cluster, pg_database, tmp_path):
-    """Threads and separate worker processes against two API processes (each --workers 2) on one database."""
-    a, b = cluster(pg_database, n=2, workers=2)
+    """Threads and separate worker processes against two API processes on one database. One uvicorn process
+    each: the race between processes is the two APIs'; --workers 2 on PostgreSQL is
+    test_threads_race_for_leases[postgres-workers2]'s."""
+    a, b = cluster(pg_database, n=2)
     sid = create_study(a, RUNS)
     # 4 agent processes, released at the same instant, 6 leases each, alternating API processes
     start_at = time.time() + 4
