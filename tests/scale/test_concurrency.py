@@ -15,10 +15,48 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.scale.conftest import all_runs, create_study, fake_worker_cmd, spawn
+from tests.conftest import cancel_unfinished_studies, create_pg_database, drop_pg_database, pg_url_for, start_live_server
+from tests.scale.conftest import Server, all_runs, create_study, fake_worker_cmd, spawn
 from tests.scale.fakeworker import FakeWorker
 
 RUNS = 48
+# the tests on one ``--workers 2`` API per backend (``two_process_api``) run on one xdist worker, which starts it once
+TWO_PROCESS_API = pytest.mark.xdist_group("concurrency-two-process-api")
+
+
+@pytest.fixture(scope="module")
+def two_process_api(tmp_path_factory, sqlite_template):
+    """Factory: two_process_api(backend, pg_template) -> one ``--workers 2`` API on a database of its own, started at
+    its first use and shared by this module's tests on that backend (a --workers 2 API costs three interpreters'
+    start). What a test leaves queued or running is cancelled before the next one gets it; each test judges
+    only its own study."""
+    started: dict[str, Server] = {}
+    pg_names: list[str] = []
+
+    def get(backend: str, pg_template: str | None = None) -> Server:
+        if backend in started:
+            cancel_unfinished_studies(started[backend])
+            return started[backend]
+        root = tmp_path_factory.mktemp(f"api-{backend}")
+        if backend == "sqlite":
+            url = f"sqlite:///{root / 'shared' / 'steady.db'}"
+        else:
+            pg_names.append(create_pg_database(template=pg_template))
+            url = pg_url_for(pg_names[-1])
+        started[backend] = start_live_server(root / "api", url, sqlite_template=sqlite_template, workers=2, cls=Server)
+        return started[backend]
+
+    yield get
+    for server in started.values():
+        server.stop()
+    for name in pg_names:
+        drop_pg_database(name)
+
+
+def _two_process_server(two_process_api, backend_url: str, request) -> Server:
+    if backend_url.startswith("sqlite"):
+        return two_process_api("sqlite")
+    return two_process_api("postgres", request.getfixturevalue("pg_template"))
 
 
 def _race_threads(urls: list[str], token: str, n_threads: int, leases_each: int) -> list[int | None]:
@@ -52,9 +90,12 @@ def _assert_exactly_once(server, study_id: int, leased: list[int | None], runs: 
     assert all(r["status"] == "running" and r["attempt"] == 1 for r in rows)
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["1proc", "workers2"])
-def test_threads_race_for_leases(cluster, backend_url, workers):
-    (server,) = cluster(backend_url, workers=workers)
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=TWO_PROCESS_API)], ids=["1proc", "workers2"])
+def test_threads_race_for_leases(cluster, backend_url, workers, two_process_api, request):
+    if workers == 1:
+        (server,) = cluster(backend_url)
+    else:
+        server = _two_process_server(two_process_api, backend_url, request)
     sid = create_study(server, RUNS)
     # 16 agents × 3 requests = exactly as many requests as runs; none may come back empty
     leased = _race_threads([server.url], server.tokens["worker"], 16, RUNS // 16)
@@ -87,11 +128,11 @@ def test_two_api_processes_one_postgres(cluster, pg_database, tmp_path):
     _assert_exactly_once(a, sid, leased, RUNS)
 
 
-def test_sqlite_api_and_cli_writers_never_see_locked(cluster, tmp_path):
+@TWO_PROCESS_API
+def test_sqlite_api_and_cli_writers_never_see_locked(two_process_api):
     """SQLite: API writers (leases, batches) and CLI writers (token create) at once: no 'database is locked'."""
-    url = f"sqlite:///{tmp_path / 'db' / 'steady.db'}"
-    (server,) = cluster(url, workers=2)
-    create_study(server, 16)
+    server = two_process_api("sqlite")
+    sid = create_study(server, 16)
     stop = time.monotonic() + 8
     errors: list[str] = []
 
@@ -120,13 +161,14 @@ def test_sqlite_api_and_cli_writers_never_see_locked(cluster, tmp_path):
     assert not errors, errors
     assert "locked" not in server.log_path.read_text()
     with httpx.Client(base_url=server.url, headers=server.headers("user")) as c:
-        runs = c.get("/api/v1/studies/1/runs", params={"limit": 500}).json()["items"]
-    assert all(r["status"] == "completed" for r in runs), [r["status"] for r in runs]
+        runs = c.get(f"/api/v1/studies/{sid}/runs", params={"limit": 500}).json()["items"]
+    assert len(runs) == 16 and all(r["status"] == "completed" for r in runs), [r["status"] for r in runs]
 
 
-def test_simultaneous_completions_finish_the_study(cluster, backend_url):
+@TWO_PROCESS_API
+def test_simultaneous_completions_finish_the_study(backend_url, two_process_api, request):
     """The last runs of a study completing at the same instant (one per worker) still finish the study."""
-    (server,) = cluster(backend_url, workers=2)
+    server = _two_process_server(two_process_api, backend_url, request)
     sid = create_study(server, 12)
     workers = [FakeWorker(server.url, server.tokens["worker"], f"c{i}", deadline_s=60) for i in range(12)]
     leases = []
