@@ -19,6 +19,7 @@ import argparse
 import copy
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -41,19 +42,33 @@ EXIT_FOUND, EXIT_NO_CHANGE, EXIT_UNDECIDED = 0, 1, 2
 
 @dataclass(frozen=True)
 class Commit:
-    """A point of the history: a commit (``stack`` None), or a stack of the spec's ``stacks`` (``sha`` its name)."""
+    """A point of the history: a commit (``stack`` None), a stack of the spec's ``stacks`` (``sha`` its name), or a
+    version of a package (``version`` ``(name, version)``; ``sha`` the name of the stack that pins it)."""
 
     sha: str
     subject: str
     stack: dict[str, Any] | None = None
+    version: tuple[str, str] | None = None
 
     @property
     def short(self) -> str:
+        if self.version is not None:
+            return f"{self.version[0]} {self.version[1]}"
         return self.sha if self.stack is not None else self.sha[:10]
 
     @property
     def what(self) -> str:
-        return "stack" if self.stack is not None else "commit"
+        return "version" if self.version is not None else "stack" if self.stack is not None else "commit"
+
+    @property
+    def ident(self) -> str:
+        """The point as a study's description names it: a sha, a stack's name, or NAME==VERSION."""
+        return f"{self.version[0]}=={self.version[1]}" if self.version is not None else self.sha
+
+    @property
+    def named(self) -> str:
+        """The point and its subject, in a sentence."""
+        return f"{self.short} {self.subject}" if self.subject else self.short
 
 
 def _git(repo: str, *args: str, binary: bool = False) -> Any:
@@ -91,6 +106,75 @@ def stack_range(spec: dict[str, Any], good: str, bad: str) -> list[Commit]:
         raise CliError(f"stack {good} does not come before {bad} in the spec's stacks ({', '.join(names)})", EXIT_USAGE)
     return [Commit(names[k], "labels " + (", ".join(map(str, stacks[k].get("labels") or [])) or "none"), stacks[k])
             for k in range(i, j + 1)]
+
+
+PIN = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._\-]*[A-Za-z0-9])?)==(?P<version>\S+)$")
+
+
+def package_pins(good: str, bad: str) -> tuple[str, str, str] | None:
+    """(name, GOOD's version, BAD's version) when GOOD and BAD are NAME==VERSION of one package, else None."""
+    g, b = PIN.match(good), PIN.match(bad)
+    if g is None and b is None:
+        return None
+    if g is None or b is None:
+        raise CliError(f"GOOD and BAD must both be NAME==VERSION to bisect package versions (got {good} and {bad})",
+                       EXIT_USAGE)
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    if canonicalize_name(g["name"]) != canonicalize_name(b["name"]):
+        raise CliError(f"GOOD and BAD name two packages ({g['name']}, {b['name']}): bisect the versions of one",
+                       EXIT_USAGE)
+    try:
+        low, high = Version(g["version"]), Version(b["version"])
+    except InvalidVersion as exc:
+        raise CliError(f"not a PEP 440 version: {exc}", EXIT_USAGE) from None
+    if not low < high:
+        raise CliError(f"GOOD {good} must be an earlier version than BAD {bad}", EXIT_USAGE)
+    return g["name"], g["version"], b["version"]
+
+
+def index_versions(name: str) -> list[str]:
+    """The versions of ``name`` the package index offers, as pip sees it (``pip index versions``: pip's
+    configuration, PIP_INDEX_URL, PIP_FIND_LINKS, --no-index; pre-releases and yanked releases left out)."""
+    import json
+
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", name, "--json",
+                              "--disable-pip-version-check"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CliError(f"pip index versions {name}: {exc}", EXIT_USAGE) from None
+    if out.returncode != 0:
+        tail = " / ".join((out.stderr or out.stdout).strip().splitlines()[-3:])
+        raise CliError(f"pip index versions {name} found no versions (exit {out.returncode}): {tail}", EXIT_USAGE)
+    try:
+        return [str(v) for v in json.loads(out.stdout.strip().splitlines()[-1])["versions"]]
+    except (ValueError, KeyError, IndexError):
+        raise CliError(f"pip index versions {name}: unreadable answer {out.stdout[-300:]!r}", EXIT_USAGE) from None
+
+
+def version_range(spec: dict[str, Any], name: str, good: str, bad: str,
+                  versions: list[str] | None = None) -> list[Commit]:
+    """GOOD, the versions of ``name`` between (from the package index), BAD, in PEP 440 order: each a stack that
+    pins that version over the spec's one stack (its labels and other pins), or over none."""
+    from packaging.version import Version
+
+    stacks = [s for s in spec.get("stacks") or [] if isinstance(s, dict)]
+    if len(stacks) > 1:
+        raise CliError(f"a bisect over versions runs on one stack; the spec names {len(stacks)}: keep one (its labels "
+                       "select the workers)", EXIT_USAGE)
+    base = stacks[0] if stacks else {}
+    low, high = Version(good), Version(bad)
+    found = index_versions(name) if versions is None else versions
+    between = sorted({Version(v) for v in found if low < Version(v) < high})
+    ordered = [good, *(str(v) for v in between), bad]
+    prefix = re.sub(r"[^A-Za-z0-9_.:+\-]", "-", name)
+    points = []
+    for v in ordered:
+        stack: dict[str, Any] = {"name": f"{prefix}-{v}"[:100], "labels": list(base.get("labels") or []),
+                                 "packages": {**(base.get("packages") or {}), name: v}}
+        points.append(Commit(stack["name"], "", stack, (name, v)))
+    return points
 
 
 def pack_commit(repo: str, sha: str, scratch: str, max_mb: float) -> Any:
@@ -163,7 +247,7 @@ class _Bisect:
         commit = self.commits[point]
         spec["name"] = f"{str(spec.get('name', 'bisect'))[:120]} @ {commit.short} (bisect {self.title})"
         spec["description"] = (f"steady bisect {self.title} ({self.args.property}): point {point} of "
-                               f"{len(self.commits) - 1}, {commit.what} {commit.sha}")
+                               f"{len(self.commits) - 1}, {commit.what} {commit.ident}")
         spec.pop("budget", None)
         if self.kind == "repeatability":
             spec["repeats"] = max(int(spec.get("repeats", 1)), 2)
@@ -276,6 +360,10 @@ def _divergent_step(b: _Bisect, point: int) -> str:
     return ""
 
 
+def _paren(c: Commit) -> str:
+    return f"{c.short} ({c.subject})" if c.subject else c.short
+
+
 def render(b: _Bisect, result: Any) -> int:
     from steady.server.stats.bisect import BAD, GOOD, UNDECIDED
 
@@ -287,7 +375,11 @@ def render(b: _Bisect, result: Any) -> int:
         guarantee = (f"{result.decided} point(s) decided; a 'differs' claim is exact (two repeats differed), an "
                      "'identical' one holds for the repeats run: a break that shows rarely can hide in them")
     if result.state == "found":
-        if b.stacks:
+        if high.version is not None:
+            out += [f"first version where {b.args.property} changed: {high.short}", "",
+                    f"  at the version before it, {low.short}: {_describe(b, result.last_good, result)}",
+                    f"  at {high.short}: {_describe(b, result.first_bad, result)}"]
+        elif b.stacks:
             out += [f"first stack where {b.args.property} changed: {high.sha} ({high.subject})", "",
                     f"  at the stack before it, {low.sha}: {_describe(b, result.last_good, result)}",
                     f"  at {high.sha}: {_describe(b, result.first_bad, result)}"]
@@ -314,15 +406,15 @@ def render(b: _Bisect, result: Any) -> int:
                 f"  {commits[good_p].short}: {_describe(b, good_p, result)}"]
         code = EXIT_NO_CHANGE
     else:
-        out.append(f"undecided between {low.short} ({low.subject}) and {high.short} ({high.subject}): the "
+        out.append(f"undecided between {_paren(low)} and {_paren(high)}: the "
                    f"first change is one of the {result.first_bad - result.last_good} {low.what}s after {low.short}")
         for o in result.ends:
             if o.state != BAD if o.point else o.state != GOOD:
-                out.append(f"  {'BAD' if o.point else 'GOOD'} {commits[o.point].short} {commits[o.point].subject} is "
+                out.append(f"  {'BAD' if o.point else 'GOOD'} {commits[o.point].named} is "
                            f"{_describe(b, o.point, result)}")
         for label, pts in (("skipped (could not run)", result.skipped), ("undecided", result.undecided)):
             for p in pts:
-                out.append(f"  {label}: {commits[p].short} {commits[p].subject}: {_describe(b, p, result)}")
+                out.append(f"  {label}: {commits[p].named}: {_describe(b, p, result)}")
         grew = [o for o in (*result.ends, *(result.outcome(p) for p in result.undecided))
                 if o is not None and o.state == UNDECIDED]
         if grew and b.kind != "repeatability":
@@ -358,11 +450,15 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     else:
         spec, spec_dir = command_spec(target, args.framework), os.getcwd()
     commits = stack_range(spec, args.good, args.bad)  # GOOD and BAD name stacks of the spec: a stack range
+    pins = None if commits else package_pins(args.good, args.bad)
+    if pins is not None:  # NAME==A NAME==B: the versions between, from the package index
+        commits = version_range(spec, *pins)
     user_code = isinstance(spec.get("workload"), dict) and bool(spec["workload"].get("command")
                                                                 or spec["workload"].get("entrypoint"))
     if not commits and not user_code:
         raise CliError("a bisect over commits runs your own code: the spec's workload needs a command or an "
-                       "entrypoint (GOOD and BAD naming two of the spec's stacks bisect those instead)", EXIT_USAGE)
+                       "entrypoint (GOOD and BAD naming two of the spec's stacks, or NAME==VERSION of one package, "
+                       "bisect those instead)", EXIT_USAGE)
     metrics = [m for m in spec.get("metrics") or [] if isinstance(m, dict)]
     if args.property == "seed-stability" and not any(m.get("max_std") for m in metrics):
         raise CliError("--property seed-stability needs a metric with max_std in the spec", EXIT_USAGE)
@@ -394,6 +490,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         p = b.plan = plan(len(commits), parallel=args.parallel, budget_runs=args.budget_runs, alpha=args.alpha,
                           judge_ends=1 + judge_good)
         level = "" if b.kind == "repeatability" else f"; {planned_guarantee(p)}"
+        if pins is not None:
+            b.progress(f"{pins[0]} versions from the package index (pip index versions), GOOD to BAD: "
+                       + ", ".join(c.version[1] for c in commits if c.version is not None))
         b.progress(f"bisecting {len(commits) - 2} {commits[0].what}s between {commits[0].short} and "
                    f"{commits[-1].short} "
                    f"for {args.property}: at most {p.rounds} rounds of {args.parallel} point(s) and the ends, "
@@ -469,15 +568,16 @@ def register(sub: Any) -> None:
                     "against GOOD's distribution, or the cost of determinism. Each point is a study of that commit's "
                     "code, decided by the server's rules; points that cannot run are skipped; a point left "
                     "undecided is said, never guessed. When GOOD and BAD name two of the spec's stacks, the stacks "
-                    "from GOOD to BAD in the spec's order are bisected instead (the working tree's code on each). "
-                    "docs/bisect.md.",
+                    "from GOOD to BAD in the spec's order are bisected instead (the working tree's code on each); when they "
+                    "are NAME==VERSION of one package, the versions between that pip's index offers, each pinned in "
+                    "the stack the workers install. docs/bisect.md.",
         epilog="Exit codes: 0 the first commit was found; 1 no change (GOOD is not good or BAD not bad) or the "
                "claims contradict one another; 2 undecided (the budget or undecided/skipped points leave a range); "
                "3 could not judge (arguments, git, the server).")
     client_opts(p)
-    p.add_argument("good", metavar="GOOD", help="a commit where the property holds (as git names it), or a stack of "
-                   "the spec")
-    p.add_argument("bad", metavar="BAD", help="a later commit (or stack) where it does not")
+    p.add_argument("good", metavar="GOOD", help="a commit where the property holds (as git names it), a stack of "
+                   "the spec, or NAME==VERSION of a package")
+    p.add_argument("bad", metavar="BAD", help="a later commit (stack, NAME==VERSION) where it does not")
     _options(p)
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SPEC | COMMAND",
                    help="a study spec (YAML/JSON) or a command with {seed}, after --")

@@ -2,7 +2,8 @@
 bisected check, the order the search judged them in, and where the change lies by what was decided.
 
 A bisect has no table of its own: its studies carry it in their name (``… (bisect GOOD..BAD)``) and their
-description (``steady bisect GOOD..BAD (PROPERTY): point N of M, commit SHA`` or ``… stack NAME``), both written
+description (``steady bisect GOOD..BAD (PROPERTY): point N of M, commit SHA``, ``… stack NAME`` or ``… version
+PACKAGE==VERSION``), both written
 by the CLI."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ router = APIRouter(include_in_schema=False)
 CHECK_OF = {"repeatability": "repeatability", "seed-stability": "seed_stability", "tost": "stack_portability",
             "cost": "determinism_cost"}
 DESCRIPTION = re.compile(r"^steady bisect (?P<span>\S+) \((?P<prop>[a-z-]+)\): point (?P<point>\d+) of (?P<last>\d+), "
-                         r"(?P<what>commit|stack) (?P<sha>\S+)$")
+                         r"(?P<what>commit|stack|version) (?P<sha>\S+)$")
 SPAN = r"^[A-Za-z0-9_.:+\-]{1,100}\.\.[A-Za-z0-9_.:+\-]{1,100}$"  # GOOD..BAD: 7-digit shas or stack names
 TONE = {"good": "good", "bad": "bad", "undecided": "unknown", "skipped": "none", "running": "none"}
 MAX_POINTS = 500
@@ -70,7 +71,7 @@ def bisect_page(request: Request, db: ReadDB, viewer: PageViewer,
             continue
         prop, last = m["prop"], int(m["last"])
         state, why = _point(db, request, s, CHECK_OF[m["prop"]], m["prop"])
-        short = m["sha"][:10] if m["what"] == "commit" else m["sha"]
+        short = {"commit": m["sha"][:10], "version": m["sha"].replace("==", " ")}.get(m["what"], m["sha"])
         rows.append(dict(point=int(m["point"]), sha=short, what=m["what"], study=s, order=order, state=state,
                          tone=TONE[state], why=why, alpha=_point_level(s.spec or {}, CHECK_OF[m["prop"]])))
     if not rows:

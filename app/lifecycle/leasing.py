@@ -58,7 +58,14 @@ def _spec_for(run: Run, study: Study | dict[str, Any]) -> RunSpec:
         localize_steps=spec.get("localize") == "steps",
         resume=_resume_for(run, spec),
         distributed=arm.get("distributed") or workload.get("distributed"),
+        packages=_packages_for(run, spec, arm),
     )
+
+
+def _packages_for(run: Run, spec: dict[str, Any], arm: dict[str, Any]) -> dict[str, str]:
+    """The pinned packages of the run's stack: its arm's stack, else the spec's stack of that name."""
+    stack = arm.get("stack") or next((s for s in spec.get("stacks") or [] if s.get("name") == run.stack), None)
+    return dict((stack or {}).get("packages") or {})
 
 
 def _resume_for(run: Run, spec: dict[str, Any]) -> dict[str, Any] | None:

@@ -6,7 +6,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from steady.server.stats.sources import SD_MARGIN
@@ -137,11 +146,52 @@ class CodeRef(_Spec):
         return norm
 
 
+def _exact_version(value: str) -> str:
+    """An exact PEP 440 version (``2.0.2``, ``2.1.0rc1``, ``2.1.0+cpu``): no specifier, no wildcard."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not an exact PEP 440 version (e.g. 2.0.2; no specifier or wildcard)") from None
+    return value
+
+
+PackageName = Annotated[str, Field(min_length=1, max_length=100,
+                                   pattern=r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._\-]*[A-Za-z0-9])$")]
+ExactVersion = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^\S+$"), AfterValidator(_exact_version)]
+
+
+def _distinct_packages(value: dict[str, str]) -> dict[str, str]:
+    from packaging.utils import canonicalize_name
+
+    seen: dict[str, str] = {}
+    for name in value:
+        other = seen.setdefault(canonicalize_name(name), name)
+        if other != name:
+            raise ValueError(f"{other!r} and {name!r} name the same package")
+    return value
+
+
 class StackSpec(_Spec):
     name: StackName
     labels: Annotated[list[Label], Field(max_length=64)] = Field(
         [], description="a worker runs this stack's runs only if it has all these labels"
     )
+    packages: Annotated[dict[PackageName, ExactVersion], Field(max_length=32),
+                        AfterValidator(_distinct_packages)] = Field(
+        {}, description="packages pinned to exact versions: the worker runs this stack's runs in a cached environment "
+        "with these versions installed (pip install --no-deps from the package index the worker's pip is configured "
+        "with), over its own packages; a run whose environment cannot be built fails (kind environment)"
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_empty_packages(self, handler: Any) -> Any:
+        """A stack that pins nothing is stored as before pins existed: ``{name, labels}``."""
+        out = handler(self)
+        if isinstance(out, dict) and not out.get("packages"):
+            out.pop("packages", None)
+        return out
 
 
 def _not_dots(name: str) -> str:

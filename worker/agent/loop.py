@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steady.worker.agent import codecache
-from steady.worker.contract import codepack
+from steady.worker.contract import codepack, pkgenv
 from steady.worker.agent import engine as engines
 from steady.worker.agent.client import (
     LeaseAnswer,
@@ -386,7 +386,7 @@ class RunExecution:
                     error="this worker runs built-in workloads only (--builtin-only); it does not execute user code")))
                 return
             self.heartbeat_thread.start()  # before the code is fetched and unpacked: that may take a while
-            if not self._prepare_code():
+            if not self._prepare_code() or not self._prepare_environment():
                 return
             try:
                 self.proc.start()
@@ -455,6 +455,23 @@ class RunExecution:
             error = f"the worker could not fetch or unpack the study's code {sha[:12]}: {exc}"[:MAX_ERROR_LENGTH]
             self._try(lambda: self.client.fail(self.lease.run_id, RunFailure(
                 lease_id=self.lease.lease_id, kind=FailureKind.error, error=error)))
+            return False
+
+    def _prepare_environment(self) -> bool:
+        """The run's interpreter: an overlay environment with the stack's pinned packages
+        (``steady.worker.contract.pkgenv``, cached under the work directory); when it cannot be built the
+        run fails (kind ``environment``) rather than run on other versions."""
+        packages = self.lease.spec.packages
+        if not packages:
+            return True
+        try:
+            self.proc.python = pkgenv.overlay_python(packages, self.agent.env_cache_dir)
+            return True
+        except pkgenv.EnvironmentBuildError as exc:
+            log.error("run %d: cannot build its environment: %s", self.lease.run_id, exc)
+            error = f"the worker could not build the stack's environment: {exc}"[:MAX_ERROR_LENGTH]
+            self._try(lambda: self.client.fail(self.lease.run_id, RunFailure(
+                lease_id=self.lease.lease_id, kind=FailureKind.environment, error=error)))
             return False
 
     def _stop_reason(self) -> str | None:
@@ -560,6 +577,10 @@ class Agent:
     @property
     def code_cache_dir(self) -> str:
         return os.path.join(self.config.work_dir, "code-cache")
+
+    @property
+    def env_cache_dir(self) -> str:
+        return os.path.join(self.config.work_dir, "env-cache")
 
     # --- lifecycle -------------------------------------------------------------------------
 

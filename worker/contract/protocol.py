@@ -228,6 +228,7 @@ class FailureKind(str, Enum):
     crash = "crash"  # killed by a signal
     timeout = "timeout"  # ran past its time limit
     cancelled = "cancelled"  # the study was cancelled
+    environment = "environment"  # the stack's pinned packages could not be installed (steady.worker.contract.pkgenv)
 
 
 # --- registration ---------------------------------------------------------------------------
@@ -407,6 +408,7 @@ class RunSpec(_Model):
     localize_steps: bool = False  # record the training state's digest at every step (steady.step_digest)
     resume: ResumeSpec | None = None  # this run also gets the resume check
     distributed: DistributedSpec | None = None  # several local processes train this run (one per rank)
+    packages: dict[str, str] = {}  # the stack's pinned packages: the run's environment has exactly these versions
 
 
 class Lease(_Model):

@@ -12,19 +12,17 @@ the verdict, the source the report names, the first divergent step and the size 
 difference; a row passes when the named source is the planted one.
 
 The library-version control needs a second virtual environment with another NumPy release:
-``numpy_env`` builds it once (``--system-site-packages``-like: the current environment's
-packages plus one pinned NumPy from the package index) under the cache directory.
+``numpy_env`` builds it once (the current environment's packages plus one pinned NumPy from the package
+index, as a worker builds a stack that pins packages: ``steady.worker.contract.pkgenv``) under the cache
+directory.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -42,6 +40,7 @@ from steady.server.reports.models import (
 )
 from steady.server.stats.vocabulary import Level
 from steady.server.stats.report import MetricSpec, RunData, build_report
+from steady.worker.contract import pkgenv
 
 REPO = Path(__file__).resolve().parents[3]
 ALT_NUMPY = "2.0.2"  # float32 numpy.sum rounds differently from the 2.3+ releases (checked on x86-64 AVX2)
@@ -121,46 +120,11 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
-def env_root(version: str, cache_dir: Path, base_purelib: str) -> Path:
-    """Where the NumPy ``version`` environment over ``base_purelib`` is cached. The base's path is
-    part of the key: the cached environment reaches the base's packages through a ``.pth`` line, so
-    one built over another (or since deleted) virtual environment must not be reused."""
-    base = hashlib.sha256(os.path.realpath(base_purelib).encode()).hexdigest()[:12]
-    return cache_dir / f"numpy-{version}-py{sys.version_info.major}{sys.version_info.minor}-{base}"
-
-
 def numpy_env(version: str, cache_dir: Path = DEFAULT_CACHE) -> str:
-    """The interpreter of a virtual environment that sees this environment's packages but
-    NumPy ``version`` (installed from the package index once, then cached). Returns its python."""
-    root = env_root(version, Path(cache_dir), sysconfig.get_paths()["purelib"])
-    python = root / "bin" / "python"
-    done = root / ".ready"
-    if done.exists():
-        return str(python)
-    # Two processes (parallel test workers, two demos) must not build the same environment at once:
-    # the second waits for the first and then finds it ready.
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f"{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
-            return str(python)
-        return _build_numpy_env(version, root, python, done)
-
-
-def _build_numpy_env(version: str, root: Path, python: Path, done: Path) -> str:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(root)], check=True)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    # this environment's packages come after the venv's own site-packages, so its NumPy wins
-    Path(site, "_steady_base_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site,
-                    f"numpy=={version}"], check=True)
-    found = subprocess.run([str(python), "-c", "import numpy; print(numpy.__version__)"],
-                           check=True, capture_output=True, text=True).stdout.strip()
-    if found != version:
-        raise RuntimeError(f"the environment at {root} imports NumPy {found}, not {version}")
-    done.write_text(version + "\n")
-    return str(python)
+    """The interpreter of an overlay environment that sees this environment's packages but NumPy ``version``
+    (installed from the package index once, then cached: ``steady.worker.contract.pkgenv``, the environment a
+    worker builds for a stack that pins packages). Returns its python."""
+    return pkgenv.overlay_python({"numpy": version}, cache_dir)
 
 
 def _execute(entries: list[dict], *, failed_ok: bool = False) -> list[dict]:
