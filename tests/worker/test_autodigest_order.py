@@ -80,20 +80,32 @@ def test_a_sampler_of_non_integers_is_left_out():
     assert recorded == [[]]  # no order rather than a wrong one
 
 
-@pytest.mark.slow
-def test_different_shuffle_seeds_are_attributed_to_data_order_at_none():
-    def run(order_seed: int, **params):
-        r = run_local({"framework": "torch", "entrypoint": str(FIXTURE), "seed": 1, "determinism": "none",
-                       "threads": 1, "time_limit_s": 300, "params": {"order_seed": order_seed, **params}})
-        assert r.ok, r.stderr_tail
-        return r
+def _run(order_seed: int, **params):
+    r = run_local({"framework": "torch", "entrypoint": str(FIXTURE), "seed": 1, "determinism": "none",
+                   "threads": 1, "time_limit_s": 300, "params": {"order_seed": order_seed, **params}})
+    assert r.ok, r.stderr_tail
+    return r
 
+
+# The entrypoint run of order seed 4, made once for the two tests below (one xdist worker runs both): the first
+# compares it with other order seeds and with a repeat of its own, the second with the same script as a command.
+SHARED = pytest.mark.xdist_group("autodigest-order-entry-run")
+
+
+@pytest.fixture(scope="module")
+def entry_run_4():
+    return _run(4)
+
+
+@pytest.mark.slow
+@SHARED
+def test_different_shuffle_seeds_are_attributed_to_data_order_at_none(entry_run_4):
     def repeat(r) -> RepeatRun:
         steps, values = r.series["loss"]
         return RepeatRun(steps=np.asarray(steps, np.int64), values=np.asarray(values, np.float64),
                          initial_weights=r.digests["initial_weights"], data_order=tuple(r.digests["data_order"]))
 
-    a, b, c = run(1), run(2), run(1)
+    a, b, c = entry_run_4, _run(2), _run(4)
     assert a.determinism_applied["data_order_digest_source"] == "automatic"
     assert len(a.digests["data_order"]) == 2  # one per epoch
     assert a.digests["initial_weights"] == b.digests["initial_weights"]  # the script seeds its init itself
@@ -103,16 +115,17 @@ def test_different_shuffle_seeds_are_attributed_to_data_order_at_none():
     assert a.digests["data_order"] == c.digests["data_order"]
     assert repeatability([repeat(a), repeat(c)], determinism="none").verdict == "identical"
     # an explicit sdk.log_data_order wins over the automatic one
-    d = run(1, explicit=True)
+    d = _run(4, explicit=True)
     assert d.digests["data_order"] == [order_digest(range(24))] * 2
     assert "data_order_digest_source" not in d.determinism_applied
 
 
 @pytest.mark.slow
-def test_a_command_workload_records_the_same_order_through_the_shim(tmp_path):
+@SHARED
+def test_a_command_workload_records_the_same_order_through_the_shim(tmp_path, entry_run_4):
     spec = {"framework": "torch", "seed": 1, "determinism": "none", "threads": 1, "time_limit_s": 300}
     cmd = run_local({**spec, "command": ["python", str(FIXTURE), "4"]}, work_dir=str(tmp_path / "cmd"))
-    entry = run_local({**spec, "entrypoint": str(FIXTURE), "params": {"order_seed": 4}}, work_dir=str(tmp_path / "e"))
-    assert cmd.ok and entry.ok, cmd.stderr_tail + entry.stderr_tail
+    entry = entry_run_4  # the same script and order seed as an entrypoint
+    assert cmd.ok, cmd.stderr_tail
     assert cmd.determinism_applied["data_order_digest_source"] == "automatic"
     assert len(cmd.digests["data_order"]) == 2 and cmd.digests["data_order"] == entry.digests["data_order"]
