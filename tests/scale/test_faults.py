@@ -110,9 +110,11 @@ def test_api_killed_during_ingestion_loses_no_acked_batch_and_duplicates_nothing
 
 
 def _streaming_workers(cluster, url: str, tmp_path: Path, *, pause: float, deadline: float):
-    """An API (two processes) on ``url``, a study of 6 runs of 200 steps, and 3 fake workers
-    streaming them in batches of 10: (server, worker processes, their logs), once they stream."""
-    (server,) = cluster(url, workers=2, lease_seconds=60)
+    """An API on ``url``, a study of 6 runs of 200 steps, and 3 fake workers streaming them in batches of
+    10: (server, worker processes, their logs), once they stream. One uvicorn process: its thread pool serves
+    the three workers' requests at once on its pool's connections, which the outage and the killed connections
+    hit (each process answers for itself; --workers 2 is tests/scale/test_concurrency.py's)."""
+    (server,) = cluster(url, lease_seconds=60)
     create_study(server, 6)
     logs = [tmp_path / f"w{i}.log" for i in range(3)]
     procs = [spawn(fake_worker_cmd(server, f"w{i}", steps=200, batch=10, pause=pause, deadline=deadline, idle_exit=3),
