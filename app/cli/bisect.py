@@ -36,6 +36,7 @@ PROPERTIES = {  # --property → the report check kind that decides a point
     "seed-stability": "seed_stability",
     "tost": "stack_portability",
     "cost": "determinism_cost",
+    "convergence": "convergence",
 }
 EXIT_FOUND, EXIT_NO_CHANGE, EXIT_UNDECIDED = 0, 1, 2
 
@@ -275,6 +276,8 @@ class _Bisect:
             from steady.server.stats.bisect import checks_per_point
 
             spec["alpha"] = self.plan.alpha_point / checks_per_point(self.kind, spec)
+            if self.kind == "convergence":  # the convergence check reads its own alpha
+                spec["convergence"] = {**spec["convergence"], "alpha": spec["alpha"]}
         return spec
 
     def outcome(self, point: int, study: dict[str, Any]) -> Any:
@@ -466,6 +469,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         raise CliError("--property tost needs a metric with a margin in the spec", EXIT_USAGE)
     if args.property == "cost" and not (spec.get("cost_budget") and len(spec.get("determinism") or []) >= 2):
         raise CliError("--property cost needs cost_budget and two determinism levels in the spec", EXIT_USAGE)
+    if args.property == "convergence" and not isinstance(spec.get("convergence"), dict):
+        raise CliError("--property convergence needs convergence in the spec (metric, target, direction, "
+                       "reference: docs/spec.md)", EXIT_USAGE)
     import steady.worker.contract.codepack as codepack  # noqa: PLR0402 - test_architecture allows the module
 
     api = Api(args.server, args.token)
@@ -565,7 +571,8 @@ def register(sub: Any) -> None:
         "bisect", help="the first commit between GOOD and BAD where a verdict changes (one study per point)",
         description="Bisect the first-parent commits of your git repository between GOOD and BAD for the first "
                     "one where a Steady verdict changes: repeatability (identical → not), seed stability, a TOST "
-                    "against GOOD's distribution, or the cost of determinism. Each point is a study of that commit's "
+                    "against GOOD's distribution, the cost of determinism, or convergence against the spec's "
+                    "reference. Each point is a study of that commit's "
                     "code, decided by the server's rules; points that cannot run are skipped; a point left "
                     "undecided is said, never guessed. When GOOD and BAD name two of the spec's stacks, the stacks "
                     "from GOOD to BAD in the spec's order are bisected instead (the working tree's code on each); when they "

@@ -27,7 +27,7 @@ router = APIRouter(include_in_schema=False)
 
 # --property → the report check that decides a point (as steady.server.cli.bisect.PROPERTIES)
 CHECK_OF = {"repeatability": "repeatability", "seed-stability": "seed_stability", "tost": "stack_portability",
-            "cost": "determinism_cost"}
+            "cost": "determinism_cost", "convergence": "convergence"}
 DESCRIPTION = re.compile(r"^steady bisect (?P<span>\S+) \((?P<prop>[a-z-]+)\): point (?P<point>\d+) of (?P<last>\d+), "
                          r"(?P<what>commit|stack|version) (?P<sha>\S+)$")
 SPAN = r"^[A-Za-z0-9_.:+\-]{1,100}\.\.[A-Za-z0-9_.:+\-]{1,100}$"  # GOOD..BAD: 7-digit shas or stack names

@@ -243,7 +243,9 @@ def checks_per_point(kind: str, spec: Mapping[str, Any]) -> int:
     claimed bad when any check fails, a bad one good only when its changed check passes).
     ``seed_stability``: one per metric with a ``max_std``, determinism level and stack (or arm);
     ``determinism_cost``: one per pair of levels the report compares, per stack; ``stack_portability``: one, the
-    report adjusting its TOSTs over all comparisons (Holm; Bonferroni in stages); ``repeatability``: exact."""
+    report adjusting its TOSTs over all comparisons (Holm; Bonferroni in stages); ``convergence``: one per
+    determinism level and stack (or arm), each group's steps to target against the reference; ``repeatability``:
+    exact."""
     levels = [str(x) for x in spec.get("determinism") or ["seeded"]]
     groups = max(len(spec.get("arms") or spec.get("stacks") or [None]), 1)
     if kind == "seed_stability":
@@ -251,6 +253,8 @@ def checks_per_point(kind: str, spec: Mapping[str, Any]) -> int:
         return max(judged, 1) * len(levels) * groups
     if kind == "determinism_cost":
         return max(sum(a in levels and b in levels for a, b in COST_PAIRS), 1) * groups
+    if kind == "convergence":
+        return len(levels) * groups
     return 1
 
 
