@@ -32,7 +32,7 @@ TRAIN = """
 SPEC = """
     name: {name}
     workload:
-      framework: torch
+      framework: python  # the code imports no framework: the shim seeds Python and NumPy
       command: ["python", "train.py", "--seed", "{{seed}}"]
     seeds: [0]
     determinism: [seeded]

@@ -196,7 +196,7 @@ def test_a_command_workload_is_captured_without_the_sdk(tmp_path):
     w = scope["Writer"](str(code / "old"))  # an event file shipped with the code is not this run's
     w.add_scalar("loss", 99.0, 0)
     w.close()
-    spec = {"framework": "torch", "seed": 1, "determinism": "seeded", "time_limit_s": 120,
+    spec = {"framework": "python", "seed": 1, "determinism": "seeded", "time_limit_s": 120,  # no framework imported
             "command": ["python", "train.py"]}
     r = run_local(spec, code_dir=str(code), work_dir=str(tmp_path / "run"))
     assert r.ok, r.stderr_tail

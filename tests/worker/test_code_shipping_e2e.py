@@ -51,7 +51,7 @@ def _spec(path: Path, name: str, workload: str) -> Path:
     path.write_text(textwrap.dedent(f"""
         name: {name}
         workload:
-          framework: torch
+          framework: python  # the code imports no framework: the shim seeds Python and NumPy
           {workload}
         seeds: [3]
         determinism: [seeded]
