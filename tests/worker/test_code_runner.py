@@ -68,7 +68,8 @@ def code(tmp_path):
 
 
 def _run(code: str, tmp_path, **spec):
-    base = {"framework": "torch", "seed": 7, "determinism": "seeded", "time_limit_s": 120, "code_workdir": "exp"}
+    # framework python: the code imports no framework, and under torch the run would import torch for nothing
+    base = {"framework": "python", "seed": 7, "determinism": "seeded", "time_limit_s": 120, "code_workdir": "exp"}
     return run_local({**base, **spec}, code_dir=code, work_dir=str(tmp_path / "run"))
 
 
@@ -106,7 +107,7 @@ def test_command_argv_fills_every_placeholder(tmp_path, python):
 
 
 def test_command_receives_the_placeholders_of_its_run(code, tmp_path):
-    spec = {"framework": "torch", "seed": 5, "repeat": 2, "determinism": "none", "threads": 1, "time_limit_s": 120,
+    spec = {"framework": "python", "seed": 5, "repeat": 2, "determinism": "none", "threads": 1, "time_limit_s": 120,
             "code_workdir": "exp", "command": ["python", "echo.py", *ALL_PLACEHOLDERS]}
     r = run_local(spec, code_dir=code, work_dir=str(tmp_path / "run"), device="cpu")
     assert r.ok, r.stderr_tail
