@@ -18,7 +18,7 @@ def test_config_file_is_written_for_the_run(tmp_path):
         lr = float(open(config).read().split(":")[1])
         sdk.log(step=0, loss=lr)
     """))
-    r = run_local({"framework": "torch", "entrypoint": str(path), "seed": 0, "determinism": "seeded",
+    r = run_local({"framework": "python", "entrypoint": str(path), "seed": 0, "determinism": "seeded",
                    "time_limit_s": 60, "config_file": {"name": "arm.yaml", "content": "lr: 0.25\n"}},
                   work_dir=str(tmp_path / "run"))
     assert r.ok, r.stderr_tail

@@ -112,8 +112,8 @@ os.symlink(sys.argv[2], os.path.join(run_dir, "output.log"))
 def test_a_run_that_links_its_output_to_a_secret_gets_a_warning_not_the_secret(tmp_path, secret):
     script = tmp_path / "linker.py"
     script.write_text(LINKER)
-    spec = {"framework": "torch", "seed": 0, "repeat": 0, "determinism": "none", "time_limit_s": 120,
-            "command": ["python", str(script), "{run_dir}", str(secret)]}
+    spec = {"framework": "python", "seed": 0, "repeat": 0, "determinism": "none", "time_limit_s": 120,
+            "command": ["python", str(script), "{run_dir}", str(secret)]}  # the script imports no framework
     proc = RunProcess(spec, run_dir=str(tmp_path / "run"))
     proc.start()
     assert proc.wait(120) is not None

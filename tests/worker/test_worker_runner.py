@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 def spec(entrypoint: str, **overrides) -> dict:
-    base = {"framework": "torch", "entrypoint": entrypoint, "seed": 3, "determinism": "seeded", "time_limit_s": 60}
+    # framework python: the user code here imports no framework (under torch each run would import torch)
+    base = {"framework": "python", "entrypoint": entrypoint, "seed": 3, "determinism": "seeded", "time_limit_s": 60}
     base.update(overrides)
     return base
 
