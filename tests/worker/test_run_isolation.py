@@ -77,7 +77,7 @@ def test_secrets_are_scrubbed_from_error_and_stderr(tmp_path):
         print("my token:", os.environ["STEADY_RUN_TOKEN"])
         raise RuntimeError("failed with " + os.environ["STEADY_RUN_TOKEN"] + " and {worker_token}")
     """))
-    r = run_local({"framework": "torch", "entrypoint": str(path), "seed": 1, "determinism": "none", "time_limit_s": 120},
+    r = run_local({"framework": "python", "entrypoint": str(path), "seed": 1, "determinism": "none", "time_limit_s": 120},
                   run_vars={"STEADY_RUN_TOKEN": run_token}, secrets=(worker_token,))
     assert not r.ok and r.failure_kind == "error"
     for text in (r.error, r.stderr_tail):

@@ -163,7 +163,7 @@ def test_step_time_selection_orders_negative_zero_and_positive_values(tmp_path, 
 def test_run_outcome_is_known_before_the_metric_backlog_is_read(tmp_path):
     script = tmp_path / "many.py"
     script.write_text("from steady import sdk\nfor i in range(20000):\n    sdk.log(step=i, loss=i * 0.5)\n")
-    spec = {"framework": "torch", "entrypoint": str(script), "seed": 0, "repeat": 0, "determinism": "none",
+    spec = {"framework": "python", "entrypoint": str(script), "seed": 0, "repeat": 0, "determinism": "none",
             "time_limit_s": 120}
     proc = RunProcess(spec, run_dir=str(tmp_path / "run"))
     proc.start()
