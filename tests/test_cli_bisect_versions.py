@@ -3,7 +3,8 @@ as wheels 1.0.0 to 1.7.0 (and a 1.6.0rc1) into a local folder, served to pip thr
 PIP_NO_INDEX in the CLI's and the worker's environment. From 1.5.0 on, its ``loss`` adds an unseeded jitter, so
 two repeats of one seed differ. The CLI resolves the versions between (pip index versions: the pre-release left
 out), each point is a study of the working tree's code on a stack pinning that version, the worker runs it in a
-cached environment with that version installed, and the answer names 1.5.0. A stack pinning a version the index
+cached environment with that version installed, and the answer names 1.5.0. With a time budget (the test's
+clock) no point starts once it is spent: the answer is the range the judged points leave. A stack pinning a version the index
 does not have fails its runs with kind ``environment``, never running on another version."""
 
 from __future__ import annotations
@@ -106,6 +107,20 @@ def test_the_first_version_that_breaks_repeatability_is_named(live_server, tmp_p
             assert page.status_code == 200, page.text
             assert ("First version where repeatability changed: <strong><code>plantedlib 1.5.0</code></strong>"
                     in page.text), page.text
+
+            # --budget-minutes, on the test's clock: 3 minutes pass at each reading, so the ends start (3 < 5),
+            # no point after them (6 >= 5); the answer is what the ends decide, and why it stopped
+            readings = iter(range(0, 100 * 180, 180))
+            monkeypatch.setattr("steady.server.cli.bisect._clock", lambda: float(next(readings)))
+            timed = run_cli_in_process("bisect", "plantedlib==1.0.0", "plantedlib==1.7.0", "--budget-minutes", "5",
+                                       "--poll", "0.3", "--", "study.yaml", env=env, cwd=folder)
+            assert timed.returncode == 2, (timed.stdout, timed.stderr)
+            assert "no point started after 5 minutes" in timed.stderr, timed.stderr
+            assert re.findall(r"point (\d+) plantedlib \S+: (?:good|bad)", timed.stderr) == ["0", "7"], timed.stderr
+            assert ("undecided between plantedlib 1.0.0 and plantedlib 1.7.0: the first change is one of the 7 "
+                    "versions after plantedlib 1.0.0") in timed.stdout, timed.stdout
+            assert ("the budget of 5 minutes is spent (9.0 minutes used): no point was started after it; raise "
+                    "--budget-minutes") in timed.stdout, timed.stdout
 
             # a version the index does not have: the runs fail with why, they do not run on another version
             bad = c.post("/api/v1/studies", json={

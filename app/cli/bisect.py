@@ -6,7 +6,8 @@ content-addressed archive, ``git_commit`` set), runs on the queue and is judged 
 (``steady.server.reports.outcome``), the check of the bisected kind deciding the point: pass → ``good``, fail →
 ``bad``, inconclusive → ``undecided``; a study whose runs all failed, or a commit lacking the spec's script,
 is ``skipped`` (``git bisect skip``). Seed stability and TOST points grow in stages (the spec's ``budget``,
-docs/adaptive-seeds.md) within their share of ``--budget-runs``. Every statistical point is judged at the level
+docs/adaptive-seeds.md) within their share of ``--budget-runs``; ``--budget-minutes`` starts no point once
+that many minutes have passed. Every statistical point is judged at the level
 ``--alpha`` / m (the spec's ``alpha``), m the most points the search may decide (``plan``), so the commit named is
 wrong with probability at most ``--alpha`` while no more than m points are decided. The search is
 ``steady.server.stats.bisect``; each study's description names the bisect and the point, so the studies
@@ -39,6 +40,7 @@ PROPERTIES = {  # --property → the report check kind that decides a point
     "convergence": "convergence",
 }
 EXIT_FOUND, EXIT_NO_CHANGE, EXIT_UNDECIDED = 0, 1, 2
+_clock = time.monotonic  # seconds; --budget-minutes reads it (a test puts its own clock here)
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,7 @@ class _Bisect:
         self.studies: dict[int, dict[str, Any]] = {}
         self.stacks = commits[0].stack is not None
         self.plan: Any = None  # the search's plan (``steady.server.stats.bisect.plan``), set before the first point
+        self.started = _clock()
         self.title = (f"{commits[0].sha}..{commits[-1].sha}" if self.stacks
                       else f"{commits[0].sha[:7]}..{commits[-1].sha[:7]}")
 
@@ -336,6 +339,11 @@ class _Bisect:
                 time.sleep(self.args.poll)
         return [out[p] for p in points]
 
+    def out_of_time(self) -> bool:
+        """Whether --budget-minutes is spent (since the bisect started): no new point is started then."""
+        minutes = self.args.budget_minutes
+        return minutes is not None and (_clock() - self.started) / 60 >= minutes
+
     def progress(self, line: str) -> None:
         print(printable(line), file=sys.stderr, flush=True)
 
@@ -428,6 +436,10 @@ def render(b: _Bisect, result: Any) -> int:
                        "check decided: raise --budget-runs")
         if result.budget_spent:
             out.append(f"  the budget of {b.args.budget_runs} runs is spent ({result.runs} used): raise --budget-runs")
+        if result.time_spent:
+            used = (_clock() - b.started) / 60
+            out.append(f"  the budget of {b.args.budget_minutes:g} minutes is spent ({used:.1f} minutes used): no "
+                       "point was started after it; raise --budget-minutes")
         code = EXIT_UNDECIDED
     rounds = len(result.rounds) + bool(result.ends)
     out.append(f"steady bisect {b.title}: {result.state} (exit {code}); {rounds} round(s), {result.runs} runs; "
@@ -444,6 +456,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     target = _split_target(args)
     if args.budget_runs < 1 or args.parallel < 1:
         raise CliError("--budget-runs and --parallel must be 1 or more", EXIT_USAGE)
+    if args.budget_minutes is not None and not args.budget_minutes > 0:
+        raise CliError(f"--budget-minutes must be more than 0, got {args.budget_minutes:g}", EXIT_USAGE)
     if not 0.0 < args.alpha <= 0.5:
         raise CliError(f"--alpha must be in (0, 0.5], got {args.alpha:g}", EXIT_USAGE)
     if not target:
@@ -502,9 +516,12 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         b.progress(f"bisecting {len(commits) - 2} {commits[0].what}s between {commits[0].short} and "
                    f"{commits[-1].short} "
                    f"for {args.property}: at most {p.rounds} rounds of {args.parallel} point(s) and the ends, "
-                   f"up to {args.budget_runs // p.max_decided} runs per point{level}")
+                   f"up to {args.budget_runs // p.max_decided} runs per point"
+                   + (f", no point started after {args.budget_minutes:g} minutes" if args.budget_minutes else "")
+                   + level)
         result = bisect(len(commits), b.judge, parallel=args.parallel, budget_runs=args.budget_runs,
-                        alpha_point=p.alpha_point, min_runs=b.min_runs(), judge_good=judge_good)
+                        alpha_point=p.alpha_point, min_runs=b.min_runs(), judge_good=judge_good,
+                        out_of_time=b.out_of_time)
         return render(b, result)
 
 
@@ -538,6 +555,8 @@ def _options(p: argparse.ArgumentParser, default: Any = None) -> None:
     p.add_argument("--property", choices=sorted(PROPERTIES), default=d("repeatability"),
                    help="what to bisect (default repeatability)")
     p.add_argument("--budget-runs", type=int, default=d(400), help="runs for the whole bisect (default 400)")
+    p.add_argument("--budget-minutes", type=float, metavar="M", default=d(None),
+                   help="start no point after M minutes of the bisect; say what is known then (default: no limit)")
     p.add_argument("--parallel", type=int, default=d(1), help="points judged at once, one study each (default 1)")
     p.add_argument("--alpha", type=float, default=d(0.05),
                    help="the chance of naming a wrong commit the bisect may take (default 0.05): each point is "

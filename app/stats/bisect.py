@@ -105,6 +105,7 @@ class BisectResult:
     error_bound: float
     budget_spent: bool
     conflict: tuple[int, int] | None = None
+    time_spent: bool = False  # the time budget ran out before the next points would have started
 
     def outcome(self, point: int) -> PointOutcome | None:
         """The last outcome judged at ``point`` (an end or a round's), or None."""
@@ -158,7 +159,8 @@ Judge = Callable[[tuple[int, ...], int], Sequence[PointOutcome]]
 
 
 def bisect(n_points: int, judge: Judge, *, parallel: int = 1, budget_runs: int, alpha_point: float,
-           min_runs: int = 1, judge_good: bool = True, judge_bad: bool = True) -> BisectResult:
+           min_runs: int = 1, judge_good: bool = True, judge_bad: bool = True,
+           out_of_time: Callable[[], bool] | None = None) -> BisectResult:
     """Search points 0 (GOOD) … ``n_points`` − 1 (BAD) for the first ``bad`` point.
 
     ``judge(points, runs_each)``: decides each of ``points`` (judged at once, e.g. on several workers) with
@@ -169,7 +171,9 @@ def bisect(n_points: int, judge: Judge, *, parallel: int = 1, budget_runs: int, 
     points add, and a share below ``min_runs`` (the least a rule can decide on) ends the search with what it
     knows (``budget_spent``). The ends are
     judged first (``judge_good`` / ``judge_bad``; an end not judged is taken as given): an end that is not
-    as given ends the search as ``no_change``."""
+    as given ends the search as ``no_change``. ``out_of_time()``, asked before each set of points is started
+    (the points being judged run to their end), ends the search with what it knows once it says so
+    (``time_spent``)."""
     if n_points < 2 or parallel < 1 or budget_runs < 1 or min_runs < 1:
         raise ValueError(f"need n_points ≥ 2, parallel ≥ 1, budget_runs ≥ 1, min_runs ≥ 1; got {n_points}, "
                          f"{parallel}, {budget_runs}, {min_runs}")
@@ -178,15 +182,18 @@ def bisect(n_points: int, judge: Judge, *, parallel: int = 1, budget_runs: int, 
     rounds: list[Round] = []
     ends: list[PointOutcome] = []
     excluded: dict[int, str] = {}  # point → skipped | undecided
-    budget_spent = False
+    budget_spent = time_spent = False
     end_points = tuple(p for p, asked in ((low, judge_good), (high, judge_bad)) if asked)
     per_point = budget_runs // (len(end_points) + parallel * rounds_needed(high - low - 1, parallel))
 
     def to_judge(points: tuple[int, ...]) -> tuple[PointOutcome, ...] | None:
-        nonlocal spent, budget_spent
+        nonlocal spent, budget_spent, time_spent
         share = min(per_point, (budget_runs - spent) // len(points))
         if share < min_runs:
             budget_spent = True
+            return None
+        if out_of_time is not None and out_of_time():
+            time_spent = True
             return None
         outcomes = tuple(judge(points, share))
         if sorted(o.point for o in outcomes) != sorted(points):
@@ -203,7 +210,8 @@ def bisect(n_points: int, judge: Judge, *, parallel: int = 1, budget_runs: int, 
         inside = range(low + 1, high)
         return BisectResult(state, low, high, tuple(p for p in inside if excluded.get(p) == UNDECIDED),
                             tuple(p for p in inside if excluded.get(p) == SKIPPED), tuple(rounds), tuple(ends),
-                            spent, decided, wrong_point_bound(decided, alpha_point), budget_spent, conflict)
+                            spent, decided, wrong_point_bound(decided, alpha_point), budget_spent, conflict,
+                            time_spent)
 
     if end_points:
         got = to_judge(end_points)
