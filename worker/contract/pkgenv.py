@@ -102,10 +102,10 @@ for name, want in pins.items():
         print(f"{name} {dist.version} is found at {where}, before the pinned one"); sys.exit(1)
     if same(dist.version) != same(want):
         print(f"{name} is {dist.version} in the environment, not the pinned {want}"); sys.exit(1)
-    tops = {f.parts[0] for f in dist.files or () if f.parts and not f.parts[0].endswith((".dist-info", ".data"))
-            and f.parts[0] != "__pycache__" and (len(f.parts) > 1 or f.suffix == ".py")}
-    for top in sorted(tops):
-        mod = top[:-3] if top.endswith(".py") else top
+    # its top-level modules: a package (a folder with __init__.py) or a .py file (not scripts, data, .libs)
+    tops = {f.parts[0] for f in dist.files or () if len(f.parts) == 2 and f.parts[1] == "__init__.py"}
+    tops |= {f.parts[0][:-3] for f in dist.files or () if len(f.parts) == 1 and f.parts[0].endswith(".py")}
+    for mod in sorted(tops):
         if not mod.isidentifier():
             continue
         try:
