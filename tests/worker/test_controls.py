@@ -8,10 +8,20 @@ import pytest
 from steady.server.cli.demo.controls import CONTROLS, KERAS_CONTROLS, OVERLAPS, VARIANTS, format_table, run_controls
 
 pytestmark = pytest.mark.slow
+# The first two tests share the runs both make (one xdist worker runs them): the one-thread reference, seeds 0
+# and 1, is what both stack controls and (seed 0) the reference control compare; it runs once.
+SHARED_RUNS = pytest.mark.xdist_group("planted-controls-runs")
 
 
-def test_every_planted_source_is_named_exactly():
-    rows = run_controls(CONTROLS)
+@pytest.fixture(scope="module")
+def runs_cache() -> dict:
+    return {}
+
+
+@SHARED_RUNS
+def test_every_planted_source_is_named_exactly(runs_cache):
+    before = len(runs_cache)
+    rows = run_controls(CONTROLS, runs_cache=runs_cache)
     print("\n" + format_table(rows))
     assert len(rows) == 6
     assert {r.planted for r in rows} == {"seeding", "data_order", "numerics", "stack"}
@@ -26,10 +36,14 @@ def test_every_planted_source_is_named_exactly():
         # name the stack as the source of the difference
         assert by_name[name].verdict == "equivalent", by_name[name].reason
         assert "same seed on both stacks: source stack" in by_name[name].reason
+    # the stack controls' reference (NumPy of this environment, one thread, seeds 0 and 1) ran once for both
+    # (and seed 0's not at all where the reference control ran first and made it)
+    assert sum(r.runs for r in rows) - (len(runs_cache) - before) >= 2
 
 
-def test_reference_is_identical_and_other_plants_and_overlaps_name_the_first_cause():
-    rows = run_controls(VARIANTS + OVERLAPS)
+@SHARED_RUNS
+def test_reference_is_identical_and_other_plants_and_overlaps_name_the_first_cause(runs_cache):
+    rows = run_controls(VARIANTS + OVERLAPS, runs_cache=runs_cache)
     print("\n" + format_table(rows))
     assert rows[0].planted is None and rows[0].verdict == "identical"  # the reference itself
     wrong = [f"{r.control}: named {r.source}, expected {r.planted} ({r.reason})" for r in rows if not r.ok]

@@ -144,6 +144,23 @@ def _execute(entries: list[dict], *, failed_ok: bool = False) -> list[dict]:
     return results
 
 
+RunCache = dict[str, dict]  # a run's entry (spec, device, interpreter) as canonical JSON -> its result
+
+
+def _execute_cached(entries: list[dict], cache: RunCache | None) -> list[dict]:
+    """``_execute``, reusing the result of an entry already run with ``cache``: the same spec (seed, repeat,
+    level, threads, params), device and interpreter. Two repeats of one seed differ in ``repeat``, so a control's
+    own repeats are always runs of their own; what is shared is, e.g., the reference on one thread that two stack
+    controls both compare against."""
+    if cache is None:
+        return _execute(entries)
+    keys = [json.dumps(e, sort_keys=True) for e in entries]
+    todo = {k: e for k, e in zip(keys, entries) if k not in cache}
+    if todo:
+        cache.update(zip(todo, _execute(list(todo.values()))))
+    return [cache[k] for k in keys]
+
+
 def _run_data(run_id: int, entry: dict, result: dict, stack: str) -> RunData:
     spec = entry["spec"]
     series = {k: (np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64))
@@ -179,14 +196,15 @@ def _repeatability(verdicts: list[Verdict], **group) -> RepeatabilityVerdict:
     return v
 
 
-def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache_dir: Path = DEFAULT_CACHE) -> Row:
+def run_control(control: Control, *, device: str = "cpu", steps: int = 24, cache_dir: Path = DEFAULT_CACHE,
+                runs_cache: RunCache | None = None) -> Row:
     t0 = time.monotonic()
     dev = device if control.on_device else "cpu"
     runs: list[RunData] = []
 
     def add(entries: list[dict], stacks: list[str] | None = None) -> list[RunData]:
         """Run ``entries``; a run's stack is the given label, else the device it really ran on."""
-        results = _execute(entries)
+        results = _execute_cached(entries, runs_cache)
         labels = stacks or [str(r["determinism_applied"].get("device", "cpu")) for r in results]
         new = [_run_data(len(runs) + i + 1, e, r, s) for i, (e, r, s) in enumerate(zip(entries, results, labels))]
         runs.extend(new)
@@ -248,10 +266,15 @@ def _g(x) -> str:
 
 
 def run_controls(controls: Sequence[Control] = CONTROLS, *, device: str = "cpu", steps: int = 24,
-                 cache_dir: Path = DEFAULT_CACHE, progress: Callable[[Row], None] | None = None) -> list[Row]:
+                 cache_dir: Path = DEFAULT_CACHE, progress: Callable[[Row], None] | None = None,
+                 runs_cache: RunCache | None = None) -> list[Row]:
+    """Each control's row. A run that an earlier control already made (the same spec, device and interpreter:
+    the one-thread reference of both stack controls, and of the reference control) is made once and judged
+    by each; ``runs_cache`` carries them over to a later call."""
+    cache: RunCache = {} if runs_cache is None else runs_cache
     rows = []
     for control in controls:
-        row = run_control(control, device=device, steps=steps, cache_dir=cache_dir)
+        row = run_control(control, device=device, steps=steps, cache_dir=cache_dir, runs_cache=cache)
         rows.append(row)
         if progress is not None:
             progress(row)
