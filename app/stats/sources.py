@@ -97,8 +97,10 @@ def sd_ratio_tost(x, y, *, margin: float = SD_MARGIN, alpha: float = 0.05,
     centre = float(np.log((na / (na - z)) / (nb / (nb - z)) * s2a / s2b))
     lo, hi = np.exp(0.5 * (centre - z * se)), np.exp(0.5 * (centre + z * se))
     m = float(np.log(margin ** 2))
-    p_low = float(scipy.stats.norm.sf((centre + m) / se))  # H0: ln ratio² ≤ −ln margin²
-    p_high = float(scipy.stats.norm.cdf((centre - m) / se))  # H0: ln ratio² ≥ ln margin²
+    # scipy.special.ndtr(x) is scipy.stats.norm.cdf(x) (and ndtr(−x) its sf) without the distribution object's
+    # per-call overhead: the same function, the same bits
+    p_low = float(scipy.special.ndtr(-((centre + m) / se)))  # H0: ln ratio² ≤ −ln margin²
+    p_high = float(scipy.special.ndtr((centre - m) / se))  # H0: ln ratio² ≥ ln margin²
     p = max(p_low, p_high)
     if lo >= 1 / margin and hi <= margin:
         verdict = "equivalent"
