@@ -11,7 +11,10 @@ that many minutes have passed. Every statistical point is judged at the level
 ``--alpha`` / m (the spec's ``alpha``), m the most points the search may decide (``plan``), so the commit named is
 wrong with probability at most ``--alpha`` while no more than m points are decided. The search is
 ``steady.server.stats.bisect``; each study's description names the bisect and the point, so the studies
-are found on the dashboard. No table, no scheduler of its own.
+are found on the dashboard. No table, no scheduler of its own. A repeatability break found is localized at
+once: the first bad commit's diverging repeats go to a worker as a localization job (the dashboard's Localize
+button's, ``steady.server.cli.localize.request_job``), and its answer is part of the bisect's (``--no-localize``
+skips it).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ PROPERTIES = {  # --property → the report check kind that decides a point
 }
 EXIT_FOUND, EXIT_NO_CHANGE, EXIT_UNDECIDED = 0, 1, 2
 _clock = time.monotonic  # seconds; --budget-minutes reads it (a test puts its own clock here)
+LOCALIZE_MINUTES = 15.0  # the longest wait for the first bad commit's localization without --budget-minutes
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,7 @@ class _Bisect:
         self.studies: dict[int, dict[str, Any]] = {}
         self.stacks = commits[0].stack is not None
         self.plan: Any = None  # the search's plan (``steady.server.stats.bisect.plan``), set before the first point
+        self.localized: str | None = None  # the first bad commit's localization, in a line (``localize``)
         self.started = _clock()
         self.title = (f"{commits[0].sha}..{commits[-1].sha}" if self.stacks
                       else f"{commits[0].sha[:7]}..{commits[-1].sha[:7]}")
@@ -366,9 +371,64 @@ def _divergent_step(b: _Bisect, point: int) -> str:
     for v in report.of_level("repeatability"):
         if v.verdict != "identical":
             step = "an unrecorded step" if v.first_divergent_step is None else f"step {v.first_divergent_step}"
+            if b.localized is not None:
+                return f"repeats part at {step} ({v.group.determinism})"
             return (f"repeats part at {step} ({v.group.determinism}); `steady localize {report.study.id}` "
                     "names the first divergent op")
     return ""
+
+
+def localize(b: _Bisect, point: int) -> str:
+    """The first divergent op at the first bad point, in a line, or why none was named: the point's diverging
+    repeats are localized by a worker (the localization job of the dashboard's Localize button, as
+    ``steady localize``'s pair), waited for with progress up to what is left of --budget-minutes, or
+    ``LOCALIZE_MINUTES``; a job still unfinished then is cancelled."""
+    from steady.server.cli.client import ApiError
+    from steady.server.cli.localize import diverging_pair, follow_job, request_job
+
+    report, at = b.reports[point], b.commits[point].short
+    sid = report.study.id
+    by_hand = f"`steady localize {sid}` replays the pair on this machine"
+    try:
+        pair = diverging_pair(report)
+    except CliError as exc:
+        return f"no op named at {at}: {exc.message}"
+    if b.args.budget_minutes is not None:
+        seconds = b.args.budget_minutes * 60 - (_clock() - b.started)
+        limit = f"--budget-minutes {b.args.budget_minutes:g}"
+        if seconds <= 0:
+            return f"no op named at {at}: the budget of {b.args.budget_minutes:g} minutes is spent; {by_hand}"
+    else:
+        seconds, limit = LOCALIZE_MINUTES * 60, f"{LOCALIZE_MINUTES:g} minutes"
+    try:
+        job = request_job(b.api, sid, pair)
+    except ApiError as exc:
+        reason = re.sub(r"^body\.runs: ", "", exc.detail)
+        if exc.status == 422:
+            return f"no op named at {at}: {reason}"
+        return (f"no op named at {at}: the localization of runs {pair[0]} and {pair[1]} was refused (HTTP "
+                f"{exc.status}: {reason}); {by_hand}")
+    b.progress(f"localizing the first divergent op at {at}: runs {pair[0]} and {pair[1]} of study {sid}, by a worker "
+               f"(localization job {job['id']}, waiting up to {seconds / 60:.1f} minutes)")
+    try:
+        job = follow_job(b.api, job, seconds=seconds, poll=b.args.poll, say=b.progress, clock=_clock)
+    finally:
+        if job["status"] in ("pending", "running"):  # out of time, or interrupted: no worker left replaying
+            b.api.post(f"/api/v1/localization-jobs/{job['id']}/cancel")
+    where = f"runs {pair[0]} and {pair[1]}, localization job {job['id']}" + (
+        f" on worker {job['worker_name']}" if job.get("worker_name") else "")
+    if job["status"] == "done" and job.get("result"):
+        result = job["result"]
+        sentence = result["sentence"]
+        if result["status"] == "localized" and sentence.startswith("first divergent op: "):
+            return f"first divergent op at {at}: {sentence.removeprefix('first divergent op: ')} ({where})"
+        return f"no op named at {at}: {sentence} ({where})"
+    if job["status"] == "failed":
+        return f"no op named at {at}: the localization failed: {job.get('error') or 'no reason given'} ({where})"
+    if job["status"] == "cancelled":
+        return f"no op named at {at}: the localization was cancelled ({where}); {by_hand}"
+    return (f"no op named at {at}: the localization did not finish within {limit} ({where}, {job['status']}; "
+            f"cancelled); {by_hand}")
 
 
 def _paren(c: Commit) -> str:
@@ -403,6 +463,8 @@ def render(b: _Bisect, result: Any) -> int:
         step = _divergent_step(b, result.first_bad)
         if step:
             out.append(f"  {step}")
+        if b.localized:
+            out.append(f"  {b.localized}")
         code = EXIT_FOUND
     elif result.state == "no_change":
         ends = ", ".join(f"{'GOOD' if o.point == 0 else 'BAD'} {commits[o.point].short} is {o.state}: {o.why}"
@@ -522,6 +584,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         result = bisect(len(commits), b.judge, parallel=args.parallel, budget_runs=args.budget_runs,
                         alpha_point=p.alpha_point, min_runs=b.min_runs(), judge_good=judge_good,
                         out_of_time=b.out_of_time)
+        if (result.state == "found" and b.kind == "repeatability" and not args.no_localize
+                and result.first_bad in b.reports):
+            b.localized = localize(b, result.first_bad)
         return render(b, result)
 
 
@@ -565,6 +630,10 @@ def _options(p: argparse.ArgumentParser, default: Any = None) -> None:
                    help="the git repository (default: the one holding the spec)")
     p.add_argument("--framework", default=d("python"), help="the framework of a bare command (default python)")
     p.add_argument("--max-code-mb", type=float, default=d(50.0), help="refuse a commit's code over this (default 50)")
+    p.add_argument("--no-localize", action="store_true", default=d(False),
+                   help="for a repeatability break, do not ask a worker for the first divergent op at the commit found "
+                        "(by default it does, and waits up to what is left of --budget-minutes, or "
+                        f"{LOCALIZE_MINUTES:g} minutes)")
     p.add_argument("--poll", type=float, default=d(1.0), help=argparse.SUPPRESS)
 
 

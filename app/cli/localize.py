@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from typing import TYPE_CHECKING, Any
 
 from steady.server.cli.support import EXIT_FAIL, EXIT_OK, CliError, client_opts, get_report
@@ -83,6 +84,45 @@ def recorded_step(api: Any, run_ids: tuple[int, int]) -> tuple[int | None, int] 
             raise
         series.append(dict(zip(s["steps"], s["values"])))
     return recorded_divergence(series[0], series[1])
+
+
+def request_job(api: Any, study_id: int, pair: tuple[int, int]) -> dict[str, Any]:
+    """Ask a worker to localize the pair: the localization job the dashboard's Localize button requests
+    (``POST /api/v1/studies/{id}/localization-jobs``); the server's refusal is an ``ApiError``."""
+    return api.post(f"/api/v1/studies/{study_id}/localization-jobs", json={"runs": list(pair)})
+
+
+def job_state(job: dict[str, Any]) -> str:
+    """Where a localization job stands, in the study page's words."""
+    status = job["status"]
+    if status == "pending":
+        known = f" (step {job['step']} is known from the recorded digests: two replays)" \
+            if job.get("step") is not None else ""
+        return f"waiting for a worker{known}"
+    if status == "running":
+        return f"replaying on worker {job.get('worker_name') or job.get('worker_id')}" + \
+            (f" (attempt {job['attempt']})" if job.get("attempt", 1) > 1 else "")
+    if status == "done" and job.get("result"):
+        return job["result"]["sentence"]
+    return f"{status}: {job['error']}" if job.get("error") else status
+
+
+def follow_job(api: Any, job: dict[str, Any], *, seconds: float, poll: float, say: Any,
+               clock: Any = time.monotonic) -> dict[str, Any]:
+    """Poll the job until it ends or ``seconds`` pass, calling ``say`` with each new state; the job as last read
+    (its status still pending or running when the time ran out)."""
+    from steady.worker.contract.protocol import LocalizationStatus
+
+    deadline, last = clock() + seconds, ""
+    while True:
+        line = job_state(job)
+        if line != last:
+            say(f"localization job {job['id']}: runs {job['run_ids'][0]} and {job['run_ids'][1]}: {line}")
+            last = line
+        if job["status"] in LocalizationStatus.TERMINAL or clock() >= deadline:
+            return job
+        time.sleep(max(0.0, min(poll, deadline - clock())))
+        job = api.get(f"/api/v1/localization-jobs/{job['id']}")
 
 
 def cmd_localize(args: argparse.Namespace) -> int:

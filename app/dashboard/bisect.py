@@ -19,7 +19,9 @@ from steady.server.dashboard import service
 from steady.server.dashboard.access import PageViewer
 from steady.server.dashboard.views import db_key, not_found, render
 from steady.server.kit.deps import ReadDB
+from steady.server.lifecycle import localizing
 from steady.server.models import Study
+from steady.server.reports import localizations
 from steady.server.stats.bisect import checks_per_point, wrong_point_bound
 from steady.server.studies import repository as studies_repo
 
@@ -83,8 +85,28 @@ def bisect_page(request: Request, db: ReadDB, viewer: PageViewer,
     high = min(bads, default=None)
     found = low is not None and high is not None and high - low == 1
     first_bad = next((r for r in rows if r["point"] == high), None) if found else None
+    localized = _localization(db, first_bad["study"]) if first_bad and prop == "repeatability" else None
     return render(request, "bisect.html", viewer, span=span, prop=prop, last=last, rows=rows, low=low, high=high,
-                  first_bad=first_bad, judged=len(rows), level=_level(rows, prop))
+                  first_bad=first_bad, judged=len(rows), level=_level(rows, prop), localized=localized)
+
+
+def _localization(db: Any, study: Study) -> str | None:
+    """The first bad point's first divergent op, as `steady bisect` asked a worker for it: the newest answer kept
+    with the study's verdict, else its newest localization job's state, else why none can be asked (a framework
+    whose ops are not hooked); None when nothing is known."""
+    kept = localizations.of_study(study)
+    if kept:
+        return f"runs {kept[-1].run_ids[0]} and {kept[-1].run_ids[1]}: {kept[-1].sentence}"
+    for job in localizing.recent_jobs(db, study.id, limit=1):
+        pair = f"runs {job.run_a} and {job.run_b}"
+        if job.status in ("pending", "running"):
+            return f"{pair}: localization job {job.id} is {job.status}"
+        return f"no op named ({pair}, localization job {job.id} {job.status}): {job.error or 'no answer kept'}"
+    framework = str(((study.spec or {}).get("workload") or {}).get("framework", ""))
+    if framework and framework not in localizing.REPLAYABLE:
+        return (f"no op named: localization replays PyTorch (op by op) or Keras (layer by layer) training; this "
+                f"study's framework is {framework!r}")
+    return None
 
 
 def _point_level(spec: dict[str, Any], kind: str) -> float | None:
