@@ -36,6 +36,11 @@ from steady.server.stats.report import MetricSpec, RunData, build_report
 from steady.server.stats.seed_stability import seed_spread
 from tests.stats.rate_checks import Design, design
 
+# One xdist worker runs the module: its rows share what the stats core builds once per process (the out-of-band
+# rule's null tables, 30 of them here, 5 CPU-s), which every worker given some rows built again (under -n 4:
+# 71.7 CPU-s for the module spread over 4 workers, against 59.7 grouped).
+pytestmark = pytest.mark.xdist_group("calibration-seeds")
+
 # Every rate check is sized (tests/stats/rate_checks.py, CONTRIBUTING.md "How a rate check is sized"): it
 # passes when its count rules out twice the rate it guards, so a doubled false-alarm rate, or a doubled miss
 # rate of a stated power, fails it with probability ≥ 0.95; test_each_rate_check_catches_a_doubled_rate
