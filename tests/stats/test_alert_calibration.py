@@ -438,3 +438,8 @@ def test_an_alarm_says_when_its_history_cannot_rule_out_a_wandering_environment(
     assert "wandering" not in _dependence_text(r)
     calm = sequential_shift(suite_history(np.random.default_rng(9), 60))
     assert not calm.detected and "wandering" not in calm.reason and "wandering" not in _dependence_text(calm)
+
+
+# One xdist worker runs the module: its simulations share what the stats core builds once per process (make
+# test's -n 4 on this module, the alert calibration and the two sequential ones: 50.3 CPU-s spread, 44.1 grouped).
+pytestmark = pytest.mark.xdist_group("alert_calibration")
