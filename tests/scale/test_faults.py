@@ -16,11 +16,52 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.conftest import wait_until
-from tests.scale.conftest import all_runs, create_study, fake_worker_cmd, series, spawn, sql
+from tests.conftest import (cancel_unfinished_studies, create_pg_database, drop_pg_database, pg_url_for,
+                            start_live_server, wait_until)
+from tests.scale.conftest import Server, all_runs, create_study, fake_worker_cmd, series, spawn, sql
 from tests.scale.fakeworker import FakeWorker, expected_values
 
 pytestmark = pytest.mark.slow
+FAST_LEASES = {"lease_seconds": 2, "heartbeat_seconds": 0.5, "reaper_interval_seconds": 0.5}
+# the killed-worker and stalled-worker tests of a backend share one fast-lease API (``fast_lease_api``): one xdist
+# worker runs them, which starts it once
+FAST_LEASE_API = pytest.mark.xdist_group("faults-fast-lease-api")
+
+
+@pytest.fixture(scope="module")
+def fast_lease_api(tmp_path_factory, sqlite_template):
+    """Factory: fast_lease_api(backend, pg_template) -> (server, database URL): one API with 2 s leases on a database
+    of its own per backend, started at its first use and shared by the module's tests that neither kill nor
+    restart it. What a test leaves queued or running is cancelled before the next one gets it; each test judges
+    only its own study and run."""
+    started: dict[str, tuple[Server, str]] = {}
+    pg_names: list[str] = []
+
+    def get(backend: str, pg_template: str | None = None) -> tuple[Server, str]:
+        if backend in started:
+            cancel_unfinished_studies(started[backend][0])
+            return started[backend]
+        root = tmp_path_factory.mktemp(f"fast-{backend}")
+        if backend == "sqlite":
+            url = f"sqlite:///{root / 'shared' / 'steady.db'}"
+        else:
+            pg_names.append(create_pg_database(template=pg_template))
+            url = pg_url_for(pg_names[-1])
+        server = start_live_server(root / "api", url, sqlite_template=sqlite_template, cls=Server, **FAST_LEASES)
+        started[backend] = (server, url)
+        return started[backend]
+
+    yield get
+    for server, _ in started.values():
+        server.stop()
+    for name in pg_names:
+        drop_pg_database(name)
+
+
+def _fast_lease_server(fast_lease_api, backend_url: str, request) -> tuple[Server, str]:
+    if backend_url.startswith("sqlite"):
+        return fast_lease_api("sqlite")
+    return fast_lease_api("postgres", request.getfixturevalue("pg_template"))
 
 
 def _done(log: Path) -> dict:
@@ -33,30 +74,33 @@ def _chunks(url: str, run_id: int) -> list[tuple[int, int, int]]:
     return [tuple(r) for r in sql(url, "SELECT attempt, seq, n FROM metric_chunks WHERE run_id = :r ORDER BY attempt, seq", r=run_id)]
 
 
-def _assert_series_exact(server, url: str, run_id: int, steps: int, batch: int) -> None:
+def _assert_series_exact(server, url: str, run_id: int, steps: int, batch: int, study_id: int = 1) -> None:
     s = series(server, run_id)
     assert s["steps"] == list(range(steps)), "every step exactly once"
     assert s["values"] == expected_values(run_id, range(steps))
-    run = next(r for r in all_runs(server, 1) if r["id"] == run_id)
+    run = next(r for r in all_runs(server, study_id) if r["id"] == run_id)
     chunks = _chunks(url, run_id)
     assert [c[1] for c in chunks] == list(range((steps + batch - 1) // batch)), "each batch stored once"
     assert {c[0] for c in chunks} == {run["attempt"]}, "only the final attempt's points are kept"
 
 
-def test_killed_worker_run_is_requeued_and_completed_elsewhere(cluster, backend_url, tmp_path):
+@FAST_LEASE_API
+def test_killed_worker_run_is_requeued_and_completed_elsewhere(fast_lease_api, backend_url, request, tmp_path):
     """kill -9 a worker process mid-run: its run is re-queued and another worker completes it."""
-    (server,) = cluster(backend_url, lease_seconds=2, heartbeat_seconds=0.5, reaper_interval_seconds=0.5)
-    create_study(server, 1, max_attempts=3)
+    server, url = _fast_lease_server(fast_lease_api, backend_url, request)
+    sid = create_study(server, 1, max_attempts=3)
+    (run,) = all_runs(server, sid)
+    rid = run["id"]
     victim = spawn(fake_worker_cmd(server, "victim", steps=100, batch=10, pause=0.5, deadline=60), tmp_path / "victim.log")
-    wait_until(lambda: len(_chunks(backend_url, 1)) >= 2, 30, what="the victim's first batches")
+    wait_until(lambda: len(_chunks(url, rid)) >= 2, 30, what="the victim's first batches")
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(timeout=10)
     rescuer = spawn(fake_worker_cmd(server, "rescuer", steps=100, batch=10, deadline=60, idle_exit=8), tmp_path / "rescuer.log")
     assert rescuer.wait(timeout=60) == 0
-    assert _done(tmp_path / "rescuer.log")["completed"] == [1]
-    run = all_runs(server, 1)[0]
+    assert _done(tmp_path / "rescuer.log")["completed"] == [rid]
+    run = all_runs(server, sid)[0]
     assert run["status"] == "completed" and run["attempt"] == 2
-    _assert_series_exact(server, backend_url, 1, 100, 10)
+    _assert_series_exact(server, url, rid, 100, 10, study_id=sid)
 
 
 def test_api_killed_during_ingestion_loses_no_acked_batch_and_duplicates_nothing(cluster, backend_url):
@@ -193,23 +237,26 @@ def test_connections_killed_mid_transaction_answer_503_never_500(cluster, pg_dat
     _assert_recovered(server, pg_database, procs, logs, timeout=120)
 
 
-def test_stalled_worker_late_results_are_refused(cluster, backend_url, tmp_path):
+@FAST_LEASE_API
+def test_stalled_worker_late_results_are_refused(fast_lease_api, backend_url, request, tmp_path):
     """A worker frozen past its lease (SIGSTOP: its clock and network stall) comes back to 409s; the data stays the new attempt's."""
-    (server,) = cluster(backend_url, lease_seconds=2, heartbeat_seconds=0.5, reaper_interval_seconds=0.5)
-    create_study(server, 1)
+    server, url = _fast_lease_server(fast_lease_api, backend_url, request)
+    sid = create_study(server, 1)
+    (run,) = all_runs(server, sid)
+    rid = run["id"]
     slow = spawn(fake_worker_cmd(server, "stalled", steps=100, batch=10, pause=0.3, deadline=60, idle_exit=0.5), tmp_path / "stalled.log")
-    wait_until(lambda: len(_chunks(backend_url, 1)) >= 2, 30, what="the stalled worker's first batches")
+    wait_until(lambda: len(_chunks(url, rid)) >= 2, 30, what="the stalled worker's first batches")
     os.killpg(slow.pid, signal.SIGSTOP)
     try:
         rescuer = spawn(fake_worker_cmd(server, "rescuer", steps=100, batch=10, pause=0.05, deadline=60, idle_exit=5),
                         tmp_path / "rescuer.log")
         # resume the stalled worker while the rescuer is mid-run: its batches land between the rescuer's
-        wait_until(lambda: any(c[0] == 2 for c in _chunks(backend_url, 1)), 30, what="the rescuer's attempt")
+        wait_until(lambda: any(c[0] == 2 for c in _chunks(url, rid)), 30, what="the rescuer's attempt")
     finally:
         os.killpg(slow.pid, signal.SIGCONT)
     assert slow.wait(timeout=60) == 0 and rescuer.wait(timeout=60) == 0
     stalled, rescued = _done(tmp_path / "stalled.log"), _done(tmp_path / "rescuer.log")
-    assert stalled["lost"] == [1] and stalled["completed"] == [] and stalled["statuses"].get("409")
-    assert rescued["completed"] == [1]
-    assert all_runs(server, 1)[0]["attempt"] == 2
-    _assert_series_exact(server, backend_url, 1, 100, 10)
+    assert stalled["lost"] == [rid] and stalled["completed"] == [] and stalled["statuses"].get("409")
+    assert rescued["completed"] == [rid]
+    assert all_runs(server, sid)[0]["attempt"] == 2
+    _assert_series_exact(server, url, rid, 100, 10, study_id=sid)
