@@ -63,7 +63,7 @@ def store(session: WriteSession, batch: PreparedBatch, settings: Settings, princ
         return BatchAck(run_id=run_id, seq=batch.seq, points=batch.points, duplicate=True)
     check_run_limits(run_id, ctx.stored_keys + len(batch.keys) - ctx.known_keys, ctx.stored_points + batch.points,
                      settings)
-    metrics_repo.insert_rows(session, run_id, ctx.attempt, batch.seq, batch.rows, savepoint=False)
+    metrics_repo.insert_rows(session, run_id, ctx.attempt, batch.seq, batch.rows, savepoint=False, known=ctx.known)
     return BatchAck(run_id=run_id, seq=batch.seq, points=batch.points, duplicate=False)
 
 

@@ -247,6 +247,10 @@ def lease_next(session: WriteSession, worker: Worker, settings: Settings, reques
         started_at=now,
         progress_step=None,
         metric_conflicts=None,  # an earlier attempt's, like its points, are not this attempt's
+        # a new attempt holds no chunks: a release deletes those of the attempt it gives back, and attempt
+        # numbers above the current one have none
+        stored_points=0,
+        stored_keys=0,
         # a credential of an earlier lease must not outlive it: the new one's hash, or none
         run_token_hash=token_hash,
         # In this one UPDATE: a second UPDATE of the row in the same transaction makes

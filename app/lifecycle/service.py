@@ -52,8 +52,8 @@ def run_story(session: Session, run: Run) -> RunStory:
 def check_limits(session: Session, run: Run, batch_keys: set[str], points: int, settings: Settings) -> None:
     """Refuse (422) a write that would take the run's current attempt over its key or point limit
     (writes outside the worker's batch path, e.g. the MLflow-compatible endpoint)."""
-    keys, stored = metrics_repo.attempt_usage(session, run.id, run.attempt)
-    check_run_limits(run.id, len(keys | batch_keys), stored + points, settings)
+    stored, n_keys, known = metrics_repo.current_usage(session, run.id, batch_keys)
+    check_run_limits(run.id, n_keys + len(batch_keys - known), stored + points, settings)
 
 
 def check_run_limits(run_id: int, keys: int, points: int, settings: Settings) -> None:

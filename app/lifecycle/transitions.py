@@ -285,6 +285,9 @@ def release(session: WriteSession, run_id: int, body: RunRelease, principal: Pri
         "status": status,
         "finished_at": case((cancelled, now), else_=Run.finished_at),
         "attempt": case((cancelled, Run.attempt), else_=Run.attempt - 1),  # a leased run's attempt is >= 1
+        # the attempt's chunks are deleted below; the attempt before it kept none (deleted at this lease)
+        "stored_points": 0,
+        "stored_keys": 0,
         "lease_id": None,
         "lease_expires_at": None,
         "worker_id": None,

@@ -7,11 +7,12 @@ handful of rows per run instead of one ORM object per point.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import bindparam, delete, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -89,28 +90,82 @@ def chunk_rows(series: Iterable[tuple]) -> list[dict]:
 
 
 _INSERT_CHUNKS = MetricChunk.__table__.insert()
+_ADD_USAGE = (
+    update(Run.__table__)
+    .where(Run.__table__.c.id == bindparam("u_run_id"), Run.__table__.c.attempt == bindparam("u_attempt"))
+    .values(stored_points=Run.__table__.c.stored_points + bindparam("u_points"),
+            stored_keys=Run.__table__.c.stored_keys + bindparam("u_new_keys"))
+)
 
 
 def insert_rows(
-    session: Session, run_id: int, attempt: int, seq: int, rows: Sequence[dict], *, savepoint: bool = True
+    session: Session, run_id: int, attempt: int, seq: int, rows: Sequence[dict], *, savepoint: bool = True,
+    known: Collection[str] | None = None,
 ) -> bool:
     """Store rows made by ``chunk_rows`` as batch ``seq`` of the run's attempt; False when that
     batch was already stored (a retry), and then nothing is written. ``savepoint=False``: for a
     caller that already checked the batch is new and runs in a savepoint of its own; a batch
-    stored meanwhile by another process then raises IntegrityError."""
+    stored meanwhile by another process then raises IntegrityError.
+
+    The run's usage (``runs.stored_points``, ``runs.stored_keys``) grows in the same transaction,
+    when ``attempt`` is the run's current one. ``known``: the rows' keys the attempt already holds,
+    as the caller read them after ``lock_usage`` (else they are read here)."""
     if not rows:
         return True
     ids = {"run_id": run_id, "attempt": attempt, "seq": seq}
     params = [{**row, **ids} for row in rows]
     if not savepoint:
-        session.connection().execute(_INSERT_CHUNKS, params)
+        _insert(session, run_id, attempt, params, known)
         return True
     try:
         with session.begin_nested():
-            session.connection().execute(_INSERT_CHUNKS, params)
+            _insert(session, run_id, attempt, params, known)
     except IntegrityError:
         return False
     return True
+
+
+def _insert(session: Session, run_id: int, attempt: int, params: list[dict], known: Collection[str] | None) -> None:
+    keys = {p["key"] for p in params}
+    if known is None:
+        lock_usage(session, run_id)
+        known = known_keys(session, run_id, attempt, keys)
+    conn = session.connection()
+    conn.execute(_INSERT_CHUNKS, params)
+    conn.execute(_ADD_USAGE, {"u_run_id": run_id, "u_attempt": attempt, "u_points": sum(p["n"] for p in params),
+                              "u_new_keys": len(keys.difference(known))})
+
+
+def lock_usage(session: Session, run_id: int) -> None:
+    """On PostgreSQL, lock the run's row until commit, so that two batches of one attempt stored at once by
+    two processes do not both count a key new to the attempt. On SQLite one writer runs at a time."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection().execute(_LOCK_RUN, {"run_id": run_id})
+
+
+_LOCK_RUN = select(Run.__table__.c.id).where(Run.__table__.c.id == bindparam("run_id")).with_for_update()
+
+
+@functools.lru_cache(maxsize=64)
+def known_keys_statement(n: int):
+    """One row of ``n`` booleans: whether the attempt holds a chunk of key_0 .. key_{n-1}. A lookup in
+    ix_metric_chunks_run_id_key per key, however many chunks the attempt holds."""
+    chunks = MetricChunk.__table__
+    return select(*(
+        exists().where(chunks.c.run_id == bindparam("run_id"), chunks.c.attempt == bindparam("attempt"),
+                       chunks.c.key == bindparam(f"key_{i}"))
+        for i in range(n)
+    ))
+
+
+def known_keys(session: Session, run_id: int, attempt: int, keys: Collection[str]) -> set[str]:
+    """Those of ``keys`` the run's attempt holds chunks of."""
+    keys = list(dict.fromkeys(keys))
+    if not keys:
+        return set()
+    params = {"run_id": run_id, "attempt": attempt, **{f"key_{i}": k for i, k in enumerate(keys)}}
+    row = session.connection().execute(known_keys_statement(len(keys)), params).one()
+    return {k for k, held in zip(keys, row) if held}
 
 
 def batch_exists(session: Session, run_id: int, attempt: int, seq: int) -> bool:
@@ -121,7 +176,7 @@ def batch_exists(session: Session, run_id: int, attempt: int, seq: int) -> bool:
 
 
 def attempt_usage(session: Session, run_id: int, attempt: int) -> tuple[set[str], int]:
-    """The metric keys and the number of points stored for one attempt of a run."""
+    """The metric keys and the number of points stored for one attempt of a run, summed from its chunks."""
     rows = session.execute(
         select(MetricChunk.key, func.sum(MetricChunk.n))
         .where(MetricChunk.run_id == run_id, MetricChunk.attempt == attempt)
@@ -130,13 +185,26 @@ def attempt_usage(session: Session, run_id: int, attempt: int) -> tuple[set[str]
     return {key for key, _ in rows}, int(sum(n or 0 for _, n in rows))
 
 
+def current_usage(session: Session, run_id: int, keys: Collection[str]) -> tuple[int, int, set[str]]:
+    """The points and the number of distinct keys stored for the run's current attempt (kept on the run's row),
+    and those of ``keys`` it holds. On PostgreSQL the run's row is locked until commit (``lock_usage``)."""
+    lock_usage(session, run_id)
+    points, n_keys, attempt = session.execute(
+        select(Run.stored_points, Run.stored_keys, Run.attempt).where(Run.id == run_id)
+    ).one()
+    return int(points), int(n_keys), known_keys(session, run_id, attempt, keys)
+
+
 def delete_other_attempts(session: Session, run_id: int, keep_attempt: int) -> None:
+    """Delete the chunks of the run's attempts but ``keep_attempt``, its current one: its usage is unchanged."""
     session.execute(
         delete(MetricChunk).where(MetricChunk.run_id == run_id, MetricChunk.attempt != keep_attempt)
     )
 
 
 def delete_attempt(session: Session, run_id: int, attempt: int) -> None:
+    """Delete the chunks of one attempt of the run. The caller's UPDATE of the run in the same transaction sets
+    its usage (a release: none is left of its current attempt)."""
     session.execute(delete(MetricChunk).where(MetricChunk.run_id == run_id, MetricChunk.attempt == attempt))
 
 
@@ -378,6 +446,9 @@ __all__ = [
     "chunk_rows",
     "insert_chunks",
     "insert_rows",
+    "current_usage",
+    "known_keys",
+    "lock_usage",
     "load_series",
     "load_series_shared",
     "runs_with_key",

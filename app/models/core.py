@@ -132,6 +132,10 @@ class Run(Base):
     status: Mapped[str] = mapped_column(String(16), default=RunStatus.queued.value)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    # The points and distinct metric keys of the current attempt's chunks, kept with every chunk written or
+    # deleted (steady.server.metrics.repository), so a metric batch checks the run's limits without reading them
+    stored_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    stored_keys: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # SHA-256 of the run-scoped credential issued with the current lease (steady.server.lifecycle.credentials)
@@ -219,9 +223,8 @@ class MetricChunk(Base):
     __tablename__ = "metric_chunks"
     __table_args__ = (
         UniqueConstraint("run_id", "attempt", "seq", "key"),
+        # also a metric batch's lookup of each of its keys (runs.stored_points/stored_keys hold the usage)
         Index("ix_metric_chunks_run_id_key", "run_id", "key"),
-        # covers the per-attempt usage a metric batch checks (sum of n, distinct keys)
-        Index("ix_metric_chunks_usage", "run_id", "attempt", "key", "n"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

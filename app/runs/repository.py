@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CursorResult, and_, bindparam, case, cast, distinct, exists, func, select, text, union, update
+from sqlalchemy import CursorResult, and_, bindparam, case, cast, exists, func, select, text, union, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql.elements import BindParameter
@@ -345,11 +345,20 @@ class BatchContext:
     holder_token_id: int | None  # the token of the worker the run is leased to
     stored_points: int  # points stored for the current attempt
     stored_keys: int  # distinct keys stored for the current attempt
-    known_keys: int  # how many of the batch's keys are among them
+    known: frozenset[str]  # the batch's keys among them
     seq_stored: bool  # this batch seq is already stored for the current attempt (a retry)
 
+    @property
+    def known_keys(self) -> int:
+        """How many of the batch's keys the attempt already holds."""
+        return len(self.known)
 
-def _batch_context_statement():
+
+@functools.lru_cache(maxsize=64)
+def _batch_context_statement(n_keys: int):
+    """The run's row (its usage is kept there: runs.stored_points, runs.stored_keys), its holder, and a lookup
+    per batch key and for the seq in the attempt's chunks: the same work however many chunks the attempt holds.
+    Built once per number of keys: the hot path of ingestion then skips building the statement and its cache key."""
     chunks, runs, workers = MetricChunk.__table__, Run.__table__, Worker.__table__
     current = and_(chunks.c.run_id == runs.c.id, chunks.c.attempt == runs.c.attempt)
     return (
@@ -360,31 +369,34 @@ def _batch_context_statement():
             runs.c.lease_expires_at,
             runs.c.attempt,
             workers.c.token_id,
-            select(func.coalesce(func.sum(chunks.c.n), 0)).where(current).scalar_subquery(),
-            select(func.count(distinct(chunks.c.key))).where(current).scalar_subquery(),
-            select(func.count(distinct(chunks.c.key)))
-            .where(current, chunks.c.key.in_(bindparam("keys", expanding=True)))
-            .scalar_subquery(),
+            runs.c.stored_points,
+            runs.c.stored_keys,
             exists().where(current, chunks.c.seq == bindparam("seq")),
+            *(exists().where(current, chunks.c.key == bindparam(f"key_{i}")) for i in range(n_keys)),
         )
         .select_from(runs.outerjoin(workers, workers.c.id == runs.c.worker_id))
         .where(runs.c.id == bindparam("run_id"))
     )
 
 
-# Built once: the hot path of ingestion then skips building the statement and its cache key.
-_BATCH_CONTEXT = _batch_context_statement()
+_LOCK_RUN = select(Run.__table__.c.id).where(Run.__table__.c.id == bindparam("run_id")).with_for_update()
 
 
 def batch_context(session: Session, run_id: int, seq: int, keys: Collection[str]) -> BatchContext | None:
-    """Everything ``ingest_batch`` checks before it inserts, in one round trip (None: no such run)."""
-    row = session.connection().execute(_BATCH_CONTEXT, {"run_id": run_id, "seq": seq, "keys": list(keys)}).first()
+    """Everything ``ingest_batch`` checks before it inserts, in one round trip (None: no such run). On
+    PostgreSQL the run's row is locked first, until commit, so the usage read here is the one the insert adds
+    to, and two batches of one attempt stored at once by two processes do not both count a key new to it."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection().execute(_LOCK_RUN, {"run_id": run_id})
+    distinct_keys = list(dict.fromkeys(keys))
+    params = {"run_id": run_id, "seq": seq, **{f"key_{i}": k for i, k in enumerate(distinct_keys)}}
+    row = session.connection().execute(_batch_context_statement(len(distinct_keys)), params).first()
     if row is None:
         return None
     return BatchContext(
         run_id=row[0], status=row[1], lease_id=row[2], lease_expires_at=row[3], attempt=row[4],
         holder_token_id=row[5], stored_points=int(row[6] or 0), stored_keys=int(row[7] or 0),
-        known_keys=int(row[8] or 0), seq_stored=bool(row[9]),
+        known=frozenset(k for k, held in zip(distinct_keys, row[9:]) if held), seq_stored=bool(row[8]),
     )
 
 
