@@ -50,7 +50,7 @@ SPEC = """
     workload:
       framework: torch
       command: ["python", "train.py", "--seed", "{seed}", "--checkpoints", "{checkpoint_dir}"]
-    seeds: [1, 2]
+    seeds: [1]
     determinism: [strict]
     threads: 1
     max_attempts: 1
@@ -63,8 +63,9 @@ def test_a_resume_without_the_rng_state_is_named_in_the_report(live_server, tmp_
     study = run_resume_study(live_server, tmp_path, {"train.py": SCRIPT, "study.yaml": SPEC}, "resume-e2e")
     submit, report, body, worker = study.submit, study.report, study.body, study.worker
     check = study.cli("check", study.sid)
-    assert body.study.progress.completed == 2, worker.log()
-    assert body.resume is not None and len(body.resume) == 1, (body.resume, worker.log())  # the first seed only
+    assert body.study.progress.completed == 1, worker.log()
+    # one seed: that only the first seed of several carries the check is tests/api/test_resume_spec.py's
+    assert body.resume is not None and len(body.resume) == 1, (body.resume, worker.log())
     check_ = body.resume[0]
     assert check_.seed == 1 and check_.at == [3]
     assert check_.verdict == "not_restored", check_
