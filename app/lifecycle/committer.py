@@ -16,6 +16,10 @@ write transaction, commits once, and only then answers every request. So:
 
 Work runs in the committer's thread, inside ``Database.write(queue=True)``: in line with the
 process's other writers (heartbeats, the lease reaper), on SQLite and PostgreSQL alike.
+
+On PostgreSQL a metric batch locks its run's row until commit, and several API processes commit groups at
+once: a group runs its pieces in the order of their ``order`` key (the run's id; submission order among
+equal keys), so two groups take their runs' locks in one order and never wait on each other in a cycle.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ MAX_GROUP = 128  # pieces of work per transaction at most
 class _Item:
     work: Callable[[Session], Any]
     future: Future
+    order: int = 0
 
 
 class GroupCommitter:
@@ -63,17 +68,18 @@ class GroupCommitter:
         self._queue.put(None)
         self._thread.join(timeout=30)
 
-    def submit(self, work: Callable[[Session], T]) -> Future[T]:
-        """Run ``work(session)`` in the next group transaction; the future resolves after its commit."""
+    def submit(self, work: Callable[[Session], T], *, order: int = 0) -> Future[T]:
+        """Run ``work(session)`` in the next group transaction; the future resolves after its commit.
+        ``order``: pieces of one group run by this key (the row the piece locks first, e.g. its run's id)."""
         future: Future[T] = Future()
         if self._stopped:
             future.set_exception(RuntimeError("the server is shutting down"))
             return future
-        self._queue.put(_Item(work, future))
+        self._queue.put(_Item(work, future, order))
         return future
 
-    async def run(self, work: Callable[[Session], T]) -> T:
-        return await asyncio.wrap_future(self.submit(work))
+    async def run(self, work: Callable[[Session], T], *, order: int = 0) -> T:
+        return await asyncio.wrap_future(self.submit(work, order=order))
 
     def _loop(self) -> None:
         while True:
@@ -92,6 +98,7 @@ class GroupCommitter:
                     break
                 group.append(nxt)
             live = [it for it in group if it.future.set_running_or_notify_cancel()]
+            live.sort(key=lambda it: it.order)  # stable: submission order among equal keys
             if live:
                 self._commit(live)
             if stop:

@@ -73,6 +73,6 @@ async def submit(committer: GroupCommitter, batch: PreparedBatch, settings: Sett
     its original) fails this insert: tried again, it is answered as a duplicate."""
     work = partial(store, batch=batch, settings=settings, principal=principal)
     try:
-        return await committer.run(work)
+        return await committer.run(work, order=batch.run_id)
     except IntegrityError:
-        return await committer.run(work)
+        return await committer.run(work, order=batch.run_id)

@@ -16,6 +16,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import NotFound
+from steady.server.metrics import repository as metrics_repo
 from steady.server.models import MetricChunk, Run, Study, Worker
 from steady.server.runs.conflicts import merged
 from steady.worker.contract.protocol import RunStatus
@@ -379,15 +380,11 @@ def _batch_context_statement(n_keys: int):
     )
 
 
-_LOCK_RUN = select(Run.__table__.c.id).where(Run.__table__.c.id == bindparam("run_id")).with_for_update()
-
-
 def batch_context(session: Session, run_id: int, seq: int, keys: Collection[str]) -> BatchContext | None:
     """Everything ``ingest_batch`` checks before it inserts, in one round trip (None: no such run). On
     PostgreSQL the run's row is locked first, until commit, so the usage read here is the one the insert adds
     to, and two batches of one attempt stored at once by two processes do not both count a key new to it."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.connection().execute(_LOCK_RUN, {"run_id": run_id})
+    metrics_repo.lock_usage(session, run_id)
     distinct_keys = list(dict.fromkeys(keys))
     params = {"run_id": run_id, "seq": seq, **{f"key_{i}": k for i, k in enumerate(distinct_keys)}}
     row = session.connection().execute(_batch_context_statement(len(distinct_keys)), params).first()

@@ -245,3 +245,58 @@ def test_a_batch_stored_meanwhile_by_another_process_is_answered_as_a_duplicate(
     assert again.status_code == 200 and again.json()["duplicate"] is True
     assert len(stale) == 1 and stale[0].seq_stored is True
     assert api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()["steps"] == [0, 1, 2]
+
+
+def test_a_group_runs_its_pieces_in_the_order_of_their_key(committer, db_run):
+    """Pieces of one group run by their ``order`` key (the run's id for a metric batch), submission order
+    among equal keys: the order in which a group takes its runs' row locks."""
+    ran: list[str] = []
+    release = _hold(committer)
+    futures = [committer.submit(lambda s, n=name: ran.append(n), order=key)
+               for name, key in (("b7", 7), ("a5", 5), ("c7", 7), ("d3", 3))]
+    wait_until(lambda: committer._queue.qsize() == 4, 30, 0.01, "the pieces to queue")
+    release.set()
+    for f in futures:
+        f.result(timeout=30)
+    assert ran == ["d3", "a5", "b7", "c7"]
+
+
+@POSTGRES_ONLY
+def test_two_processes_groups_over_the_same_runs_never_deadlock(db_url):
+    """Two API processes' committers store batches of the same two runs at once, submitted in opposite
+    orders; each batch locks its run's row until commit (``metrics_repo.lock_usage``). Taken in submission
+    order, the first pieces lock one run each and the second pieces wait on each other: PostgreSQL ends one
+    group with a deadlock and its batches are committed again one by one. In key order both groups lock the
+    lower run first, one waits for the other's commit, and each group commits once."""
+    db_a, run_1 = database_with_one_run(db_url, status="running")
+    db_b, run_2 = database_with_one_run(db_url, status="running")
+    committers = [GroupCommitter(db_a), GroupCommitter(db_b)]
+    locked = [threading.Event(), threading.Event()]
+    for c in committers:
+        c.start()
+    try:
+        def first(me: int, run_id: int):
+            def work(session):
+                metrics_repo.lock_usage(session, run_id)
+                locked[me].set()
+                locked[1 - me].wait(3)  # the other group's first lock, if it can take one meanwhile
+            return work
+
+        def second(run_id: int):
+            return lambda session: metrics_repo.lock_usage(session, run_id)
+
+        holds = [_hold(c) for c in committers]
+        futures = [committers[0].submit(first(0, run_2), order=run_2), committers[0].submit(second(run_1), order=run_1),
+                   committers[1].submit(first(1, run_1), order=run_1), committers[1].submit(second(run_2), order=run_2)]
+        for c in committers:
+            wait_until(lambda c=c: c._queue.qsize() == 2, 30, 0.01, "the pieces to queue")
+        for h in holds:
+            h.set()
+        for f in futures:
+            f.result(timeout=60)
+        assert [c.transactions for c in committers] == [2, 2]  # the hold's group and one group each: no rerun
+    finally:
+        for c in committers:
+            c.stop()
+        db_a.dispose()
+        db_b.dispose()
