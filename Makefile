@@ -93,6 +93,7 @@ bench: setup $(MLFLOW_VENV)/.installed
 	$(BIN)/python bench/bands_bench.py
 	MLFLOW_PYTHON=$(MLFLOW_VENV)/bin/python $(BIN)/python bench/ingest_bench.py
 	$(BIN)/python bench/lease_bench.py
+	$(BIN)/python bench/usage_check_bench.py
 	$(BIN)/python bench/dashboard_bench.py
 	$(BIN)/python bench/calibration_bench.py
 	$(BIN)/python bench/capacity_bench.py
