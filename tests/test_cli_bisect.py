@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli_in_process
-from tests.gitfolder import user_env
+from tests.gitfolder import commit_next, user_env
 from tests.worker.test_worker_agent_e2e import Worker
 
 TRAIN = """
@@ -64,7 +64,6 @@ def _planted_history(root: Path, *, change: str = "shuffle", spec: str = SPEC) -
     """GOOD and 16 commits after it; returns their shas (index = point). From commit ``BREAK`` on, ``change``:
     ``shuffle`` adds an unseeded shuffle, ``noise`` draws the targets with more noise (the final loss shifts)."""
     root.mkdir(parents=True)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     (root / "study.yaml").write_text(textwrap.dedent(spec).lstrip())
     shas = []
@@ -75,10 +74,7 @@ def _planted_history(root: Path, *, change: str = "shuffle", spec: str = SPEC) -
         (root / "train.py").write_text(text)
         message = {0: "tiny training script", BROKEN: "half-finished edit", REORDER: "sum the loss in reverse",
                    BREAK: CHANGES[change]}.get(i, f"tune comment {i}")
-        subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-        subprocess.run([*git, "commit", "-qm", message], cwd=root, check=True)
-        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
-                                   text=True).stdout.strip())
+        shas.append(commit_next(root, message))
     return shas
 
 

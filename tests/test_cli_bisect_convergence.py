@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli_in_process
-from tests.gitfolder import user_env
+from tests.gitfolder import commit_next, user_env
 from tests.worker.test_worker_agent_e2e import Worker
 
 TRAIN = """
@@ -54,7 +54,6 @@ RETUNE, BREAK, LAST = 4, 5, 7
 
 def _history(root: Path) -> list[str]:
     root.mkdir(parents=True)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     (root / "study.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     shas = []
@@ -62,10 +61,7 @@ def _history(root: Path) -> list[str]:
         lr = 0.02 if i >= BREAK else 0.55 if i >= RETUNE else 0.5
         (root / "train.py").write_text(textwrap.dedent(TRAIN).lstrip().format(lr=lr, edit=i))
         message = {RETUNE: "retune the rate", BREAK: "lower the rate"}.get(i, f"edit {i}")
-        subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-        subprocess.run([*git, "commit", "-qm", message], cwd=root, check=True)
-        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
-                                   text=True).stdout.strip())
+        shas.append(commit_next(root, message))
     return shas
 
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import run_cli_in_process
-from tests.gitfolder import user_env
+from tests.gitfolder import commit_next, user_env
 from tests.worker.test_worker_agent_e2e import Worker
 
 TRAIN = """
@@ -89,16 +89,12 @@ BREAK = 1
 
 def _history(root: Path) -> list[str]:
     root.mkdir(parents=True)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     (root / "study.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     shas = []
     for i, (message, drop) in enumerate(COMMITS):
         (root / "train.py").write_text(textwrap.dedent(TRAIN).lstrip().format(drop=drop, edit=i))
-        subprocess.run([*git, "add", "-A"], cwd=root, check=True)
-        subprocess.run([*git, "commit", "-qm", message], cwd=root, check=True)
-        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
-                                   text=True).stdout.strip())
+        shas.append(commit_next(root, message))
     return shas
 
 
