@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import REPO, LiveServer, create_pg_database, drop_pg_database, pg_url_for, server_env, start_live_server
+from tests.conftest import (REPO, LiveServer, cancel_unfinished_studies, create_pg_database, drop_pg_database, pg_url_for,
+                            server_env, start_live_server)
 
 FAST_LEASES = {"lease_seconds": 3, "heartbeat_seconds": 1, "reaper_interval_seconds": 0.5}
 
@@ -38,6 +39,42 @@ def backend_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'shared' / 'steady.db'}"
     return request.getfixturevalue("pg_database")
+
+
+class SharedServers:
+    """One API per backend on a database of its own, started at its first use and shared by a module's tests (an
+    API costs interpreters' starts): what a test leaves queued or running is cancelled before the next one gets
+    it, so each test judges only its own studies and runs. ``settings``: the servers' (``workers=2``, leases)."""
+
+    def __init__(self, tmp_path_factory, sqlite_template, prefix: str, **settings) -> None:
+        self.tmp_path_factory, self.sqlite_template, self.prefix, self.settings = \
+            tmp_path_factory, sqlite_template, prefix, settings
+        self.started: dict[str, tuple[Server, str]] = {}
+        self.pg_names: list[str] = []
+
+    def get(self, backend_url: str, request=None) -> tuple[Server, str]:
+        """(server, database URL) of the backend ``backend_url`` is on (the ``backend_url`` fixture's; PostgreSQL needs
+        the test's ``request`` for its template)."""
+        backend = "sqlite" if backend_url.startswith("sqlite") else "postgres"
+        if backend in self.started:
+            cancel_unfinished_studies(self.started[backend][0])
+            return self.started[backend]
+        root = self.tmp_path_factory.mktemp(f"{self.prefix}-{backend}")
+        if backend == "sqlite":
+            url = f"sqlite:///{root / 'shared' / 'steady.db'}"
+        else:
+            self.pg_names.append(create_pg_database(template=request.getfixturevalue("pg_template")))
+            url = pg_url_for(self.pg_names[-1])
+        server = start_live_server(root / "api", url, sqlite_template=self.sqlite_template, cls=Server,
+                                   **self.settings)
+        self.started[backend] = (server, url)
+        return self.started[backend]
+
+    def close(self) -> None:
+        for server, _ in self.started.values():
+            server.stop()
+        for name in self.pg_names:
+            drop_pg_database(name)
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.conftest import cancel_unfinished_studies, create_pg_database, drop_pg_database, pg_url_for, start_live_server
-from tests.scale.conftest import Server, all_runs, create_study, fake_worker_cmd, spawn
+from tests.scale.conftest import SharedServers, all_runs, create_study, fake_worker_cmd, spawn
 from tests.scale.fakeworker import FakeWorker
 
 RUNS = 48
@@ -26,37 +25,11 @@ TWO_PROCESS_API = pytest.mark.xdist_group("concurrency-two-process-api")
 
 @pytest.fixture(scope="module")
 def two_process_api(tmp_path_factory, sqlite_template):
-    """Factory: two_process_api(backend, pg_template) -> one ``--workers 2`` API on a database of its own, started at
-    its first use and shared by this module's tests on that backend (a --workers 2 API costs three interpreters'
-    start). What a test leaves queued or running is cancelled before the next one gets it; each test judges
-    only its own study."""
-    started: dict[str, Server] = {}
-    pg_names: list[str] = []
-
-    def get(backend: str, pg_template: str | None = None) -> Server:
-        if backend in started:
-            cancel_unfinished_studies(started[backend])
-            return started[backend]
-        root = tmp_path_factory.mktemp(f"api-{backend}")
-        if backend == "sqlite":
-            url = f"sqlite:///{root / 'shared' / 'steady.db'}"
-        else:
-            pg_names.append(create_pg_database(template=pg_template))
-            url = pg_url_for(pg_names[-1])
-        started[backend] = start_live_server(root / "api", url, sqlite_template=sqlite_template, workers=2, cls=Server)
-        return started[backend]
-
-    yield get
-    for server in started.values():
-        server.stop()
-    for name in pg_names:
-        drop_pg_database(name)
-
-
-def _two_process_server(two_process_api, backend_url: str, request) -> Server:
-    if backend_url.startswith("sqlite"):
-        return two_process_api("sqlite")
-    return two_process_api("postgres", request.getfixturevalue("pg_template"))
+    """One ``--workers 2`` API per backend (a --workers 2 API costs three interpreters' start), shared by this
+    module's tests on that backend (``SharedServers``)."""
+    servers = SharedServers(tmp_path_factory, sqlite_template, "api", workers=2)
+    yield servers
+    servers.close()
 
 
 def _race_threads(urls: list[str], token: str, n_threads: int, leases_each: int) -> list[int | None]:
@@ -95,7 +68,7 @@ def test_threads_race_for_leases(cluster, backend_url, workers, two_process_api,
     if workers == 1:
         (server,) = cluster(backend_url)
     else:
-        server = _two_process_server(two_process_api, backend_url, request)
+        server, _ = two_process_api.get(backend_url, request)
     sid = create_study(server, RUNS)
     # 16 agents × 3 requests = exactly as many requests as runs; none may come back empty
     leased = _race_threads([server.url], server.tokens["worker"], 16, RUNS // 16)
@@ -131,7 +104,7 @@ def test_two_api_processes_one_postgres(cluster, pg_database, tmp_path):
 @TWO_PROCESS_API
 def test_sqlite_api_and_cli_writers_never_see_locked(two_process_api):
     """SQLite: API writers (leases, batches) and CLI writers (token create) at once: no 'database is locked'."""
-    server = two_process_api("sqlite")
+    server, _ = two_process_api.get("sqlite")
     sid = create_study(server, 16)
     stop = time.monotonic() + 8
     errors: list[str] = []
@@ -168,7 +141,7 @@ def test_sqlite_api_and_cli_writers_never_see_locked(two_process_api):
 @TWO_PROCESS_API
 def test_simultaneous_completions_finish_the_study(backend_url, two_process_api, request):
     """The last runs of a study completing at the same instant (one per worker) still finish the study."""
-    server = _two_process_server(two_process_api, backend_url, request)
+    server, _ = two_process_api.get(backend_url, request)
     sid = create_study(server, 12)
     workers = [FakeWorker(server.url, server.tokens["worker"], f"c{i}", deadline_s=60) for i in range(12)]
     leases = []

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.conftest import (cancel_unfinished_studies, create_pg_database, drop_pg_database, pg_url_for,
-                            start_live_server, wait_until)
-from tests.scale.conftest import Server, all_runs, create_study, fake_worker_cmd, series, spawn, sql
+from tests.conftest import wait_until
+from tests.scale.conftest import SharedServers, all_runs, create_study, fake_worker_cmd, series, spawn, sql
 from tests.scale.fakeworker import FakeWorker, expected_values
 
 pytestmark = pytest.mark.slow
@@ -30,38 +29,11 @@ FAST_LEASE_API = pytest.mark.xdist_group("faults-fast-lease-api")
 
 @pytest.fixture(scope="module")
 def fast_lease_api(tmp_path_factory, sqlite_template):
-    """Factory: fast_lease_api(backend, pg_template) -> (server, database URL): one API with 2 s leases on a database
-    of its own per backend, started at its first use and shared by the module's tests that neither kill nor
-    restart it. What a test leaves queued or running is cancelled before the next one gets it; each test judges
-    only its own study and run."""
-    started: dict[str, tuple[Server, str]] = {}
-    pg_names: list[str] = []
-
-    def get(backend: str, pg_template: str | None = None) -> tuple[Server, str]:
-        if backend in started:
-            cancel_unfinished_studies(started[backend][0])
-            return started[backend]
-        root = tmp_path_factory.mktemp(f"fast-{backend}")
-        if backend == "sqlite":
-            url = f"sqlite:///{root / 'shared' / 'steady.db'}"
-        else:
-            pg_names.append(create_pg_database(template=pg_template))
-            url = pg_url_for(pg_names[-1])
-        server = start_live_server(root / "api", url, sqlite_template=sqlite_template, cls=Server, **FAST_LEASES)
-        started[backend] = (server, url)
-        return started[backend]
-
-    yield get
-    for server, _ in started.values():
-        server.stop()
-    for name in pg_names:
-        drop_pg_database(name)
-
-
-def _fast_lease_server(fast_lease_api, backend_url: str, request) -> tuple[Server, str]:
-    if backend_url.startswith("sqlite"):
-        return fast_lease_api("sqlite")
-    return fast_lease_api("postgres", request.getfixturevalue("pg_template"))
+    """One API with 2 s leases per backend, shared by the module's tests that neither kill nor restart it
+    (``SharedServers``)."""
+    servers = SharedServers(tmp_path_factory, sqlite_template, "fast", **FAST_LEASES)
+    yield servers
+    servers.close()
 
 
 def _done(log: Path) -> dict:
@@ -87,7 +59,7 @@ def _assert_series_exact(server, url: str, run_id: int, steps: int, batch: int, 
 @FAST_LEASE_API
 def test_killed_worker_run_is_requeued_and_completed_elsewhere(fast_lease_api, backend_url, request, tmp_path):
     """kill -9 a worker process mid-run: its run is re-queued and another worker completes it."""
-    server, url = _fast_lease_server(fast_lease_api, backend_url, request)
+    server, url = fast_lease_api.get(backend_url, request)
     sid = create_study(server, 1, max_attempts=3)
     (run,) = all_runs(server, sid)
     rid = run["id"]
@@ -240,7 +212,7 @@ def test_connections_killed_mid_transaction_answer_503_never_500(cluster, pg_dat
 @FAST_LEASE_API
 def test_stalled_worker_late_results_are_refused(fast_lease_api, backend_url, request, tmp_path):
     """A worker frozen past its lease (SIGSTOP: its clock and network stall) comes back to 409s; the data stays the new attempt's."""
-    server, url = _fast_lease_server(fast_lease_api, backend_url, request)
+    server, url = fast_lease_api.get(backend_url, request)
     sid = create_study(server, 1)
     (run,) = all_runs(server, sid)
     rid = run["id"]
