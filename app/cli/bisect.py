@@ -290,7 +290,7 @@ class _Bisect:
 
     def outcome(self, point: int, study: dict[str, Any]) -> Any:
         from steady.server.cli.support import get_report
-        from steady.server.stats.bisect import BAD, GOOD, SKIPPED, UNDECIDED, PointOutcome
+        from steady.server.stats.bisect import SKIPPED, PointOutcome, decide_point
 
         p = study["progress"]
         runs = p.get("completed", 0) + p.get("failed", 0)
@@ -300,19 +300,13 @@ class _Bisect:
             return PointOutcome(point, SKIPPED, runs, study["id"], study.get("status_reason") or "its runs failed")
         report = get_report(self.api, study["id"])
         self.reports[point] = report
-        checks = [c for c in report.outcome.checks if c.kind == self.kind and c.status != "not_asked"]
-        if not checks and p.get("failed", 0):  # e.g. a TOST point whose own arm's runs all failed: GOOD's ran
-            return PointOutcome(point, SKIPPED, runs, study["id"],
-                                f"{p['failed']} of its {runs} runs failed, leaving no {self.args.property} check "
-                                "to judge")
-        if not checks:
+        decided = decide_point([(c.status, c.summary) for c in report.outcome.checks
+                                if c.kind == self.kind and c.status != "not_asked"],
+                               failed=p.get("failed", 0), runs=runs, prop=self.args.property)
+        if decided is None:
             raise CliError(f"study {study['id']} has no {self.args.property} check to decide point {point}: "
                            f"{report.outcome.reason}", EXIT_CANNOT_JUDGE)
-        status = {c.status for c in checks}
-        state = BAD if "fail" in status else GOOD if status == {"pass"} else UNDECIDED
-        first = next(c for c in checks if c.status == ("fail" if state == BAD else "inconclusive" if
-                                                        state == UNDECIDED else "pass"))
-        return PointOutcome(point, state, runs, study["id"], first.summary)
+        return PointOutcome(point, decided[0], runs, study["id"], decided[1])
 
     # --- the oracle the search calls
 

@@ -22,7 +22,7 @@ from steady.server.kit.deps import ReadDB
 from steady.server.lifecycle import localizing
 from steady.server.models import Study
 from steady.server.reports import localizations
-from steady.server.stats.bisect import checks_per_point, wrong_point_bound
+from steady.server.stats.bisect import checks_per_point, decide_point, wrong_point_bound
 from steady.server.studies import repository as studies_repo
 
 router = APIRouter(include_in_schema=False)
@@ -47,17 +47,11 @@ def _point(db: Any, request: Request, study: Study, kind: str, prop: str = "") -
         return "undecided", "the study was cancelled"
     version = service.study_versions(db, [study])[study.id]
     report = service.report(db, study, version, db_key(request))
-    checks = [c for c in report.outcome.checks if c.kind == kind and c.status != "not_asked"]
     progress = studies_repo.progress_by_study(db, [study.id])[study.id]
-    if not checks and progress.failed:  # e.g. a TOST point whose own arm's runs all failed (as `steady bisect`)
-        return "skipped", (f"{progress.failed} of its {progress.completed + progress.failed} runs failed, leaving "
-                           f"no {prop or kind} check to judge")
-    if not checks:
-        return "undecided", report.outcome.reason
-    statuses = {c.status for c in checks}
-    state = "bad" if "fail" in statuses else "good" if statuses == {"pass"} else "undecided"
-    want = {"bad": "fail", "good": "pass", "undecided": "inconclusive"}[state]
-    return state, next(c.summary for c in checks if c.status == want)
+    decided = decide_point([(c.status, c.summary) for c in report.outcome.checks
+                            if c.kind == kind and c.status != "not_asked"],
+                           failed=progress.failed, runs=progress.completed + progress.failed, prop=prop or kind)
+    return decided if decided is not None else ("undecided", report.outcome.reason)
 
 
 @router.get("/bisects/{span}", response_class=HTMLResponse)

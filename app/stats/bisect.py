@@ -42,7 +42,7 @@ from steady.server.stats.sequential_tost import sequential_tost_decision
 __all__ = [
     "GOOD", "BAD", "UNDECIDED", "SKIPPED", "STATES",
     "BisectPlan", "BisectResult", "PointOutcome", "Round",
-    "bisect", "checks_per_point", "plan", "rounds_needed", "split_points", "staged_seed_stability", "staged_tost",
+    "bisect", "checks_per_point", "decide_point", "plan", "rounds_needed", "split_points", "staged_seed_stability", "staged_tost",
     "wrong_point_bound",
 ]
 
@@ -264,6 +264,21 @@ def checks_per_point(kind: str, spec: Mapping[str, Any]) -> int:
     if kind == "convergence":
         return len(levels) * groups
     return 1
+
+
+def decide_point(checks: Sequence[tuple[str, str]], *, failed: int, runs: int, prop: str) -> tuple[str, str] | None:
+    """A judged point's state and its deciding line, from its study's checks of the bisected kind, each (status,
+    summary), those not asked left out: ``bad`` when one fails, ``good`` when all pass, else ``undecided``, with
+    the first such check's summary. With no check: ``skipped`` when some of its ``runs`` failed (e.g. a TOST
+    point whose own arm's runs all failed while GOOD's ran), else None (nothing decides the point)."""
+    if not checks:
+        if failed:
+            return SKIPPED, f"{failed} of its {runs} runs failed, leaving no {prop} check to judge"
+        return None
+    statuses = {status for status, _ in checks}
+    state = BAD if "fail" in statuses else GOOD if statuses == {"pass"} else UNDECIDED
+    want = {BAD: "fail", GOOD: "pass", UNDECIDED: "inconclusive"}[state]
+    return state, next(summary for status, summary in checks if status == want)
 
 
 def wrong_point_bound(decided: int, alpha_point: float) -> float:

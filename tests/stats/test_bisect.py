@@ -259,3 +259,16 @@ def _table(n: int = 150) -> None:
 
 if __name__ == "__main__":  # .venv/bin/python -m tests.stats.test_bisect
     _table()
+
+
+def test_a_point_is_decided_by_its_checks_of_the_bisected_kind():
+    """The rule `steady bisect` and its dashboard page share: one failing check makes the point bad, all passing
+    good, anything else undecided, each with that check's summary; no check at all is a skipped point when runs
+    failed, and nothing to decide otherwise."""
+    assert B.decide_point([("pass", "a"), ("fail", "b"), ("inconclusive", "c")], failed=0, runs=4, prop="tost") == \
+        (B.BAD, "b")
+    assert B.decide_point([("pass", "a"), ("pass", "b")], failed=0, runs=4, prop="tost") == (B.GOOD, "a")
+    assert B.decide_point([("pass", "a"), ("inconclusive", "c")], failed=1, runs=4, prop="tost") == (B.UNDECIDED, "c")
+    assert B.decide_point([], failed=2, runs=4, prop="tost") == \
+        (B.SKIPPED, "2 of its 4 runs failed, leaving no tost check to judge")
+    assert B.decide_point([], failed=0, runs=4, prop="tost") is None
