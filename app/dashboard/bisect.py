@@ -98,8 +98,7 @@ def _localization(db: Any, study: Study) -> str | None:
         return f"no op named ({pair}, localization job {job.id} {job.status}): {job.error or 'no answer kept'}"
     framework = str(((study.spec or {}).get("workload") or {}).get("framework", ""))
     if framework and framework not in localizing.REPLAYABLE:
-        return (f"no op named: localization replays PyTorch (op by op) or Keras (layer by layer) training; this "
-                f"study's framework is {framework!r}")
+        return f"no op named: {localizing.NOT_REPLAYABLE}; this study's framework is {framework!r}"
     return None
 
 

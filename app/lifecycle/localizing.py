@@ -49,6 +49,7 @@ from steady.worker.contract.protocol import (
 MAX_ATTEMPTS = 2  # a job whose worker vanished is leased once more, then failed
 SETUP_SECONDS = 120.0  # a replay's allowance beyond the study's time limit per pair: code, interpreters, tracing
 REPLAYABLE = ("torch", "tensorflow")
+NOT_REPLAYABLE = "localization replays PyTorch (op by op) or Keras (layer by layer) training"
 
 
 class LocalizationJobRequest(BaseModel):
@@ -133,8 +134,7 @@ def request(session: WriteSession, study_id: int, body: LocalizationJobRequest, 
         raise Invalid(field, f"runs {a.id} and {b.id} were uploaded to an external study: Steady has no code of "
                       "theirs to replay (localize where the training runs, with `steady localize`)")
     if a.framework not in REPLAYABLE:
-        raise Invalid(field, f"localization replays PyTorch (op by op) or Keras (layer by layer) training; runs "
-                      f"{a.id} and {b.id} declare framework {a.framework!r}")
+        raise Invalid(field, f"{NOT_REPLAYABLE}; runs {a.id} and {b.id} declare framework {a.framework!r}")
     pair = (a.id, b.id)
     if (active := _active_for_pair(session, study_id, pair)) is not None:
         raise Conflict(f"runs {a.id} and {b.id} are already being localized (job {active.id}, "
