@@ -49,11 +49,14 @@ def run_story(session: Session, run: Run) -> RunStory:
     )
 
 
-def check_limits(session: Session, run: Run, batch_keys: set[str], points: int, settings: Settings) -> None:
+def check_limits(session: Session, run: Run, batch_keys: set[str], points: int, settings: Settings) -> set[str]:
     """Refuse (422) a write that would take the run's current attempt over its key or point limit
-    (writes outside the worker's batch path, e.g. the MLflow-compatible endpoint)."""
+    (writes outside the worker's batch path, e.g. the MLflow-compatible endpoint). Returns those of the keys the
+    attempt already holds, for the insert (``metrics_repo.insert_chunks(known=...)``): the run's row is locked
+    until commit on PostgreSQL, so they stay so."""
     stored, n_keys, known = metrics_repo.current_usage(session, run.id, batch_keys)
     check_run_limits(run.id, n_keys + len(batch_keys - known), stored + points, settings)
+    return known
 
 
 def check_run_limits(run_id: int, keys: int, points: int, settings: Settings) -> None:

@@ -57,10 +57,13 @@ def insert_chunks(
     attempt: int,
     seq: int,
     series: Iterable[tuple],
+    *,
+    known: Collection[str] | None = None,
 ) -> bool:
     """Store one batch of (key, steps, values[, dtype]); False when this (run, attempt, seq) was
-    already stored (a retry). ``dtype``: the type the values were logged in, None for float64."""
-    return insert_rows(session, run_id, attempt, seq, chunk_rows(series))
+    already stored (a retry). ``dtype``: the type the values were logged in, None for float64. ``known``: as
+    ``insert_rows``'s."""
+    return insert_rows(session, run_id, attempt, seq, chunk_rows(series), known=known)
 
 
 def chunk_rows(series: Iterable[tuple]) -> list[dict]:

@@ -215,10 +215,10 @@ def _store_metrics(session: Session, run: Run, metrics: list[MetricIn], settings
         values.append(float(m.value))
     from steady.server.lifecycle import service as runs
 
-    runs.check_limits(session, run, set(grouped), len(metrics), settings)
+    known = runs.check_limits(session, run, set(grouped), len(metrics), settings)
     grouped = _new_values(session, run, grouped)
     arrays = [(key, np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.float64)) for key, (s, v) in grouped.items()]
-    metrics_repo.insert_chunks(session, run.id, run.attempt, seq, arrays)
+    metrics_repo.insert_chunks(session, run.id, run.attempt, seq, arrays, known=known)
 
 
 def _same(a: float, b: float) -> bool:
