@@ -36,16 +36,13 @@ class EnvironmentBuildError(Exception):
     """The overlay could not be built or is not what was pinned."""
 
 
-def canonical(name: str) -> str:
-    """A distribution name as PEP 503 compares them."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def env_root(packages: Mapping[str, str], cache_dir: str | Path, base_purelib: str) -> Path:
     """Where the overlay pinning ``packages`` over ``base_purelib`` is cached. The base's path is part of the
     key: the overlay reaches the base's packages through a ``.pth`` line, so one built over another (or since
     deleted) virtual environment must not be reused."""
-    pins = sorted((canonical(n), v) for n, v in packages.items())
+    from packaging.utils import canonicalize_name  # PEP 503, as pip and the spec's check compare names
+
+    pins = sorted((canonicalize_name(n), v) for n, v in packages.items())
     key = json.dumps([pins, os.path.realpath(base_purelib)])
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     readable = "-".join(f"{n}-{v}" for n, v in pins)[:80]
