@@ -178,16 +178,6 @@ def batch_exists(session: Session, run_id: int, attempt: int, seq: int) -> bool:
     return session.execute(stmt.limit(1)).first() is not None
 
 
-def attempt_usage(session: Session, run_id: int, attempt: int) -> tuple[set[str], int]:
-    """The metric keys and the number of points stored for one attempt of a run, summed from its chunks."""
-    rows = session.execute(
-        select(MetricChunk.key, func.sum(MetricChunk.n))
-        .where(MetricChunk.run_id == run_id, MetricChunk.attempt == attempt)
-        .group_by(MetricChunk.key)
-    ).all()
-    return {key for key, _ in rows}, int(sum(n or 0 for _, n in rows))
-
-
 def current_usage(session: Session, run_id: int, keys: Collection[str]) -> tuple[int, int, set[str]]:
     """The points and the number of distinct keys stored for the run's current attempt (kept on the run's row),
     and those of ``keys`` it holds. On PostgreSQL the run's row is locked until commit (``lock_usage``)."""

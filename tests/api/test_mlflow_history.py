@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from steady.server.metrics import repository as metrics_repo
+from tests.runs.test_usage_counter import chunk_usage
 from steady.server.metrics.repository import _assemble, encode
 
 MLFLOW = "/mlflow/api/2.0/mlflow"
@@ -33,7 +33,7 @@ def _stored(api, run_id: str) -> tuple[list[int], list[float], int]:
     """The series as it reads, and how many points the run's attempt holds."""
     got = api.get(f"/api/v1/runs/{run_id}/metrics/loss").json()
     with api.app.state.database.write() as session:
-        _, points = metrics_repo.attempt_usage(session, int(run_id), 1)
+        points, _ = chunk_usage(session, int(run_id))  # attempt 1, the run's current
     return got["steps"], got["values"], points
 
 

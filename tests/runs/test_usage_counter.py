@@ -22,7 +22,7 @@ KEYS = ("loss", "acc", "lr", "grad", "time", "mem", "tput")
 MAX_KEYS, MAX_POINTS = 5, 600
 
 
-def _chunk_usage(session, run_id: int) -> tuple[int, int]:
+def chunk_usage(session, run_id: int) -> tuple[int, int]:
     """Points and distinct keys of the run's current attempt, summed from its chunks."""
     attempt = select(Run.attempt).where(Run.id == run_id).scalar_subquery()
     current = (MetricChunk.run_id == run_id) & (MetricChunk.attempt == attempt)
@@ -38,7 +38,7 @@ def _counter(session, run_id: int) -> tuple[int, int]:
 
 def _check(api, run_id: int) -> tuple[int, int]:
     with api.app.state.database.read() as s:
-        usage = _chunk_usage(s, run_id)
+        usage = chunk_usage(s, run_id)
         assert _counter(s, run_id) == usage
     return usage
 
@@ -188,7 +188,7 @@ def test_two_batches_of_one_attempt_committed_at_once_lose_no_increment(db_url):
         t2.join(30)
     assert not errors, errors
     with db.read() as s:
-        assert _chunk_usage(s, run_id) == (26, 3)
+        assert chunk_usage(s, run_id) == (26, 3)
         assert _counter(s, run_id) == (26, 3)
     other.dispose()
     db.dispose()
@@ -215,7 +215,7 @@ def test_migration_0022_fills_the_usage_from_the_chunks_stored(db_url):
         command.upgrade(cfg, "head")
         conn.commit()
     with db.read() as s:
-        assert _chunk_usage(s, run_id) == (12, 2)
+        assert chunk_usage(s, run_id) == (12, 2)
         assert _counter(s, run_id) == (12, 2)
         assert _counter(s, empty_run) == (0, 0)
     db.dispose()
