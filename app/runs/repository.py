@@ -381,9 +381,11 @@ def _batch_context_statement(n_keys: int):
 
 
 def batch_context(session: Session, run_id: int, seq: int, keys: Collection[str]) -> BatchContext | None:
-    """Everything ``ingest_batch`` checks before it inserts, in one round trip (None: no such run). On
+    """Everything ``ingest_batch`` checks before it inserts, in one statement (None: no such run). On
     PostgreSQL the run's row is locked first, until commit, so the usage read here is the one the insert adds
-    to, and two batches of one attempt stored at once by two processes do not both count a key new to it."""
+    to, and two batches of one attempt stored at once by two processes do not both count a key new to it. The
+    lock is a statement of its own: under read committed the next statement's snapshot sees the chunks of the
+    transaction the lock waited for; a FOR UPDATE in this statement would look them up as they were before."""
     metrics_repo.lock_usage(session, run_id)
     distinct_keys = list(dict.fromkeys(keys))
     params = {"run_id": run_id, "seq": seq, **{f"key_{i}": k for i, k in enumerate(distinct_keys)}}
