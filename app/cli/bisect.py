@@ -476,7 +476,7 @@ def render(b: _Bisect, result: Any) -> int:
         out.append(f"undecided between {_paren(low)} and {_paren(high)}: the "
                    f"first change is one of the {result.first_bad - result.last_good} {low.what}s after {low.short}")
         for o in result.ends:
-            if o.state != BAD if o.point else o.state != GOOD:
+            if o.state != (BAD if o.point else GOOD):  # an end not as given
                 out.append(f"  {'BAD' if o.point else 'GOOD'} {commits[o.point].named} is "
                            f"{_describe(b, o.point, result)}")
         for label, pts in (("skipped (could not run)", result.skipped), ("undecided", result.undecided)):
