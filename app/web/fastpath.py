@@ -17,6 +17,14 @@ unknown token, a body that does not validate, a lease that is not the caller's, 
 goes on to the application unchanged, body included, so every refusal is the route's own
 401/403/404/409/413/422; a refused heartbeat changed nothing (its UPDATE matched no row, or its
 transaction was rolled back), so the route repeats it without effect.
+
+``MetricsFastPath`` does the same for ``POST /api/v1/runs/{run_id}/metrics``, the request that carries
+the most bytes: the body is validated once from its bytes (``MetricBatch.model_validate_json``), prepared
+and stored through the process's group committer exactly as the route stores it (``ingest.prepare``,
+``ingest.submit``), and answered after the commit. Anything else (no or unknown token, a body over
+``STEADY_MAX_BODY_BYTES`` or one that does not validate, a batch over the points limit, any refusal or
+error of the store) goes on to the route, body included: a refused batch wrote nothing (its savepoint
+was rolled back, or its transaction), so the route repeats it and answers with its own error.
 """
 
 from __future__ import annotations
@@ -32,10 +40,11 @@ from steady.server.kit.auth import GRANTS, Role
 from steady.server.kit.db import WriteSession
 from steady.server.kit.deps import Principal, cached_protocol_bearer
 from steady.server.kit.errors import SteadyError
-from steady.server.lifecycle import transitions
-from steady.worker.contract.protocol import Heartbeat
+from steady.server.lifecycle import ingest, transitions
+from steady.worker.contract.protocol import Heartbeat, MetricBatch
 
 _PATH = re.compile(r"/api/v1/runs/([1-9][0-9]{0,17})/heartbeat")
+_METRICS_PATH = re.compile(r"/api/v1/runs/([1-9][0-9]{0,17})/metrics")
 # A heartbeat is a lease id and a step; a bigger body is read no further here.
 MAX_BODY = 4096
 
@@ -104,21 +113,29 @@ class HeartbeatBatch:
             self.pending = []
 
 
-class HeartbeatFastPath:
+class _ShortWay:
+    """A POST to one path answered past routing when ``_answer`` can (its 200 JSON body), else passed on to
+    the application with the request's body as received."""
+
+    path: re.Pattern[str]
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.batch = HeartbeatBatch()
+
+    def max_body(self, scope: Scope) -> int:
+        return MAX_BODY
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         match = None
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("query_string"):
-            match = _PATH.fullmatch(scope["path"])
+            match = self.path.fullmatch(scope["path"])
         if match is None:
             await self.app(scope, receive, send)
             return
+        limit = self.max_body(scope)
         messages: list[Message] = []
         size, complete = 0, False
-        while size <= MAX_BODY:
+        while size <= limit:
             message = await receive()
             messages.append(message)
             if message["type"] != "http.request":
@@ -127,7 +144,9 @@ class HeartbeatFastPath:
             if not message.get("more_body", False):
                 complete = True
                 break
-        body = b"".join(m.get("body", b"") for m in messages) if complete and size <= MAX_BODY else None
+        body = None
+        if complete and size <= limit:
+            body = messages[0].get("body", b"") if len(messages) == 1 else b"".join(m.get("body", b"") for m in messages)
         answer = await self._answer(scope, int(match[1]), body) if body is not None else None
         if answer is not None:
             await send({"type": "http.response.start", "status": 200,
@@ -142,30 +161,76 @@ class HeartbeatFastPath:
         await self.app(scope, replay, send)
 
     async def _answer(self, scope: Scope, run_id: int, body: bytes) -> bytes | None:
+        raise NotImplementedError
+
+
+async def _worker_caller(scope: Scope) -> Principal | None:
+    """The caller of a JSON request with a bearer token whose role may speak the worker protocol, else None."""
+    token = content_type = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            token = value
+        elif name == b"content-type":
+            content_type = value
+    if token is None or content_type is None or content_type.split(b";")[0].strip() != b"application/json":
+        return None
+    scheme, _, secret = token.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        return None
+    try:
+        principal = await cached_protocol_bearer(scope["app"], secret.strip())
+    except Exception:  # noqa: BLE001 - the database failed the lookup: the route answers
+        return None
+    if principal is None or principal.role not in GRANTS[Role.worker]:
+        return None
+    return principal
+
+
+class HeartbeatFastPath(_ShortWay):
+    path = _PATH
+
+    def __init__(self, app: ASGIApp) -> None:
+        super().__init__(app)
+        self.batch = HeartbeatBatch()
+
+    async def _answer(self, scope: Scope, run_id: int, body: bytes) -> bytes | None:
         """The route's 200 answer, or None to let the route answer."""
-        token = content_type = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                token = value
-            elif name == b"content-type":
-                content_type = value
-        if token is None or content_type is None or content_type.split(b";")[0].strip() != b"application/json":
-            return None
-        scheme, _, secret = token.decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            return None
-        app = scope["app"]
-        try:
-            principal = await cached_protocol_bearer(app, secret.strip())
-        except Exception:  # noqa: BLE001 - the database failed the lookup: the route answers
-            return None
-        if principal is None or principal.role not in GRANTS[Role.worker]:
+        principal = await _worker_caller(scope)
+        if principal is None:
             return None
         try:
             beat = Heartbeat.model_validate_json(body)
         except ValidationError:
             return None
-        ack = await self.batch.submit(app, (run_id, beat, principal))
+        ack = await self.batch.submit(scope["app"], (run_id, beat, principal))
         if ack is None or isinstance(ack, BaseException):
             return None  # the route answers it (it repeats the heartbeat, which changed nothing)
+        return ack.model_dump_json().encode()
+
+
+class MetricsFastPath(_ShortWay):
+    path = _METRICS_PATH
+
+    def max_body(self, scope: Scope) -> int:
+        return scope["app"].state.settings.max_body_bytes
+
+    async def _answer(self, scope: Scope, run_id: int, body: bytes) -> bytes | None:
+        """The route's 200 answer (the batch is committed), or None to let the route answer."""
+        principal = await _worker_caller(scope)
+        if principal is None:
+            return None
+        try:
+            batch = MetricBatch.model_validate_json(body)
+        except ValidationError:
+            return None
+        app = scope["app"]
+        settings = app.state.settings
+        try:
+            prepared = ingest.prepare(run_id, batch, settings)
+        except SteadyError:  # over the points limit: the route's 413
+            return None
+        try:
+            ack = await ingest.submit(app.state.committer, prepared, settings, principal)
+        except Exception:  # noqa: BLE001 - refused or failed, nothing of it stored: the route answers
+            return None
         return ack.model_dump_json().encode()

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from steady.server import __version__
 from steady.server.web import apidocs, boundary
-from steady.server.web.fastpath import HeartbeatFastPath
+from steady.server.web.fastpath import HeartbeatFastPath, MetricsFastPath
 from steady.server.kit import migrate
 from steady.server.alerts.dispatcher import Dispatcher
 from steady.server.alerts.router import metrics_router
@@ -43,6 +43,7 @@ from steady.server.reports.router import router as reports_router
 from steady.server.lifecycle import leasing, localizing
 from steady.server.lifecycle.localize_router import router as localize_router
 from steady.server.runs import settled
+from steady.server.stats import load_libraries
 from steady.server.lifecycle.router import router as runs_router
 from steady.server.studies.router import router as studies_router
 from steady.server.studies import schedules
@@ -196,6 +197,7 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        load_libraries()  # before the first request, which would otherwise wait for them
         database = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         if database.check_integrity():
             log.error("database failed its integrity check, writes refused: %s", database.corruption)
@@ -264,5 +266,6 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, code_limit=settings.max_code_bytes)
     app.add_middleware(boundary.InternalErrors)
     app.add_middleware(HeartbeatFastPath)  # the commonest request, answered past routing (app/web/fastpath.py)
+    app.add_middleware(MetricsFastPath)  # the request with the most bytes, likewise
     app.add_middleware(SecurityHeaders)
     return app
