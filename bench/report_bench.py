@@ -49,6 +49,7 @@ from steady.server.web.devserver import ServerProcess, serve_argv  # noqa: E402
 from bench.common import free_port, write_result  # noqa: E402
 
 CHUNK = 10_000
+PACKAGE_FOLDERS = {"server": "app", "worker": "worker", "migrations": "migrations"}  # pyproject.toml's package-dir
 REQUESTS = ("report", "bands", "chart")
 # Also measurable (``--requests``): /bands asked right after the report in the same process,
 # which serves the report's band instead of loading and computing it again.
@@ -99,6 +100,10 @@ def checkout(ref: str, into: Path) -> Path:
     src.mkdir()
     with tarfile.open(archive) as tar:
         tar.extractall(src, filter="data")
+    # The installed (editable) steady maps steady.server, steady.worker and steady.migrations to this
+    # checkout's folders; with these links the archive's own steady/ finds its own code first.
+    for name, folder in PACKAGE_FOLDERS.items():
+        (src / "steady" / name).symlink_to(src / folder, target_is_directory=True)
     return src
 
 

@@ -384,6 +384,76 @@ def _load_matrix(session: Session, run_ids: list[int], key: str,
     return out
 
 
+class GridColumns:
+    """One key of runs whose current attempts all logged it in the same evenly spaced chunks (same
+    extents, none overlapping): their series share one step grid with no gap, so the ``runs × steps``
+    matrix can be read column block by column block (``blocks``) instead of whole."""
+
+    def __init__(self, run_ids: list[int], extents: list[tuple[int, int, int]], chunk_ids: list[dict[int, int]]):
+        self.run_ids, self.extents, self._chunk_ids = run_ids, extents, chunk_ids
+        self.steps = (np.concatenate([decode_steps(b"", lo, hi, n) for lo, hi, n in extents]) if extents
+                      else np.zeros(0, np.int64))
+
+    def blocks(self, session: Session, width: int) -> Iterable[np.ndarray]:
+        """The matrix (rows in ``run_ids`` order) in consecutive blocks of ``width`` columns (the last
+        may be narrower), each a new C-contiguous array, read chunk column by chunk column: a value is
+        copied once, into its block, and a block is handed out as soon as its columns are read."""
+        table = MetricChunk.__table__
+        row_of = {r: i for i, r in enumerate(self.run_ids)}
+        rows, m = len(self.run_ids), self.steps.size
+        stmt = select(table.c.run_id, table.c["values"]).where(table.c.id.in_(bindparam("ids", expanding=True)))
+        pending: dict[int, np.ndarray] = {}
+        start, emitted = 0, 0  # the chunk column's first matrix column; blocks handed out
+        for (_, _, n), ids in zip(self.extents, self._chunk_ids):
+            parts = []  # (block, its columns, the chunk's values that go there)
+            for b in range(start // width, (start + n - 1) // width + 1):
+                if b not in pending:
+                    pending[b] = np.empty((rows, min(width, m - b * width)), VALUE_DTYPE)
+                lo, hi = max(start, b * width), min(start + n, (b + 1) * width)
+                parts.append((pending[b], slice(lo - b * width, hi - b * width), slice(lo - start, hi - start)))
+            for run_id, values_b in session.execute(stmt, {"ids": list(ids.values())}):
+                values, row = np.frombuffer(values_b, dtype=VALUE_DTYPE), row_of[run_id]
+                for block, into, take in parts:
+                    block[row, into] = values[take]
+            start += n
+            while emitted in pending and (emitted + 1) * width <= start or start == m and emitted in pending:
+                yield pending.pop(emitted)
+                emitted += 1
+
+
+def grid_columns(session: Session, run_ids: Sequence[int], key: str) -> GridColumns | None:
+    """``GridColumns`` of ``key`` over ``run_ids`` (rows in that order), or None when a run did not log
+    it, logged it with explicit or overlapping steps, or in chunks of other extents than the first run's
+    (``load_series_shared`` reads those)."""
+    table, runs = MetricChunk.__table__, Run.__table__
+    stmt = (
+        select(table.c.id, table.c.run_id, table.c.step_min, table.c.step_max, table.c.n, func.length(table.c.steps))
+        .join(runs, (runs.c.id == table.c.run_id) & (runs.c.attempt == table.c.attempt))
+        .where(table.c.run_id.in_(list(run_ids)), table.c.key == key)
+    )
+    by_run: dict[int, list[tuple[int, int, int, int]]] = defaultdict(list)
+    for chunk_id, run_id, step_min, step_max, n, steps_len in session.execute(stmt):
+        if steps_len:
+            return None
+        by_run[run_id].append((step_min, step_max, n, chunk_id))
+    if set(by_run) != set(run_ids):
+        return None
+    extents: list[tuple[int, int, int]] | None = None
+    chunk_ids: list[dict[int, int]] = []
+    for run_id in run_ids:
+        chunks = sorted(by_run[run_id])
+        shape = [c[:3] for c in chunks]
+        if extents is None:
+            if any(b[0] <= a[1] for a, b in zip(shape, shape[1:])):
+                return None
+            extents, chunk_ids = shape, [{} for _ in shape]
+        elif shape != extents:
+            return None
+        for ids, chunk in zip(chunk_ids, chunks):
+            ids[run_id] = chunk[3]
+    return GridColumns(list(run_ids), extents or [], chunk_ids)
+
+
 def runs_with_key(session: Session, run_ids: Sequence[int], key: str) -> set[int]:
     """The runs whose current attempt logged ``key`` (no blob is read)."""
     if not run_ids:
@@ -444,6 +514,8 @@ __all__ = [
     "lock_usage",
     "load_series",
     "load_series_shared",
+    "GridColumns",
+    "grid_columns",
     "runs_with_key",
     "metric_keys",
     "stored_points",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import string
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from steady.server.kit.db import WriteSession
 from steady.server.kit.errors import NotFound, judging
+from steady.server.kit.overlap import overlapped
 from steady.server.metrics import repository as metrics_repo
 from steady.server.models import Run, Study, utcnow
 from steady.server.reports import localizations, repository
@@ -47,6 +49,8 @@ from steady.server.stats.report import (
     compute_bands,
     to_data,
 )
+from steady.server.stats.bands import band_of_blocks, block_width
+from steady.server.stats.report_data import band_members, check_max_points, group_band
 from steady.server.studies import adaptive
 from steady.server.studies import service as studies
 from steady.server.studies import repository as studies_repo
@@ -480,14 +484,44 @@ def study_bands(
                            max_points=max_points)
     if groups is None:
         runs = completed_runs(session, study_id)
-        data = run_data(session, runs, [metric])
-        if runs and not any(metric in d.series for d in data):
-            raise NotFound(f"no completed run of study {study_id} has metric {metric!r}")
         with judging(("query", "metric")):
-            groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence,
-                                   max_points=max_points)
+            groups = streamed_bands(session, runs, metric=metric, coverage=coverage, confidence=confidence,
+                                    max_points=max_points)
+        if groups is None:
+            data = run_data(session, runs, [metric])
+            if runs and not any(metric in d.series for d in data):
+                raise NotFound(f"no completed run of study {study_id} has metric {metric!r}")
+            with judging(("query", "metric")):
+                groups = compute_bands(data, metric=metric, coverage=coverage, confidence=confidence,
+                                       max_points=max_points)
     return {"study_id": study_id, "metric": metric, "coverage": coverage, "confidence": confidence,
             "groups": [g.to_arrays() for g in groups]}
+
+
+def streamed_bands(session: Session, runs: Sequence[Run], *, metric: str, coverage: float, confidence: float,
+                   max_points: int | None) -> tuple[GroupBand, ...] | None:
+    """``compute_bands`` of the runs' ``metric``, each group's matrix read and judged column block by
+    column block (``metrics_repo.GridColumns``) instead of loaded whole: a cold ``/bands`` reads
+    the data once, into blocks of a few MB, and judges a block on another thread while this one reads
+    the next (``overlapped``). Same bands, bit for bit. None when a group's runs do not
+    share one gapless step grid, or a value is not finite (a diverged run, which the band leaves out:
+    only the whole series tells): the whole load (``run_data``, ``compute_bands``) handles those."""
+    check_max_points(max_points)
+    logged = metrics_repo.runs_with_key(session, [r.id for r in runs], metric)
+    if not logged:
+        return None
+    out = []
+    for members in band_members(run_data(session, runs, []), metric, logged=logged):
+        columns = metrics_repo.grid_columns(session, [r.run_id for r in members.runs], metric)
+        if columns is None:
+            return None
+        rows = len(members.runs)
+        band = overlapped(columns.blocks(session, block_width(rows)), functools.partial(
+            band_of_blocks, steps=columns.steps, n_runs=rows, coverage=coverage, confidence=confidence, owned=True))
+        if band.n.size and int(band.n.min()) < rows:  # a cell was NaN or ±Inf (the grid has no gap)
+            return None
+        out.append(group_band(members, metric, band, [False] * rows, max_points=max_points))
+    return tuple(out)
 
 
 def run_settled(session: WriteSession, study_id: int) -> None:

@@ -11,7 +11,7 @@ from steady.server.stats.align import check_matrix
 from steady.server.stats.intervals import normal_tolerance_factor
 from steady.server.stats.quantiles import t_ppf
 
-__all__ = ["Band", "compute_band", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
+__all__ = ["Band", "compute_band", "band_of_blocks", "block_width", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
            "curve_levels", "out_of_band_curves", "window_levels", "null_max_deleted_t", "SEED_SKEW_LOGSD",
            "SEED_TAIL_DF", "critical_deleted_t", "MAX_WINDOW_OUTLIERS",
            "N_WINDOWS", "WINDOW_SHARE"]
@@ -86,9 +86,10 @@ def _t_quantiles(n: np.ndarray, confidence: float) -> np.ndarray:
     return out
 
 
-def _block_stats(xb, qs, n_out, mean_out, std_out, min_out, max_out, q_out) -> None:
-    """Fill per-column statistics of one block (rows = runs); NaN/±Inf cells are skipped."""
-    xs = np.array(xb, dtype=np.float64, copy=True)
+def _block_stats(xb, qs, n_out, mean_out, std_out, min_out, max_out, q_out, *, owned: bool = False) -> None:
+    """Fill per-column statistics of one block (rows = runs); NaN/±Inf cells are skipped. ``owned``: the
+    block is a C-contiguous float64 array the caller gives up (sorted in place, not copied)."""
+    xs = xb if owned else np.array(xb, dtype=np.float64, copy=True)
     if np.isfinite(xs).all():
         _finite_block_stats(xs, qs, n_out, mean_out, std_out, min_out, max_out, q_out)
         return
@@ -172,11 +173,6 @@ def compute_band(
     step_arr = np.arange(m, dtype=np.int64) if steps is None else np.asarray(steps)
     if step_arr.shape != (m,):
         raise ValueError(f"steps must have length {m} (matrix columns), got shape {step_arr.shape}")
-    if not (0 < coverage < 1 and 0 < confidence < 1):
-        raise ValueError("coverage and confidence must be strictly between 0 and 1")
-    qs = tuple(float(q) for q in quantiles)
-    if any(not (0.0 <= q <= 1.0) for q in qs):
-        raise ValueError(f"quantiles must lie in [0, 1], got {qs}")
     if diverged is None:
         div = np.isinf(x).any(axis=1) if runs else np.zeros(0, bool)
     else:
@@ -184,18 +180,55 @@ def compute_band(
         if div.shape != (runs,):
             raise ValueError(f"diverged must have one flag per run ({runs}), got shape {div.shape}")
     excluded = tuple(int(i) for i in np.flatnonzero(div))
+    rows = np.flatnonzero(~div)
+    width = block_width(rows.size)
+    blocks = (x[rows, c0:c0 + width] if excluded else x[:, c0:c0 + width] for c0 in range(0, m, width))
+    return band_of_blocks(blocks, steps=step_arr, n_runs=runs, excluded_runs=excluded, coverage=coverage,
+                          confidence=confidence, quantiles=quantiles)
 
+
+def block_width(rows: int) -> int:
+    """The columns of one block of ``band_of_blocks`` over ``rows`` runs: temporaries stay small
+    (cache-resident, no page faults on fresh memory)."""
+    return max(256, (1 << 19) // max(rows, 1))
+
+
+def band_of_blocks(
+    blocks,
+    *,
+    steps,
+    n_runs: int,
+    excluded_runs: tuple = (),
+    coverage: float = 0.9,
+    confidence: float = 0.95,
+    quantiles=DEFAULT_QUANTILES,
+    owned: bool = False,
+) -> Band:
+    """``compute_band`` of a matrix given as its consecutive column blocks (rows = the runs that
+    enter the band), each ``block_width(rows)`` columns wide but the last: the matrix need not
+    be held whole. Blocks are copied, never changed, unless ``owned`` (each block a new C-contiguous
+    float64 array that is sorted in place). The same blocks as ``compute_band``'s give the same bits."""
+    if not (0 < coverage < 1 and 0 < confidence < 1):
+        raise ValueError("coverage and confidence must be strictly between 0 and 1")
+    qs = tuple(float(q) for q in quantiles)
+    if any(not (0.0 <= q <= 1.0) for q in qs):
+        raise ValueError(f"quantiles must lie in [0, 1], got {qs}")
+    step_arr = np.asarray(steps)
+    m = step_arr.size
     # Sorting each column puts NaN last, so min/max/quantiles are gathers (one O(R log R) pass).
     n = np.zeros(m, dtype=np.int64)
     mean, std, vmin, vmax = (np.full(m, np.nan) for _ in range(4))
     qarr = np.full((len(qs), m), np.nan)
-    rows = np.flatnonzero(~div)
-    # Column blocks keep temporaries small (cache-resident, no page faults on fresh memory).
-    block = max(256, (1 << 19) // max(rows.size, 1))
-    for c0 in range(0, m, block):
-        c1 = min(m, c0 + block)
-        _block_stats(x[rows, c0:c1] if excluded else x[:, c0:c1], qs, n[c0:c1], mean[c0:c1], std[c0:c1],
-                     vmin[c0:c1], vmax[c0:c1], qarr[:, c0:c1])
+    c0 = 0
+    for xb in blocks:
+        c1 = c0 + xb.shape[1]
+        if c1 > m:
+            raise ValueError(f"blocks hold more than the {m} steps given")
+        _block_stats(xb, qs, n[c0:c1], mean[c0:c1], std[c0:c1], vmin[c0:c1], vmax[c0:c1], qarr[:, c0:c1],
+                     owned=owned)
+        c0 = c1
+    if c0 != m and n_runs > len(excluded_runs):
+        raise ValueError(f"blocks hold {c0} of the {m} steps given")
 
     tq = _t_quantiles(n, confidence)
     k = tolerance_factors(n, coverage=coverage, confidence=confidence)
@@ -205,7 +238,7 @@ def compute_band(
     return Band(steps=step_arr, n=n.astype(np.int64), mean=mean, std=std, min=vmin, max=vmax,
                 quantile_levels=qs, quantiles=qarr, ci_low=mean - half_ci, ci_high=mean + half_ci,
                 ti_low=mean - half_ti, ti_high=mean + half_ti, coverage=float(coverage),
-                confidence=float(confidence), n_runs=runs, excluded_runs=excluded)
+                confidence=float(confidence), n_runs=int(n_runs), excluded_runs=tuple(excluded_runs))
 
 
 def _default_q(band: Band, in_sample: bool) -> float:

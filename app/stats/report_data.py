@@ -4,7 +4,7 @@ builders share: ``RunData``, ``MetricSpec``, ``SeedStages``, ``Verdict``, ``Stud
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,8 +174,12 @@ def _with_metric(runs: Sequence[RunData], metric: str) -> list[RunData]:
 
 def _one_per_seed(runs: Sequence[RunData], metric: str) -> list[RunData]:
     """Among runs that logged ``metric``: the lowest repeat (then run_id) per seed, by seed."""
+    return _lowest_repeat_per_seed(_with_metric(runs, metric))
+
+
+def _lowest_repeat_per_seed(runs: Sequence[RunData]) -> list[RunData]:
     best: dict[int, RunData] = {}
-    for r in _with_metric(runs, metric):
+    for r in runs:
         cur = best.get(r.seed)
         if cur is None or (r.repeat, r.run_id) < (cur.repeat, cur.run_id):
             best[r.seed] = r
@@ -349,32 +353,63 @@ def _group_band(group_runs, metric, *, coverage, confidence, quantiles):
     return chosen, aligned, band
 
 
+@dataclass(frozen=True)
+class BandMembers:
+    """The runs of one (determinism, stack) group that enter its band of a metric."""
+
+    group: tuple[str, str]  # (determinism, stack)
+    runs: list[RunData]  # one per seed (its lowest repeat), by seed: the band's rows, in order
+    one_run_per_seed: bool  # True when repeats existed and only the first repeat was used
+
+
+def band_members(runs: Sequence[RunData], metric: str, *, logged: Collection[int] | None = None) -> list[BandMembers]:
+    """Every group with runs of ``metric``, in report order, and the runs that enter its band.
+    ``logged``: the ids of the runs that logged the metric, for runs given without their series
+    (default: the runs whose ``series`` holds it)."""
+    out = []
+    for group, group_runs in _groups(_validate(runs)).items():
+        have = _with_metric(group_runs, metric) if logged is None else [r for r in group_runs if r.run_id in logged]
+        chosen = _lowest_repeat_per_seed(have)
+        if chosen:
+            out.append(BandMembers(group, chosen, len(chosen) < len(have)))
+    return out
+
+
+def group_band(members: BandMembers, metric: str, band: Band, diverged, *, max_points: int | None) -> GroupBand:
+    """The ``GroupBand`` of ``band`` (computed over ``members.runs``, ``diverged`` flagged per run),
+    decimated to ``max_points`` keeping each bucket's min of the band minimum and max of the band
+    maximum (``steady.server.stats.downsample.extreme_indices``)."""
+    down = max_points is not None and band.steps.size > max_points
+    if down and max_points is not None:
+        band = band.take(extreme_indices(band.min, band.max, max_points=int(max_points)))
+    ids = tuple(int(r.run_id) for r in members.runs)
+    det, stack = members.group
+    return GroupBand(group={"determinism": det, "stack": stack}, metric=metric,
+                     run_ids=tuple(i for i, d in zip(ids, diverged) if not d),
+                     excluded_run_ids=tuple(i for i, d in zip(ids, diverged) if d),
+                     one_run_per_seed=members.one_run_per_seed, downsampled=down, band=band)
+
+
+def check_max_points(max_points: int | None) -> None:
+    if max_points is not None and (int(max_points) != max_points or max_points < 2):
+        raise ValueError(f"max_points must be an integer >= 2, got {max_points!r}")
+
+
 def compute_bands(runs: Sequence[RunData], *, metric: str, coverage: float = 0.9, confidence: float = 0.95,
                   quantiles=DEFAULT_QUANTILES, max_points: int | None = None) -> tuple:
     """Per-step seed bands of ``metric`` for every (determinism, stack) group.
 
     One run per seed (the lowest repeat) enters the band, diverged runs (a non-finite value
     anywhere) are excluded and listed. Statistics per step as in ``steady.server.stats.bands.compute_band``;
-    with ``max_points`` the steps are decimated keeping each bucket's min of the band minimum
-    and max of the band maximum (``steady.server.stats.downsample.extreme_indices``).
+    with ``max_points`` the steps are decimated (``group_band``).
     """
-    runs = _validate(runs)
-    if max_points is not None and (int(max_points) != max_points or max_points < 2):
-        raise ValueError(f"max_points must be an integer >= 2, got {max_points!r}")
+    check_max_points(max_points)
     out = []
-    for (det, stack), group_runs in _groups(runs).items():
-        chosen, aligned, band = _group_band(group_runs, metric, coverage=coverage, confidence=confidence,
-                                            quantiles=quantiles)
-        if not chosen:
-            continue
-        down = max_points is not None and band.steps.size > max_points
-        if down and max_points is not None:
-            band = band.take(extreme_indices(band.min, band.max, max_points=int(max_points)))
-        ids = tuple(int(r.run_id) for r in chosen)
-        out.append(GroupBand(group={"determinism": det, "stack": stack}, metric=metric,
-                             run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if not d),
-                             excluded_run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if d),
-                             one_run_per_seed=len(chosen) < len(_with_metric(group_runs, metric)), downsampled=down, band=band))
+    for members in band_members(runs, metric):
+        aligned = align_series({r.run_id: _series(r, metric) for r in members.runs})
+        band = compute_band(aligned.values, steps=aligned.steps, coverage=coverage, confidence=confidence,
+                            quantiles=quantiles, diverged=aligned.diverged)
+        out.append(group_band(members, metric, band, aligned.diverged, max_points=max_points))
     return tuple(out)
 
 

@@ -112,3 +112,65 @@ def test_shared_load_matches_load_series_bit_for_bit(db_url):
     full = [got[(i, "loss")] for i in ids[:2]]
     assert full[0][0] is full[1][0]  # one grid shared by the full runs
     assert full[0][1].base is not None and full[0][1].base is full[1][1].base  # rows of one matrix
+
+
+def _runs_with_chunks(db, layouts, *, seed=9):
+    """One completed run per layout (a list of step arrays, one per batch); values standard normal."""
+    rng = np.random.default_rng(seed)
+    with db.write() as s:
+        study = Study(name="s", kind="external", status="open", spec={})
+        s.add(study)
+        s.flush()
+        ids = []
+        for i, chunks in enumerate(layouts):
+            run = Run(study_id=study.id, seed=i, repeat=0, determinism="seeded", stack="x", framework="torch",
+                      required_labels=[], status="completed", attempt=1, max_attempts=1, fingerprint={},
+                      digests={}, determinism_applied={}, timings={}, final_metrics={}, created_at=utcnow())
+            s.add(run)
+            s.flush()
+            ids.append(run.id)
+            for seq, steps in enumerate(chunks):
+                repo.insert_chunks(s, run.id, 1, seq, [("loss", steps, rng.standard_normal(steps.size))])
+    return ids
+
+
+def test_grid_columns_read_the_shared_matrix_block_by_block(db_url):
+    """Runs logged in the same evenly spaced chunks: the blocks, in any width, put side by side are
+    the rows ``load_series_shared`` reads, bit for bit, in the order the runs were asked in."""
+    db = Database(db_url)
+    chunks = [np.arange(0, 70, 2), np.arange(70, 100), np.arange(100, 101), np.arange(110, 150, 10)]
+    ids = _runs_with_chunks(db, [chunks[::-1], chunks, chunks[1:] + chunks[:1], chunks])
+    order = [ids[2], ids[0], ids[3], ids[1]]
+    with db.read() as s:
+        want = repo.load_series_shared(s, order, ["loss"])
+        columns = repo.grid_columns(s, order, "loss")
+        assert columns is not None
+        assert np.array_equal(columns.steps, want[(order[0], "loss")][0])
+        matrix = np.vstack([want[(r, "loss")][1] for r in order])
+        for width in (1, 3, 34, 35, 36, 70, 1000):
+            blocks = list(columns.blocks(s, width))
+            assert all(b.flags.c_contiguous and b.shape[1] == width for b in blocks[:-1]), width
+            assert 0 < blocks[-1].shape[1] <= width
+            assert np.hstack(blocks).tobytes() == matrix.tobytes(), width
+    db.dispose()
+
+
+@pytest.mark.parametrize("other, alone", [
+    ([np.arange(0, 50)], True),  # stopped early: a shorter grid
+    ([np.arange(0, 50), np.arange(52, 100)], True),  # a gap
+    ([np.arange(0, 50), np.arange(50, 101, 2)], True),  # other extents over the same steps' range
+    ([np.array([0, 1, 3]), np.arange(4, 100)], False),  # steps stored explicitly
+    ([np.arange(0, 51), np.arange(50, 100)], False),  # step 50 logged twice
+])
+def test_grid_columns_refuse_what_is_not_one_gapless_grid(db_url, other, alone):
+    """Runs on different grids, or one run whose own chunks are not one evenly spaced grid without
+    overlap (``load_series_shared`` reads those)."""
+    db = Database(db_url)
+    full = [np.arange(0, 50), np.arange(50, 100)]
+    ids = _runs_with_chunks(db, [full, other])
+    with db.read() as s:
+        assert repo.grid_columns(s, ids[:1], "loss") is not None
+        assert (repo.grid_columns(s, ids[1:], "loss") is not None) is alone
+        assert repo.grid_columns(s, ids, "loss") is None
+        assert repo.grid_columns(s, ids[:1], "acc") is None  # not logged
+    db.dispose()

@@ -3,7 +3,7 @@ import pytest
 from scipy import stats
 
 from steady.server.stats.align import align_series, first_nonfinite_step
-from steady.server.stats.bands import compute_band, out_of_band_runs, tolerance_factors
+from steady.server.stats.bands import band_of_blocks, block_width, compute_band, out_of_band_runs, tolerance_factors
 from steady.server.stats.downsample import extreme_indices
 from steady.server.stats.intervals import normal_tolerance_factor
 from tests.stats.rate_checks import design
@@ -211,3 +211,39 @@ def test_tolerance_factors_per_step_are_the_factor_of_each_steps_n():
     for n in (np.full(1000, 12), np.array([12, 3, 1, 0, 12, 40, 3]), np.full(5, 1), np.zeros(0, np.int64)):
         want = [normal_tolerance_factor(int(v), coverage=0.9, confidence=0.95) if v >= 2 else np.nan for v in n]
         np.testing.assert_array_equal(tolerance_factors(n, coverage=0.9, confidence=0.95), np.array(want, dtype=float))
+
+
+def _same_band(a, b) -> None:
+    for field in ("steps", "n", "mean", "std", "min", "max", "quantiles", "ci_low", "ci_high", "ti_low", "ti_high"):
+        assert getattr(a, field).tobytes() == getattr(b, field).tobytes(), field
+    assert (a.n_runs, a.excluded_runs, a.quantile_levels) == (b.n_runs, b.excluded_runs, b.quantile_levels)
+
+
+@pytest.mark.parametrize("owned", [False, True])
+def test_band_of_blocks_is_compute_band_bit_for_bit(owned):
+    """The band of a matrix given in its ``block_width`` column blocks (as a streamed read hands them
+    over, each block a new array when ``owned``) is ``compute_band``'s, bit for bit; the blocks given
+    as views are left as they were."""
+    rng = np.random.default_rng(3)
+    rows = 7
+    width = block_width(rows)
+    x = rng.lognormal(size=(rows, 2 * width + 5))
+    x[2, 10] = np.nan  # a missing point: n = rows - 1 at that step
+    x[:, width + 1] = -0.0
+    steps = np.arange(x.shape[1]) * 10
+    want = compute_band(x, steps=steps, coverage=0.8, confidence=0.9, diverged=np.zeros(rows, bool))
+    before = x.copy()
+    blocks = [np.array(x[:, c:c + width]) if owned else x[:, c:c + width] for c in range(0, x.shape[1], width)]
+    got = band_of_blocks(iter(blocks), steps=steps, n_runs=rows, coverage=0.8, confidence=0.9, owned=owned)
+    _same_band(got, want)
+    assert got.n[10] == rows - 1
+    if not owned:
+        assert x.tobytes() == before.tobytes()
+
+
+def test_band_of_blocks_refuses_blocks_that_do_not_cover_the_steps():
+    x = np.ones((3, 10))
+    with pytest.raises(ValueError, match="hold 5 of the 10"):
+        band_of_blocks(iter([x[:, :5]]), steps=np.arange(10), n_runs=3)
+    with pytest.raises(ValueError, match="more than the 4 steps"):
+        band_of_blocks(iter([x[:, :5]]), steps=np.arange(4), n_runs=3)
