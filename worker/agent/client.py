@@ -19,12 +19,15 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx
 from pydantic import BaseModel
 
+from steady.worker.agent.keepalive import ERRORS as KEPT_ALIVE_ERRORS
+from steady.worker.agent.keepalive import KeptAlive, environment_names_a_proxy
 from steady.worker.contract.protocol import (
     BatchAck,
     Heartbeat,
@@ -52,6 +55,7 @@ from steady.worker.contract.protocol import (
 
 log = logging.getLogger("steady.worker.agent.client")
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 
 
@@ -146,15 +150,21 @@ class SteadyClient:
         self.retry_deadline_s = retry_deadline_s
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "steady-worker"},
-            timeout=timeout_s,
-            transport=transport,
-        )
+        headers = {"Authorization": f"Bearer {token}", "User-Agent": "steady-worker"}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport)
+        # POSTs on kept-alive standard-library connections (a third of httpx's CPU per request), unless a
+        # transport was given or the environment names a proxy: steady.worker.agent.keepalive
+        self._direct: KeptAlive | None = None
+        if transport is None and not environment_names_a_proxy():
+            try:
+                self._direct = KeptAlive(self.base_url, headers)
+            except ValueError:  # not an http(s) URL: httpx says why at the first request
+                self._direct = None
 
     def close(self) -> None:
         self._http.close()
+        if self._direct is not None:
+            self._direct.close()
 
     def stop_by(self, when: float) -> None:
         """Give up every call at ``when`` (``time.monotonic()``), the agent's shutdown deadline: retries,
@@ -185,20 +195,31 @@ class SteadyClient:
 
     # --- transport -------------------------------------------------------------------------
 
-    def _once(self, path: str, body: BaseModel) -> httpx.Response:
+    def _exchange(self, path: str, body: BaseModel, *, full: bool) -> tuple[bytes, httpx.Response | None]:
+        """POST once: the answer's body, and its httpx response (``full``, or an error; without ``full`` none is
+        built for a success on a kept-alive connection: that would cost more than the rest of the exchange)."""
         timeout = self._timeout(path)
-        try:
-            # Unset optional fields are left out, so an agent that uses no newer field (a lease
-            # scoped to a study, an engine job) still speaks to an older server.
-            response = self._http.post(
-                path, content=body.model_dump_json(exclude_none=True), headers={"Content-Type": "application/json"},
-                timeout=timeout,
-            )
-        except (httpx.TransportError, httpx.TimeoutException) as exc:
-            raise RetryableError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+        # Unset optional fields are left out, so an agent that uses no newer field (a lease
+        # scoped to a study, an engine job) still speaks to an older server.
+        content = body.model_dump_json(exclude_none=True)
+        if self._direct is not None:
+            try:
+                status, headers, raw = self._direct.post(path, content.encode(), "application/json", timeout)
+            except KEPT_ALIVE_ERRORS as exc:
+                raise RetryableError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+            if status < 300 and not full:
+                return raw, None
+            response = httpx.Response(status, headers=headers, content=raw,
+                                      request=httpx.Request("POST", self.base_url + path))
+        else:
+            try:
+                response = self._http.post(path, content=content, headers={"Content-Type": "application/json"},
+                                           timeout=timeout)
+            except (httpx.TransportError, httpx.TimeoutException) as exc:
+                raise RetryableError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
         status = response.status_code
         if status < 300:
-            return response
+            return response.content, response
         message = f"POST {path}: HTTP {status}: {_detail(response)}"
         if status in RETRYABLE_STATUS:
             err = RetryableError(message, status)
@@ -212,13 +233,18 @@ class SteadyClient:
             raise PayloadTooLargeError(message, status)
         raise NonRetryableError(message, status)
 
-    def post(self, path: str, body: BaseModel, *, deadline_s: float | None = None) -> httpx.Response:
-        """POST with retries of retryable errors until ``deadline_s`` (default: the client's), or the cutoff."""
+    def _once(self, path: str, body: BaseModel) -> httpx.Response:
+        response = self._exchange(path, body, full=True)[1]
+        assert response is not None
+        return response
+
+    def _retrying(self, send: Callable[[], T], deadline_s: float | None) -> T:
+        """``send()`` with retries of retryable errors until ``deadline_s`` (default: the client's), or the cutoff."""
         deadline = self._deadline(deadline_s)
         attempt = 0
         while True:
             try:
-                return self._once(path, body)
+                return send()
             except RetryableError as exc:
                 attempt += 1
                 delay = random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2 ** min(attempt, 10)))
@@ -228,8 +254,12 @@ class SteadyClient:
                 log.warning("%s; retry %d in %.1f s", exc, attempt, delay)
                 time.sleep(delay)
 
+    def post(self, path: str, body: BaseModel, *, deadline_s: float | None = None) -> httpx.Response:
+        """POST with retries of retryable errors until ``deadline_s`` (default: the client's), or the cutoff."""
+        return self._retrying(lambda: self._once(path, body), deadline_s)
+
     def _call(self, path: str, body: BaseModel, model: type[M], deadline_s: float | None = None) -> M:
-        return model.model_validate_json(self.post(path, body, deadline_s=deadline_s).content)
+        return model.model_validate_json(self._retrying(lambda: self._exchange(path, body, full=False)[0], deadline_s))
 
     # --- endpoints -------------------------------------------------------------------------
 
