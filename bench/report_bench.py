@@ -6,7 +6,8 @@ For each size a SQLite study is built once (series written with
 for each code version — "before" (a ``git archive`` of ``--before-ref``, default the merge base
 with ``main``) and "after" (this checkout) — and for each request, a fresh single-process
 ``steady serve`` is started on that database with the report cache off (so every request is
-cold) and measured:
+cold; a server on a database that holds results imports scipy's statistics as it starts) and
+measured:
 
 * ``seconds``: the client's time for the whole response (server on loopback), and
   ``first_byte_s`` (time to the response headers);

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy import select
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from steady.server import __version__
@@ -44,6 +45,8 @@ from steady.server.lifecycle import leasing, localizing
 from steady.server.lifecycle.localize_router import router as localize_router
 from steady.server.runs import settled
 from steady.server.stats import load_libraries
+from steady.server.models import Run
+from steady.worker.contract.protocol import RunStatus
 from steady.server.lifecycle.router import router as runs_router
 from steady.server.studies.router import router as studies_router
 from steady.server.studies import schedules
@@ -187,6 +190,13 @@ def _die_with_supervisor() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _holds_results(database: Database) -> bool:
+    """Whether a run has completed: something a report, band or comparison could be asked of. A server
+    on an empty database leaves scipy's statistics to the first request that needs them."""
+    with database.read() as session:
+        return session.scalar(select(Run.id).where(Run.status == RunStatus.completed.value).limit(1)) is not None
+
+
 def create_app(settings: Settings | None = None, alert_settings: AlertSettings | None = None) -> FastAPI:
     """The application. Settings are read once, here (or passed in), and reach routes through
     ``app.state`` (the ``AppSettings`` / ``AlertConfig`` dependencies)."""
@@ -197,13 +207,14 @@ def create_app(settings: Settings | None = None, alert_settings: AlertSettings |
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        load_libraries()  # before the first request, which would otherwise wait for them
         database = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         if database.check_integrity():
             log.error("database failed its integrity check, writes refused: %s", database.corruption)
         else:
             migrate.upgrade(database.engine)
             migrate.verify(database.engine)
+            if _holds_results(database):  # scipy's statistics load now, not in the first request that judges them
+                load_libraries()
         app.state.database = database
         # the worker protocol's own threads and connections; the committer and the reaper use them too
         protocol = app.state.protocol = ProtocolLane(database, settings.protocol_threads)
