@@ -4,6 +4,8 @@ page loads anything from another host."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -97,12 +99,16 @@ def test_headline_met_expectations_and_suspicious(live_server, new_page):
 
 
 def test_api_docs_render_offline(live_server, new_page):
+    """/docs and /redoc render with nothing from another host, at the desktop width: this test also takes their
+    desktop screenshots and checks their width for the every-page test (the pages are the same signed in or not;
+    laying out the whole OpenAPI schema is the costliest page load of the suite, so it is done once)."""
     page = new_page(live_server, logged_in=False)
     requests = _offsite(page, live_server.url)
     page.goto(f"{live_server.url}/docs")
     _settle(page, "/docs")
     assert "/api/v1/studies" in page.locator(".swagger-ui").inner_text()
-    shot(page, "docs-desktop", full_page=False)
+    shot(page, "page-docs-desktop")
+    assert (wide := _overflow(page, WIDTHS["desktop"])) is None, wide
     console = []
     page.on("console", lambda m: console.append(m.text))
     page.goto(f"{live_server.url}/redoc")
@@ -110,7 +116,8 @@ def test_api_docs_render_offline(live_server, new_page):
         _settle(page, "/redoc")
     except PlaywrightTimeout:
         raise AssertionError(f"redoc did not render: {console} {page.console_errors}") from None
-    shot(page, "redoc-desktop", full_page=False)
+    shot(page, "page-redoc-desktop")
+    assert (wide := _overflow(page, WIDTHS["desktop"])) is None, wide
     assert requests and all(u.startswith((live_server.url, "data:", "blob:")) for u in requests), \
         [u for u in requests if not u.startswith(live_server.url)]
     assert page.console_errors == [] and page.csp_violations == []
@@ -137,9 +144,23 @@ def _settle(page, path: str) -> None:
         page.wait_for_function("() => document.body.innerText.includes('/api/v1/studies')", timeout=API_DOCS_RENDER_MS)
 
 
+def _overflow(page, width: int) -> tuple[int, list[str]] | None:
+    """The page's scroll width and its first elements that reach past ``width``, or None when nothing does."""
+    sw = page.evaluate("() => document.documentElement.scrollWidth")
+    if sw <= width:
+        return None
+    return sw, page.evaluate(
+        "w => Array.from(document.querySelectorAll('body *')).filter(e => e.getBoundingClientRect().right > w)"
+        ".slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))",
+        width)
+
+
 def test_every_page_desktop_and_phone_screenshots(live_server, new_page):
     """Screenshots of every page at 1280 and 420 px (kept under artifacts/screenshots); at 420 px
-    nothing overflows sideways; no page loads anything from another host."""
+    nothing overflows sideways; no page loads anything from another host. At each width one signed-out page
+    (the login page) and one signed-in page visit the pages in turn, each visit's requests and errors recorded
+    apart: a request to another host fails the first page that makes it (a later page may take the file from the cache).
+    /docs and /redoc at 1280 px are test_api_docs_render_offline's (the same pages, screenshots and checks)."""
     with live_server.client() as c:
         sid, runs = _demo_like_study(c)
         bisect_studies(c.post, 0.05 / 3)
@@ -150,23 +171,29 @@ def test_every_page_desktop_and_phone_screenshots(live_server, new_page):
              "redoc": "/redoc"}
     overflow = {}
     for size, width in WIDTHS.items():
+        browsers: dict[bool, Any] = {}  # signed in -> its page, visiting this width's pages in turn
         for name, path in pages.items():
-            page = new_page(live_server, logged_in=name != "login")
-            requests = _offsite(page, live_server.url)
-            page.set_viewport_size({"width": width, "height": 900})
+            if size == "desktop" and name in ("docs", "redoc"):
+                continue  # test_api_docs_render_offline
+            signed_in = name != "login"
+            if signed_in not in browsers:
+                browsers[signed_in] = new_page(live_server, logged_in=signed_in)
+                browsers[signed_in].set_viewport_size({"width": width, "height": 900})
+                _offsite(browsers[signed_in], live_server.url)
+            page = browsers[signed_in]
+            for seen in (page.requests, page.console_errors, page.csp_violations):
+                seen.clear()
             page.goto(f"{live_server.url}{path}")
             _settle(page, path)
             shot(page, f"page-{name}-{size}")
-            sw = page.evaluate("() => document.documentElement.scrollWidth")
-            if sw > width:
-                overflow[f"{name}@{width}"] = (sw, page.evaluate(
-                    "w => Array.from(document.querySelectorAll('body *')).filter(e => e.getBoundingClientRect().right > w)"
-                    ".slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))",
-                    width))
-            offsite = [u for u in requests if not u.startswith((live_server.url, "data:", "blob:"))]
+            wide = _overflow(page, width)
+            if wide is not None:
+                overflow[f"{name}@{width}"] = wide
+            offsite = [u for u in page.requests if not u.startswith((live_server.url, "data:", "blob:"))]
             assert offsite == [], (name, offsite)
             assert page.console_errors == [] and page.csp_violations == [], (name, page.console_errors,
                                                                              page.csp_violations)
+        for page in browsers.values():
             page.context.close()
     assert overflow == {}, f"pages wider than the viewport: {overflow}"
 
