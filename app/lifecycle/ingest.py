@@ -44,7 +44,13 @@ def prepare(run_id: int, body: MetricBatch, settings: Settings) -> PreparedBatch
         raise TooLarge(
             f"batch of {points} points is over the limit of {settings.max_batch_points} points (STEADY_MAX_BATCH_POINTS)"
         )
-    rows = metrics_repo.chunk_rows((s.key, *series_arrays(s), s.dtype, s.resolution) for s in body.series)
+    rows = []
+    for s in body.series:
+        if s.steps_b64 is not None:  # packed: rows made from the decoded bytes as they are
+            row = metrics_repo.packed_chunk_row(s.key, *s.packed_bytes(), s.dtype, s.resolution)
+            rows.extend([row] if row is not None else [])
+        else:
+            rows.extend(metrics_repo.chunk_rows([(s.key, *series_arrays(s), s.dtype, s.resolution)]))
     return PreparedBatch(run_id=run_id, lease_id=body.lease_id, seq=body.seq, keys=tuple(s.key for s in body.series),
                          points=points, rows=rows)
 

@@ -8,6 +8,7 @@ handful of rows per run instead of one ORM object per point.
 from __future__ import annotations
 
 import functools
+import struct
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 
@@ -37,10 +38,47 @@ def _evenly_spaced(steps: np.ndarray) -> bool:
     if n == 1:
         return True
     first, last = int(steps[0]), int(steps[-1])
+    stride = _stride(first, last, n)
+    return stride is not None and bool(np.array_equal(steps, _grid(first, stride, n)))
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _stride(first: int, last: int, n: int) -> int | None:
+    """The stride of ``n`` > 1 increasing, evenly spaced steps from ``first`` to ``last``, when there is one that
+    an int64 holds (then ``decode_steps`` rebuilds them); None otherwise."""
     if last <= first or (last - first) % (n - 1):
-        return False
+        return None
     stride = (last - first) // (n - 1)
-    return bool(np.array_equal(steps, first + stride * np.arange(n, dtype=np.int64)))
+    return stride if stride <= _INT64_MAX else None
+
+
+def _grid(first: int, stride: int, n: int) -> np.ndarray:
+    # int64 arithmetic wraps, but every true value lies between first and last: each comes out exact
+    return first + stride * np.arange(n, dtype=np.int64)
+
+
+_INT64 = struct.Struct("<q")
+
+
+def packed_chunk_row(key: str, steps: bytes, values: bytes, dtype: str | None = None,
+                     resolution: float | None = None) -> dict | None:
+    """``chunk_rows``'s row of one series given as little-endian int64 steps and float64 values of equal length
+    (a packed series as it came off the wire), made from the bytes without turning them into arrays and back;
+    None when the series is empty."""
+    n = len(steps) // 8
+    if n == 0:
+        return None
+    first, last = _INT64.unpack_from(steps)[0], _INT64.unpack_from(steps, 8 * (n - 1))[0]
+    stride = 0 if n == 1 else _stride(first, last, n)
+    if stride is not None and (n == 1 or _grid(first, stride, n).astype(STEP_DTYPE, copy=False).tobytes() == steps):
+        stored, step_min, step_max = b"", first, last
+    else:
+        array = np.frombuffer(steps, dtype=STEP_DTYPE)
+        stored, step_min, step_max = bytes(steps), int(array.min()), int(array.max())
+    return {"key": key, "n": n, "step_min": step_min, "step_max": step_max, "steps": stored, "values": bytes(values),
+            "dtype": dtype if dtype != "float64" else None, "resolution": resolution}
 
 
 def decode_steps(blob: bytes, step_min: int, step_max: int, n: int) -> np.ndarray:
@@ -507,6 +545,7 @@ __all__ = [
     "delete_other_attempts",
     "encode",
     "chunk_rows",
+    "packed_chunk_row",
     "insert_chunks",
     "insert_rows",
     "current_usage",
