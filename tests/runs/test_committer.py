@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.exc import OperationalError
 
 from steady.server.kit.db import Database, unavailable
@@ -106,12 +106,49 @@ def test_a_failing_batch_is_rolled_back_alone(committer, db_run):
     good.append(committer.submit(lambda s: metrics_repo.insert_rows(s, run_id, 1, 2, _rows(2))))
     retried = committer.submit(lambda s: metrics_repo.insert_rows(s, run_id, 1, 0, _rows(0)))  # a retry of seq 0
     wait_until(lambda: committer._queue.qsize() == 5, 30, 0.01, "the batches to queue")
+    before = committer.transactions
     release.set()
     with pytest.raises(Conflict):
         failing.result(timeout=30)
     assert [f.result(timeout=30) for f in good] == [True, True, True]
     assert retried.result(timeout=30) is False  # already stored in the same transaction: not twice
     assert _stored_seqs(db.url, run_id) == [0, 1, 2]
+    # the blocker's; the group's without savepoints, rolled back at the failing batch; the group with them
+    assert committer.transactions == before + 3
+
+
+def test_a_group_that_does_not_fail_takes_no_savepoint(committer, db_run):
+    """Savepoints cost two statements a piece: a group runs without them, and needs them only when one of
+    its pieces fails. A lone piece that fails is rolled back with its transaction, which was its own."""
+    db, run_id = db_run
+    statements: list[str] = []
+
+    def seen(_conn, _cursor, statement, *_args) -> None:
+        statements.append(statement.upper())
+
+    def store(seq: int):
+        return lambda session: metrics_repo.insert_rows(session, run_id, 1, seq, _rows(seq), savepoint=False)
+
+    def bad(session):
+        metrics_repo.insert_rows(session, run_id, 1, 99, _rows(99), savepoint=False)  # written, then refused
+        raise Conflict("lease lost")
+
+    event.listen(db.engine, "before_cursor_execute", seen)
+    try:
+        release = _hold(committer)
+        futures = [committer.submit(store(q)) for q in range(4)]
+        wait_until(lambda: committer._queue.qsize() == 4, 30, 0.01, "the batches to queue")
+        before = committer.transactions
+        release.set()
+        assert [f.result(timeout=30) for f in futures] == [True] * 4
+        assert committer.transactions == before + 2  # the blocker's, then one for the four
+        with pytest.raises(Conflict):
+            committer.submit(bad).result(timeout=30)
+        assert committer.transactions == before + 3
+    finally:
+        event.remove(db.engine, "before_cursor_execute", seen)
+    assert not [s for s in statements if "SAVEPOINT" in s]
+    assert _stored_seqs(db.url, run_id) == [0, 1, 2, 3]
 
 
 def test_a_failed_commit_is_retried_batch_by_batch(committer, db_run, monkeypatch):
@@ -209,7 +246,9 @@ def test_ingestion_route_groups_concurrent_agents_and_refuses_a_lost_lease(api):
     release.set()
     for t in threads:
         t.join(60)
-    assert committer.transactions == before + 2
+    # the blocker's; the group's, rolled back at the lost lease; the group again, each batch in a savepoint of its
+    # own; the route's own try of the refused batch (the short way past routing leaves refusals to the route)
+    assert committer.transactions == before + 4
     assert answers.pop((leases[0]["run_id"], 7)) == 409
     assert set(answers.values()) == {200} and len(answers) == 9
     for lz in leases:
