@@ -8,6 +8,7 @@ handful of rows per run instead of one ORM object per point.
 from __future__ import annotations
 
 import functools
+import queue
 import struct
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
@@ -432,10 +433,12 @@ class GridColumns:
         self.steps = (np.concatenate([decode_steps(b"", lo, hi, n) for lo, hi, n in extents]) if extents
                       else np.zeros(0, np.int64))
 
-    def blocks(self, session: Session, width: int) -> Iterable[np.ndarray]:
+    def blocks(self, session: Session, width: int, *, spare: queue.SimpleQueue | None = None) -> Iterable[np.ndarray]:
         """The matrix (rows in ``run_ids`` order) in consecutive blocks of ``width`` columns (the last
-        may be narrower), each a new C-contiguous array, read chunk column by chunk column: a value is
-        copied once, into its block, and a block is handed out as soon as its columns are read."""
+        may be narrower), each a C-contiguous array of its own, read chunk column by chunk column: a value
+        is copied once, into its block, and a block is handed out as soon as its columns are read. Arrays
+        put back into ``spare`` by the consumer, done with them, are filled again rather than new ones
+        allocated (fresh memory costs a page fault per 4 kB)."""
         table = MetricChunk.__table__
         row_of = {r: i for i, r in enumerate(self.run_ids)}
         rows, m = len(self.run_ids), self.steps.size
@@ -446,7 +449,7 @@ class GridColumns:
             parts = []  # (block, its columns, the chunk's values that go there)
             for b in range(start // width, (start + n - 1) // width + 1):
                 if b not in pending:
-                    pending[b] = np.empty((rows, min(width, m - b * width)), VALUE_DTYPE)
+                    pending[b] = _block_array(spare, (rows, min(width, m - b * width)))
                 lo, hi = max(start, b * width), min(start + n, (b + 1) * width)
                 parts.append((pending[b], slice(lo - b * width, hi - b * width), slice(lo - start, hi - start)))
             for run_id, values_b in session.execute(stmt, {"ids": list(ids.values())}):
@@ -457,6 +460,18 @@ class GridColumns:
             while emitted in pending and (emitted + 1) * width <= start or start == m and emitted in pending:
                 yield pending.pop(emitted)
                 emitted += 1
+
+
+def _block_array(spare: queue.SimpleQueue | None, shape: tuple[int, int]) -> np.ndarray:
+    if spare is not None and shape[1] > 0:
+        try:
+            block = spare.get_nowait()
+        except queue.Empty:
+            pass
+        else:
+            if block.shape == shape:
+                return block
+    return np.empty(shape, VALUE_DTYPE)
 
 
 def grid_columns(session: Session, run_ids: Sequence[int], key: str) -> GridColumns | None:

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import logging
 import math
+import queue
 import string
 import threading
 import time
@@ -516,8 +517,10 @@ def streamed_bands(session: Session, runs: Sequence[Run], *, metric: str, covera
         if columns is None:
             return None
         rows = len(members.runs)
-        band = overlapped(columns.blocks(session, block_width(rows)), functools.partial(
-            band_of_blocks, steps=columns.steps, n_runs=rows, coverage=coverage, confidence=confidence, owned=True))
+        spare: queue.SimpleQueue = queue.SimpleQueue()  # blocks judged, filled again by the reader
+        band = overlapped(columns.blocks(session, block_width(rows), spare=spare), functools.partial(
+            band_of_blocks, steps=columns.steps, n_runs=rows, coverage=coverage, confidence=confidence, owned=True,
+            done=spare.put))
         if band.n.size and int(band.n.min()) < rows:  # a cell was NaN or ±Inf (the grid has no gap)
             return None
         out.append(group_band(members, metric, band, [False] * rows, max_points=max_points))

@@ -203,11 +203,13 @@ def band_of_blocks(
     confidence: float = 0.95,
     quantiles=DEFAULT_QUANTILES,
     owned: bool = False,
+    done=None,
 ) -> Band:
     """``compute_band`` of a matrix given as its consecutive column blocks (rows = the runs that
     enter the band), each ``block_width(rows)`` columns wide but the last: the matrix need not
-    be held whole. Blocks are copied, never changed, unless ``owned`` (each block a new C-contiguous
-    float64 array that is sorted in place). The same blocks as ``compute_band``'s give the same bits."""
+    be held whole. Blocks are copied, never changed, unless ``owned`` (each block a C-contiguous float64
+    array of its own, sorted in place, then handed to ``done`` if given). The same blocks as
+    ``compute_band``'s give the same bits."""
     if not (0 < coverage < 1 and 0 < confidence < 1):
         raise ValueError("coverage and confidence must be strictly between 0 and 1")
     qs = tuple(float(q) for q in quantiles)
@@ -226,6 +228,8 @@ def band_of_blocks(
             raise ValueError(f"blocks hold more than the {m} steps given")
         _block_stats(xb, qs, n[c0:c1], mean[c0:c1], std[c0:c1], vmin[c0:c1], vmax[c0:c1], qarr[:, c0:c1],
                      owned=owned)
+        if done is not None:
+            done(xb)
         c0 = c1
     if c0 != m and n_runs > len(excluded_runs):
         raise ValueError(f"blocks hold {c0} of the {m} steps given")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+
 import numpy as np
 import pytest
 
@@ -152,6 +154,15 @@ def test_grid_columns_read_the_shared_matrix_block_by_block(db_url):
             assert all(b.flags.c_contiguous and b.shape[1] == width for b in blocks[:-1]), width
             assert 0 < blocks[-1].shape[1] <= width
             assert np.hstack(blocks).tobytes() == matrix.tobytes(), width
+        # blocks put back, done with, are filled again: the same arrays, the same values
+        spare, copies, seen = queue.SimpleQueue(), [], set()
+        for block in columns.blocks(s, 3, spare=spare):
+            copies.append(block.copy())
+            seen.add(id(block))
+            block[:] = np.nan  # what a consumer leaves in it must not reach a later block
+            spare.put(block)
+        assert np.hstack(copies).tobytes() == matrix.tobytes()
+        assert len(seen) < len(copies)
     db.dispose()
 
 

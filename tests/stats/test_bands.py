@@ -234,8 +234,11 @@ def test_band_of_blocks_is_compute_band_bit_for_bit(owned):
     want = compute_band(x, steps=steps, coverage=0.8, confidence=0.9, diverged=np.zeros(rows, bool))
     before = x.copy()
     blocks = [np.array(x[:, c:c + width]) if owned else x[:, c:c + width] for c in range(0, x.shape[1], width)]
-    got = band_of_blocks(iter(blocks), steps=steps, n_runs=rows, coverage=0.8, confidence=0.9, owned=owned)
+    done = []
+    got = band_of_blocks(iter(blocks), steps=steps, n_runs=rows, coverage=0.8, confidence=0.9, owned=owned,
+                         done=done.append)
     _same_band(got, want)
+    assert [id(b) for b in done] == [id(b) for b in blocks]  # each block handed back once judged
     assert got.n[10] == rows - 1
     if not owned:
         assert x.tobytes() == before.tobytes()
