@@ -86,22 +86,13 @@ def test_shared_load_matches_load_series_bit_for_bit(db_url):
     ]
     rng = np.random.default_rng(5)
     payload_nan = np.array([0x7FF8000000000ABC], dtype=np.uint64).view(np.float64)[0]
-    with db.write() as s:
-        study = Study(name="s", kind="external", status="open", spec={})
-        s.add(study)
-        s.flush()
-        ids = []
-        for i, chunks in enumerate(layouts):
-            run = Run(study_id=study.id, seed=i, repeat=0, determinism="seeded", stack="x", framework="torch",
-                      required_labels=[], status="completed", attempt=1, max_attempts=1, fingerprint={},
-                      digests={}, determinism_applied={}, timings={}, final_metrics={}, created_at=utcnow())
-            s.add(run)
-            s.flush()
-            ids.append(run.id)
-            for seq, steps in enumerate(chunks):
-                values = rng.standard_normal(steps.size)
-                values[0] = [np.nan, payload_nan, np.inf, -0.0][seq % 4]
-                repo.insert_chunks(s, run.id, 1, seq, [("loss", steps, values), ("acc", steps, values * 2)])
+
+    def series(seq, steps):
+        values = rng.standard_normal(steps.size)
+        values[0] = [np.nan, payload_nan, np.inf, -0.0][seq % 4]
+        return [("loss", steps, values), ("acc", steps, values * 2)]
+
+    ids = _runs_with_chunks(db, layouts, series=series)
     with db.read() as s:
         want = repo.load_series(s, ids, ["loss", "acc"])
         got = repo.load_series_shared(s, ids, ["loss", "acc", "absent"])
@@ -116,9 +107,11 @@ def test_shared_load_matches_load_series_bit_for_bit(db_url):
     assert full[0][1].base is not None and full[0][1].base is full[1][1].base  # rows of one matrix
 
 
-def _runs_with_chunks(db, layouts, *, seed=9):
-    """One completed run per layout (a list of step arrays, one per batch); values standard normal."""
-    rng = np.random.default_rng(seed)
+def _runs_with_chunks(db, layouts, *, series=None):
+    """One completed run per layout (a list of step arrays, one per batch), each batch's series
+    ``series(seq, steps)`` (default: ``loss``, standard normal values)."""
+    rng = np.random.default_rng(9)
+    series = series or (lambda seq, steps: [("loss", steps, rng.standard_normal(steps.size))])
     with db.write() as s:
         study = Study(name="s", kind="external", status="open", spec={})
         s.add(study)
@@ -132,7 +125,7 @@ def _runs_with_chunks(db, layouts, *, seed=9):
             s.flush()
             ids.append(run.id)
             for seq, steps in enumerate(chunks):
-                repo.insert_chunks(s, run.id, 1, seq, [("loss", steps, rng.standard_normal(steps.size))])
+                repo.insert_chunks(s, run.id, 1, seq, series(seq, steps))
     return ids
 
 
