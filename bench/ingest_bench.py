@@ -16,7 +16,8 @@ Every client sends for ``--duration`` seconds; throughput is acknowledged points
 each measurement every point is read back (Steady: GET .../metrics/{key}?format=packed; MLflow:
 get_metric_history) and counted; a client error, a thread that did not finish, or a read-back
 count that differs from the acknowledged count fails the benchmark (exit status 1). The server
-process's CPU time is read from /proc before and after each measurement: ``server_cpu_ms_per_batch``.
+process's CPU time is read from /proc before and after each measurement: ``server_cpu_ms_per_batch``;
+Steady's client processes report their own over the same window: ``client_cpu_ms_per_batch``.
 The machine's load (os.getloadavg, CPU count) is recorded before and after each measurement.
 
     .venv/bin/python bench/ingest_bench.py --mlflow-python .venv-mlflow/bin/python
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -137,9 +139,17 @@ def client_main(argv: list[str]) -> None:
     print("ready", flush=True)
     start.append(float(sys.stdin.readline()))
     ready.wait()
+    time.sleep(max(0.0, start[0] - time.time()))
+    cpu0 = _own_cpu_s()
     for t in threads:
         t.join()
-    print(json.dumps({"threads": a.threads, "agents": results}))
+    print(json.dumps({"threads": a.threads, "agents": results, "cpu_s": _own_cpu_s() - cpu0}))
+
+
+def _own_cpu_s() -> float:
+    """This process's CPU time (user and system, all threads), in seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def split(clients: int, max_procs: int = 4) -> list[int]:
@@ -157,6 +167,7 @@ def summarize(out: list[dict], clients: int, points_per_batch: int) -> tuple[dic
     if problems:
         raise RuntimeError(f"{len(problems)} clients failed: {problems[:5]}")
     lat = [x for ag in agents for x in ag["latencies"]]
+    client_cpu = sum(o.get("cpu_s", 0.0) for o in out)
     first = min(ag["first_send"] for ag in agents if ag["first_send"] is not None)
     last = max(ag["last_ack"] for ag in agents if ag["last_ack"] is not None)
     points = sum(ag["points"] for ag in agents)
@@ -165,6 +176,8 @@ def summarize(out: list[dict], clients: int, points_per_batch: int) -> tuple[dic
         "clients": clients, "points_per_batch": points_per_batch, "batches": len(lat), "points_acked": points,
         "wall_s": round(wall, 3), "points_per_s": round(points / wall), "batch_p50_ms": round(1000 * percentile(lat, 50), 2),
         "batch_p99_ms": round(1000 * percentile(lat, 99), 2),
+        # the client processes' CPU from the start signal to their last acknowledgement (the agent's own client)
+        "client_cpu_ms_per_batch": round(1000 * client_cpu / max(1, len(lat)), 3),
     }, agents
 
 
@@ -222,12 +235,15 @@ def measure_mlflow(mlflow_python: str, clients: list[int], duration: float) -> d
 def print_row(system: str, backend: str, row: dict) -> None:
     print(f"{system:6} {backend:8} clients={row['clients']:3} {row['points_per_s']:>12,} points/s  "
           f"wall {row['wall_s']} s  p50 {row['batch_p50_ms']} ms  p99 {row['batch_p99_ms']} ms  "
-          f"server CPU {row.get('server_cpu_ms_per_batch', '?')} ms/batch  read back {row['points_read_back']:,}  "
+          f"server CPU {row.get('server_cpu_ms_per_batch', '?')} ms/batch  "
+          + (f"client CPU {row['client_cpu_ms_per_batch']} ms/batch  " if "client_cpu_ms_per_batch" in row else "")
+          + f"read back {row['points_read_back']:,}  "
           f"load {row['load_before']['loadavg_1m']}", flush=True)
 
 
 def compare(before: dict, after: dict, label: str) -> dict:
-    """Steady's throughput and server CPU per 5,000-point request, before and after, per backend and client count."""
+    """Steady's throughput and server and client CPU per 5,000-point request, before and after, per backend and
+    client count."""
     out: dict = {"after_label": label}
     for backend, rows in after["steady"].items():
         old = {r["clients"]: r for r in before["steady"].get(backend, [])}
@@ -235,6 +251,8 @@ def compare(before: dict, after: dict, label: str) -> dict:
             {"clients": r["clients"],
              "points_per_s": [old[r["clients"]]["points_per_s"], r["points_per_s"]],
              "server_cpu_ms_per_request": [old[r["clients"]]["server_cpu_ms_per_batch"], r["server_cpu_ms_per_batch"]],
+             "client_cpu_ms_per_request": [old[r["clients"]].get("client_cpu_ms_per_batch"),
+                                           r.get("client_cpu_ms_per_batch")],
              "ratio_vs_mlflow_same_run": [before["ratio_vs_mlflow"][backend][str(r["clients"])],
                                           after["ratio_vs_mlflow"][backend][str(r["clients"])]],
              "loadavg_1m": [old[r["clients"]]["load_before"]["loadavg_1m"], r["load_before"]["loadavg_1m"]]}
