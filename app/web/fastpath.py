@@ -129,10 +129,10 @@ class _ShortWay:
         match = None
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("query_string"):
             match = self.path.fullmatch(scope["path"])
-        if match is None:
+        limit = self.max_body(scope) if match is not None else 0
+        if match is None or _declared_length(scope) > limit:  # a body over the limit is the application's to refuse
             await self.app(scope, receive, send)
             return
-        limit = self.max_body(scope)
         messages: list[Message] = []
         size, complete = 0, False
         while size <= limit:
@@ -162,6 +162,14 @@ class _ShortWay:
 
     async def _answer(self, scope: Scope, run_id: int, body: bytes) -> bytes | None:
         raise NotImplementedError
+
+
+def _declared_length(scope: Scope) -> int:
+    """The request's Content-Length (0 when it sends none, or one that is not a number)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 async def _worker_caller(scope: Scope) -> Principal | None:

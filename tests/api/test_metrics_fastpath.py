@@ -143,3 +143,24 @@ def test_the_short_way_stores_the_routes_bits(api, monkeypatch, batch):
     assert (fast.status_code, routed.status_code) == (200, 200), (fast.text, routed.text)
     assert fast.json() == {**routed.json(), "run_id": ours["run_id"]}
     assert _chunks(api, ours["run_id"], seq) == _chunks(api, theirs["run_id"], seq) != []
+
+
+def test_a_body_over_the_limit_is_refused_by_the_application(make_api, monkeypatch):
+    """A body whose declared length is over STEADY_MAX_BODY_BYTES goes straight on (not read first), and one
+    that is longer than it declares is read no further than the limit: both are the application's 413."""
+    api = make_api(max_body_bytes=2048)
+    way = ShortWay(monkeypatch)
+    ours, _ = _two_runs(api)
+    url = f"/api/v1/runs/{ours['run_id']}/metrics"
+    big = {"lease_id": ours["lease_id"], "seq": 0, "series": [{"key": "loss", "steps": list(range(400)),
+                                                                "values": [0.5] * 400}]}
+    refused = api.post(url, role="worker", json=big)
+    assert refused.status_code == 413 and "STEADY_MAX_BODY_BYTES" in error_of(refused)["msg"]
+
+    def chunks():
+        yield b'{"lease_id": "' + ours["lease_id"].encode() + b'", "seq": 0, "series": ['
+        yield b" " * 4096
+        yield b"]}"
+
+    streamed = api.client.post(url, content=chunks(), headers={**api.h("worker"), "Content-Type": "application/json"})
+    assert streamed.status_code == 413 and way.answered == 0
