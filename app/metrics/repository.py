@@ -432,13 +432,19 @@ class GridColumns:
         self.run_ids, self.extents, self._chunk_ids = run_ids, extents, chunk_ids
         self.steps = (np.concatenate([decode_steps(b"", lo, hi, n) for lo, hi, n in extents]) if extents
                       else np.zeros(0, np.int64))
+        self.not_finite: set[int] = set()  # the runs ``blocks`` found a NaN or ±Inf in
+
+    def subset(self, run_ids: Sequence[int]) -> GridColumns:
+        """The same grid over some of the runs (rows in the order given)."""
+        return GridColumns(list(run_ids), self.extents, [{r: ids[r] for r in run_ids} for ids in self._chunk_ids])
 
     def blocks(self, session: Session, width: int, *, spare: queue.SimpleQueue | None = None) -> Iterable[np.ndarray]:
         """The matrix (rows in ``run_ids`` order) in consecutive blocks of ``width`` columns (the last
         may be narrower), each a C-contiguous array of its own, read chunk column by chunk column: a value
         is copied once, into its block, and a block is handed out as soon as its columns are read. Arrays
         put back into ``spare`` by the consumer, done with them, are filled again rather than new ones
-        allocated (fresh memory costs a page fault per 4 kB)."""
+        allocated (fresh memory costs a page fault per 4 kB). The runs with a value not finite are added
+        to ``not_finite`` as they are read."""
         table = MetricChunk.__table__
         row_of = {r: i for i, r in enumerate(self.run_ids)}
         rows, m = len(self.run_ids), self.steps.size
@@ -454,6 +460,8 @@ class GridColumns:
                 parts.append((pending[b], slice(lo - b * width, hi - b * width), slice(lo - start, hi - start)))
             for run_id, values_b in session.execute(stmt, {"ids": list(ids.values())}):
                 values, row = np.frombuffer(values_b, dtype=VALUE_DTYPE), row_of[run_id]
+                if not np.isfinite(values).all():
+                    self.not_finite.add(run_id)
                 for block, into, take in parts:
                     block[row, into] = values[take]
             start += n

@@ -50,7 +50,7 @@ from steady.server.stats.report import (
     compute_bands,
     to_data,
 )
-from steady.server.stats.bands import band_of_blocks, block_width
+from steady.server.stats.bands import Band, band_of_blocks, block_width
 from steady.server.stats.report_data import band_members, check_max_points, group_band
 from steady.server.studies import adaptive
 from steady.server.studies import service as studies
@@ -503,28 +503,40 @@ def streamed_bands(session: Session, runs: Sequence[Run], *, metric: str, covera
                    max_points: int | None) -> tuple[GroupBand, ...] | None:
     """``compute_bands`` of the runs' ``metric``, each group's matrix read and judged column block by
     column block (``metrics_repo.GridColumns``) instead of loaded whole: a cold ``/bands`` reads
-    the data once, into blocks of a few MB, and judges a block on another thread while this one reads
-    the next (``overlapped``). Same bands, bit for bit. None when a group's runs do not
-    share one gapless step grid, or a value is not finite (a diverged run, which the band leaves out:
-    only the whole series tells): the whole load (``run_data``, ``compute_bands``) handles those."""
+    the data into blocks of a few MB, and judges a block on another thread while this one reads
+    the next (``overlapped``). A run with a value not finite (diverged, or a logged NaN) is left out of
+    its band, which only its whole series tells: the group is then read again without it. Same bands,
+    bit for bit. None when a group's runs do not share one gapless step grid, or none is finite: the whole
+    load (``run_data``, ``compute_bands``) judges those."""
     check_max_points(max_points)
     logged = metrics_repo.runs_with_key(session, [r.id for r in runs], metric)
     if not logged:
         return None
     out = []
     for members in band_members(run_data(session, runs, []), metric, logged=logged):
-        columns = metrics_repo.grid_columns(session, [r.run_id for r in members.runs], metric)
+        ids = [r.run_id for r in members.runs]
+        columns = metrics_repo.grid_columns(session, ids, metric)
         if columns is None:
             return None
-        rows = len(members.runs)
-        spare: queue.SimpleQueue = queue.SimpleQueue()  # blocks judged, filled again by the reader
-        band = overlapped(columns.blocks(session, block_width(rows), spare=spare), functools.partial(
-            band_of_blocks, steps=columns.steps, n_runs=rows, coverage=coverage, confidence=confidence, owned=True,
-            done=spare.put))
-        if band.n.size and int(band.n.min()) < rows:  # a cell was NaN or ±Inf (the grid has no gap)
-            return None
-        out.append(group_band(members, metric, band, [False] * rows, max_points=max_points))
+        band = _streamed_band(session, columns, coverage=coverage, confidence=confidence)
+        diverged = [i in columns.not_finite for i in ids]
+        if any(diverged):
+            kept = columns.subset([i for i in ids if i not in columns.not_finite])
+            if not kept.run_ids:
+                return None
+            band = _streamed_band(session, kept, coverage=coverage, confidence=confidence, n_runs=len(ids),
+                                  excluded=tuple(i for i, d in enumerate(diverged) if d))
+        out.append(group_band(members, metric, band, diverged, max_points=max_points))
     return tuple(out)
+
+
+def _streamed_band(session: Session, columns: metrics_repo.GridColumns, *, coverage: float, confidence: float,
+                   n_runs: int | None = None, excluded: tuple = ()) -> Band:
+    rows = len(columns.run_ids)
+    spare: queue.SimpleQueue = queue.SimpleQueue()  # blocks judged, filled again by the reader
+    return overlapped(columns.blocks(session, block_width(rows), spare=spare), functools.partial(
+        band_of_blocks, steps=columns.steps, n_runs=rows if n_runs is None else n_runs, excluded_runs=excluded,
+        coverage=coverage, confidence=confidence, owned=True, done=spare.put))
 
 
 def run_settled(session: WriteSession, study_id: int) -> None:

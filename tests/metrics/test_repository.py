@@ -156,6 +156,9 @@ def test_grid_columns_read_the_shared_matrix_block_by_block(db_url):
             spare.put(block)
         assert np.hstack(copies).tobytes() == matrix.tobytes()
         assert len(seen) < len(copies)
+        assert columns.not_finite == set()
+        some = columns.subset([order[3], order[1]])  # the same grid over some runs, rows in the order asked
+        assert np.hstack(list(some.blocks(s, 7))).tobytes() == matrix[[3, 1]].tobytes()
     db.dispose()
 
 
@@ -172,9 +175,15 @@ def test_grid_columns_refuse_what_is_not_one_gapless_grid(db_url, other, alone):
     db = Database(db_url)
     full = [np.arange(0, 50), np.arange(50, 100)]
     ids = _runs_with_chunks(db, [full, other])
+    with db.write() as s:  # a NaN in the first run's second batch
+        repo.insert_chunks(s, ids[0], 1, 2, [("acc", np.arange(3), np.array([0.0, np.nan, 1.0]))])
     with db.read() as s:
+        columns = repo.grid_columns(s, ids[:1], "acc")
+        assert columns is not None and not columns.not_finite
+        list(columns.blocks(s, 2))
+        assert columns.not_finite == {ids[0]}
         assert repo.grid_columns(s, ids[:1], "loss") is not None
         assert (repo.grid_columns(s, ids[1:], "loss") is not None) is alone
         assert repo.grid_columns(s, ids, "loss") is None
-        assert repo.grid_columns(s, ids[:1], "acc") is None  # not logged
+        assert repo.grid_columns(s, ids[1:], "acc") is None  # not logged
     db.dispose()

@@ -83,32 +83,48 @@ def test_streamed_bands_are_the_whole_loads_bit_for_bit(db_url, max_points):
     db.dispose()
 
 
-@pytest.mark.parametrize("case", ["diverged", "nan", "gap", "shorter", "irregular"])
-def test_what_only_the_whole_series_can_judge_goes_to_the_whole_load(db_url, case):
-    """A run that diverged (its band leaves it out: only its whole series tells), a logged NaN, or runs
-    that do not share one gapless grid: ``streamed_bands`` declines (None), and /bands gives the whole
-    load's answer."""
+@pytest.mark.parametrize("case", ["diverged", "nan", "both"])
+def test_a_run_with_a_value_not_finite_is_left_out_of_its_band(db_url, case):
+    """A run that diverged (±Inf late in its series) or logged a NaN is excluded from its group's band, as
+    the whole load excludes it: the group is read again without it, bit for bit the whole load's band."""
+    db = Database(db_url)
+    runs = [{"determinism": "seeded", "stack": "a", "seed": s} for s in range(6)]
+    if case in ("diverged", "both"):
+        runs[2]["set"] = {STEPS - 3: np.inf}
+    if case in ("nan", "both"):
+        runs[4]["set"] = {11: np.nan}
+    study_id = _study(db, runs)
+    streamed, whole = _both(db, study_id)
+    assert streamed is not None
+    _same(streamed, whole)
+    assert len(streamed[0].excluded_run_ids) == (2 if case == "both" else 1)
+    assert streamed[0].band.n_runs == 6 and set(streamed[0].band.n) == {6 - len(streamed[0].excluded_run_ids)}
+    db.dispose()
+
+
+@pytest.mark.parametrize("case", ["gap", "shorter", "irregular", "all_diverged"])
+def test_what_is_not_one_grid_goes_to_the_whole_load(db_url, case):
+    """Runs that do not share one gapless grid, or a group whose every run diverged: ``streamed_bands``
+    declines (None), and /bands gives the whole load's answer."""
     db = Database(db_url)
     runs = [{"determinism": "seeded", "stack": "a", "seed": s} for s in range(4)]
     odd = runs[2]
-    if case == "diverged":
-        odd["set"] = {STEPS - 3: np.inf}
-    elif case == "nan":
-        odd["set"] = {11: np.nan}
-    elif case == "gap":
+    if case == "gap":
         odd["steps"] = np.concatenate([np.arange(CHUNK), np.arange(CHUNK + 1, STEPS + 1)])
     elif case == "shorter":
         odd["steps"] = np.arange(STEPS - CHUNK)
-    else:
+    elif case == "irregular":
         odd["steps"] = np.concatenate([[0, 2, 3], np.arange(4, STEPS + 1)])
+    else:
+        for r in runs:
+            r["set"] = {5: np.inf}
     study_id = _study(db, runs)
     streamed, whole = _both(db, study_id)
     assert streamed is None
     with db.read() as s:
         answer = service.study_bands(s, study_id, metric="loss", coverage=0.9, confidence=0.95, max_points=None)
     assert [g["run_ids"] for g in answer["groups"]] == [b.run_ids for b in whole]
-    if case == "diverged":
-        assert whole[0].excluded_run_ids and answer["groups"][0]["excluded_run_ids"] == whole[0].excluded_run_ids
+    assert [g["excluded_run_ids"] for g in answer["groups"]] == [b.excluded_run_ids for b in whole]
     assert answer["groups"][0]["mean"].tobytes() == whole[0].band.mean.tobytes()
     db.dispose()
 
