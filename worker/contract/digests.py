@@ -22,9 +22,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 STATE_MAGIC = b"steady-state-v1\n"
 ORDER_MAGIC = b"steady-order-v1\n"
@@ -36,6 +37,8 @@ def _canonical_json(value: Any) -> bytes:
 
 def state_digest(entries: Mapping[str, Any]) -> str:
     """Digest a mapping name -> array (anything ``np.asarray`` takes) or JSON-able value."""
+    import numpy as np  # here, not at the top: a run whose code uses no NumPy does not import it for the SDK
+
     h = hashlib.sha256(STATE_MAGIC)
     for name in sorted(entries, key=lambda n: n.encode("utf-8")):
         value = entries[name]
@@ -55,6 +58,8 @@ def state_digest(entries: Mapping[str, Any]) -> str:
 
 def order_digest(indices: Iterable[int] | np.ndarray) -> str:
     """Digest the order in which sample indices were fed during one epoch."""
+    import numpy as np
+
     arr = np.ascontiguousarray(np.fromiter(indices, dtype="<i8") if not isinstance(indices, np.ndarray) else indices, dtype="<i8")
     return hashlib.sha256(ORDER_MAGIC + arr.tobytes()).hexdigest()
 
