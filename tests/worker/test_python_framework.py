@@ -79,15 +79,17 @@ def test_a_python_entrypoint_imports_no_framework(tmp_path):
 
 
 NO_NUMPY = """
-    import json, os, random, sys
+    import importlib.util, json, os, random, sys
 
     def late():
+        assert importlib.util.find_spec("numpy") is not None  # an optional dependency's check: no import yet
         import numpy  # first imported here, after the code has run a while
         return float(numpy.random.random())
 
     seen = {"random": random.random(), "before": "numpy" in sys.modules}
     seen["late"] = late() if sys.argv[1:] == ["late"] else None
     seen["after"] = "numpy" in sys.modules
+    seen["metadata"] = "importlib.metadata" in sys.modules  # the fingerprint's NumPy version is read without it
     with open(os.path.join(os.environ["STEADY_RUN_DIR_PROBE"], "probe.json"), "w") as f:
         json.dump(seen, f)
 """
@@ -108,6 +110,6 @@ def test_code_that_imports_numpy_late_or_never_gets_the_seeded_generator_and_the
         if args:  # seeded before the code's first draw, though NumPy was imported long after the run started
             assert seen["late"] == np.random.RandomState(7).random_sample() and seen["after"] is True
         else:  # never imported, yet recorded as ever: seeded (for when it is) and its version
-            assert seen["after"] is False
+            assert seen["after"] is False and seen["metadata"] is False
         assert r.determinism_applied["numpy_seeded"] is True
         assert r.fingerprint["numpy_version"] == np.__version__

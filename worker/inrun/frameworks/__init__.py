@@ -9,7 +9,6 @@ level in-process (:func:`apply_determinism`) and record the fingerprint of the s
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import random
@@ -63,9 +62,7 @@ def apply_determinism(level: Any, seed: int, framework: str, threads: int) -> di
 
 def run_fingerprint(framework: str) -> dict[str, Any]:
     """Inside the run subprocess, after determinism was applied."""
-    fp = fingerprint.host_fingerprint(os.environ.get("STEADY_DEVICE"))
-    fp.pop("frameworks", None)
-    fp["numpy_version"] = _numpy_version()
+    fp = fingerprint.host_fingerprint(os.environ.get("STEADY_DEVICE"), frameworks=False)
     fp["python_executable"] = sys.executable
     fp["env"] = {k: os.environ[k] for k in determinism.DETERMINISM_ENV_VARS if k in os.environ}
     fp["threads"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
@@ -77,19 +74,6 @@ def run_fingerprint(framework: str) -> dict[str, Any]:
         fp["distributed"] = {"world_size": int(world) if world.isdigit() else world,
                              "backend": os.environ.get(BACKEND_ENV)}
     return fp
-
-
-def _numpy_version() -> str:
-    """NumPy's version: the imported module's, else its distribution's (the one an import would find first on
-    ``sys.path``, as an overlay environment's pinned NumPy is), without importing it."""
-    if "numpy" not in sys.modules:
-        try:
-            return importlib.metadata.version("numpy")
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    import numpy
-
-    return str(numpy.__version__)
 
 
 def seed_numpy_when_imported(seed: int) -> None:
@@ -109,16 +93,15 @@ def seed_numpy_when_imported(seed: int) -> None:
 class _SeedNumpyOnImport:
     """A finder placed first on ``sys.meta_path`` that finds nothing itself: for ``numpy`` it asks the finders
     after it and wraps the loader they give, so that loading the module ends by seeding its generator and
-    taking this finder off the path."""
+    taking this finder off the path. A spec asked for without an import (``importlib.util.find_spec``) is
+    wrapped too and never loaded: only the load seeds, once."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self.done = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if fullname != "numpy" or self.done:
+        if fullname != "numpy":
             return None
-        self.done = True  # one import of NumPy only; the import machinery iterates the path, so stay on it here
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
             if finder is self or find is None:
@@ -136,7 +119,8 @@ class _SeedNumpyOnImport:
         def exec_module(module: ModuleType) -> None:
             try:
                 load(module)
-                module.random.seed(self.seed)
+                if self in sys.meta_path:  # the first load of NumPy (the import machinery is done with the path)
+                    module.random.seed(self.seed)
             finally:
                 if self in sys.meta_path:
                     sys.meta_path.remove(self)
