@@ -23,7 +23,7 @@ def test_the_consumer_gets_every_item_in_order_on_its_own_thread():
         consumed_on.add(threading.get_ident())
         return list(it)
 
-    assert overlapped(items(), consume) == list(range(50))
+    assert overlapped(items(), consume) == [list(range(50))]
     assert drawn_on == {caller} and consumed_on and caller not in consumed_on
 
 
@@ -48,7 +48,7 @@ def test_at_most_depth_items_wait_between_the_two():
     gate.set()
     runner.join()
     assert seen == [4]
-    assert result == [list(range(10))]
+    assert result == [[list(range(10))]]
 
 
 def test_what_the_consumer_raises_is_raised_and_the_producer_stops():
@@ -84,5 +84,22 @@ def test_what_the_producer_raises_is_raised_first():
 
 
 def test_a_consumer_that_returns_early_leaves_no_one_waiting():
-    assert overlapped(iter(range(100)), lambda it: next(it), depth=1) == 0
-    assert overlapped(iter(range(100)), lambda it: "nothing taken", depth=1) == "nothing taken"
+    assert overlapped(iter(range(100)), lambda it: next(it), depth=1) == [0]
+    assert overlapped(iter(range(100)), lambda it: "nothing taken", depth=1, consumers=3) == ["nothing taken"] * 3
+
+
+def test_several_consumers_share_the_items_each_once():
+    got = overlapped(iter(range(500)), list, consumers=3)
+    assert len(got) == 3 and sorted(i for share in got for i in share) == list(range(500))
+    assert all(share == sorted(share) for share in got)  # each takes them in the order drawn
+
+
+def test_one_consumer_failing_among_several_is_raised():
+    def consume(it):
+        for i in it:
+            if i == 40:
+                raise ValueError("bad block 40")
+        return None
+
+    with pytest.raises(ValueError, match="bad block 40"):
+        overlapped(iter(range(1000)), consume, consumers=2)

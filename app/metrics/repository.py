@@ -438,9 +438,11 @@ class GridColumns:
         """The same grid over some of the runs (rows in the order given)."""
         return GridColumns(list(run_ids), self.extents, [{r: ids[r] for r in run_ids} for ids in self._chunk_ids])
 
-    def blocks(self, session: Session, width: int, *, spare: queue.SimpleQueue | None = None) -> Iterable[np.ndarray]:
+    def blocks(self, session: Session, width: int, *,
+               spare: queue.SimpleQueue | None = None) -> Iterable[tuple[int, np.ndarray]]:
         """The matrix (rows in ``run_ids`` order) in consecutive blocks of ``width`` columns (the last
-        may be narrower), each a C-contiguous array of its own, read chunk column by chunk column: a value
+        may be narrower), each with its first column and a C-contiguous array of its own, read chunk
+        column by chunk column: a value
         is copied once, into its block, and a block is handed out as soon as its columns are read. Arrays
         put back into ``spare`` by the consumer, done with them, are filled again rather than new ones
         allocated (fresh memory costs a page fault per 4 kB). The runs with a value not finite are added
@@ -466,7 +468,7 @@ class GridColumns:
                     block[row, into] = values[take]
             start += n
             while emitted in pending and (emitted + 1) * width <= start or start == m and emitted in pending:
-                yield pending.pop(emitted)
+                yield emitted * width, pending.pop(emitted)
                 emitted += 1
 
 

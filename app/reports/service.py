@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import queue
@@ -50,7 +49,7 @@ from steady.server.stats.report import (
     compute_bands,
     to_data,
 )
-from steady.server.stats.bands import Band, band_of_blocks, block_width
+from steady.server.stats.bands import Band, BandBlocks, block_width
 from steady.server.stats.report_data import band_members, check_max_points, group_band
 from steady.server.studies import adaptive
 from steady.server.studies import service as studies
@@ -499,12 +498,15 @@ def study_bands(
             "groups": [g.to_arrays() for g in groups]}
 
 
+STREAM_THREADS = 2  # judging a block (mostly NumPy's sort, which releases the GIL) costs more than reading it
+
+
 def streamed_bands(session: Session, runs: Sequence[Run], *, metric: str, coverage: float, confidence: float,
                    max_points: int | None) -> tuple[GroupBand, ...] | None:
     """``compute_bands`` of the runs' ``metric``, each group's matrix read and judged column block by
     column block (``metrics_repo.GridColumns``) instead of loaded whole: a cold ``/bands`` reads
-    the data into blocks of a few MB, and judges a block on another thread while this one reads
-    the next (``overlapped``). A run with a value not finite (diverged, or a logged NaN) is left out of
+    the data into blocks of a few MB, and judges blocks on ``STREAM_THREADS`` other threads while this
+    one reads the next (``overlapped``). A run with a value not finite (diverged, or a logged NaN) is left out of
     its band, which only its whole series tells: the group is then read again without it. Same bands,
     bit for bit. None when a group's runs do not share one gapless step grid, or none is finite: the whole
     load (``run_data``, ``compute_bands``) judges those."""
@@ -533,10 +535,17 @@ def streamed_bands(session: Session, runs: Sequence[Run], *, metric: str, covera
 def _streamed_band(session: Session, columns: metrics_repo.GridColumns, *, coverage: float, confidence: float,
                    n_runs: int | None = None, excluded: tuple = ()) -> Band:
     rows = len(columns.run_ids)
+    band = BandBlocks(columns.steps, n_runs=rows if n_runs is None else n_runs, excluded_runs=excluded,
+                      coverage=coverage, confidence=confidence)
     spare: queue.SimpleQueue = queue.SimpleQueue()  # blocks judged, filled again by the reader
-    return overlapped(columns.blocks(session, block_width(rows), spare=spare), functools.partial(
-        band_of_blocks, steps=columns.steps, n_runs=rows if n_runs is None else n_runs, excluded_runs=excluded,
-        coverage=coverage, confidence=confidence, owned=True, done=spare.put))
+
+    def judge(blocks) -> None:
+        for c0, block in blocks:
+            band.add(c0, block, owned=True)
+            spare.put(block)
+
+    overlapped(columns.blocks(session, block_width(rows), spare=spare), judge, consumers=STREAM_THREADS)
+    return band.band()
 
 
 def run_settled(session: WriteSession, study_id: int) -> None:

@@ -11,7 +11,7 @@ from steady.server.stats.align import check_matrix
 from steady.server.stats.intervals import normal_tolerance_factor
 from steady.server.stats.quantiles import t_ppf
 
-__all__ = ["Band", "compute_band", "band_of_blocks", "block_width", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
+__all__ = ["Band", "compute_band", "BandBlocks", "block_width", "OutOfBand", "out_of_band_runs", "tolerance_factors", "CurveOutliers",
            "curve_levels", "out_of_band_curves", "window_levels", "null_max_deleted_t", "SEED_SKEW_LOGSD",
            "SEED_TAIL_DF", "critical_deleted_t", "MAX_WINDOW_OUTLIERS",
            "N_WINDOWS", "WINDOW_SHARE"]
@@ -182,67 +182,65 @@ def compute_band(
     excluded = tuple(int(i) for i in np.flatnonzero(div))
     rows = np.flatnonzero(~div)
     width = block_width(rows.size)
-    blocks = (x[rows, c0:c0 + width] if excluded else x[:, c0:c0 + width] for c0 in range(0, m, width))
-    return band_of_blocks(blocks, steps=step_arr, n_runs=runs, excluded_runs=excluded, coverage=coverage,
-                          confidence=confidence, quantiles=quantiles)
+    band = BandBlocks(step_arr, n_runs=runs, excluded_runs=excluded, coverage=coverage, confidence=confidence,
+                      quantiles=quantiles)
+    for c0 in range(0, m, width):
+        band.add(c0, x[rows, c0:c0 + width] if excluded else x[:, c0:c0 + width])
+    return band.band()
 
 
 def block_width(rows: int) -> int:
-    """The columns of one block of ``band_of_blocks`` over ``rows`` runs: temporaries stay small
+    """The columns of one block of ``BandBlocks`` over ``rows`` runs: temporaries stay small
     (cache-resident, no page faults on fresh memory)."""
     return max(256, (1 << 19) // max(rows, 1))
 
 
-def band_of_blocks(
-    blocks,
-    *,
-    steps,
-    n_runs: int,
-    excluded_runs: tuple = (),
-    coverage: float = 0.9,
-    confidence: float = 0.95,
-    quantiles=DEFAULT_QUANTILES,
-    owned: bool = False,
-    done=None,
-) -> Band:
-    """``compute_band`` of a matrix given as its consecutive column blocks (rows = the runs that
-    enter the band), each ``block_width(rows)`` columns wide but the last: the matrix need not
-    be held whole. Blocks are copied, never changed, unless ``owned`` (each block a C-contiguous float64
-    array of its own, sorted in place, then handed to ``done`` if given). The same blocks as
-    ``compute_band``'s give the same bits."""
-    if not (0 < coverage < 1 and 0 < confidence < 1):
-        raise ValueError("coverage and confidence must be strictly between 0 and 1")
-    qs = tuple(float(q) for q in quantiles)
-    if any(not (0.0 <= q <= 1.0) for q in qs):
-        raise ValueError(f"quantiles must lie in [0, 1], got {qs}")
-    step_arr = np.asarray(steps)
-    m = step_arr.size
-    # Sorting each column puts NaN last, so min/max/quantiles are gathers (one O(R log R) pass).
-    n = np.zeros(m, dtype=np.int64)
-    mean, std, vmin, vmax = (np.full(m, np.nan) for _ in range(4))
-    qarr = np.full((len(qs), m), np.nan)
-    c0 = 0
-    for xb in blocks:
-        c1 = c0 + xb.shape[1]
-        if c1 > m:
-            raise ValueError(f"blocks hold more than the {m} steps given")
-        _block_stats(xb, qs, n[c0:c1], mean[c0:c1], std[c0:c1], vmin[c0:c1], vmax[c0:c1], qarr[:, c0:c1],
-                     owned=owned)
-        if done is not None:
-            done(xb)
-        c0 = c1
-    if c0 != m and n_runs > len(excluded_runs):
-        raise ValueError(f"blocks hold {c0} of the {m} steps given")
+class BandBlocks:
+    """``compute_band`` of a matrix given as column blocks (rows = the runs that enter the band), so the
+    matrix need not be held whole: ``add`` each block at its first column, in any order and from several
+    threads at once (blocks never overlap), then ``band``. Blocks ``block_width(rows)`` wide, at multiples
+    of it, give ``compute_band``'s bits."""
 
-    tq = _t_quantiles(n, confidence)
-    k = tolerance_factors(n, coverage=coverage, confidence=confidence)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        half_ci = tq * std / np.sqrt(n)
-        half_ti = k * std
-    return Band(steps=step_arr, n=n.astype(np.int64), mean=mean, std=std, min=vmin, max=vmax,
-                quantile_levels=qs, quantiles=qarr, ci_low=mean - half_ci, ci_high=mean + half_ci,
-                ti_low=mean - half_ti, ti_high=mean + half_ti, coverage=float(coverage),
-                confidence=float(confidence), n_runs=int(n_runs), excluded_runs=tuple(excluded_runs))
+    def __init__(self, steps, *, n_runs: int, excluded_runs: tuple = (), coverage: float = 0.9,
+                 confidence: float = 0.95, quantiles=DEFAULT_QUANTILES) -> None:
+        if not (0 < coverage < 1 and 0 < confidence < 1):
+            raise ValueError("coverage and confidence must be strictly between 0 and 1")
+        self.qs = tuple(float(q) for q in quantiles)
+        if any(not (0.0 <= q <= 1.0) for q in self.qs):
+            raise ValueError(f"quantiles must lie in [0, 1], got {self.qs}")
+        self.steps = np.asarray(steps)
+        self.n_runs, self.excluded_runs = int(n_runs), tuple(excluded_runs)
+        self.coverage, self.confidence = float(coverage), float(confidence)
+        m = self.steps.size
+        # Sorting each column puts NaN last, so min/max/quantiles are gathers (one O(R log R) pass).
+        self.n = np.zeros(m, dtype=np.int64)
+        self.mean, self.std, self.min, self.max = (np.full(m, np.nan) for _ in range(4))
+        self.quantiles = np.full((len(self.qs), m), np.nan)
+        self._added = np.zeros(m, dtype=bool)
+
+    def add(self, c0: int, block, *, owned: bool = False) -> None:
+        """The statistics of the columns ``c0`` on of ``block``. ``owned``: the block is a C-contiguous
+        float64 array the caller gives up (sorted in place, not copied)."""
+        c1 = c0 + block.shape[1]
+        if c0 < 0 or c1 > self.steps.size:
+            raise ValueError(f"a block at columns {c0}..{c1} lies outside the {self.steps.size} steps given")
+        _block_stats(block, self.qs, self.n[c0:c1], self.mean[c0:c1], self.std[c0:c1], self.min[c0:c1],
+                     self.max[c0:c1], self.quantiles[:, c0:c1], owned=owned)
+        self._added[c0:c1] = True
+
+    def band(self) -> Band:
+        if not self._added.all() and self.n_runs > len(self.excluded_runs):
+            raise ValueError(f"blocks hold {int(self._added.sum())} of the {self.steps.size} steps given")
+        n, std, mean = self.n, self.std, self.mean
+        tq = _t_quantiles(n, self.confidence)
+        k = tolerance_factors(n, coverage=self.coverage, confidence=self.confidence)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            half_ci = tq * std / np.sqrt(n)
+            half_ti = k * std
+        return Band(steps=self.steps, n=n.astype(np.int64), mean=mean, std=std, min=self.min, max=self.max,
+                    quantile_levels=self.qs, quantiles=self.quantiles, ci_low=mean - half_ci, ci_high=mean + half_ci,
+                    ti_low=mean - half_ti, ti_high=mean + half_ti, coverage=self.coverage,
+                    confidence=self.confidence, n_runs=self.n_runs, excluded_runs=self.excluded_runs)
 
 
 def _default_q(band: Band, in_sample: bool) -> float:

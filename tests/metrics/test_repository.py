@@ -143,13 +143,14 @@ def test_grid_columns_read_the_shared_matrix_block_by_block(db_url):
         assert np.array_equal(columns.steps, want[(order[0], "loss")][0])
         matrix = np.vstack([want[(r, "loss")][1] for r in order])
         for width in (1, 3, 34, 35, 36, 70, 1000):
-            blocks = list(columns.blocks(s, width))
+            firsts, blocks = zip(*columns.blocks(s, width))
+            assert firsts == tuple(range(0, matrix.shape[1], width)), width
             assert all(b.flags.c_contiguous and b.shape[1] == width for b in blocks[:-1]), width
             assert 0 < blocks[-1].shape[1] <= width
             assert np.hstack(blocks).tobytes() == matrix.tobytes(), width
         # blocks put back, done with, are filled again: the same arrays, the same values
         spare, copies, seen = queue.SimpleQueue(), [], set()
-        for block in columns.blocks(s, 3, spare=spare):
+        for _, block in columns.blocks(s, 3, spare=spare):
             copies.append(block.copy())
             seen.add(id(block))
             block[:] = np.nan  # what a consumer leaves in it must not reach a later block
@@ -158,7 +159,7 @@ def test_grid_columns_read_the_shared_matrix_block_by_block(db_url):
         assert len(seen) < len(copies)
         assert columns.not_finite == set()
         some = columns.subset([order[3], order[1]])  # the same grid over some runs, rows in the order asked
-        assert np.hstack(list(some.blocks(s, 7))).tobytes() == matrix[[3, 1]].tobytes()
+        assert np.hstack([b for _, b in some.blocks(s, 7)]).tobytes() == matrix[[3, 1]].tobytes()
     db.dispose()
 
 

@@ -3,7 +3,7 @@ import pytest
 from scipy import stats
 
 from steady.server.stats.align import align_series, first_nonfinite_step
-from steady.server.stats.bands import band_of_blocks, block_width, compute_band, out_of_band_runs, tolerance_factors
+from steady.server.stats.bands import BandBlocks, block_width, compute_band, out_of_band_runs, tolerance_factors
 from steady.server.stats.downsample import extreme_indices
 from steady.server.stats.intervals import normal_tolerance_factor
 from tests.stats.rate_checks import design
@@ -221,9 +221,9 @@ def _same_band(a, b) -> None:
 
 @pytest.mark.parametrize("owned", [False, True])
 def test_band_of_blocks_is_compute_band_bit_for_bit(owned):
-    """The band of a matrix given in its ``block_width`` column blocks (as a streamed read hands them
-    over, each block a new array when ``owned``) is ``compute_band``'s, bit for bit; the blocks given
-    as views are left as they were."""
+    """The band of a matrix given in its ``block_width`` column blocks, in any order (as streamed reads
+    hand them over to several threads; each block an array of its own when ``owned``), is
+    ``compute_band``'s, bit for bit; blocks given as views are left as they were."""
     rng = np.random.default_rng(3)
     rows = 7
     width = block_width(rows)
@@ -233,20 +233,23 @@ def test_band_of_blocks_is_compute_band_bit_for_bit(owned):
     steps = np.arange(x.shape[1]) * 10
     want = compute_band(x, steps=steps, coverage=0.8, confidence=0.9, diverged=np.zeros(rows, bool))
     before = x.copy()
-    blocks = [np.array(x[:, c:c + width]) if owned else x[:, c:c + width] for c in range(0, x.shape[1], width)]
-    done = []
-    got = band_of_blocks(iter(blocks), steps=steps, n_runs=rows, coverage=0.8, confidence=0.9, owned=owned,
-                         done=done.append)
+    band = BandBlocks(steps, n_runs=rows, coverage=0.8, confidence=0.9)
+    for c0 in reversed(range(0, x.shape[1], width)):
+        band.add(c0, np.array(x[:, c0:c0 + width]) if owned else x[:, c0:c0 + width], owned=owned)
+    got = band.band()
     _same_band(got, want)
-    assert [id(b) for b in done] == [id(b) for b in blocks]  # each block handed back once judged
     assert got.n[10] == rows - 1
     if not owned:
         assert x.tobytes() == before.tobytes()
 
 
-def test_band_of_blocks_refuses_blocks_that_do_not_cover_the_steps():
+def test_band_blocks_refuse_blocks_that_do_not_cover_the_steps():
     x = np.ones((3, 10))
+    band = BandBlocks(np.arange(10), n_runs=3)
+    band.add(0, x[:, :5])
     with pytest.raises(ValueError, match="hold 5 of the 10"):
-        band_of_blocks(iter([x[:, :5]]), steps=np.arange(10), n_runs=3)
-    with pytest.raises(ValueError, match="more than the 4 steps"):
-        band_of_blocks(iter([x[:, :5]]), steps=np.arange(4), n_runs=3)
+        band.band()
+    with pytest.raises(ValueError, match="outside the 10 steps"):
+        band.add(7, x[:, :5])
+    band.add(5, x[:, 5:])
+    assert band.band().n.tolist() == [3] * 10
