@@ -38,13 +38,15 @@ def test_arms_with_real_runs(live_server, tmp_path):
             (v,) = [v for v in report["verdicts"] if v["level"] == "stack_portability"]
             assert v["n_runs"] == 4 and v["group"]["differ_by"][0] == "params.hidden (unset vs 64)", v["group"]
             # the same training in both arms: each seed's two runs are bitwise identical, the means equal
-            assert v["same_seed"]["n_pairs"] == 2 and v["same_seed"]["verdict"] == "identical", v["same_seed"]
+            runs = http.get(f"/api/v1/studies/{sid}/runs").json()["items"]
+            seen = [(r["id"], r["stack"], r["seed"], r.get("worker_id"), r.get("final_metrics"),
+                     r.get("metric_conflicts")) for r in runs]  # what tells kernels from a missing point
+            assert v["same_seed"]["n_pairs"] == 2 and v["same_seed"]["verdict"] == "identical", (v["same_seed"], seen)
             assert v["result"]["diff"] == 0.0 and v["diverged_run_ids"] == []
             # Δmean exactly 0 lies inside ±margin: never not_equivalent; and the two seeds' spread is far
             # below what TOST at n = 2 per arm needs (sd < margin / t_0.95,2 ≈ 0.17), so: equivalent
             assert v["verdict"] == "equivalent", v["reason"]
             assert "arms differ by: params.hidden (unset vs 64); config (none vs arm.yaml" in render_report(Report.model_validate(report))
-            runs = http.get(f"/api/v1/studies/{sid}/runs").json()["items"]
             assert sorted(r["stack"] for r in runs) == ["new", "new", "old", "old"]
             assert {r["status"] for r in runs} == {"completed"}
     finally:
