@@ -38,7 +38,6 @@ from steady.server.stats.convergence import (
     reference_from_runs,
     steps_to_target,
 )
-from steady.server.stats.downsample import extreme_indices
 from steady.server.stats.report_levels import same_seed_phrase
 from steady.server.stats.expectations import BUILTIN, SeedRoute
 from steady.server.stats.report import (
@@ -50,7 +49,7 @@ from steady.server.stats.report import (
     to_data,
 )
 from steady.server.stats.bands import Band, BandBlocks, block_width
-from steady.server.stats.report_data import band_members, check_max_points, group_band
+from steady.server.stats.report_data import band_members, check_max_points, decimated, group_band
 from steady.server.studies import adaptive
 from steady.server.studies import service as studies
 from steady.server.studies import repository as studies_repo
@@ -270,15 +269,8 @@ def _report_bands(session: Session, study: Study, *, metric: str, coverage: floa
     cached = _bands.get(_bands_key(session, study))
     if cached is None:
         return None
-    out = []
-    for g in cached:
-        if g.metric != metric:
-            continue
-        if max_points is not None and g.band.steps.size > max_points:
-            g = dataclasses.replace(g, downsampled=True, band=g.band.take(
-                extreme_indices(g.band.min, g.band.max, max_points=int(max_points))))
-        out.append(g)
-    return tuple(out) if out else None
+    out = tuple(decimated(g, max_points) for g in cached if g.metric == metric)
+    return out or None
 
 
 @dataclasses.dataclass(frozen=True)

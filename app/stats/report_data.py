@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -377,17 +377,23 @@ def band_members(runs: Sequence[RunData], metric: str, *, logged: Collection[int
 
 def group_band(members: BandMembers, metric: str, band: Band, diverged, *, max_points: int | None) -> GroupBand:
     """The ``GroupBand`` of ``band`` (computed over ``members.runs``, ``diverged`` flagged per run),
-    decimated to ``max_points`` keeping each bucket's min of the band minimum and max of the band
-    maximum (``steady.server.stats.downsample.extreme_indices``)."""
-    down = max_points is not None and band.steps.size > max_points
-    if down and max_points is not None:
-        band = band.take(extreme_indices(band.min, band.max, max_points=int(max_points)))
+    ``decimated`` to ``max_points``."""
     ids = tuple(int(r.run_id) for r in members.runs)
     det, stack = members.group
-    return GroupBand(group={"determinism": det, "stack": stack}, metric=metric,
-                     run_ids=tuple(i for i, d in zip(ids, diverged) if not d),
-                     excluded_run_ids=tuple(i for i, d in zip(ids, diverged) if d),
-                     one_run_per_seed=members.one_run_per_seed, downsampled=down, band=band)
+    return decimated(GroupBand(group={"determinism": det, "stack": stack}, metric=metric,
+                               run_ids=tuple(i for i, d in zip(ids, diverged) if not d),
+                               excluded_run_ids=tuple(i for i, d in zip(ids, diverged) if d),
+                               one_run_per_seed=members.one_run_per_seed, downsampled=False, band=band), max_points)
+
+
+def decimated(g: GroupBand, max_points: int | None) -> GroupBand:
+    """``g`` with its steps decimated to ``max_points``, keeping each bucket's min of the band minimum and
+    max of the band maximum (``steady.server.stats.downsample.extreme_indices``), marked ``downsampled``;
+    ``g`` itself when it has no more steps than that."""
+    if max_points is None or g.band.steps.size <= max_points:
+        return g
+    return replace(g, downsampled=True, band=g.band.take(extreme_indices(g.band.min, g.band.max,
+                                                                         max_points=int(max_points))))
 
 
 def check_max_points(max_points: int | None) -> None:

@@ -23,8 +23,8 @@ from steady.server.stats.resolution import (
     same_phrase,
 )
 from steady.server.stats.report_data import (
+    BandMembers,
     Finals,
-    GroupBand,
     MetricSpec,
     RunData,
     SeedStages,
@@ -35,6 +35,7 @@ from steady.server.stats.report_data import (
     _with_metric,
     final_step_phrase,
     final_step_spread,
+    group_band,
     last_finals,
 )
 from steady.server.stats.seed_stability import metric_resolution, seed_spread
@@ -214,17 +215,14 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
             verdict = sequential.verdict
             reason = (_sequential_reason(sequential, stages, alpha)
                       + f"; for reference, the fixed-sample rule on all {spread.n} seeds: {spread.reason}")
+        per_seed = len(chosen) < len(_with_metric(group_runs, spec.name))
         without_effect = len(chosen) >= 2 and _all_identical(chosen, spec.name)
         if without_effect and stack in route.pinned:
             # a sources study's arm that pins every seed the code reads: its runs are repeats by design,
             # not evidence about the seed; seed stability is judged in the arms that vary a source
             if bands is not None:
-                ids = [int(r.run_id) for r in chosen]
-                bands.append(GroupBand(group={"determinism": det, "stack": stack}, metric=spec.name,
-                                       run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if not d),
-                                       excluded_run_ids=tuple(i for i, d in zip(ids, aligned.diverged) if d),
-                                       one_run_per_seed=len(chosen) < len(_with_metric(group_runs, spec.name)),
-                                       downsampled=False, band=band))
+                bands.append(group_band(BandMembers((det, stack), chosen, per_seed), spec.name, band, aligned.diverged,
+                                        max_points=None))
             continue
         same = same_phrase(_compared(chosen, spec.name)) if without_effect else "bitwise identical"
         if without_effect:
@@ -233,15 +231,11 @@ def _seed_verdicts(groups, spec: MetricSpec, *, coverage, confidence, alpha, fal
         reason += _final_where(fin, step_spread) + _restarted(chosen, spec.name)
         if bad:
             reason += f"; diverged run(s) {', '.join(map(str, bad))} excluded from the band"
-        per_seed = len(chosen) < len(_with_metric(group_runs, spec.name))
         if per_seed:
             reason += "; one run per seed (first repeat)"
         if bands is not None:  # the same GroupBand as compute_bands gives for this group
-            chosen_ids = [int(r.run_id) for r in chosen]
-            bands.append(GroupBand(group={"determinism": det, "stack": stack}, metric=spec.name,
-                                   run_ids=tuple(i for i, d in zip(chosen_ids, aligned.diverged) if not d),
-                                   excluded_run_ids=tuple(i for i, d in zip(chosen_ids, aligned.diverged) if d),
-                                   one_run_per_seed=per_seed, downsampled=False, band=band))
+            bands.append(group_band(BandMembers((det, stack), chosen, per_seed), spec.name, band, aligned.diverged,
+                                    max_points=None))
         flagged = []
         oob_info = None
         keep = ~aligned.diverged
